@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/testdb"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tally-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "tally")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building tally: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(dir)
+	testdb.Main(m)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.String()
+}
+
+// TestServeEmbedded is the acceptance scenario: with a fresh data directory
+// (made by mktemp -d: mode 0700, owned by whoever runs the test, root in CI)
+// `tally serve` starts PostgreSQL, migrates, answers /healthz and /readyz, and
+// on SIGTERM exits cleanly with its PostgreSQL stopped; a second start reuses
+// the cluster.
+func TestServeEmbedded(t *testing.T) {
+	t.Parallel()
+	dataDir, err := os.MkdirTemp("", "tally-data-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dataDir, 0o700))
+	t.Cleanup(func() { _ = os.RemoveAll(dataDir) })
+
+	for round := 1; round <= 2; round++ {
+		addr := freeAddr(t)
+		var out bytes.Buffer
+		cmd := exec.Command(binary, "serve")
+		cmd.Env = append(os.Environ(), "TALLY_DATABASE_URL=", "TALLY_DATA_DIR="+dataDir, "TALLY_LISTEN="+addr)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		require.NoError(t, cmd.Start())
+
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			code, _ := get("http://" + addr + "/readyz")
+			if code == http.StatusOK {
+				break
+			}
+			if time.Now().After(deadline) {
+				_ = cmd.Process.Kill()
+				t.Fatalf("round %d: not ready in time:\n%s", round, out.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		code, body := get("http://" + addr + "/healthz")
+		require.Equal(t, http.StatusOK, code)
+		require.JSONEq(t, `{"status":"ok"}`, body)
+		code, body = get("http://" + addr + "/readyz")
+		require.Equal(t, http.StatusOK, code)
+		require.JSONEq(t, `{"status":"ready","checks":{"database":"ok","schema":"ok"}}`, body)
+		code, body = get("http://" + addr + "/metrics")
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, body, "tally_outbox_items")
+		code, body = get("http://" + addr + "/nope")
+		require.Equal(t, http.StatusNotFound, code)
+		require.JSONEq(t, `{"error":{"code":"not_found","message":"no such route"}}`, body)
+
+		pid := postmasterPID(t, dataDir)
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			require.NoError(t, err, "round %d: tally must exit 0 on SIGTERM:\n%s", round, out.String())
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Fatalf("round %d: tally did not exit on SIGTERM:\n%s", round, out.String())
+		}
+		require.NoFileExists(t, filepath.Join(dataDir, "pgdata", "postmaster.pid"), "postgres stopped cleanly")
+		require.Error(t, syscall.Kill(pid, 0), "the postmaster is gone")
+		require.Contains(t, out.String(), "postgres stopped")
+		if round == 2 {
+			require.Contains(t, out.String(), "applied=0", "the second start reuses the migrated cluster")
+		}
+	}
+}
+
+func postmasterPID(t *testing.T, dataDir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dataDir, "pgdata", "postmaster.pid"))
+	require.NoError(t, err)
+	var pid int
+	_, err = fmt.Sscan(strings.SplitN(string(b), "\n", 2)[0], &pid)
+	require.NoError(t, err)
+	return pid
+}
+
+func TestMigrateExternalDatabase(t *testing.T) {
+	t.Parallel()
+	url := testdb.URL(t) // already migrated: migrate is a no-op, twice
+	for i := 0; i < 2; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		out, err := exec.CommandContext(ctx, binary, "migrate", "--database-url", url).CombinedOutput()
+		cancel()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "migrations applied")
+		require.NotContains(t, string(out), url, "the URL carries a password and is never printed")
+	}
+}
+
+func TestConfigurationErrorsStopBeforeAnythingStarts(t *testing.T) {
+	t.Parallel()
+	dataDir := t.TempDir()
+	cases := []struct {
+		args []string
+		env  []string
+		want []string
+	}{
+		{[]string{"serve", "--outbox-horizon", "25h"}, nil, []string{"horizon 25h0m0s must be below the provider's dedup window"}},
+		{[]string{"serve"}, []string{"TALLY_OUTBOX_LEASE=forever", "TALLY_OUTBOX_MAX_ATTEMPTS=0x"},
+			[]string{"TALLY_OUTBOX_LEASE: not a duration", "TALLY_OUTBOX_MAX_ATTEMPTS: not a whole number"}},
+		{[]string{"serve", "--log-format", "xml", "--outbox-backoff-base", "1h"}, nil,
+			[]string{"TALLY_LOG_FORMAT must be text or json", "backoff base 1h0m0s is above the cap 15m0s"}},
+		{[]string{"serve", "extra"}, nil, []string{"unexpected arguments"}},
+		{[]string{"frobnicate"}, nil, []string{`unknown command "frobnicate"`}},
+	}
+	for _, tc := range cases {
+		cmd := exec.Command(binary, tc.args...)
+		cmd.Env = append(append(os.Environ(), "TALLY_DATA_DIR="+dataDir), tc.env...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%v", tc.args)
+		require.Equal(t, 2, ee.ExitCode(), "%s", out)
+		for _, w := range tc.want {
+			require.Contains(t, string(out), w)
+		}
+		entries, _ := os.ReadDir(dataDir)
+		require.Empty(t, entries, "nothing started: no cluster was created")
+	}
+}

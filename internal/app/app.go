@@ -1,0 +1,239 @@
+// Package app wires Tally's parts into the commands of cmd/tally: it opens
+// the database (starting the embedded cluster when no URL is configured),
+// migrates it, and runs the service until its context ends.
+//
+// It owns process lifecycle only: no SQL of its own beyond creating the
+// embedded cluster's database, no domain logic.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tallymeter/tally/api"
+	"github.com/tallymeter/tally/internal/config"
+	"github.com/tallymeter/tally/internal/embeddedpg"
+	"github.com/tallymeter/tally/migrations"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// embeddedDatabase is the database Tally uses inside its embedded cluster.
+const embeddedDatabase = "tally"
+
+// DB is an open, migrated database, and the embedded cluster behind it when
+// there is one.
+type DB struct {
+	Pool    *pgxpool.Pool
+	cluster *embeddedpg.Cluster
+	logger  *slog.Logger
+}
+
+// Done is closed when the embedded cluster stops; nil (never ready) for an
+// external database.
+func (d *DB) Done() <-chan struct{} {
+	if d.cluster == nil {
+		return nil
+	}
+	return d.cluster.Done()
+}
+
+// Close closes the pool and stops the embedded cluster, if any.
+func (d *DB) Close() {
+	d.Pool.Close()
+	if d.cluster != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := d.cluster.Stop(ctx); err != nil {
+			d.logger.Error("stopping the embedded postgres", "error", err)
+		}
+	}
+}
+
+// Open connects to cfg.DatabaseURL or, when it is empty, starts (or reuses)
+// the embedded cluster in cfg.DataDir; then it applies every migration.
+func Open(ctx context.Context, cfg config.Config, logger *slog.Logger) (*DB, error) {
+	d := &DB{logger: logger}
+	url := cfg.DatabaseURL
+	if url == "" {
+		c, err := embeddedpg.Start(ctx, embeddedpg.Config{DataDir: cfg.DataDir, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		d.cluster = c
+		if err := ensureDatabase(ctx, c); err != nil {
+			d.stopCluster()
+			return nil, err
+		}
+		url = c.URL(embeddedDatabase)
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		d.stopCluster()
+		// The URL may hold a password: never echo it.
+		return nil, errors.New("TALLY_DATABASE_URL is not a valid Postgres URL")
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		d.stopCluster()
+		return nil, fmt.Errorf("connecting to Postgres: %w", err)
+	}
+	d.Pool = pool
+	res, err := migrations.Apply(ctx, pool, logger)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	logger.Info("database ready", "schema_version", res.TallyVersion,
+		"applied", res.TallyApplied, "river_applied", res.RiverApplied, "embedded", d.cluster != nil)
+	return d, nil
+}
+
+func (d *DB) stopCluster() {
+	if d.cluster != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = d.cluster.Stop(ctx)
+	}
+}
+
+func ensureDatabase(ctx context.Context, c *embeddedpg.Cluster) error {
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("connecting to the embedded postgres: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", embeddedDatabase).Scan(&exists); err != nil {
+		return fmt.Errorf("reading the embedded postgres' databases: %w", err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{embeddedDatabase}.Sanitize()); err != nil {
+			return fmt.Errorf("creating database %s: %w", embeddedDatabase, err)
+		}
+	}
+	return nil
+}
+
+// Serve runs the service on db until ctx ends: the HTTP API on cfg.Listen
+// and the outbox maintenance loop. It shuts down gracefully, bounded by
+// cfg.ShutdownTimeout. ready, if not nil, receives the bound address once
+// the listener is open.
+func Serve(ctx context.Context, cfg config.Config, db *DB, logger *slog.Logger, ready func(addr string)) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	store, err := outbox.New(cfg.Outbox, reg)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		dbFailed error
+	)
+	if done := db.Done(); done != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-done:
+				dbFailed = errors.New("the embedded postgres stopped unexpectedly")
+				logger.Error(dbFailed.Error())
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = store.RunMaintenance(ctx, db.Pool, cfg.MaintenanceInterval, logger)
+	}()
+
+	handler := api.New(api.Options{
+		Logger: logger,
+		Ready: []api.Check{
+			{Name: "database", Func: func(ctx context.Context) error {
+				if err := db.Pool.Ping(ctx); err != nil {
+					return errors.New("unreachable")
+				}
+				return nil
+			}},
+			{Name: "schema", Func: func(ctx context.Context) error {
+				if err := migrations.Check(ctx, db.Pool); err != nil {
+					if errors.Is(err, migrations.ErrBehind) {
+						return err
+					}
+					return errors.New("unreadable")
+				}
+				return nil
+			}},
+		},
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+	})
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		cancel()
+		wg.Wait()
+		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+	}
+	logger.Info("tally listening", "addr", "http://"+ln.Addr().String())
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		cancel()
+		wg.Wait()
+		return fmt.Errorf("http server: %w", err)
+	}
+	logger.Info("shutting down")
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer scancel()
+	err = srv.Shutdown(sctx)
+	wg.Wait()
+	if dbFailed != nil {
+		return dbFailed
+	}
+	if err != nil {
+		return fmt.Errorf("shutting down the http server: %w", err)
+	}
+	return nil
+}
+
+// NewLogger returns the process logger for cfg, writing to stderr.
+func NewLogger(cfg config.Config) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}

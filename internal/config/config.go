@@ -1,0 +1,185 @@
+// Package config reads Tally's settings: each from its environment variable,
+// overridden by a command-line flag of the same meaning, with the defaults
+// the brief sets. It validates the whole configuration before anything
+// starts, and reports every problem at once.
+//
+// It never reads a setting anywhere else, and it never prints a secret: a
+// setting marked secret is shown in help only by name.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tallymeter/tally/outbox"
+)
+
+// Config is the service's configuration.
+type Config struct {
+	// DatabaseURL is the Postgres URL; empty means the embedded cluster in
+	// DataDir.
+	DatabaseURL string
+	// DataDir holds the embedded cluster's data and logs. Defaults to .tally.
+	DataDir string
+	// Listen is the HTTP address. Defaults to 127.0.0.1:8080.
+	Listen string
+	// LogFormat is "text" or "json". Defaults to text.
+	LogFormat string
+	// LogLevel is debug, info, warn or error. Defaults to info.
+	LogLevel string
+	// MaintenanceInterval is how often the outbox maintenance pass runs.
+	// Defaults to 15 seconds.
+	MaintenanceInterval time.Duration
+	// ShutdownTimeout bounds a graceful shutdown. Defaults to 30 seconds.
+	ShutdownTimeout time.Duration
+	// Outbox holds the outbox's knobs.
+	Outbox outbox.Config
+}
+
+// setting is one configurable value: an environment variable and a flag.
+type setting struct {
+	env, flag, usage string
+	def              string
+	secret           bool
+	set              func(c *Config, v string) error
+}
+
+func settings() []setting {
+	dur := func(dst func(*Config) *time.Duration) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return fmt.Errorf("not a duration (e.g. 30s, 5m, 20h): %q", v)
+			}
+			*dst(c) = d
+			return nil
+		}
+	}
+	str := func(dst func(*Config) *string) func(*Config, string) error {
+		return func(c *Config, v string) error { *dst(c) = v; return nil }
+	}
+	return []setting{
+		{"TALLY_DATABASE_URL", "database-url", "Postgres URL; unset: an embedded cluster in the data directory", "", true,
+			str(func(c *Config) *string { return &c.DatabaseURL })},
+		{"TALLY_DATA_DIR", "data-dir", "embedded Postgres data and logs", ".tally", false,
+			str(func(c *Config) *string { return &c.DataDir })},
+		{"TALLY_LISTEN", "listen", "HTTP address", "127.0.0.1:8080", false,
+			str(func(c *Config) *string { return &c.Listen })},
+		{"TALLY_LOG_FORMAT", "log-format", "log format: text or json", "text", false,
+			str(func(c *Config) *string { return &c.LogFormat })},
+		{"TALLY_LOG_LEVEL", "log-level", "log level: debug, info, warn or error", "info", false,
+			str(func(c *Config) *string { return &c.LogLevel })},
+		{"TALLY_MAINTENANCE_INTERVAL", "maintenance-interval", "how often the outbox maintenance pass runs", "15s", false,
+			dur(func(c *Config) *time.Duration { return &c.MaintenanceInterval })},
+		{"TALLY_SHUTDOWN_TIMEOUT", "shutdown-timeout", "how long a graceful shutdown may take", "30s", false,
+			dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+		{"TALLY_OUTBOX_LEASE", "outbox-lease", "how long a claim holds an item", outbox.DefaultLease.String(), false,
+			dur(func(c *Config) *time.Duration { return &c.Outbox.Lease })},
+		{"TALLY_OUTBOX_BACKOFF_BASE", "outbox-backoff-base", "first retry delay", outbox.DefaultBackoffBase.String(), false,
+			dur(func(c *Config) *time.Duration { return &c.Outbox.BackoffBase })},
+		{"TALLY_OUTBOX_BACKOFF_CAP", "outbox-backoff-cap", "largest retry delay", outbox.DefaultBackoffCap.String(), false,
+			dur(func(c *Config) *time.Duration { return &c.Outbox.BackoffCap })},
+		{"TALLY_OUTBOX_MAX_ATTEMPTS", "outbox-max-attempts", "attempt cap; past it an item becomes uncertain",
+			strconv.Itoa(outbox.DefaultMaxAttempts), false,
+			func(c *Config, v string) error {
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					return fmt.Errorf("not a whole number: %q", v)
+				}
+				c.Outbox.MaxAttempts = n
+				return nil
+			}},
+		{"TALLY_OUTBOX_RATE_LIMIT_DELAY", "outbox-rate-limit-delay", "retry delay after a rate-limit answer",
+			outbox.DefaultRateLimitDelay.String(), false,
+			dur(func(c *Config) *time.Duration { return &c.Outbox.RateLimitDelay })},
+		{"TALLY_OUTBOX_HORIZON", "outbox-horizon", "how long after the first attempt an item may still be sent; below the provider's dedup window",
+			outbox.DefaultHorizon.String(), false,
+			dur(func(c *Config) *time.Duration { return &c.Outbox.Horizon })},
+	}
+}
+
+// Flags registers every setting on fs and returns a function that, after
+// fs.Parse, builds and validates the Config: flag values win over the
+// environment (read with getenv), which wins over the defaults.
+func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) {
+	all := settings()
+	values := make([]string, len(all))
+	given := make([]bool, len(all))
+	for i, s := range all {
+		usage := fmt.Sprintf("%s (env %s)", s.usage, s.env)
+		if s.def != "" {
+			usage += fmt.Sprintf(" (default %q)", s.def)
+		}
+		fs.Func(s.flag, usage, func(v string) error {
+			values[i], given[i] = v, true
+			return nil
+		})
+	}
+	return func() (Config, error) {
+		var (
+			c    Config
+			errs []error
+		)
+		for i, s := range all {
+			v, from := s.def, "default"
+			if e := getenv(s.env); e != "" {
+				v, from = e, s.env
+			}
+			if given[i] {
+				v, from = values[i], "--"+s.flag
+			}
+			if err := s.set(&c, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", from, err))
+			}
+		}
+		if err := c.validate(); err != nil {
+			errs = append(errs, err)
+		}
+		if len(errs) > 0 {
+			return Config{}, errors.Join(errs...)
+		}
+		return c, nil
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.DatabaseURL == "" && c.DataDir == "" {
+		errs = append(errs, errors.New("TALLY_DATA_DIR must not be empty when TALLY_DATABASE_URL is unset"))
+	}
+	if c.DataDir != "" {
+		abs, err := filepath.Abs(c.DataDir)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("TALLY_DATA_DIR: %w", err))
+		}
+		c.DataDir = abs
+	}
+	if c.Listen == "" || !strings.Contains(c.Listen, ":") {
+		errs = append(errs, fmt.Errorf("TALLY_LISTEN must be host:port, got %q", c.Listen))
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("TALLY_LOG_FORMAT must be text or json, got %q", c.LogFormat))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("TALLY_LOG_LEVEL must be debug, info, warn or error, got %q", c.LogLevel))
+	}
+	if c.MaintenanceInterval <= 0 {
+		errs = append(errs, fmt.Errorf("TALLY_MAINTENANCE_INTERVAL must be positive, got %s", c.MaintenanceInterval))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("TALLY_SHUTDOWN_TIMEOUT must be positive, got %s", c.ShutdownTimeout))
+	}
+	if err := c.Outbox.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

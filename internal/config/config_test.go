@@ -1,0 +1,61 @@
+package config_test
+
+import (
+	"flag"
+	"io"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/config"
+	"github.com/tallymeter/tally/outbox"
+)
+
+func load(t *testing.T, env map[string]string, args ...string) (config.Config, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	build := config.Flags(fs, func(k string) string { return env[k] })
+	require.NoError(t, fs.Parse(args))
+	return build()
+}
+
+func TestDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := load(t, nil)
+	require.NoError(t, err)
+	abs, _ := filepath.Abs(".tally")
+	require.Equal(t, "", c.DatabaseURL)
+	require.Equal(t, abs, c.DataDir)
+	require.Equal(t, "127.0.0.1:8080", c.Listen)
+	require.Equal(t, 15*time.Second, c.MaintenanceInterval)
+	require.Equal(t, outbox.Config{
+		Lease: 2 * time.Minute, BackoffBase: 5 * time.Second, BackoffCap: 900 * time.Second, MaxAttempts: 20,
+		RateLimitDelay: 30 * time.Second, Horizon: 20 * time.Hour,
+	}, c.Outbox)
+}
+
+func TestFlagBeatsEnvBeatsDefault(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"TALLY_LISTEN": "127.0.0.1:9000", "TALLY_OUTBOX_HORIZON": "10h", "TALLY_OUTBOX_MAX_ATTEMPTS": "7"}
+	c, err := load(t, env, "--outbox-horizon", "12h")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:9000", c.Listen)
+	require.Equal(t, 12*time.Hour, c.Outbox.Horizon)
+	require.Equal(t, 7, c.Outbox.MaxAttempts)
+}
+
+func TestEveryProblemReportedAtOnce(t *testing.T) {
+	t.Parallel()
+	_, err := load(t, map[string]string{"TALLY_OUTBOX_LEASE": "soon", "TALLY_LISTEN": "nowhere"},
+		"--log-level", "loud", "--outbox-horizon", "30h", "--maintenance-interval", "0s")
+	require.Error(t, err)
+	for _, want := range []string{
+		"TALLY_OUTBOX_LEASE: not a duration", "TALLY_LISTEN must be host:port", "TALLY_LOG_LEVEL must be",
+		"must be below the provider's dedup window", "TALLY_MAINTENANCE_INTERVAL must be positive",
+	} {
+		require.ErrorContains(t, err, want)
+	}
+}

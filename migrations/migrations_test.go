@@ -1,0 +1,78 @@
+package migrations_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/migrations"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// emptyDatabase returns a pool on a database with no schema at all: testdb's
+// databases come migrated, so this one is made beside it.
+func emptyDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	base := testdb.New(t)
+	name := base.Config().ConnConfig.Database + "_empty"
+	_, err := base.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0")
+	require.NoError(t, err)
+	cfg := base.Config().Copy()
+	cfg.ConnConfig.Database = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		pool.Close()
+		_, _ = base.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	})
+	return pool
+}
+
+func TestApplyFromEmptyConcurrentlyThenIdempotent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := emptyDatabase(t)
+	require.ErrorIs(t, migrations.Check(ctx, pool), migrations.ErrBehind)
+
+	// Nodes starting together: the advisory lock lets one migrate, and the
+	// others find nothing to do.
+	var (
+		wg      sync.WaitGroup
+		results = make([]migrations.Result, 4)
+		errs    = make([]error, 4)
+	)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = migrations.Apply(ctx, pool, nil)
+		}()
+	}
+	wg.Wait()
+	var tally, river int
+	for i := range results {
+		require.NoError(t, errs[i])
+		tally += results[i].TallyApplied
+		river += results[i].RiverApplied
+		require.Equal(t, int64(1), results[i].TallyVersion)
+	}
+	require.Equal(t, 1, tally, "Tally's migrations applied exactly once")
+	require.Positive(t, river)
+	require.NoError(t, migrations.Check(ctx, pool))
+
+	again, err := migrations.Apply(ctx, pool, nil)
+	require.NoError(t, err)
+	require.Zero(t, again.TallyApplied)
+	require.Zero(t, again.RiverApplied)
+
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_items").Scan(&n))
+}

@@ -1,0 +1,363 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Policy is an ordering policy of the claim (seed 004).
+type Policy int
+
+// Policies.
+const (
+	// PerKey is the default: at most one item per ordering key (destination
+	// account, customer, meter event name) holds an unexpired lease, across
+	// every deliverer using PerKey, and one stuck or slow key never blocks
+	// another. It is what Stripe's one-concurrent-call-per-customer-and-meter
+	// limit needs.
+	PerKey Policy = iota
+	// BestEffort claims the oldest due items regardless of key. Opt in only
+	// where concurrent calls for one key are harmless.
+	BestEffort
+)
+
+func (p Policy) String() string {
+	switch p {
+	case PerKey:
+		return "per_key"
+	case BestEffort:
+		return "best_effort"
+	}
+	return fmt.Sprintf("Policy(%d)", int(p))
+}
+
+// ClaimOptions says who claims how much, how.
+type ClaimOptions struct {
+	// Owner names the claimer in lease_owner (e.g. "host:pid:worker-3").
+	// Required.
+	Owner string
+	// Limit is the most items to claim. Required, 1 to 1000.
+	Limit int
+	// Policy is the ordering policy. Defaults to PerKey.
+	Policy Policy
+	// Lease overrides the Store's lease for this claim when positive.
+	Lease time.Duration
+}
+
+// perKeyLockSpace is the first key of the two-key advisory locks a PerKey
+// claim takes on its keys ("TALY"); the two-key space does not overlap the
+// one-key space River and the migrator use.
+const perKeyLockSpace int32 = 0x54414c59
+
+// The seed's T1 predicate: pending and due, or leased with an expired lease.
+// Each half also bounds its column by statement_timestamp(), a stable value
+// an index scan can stop at; the clock_timestamp() comparison is the rule.
+const (
+	pendingDue   = `o.state = 'pending' AND o.next_attempt_at <= statement_timestamp() AND o.next_attempt_at <= clock_timestamp()`
+	leaseExpired = `o.state = 'leased' AND o.lease_expires_at < statement_timestamp() AND o.lease_expires_at < clock_timestamp()`
+)
+
+// withinBudget: inside the attempt cap, and inside the horizon unless no
+// attempt may have reached the provider. Items outside the budget are never
+// sent again automatically; the maintenance sweep (T4) makes them uncertain.
+const withinBudget = `o.attempts - o.attempts_base < @max
+    AND (o.refused_attempts = o.attempts OR o.first_attempt_at + @horizon::interval > clock_timestamp())`
+
+// claimable is the whole T1 predicate, re-checked by the UPDATE on the
+// locked row.
+const claimable = `((o.state = 'pending' AND o.next_attempt_at <= clock_timestamp())
+      OR (o.state = 'leased' AND o.lease_expires_at < clock_timestamp()))
+    AND ` + withinBudget
+
+// sqlT1Lease is the write half of T1, shared by both policies: the picked
+// rows (already locked FOR UPDATE SKIP LOCKED by the CTE "picked") are leased
+// under a new token, consuming an attempt; a claim that takes over an expired
+// lease records the abandoned attempt.
+const sqlT1Lease = `
+claimed AS (
+    UPDATE outbox_items o SET
+        state            = 'leased',
+        lease_token      = o.lease_token + 1,
+        attempts         = o.attempts + 1,
+        first_attempt_at = coalesce(o.first_attempt_at, clock_timestamp()),
+        lease_owner      = @owner,
+        leased_at        = clock_timestamp(),
+        lease_expires_at = clock_timestamp() + @lease::interval,
+        updated_at       = clock_timestamp()
+    FROM picked p
+    WHERE o.id = p.id AND ` + claimable + `
+    RETURNING ` + "%s" + `, p.prev_state, p.prev_token, p.prev_owner, p.prev_leased_at
+),
+abandoned AS (
+    INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused)
+    SELECT id, prev_token, prev_owner, prev_leased_at, 'abandoned', 'leased', false
+    FROM claimed WHERE prev_state = 'leased'
+)
+SELECT ` + "%s" + ` FROM claimed ORDER BY id`
+
+// sqlT1BestEffort is T1 under BestEffort: the oldest expired leases, then the
+// oldest due pending items.
+var sqlT1BestEffort = fmt.Sprintf(`
+WITH picked AS (
+    SELECT id, state AS prev_state, lease_token AS prev_token, lease_owner AS prev_owner, leased_at AS prev_leased_at
+    FROM (
+        SELECT * FROM (
+            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM outbox_items o
+            WHERE `+leaseExpired+` AND `+withinBudget+`
+            ORDER BY o.lease_expires_at, o.id LIMIT @limit FOR UPDATE SKIP LOCKED) expired
+        UNION ALL
+        SELECT * FROM (
+            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM outbox_items o
+            WHERE `+pendingDue+` AND `+withinBudget+`
+            ORDER BY o.next_attempt_at, o.id LIMIT @limit FOR UPDATE SKIP LOCKED) due
+        LIMIT @limit
+    ) c
+),`+sqlT1Lease, columns("o"), columns(""))
+
+// sqlT1Keys is the first statement of a PerKey claim: the keys of the oldest
+// claimable items whose key holds no unexpired lease, oldest first, and
+// whether the scan of due pending items was cut off by its limit. Then a hot
+// key, leased or not, may hide the others in the scan, and sqlT1KeysLoose
+// looks further.
+const sqlT1Keys = `
+WITH expired AS MATERIALIZED (
+    SELECT o.ordering_key, o.lease_expires_at AS due_at FROM outbox_items o
+    WHERE ` + leaseExpired + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
+    ORDER BY o.lease_expires_at, o.id LIMIT @scan
+),
+due AS MATERIALIZED (
+    SELECT o.ordering_key, o.next_attempt_at AS due_at FROM outbox_items o
+    WHERE ` + pendingDue + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
+    ORDER BY o.next_attempt_at, o.id LIMIT @scan
+)
+SELECT c.ordering_key, (SELECT count(*) FROM due) >= @scan AS saturated
+FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) c
+WHERE NOT EXISTS (SELECT 1 FROM outbox_items l WHERE l.state = 'leased'
+                  AND l.ordering_key = c.ordering_key AND l.lease_expires_at >= clock_timestamp())
+GROUP BY c.ordering_key
+ORDER BY min(c.due_at), c.ordering_key`
+
+// sqlT1KeysLoose finds the keys of due pending items by a loose index scan
+// over the distinct keys (one index probe per key with pending items, not
+// one per item), for when the oldest due items all belong to a few hot keys
+// that already hold leases or fill the batch: no key can crowd out the rest.
+const sqlT1KeysLoose = `
+WITH RECURSIVE keys(ordering_key) AS (
+    (SELECT o.ordering_key FROM outbox_items o WHERE o.state = 'pending' ORDER BY o.ordering_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.ordering_key FROM outbox_items o
+            WHERE o.state = 'pending' AND o.ordering_key > k.ordering_key
+            ORDER BY o.ordering_key LIMIT 1)
+    FROM keys k WHERE k.ordering_key IS NOT NULL
+)
+SELECT k.ordering_key FROM keys k
+CROSS JOIN LATERAL (
+    SELECT o.next_attempt_at AS due_at FROM outbox_items o
+    WHERE o.ordering_key = k.ordering_key AND ` + pendingDue + ` AND ` + withinBudget + `
+    ORDER BY o.next_attempt_at, o.id LIMIT 1
+) h
+WHERE k.ordering_key IS NOT NULL AND k.ordering_key <> ALL(@tried::text[])
+  AND NOT EXISTS (SELECT 1 FROM outbox_items l WHERE l.state = 'leased'
+                  AND l.ordering_key = k.ordering_key AND l.lease_expires_at >= clock_timestamp())
+ORDER BY h.due_at, k.ordering_key
+LIMIT @scan`
+
+// sqlT1LockKeys try-locks the candidate keys in order, for this transaction,
+// until it holds @lockmax of them, so that concurrent PerKey claimers never
+// work on one key at once and never wait for each other. The locks are
+// released when the claim commits. It takes up to twice the keys it needs:
+// a key whose last holder committed since the candidates were read may turn
+// out to hold a lease.
+const sqlT1LockKeys = `
+SELECT k FROM unnest(@keys::text[]) AS k
+WHERE pg_try_advisory_xact_lock(@space::int4, hashtext(k))
+LIMIT @lockmax`
+
+// sqlT1PerKey is the second statement of a PerKey claim: for each key this
+// transaction holds, if no item of it holds an unexpired lease, the oldest
+// claimable item of the key. It runs as its own statement so that its
+// snapshot, taken after the key locks, sees every claim committed before.
+var sqlT1PerKey = fmt.Sprintf(`
+WITH picked AS (
+    SELECT p.* FROM unnest(@keys::text[]) AS k(ordering_key)
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT o.id, o.state AS prev_state, o.lease_token AS prev_token, o.lease_owner AS prev_owner,
+                   o.leased_at AS prev_leased_at
+            FROM outbox_items o
+            WHERE o.ordering_key = k.ordering_key AND `+leaseExpired+` AND `+withinBudget+`
+            ORDER BY o.lease_expires_at, o.id LIMIT 1 FOR UPDATE SKIP LOCKED) expired
+        UNION ALL
+        SELECT * FROM (
+            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at
+            FROM outbox_items o
+            WHERE o.ordering_key = k.ordering_key AND `+pendingDue+` AND `+withinBudget+`
+            ORDER BY o.next_attempt_at, o.id LIMIT 1 FOR UPDATE SKIP LOCKED) due
+        LIMIT 1
+    ) p
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_items l WHERE l.state = 'leased'
+                      AND l.ordering_key = k.ordering_key AND l.lease_expires_at >= clock_timestamp())
+    LIMIT @limit
+),`+sqlT1Lease, columns("o"), columns(""))
+
+// Claim is T1: it claims up to opts.Limit items in one transaction of its
+// own, committed before it returns, and returns their leases. Each claimed
+// item's lease_token and attempts are incremented, its first_attempt_at set
+// if this is its first claim, and its lease_expires_at set from the database
+// clock. An empty result is not an error: nothing was due, or somebody else
+// holds it.
+func (s *Store) Claim(ctx context.Context, db Beginner, opts ClaimOptions) ([]Lease, error) {
+	if opts.Owner == "" {
+		return nil, errors.New("outbox: claim needs an owner")
+	}
+	if opts.Limit < 1 || opts.Limit > 1000 {
+		return nil, fmt.Errorf("outbox: claim limit %d is outside 1..1000", opts.Limit)
+	}
+	lease := s.cfg.Lease
+	if opts.Lease > 0 {
+		lease = opts.Lease
+	}
+	args := pgx.NamedArgs{
+		"owner":   opts.Owner,
+		"limit":   opts.Limit,
+		"lease":   lease,
+		"max":     s.cfg.MaxAttempts,
+		"horizon": s.cfg.Horizon,
+	}
+
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	var leases []Lease
+	switch opts.Policy {
+	case BestEffort:
+		leases, err = collectLeases(ctx, tx, sqlT1BestEffort, args)
+	case PerKey:
+		leases, err = s.claimPerKey(ctx, tx, args, opts.Limit)
+	default:
+		return nil, fmt.Errorf("outbox: unknown claim policy %v", opts.Policy)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("outbox: claim: committing: %w", err)
+	}
+	for range leases {
+		s.metrics.moved("T1", StateLeased)
+	}
+	return leases, nil
+}
+
+// collectLeases runs a claim statement and collects its leases.
+func collectLeases(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArgs) ([]Lease, error) {
+	rows, err := tx.Query(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Lease, error) {
+		it, err := scanItem(row)
+		return Lease{Item: it}, err
+	})
+}
+
+// perKeyRounds bounds how often one PerKey claim reads candidates again
+// after losing keys to concurrent claimers.
+const perKeyRounds = 3
+
+// claimPerKey claims up to limit items, one per key, in rounds: choose
+// candidate keys, try-lock some, lease one item of each locked key that holds
+// no live lease. A round that comes up short (its keys were taken by
+// concurrent claimers that committed meanwhile) is followed by another over
+// keys not yet tried, so contention does not make a claim return empty while
+// work is due.
+func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, limit int) ([]Lease, error) {
+	var (
+		leases []Lease
+		tried  = []string{}
+	)
+	args["space"] = perKeyLockSpace
+	for round := 0; round < perKeyRounds && len(leases) < limit; round++ {
+		want := limit - len(leases)
+		args["limit"], args["lockmax"], args["scan"], args["tried"] = want, 2*want, want*s.cfg.ClaimScan, tried
+		cand, err := s.candidateKeys(ctx, tx, args, want)
+		if err != nil {
+			return nil, fmt.Errorf("choosing keys: %w", err)
+		}
+		if len(cand) == 0 {
+			break
+		}
+		tried = append(tried, cand...)
+		args["keys"] = cand
+		rows, err := tx.Query(ctx, sqlT1LockKeys, args)
+		if err != nil {
+			return nil, fmt.Errorf("locking keys: %w", err)
+		}
+		locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("locking keys: %w", err)
+		}
+		if len(locked) == 0 {
+			continue
+		}
+		args["keys"] = locked
+		got, err := collectLeases(ctx, tx, sqlT1PerKey, args)
+		if err != nil {
+			return nil, err
+		}
+		leases = append(leases, got...)
+	}
+	return leases, nil
+}
+
+// candidateKeys returns the keys a PerKey round may try, oldest first: from
+// the scan of the oldest claimable items, and, when that scan was cut off
+// before it found want keys, from the loose scan over all keys.
+func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int) ([]string, error) {
+	var (
+		cand      []string
+		key       string
+		saturated bool
+	)
+	rows, err := tx.Query(ctx, sqlT1Keys, args)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&key, &saturated}, func() error {
+		cand = append(cand, key)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if !saturated || len(cand) >= want {
+		return cand, nil
+	}
+	rows, err = tx.Query(ctx, sqlT1KeysLoose, args)
+	if err != nil {
+		return nil, err
+	}
+	more, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[string]bool, len(cand))
+	for _, k := range cand {
+		seen[k] = true
+	}
+	for _, k := range more {
+		if !seen[k] {
+			cand = append(cand, k)
+		}
+	}
+	return cand, nil
+}

@@ -1,0 +1,34 @@
+// Package outbox owns Tally's export outbox: the outbox_items table and the
+// state machine of seed 000, which every unit of usage passes through on its
+// way to Stripe.
+//
+// It is the only code that changes an item's state. Every transition is one
+// conditional UPDATE carrying the seed's predicate; a write that affects zero
+// rows is reported to the caller (ErrStaleLease, *StateError,
+// ErrMappingChanged) and counted by the stale-writer metric, never retried.
+// It never deletes a row, never reads the time into Go to decide anything
+// (every duration is compared with clock_timestamp() inside one statement),
+// never stores a response body or a secret, and never calls a provider:
+// exporters send, and report outcomes here.
+//
+// The states and transitions (docs/outbox.md has the SQL of each):
+//
+//	             enqueue (eligible) T0            enqueue (ineligible) T0q
+//	                    |                                   |
+//	                    v                                   v
+//	+-------------> pending --T1 claim--> leased --T2--> accepted --T7--> confirmed
+//	|                 ^  |                 | | |
+//	|  T3 retry       |  | T4 sweep        | | +--T5 reject-----> rejected   (terminal, visible)
+//	+-----------------+  +---------------->+-+----T4-----------> uncertain  (cap or horizon)
+//	                  ^                    |                        |
+//	                  |                    +--T6------------> quarantined --T9r--> superseded
+//	                  |                                             |              (re-addressed)
+//	                  +---------------T9 requeue--------------------+
+//	                  +---------------T8 recovery------- uncertain (to pending, accepted or rejected)
+//
+// The lease and the fence are different things. Who gets an item is decided by
+// SELECT ... FOR UPDATE SKIP LOCKED in the claiming transaction; whose write
+// wins is decided by lease_token, incremented on every claim and carried by
+// every transition out of leased. lease_expires_at only decides when an
+// abandoned item may be claimed again.
+package outbox

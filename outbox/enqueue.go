@@ -1,0 +1,128 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// NewItem is an item to enqueue.
+type NewItem struct {
+	Identity
+	// Payload is the financial intent; Enqueue sets Payload.Identifier.
+	Payload Payload
+	// Quarantine, when set, enqueues the item quarantined with this reason
+	// (T0q) instead of pending (T0): ineligible usage is staged and
+	// quarantined, never dropped.
+	Quarantine Reason
+}
+
+// Enqueued is the item an Enqueue landed on.
+type Enqueued struct {
+	// ID is the item's id: the new row's, or the existing row's on conflict.
+	ID int64
+	// Identifier is the item's identifier.
+	Identifier string
+	// State is the item's state as read by the enqueue.
+	State State
+	// Inserted is false when the identity already existed (the enqueue
+	// collapsed into the existing row, which is returned).
+	Inserted bool
+	// SamePayload is false when an existing row holds a different payload
+	// from the one given: the existing row wins, and the caller should know.
+	SamePayload bool
+}
+
+// validate checks it for T0 (eligible) or T0q (quarantined) and sets the
+// payload's identifier.
+func (it *NewItem) validate() error {
+	if err := it.Identity.Validate(); err != nil {
+		return err
+	}
+	want := it.Identity.Identifier()
+	if it.Payload.Identifier != "" && it.Payload.Identifier != want {
+		return fmt.Errorf("outbox: payload identifier %q is not the identity's %q", it.Payload.Identifier, want)
+	}
+	it.Payload.Identifier = want
+	var errs []error
+	if it.Payload.Feature == "" {
+		errs = append(errs, errors.New("payload feature is empty"))
+	}
+	if it.Payload.Period == "" {
+		errs = append(errs, errors.New("payload period is empty"))
+	}
+	if it.Quarantine != "" {
+		if !it.Quarantine.valid() {
+			errs = append(errs, fmt.Errorf("unknown quarantine reason %q", it.Quarantine))
+		}
+	} else {
+		// An eligible item must be sendable as it stands.
+		if it.Payload.Customer == "" {
+			errs = append(errs, errors.New("payload customer is empty (quarantine it as no_customer)"))
+		}
+		if it.Payload.EventName == "" {
+			errs = append(errs, errors.New("payload event_name is empty (quarantine it as feature_unmapped)"))
+		}
+		if it.DestinationAccount == "" {
+			errs = append(errs, errors.New("destination_account is empty (quarantine it as no_account)"))
+		}
+		if it.MappingVersion < 1 {
+			errs = append(errs, errors.New("mapping_version must be at least 1 for an eligible item"))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("outbox: invalid item: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// sqlT0Enqueue is T0 (state pending) and T0q (state quarantined, with a
+// reason): an insert that collapses into an existing row of the same identity.
+const sqlT0Enqueue = `
+INSERT INTO outbox_items
+    (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
+     payload, state, quarantine_reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($10, ''))
+ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
+RETURNING id, identifier, state`
+
+// sqlT0Existing reads the row an enqueue collided with. It runs as its own
+// statement so that, under READ COMMITTED, it sees a row a concurrent
+// transaction committed while the insert waited on it.
+const sqlT0Existing = `
+SELECT id, identifier, state, payload = $8::jsonb
+FROM outbox_items
+WHERE tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3 AND exporter = $4
+  AND destination_account = $5 AND mode = $6 AND mapping_version = $7`
+
+// Enqueue is T0 and T0q: it inserts item inside the caller's transaction,
+// or, when the identity exists already, returns the existing row. It never
+// commits; the caller commits once, with the cause of the item.
+func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued, error) {
+	if err := item.validate(); err != nil {
+		return Enqueued{}, err
+	}
+	state := StatePending
+	if item.Quarantine != "" {
+		state = StateQuarantined
+	}
+	id := item.Identity
+	args := []any{id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter, id.DestinationAccount,
+		string(id.Mode), id.MappingVersion, item.Payload, string(state), string(item.Quarantine)}
+
+	res := Enqueued{Inserted: true, SamePayload: true}
+	err := tx.QueryRow(ctx, sqlT0Enqueue, args...).Scan(&res.ID, &res.Identifier, &res.State)
+	if errors.Is(err, pgx.ErrNoRows) {
+		res.Inserted = false
+		err = tx.QueryRow(ctx, sqlT0Existing, args[:8]...).Scan(&res.ID, &res.Identifier, &res.State, &res.SamePayload)
+	}
+	if err != nil {
+		return Enqueued{}, fmt.Errorf("outbox: enqueueing %s %s: %w", id.SubjectKind, id.SubjectRef, err)
+	}
+	if res.Inserted {
+		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q"}[state], state)
+	}
+	return res, nil
+}

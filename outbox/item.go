@@ -1,0 +1,119 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// itemColumns is every column of outbox_items that Item holds, in scanItem's
+// order.
+var itemColumns = []string{
+	"id", "tenant_key", "subject_kind", "subject_ref", "exporter", "destination_account", "mode",
+	"mapping_version", "identifier", "payload", "ordering_key", "state", "attempts", "refused_attempts",
+	"attempts_base", "next_attempt_at", "first_attempt_at", "lease_owner", "leased_at", "lease_expires_at",
+	"lease_token", "provider_ref", "accepted_at", "confirmed_at", "last_error_code", "last_error_status",
+	"last_error", "quarantine_reason", "superseded_by", "created_at", "updated_at",
+}
+
+// columns returns itemColumns qualified with alias ("o.id, o.tenant_key, ...").
+func columns(alias string) string {
+	if alias == "" {
+		return strings.Join(itemColumns, ", ")
+	}
+	return alias + "." + strings.Join(itemColumns, ", "+alias+".")
+}
+
+func scanItem(row pgx.Row) (Item, error) {
+	var (
+		it                       Item
+		leaseOwner, ref          *string
+		errCode, errMsg, qReason *string
+		errStatus                *int
+	)
+	err := row.Scan(
+		&it.ID, &it.TenantKey, &it.SubjectKind, &it.SubjectRef, &it.Exporter, &it.DestinationAccount, &it.Mode,
+		&it.MappingVersion, &it.Identifier, &it.Payload, &it.OrderingKey, &it.State, &it.Attempts, &it.RefusedAttempts,
+		&it.AttemptsBase, &it.NextAttemptAt, &it.FirstAttemptAt, &leaseOwner, &it.LeasedAt, &it.LeaseExpiresAt,
+		&it.LeaseToken, &ref, &it.AcceptedAt, &it.ConfirmedAt, &errCode, &errStatus,
+		&errMsg, &qReason, &it.SupersededBy, &it.CreatedAt, &it.UpdatedAt,
+	)
+	if err != nil {
+		return Item{}, err
+	}
+	it.LeaseOwner = deref(leaseOwner)
+	it.ProviderRef = deref(ref)
+	it.QuarantineReason = Reason(deref(qReason))
+	if errCode != nil {
+		it.LastError = &ErrorInfo{Code: *errCode, Message: deref(errMsg)}
+		if errStatus != nil {
+			it.LastError.Status = *errStatus
+		}
+	}
+	return it, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// Get reads one item.
+func (s *Store) Get(ctx context.Context, q Querier, id int64) (Item, error) {
+	it, err := scanItem(q.QueryRow(ctx, "SELECT "+columns("")+" FROM outbox_items WHERE id = $1", id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Item{}, fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	if err != nil {
+		return Item{}, fmt.Errorf("outbox: reading item %d: %w", id, err)
+	}
+	return it, nil
+}
+
+// Attempt is one recorded attempt outcome of an item.
+type Attempt struct {
+	LeaseToken  int64
+	LeaseOwner  string
+	LeasedAt    time.Time
+	Outcome     string
+	StateAfter  State
+	Refused     bool
+	ProviderRef string
+	Error       *ErrorInfo
+	RecordedAt  time.Time
+}
+
+// Attempts reads the recorded attempts of an item, oldest first. A claim
+// still in flight has no record yet.
+func (s *Store) Attempts(ctx context.Context, q Querier, id int64) ([]Attempt, error) {
+	rows, err := q.Query(ctx, `
+		SELECT lease_token, lease_owner, leased_at, outcome, state_after, refused, provider_ref,
+		       error_code, error_status, error_message, recorded_at
+		FROM outbox_attempts WHERE item_id = $1 ORDER BY lease_token`, id)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: reading attempts of item %d: %w", id, err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Attempt, error) {
+		var (
+			a              Attempt
+			ref, code, msg *string
+			status         *int
+		)
+		if err := row.Scan(&a.LeaseToken, &a.LeaseOwner, &a.LeasedAt, &a.Outcome, &a.StateAfter, &a.Refused,
+			&ref, &code, &status, &msg, &a.RecordedAt); err != nil {
+			return a, err
+		}
+		a.ProviderRef = deref(ref)
+		if code != nil {
+			a.Error = &ErrorInfo{Code: *code, Status: deref(status), Message: deref(msg)}
+		}
+		return a, nil
+	})
+}

@@ -1,0 +1,163 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// sqlT4Sweep is T4 applied by the maintenance pass to items no deliverer may
+// send again: pending, or leased with an expired lease, and past the attempt
+// cap (a crash loop that never reached an answer) or past the horizon while
+// some attempt may have reached the provider. The claim (T1) already refuses
+// them; this makes them visible as uncertain. A swept expired lease records
+// its attempt as abandoned. "due" locks the rows in id order and reads their
+// state as locked; rows another transaction holds are skipped until the next
+// pass.
+const sqlT4Sweep = `
+WITH due AS MATERIALIZED (
+    SELECT o.id, o.state AS prev_state FROM outbox_items o
+    WHERE (o.state = 'pending' OR (o.state = 'leased' AND o.lease_expires_at < clock_timestamp()))
+      AND (o.attempts - o.attempts_base >= @max
+           OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= clock_timestamp()))
+    ORDER BY o.id
+    FOR UPDATE SKIP LOCKED
+),
+t AS (
+    UPDATE outbox_items o SET
+        state             = 'uncertain',
+        last_error_code   = CASE WHEN o.attempts - o.attempts_base >= @max THEN 'attempt_cap' ELSE 'horizon' END,
+        last_error_status = NULL,
+        last_error        = CASE WHEN o.attempts - o.attempts_base >= @max
+                                 THEN 'attempt cap reached without an answer'
+                                 ELSE 'idempotency horizon passed before the item could be sent again' END,
+        lease_expires_at  = NULL,
+        updated_at        = clock_timestamp()
+    FROM due d
+    WHERE o.id = d.id
+      AND (o.state = 'pending' OR (o.state = 'leased' AND o.lease_expires_at < clock_timestamp()))
+      AND (o.attempts - o.attempts_base >= @max
+           OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= clock_timestamp()))
+    RETURNING o.id, d.prev_state, o.lease_token, o.lease_owner, o.leased_at, o.last_error_code, o.last_error
+),
+log AS (
+    INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused,
+                                 error_code, error_message)
+    SELECT id, lease_token, lease_owner, leased_at, 'abandoned', 'uncertain', false, last_error_code, last_error
+    FROM t WHERE prev_state = 'leased'
+)
+SELECT id FROM t`
+
+// Sweep runs T4 over every item past its cap or horizon that no deliverer
+// holds, and returns the ids it made uncertain. Safe to run on every node at
+// once: each row moves at most once.
+func (s *Store) Sweep(ctx context.Context, q Querier) ([]int64, error) {
+	rows, err := q.Query(ctx, sqlT4Sweep, pgx.NamedArgs{"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: T4 sweep: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: T4 sweep: %w", err)
+	}
+	for range ids {
+		s.metrics.moved("T4", StateUncertain)
+	}
+	return ids, nil
+}
+
+// Gauge is one reading of the outbox: the count of every state and the age
+// of the oldest item not yet answered.
+type Gauge struct {
+	// Counts has an entry for every state, zero included.
+	Counts map[State]int64
+	// OldestPendingAgeSeconds is how long ago the oldest pending or leased
+	// item was created, by the database clock; 0 when there is none.
+	OldestPendingAgeSeconds float64
+}
+
+// sqlGauge is the gauge in one query.
+const sqlGauge = `
+SELECT s.state, coalesce(c.n, 0),
+       (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
+        FROM outbox_items WHERE state IN ('pending', 'leased'))
+FROM unnest(@states::text[]) AS s(state)
+LEFT JOIN (SELECT state, count(*) AS n FROM outbox_items GROUP BY state) c USING (state)`
+
+// ReadGauge reads the gauge and publishes it to the outbox's metrics.
+func (s *Store) ReadGauge(ctx context.Context, q Querier) (Gauge, error) {
+	names := make([]string, len(States))
+	for i, st := range States {
+		names[i] = string(st)
+	}
+	rows, err := q.Query(ctx, sqlGauge, pgx.NamedArgs{"states": names})
+	if err != nil {
+		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)
+	}
+	g := Gauge{Counts: make(map[State]int64, len(States))}
+	var (
+		state State
+		n     int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&state, &n, &g.OldestPendingAgeSeconds}, func() error {
+		g.Counts[state] = n
+		return nil
+	}); err != nil {
+		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)
+	}
+	for st, n := range g.Counts {
+		s.metrics.items.WithLabelValues(string(st)).Set(float64(n))
+	}
+	s.metrics.oldest.Set(g.OldestPendingAgeSeconds)
+	return g, nil
+}
+
+// MaintenanceResult is what one maintenance pass did.
+type MaintenanceResult struct {
+	// Swept are the items the pass made uncertain (T4).
+	Swept []int64
+	// Gauge is the reading taken after the sweep.
+	Gauge Gauge
+}
+
+// Maintain runs one maintenance pass: the T4 sweep, then the gauge.
+func (s *Store) Maintain(ctx context.Context, q Querier) (MaintenanceResult, error) {
+	swept, err := s.Sweep(ctx, q)
+	if err != nil {
+		return MaintenanceResult{}, err
+	}
+	g, err := s.ReadGauge(ctx, q)
+	if err != nil {
+		return MaintenanceResult{Swept: swept}, err
+	}
+	return MaintenanceResult{Swept: swept, Gauge: g}, nil
+}
+
+// RunMaintenance runs Maintain every interval until ctx ends. A failed pass is
+// logged and the next one runs on schedule; it returns ctx's error. Every node
+// may run it: every write it makes is conditional.
+func (s *Store) RunMaintenance(ctx context.Context, q Querier, interval time.Duration, logger *slog.Logger) error {
+	if interval <= 0 {
+		return fmt.Errorf("outbox: maintenance interval must be positive, got %s", interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		res, err := s.Maintain(ctx, q)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			logger.ErrorContext(ctx, "outbox maintenance failed", "error", err)
+		case len(res.Swept) > 0:
+			logger.WarnContext(ctx, "outbox items made uncertain: past the attempt cap or the horizon; they need a human",
+				"count", len(res.Swept))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,260 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// State is an item's state.
+type State string
+
+// The states of seed 000, plus superseded (an item an operator re-addressed
+// under a new identity, T9r; its successor carries its usage).
+const (
+	StatePending     State = "pending"
+	StateLeased      State = "leased"
+	StateAccepted    State = "accepted"
+	StateConfirmed   State = "confirmed"
+	StateUncertain   State = "uncertain"
+	StateRejected    State = "rejected"
+	StateQuarantined State = "quarantined"
+	StateSuperseded  State = "superseded"
+)
+
+// States lists every state in the order reports show them.
+var States = []State{
+	StatePending, StateLeased, StateAccepted, StateConfirmed,
+	StateUncertain, StateRejected, StateQuarantined, StateSuperseded,
+}
+
+// Reason says why an item is quarantined: a cause a human must fix, about
+// which the software must not guess.
+type Reason string
+
+// Quarantine reasons. The first six are decided at staging (T0q) and again at
+// claim (T6); the last two come from the provider's answer (T6).
+const (
+	ReasonFeatureUnmapped  Reason = "feature_unmapped"   // the feature has no mapping
+	ReasonNoCustomer       Reason = "no_customer"        // the tenant has no Stripe customer
+	ReasonNoAccount        Reason = "no_account"         // no destination account is configured
+	ReasonAccountMismatch  Reason = "account_mismatch"   // staged for another account than this node's
+	ReasonModeMismatch     Reason = "mode_mismatch"      // staged for another mode than this node's
+	ReasonTimestampWindow  Reason = "timestamp_window"   // outside the timestamps the provider accepts
+	ReasonMeterNotFound    Reason = "meter_not_found"    // the provider has no meter for the event name
+	ReasonCustomerNotFound Reason = "customer_not_found" // the provider has no such customer
+)
+
+// Reasons lists every quarantine reason.
+var Reasons = []Reason{
+	ReasonFeatureUnmapped, ReasonNoCustomer, ReasonNoAccount, ReasonAccountMismatch,
+	ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound,
+}
+
+func (r Reason) valid() bool {
+	for _, v := range Reasons {
+		if r == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Payload is the financial intent of an item: what is sent, byte for byte
+// the same on every attempt. It is immutable once enqueued.
+type Payload struct {
+	// Customer is the provider's customer id; empty only when quarantined.
+	Customer string `json:"customer,omitempty"`
+	// EventName is the provider meter's event name; empty only when quarantined.
+	EventName string `json:"event_name,omitempty"`
+	// Value is the whole-number usage; negative is a correction.
+	Value int64 `json:"value"`
+	// Timestamp is the event time in Unix seconds.
+	Timestamp int64 `json:"timestamp"`
+	// Identifier is the identity's identifier; Enqueue sets it.
+	Identifier string `json:"identifier"`
+	// Feature is Tally's feature the usage was posted for.
+	Feature string `json:"feature"`
+	// Period is the start of the billing period, RFC 3339 UTC.
+	Period string `json:"period"`
+}
+
+// Item is an outbox row as read back.
+type Item struct {
+	ID int64
+	Identity
+	Identifier  string
+	Payload     Payload
+	OrderingKey string
+	State       State
+
+	Attempts        int
+	RefusedAttempts int
+	AttemptsBase    int
+	NextAttemptAt   time.Time
+	FirstAttemptAt  *time.Time
+
+	LeaseOwner     string
+	LeasedAt       *time.Time
+	LeaseExpiresAt *time.Time
+	LeaseToken     int64
+
+	ProviderRef string
+	AcceptedAt  *time.Time
+	ConfirmedAt *time.Time
+
+	LastError        *ErrorInfo
+	QuarantineReason Reason
+	SupersededBy     *int64
+
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Lease is a claim on an item: the item as claimed, whose LeaseToken fences
+// every write its holder makes.
+type Lease struct {
+	Item
+}
+
+// Querier runs SQL: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Beginner is a Querier that can open a transaction.
+type Beginner interface {
+	Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Config holds the outbox's knobs. The zero value of each field means its
+// default; Validate checks the whole config before anything starts.
+type Config struct {
+	// Lease is how long a claim holds an item before another deliverer may
+	// claim it again. Defaults to 120 seconds.
+	Lease time.Duration
+	// BackoffBase is the first retry delay. Defaults to 5 seconds.
+	BackoffBase time.Duration
+	// BackoffCap caps the exponential delay. Defaults to 900 seconds.
+	BackoffCap time.Duration
+	// MaxAttempts is the attempt cap: a retry after this many attempts
+	// becomes uncertain, never rejected. Defaults to 20.
+	MaxAttempts int
+	// RateLimitDelay is the delay after a rate-limited answer, instead of the
+	// exponential backoff. Defaults to 30 seconds.
+	RateLimitDelay time.Duration
+	// Horizon is how long after first_attempt_at an item that may have reached
+	// the provider may still be sent; past it a resend could double-bill, so
+	// the item becomes uncertain. Defaults to 20 hours.
+	Horizon time.Duration
+	// DedupWindow is how long the provider deduplicates identifiers; Horizon
+	// must be below it. Defaults to 24 hours (Stripe v1 meter events).
+	DedupWindow time.Duration
+	// ClaimScan bounds how many due items the per-key claim looks at to find
+	// distinct keys: ClaimScan × the batch size. Defaults to 4.
+	ClaimScan int
+}
+
+// Defaults.
+const (
+	DefaultLease          = 120 * time.Second
+	DefaultBackoffBase    = 5 * time.Second
+	DefaultBackoffCap     = 900 * time.Second
+	DefaultMaxAttempts    = 20
+	DefaultRateLimitDelay = 30 * time.Second
+	DefaultHorizon        = 20 * time.Hour
+	DefaultDedupWindow    = 24 * time.Hour
+	DefaultClaimScan      = 4
+)
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.Lease, DefaultLease)
+	def(&c.BackoffBase, DefaultBackoffBase)
+	def(&c.BackoffCap, DefaultBackoffCap)
+	def(&c.RateLimitDelay, DefaultRateLimitDelay)
+	def(&c.Horizon, DefaultHorizon)
+	def(&c.DedupWindow, DefaultDedupWindow)
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.ClaimScan == 0 {
+		c.ClaimScan = DefaultClaimScan
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults), joined.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	positive := func(name string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+		}
+	}
+	positive("lease", c.Lease)
+	positive("backoff base", c.BackoffBase)
+	positive("backoff cap", c.BackoffCap)
+	positive("rate-limit delay", c.RateLimitDelay)
+	positive("horizon", c.Horizon)
+	positive("dedup window", c.DedupWindow)
+	if c.BackoffBase > c.BackoffCap {
+		errs = append(errs, fmt.Errorf("backoff base %s is above the cap %s", c.BackoffBase, c.BackoffCap))
+	}
+	if c.MaxAttempts < 1 {
+		errs = append(errs, fmt.Errorf("max attempts must be at least 1, got %d", c.MaxAttempts))
+	}
+	if c.ClaimScan < 1 {
+		errs = append(errs, fmt.Errorf("claim scan must be at least 1, got %d", c.ClaimScan))
+	}
+	if c.Horizon >= c.DedupWindow {
+		errs = append(errs, fmt.Errorf("horizon %s must be below the provider's dedup window %s", c.Horizon, c.DedupWindow))
+	}
+	if c.Lease >= c.Horizon {
+		errs = append(errs, fmt.Errorf("lease %s must be below the horizon %s", c.Lease, c.Horizon))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("outbox: invalid config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// Store is the outbox. It holds no connection: every method takes the
+// Querier (or transaction) to run on, so callers choose the transaction.
+// It is safe for concurrent use.
+type Store struct {
+	cfg     Config
+	metrics *metrics
+}
+
+// New validates cfg and returns a Store whose metrics are registered on reg
+// (nil: not registered anywhere).
+func New(cfg Config, reg prometheus.Registerer) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m := newMetrics()
+	if reg != nil {
+		if err := m.register(reg); err != nil {
+			return nil, fmt.Errorf("outbox: registering metrics: %w", err)
+		}
+	}
+	return &Store{cfg: cfg.WithDefaults(), metrics: m}, nil
+}
+
+// Config returns the Store's config with defaults filled in.
+func (s *Store) Config() Config { return s.cfg }
