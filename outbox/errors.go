@@ -48,7 +48,7 @@ type StateError struct {
 var ErrStateMismatch = errors.New("outbox: expected state mismatch")
 
 func (e *StateError) Error() string {
-	return fmt.Sprintf("outbox: %s on item %d expected %s (lease token as given), found %s (lease token %d)",
+	return fmt.Sprintf("outbox: %s on item %d expected it %s, found it %s (lease token %d)",
 		e.Transition, e.ID, e.Expected, e.Current, e.CurrentLeaseToken)
 }
 

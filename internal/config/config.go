@@ -3,8 +3,8 @@
 // the brief sets. It validates the whole configuration before anything
 // starts, and reports every problem at once.
 //
-// It never reads a setting anywhere else, and it never prints a secret: a
-// setting marked secret is shown in help only by name.
+// It never reads a setting anywhere else, and never echoes the value of a
+// setting that may hold a secret (the database URL's password).
 package config
 
 import (
@@ -45,7 +45,6 @@ type Config struct {
 type setting struct {
 	env, flag, usage string
 	def              string
-	secret           bool
 	set              func(c *Config, v string) error
 }
 
@@ -60,46 +59,50 @@ func settings() []setting {
 			return nil
 		}
 	}
+	integer := func(dst func(*Config) *int) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return fmt.Errorf("not a whole number: %q", v)
+			}
+			*dst(c) = n
+			return nil
+		}
+	}
 	str := func(dst func(*Config) *string) func(*Config, string) error {
 		return func(c *Config, v string) error { *dst(c) = v; return nil }
 	}
 	return []setting{
-		{"TALLY_DATABASE_URL", "database-url", "Postgres URL; unset: an embedded cluster in the data directory", "", true,
+		{"TALLY_DATABASE_URL", "database-url", "Postgres URL; unset: an embedded cluster in the data directory", "",
 			str(func(c *Config) *string { return &c.DatabaseURL })},
-		{"TALLY_DATA_DIR", "data-dir", "embedded Postgres data and logs", ".tally", false,
+		{"TALLY_DATA_DIR", "data-dir", "embedded Postgres data and logs", ".tally",
 			str(func(c *Config) *string { return &c.DataDir })},
-		{"TALLY_LISTEN", "listen", "HTTP address", "127.0.0.1:8080", false,
+		{"TALLY_LISTEN", "listen", "HTTP address", "127.0.0.1:8080",
 			str(func(c *Config) *string { return &c.Listen })},
-		{"TALLY_LOG_FORMAT", "log-format", "log format: text or json", "text", false,
+		{"TALLY_LOG_FORMAT", "log-format", "log format: text or json", "text",
 			str(func(c *Config) *string { return &c.LogFormat })},
-		{"TALLY_LOG_LEVEL", "log-level", "log level: debug, info, warn or error", "info", false,
+		{"TALLY_LOG_LEVEL", "log-level", "log level: debug, info, warn or error", "info",
 			str(func(c *Config) *string { return &c.LogLevel })},
-		{"TALLY_MAINTENANCE_INTERVAL", "maintenance-interval", "how often the outbox maintenance pass runs", "15s", false,
+		{"TALLY_MAINTENANCE_INTERVAL", "maintenance-interval", "how often the outbox maintenance pass runs", "15s",
 			dur(func(c *Config) *time.Duration { return &c.MaintenanceInterval })},
-		{"TALLY_SHUTDOWN_TIMEOUT", "shutdown-timeout", "how long a graceful shutdown may take", "30s", false,
+		{"TALLY_SHUTDOWN_TIMEOUT", "shutdown-timeout", "how long a graceful shutdown may take", "30s",
 			dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
-		{"TALLY_OUTBOX_LEASE", "outbox-lease", "how long a claim holds an item", outbox.DefaultLease.String(), false,
+		{"TALLY_OUTBOX_LEASE", "outbox-lease", "how long a claim holds an item", outbox.DefaultLease.String(),
 			dur(func(c *Config) *time.Duration { return &c.Outbox.Lease })},
-		{"TALLY_OUTBOX_BACKOFF_BASE", "outbox-backoff-base", "first retry delay", outbox.DefaultBackoffBase.String(), false,
+		{"TALLY_OUTBOX_BACKOFF_BASE", "outbox-backoff-base", "first retry delay", outbox.DefaultBackoffBase.String(),
 			dur(func(c *Config) *time.Duration { return &c.Outbox.BackoffBase })},
-		{"TALLY_OUTBOX_BACKOFF_CAP", "outbox-backoff-cap", "largest retry delay", outbox.DefaultBackoffCap.String(), false,
+		{"TALLY_OUTBOX_BACKOFF_CAP", "outbox-backoff-cap", "largest retry delay", outbox.DefaultBackoffCap.String(),
 			dur(func(c *Config) *time.Duration { return &c.Outbox.BackoffCap })},
 		{"TALLY_OUTBOX_MAX_ATTEMPTS", "outbox-max-attempts", "attempt cap; past it an item becomes uncertain",
-			strconv.Itoa(outbox.DefaultMaxAttempts), false,
-			func(c *Config, v string) error {
-				n, err := strconv.Atoi(v)
-				if err != nil {
-					return fmt.Errorf("not a whole number: %q", v)
-				}
-				c.Outbox.MaxAttempts = n
-				return nil
-			}},
+			strconv.Itoa(outbox.DefaultMaxAttempts), integer(func(c *Config) *int { return &c.Outbox.MaxAttempts })},
 		{"TALLY_OUTBOX_RATE_LIMIT_DELAY", "outbox-rate-limit-delay", "retry delay after a rate-limit answer",
-			outbox.DefaultRateLimitDelay.String(), false,
+			outbox.DefaultRateLimitDelay.String(),
 			dur(func(c *Config) *time.Duration { return &c.Outbox.RateLimitDelay })},
 		{"TALLY_OUTBOX_HORIZON", "outbox-horizon", "how long after the first attempt an item may still be sent; below the provider's dedup window",
-			outbox.DefaultHorizon.String(), false,
+			outbox.DefaultHorizon.String(),
 			dur(func(c *Config) *time.Duration { return &c.Outbox.Horizon })},
+		{"TALLY_OUTBOX_CLAIM_SCAN", "outbox-claim-scan", "how many due items per wanted item a per-key claim reads to find distinct keys",
+			strconv.Itoa(outbox.DefaultClaimScan), integer(func(c *Config) *int { return &c.Outbox.ClaimScan })},
 	}
 }
 

@@ -33,7 +33,7 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, 15*time.Second, c.MaintenanceInterval)
 	require.Equal(t, outbox.Config{
 		Lease: 2 * time.Minute, BackoffBase: 5 * time.Second, BackoffCap: 900 * time.Second, MaxAttempts: 20,
-		RateLimitDelay: 30 * time.Second, Horizon: 20 * time.Hour,
+		RateLimitDelay: 30 * time.Second, Horizon: 20 * time.Hour, ClaimScan: 4,
 	}, c.Outbox)
 }
 
