@@ -44,7 +44,8 @@ type ClaimOptions struct {
 	Limit int
 	// Policy is the ordering policy. Defaults to PerKey.
 	Policy Policy
-	// Lease overrides the Store's lease for this claim when positive.
+	// Lease overrides the Store's lease for this claim when positive; the
+	// horizon plus it must stay below the provider's dedup window.
 	Lease time.Duration
 }
 
@@ -204,13 +205,14 @@ WITH picked AS (
     LIMIT @limit
 ),`+sqlT1Lease, columns("o"), columns(""))
 
-// Claim is T1: it claims up to opts.Limit items in one transaction of its
-// own, committed before it returns, and returns their leases. Each claimed
+// Claim is T1: it claims up to opts.Limit items in one READ COMMITTED
+// transaction of its own, committed before it returns, and returns their
+// leases. Each claimed
 // item's lease_token and attempts are incremented, its first_attempt_at set
 // if this is its first claim, and its lease_expires_at set from the database
 // clock. An empty result is not an error: nothing was due, or somebody else
 // holds it.
-func (s *Store) Claim(ctx context.Context, db Beginner, opts ClaimOptions) ([]Lease, error) {
+func (s *Store) Claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]Lease, error) {
 	if opts.Owner == "" {
 		return nil, errors.New("outbox: claim needs an owner")
 	}
@@ -221,6 +223,9 @@ func (s *Store) Claim(ctx context.Context, db Beginner, opts ClaimOptions) ([]Le
 	if opts.Lease > 0 {
 		lease = opts.Lease
 	}
+	if opts.Lease < 0 || s.cfg.Horizon+lease >= s.cfg.DedupWindow {
+		return nil, fmt.Errorf("outbox: claim lease %s is negative or reaches past the provider's dedup window with the horizon", opts.Lease)
+	}
 	args := pgx.NamedArgs{
 		"owner":   opts.Owner,
 		"limit":   opts.Limit,
@@ -229,7 +234,7 @@ func (s *Store) Claim(ctx context.Context, db Beginner, opts ClaimOptions) ([]Le
 		"horizon": s.cfg.Horizon,
 	}
 
-	tx, err := db.Begin(ctx)
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}

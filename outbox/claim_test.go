@@ -40,8 +40,12 @@ func TestPerKeyOneLeasePerKey(t *testing.T) {
 	for _, l := range rest {
 		require.NoError(t, b.store.Accept(b.ctx, b.pool, l, "r"))
 	}
-	// Key a is free again, key b's lease is still live.
-	require.Empty(t, b.claim(t, outbox.ClaimOptions{Owner: "w4", Limit: 10}), "everything of key a is done")
+	// Key a is free again, key b's lease (from w1) is still live: a new item
+	// of each goes out only for key a.
+	more := b.enqueue(t, keyed(5, 0), keyed(6, 1))
+	got := b.claim(t, outbox.ClaimOptions{Owner: "w4", Limit: 10})
+	require.Len(t, got, 1)
+	require.Equal(t, more[0], got[0].ID)
 }
 
 func TestPerKeyReclaimsTheExpiredItemFirst(t *testing.T) {
@@ -92,4 +96,60 @@ func TestPerKeyStuckKeyDoesNotBlockOthers(t *testing.T) {
 	require.Len(t, again, 1)
 	require.Equal(t, "cus_a", again[0].Payload.Customer)
 	require.NotEqual(t, got[0].ID, again[0].ID)
+}
+
+// Two writers answer the same items with mixed outcome kinds, in opposite
+// roles: one holds stale leases on all of them, the other the current ones.
+// Each accepts one half and retries the other, so without a lock order over
+// the whole batch each would hold the rows of its first statement while
+// waiting for the other's. Record's batch lock makes them wait for each
+// other instead of deadlocking.
+func TestRecordMixedBatchesNeverDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{BackoffBase: time.Hour, BackoffCap: time.Hour})
+	const half = 500
+	for round := 0; round < 3; round++ {
+		var items []outbox.NewItem
+		for i := 0; i < 2*half; i++ {
+			items = append(items, keyed(round*1000+i, i%26))
+		}
+		b.enqueue(t, items...)
+		old := b.claim(t, outbox.ClaimOptions{Owner: "old", Limit: 2 * half, Policy: outbox.BestEffort, Lease: 5 * time.Millisecond})
+		require.Len(t, old, 2*half)
+		time.Sleep(10 * time.Millisecond)
+		cur := b.claim(t, outbox.ClaimOptions{Owner: "cur", Limit: 2 * half, Policy: outbox.BestEffort})
+		require.Len(t, cur, 2*half)
+		byID := map[int64]outbox.Lease{}
+		for _, l := range cur {
+			byID[l.ID] = l
+		}
+		var oldOut, curOut []outbox.Outcome
+		for i, l := range old {
+			first, second := outbox.Accepted, outbox.Retry
+			if i >= half {
+				first, second = second, first
+			}
+			oldOut = append(oldOut, outbox.Outcome{Lease: l, Kind: first})
+			curOut = append(curOut, outbox.Outcome{Lease: byID[l.ID], Kind: second})
+		}
+		start := make(chan struct{})
+		errs := make(chan error, 2)
+		for _, out := range [][]outbox.Outcome{oldOut, curOut} {
+			go func() {
+				<-start
+				_, err := b.store.Record(b.ctx, b.pool, out)
+				errs <- err
+			}()
+		}
+		close(start)
+		require.NoError(t, <-errs)
+		require.NoError(t, <-errs)
+		for i, o := range curOut {
+			want := outbox.StateAccepted
+			if i < half {
+				want = outbox.StatePending
+			}
+			require.Equal(t, want, b.get(t, o.Lease.ID).State, "the current holder's answers land, the stale ones do not")
+		}
+	}
 }

@@ -25,14 +25,16 @@ import (
 // it returned (done). So a claim whose seq is below a write's had committed
 // before that write began.
 type event struct {
-	item   int64
-	token  int64
-	owner  string
-	claim  bool
-	ok     bool // a write that landed
-	seq    int64
-	done   int64
-	landed outbox.State
+	item  int64
+	token int64
+	owner string
+	// leasedAt and expiresAt are the claim's lease by the database clock.
+	leasedAt, expiresAt time.Time
+	claim               bool
+	ok                  bool // a write that landed
+	seq                 int64
+	done                int64
+	landed              outbox.State
 }
 
 type eventLog struct {
@@ -169,7 +171,8 @@ func runConcurrent(t *testing.T, policy outbox.Policy) {
 				}
 				at := log.seq.Add(1)
 				for _, l := range leases {
-					log.add(event{item: l.ID, token: l.LeaseToken, owner: owner, claim: true, seq: at})
+					log.add(event{item: l.ID, token: l.LeaseToken, owner: owner, claim: true, seq: at,
+						leasedAt: *l.LeasedAt, expiresAt: *l.LeaseExpiresAt})
 				}
 				if len(leases) == 0 {
 					// Done when nothing is pending or leased any more.
@@ -291,6 +294,43 @@ func runConcurrent(t *testing.T, policy outbox.Policy) {
 	t.Logf("%s: %d claims, %d writes, %d stale writes refused", policy, claims, writes, stale)
 	require.Positive(t, stale, "leases must expire mid-run for this test to mean anything")
 
+	// No item was ever held by two owners at once: claim k+1 of an item began
+	// only after lease k had expired or its holder's answer had landed
+	// (outbox_attempts.recorded_at), all by the database clock.
+	answered := map[[2]int64]time.Time{} // (item, token) -> when a holder's answer landed
+	rows, err := b.pool.Query(b.ctx, `SELECT item_id, lease_token, recorded_at FROM outbox_attempts WHERE outcome <> 'abandoned'`)
+	require.NoError(t, err)
+	var (
+		aItem, aToken int64
+		aAt           time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&aItem, &aToken, &aAt}, func() error {
+		answered[[2]int64{aItem, aToken}] = aAt
+		return nil
+	})
+	require.NoError(t, err)
+	var overlapsChecked int
+	for id, evs := range byItem {
+		leases := map[int64]event{}
+		for _, e := range evs {
+			if e.claim {
+				leases[e.token] = e
+			}
+		}
+		for tok := int64(1); tok < int64(len(leases)); tok++ {
+			prev, next := leases[tok], leases[tok+1]
+			freed := prev.expiresAt
+			if at, ok := answered[[2]int64{id, tok}]; ok && at.Before(freed) {
+				freed = at
+			}
+			require.False(t, next.leasedAt.Before(freed),
+				"item %d: token %d leased at %s while token %d (%s) held it until %s",
+				id, tok+1, next.leasedAt, tok, prev.owner, freed)
+			overlapsChecked++
+		}
+	}
+	require.Positive(t, overlapsChecked)
+
 	// Every item is in exactly one state, and the database agrees with the log.
 	g, err := b.store.ReadGauge(b.ctx, b.pool)
 	require.NoError(t, err)
@@ -300,7 +340,7 @@ func runConcurrent(t *testing.T, policy outbox.Policy) {
 	}
 	require.Equal(t, int64(items), total)
 	require.Zero(t, g.Counts[outbox.StatePending]+g.Counts[outbox.StateLeased])
-	rows, err := b.pool.Query(b.ctx, `SELECT id, state, lease_token, attempts,
+	rows, err = b.pool.Query(b.ctx, `SELECT id, state, lease_token, attempts,
 		(SELECT count(*) FROM outbox_attempts a WHERE a.item_id = o.id) FROM outbox_items o`)
 	require.NoError(t, err)
 	var (

@@ -84,7 +84,8 @@ var (
 // the message stripped of control characters, of anything that looks like a
 // secret, of runs of whitespace, and cut to MaxErrorMessage characters.
 func (e ErrorInfo) Sanitized() ErrorInfo {
-	code := codeInvalid.ReplaceAllString(strings.ToLower(strings.TrimSpace(e.Code)), "_")
+	code := secretish.ReplaceAllString(e.Code, "redacted")
+	code = codeInvalid.ReplaceAllString(strings.ToLower(strings.TrimSpace(code)), "_")
 	code = strings.Trim(code, "_.:-")
 	if code == "" {
 		code = "error"

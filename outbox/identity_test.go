@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -135,6 +136,7 @@ func TestErrorInfoSanitized(t *testing.T) {
 			outbox.ErrorInfo{Code: "stripe_api_error"}},
 		{"empty code", outbox.ErrorInfo{Message: "x"}, outbox.ErrorInfo{Code: "error", Message: "x"}},
 		{"status out of range", outbox.ErrorInfo{Code: "x", Status: 1234}, outbox.ErrorInfo{Code: "x"}},
+		{"secret as code", outbox.ErrorInfo{Code: "sk_live_51Habc123"}, outbox.ErrorInfo{Code: "redacted"}},
 		{"secrets redacted", outbox.ErrorInfo{Code: "x", Message: "key sk_live_51Habc123 and rk_test_9 and Bearer abc.def and whsec_zzz"},
 			outbox.ErrorInfo{Code: "x", Message: "key [redacted] and [redacted] and [redacted] and [redacted]"}},
 		{"control characters and whitespace", outbox.ErrorInfo{Code: "x", Message: "a\x00b\n\n\tc\x1b[31m"},
@@ -147,7 +149,7 @@ func TestErrorInfoSanitized(t *testing.T) {
 	}
 	got := outbox.ErrorInfo{Code: "x", Message: string(long)}.Sanitized()
 	require.Equal(t, outbox.MaxErrorMessage, len([]rune(got.Message)))
-	long64 := outbox.ErrorInfo{Code: "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghij"}.Sanitized()
+	long64 := outbox.ErrorInfo{Code: strings.Repeat("stripe.", 12)}.Sanitized()
 	require.Len(t, long64.Code, 64)
 }
 

@@ -129,10 +129,14 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Beginner is a Querier that can open a transaction.
-type Beginner interface {
+// TxBeginner is a Querier that opens transactions of its own: a
+// *pgxpool.Pool or a *pgx.Conn. Claim and Record take one because they run
+// their own READ COMMITTED transactions, committed before they return: a
+// claim must be visible before anything is sent, and the per-key claim's
+// correctness rests on READ COMMITTED snapshots.
+type TxBeginner interface {
 	Querier
-	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
 // Config holds the outbox's knobs. The zero value of each field means its
@@ -226,6 +230,10 @@ func (c Config) Validate() error {
 	}
 	if c.Lease >= c.Horizon {
 		errs = append(errs, fmt.Errorf("lease %s must be below the horizon %s", c.Lease, c.Horizon))
+	}
+	if c.Horizon+c.Lease >= c.DedupWindow {
+		errs = append(errs, fmt.Errorf("horizon %s plus lease %s must stay below the provider's dedup window %s: an item claimed just inside the horizon may be sent until its lease ends",
+			c.Horizon, c.Lease, c.DedupWindow))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("outbox: invalid config: %w", errors.Join(errs...))

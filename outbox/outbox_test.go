@@ -189,7 +189,13 @@ func TestEnqueueConcurrentSameIdentity(t *testing.T) {
 		errc <- tx2.Commit(b.ctx)
 		got <- r2
 	}()
-	time.Sleep(100 * time.Millisecond) // let tx2 block on the conflict
+	// tx2 must be waiting on tx1's uncommitted row before tx1 commits.
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO outbox_items%'`).Scan(&waiting)
+		return err == nil && waiting == 1
+	}, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, tx1.Commit(b.ctx))
 	require.NoError(t, <-errc)
 	r2 := <-got
@@ -277,6 +283,8 @@ func TestClaimOptionsValidated(t *testing.T) {
 		{Owner: "w", Limit: 0},
 		{Owner: "w", Limit: 1001},
 		{Owner: "w", Limit: 1, Policy: outbox.Policy(9)},
+		{Owner: "w", Limit: 1, Lease: -time.Second},
+		{Owner: "w", Limit: 1, Lease: 5 * time.Hour},
 	} {
 		_, err := b.store.Claim(b.ctx, b.pool, opts)
 		require.Error(t, err, "%+v", opts)
@@ -366,10 +374,10 @@ func TestLeaseExpiryFencesOldOwner(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	ids := b.enqueue(t, newItem(1))
 
-	old := b.claim(t, outbox.ClaimOptions{Owner: "dies", Limit: 1, Lease: 200 * time.Millisecond})
+	old := b.claim(t, outbox.ClaimOptions{Owner: "dies", Limit: 1, Lease: 500 * time.Millisecond})
 	require.Len(t, old, 1)
 	require.Empty(t, b.claim(t, outbox.ClaimOptions{Owner: "new"}), "the lease is live")
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(600 * time.Millisecond)
 
 	cur := b.claim(t, outbox.ClaimOptions{Owner: "new", Limit: 1})
 	require.Len(t, cur, 1)
@@ -500,10 +508,12 @@ func TestHorizonEndsUncertainByDatabaseClock(t *testing.T) {
 	// claim takes the item again, and the sweep makes it uncertain.
 	time.Sleep(horizon + 50*time.Millisecond)
 	fresh := b.enqueue(t, newItem(2))
-	leases := b.claim(t, outbox.ClaimOptions{Limit: 10})
+	leases := b.claim(t, outbox.ClaimOptions{Limit: 10, Lease: 300 * time.Millisecond})
 	require.Len(t, leases, 1)
 	require.Equal(t, fresh[0], leases[0].ID, "an item never sent has no horizon yet")
-	require.Empty(t, b.claim(t, outbox.ClaimOptions{Limit: 10, Policy: outbox.BestEffort}))
+	for _, l := range b.claim(t, outbox.ClaimOptions{Limit: 10, Policy: outbox.BestEffort}) {
+		require.NotEqual(t, ids[0], l.ID, "past the horizon, never sent again")
+	}
 
 	swept, err := b.store.Sweep(b.ctx, b.pool)
 	require.NoError(t, err)
@@ -535,14 +545,14 @@ func TestHorizonT3BecomesT4(t *testing.T) {
 	require.Equal(t, outbox.StateUncertain, st)
 	require.Equal(t, outbox.StateUncertain, b.get(t, ids[0]).State)
 
-	// When every attempt was refused, nothing can have landed: the horizon
-	// does not apply, only the cap.
+	// The brief's rule is literal: a retry past the horizon is uncertain even
+	// when this answer was a refusal.
 	ids = b.enqueue(t, newItem(2))
 	l = b.claimOne(t)
 	require.Equal(t, ids[0], l.ID)
 	st, err = b.store.Retry(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "stripe_auth", Status: 401}, true)
 	require.NoError(t, err)
-	require.Equal(t, outbox.StatePending, st)
+	require.Equal(t, outbox.StateUncertain, st)
 }
 
 func TestNothingAutomaticLeavesRejected(t *testing.T) {
@@ -622,8 +632,18 @@ func TestRecoverT8(t *testing.T) {
 			require.Equal(t, int64(1), se.CurrentLeaseToken)
 			require.Equal(t, 1.0, b.stale("T8"))
 
+			if to == outbox.StatePending {
+				// The timed-out attempt may have landed and the horizon has
+				// passed: without evidence, no resend.
+				err := b.store.Recover(b.ctx, b.pool, ids[0], outbox.Recovery{To: to, ExpectLeaseToken: l.LeaseToken})
+				require.ErrorIs(t, err, outbox.ErrPastHorizon)
+				require.Error(t, b.store.Recover(b.ctx, b.pool, ids[0], outbox.Recovery{To: to, ExpectLeaseToken: l.LeaseToken, NotReached: true}),
+					"a not-reached finding needs a reason")
+				require.Equal(t, outbox.StateUncertain, b.get(t, ids[0]).State)
+			}
 			require.NoError(t, b.store.Recover(b.ctx, b.pool, ids[0], outbox.Recovery{
 				To: to, ExpectLeaseToken: l.LeaseToken, ProviderRef: "evidence", Reason: "checked with finance sk_live_abcdef",
+				NotReached: to == outbox.StatePending,
 			}))
 			it := b.get(t, ids[0])
 			require.Equal(t, to, it.State)
@@ -634,9 +654,12 @@ func TestRecoverT8(t *testing.T) {
 			case outbox.StateRejected:
 				require.Equal(t, "operator_rejected", it.LastError.Code)
 				require.NotContains(t, it.LastError.Message, "sk_live", "secrets never reach the row")
+				require.Contains(t, it.LastError.Message, "checked with finance")
 			case outbox.StatePending:
-				// Past the horizon and at the cap, the operator's recovery
-				// still yields one more attempt with the same identifier.
+				// Past the horizon and at the cap, the operator's finding that
+				// nothing reached Stripe yields one more attempt with the same
+				// identifier.
+				require.Equal(t, "operator_not_reached", it.LastError.Code)
 				l2 := b.claimOne(t)
 				require.Equal(t, ids[0], l2.ID)
 				require.Equal(t, 2, l2.Attempts)
@@ -688,6 +711,22 @@ func TestRequeueT9(t *testing.T) {
 	require.Equal(t, ids[0], l2.ID)
 	require.Equal(t, l.Identifier, l2.Identifier)
 	require.NoError(t, b.store.Accept(b.ctx, b.pool, l2, "req_ok"))
+
+	// An item staged without what a send needs cannot go back as it is.
+	for _, edit := range []func(*outbox.NewItem){
+		func(it *outbox.NewItem) { it.Payload.Customer, it.Quarantine = "", outbox.ReasonNoCustomer },
+		func(it *outbox.NewItem) {
+			it.Payload.EventName, it.MappingVersion, it.Quarantine = "", 0, outbox.ReasonFeatureUnmapped
+		},
+		func(it *outbox.NewItem) { it.DestinationAccount, it.Quarantine = "", outbox.ReasonNoAccount },
+	} {
+		it := newItem(50 + len(ids))
+		edit(&it)
+		q := b.enqueue(t, it)
+		require.ErrorIs(t, b.store.Requeue(b.ctx, b.pool, q[0], it.MappingVersion), outbox.ErrNotSendable)
+		require.Equal(t, outbox.StateQuarantined, b.get(t, q[0]).State)
+		ids = append(ids, q[0])
+	}
 }
 
 func TestSupersedeT9r(t *testing.T) {
@@ -884,6 +923,7 @@ func TestConfigValidated(t *testing.T) {
 		{MaxAttempts: -1},
 		{Horizon: 25 * time.Hour},
 		{Horizon: time.Second, Lease: 2 * time.Second},
+		{Horizon: 23*time.Hour + 59*time.Minute, Lease: 10 * time.Minute},
 		{RateLimitDelay: -1},
 		{ClaimScan: -1},
 	}

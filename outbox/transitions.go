@@ -115,8 +115,8 @@ log AS (
 SELECT id, state FROM t`
 
 	// T3 becomes T4 in the same statement when the retry is past the cap, or
-	// would happen past the horizon while some attempt may have reached the
-	// provider. Both sides of the horizon comparison are the database clock.
+	// would happen past the horizon (measured from first_attempt_at). Both
+	// sides of the horizon comparison are the database clock.
 	sqlT3Retry = `
 WITH b AS (
     SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @delays::bigint[], @refused::bool[],
@@ -130,8 +130,7 @@ t AS (
     UPDATE outbox_items o SET
         state = CASE
             WHEN o.attempts - o.attempts_base >= @max THEN 'uncertain'
-            WHEN o.refused_attempts + b.refused::int < o.attempts
-             AND clock_timestamp() + b.delay_us * interval '1 microsecond' > o.first_attempt_at + @horizon::interval
+            WHEN clock_timestamp() + b.delay_us * interval '1 microsecond' > o.first_attempt_at + @horizon::interval
                 THEN 'uncertain'
             ELSE 'pending' END,
         next_attempt_at   = clock_timestamp() + b.delay_us * interval '1 microsecond',
@@ -180,15 +179,21 @@ log AS (
 SELECT id, state FROM t`
 )
 
+// sqlLockBatch takes the row locks of a mixed batch of outcomes up front, in
+// ascending id order, so that the per-transition statements that follow in
+// the same transaction never wait on one another's rows in another order.
+const sqlLockBatch = `SELECT id FROM outbox_items WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE`
+
 // Record writes the outcomes of attempts: T2-T6, batched, one statement per
 // transition present. Each outcome lands or is fenced out on its own; a
-// fenced outcome's Result carries ErrStaleLease, is counted by the stale-writer
-// metric and must not be retried. The error return is for failures of the
-// database or of the input (an outcome kind unknown, one item twice, a
-// quarantine without a reason); then nothing the failing statement covered
-// was written, though earlier statements of the same call may have been when
-// q is not a transaction.
-func (s *Store) Record(ctx context.Context, q Querier, outcomes []Outcome) ([]Result, error) {
+// fenced outcome's Result carries ErrStaleLease, is counted by the
+// stale-writer metric and must not be retried. A batch of one kind is one
+// statement; a mixed batch runs in one READ COMMITTED transaction of its own
+// that first locks every row of the batch in id order, so concurrent writers
+// never deadlock. The error return is for failures of the database or of the
+// input (an outcome kind unknown, one item twice, a quarantine without a
+// reason); then nothing of the batch was written.
+func (s *Store) Record(ctx context.Context, db TxBeginner, outcomes []Outcome) ([]Result, error) {
 	seen := make(map[int64]bool, len(outcomes))
 	var (
 		accept, retry, other []int // indexes into outcomes
@@ -215,49 +220,80 @@ func (s *Store) Record(ctx context.Context, q Querier, outcomes []Outcome) ([]Re
 		}
 	}
 
+	type step struct {
+		name string
+		idx  []int
+		sql  string
+		args pgx.NamedArgs
+	}
+	var steps []step
+	if len(accept) > 0 {
+		steps = append(steps, step{"T2 accept", accept, sqlT2Accept, s.acceptArgs(outcomes, accept)})
+	}
+	if len(retry) > 0 {
+		steps = append(steps, step{"T3 retry", retry, sqlT3Retry, s.retryArgs(outcomes, retry)})
+	}
+	if len(other) > 0 {
+		steps = append(steps, step{"T4/T5/T6", other, sqlT4T5T6, s.settleArgs(outcomes, other)})
+	}
+	if len(steps) == 0 {
+		return nil, nil
+	}
+
+	var q Querier = db
+	if len(steps) > 1 {
+		tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
+			return nil, fmt.Errorf("outbox: record: %w", err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		ids := make([]int64, len(outcomes))
+		for i, o := range outcomes {
+			ids[i] = o.Lease.ID
+		}
+		if _, err := tx.Exec(ctx, sqlLockBatch, pgx.NamedArgs{"ids": ids}); err != nil {
+			return nil, fmt.Errorf("outbox: record: locking the batch: %w", err)
+		}
+		q = tx
+	}
+
 	results := make([]Result, len(outcomes))
+	index := make(map[int64]int, len(outcomes))
 	for i, o := range outcomes {
 		results[i] = Result{ID: o.Lease.ID, Err: ErrStaleLease}
+		index[o.Lease.ID] = i
 	}
-	run := func(name string, idx []int, sql string, args pgx.NamedArgs) error {
-		if len(idx) == 0 {
-			return nil
-		}
-		rows, err := q.Query(ctx, sql, args)
+	for _, st := range steps {
+		rows, err := q.Query(ctx, st.sql, st.args)
 		if err != nil {
-			return fmt.Errorf("outbox: %s: %w", name, err)
+			return nil, fmt.Errorf("outbox: %s: %w", st.name, err)
 		}
-		landed := map[int64]State{}
 		var (
 			id    int64
 			state State
 		)
-		if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error { landed[id] = state; return nil }); err != nil {
-			return fmt.Errorf("outbox: %s: %w", name, err)
+		if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
+			results[index[id]] = Result{ID: id, State: state}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("outbox: %s: %w", st.name, err)
 		}
-		for _, i := range idx {
-			transition := outcomeTransitions[outcomes[i].Kind]
-			if st, ok := landed[outcomes[i].Lease.ID]; ok {
-				results[i] = Result{ID: outcomes[i].Lease.ID, State: st}
-				if st == StateUncertain {
-					transition = "T4"
-				}
-				s.metrics.moved(transition, st)
-			} else {
-				s.metrics.staleWrites(transition, 1)
-			}
+	}
+	if tx, ok := q.(pgx.Tx); ok {
+		if err := tx.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("outbox: record: committing: %w", err)
 		}
-		return nil
 	}
-
-	if err := run("T2 accept", accept, sqlT2Accept, s.acceptArgs(outcomes, accept)); err != nil {
-		return nil, err
-	}
-	if err := run("T3 retry", retry, sqlT3Retry, s.retryArgs(outcomes, retry)); err != nil {
-		return nil, err
-	}
-	if err := run("T4/T5/T6", other, sqlT4T5T6, s.settleArgs(outcomes, other)); err != nil {
-		return nil, err
+	for i, r := range results {
+		transition := outcomeTransitions[outcomes[i].Kind]
+		switch {
+		case r.Err != nil:
+			s.metrics.staleWrites(transition, 1)
+		case r.State == StateUncertain:
+			s.metrics.moved("T4", r.State)
+		default:
+			s.metrics.moved(transition, r.State)
+		}
 	}
 	return results, nil
 }
@@ -272,7 +308,9 @@ func (s *Store) acceptArgs(outcomes []Outcome, idx []int) pgx.NamedArgs {
 
 // retryDelay is the delay of a Retry or RateLimited outcome, jittered.
 func (s *Store) retryDelay(o Outcome) time.Duration {
-	d := Backoff(o.Lease.Attempts, s.cfg.BackoffBase, s.cfg.BackoffCap)
+	// The attempt number inside the current budget: after an operator's
+	// recovery or requeue the backoff starts again from the base.
+	d := Backoff(o.Lease.Attempts-o.Lease.AttemptsBase, s.cfg.BackoffBase, s.cfg.BackoffCap)
 	if o.Kind == RateLimited {
 		d = s.cfg.RateLimitDelay
 	}
@@ -326,8 +364,8 @@ func (s *Store) settleArgs(outcomes []Outcome, idx []int) pgx.NamedArgs {
 }
 
 // record runs one outcome and returns its landing state or ErrStaleLease.
-func (s *Store) record(ctx context.Context, q Querier, o Outcome) (State, error) {
-	res, err := s.Record(ctx, q, []Outcome{o})
+func (s *Store) record(ctx context.Context, db TxBeginner, o Outcome) (State, error) {
+	res, err := s.Record(ctx, db, []Outcome{o})
 	if err != nil {
 		return "", err
 	}
@@ -335,39 +373,39 @@ func (s *Store) record(ctx context.Context, q Querier, o Outcome) (State, error)
 }
 
 // Accept is T2 for one lease.
-func (s *Store) Accept(ctx context.Context, q Querier, l Lease, providerRef string) error {
-	_, err := s.record(ctx, q, Outcome{Lease: l, Kind: Accepted, ProviderRef: providerRef})
+func (s *Store) Accept(ctx context.Context, db TxBeginner, l Lease, providerRef string) error {
+	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Accepted, ProviderRef: providerRef})
 	return err
 }
 
 // Retry is T3 for one lease (or T4, past the cap or the horizon); it returns
 // the state the item landed in. Refused says the provider refused this
 // attempt outright (see Outcome.Refused).
-func (s *Store) Retry(ctx context.Context, q Querier, l Lease, e ErrorInfo, refused bool) (State, error) {
-	return s.record(ctx, q, Outcome{Lease: l, Kind: Retry, Error: e, Refused: refused})
+func (s *Store) Retry(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo, refused bool) (State, error) {
+	return s.record(ctx, db, Outcome{Lease: l, Kind: Retry, Error: e, Refused: refused})
 }
 
 // RetryRateLimited is T3 after a rate-limit answer (or T4, past the cap or
 // the horizon).
-func (s *Store) RetryRateLimited(ctx context.Context, q Querier, l Lease, e ErrorInfo) (State, error) {
-	return s.record(ctx, q, Outcome{Lease: l, Kind: RateLimited, Error: e})
+func (s *Store) RetryRateLimited(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo) (State, error) {
+	return s.record(ctx, db, Outcome{Lease: l, Kind: RateLimited, Error: e})
 }
 
 // MarkUncertain is T4 for one lease.
-func (s *Store) MarkUncertain(ctx context.Context, q Querier, l Lease, e ErrorInfo, refused bool) error {
-	_, err := s.record(ctx, q, Outcome{Lease: l, Kind: Uncertain, Error: e, Refused: refused})
+func (s *Store) MarkUncertain(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo, refused bool) error {
+	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Uncertain, Error: e, Refused: refused})
 	return err
 }
 
 // Reject is T5 for one lease. Rejected is terminal.
-func (s *Store) Reject(ctx context.Context, q Querier, l Lease, e ErrorInfo) error {
-	_, err := s.record(ctx, q, Outcome{Lease: l, Kind: Rejected, Error: e})
+func (s *Store) Reject(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo) error {
+	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Rejected, Error: e})
 	return err
 }
 
 // Quarantine is T6 for one lease.
-func (s *Store) Quarantine(ctx context.Context, q Querier, l Lease, reason Reason, e ErrorInfo) error {
-	_, err := s.record(ctx, q, Outcome{Lease: l, Kind: Quarantined, Reason: reason, Error: e})
+func (s *Store) Quarantine(ctx context.Context, db TxBeginner, l Lease, reason Reason, e ErrorInfo) error {
+	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Quarantined, Reason: reason, Error: e})
 	return err
 }
 
@@ -436,73 +474,110 @@ func (s *Store) mismatch(ctx context.Context, q Querier, id int64, transition st
 
 // Recovery is what an operator decided about an uncertain item (T8).
 type Recovery struct {
-	// To is StateAccepted (the provider has it), StatePending (it did not
-	// reach the provider: send it again) or StateRejected (abandon it).
+	// To is StateAccepted (the provider has it), StatePending (send it again
+	// with the same identifier) or StateRejected (abandon it).
 	To State
 	// ExpectLeaseToken is the lease token of the item as the operator
 	// reviewed it; the recovery is refused if the item moved since.
 	ExpectLeaseToken int64
+	// NotReached, with To = pending, records the operator's finding, from
+	// evidence such as reconciliation, that no attempt of the item reached
+	// the provider. Only then may it be sent past the horizon, or later be
+	// re-addressed; without it, recovery to pending is refused past the
+	// horizon (ErrPastHorizon). It needs a Reason.
+	NotReached bool
 	// ProviderRef is the provider's evidence for To = accepted (optional).
 	ProviderRef string
-	// Reason explains the decision; it is sanitised and kept as the error
-	// message of a rejected item.
+	// Reason explains the decision; it is sanitised and kept as the item's
+	// last_error message for rejected and for a NotReached recovery.
 	Reason string
 }
 
+// ErrPastHorizon refuses a recovery to pending of an item past its horizon
+// when an attempt may have reached the provider: a resend could double-bill.
+var ErrPastHorizon = errors.New("outbox: past the horizon, a resend could double-bill; recover to pending only with evidence that no attempt reached the provider")
+
 // sqlT8Recover is T8: an operator's decision about an uncertain item. To
-// pending, it records the operator's finding that no earlier attempt reached
-// the provider (refused_attempts := attempts) and grants a fresh attempt
-// budget (attempts_base := attempts); attempts and first_attempt_at do not
-// move.
+// pending it grants a fresh attempt budget (attempts_base := attempts;
+// attempts and first_attempt_at do not move), and it is refused past the
+// horizon unless no attempt may have reached the provider or the operator
+// records that none did (refused_attempts := attempts).
 const sqlT8Recover = `
 UPDATE outbox_items SET
-    state            = @to,
-    accepted_at      = CASE WHEN @to = 'accepted' THEN clock_timestamp() ELSE accepted_at END,
-    provider_ref     = CASE WHEN @to = 'accepted' THEN coalesce(nullif(@ref, ''), provider_ref) ELSE provider_ref END,
-    next_attempt_at  = CASE WHEN @to = 'pending' THEN clock_timestamp() ELSE next_attempt_at END,
-    refused_attempts = CASE WHEN @to = 'pending' THEN attempts ELSE refused_attempts END,
-    attempts_base    = CASE WHEN @to = 'pending' THEN attempts ELSE attempts_base END,
-    last_error_code  = CASE WHEN @to = 'rejected' THEN 'operator_rejected' ELSE last_error_code END,
-    last_error_status = CASE WHEN @to = 'rejected' THEN NULL ELSE last_error_status END,
-    last_error       = CASE WHEN @to = 'rejected' THEN nullif(@reason, '') ELSE last_error END,
-    updated_at       = clock_timestamp()
-WHERE id = @id AND state = 'uncertain' AND lease_token = @token`
+    state             = @to,
+    accepted_at       = CASE WHEN @to = 'accepted' THEN clock_timestamp() ELSE accepted_at END,
+    provider_ref      = CASE WHEN @to = 'accepted' THEN coalesce(nullif(@ref, ''), provider_ref) ELSE provider_ref END,
+    next_attempt_at   = CASE WHEN @to = 'pending' THEN clock_timestamp() ELSE next_attempt_at END,
+    refused_attempts  = CASE WHEN @to = 'pending' AND @not_reached THEN attempts ELSE refused_attempts END,
+    attempts_base     = CASE WHEN @to = 'pending' THEN attempts ELSE attempts_base END,
+    last_error_code   = CASE WHEN @to = 'rejected' THEN 'operator_rejected'
+                             WHEN @not_reached THEN 'operator_not_reached' ELSE last_error_code END,
+    last_error_status = CASE WHEN @to = 'rejected' OR @not_reached THEN NULL ELSE last_error_status END,
+    last_error        = CASE WHEN @to = 'rejected' OR @not_reached THEN nullif(@reason, '') ELSE last_error END,
+    updated_at        = clock_timestamp()
+WHERE id = @id AND state = 'uncertain' AND lease_token = @token
+  AND (@to <> 'pending' OR @not_reached OR refused_attempts = attempts
+       OR first_attempt_at + @horizon::interval > clock_timestamp())`
 
 // Recover is T8. Zero rows affected gives a *StateError carrying the item's
-// current state and lease token (or ErrNotFound); nothing is retried.
+// current state and lease token, ErrNotFound, or ErrPastHorizon; nothing is
+// retried.
 func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) error {
 	switch r.To {
 	case StateAccepted, StatePending, StateRejected:
 	default:
 		return fmt.Errorf("outbox: recovery to %q: only accepted, pending or rejected", r.To)
 	}
-	reason := ErrorInfo{Code: "operator_rejected", Message: r.Reason}.Sanitized().Message
+	if r.NotReached && r.To != StatePending {
+		return errors.New("outbox: recovery: not-reached goes with a recovery to pending only")
+	}
+	reason := ErrorInfo{Code: "operator", Message: r.Reason}.Sanitized().Message
+	if r.NotReached && reason == "" {
+		return errors.New("outbox: recovery: a not-reached finding needs a reason")
+	}
 	tag, err := q.Exec(ctx, sqlT8Recover, pgx.NamedArgs{
 		"id": id, "token": r.ExpectLeaseToken, "to": string(r.To), "ref": r.ProviderRef, "reason": reason,
+		"not_reached": r.NotReached, "horizon": s.cfg.Horizon,
 	})
 	if err != nil {
 		return fmt.Errorf("outbox: T8 recover item %d: %w", id, err)
 	}
-	if tag.RowsAffected() == 0 {
-		s.metrics.staleWrites("T8", 1)
-		return s.mismatch(ctx, q, id, "T8", StateUncertain)
+	if tag.RowsAffected() == 1 {
+		s.metrics.moved("T8", r.To)
+		return nil
 	}
-	s.metrics.moved("T8", r.To)
-	return nil
+	s.metrics.staleWrites("T8", 1)
+	err = s.mismatch(ctx, q, id, "T8", StateUncertain)
+	var se *StateError
+	if errors.As(err, &se) && se.Current == StateUncertain && se.CurrentLeaseToken == r.ExpectLeaseToken {
+		return fmt.Errorf("%w: item %d", ErrPastHorizon, id)
+	}
+	return err
 }
 
 // sqlT9Requeue is T9: an operator requeues a quarantined item after fixing
-// the cause without changing the mapping it was built from. It keeps its
-// identity and identifier, and gets a fresh attempt budget.
+// the cause without changing the mapping it was built from (a meter created
+// at Stripe, the node's account corrected). It keeps its identity and
+// identifier, and gets a fresh attempt budget. Only an item whose payload is
+// sendable as it stands may go back: one staged without a customer, a meter
+// or an account must be re-addressed (T9r) under a mapping that supplies it.
 const sqlT9Requeue = `
 UPDATE outbox_items SET
     state = 'pending', quarantine_reason = NULL, next_attempt_at = clock_timestamp(),
     attempts_base = attempts, updated_at = clock_timestamp()
-WHERE id = @id AND state = 'quarantined' AND mapping_version = @version`
+WHERE id = @id AND state = 'quarantined' AND mapping_version = @version
+  AND destination_account <> '' AND mapping_version > 0
+  AND coalesce(payload ->> 'customer', '') <> '' AND coalesce(payload ->> 'event_name', '') <> ''`
+
+// ErrNotSendable refuses to requeue in place an item staged without a
+// customer, a meter event name or an account: nothing could send it. Fix the
+// mapping and re-address it (Supersede).
+var ErrNotSendable = errors.New("outbox: the item was staged without a customer, meter or account; re-address it under a mapping that supplies them")
 
 // Requeue is T9. It answers ErrMappingChanged when the item was built from
-// another mapping version than the one given, a *StateError when it is not
-// quarantined, ErrNotFound when there is no such item.
+// another mapping version than the one given, ErrNotSendable when its
+// payload lacks what a send needs, a *StateError when it is not quarantined,
+// ErrNotFound when there is no such item.
 func (s *Store) Requeue(ctx context.Context, q Querier, id int64, mappingVersion int) error {
 	tag, err := q.Exec(ctx, sqlT9Requeue, pgx.NamedArgs{"id": id, "version": mappingVersion})
 	if err != nil {
@@ -522,9 +597,12 @@ func (s *Store) requeueRefusal(ctx context.Context, q Querier, id int64, transit
 		version           int
 		token             int64
 		refused, attempts int
+		sendable          bool
 	)
-	err := q.QueryRow(ctx, `SELECT state, mapping_version, lease_token, refused_attempts, attempts
-		FROM outbox_items WHERE id = $1`, id).Scan(&state, &version, &token, &refused, &attempts)
+	err := q.QueryRow(ctx, `SELECT state, mapping_version, lease_token, refused_attempts, attempts,
+		    destination_account <> '' AND mapping_version > 0
+		    AND coalesce(payload ->> 'customer', '') <> '' AND coalesce(payload ->> 'event_name', '') <> ''
+		FROM outbox_items WHERE id = $1`, id).Scan(&state, &version, &token, &refused, &attempts, &sendable)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: %d", ErrNotFound, id)
@@ -534,7 +612,9 @@ func (s *Store) requeueRefusal(ctx context.Context, q Querier, id int64, transit
 		return &StateError{ID: id, Transition: transition, Expected: StateQuarantined, Current: state, CurrentLeaseToken: token}
 	case version != mappingVersion:
 		return fmt.Errorf("%w: item %d was built from mapping version %d, not %d", ErrMappingChanged, id, version, mappingVersion)
-	case refused != attempts:
+	case transition == "T9" && !sendable:
+		return fmt.Errorf("%w: item %d", ErrNotSendable, id)
+	case transition == "T9r" && refused != attempts:
 		return fmt.Errorf("%w: item %d", ErrMayHaveReached, id)
 	}
 	return fmt.Errorf("outbox: %s: item %d changed concurrently; read it again", transition, id)
