@@ -1,10 +1,11 @@
-// Package api owns Tally's HTTP surface: routing, request ids, the JSON
-// error shape and the health endpoints. Handlers stay thin: decode, call a
-// domain package, encode.
+// Package api owns Tally's HTTP surface: routing, authentication and roles,
+// request ids, the JSON error shape, and thin handlers that decode, call a
+// domain package, and encode.
 //
 // It never runs SQL of its own and never changes an outbox row: every write
-// goes through the package that owns it. It never writes a token, key or
-// provider body to a log or a response.
+// goes through the package that owns it, one transaction per request that
+// writes. It never writes a token, key or provider body to a log or a
+// response.
 package api
 
 import (
@@ -16,6 +17,12 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
+	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
 )
 
 // Check is one readiness condition: nil when it holds. Its error text is
@@ -23,6 +30,16 @@ import (
 type Check struct {
 	Name string
 	Func func(ctx context.Context) error
+}
+
+// Deps are the domain parts the /v1 API drives.
+type Deps struct {
+	Pool     *pgxpool.Pool
+	Outbox   *outbox.Store
+	Mappings *mappings.Store
+	Ingester *meter.Ingester
+	Requeuer *quarantine.Requeuer
+	Metrics  *Metrics
 }
 
 // Options configures the handler.
@@ -36,6 +53,8 @@ type Options struct {
 	Metrics http.Handler
 	// CheckTimeout bounds each readiness check. Defaults to 2 seconds.
 	CheckTimeout time.Duration
+	// V1, when set, mounts the /v1 API.
+	V1 *Deps
 }
 
 // New returns the HTTP handler.
@@ -69,6 +88,10 @@ func New(opts Options) http.Handler {
 	if opts.Metrics != nil {
 		r.Method(http.MethodGet, "/metrics", opts.Metrics)
 	}
+	if opts.V1 != nil {
+		h := &handlers{Deps: opts.V1, log: opts.Logger}
+		r.Route("/v1", h.routes)
+	}
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
 		WriteError(w, http.StatusNotFound, "not_found", "no such route")
 	})
@@ -83,10 +106,26 @@ type readiness struct {
 	Checks map[string]string `json:"checks"`
 }
 
+// errorBody is the error shape every endpoint uses.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Problems lists what is wrong with an input, for 422 answers.
+	Problems any `json:"problems,omitempty"`
+}
+
 // WriteError writes the error shape every endpoint uses:
 // {"error":{"code":"…","message":"…"}} with a stable code.
 func WriteError(w http.ResponseWriter, status int, code, message string) {
-	writeJSON(w, status, map[string]any{"error": map[string]string{"code": code, "message": message}})
+	writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: message}})
+}
+
+func writeProblems(w http.ResponseWriter, code, message string, problems any) {
+	writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: errorDetail{Code: code, Message: message, Problems: problems}})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -1,8 +1,12 @@
-// Package mappings owns what operators maintain: feature mappings (feature
-// to Stripe event name, aggregation and window, versioned with history) and
-// tenant mappings (tenant to Stripe customer, billing-period anchor).
+// Package mappings owns what operators maintain: feature mappings (a feature
+// to a Stripe meter's event name, its aggregation and its window) and tenant
+// mappings (a tenant to its Stripe customer and billing-period anchor).
+// Every change takes the next number of one sequence shared by both kinds
+// and keeps the previous versions, so that an item built from them carries
+// the greater of its feature's and tenant's versions, and any change that
+// could alter its payload gives a higher one.
 //
-// It must never rewrite history (every change is a new version) and never
-// re-address an item that may have reached the provider. Its code arrives
-// with issue 3; this file states the package's contract.
+// It never rewrites history (a change is a new version; an identical PUT is
+// no change) and never touches outbox items: re-addressing is package
+// quarantine's, through package outbox.
 package mappings

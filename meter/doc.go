@@ -1,11 +1,15 @@
-// Package meter owns the usage ledger and its windows: every accepted usage
-// event as an immutable ledger row, and the stager that folds unstaged rows
-// into windows and hands each window to the outbox (T0, or T0q when it is
-// ineligible) in the same transaction that marks the rows with their item,
-// so that every ledger row ends in exactly one item.
+// Package meter owns the usage ledger and its staging. Ingest validates a
+// batch of usage events and writes it to the immutable ledger in one
+// transaction (a duplicate is counted, a changed duplicate refused); events
+// of per-event (count) features are staged in that same transaction. The
+// stager folds the other usage into windows — grid-aligned UTC, cut at
+// billing-period boundaries, closed once their end plus a grace has passed —
+// and hands each window to the outbox (T0, or T0q when it is ineligible) in
+// the same transaction that marks its rows with the item, so every ledger row
+// ends in exactly one item. Late rows for a staged window become a
+// supplement ("#n").
 //
-// It must never change an outbox item's state other than by outbox.Enqueue,
-// never delete or update a ledger row's content, and never drop usage: what
-// it cannot export it stages quarantined. Its code arrives with issue 3; this
-// file states the package's contract.
+// It never deletes or rewrites a ledger row, never drops usage (what it
+// cannot export it stages quarantined, with the reason), and never changes an
+// item's state other than by outbox.Enqueue.
 package meter

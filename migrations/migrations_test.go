@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -61,9 +62,11 @@ func TestApplyFromEmptyConcurrentlyThenIdempotent(t *testing.T) {
 		require.NoError(t, errs[i])
 		tally += results[i].TallyApplied
 		river += results[i].RiverApplied
-		require.Equal(t, int64(1), results[i].TallyVersion)
+		require.Positive(t, results[i].TallyVersion)
 	}
-	require.Equal(t, 1, tally, "Tally's migrations applied exactly once")
+	files, err := filepath.Glob("*.sql")
+	require.NoError(t, err)
+	require.Equal(t, len(files), tally, "Tally's migrations applied exactly once")
 	require.Positive(t, river)
 	require.NoError(t, migrations.Check(ctx, pool))
 

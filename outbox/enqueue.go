@@ -126,3 +126,87 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 	}
 	return res, nil
 }
+
+// sqlT0EnqueueBatch is T0 and T0q for many items in one statement.
+const sqlT0EnqueueBatch = `
+INSERT INTO outbox_items
+    (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
+     payload, state, quarantine_reason)
+SELECT * FROM unnest(@tenants::text[], @kinds::text[], @refs::text[], @exporters::text[], @accounts::text[],
+                     @modes::text[], @versions::integer[], @payloads::jsonb[], @states::text[], @reasons::text[])
+    AS u(tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
+         payload, state, quarantine_reason)
+ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
+RETURNING id, identifier, state`
+
+// EnqueueBatch is Enqueue for many items in one statement, inside the
+// caller's transaction: what a stager uses for per-event items. Its results
+// are in the order of items. An item whose identity exists already is
+// returned with Inserted false, like Enqueue's.
+func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([]Enqueued, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	n := len(items)
+	var (
+		tenants, kinds, refs, exporters = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		accounts, modes, states         = make([]string, n), make([]string, n), make([]string, n)
+		reasons                         = make([]*string, n)
+		versions                        = make([]int32, n)
+		payloads                        = make([]Payload, n)
+		byIdentifier                    = make(map[string]int, n)
+	)
+	for i := range items {
+		it := &items[i]
+		if err := it.validate(); err != nil {
+			return nil, fmt.Errorf("item %d: %w", i, err)
+		}
+		id := it.Identity
+		if _, dup := byIdentifier[it.Payload.Identifier]; dup {
+			return nil, fmt.Errorf("outbox: item %d repeats an identity of the same batch", i)
+		}
+		byIdentifier[it.Payload.Identifier] = i
+		tenants[i], kinds[i], refs[i], exporters[i] = id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter
+		accounts[i], modes[i], versions[i], payloads[i] = id.DestinationAccount, string(id.Mode), int32(id.MappingVersion), it.Payload
+		states[i] = string(StatePending)
+		if it.Quarantine != "" {
+			states[i] = string(StateQuarantined)
+			r := string(it.Quarantine)
+			reasons[i] = &r
+		}
+	}
+	rows, err := tx.Query(ctx, sqlT0EnqueueBatch, pgx.NamedArgs{
+		"tenants": tenants, "kinds": kinds, "refs": refs, "exporters": exporters, "accounts": accounts,
+		"modes": modes, "versions": versions, "payloads": payloads, "states": states, "reasons": reasons,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: enqueueing %d items: %w", n, err)
+	}
+	out := make([]Enqueued, n)
+	var (
+		id         int64
+		identifier string
+		state      State
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &identifier, &state}, func() error {
+		i := byIdentifier[identifier]
+		out[i] = Enqueued{ID: id, Identifier: identifier, State: state, Inserted: true, SamePayload: true}
+		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q"}[state], state)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("outbox: enqueueing %d items: %w", n, err)
+	}
+	for i := range out {
+		if out[i].Inserted {
+			continue
+		}
+		id := items[i].Identity
+		err := tx.QueryRow(ctx, sqlT0Existing, id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter,
+			id.DestinationAccount, string(id.Mode), id.MappingVersion, items[i].Payload).
+			Scan(&out[i].ID, &out[i].Identifier, &out[i].State, &out[i].SamePayload)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: reading the existing item of %s %s: %w", id.SubjectKind, id.SubjectRef, err)
+		}
+	}
+	return out, nil
+}

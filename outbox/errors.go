@@ -64,11 +64,11 @@ const MaxErrorMessage = 200
 // that before anything is written.
 type ErrorInfo struct {
 	// Code is a stable lower-case token, e.g. "stripe_5xx" or "timeout".
-	Code string
+	Code string `json:"code"`
 	// Status is the provider's HTTP status, 0 when there was none.
-	Status int
+	Status int `json:"status,omitempty"`
 	// Message is at most MaxErrorMessage characters after sanitising.
-	Message string
+	Message string `json:"message,omitempty"`
 }
 
 var (

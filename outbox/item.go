@@ -79,15 +79,15 @@ func (s *Store) Get(ctx context.Context, q Querier, id int64) (Item, error) {
 
 // Attempt is one recorded attempt outcome of an item.
 type Attempt struct {
-	LeaseToken  int64
-	LeaseOwner  string
-	LeasedAt    time.Time
-	Outcome     string
-	StateAfter  State
-	Refused     bool
-	ProviderRef string
-	Error       *ErrorInfo
-	RecordedAt  time.Time
+	LeaseToken  int64      `json:"lease_token"`
+	LeaseOwner  string     `json:"lease_owner"`
+	LeasedAt    time.Time  `json:"leased_at"`
+	Outcome     string     `json:"outcome"`
+	StateAfter  State      `json:"state_after"`
+	Refused     bool       `json:"refused"`
+	ProviderRef string     `json:"provider_ref,omitempty"`
+	Error       *ErrorInfo `json:"error,omitempty"`
+	RecordedAt  time.Time  `json:"recorded_at"`
 }
 
 // Attempts reads the recorded attempts of an item, oldest first. A claim
@@ -116,4 +116,34 @@ func (s *Store) Attempts(ctx context.Context, q Querier, id int64) ([]Attempt, e
 		}
 		return a, nil
 	})
+}
+
+// ListFilter narrows List; empty fields match everything.
+type ListFilter struct {
+	State   State
+	Tenant  string
+	Feature string
+	// After returns items with a greater id (the previous page's last).
+	After int64
+	// Limit is the page size, 1 to 1000. Defaults to 100.
+	Limit int
+}
+
+// List reads items in id order, a page at a time.
+func (s *Store) List(ctx context.Context, q Querier, f ListFilter) ([]Item, error) {
+	if f.Limit == 0 {
+		f.Limit = 100
+	}
+	if f.Limit < 1 || f.Limit > 1000 {
+		return nil, fmt.Errorf("outbox: list limit %d is outside 1..1000", f.Limit)
+	}
+	rows, err := q.Query(ctx, "SELECT "+columns("")+` FROM outbox_items
+		WHERE id > @after AND (@state = '' OR state = @state) AND (@tenant = '' OR tenant_key = @tenant)
+		  AND (@feature = '' OR payload ->> 'feature' = @feature)
+		ORDER BY id LIMIT @limit`,
+		pgx.NamedArgs{"after": f.After, "state": string(f.State), "tenant": f.Tenant, "feature": f.Feature, "limit": f.Limit})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing items: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Item, error) { return scanItem(r) })
 }

@@ -1,9 +1,13 @@
-// Package quarantine owns the reports of what Tally did not bill and why:
-// quarantined items by reason, tenant, feature and period, and the
-// completeness report (ingested = confirmed + accepted + pending/leased +
-// quarantined + uncertain + rejected).
+// Package quarantine owns what Tally did not bill, and why: the quarantine
+// report (by reason, tenant, feature and period, with counts and value
+// totals, as JSON, CSV safe for spreadsheets, or a table), the completeness
+// report (per tenant, feature and period: ingested against confirmed,
+// accepted, pending, quarantined, uncertain and rejected, and whether the
+// conservation identity holds), and the operator's requeue: in place (T9)
+// when the item can be sent as it stands, re-addressed (T9r) when the fix
+// changed what it must carry and no attempt of it may have reached Stripe.
 //
-// It reads; it must never change an item's state (requeue goes through
-// package outbox) and never hide an item from a total. Its code arrives with
-// issue 3; this file states the package's contract.
+// It reads the ledger and the outbox; it changes an item only through package
+// outbox, builds items only through package meter, and never hides an item
+// from a total.
 package quarantine

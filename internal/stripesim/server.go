@@ -1,0 +1,188 @@
+package stripesim
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+)
+
+// DefaultKey and DefaultAccount are the only key and account a [Server]
+// knows when [Options.Keys] is empty.
+const (
+	DefaultKey     = "sk_test_sim"
+	DefaultAccount = "acct_sim"
+)
+
+// Options configures a [Server].
+type Options struct {
+	// Keys are the API keys the simulator accepts: API key -> account id.
+	// Keys starting sk_live_ or rk_live_ are live mode; every other key
+	// (normally sk_test_ or rk_test_) is test mode. A key's mode is the
+	// livemode flag of the objects it creates and sees. Default: one
+	// account DefaultAccount with the key DefaultKey.
+	Keys map[string]string
+	// Now is the simulator's clock (created/updated timestamps). Default:
+	// time.Now.
+	Now func() time.Time
+}
+
+// Server is the simulator. It is safe for concurrent use.
+type Server struct {
+	now     func() time.Time
+	handler http.Handler
+
+	mu       sync.Mutex
+	keys     map[string]string   // API key -> account id
+	accounts map[string]*account // known accounts
+	requests []Recorded
+	idem     map[idemKey]*idemEntry
+}
+
+// account is the state of one Stripe account, both modes.
+type account struct {
+	id      string
+	created time.Time
+	meters  []*Meter // creation order
+}
+
+// Recorded is one request the simulator received. It never holds the API
+// key or the Authorization header.
+type Recorded struct {
+	Time      time.Time
+	RequestID string // the Request-Id the simulator answered with
+	Method    string
+	Path      string
+	// Account is the account the request acted on: the Stripe-Account
+	// header when accepted, else the key's own account. Empty when
+	// authentication failed.
+	Account string
+	// StripeAccount is the Stripe-Account header as sent (empty if absent).
+	StripeAccount  string
+	Livemode       bool
+	IdempotencyKey string
+	// Form holds the query and form-body values.
+	Form url.Values
+	// Status is the HTTP status the simulator answered with.
+	Status int
+	// Replayed is true when the response was an idempotent replay.
+	Replayed bool
+}
+
+// New returns a simulator with the accounts and keys of opts.
+func New(opts Options) *Server {
+	s := &Server{
+		now:      opts.Now,
+		keys:     map[string]string{},
+		accounts: map[string]*account{},
+		idem:     map[idemKey]*idemEntry{},
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	keys := opts.Keys
+	if len(keys) == 0 {
+		keys = map[string]string{DefaultKey: DefaultAccount}
+	}
+	for k, a := range keys {
+		s.AddKey(k, a)
+	}
+	s.handler = s.routes()
+	return s
+}
+
+func (s *Server) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(s.begin, s.authenticate, s.idempotent)
+	r.NotFound(s.unrecognized)
+	r.MethodNotAllowed(s.unrecognized)
+
+	r.Get("/v1/account", s.getAccount)
+
+	r.Get("/v1/billing/meters", s.listMeters)
+	r.Post("/v1/billing/meters", s.createMeter)
+	r.Get("/v1/billing/meters/{id}", s.getMeter)
+	r.Post("/v1/billing/meters/{id}/deactivate", s.deactivateMeter)
+	r.Post("/v1/billing/meters/{id}/reactivate", s.reactivateMeter)
+	return r
+}
+
+// Handler returns the simulator's HTTP handler, to mount on
+// httptest.NewServer or a listener.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// AddKey makes key an API key of account, adding the account if it is new.
+// Adding an existing key moves it to account.
+func (s *Server) AddKey(key, account string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keys[key] = account
+	s.accountLocked(account)
+}
+
+// AddAccount makes account known without giving it a key, so that it can be
+// reached with the Stripe-Account header (a Connect destination).
+func (s *Server) AddAccount(account string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.accountLocked(account)
+}
+
+// accountLocked returns the account, adding it if new. s.mu must be held.
+func (s *Server) accountLocked(id string) *account {
+	a := s.accounts[id]
+	if a == nil {
+		a = &account{id: id, created: s.now()}
+		s.accounts[id] = a
+	}
+	return a
+}
+
+// Requests returns every request received so far, in the order their
+// responses completed.
+func (s *Server) Requests() []Recorded {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Recorded, len(s.requests))
+	for i, r := range s.requests {
+		r.Form = cloneValues(r.Form)
+		out[i] = r
+	}
+	return out
+}
+
+func cloneValues(v url.Values) url.Values {
+	if v == nil {
+		return nil
+	}
+	out := make(url.Values, len(v))
+	for k, vs := range v {
+		out[k] = append([]string(nil), vs...)
+	}
+	return out
+}
+
+// isLiveKey reports whether key is a live-mode key.
+func isLiveKey(key string) bool {
+	return strings.HasPrefix(key, "sk_live_") || strings.HasPrefix(key, "rk_live_")
+}
+
+// maskKey masks an API key like Stripe does in its messages: the known
+// prefix and the last four characters stay, the rest becomes ****.
+func maskKey(key string) string {
+	prefix := ""
+	for _, p := range []string{"sk_test_", "sk_live_", "rk_test_", "rk_live_", "pk_test_", "pk_live_"} {
+		if strings.HasPrefix(key, p) {
+			prefix = p
+			break
+		}
+	}
+	rest := key[len(prefix):]
+	if prefix == "" && len(rest) <= 8 || len(rest) <= 4 {
+		return prefix + "****"
+	}
+	return prefix + "****" + rest[len(rest)-4:]
+}

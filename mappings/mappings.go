@@ -1,0 +1,431 @@
+package mappings
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Aggregation is how a feature's usage is reduced, matching the Stripe
+// meter's default_aggregation.formula.
+type Aggregation string
+
+// Aggregations.
+const (
+	// Sum meters fold usage into windows and export each window's sum.
+	Sum Aggregation = "sum"
+	// Last meters export each window's latest value.
+	Last Aggregation = "last"
+	// Count meters are exported per event.
+	Count Aggregation = "count"
+)
+
+// PerEvent reports whether usage of this aggregation is exported one item
+// per event rather than per window.
+func (a Aggregation) PerEvent() bool { return a == Count }
+
+// DefaultWindow is a feature's window when none is given.
+const DefaultWindow = time.Hour
+
+// Feature is the current (or a past) mapping of a feature.
+type Feature struct {
+	Feature     string      `json:"feature"`
+	EventName   string      `json:"event_name"`
+	Aggregation Aggregation `json:"aggregation"`
+	Window      Duration    `json:"window"`
+	Version     int         `json:"mapping_version"`
+	UpdatedAt   time.Time   `json:"updated_at"`
+	UpdatedBy   string      `json:"updated_by"`
+}
+
+// Tenant is the current (or a past) mapping of a tenant.
+type Tenant struct {
+	Tenant           string     `json:"tenant"`
+	StripeCustomerID string     `json:"stripe_customer_id"`
+	PeriodAnchor     *time.Time `json:"period_anchor,omitempty"`
+	Version          int        `json:"mapping_version"`
+	UpdatedAt        time.Time  `json:"updated_at"`
+	UpdatedBy        string     `json:"updated_by"`
+}
+
+// Duration is a time.Duration written in JSON as Go's duration text ("1h").
+type Duration time.Duration
+
+// MarshalText renders the duration as "1h0m0s".
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText parses Go's duration text.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("not a duration (e.g. 1h, 15m): %q", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Input errors: a field and why, for a 422 answer.
+type FieldError struct {
+	Field  string `json:"field"`
+	Reason string `json:"reason"`
+}
+
+// ValidationError lists every problem with an input.
+type ValidationError struct {
+	Fields []FieldError
+}
+
+func (e *ValidationError) Error() string {
+	parts := make([]string, len(e.Fields))
+	for i, f := range e.Fields {
+		parts[i] = f.Field + ": " + f.Reason
+	}
+	return "mappings: invalid input: " + strings.Join(parts, "; ")
+}
+
+// ErrNotFound says there is no mapping by that name.
+var ErrNotFound = errors.New("mappings: no such mapping")
+
+// Names of features and tenants: a letter or digit, then up to 63 of
+// letters, digits and _.:- (the same rule as the ledger's).
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$`)
+
+// ValidName reports whether s is a valid feature or tenant name.
+func ValidName(s string) bool { return namePattern.MatchString(s) }
+
+var (
+	eventNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,100}$`)
+	customerPattern  = regexp.MustCompile(`^cus_[A-Za-z0-9]{1,250}$`)
+)
+
+// FeatureInput is what an operator sets for a feature.
+type FeatureInput struct {
+	EventName   string      `json:"event_name"`
+	Aggregation Aggregation `json:"aggregation"`
+	// Window defaults to one hour; it must divide a day, from 1 minute to 24
+	// hours. It is ignored for per-event (count) features.
+	Window Duration `json:"window"`
+}
+
+func (in *FeatureInput) validate(feature string) error {
+	var fe []FieldError
+	if !ValidName(feature) {
+		fe = append(fe, FieldError{"feature", "1 to 64 characters: letters, digits and _.:- (starting with a letter or digit)"})
+	}
+	if !eventNamePattern.MatchString(in.EventName) {
+		fe = append(fe, FieldError{"event_name", "1 to 100 characters: letters, digits and _.:-"})
+	}
+	switch in.Aggregation {
+	case Sum, Last, Count:
+	default:
+		fe = append(fe, FieldError{"aggregation", "one of sum, last, count"})
+	}
+	if in.Window == 0 {
+		in.Window = Duration(DefaultWindow)
+	}
+	w := time.Duration(in.Window)
+	if w < time.Minute || w > 24*time.Hour || w%time.Second != 0 || (24*time.Hour)%w != 0 {
+		fe = append(fe, FieldError{"window", "from 1m to 24h, dividing a day (e.g. 1m, 15m, 1h, 6h, 24h)"})
+	}
+	if len(fe) > 0 {
+		return &ValidationError{Fields: fe}
+	}
+	return nil
+}
+
+// TenantInput is what an operator sets for a tenant.
+type TenantInput struct {
+	StripeCustomerID string `json:"stripe_customer_id"`
+	// PeriodAnchor starts the tenant's monthly billing periods; nil means
+	// calendar months UTC.
+	PeriodAnchor *time.Time `json:"period_anchor"`
+}
+
+func (in *TenantInput) validate(tenant string) error {
+	var fe []FieldError
+	if !ValidName(tenant) {
+		fe = append(fe, FieldError{"tenant", "1 to 64 characters: letters, digits and _.:- (starting with a letter or digit)"})
+	}
+	if !customerPattern.MatchString(in.StripeCustomerID) {
+		fe = append(fe, FieldError{"stripe_customer_id", "a Stripe customer id (cus_…)"})
+	}
+	if in.PeriodAnchor != nil {
+		a := in.PeriodAnchor.UTC().Truncate(time.Second)
+		in.PeriodAnchor = &a
+	}
+	if len(fe) > 0 {
+		return &ValidationError{Fields: fe}
+	}
+	return nil
+}
+
+// MeterChecker verifies a feature mapping against the provider's meters.
+type MeterChecker interface {
+	// CheckMeter returns nil when an active meter has the event name and its
+	// formula matches the aggregation, and a *MeterError otherwise.
+	CheckMeter(ctx context.Context, eventName string, aggregation Aggregation) error
+}
+
+// MeterError says why the provider's meters do not fit a feature mapping.
+type MeterError struct {
+	// Code is "meter_not_found" or "meter_formula_mismatch".
+	Code    string
+	Message string
+}
+
+func (e *MeterError) Error() string { return "mappings: " + e.Message }
+
+// Store reads and writes mappings. Checker, when set, is asked before a
+// feature mapping is written.
+type Store struct {
+	Checker MeterChecker
+}
+
+// Querier runs SQL.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// TxBeginner opens transactions: a pool or a connection.
+type TxBeginner interface {
+	Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+const featureColumns = `feature, event_name, aggregation, window_seconds, version, updated_at, updated_by`
+
+func scanFeature(row pgx.Row) (Feature, error) {
+	var (
+		f      Feature
+		agg    string
+		window int
+	)
+	if err := row.Scan(&f.Feature, &f.EventName, &agg, &window, &f.Version, &f.UpdatedAt, &f.UpdatedBy); err != nil {
+		return Feature{}, err
+	}
+	f.Aggregation, f.Window = Aggregation(agg), Duration(time.Duration(window)*time.Second)
+	return f, nil
+}
+
+// PutFeature sets a feature's mapping. An identical mapping is no change:
+// the current version is returned and changed is false. A change takes the
+// next mapping version and is kept in the history. by names who changed it.
+func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, in FeatureInput, by string) (f Feature, changed bool, err error) {
+	if err := in.validate(feature); err != nil {
+		return Feature{}, false, err
+	}
+	if s.Checker != nil {
+		if err := s.Checker.CheckMeter(ctx, in.EventName, in.Aggregation); err != nil {
+			return Feature{}, false, err
+		}
+	}
+	windowSeconds := int(time.Duration(in.Window) / time.Second)
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		cur, err := scanFeature(tx.QueryRow(ctx, "SELECT "+featureColumns+" FROM feature_mappings WHERE feature = $1 FOR UPDATE", feature))
+		switch {
+		case err == nil && cur.EventName == in.EventName && cur.Aggregation == in.Aggregation && cur.Window == in.Window:
+			f = cur
+			return nil
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		changed = true
+		f, err = scanFeature(tx.QueryRow(ctx, `
+			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
+			hist AS (
+				INSERT INTO feature_mapping_versions (version, feature, event_name, aggregation, window_seconds, changed_by)
+				SELECT version, $1, $2, $3, $4, $5 FROM v
+			)
+			INSERT INTO feature_mappings (feature, event_name, aggregation, window_seconds, version, updated_by)
+			SELECT $1, $2, $3, $4, version, $5 FROM v
+			ON CONFLICT (feature) DO UPDATE SET event_name = EXCLUDED.event_name, aggregation = EXCLUDED.aggregation,
+				window_seconds = EXCLUDED.window_seconds, version = EXCLUDED.version,
+				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
+			RETURNING `+featureColumns,
+			feature, in.EventName, string(in.Aggregation), windowSeconds, by))
+		return err
+	})
+	if err != nil {
+		return Feature{}, false, fmt.Errorf("mappings: setting feature %s: %w", feature, err)
+	}
+	return f, changed, nil
+}
+
+// GetFeature reads a feature's current mapping.
+func (s *Store) GetFeature(ctx context.Context, q Querier, feature string) (Feature, error) {
+	f, err := scanFeature(q.QueryRow(ctx, "SELECT "+featureColumns+" FROM feature_mappings WHERE feature = $1", feature))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Feature{}, fmt.Errorf("%w: feature %s", ErrNotFound, feature)
+	}
+	return f, err
+}
+
+// Features lists every feature's current mapping, by name.
+func (s *Store) Features(ctx context.Context, q Querier) ([]Feature, error) {
+	rows, err := q.Query(ctx, "SELECT "+featureColumns+" FROM feature_mappings ORDER BY feature")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Feature, error) { return scanFeature(r) })
+}
+
+// FeatureHistory lists every version of a feature's mapping, oldest first.
+func (s *Store) FeatureHistory(ctx context.Context, q Querier, feature string) ([]Feature, error) {
+	rows, err := q.Query(ctx, `SELECT feature, event_name, aggregation, window_seconds, version, changed_at, changed_by
+		FROM feature_mapping_versions WHERE feature = $1 ORDER BY version`, feature)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Feature, error) { return scanFeature(r) })
+}
+
+const tenantColumns = `tenant, stripe_customer_id, period_anchor, version, updated_at, updated_by`
+
+func scanTenant(row pgx.Row) (Tenant, error) {
+	var t Tenant
+	if err := row.Scan(&t.Tenant, &t.StripeCustomerID, &t.PeriodAnchor, &t.Version, &t.UpdatedAt, &t.UpdatedBy); err != nil {
+		return Tenant{}, err
+	}
+	if t.PeriodAnchor != nil {
+		a := t.PeriodAnchor.UTC()
+		t.PeriodAnchor = &a
+	}
+	return t, nil
+}
+
+func sameAnchor(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.Equal(*b)
+}
+
+// PutTenant sets a tenant's mapping, like PutFeature.
+func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in TenantInput, by string) (t Tenant, changed bool, err error) {
+	if err := in.validate(tenant); err != nil {
+		return Tenant{}, false, err
+	}
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		cur, err := scanTenant(tx.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1 FOR UPDATE", tenant))
+		switch {
+		case err == nil && cur.StripeCustomerID == in.StripeCustomerID && sameAnchor(cur.PeriodAnchor, in.PeriodAnchor):
+			t = cur
+			return nil
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		changed = true
+		t, err = scanTenant(tx.QueryRow(ctx, `
+			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
+			hist AS (
+				INSERT INTO tenant_mapping_versions (version, tenant, stripe_customer_id, period_anchor, changed_by)
+				SELECT version, $1, $2, $3, $4 FROM v
+			)
+			INSERT INTO tenant_mappings (tenant, stripe_customer_id, period_anchor, version, updated_by)
+			SELECT $1, $2, $3, version, $4 FROM v
+			ON CONFLICT (tenant) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id,
+				period_anchor = EXCLUDED.period_anchor, version = EXCLUDED.version,
+				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
+			RETURNING `+tenantColumns,
+			tenant, in.StripeCustomerID, in.PeriodAnchor, by))
+		return err
+	})
+	if err != nil {
+		return Tenant{}, false, fmt.Errorf("mappings: setting tenant %s: %w", tenant, err)
+	}
+	return t, changed, nil
+}
+
+// GetTenant reads a tenant's current mapping.
+func (s *Store) GetTenant(ctx context.Context, q Querier, tenant string) (Tenant, error) {
+	t, err := scanTenant(q.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1", tenant))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Tenant{}, fmt.Errorf("%w: tenant %s", ErrNotFound, tenant)
+	}
+	return t, err
+}
+
+// Tenants lists every tenant's current mapping, by name.
+func (s *Store) Tenants(ctx context.Context, q Querier) ([]Tenant, error) {
+	rows, err := q.Query(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings ORDER BY tenant")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}
+
+// TenantHistory lists every version of a tenant's mapping, oldest first.
+func (s *Store) TenantHistory(ctx context.Context, q Querier, tenant string) ([]Tenant, error) {
+	rows, err := q.Query(ctx, `SELECT tenant, stripe_customer_id, period_anchor, version, changed_at, changed_by
+		FROM tenant_mapping_versions WHERE tenant = $1 ORDER BY version`, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}
+
+// Pair is what staging needs for one tenant and feature: either may be
+// missing.
+type Pair struct {
+	Feature *Feature
+	Tenant  *Tenant
+}
+
+// Version is the mapping version an item built from p carries: the greater
+// of the feature's and the tenant's (0 when neither exists).
+func (p Pair) Version() int {
+	v := 0
+	if p.Feature != nil {
+		v = p.Feature.Version
+	}
+	if p.Tenant != nil && p.Tenant.Version > v {
+		v = p.Tenant.Version
+	}
+	return v
+}
+
+// Lookup reads the current mappings of a tenant and a feature in one query.
+func (s *Store) Lookup(ctx context.Context, q Querier, tenant, feature string) (Pair, error) {
+	var (
+		p                  Pair
+		fe                 = new(Feature)
+		te                 = new(Tenant)
+		fv, tv             *int
+		agg                *string
+		window             *int
+		ev, cust, fby, tby *string
+		fat, tat           *time.Time
+	)
+	err := q.QueryRow(ctx, `
+		SELECT f.event_name, f.aggregation, f.window_seconds, f.version, f.updated_at, f.updated_by,
+		       t.stripe_customer_id, t.period_anchor, t.version, t.updated_at, t.updated_by
+		FROM (SELECT 1) one
+		LEFT JOIN feature_mappings f ON f.feature = $2
+		LEFT JOIN tenant_mappings t ON t.tenant = $1`, tenant, feature).
+		Scan(&ev, &agg, &window, &fv, &fat, &fby, &cust, &te.PeriodAnchor, &tv, &tat, &tby)
+	if err != nil {
+		return Pair{}, fmt.Errorf("mappings: looking up %s/%s: %w", tenant, feature, err)
+	}
+	if fv != nil {
+		*fe = Feature{Feature: feature, EventName: *ev, Aggregation: Aggregation(*agg),
+			Window: Duration(time.Duration(*window) * time.Second), Version: *fv, UpdatedAt: *fat, UpdatedBy: *fby}
+		p.Feature = fe
+	}
+	if tv != nil {
+		te.Tenant, te.StripeCustomerID, te.Version, te.UpdatedAt, te.UpdatedBy = tenant, *cust, *tv, *tat, *tby
+		if te.PeriodAnchor != nil {
+			a := te.PeriodAnchor.UTC()
+			te.PeriodAnchor = &a
+		}
+		p.Tenant = te
+	}
+	return p, nil
+}

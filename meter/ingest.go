@@ -1,0 +1,243 @@
+package meter
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/tallymeter/tally/mappings"
+)
+
+// Result is what an ingest did.
+type Result struct {
+	// Accepted counts the events stored.
+	Accepted int `json:"accepted"`
+	// Duplicates counts events already stored with the same content (or
+	// repeated within the batch): counted, not stored twice.
+	Duplicates int `json:"duplicates"`
+}
+
+// Ingester writes batches to the ledger.
+type Ingester struct {
+	Stager *Stager
+}
+
+// sqlIngest writes a batch in one statement. An event whose (tenant, id)
+// exists already is not written; the caller compares its content.
+const sqlIngest = `
+INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given)
+SELECT t, e, f, v, coalesce(ts, now()), ts IS NOT NULL
+FROM unnest(@tenants::text[], @ids::text[], @features::text[], @values::bigint[], @timestamps::timestamptz[])
+    AS u(t, e, f, v, ts)
+ON CONFLICT ON CONSTRAINT usage_events_tenant_event_key DO NOTHING
+RETURNING id, tenant, event_id, occurred_at`
+
+// sqlExisting reads the stored content of events that collided.
+const sqlExisting = `
+SELECT e.tenant, e.event_id, e.feature, e.value, e.occurred_at, e.timestamp_given
+FROM usage_events e
+JOIN unnest(@tenants::text[], @ids::text[]) AS u(t, i) ON e.tenant = u.t AND e.event_id = u.i`
+
+type eventKey struct{ tenant, id string }
+
+// insertedRow is a ledger row the ingest wrote.
+type insertedRow struct {
+	id         int64
+	occurredAt time.Time
+}
+
+// Ingest writes events (already decoded and authorised) to the ledger in the
+// caller's transaction, in bulk, and stages the events of per-event features
+// in the same transaction. An event whose tenant and id are stored already
+// with the same content — feature, value, and the timestamp as posted (or
+// its absence) — is a duplicate; with different content it is a problem,
+// and then the whole batch fails with an *InvalidBatchError so that the
+// caller rolls back and nothing is stored.
+func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Result, error) {
+	var (
+		res     Result
+		first   = make(map[eventKey]int, len(events))
+		unique  []int
+		problem []Problem
+	)
+	for i, ev := range events {
+		k := eventKey{ev.Tenant, ev.ID}
+		j, seen := first[k]
+		if !seen {
+			first[k] = i
+			unique = append(unique, i)
+			continue
+		}
+		if sameContent(events[j], ev) {
+			res.Duplicates++
+			continue
+		}
+		idx := i
+		problem = append(problem, Problem{Index: &idx, Field: "id",
+			Reason: fmt.Sprintf("repeats the id of event %d with different content", j)})
+	}
+	if len(problem) > 0 {
+		return Result{}, &InvalidBatchError{Problems: problem}
+	}
+
+	n := len(unique)
+	tenants, ids, features := make([]string, n), make([]string, n), make([]string, n)
+	values, timestamps := make([]int64, n), make([]pgtype.Timestamptz, n)
+	for j, i := range unique {
+		ev := events[i]
+		tenants[j], ids[j], features[j], values[j] = ev.Tenant, ev.ID, ev.Feature, ev.Value
+		if ev.Timestamp != nil {
+			timestamps[j] = pgtype.Timestamptz{Time: *ev.Timestamp, Valid: true}
+		}
+	}
+	rows, err := tx.Query(ctx, sqlIngest, pgx.NamedArgs{
+		"tenants": tenants, "ids": ids, "features": features, "values": values, "timestamps": timestamps,
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("meter: writing %d events: %w", n, err)
+	}
+	inserted := make(map[eventKey]insertedRow, n)
+	var (
+		rowID      int64
+		tenant, id string
+		at         time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&rowID, &tenant, &id, &at}, func() error {
+		inserted[eventKey{tenant, id}] = insertedRow{rowID, at.UTC()}
+		return nil
+	}); err != nil {
+		return Result{}, fmt.Errorf("meter: writing %d events: %w", n, err)
+	}
+	res.Accepted = len(inserted)
+
+	if len(inserted) < n {
+		if err := in.compareExisting(ctx, tx, events, unique, inserted, &res); err != nil {
+			return Result{}, err
+		}
+	}
+	if in.Stager != nil && len(inserted) > 0 {
+		if err := in.Stager.stageNewEvents(ctx, tx, events, unique, inserted); err != nil {
+			return Result{}, err
+		}
+	}
+	return res, nil
+}
+
+// compareExisting decides, for events that collided with stored ones,
+// whether each is a duplicate or a changed event (a problem).
+func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow, res *Result) error {
+	var tenants, ids []string
+	for _, i := range unique {
+		k := eventKey{events[i].Tenant, events[i].ID}
+		if _, ok := inserted[k]; !ok {
+			tenants, ids = append(tenants, k.tenant), append(ids, k.id)
+		}
+	}
+	rows, err := tx.Query(ctx, sqlExisting, pgx.NamedArgs{"tenants": tenants, "ids": ids})
+	if err != nil {
+		return fmt.Errorf("meter: reading stored events: %w", err)
+	}
+	stored := make(map[eventKey]Event, len(ids))
+	var (
+		ev    Event
+		at    time.Time
+		given bool
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&ev.Tenant, &ev.ID, &ev.Feature, &ev.Value, &at, &given}, func() error {
+		e := ev
+		if given {
+			t := at.UTC()
+			e.Timestamp = &t
+		}
+		stored[eventKey{e.Tenant, e.ID}] = e
+		return nil
+	}); err != nil {
+		return fmt.Errorf("meter: reading stored events: %w", err)
+	}
+	var problems []Problem
+	for _, i := range unique {
+		k := eventKey{events[i].Tenant, events[i].ID}
+		if _, ok := inserted[k]; ok {
+			continue
+		}
+		old, ok := stored[k]
+		switch {
+		case !ok:
+			return fmt.Errorf("meter: event %s/%s collided but cannot be read", k.tenant, k.id)
+		case sameContent(old, events[i]):
+			res.Duplicates++
+		default:
+			idx := i
+			problems = append(problems, Problem{Index: &idx, Field: "id",
+				Reason: "an event with this id was stored before with different content"})
+		}
+	}
+	if len(problems) > 0 {
+		return &InvalidBatchError{Problems: problems}
+	}
+	return nil
+}
+
+func sameContent(a, b Event) bool {
+	if a.Feature != b.Feature || a.Value != b.Value || (a.Timestamp == nil) != (b.Timestamp == nil) {
+		return false
+	}
+	return a.Timestamp == nil || a.Timestamp.Equal(*b.Timestamp)
+}
+
+// lookupMany reads the mappings of every (tenant, feature) pair in one query.
+func lookupMany(ctx context.Context, q mappings.Querier, pairs map[[2]string]bool) (map[[2]string]mappings.Pair, error) {
+	out := make(map[[2]string]mappings.Pair, len(pairs))
+	var tenants, features []string
+	for p := range pairs {
+		tenants, features = append(tenants, p[0]), append(features, p[1])
+	}
+	rows, err := q.Query(ctx, `
+		SELECT u.t, u.f,
+		       f.event_name, f.aggregation, f.window_seconds, f.version,
+		       t.stripe_customer_id, t.period_anchor, t.version
+		FROM unnest($1::text[], $2::text[]) AS u(t, f)
+		LEFT JOIN feature_mappings f ON f.feature = u.f
+		LEFT JOIN tenant_mappings t ON t.tenant = u.t`, tenants, features)
+	if err != nil {
+		return nil, fmt.Errorf("meter: reading mappings: %w", err)
+	}
+	var (
+		tenant, feature string
+		ev, agg, cust   *string
+		window, fv, tv  *int
+		anchor          *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &ev, &agg, &window, &fv, &cust, &anchor, &tv}, func() error {
+		var p mappings.Pair
+		if fv != nil {
+			p.Feature = &mappings.Feature{Feature: feature, EventName: *ev, Aggregation: mappings.Aggregation(*agg),
+				Window: mappings.Duration(time.Duration(*window) * time.Second), Version: *fv}
+		}
+		if tv != nil {
+			p.Tenant = &mappings.Tenant{Tenant: tenant, StripeCustomerID: *cust, Version: *tv}
+			if anchor != nil {
+				a := anchor.UTC()
+				p.Tenant.PeriodAnchor = &a
+			}
+		}
+		out[[2]string{tenant, feature}] = p
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("meter: reading mappings: %w", err)
+	}
+	return out, nil
+}
+
+// anchorOf is a tenant's period anchor (calendar months when unmapped or
+// unset).
+func anchorOf(p mappings.Pair) time.Time {
+	if p.Tenant != nil && p.Tenant.PeriodAnchor != nil {
+		return *p.Tenant.PeriodAnchor
+	}
+	return CalendarAnchor
+}

@@ -1,0 +1,409 @@
+package meter_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
+	"github.com/tallymeter/tally/outbox"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+type bundle struct {
+	ctx      context.Context
+	pool     *pgxpool.Pool
+	outbox   *outbox.Store
+	maps     *mappings.Store
+	stager   *meter.Stager
+	ingester *meter.Ingester
+	target   meter.Target
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	ob, err := outbox.New(outbox.Config{}, nil)
+	require.NoError(t, err)
+	b := &bundle{ctx: context.Background(), pool: testdb.New(t), outbox: ob, maps: &mappings.Store{},
+		target: meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
+			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute}}
+	b.stager = &meter.Stager{Outbox: ob, Grace: time.Minute, Target: func(context.Context) (meter.Target, bool) { return b.target, true }}
+	b.ingester = &meter.Ingester{Stager: b.stager}
+	return b
+}
+
+func (b *bundle) feature(t *testing.T, name string, agg mappings.Aggregation, window time.Duration) mappings.Feature {
+	t.Helper()
+	f, _, err := b.maps.PutFeature(b.ctx, b.pool, name, mappings.FeatureInput{EventName: "ev_" + name, Aggregation: agg, Window: mappings.Duration(window)}, "test")
+	require.NoError(t, err)
+	return f
+}
+
+func (b *bundle) tenant(t *testing.T, name string, anchor *time.Time) mappings.Tenant {
+	t.Helper()
+	tn, _, err := b.maps.PutTenant(b.ctx, b.pool, name, mappings.TenantInput{StripeCustomerID: "cus_" + strings.ReplaceAll(name, "-", ""), PeriodAnchor: anchor}, "test")
+	require.NoError(t, err)
+	return tn
+}
+
+// ingest writes events in one transaction, like POST /v1/usage.
+func (b *bundle) ingest(t *testing.T, events ...meter.Event) (meter.Result, error) {
+	t.Helper()
+	var res meter.Result
+	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = b.ingester.Ingest(b.ctx, tx, events)
+		return err
+	})
+	return res, err
+}
+
+func (b *bundle) mustIngest(t *testing.T, events ...meter.Event) meter.Result {
+	t.Helper()
+	res, err := b.ingest(t, events...)
+	require.NoError(t, err)
+	return res
+}
+
+func (b *bundle) pass(t *testing.T) meter.PassResult {
+	t.Helper()
+	res, err := b.stager.Pass(b.ctx, b.pool)
+	require.NoError(t, err)
+	return res
+}
+
+func at(s string) *time.Time {
+	v, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return &v
+}
+
+func ago(d time.Duration) *time.Time {
+	v := time.Now().UTC().Add(-d).Truncate(time.Microsecond)
+	return &v
+}
+
+func ev(id, tenant, feature string, value int64, ts *time.Time) meter.Event {
+	return meter.Event{ID: id, Tenant: tenant, Feature: feature, Value: value, Timestamp: ts}
+}
+
+type itemRow struct {
+	id      int64
+	ref     string
+	kind    string
+	state   outbox.State
+	reason  string
+	value   int64
+	events  int
+	version int
+	payload outbox.Payload
+}
+
+func (b *bundle) items(t *testing.T) []itemRow {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT o.id, o.subject_ref, o.subject_kind, o.state, coalesce(o.quarantine_reason, ''),
+		(o.payload->>'value')::bigint, (SELECT count(*) FROM usage_events e WHERE e.item_id = o.id), o.mapping_version, o.payload
+		FROM outbox_items o ORDER BY o.id`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (itemRow, error) {
+		var it itemRow
+		err := r.Scan(&it.id, &it.ref, &it.kind, &it.state, &it.reason, &it.value, &it.events, &it.version, &it.payload)
+		return it, err
+	})
+	require.NoError(t, err)
+	return out
+}
+
+func (b *bundle) unstaged(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM usage_events WHERE item_id IS NULL").Scan(&n))
+	return n
+}
+
+// The Go period function and the database's agree.
+func TestPeriodStartMatchesDatabase(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	var ats, anchors []time.Time
+	for i := 0; i < 5000; i++ {
+		ats = append(ats, time.Unix(946684800+rng.Int64N(1_500_000_000), rng.Int64N(1e6)*1000).UTC())
+		a := time.Unix(rng.Int64N(2_000_000_000), 0).UTC()
+		if i%4 == 0 {
+			a = time.Date(2020+rng.IntN(10), time.Month(1+rng.IntN(12)), 28+rng.IntN(4), rng.IntN(24), 0, 0, 0, time.UTC)
+		}
+		anchors = append(anchors, a)
+	}
+	rows, err := b.pool.Query(b.ctx, `SELECT tally_period_start(t, a) FROM unnest($1::timestamptz[], $2::timestamptz[]) WITH ORDINALITY AS u(t, a, n) ORDER BY n`, ats, anchors)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	require.NoError(t, err)
+	for i := range ats {
+		require.True(t, meter.PeriodStart(ats[i], anchors[i]).Equal(got[i]), "%s anchored %s: go %s, sql %s",
+			ats[i], anchors[i], meter.PeriodStart(ats[i], anchors[i]), got[i])
+	}
+}
+
+func TestIngestDuplicatesAndChangedContent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	t1 := at("2026-11-30T10:00:00Z")
+	res := b.mustIngest(t, ev("e1", "acme", "api", 5, t1), ev("e2", "acme", "api", 7, nil), ev("e1", "acme", "api", 5, t1))
+	require.Equal(t, meter.Result{Accepted: 2, Duplicates: 1}, res, "a repeat inside the batch is a duplicate")
+
+	// Re-posted with the same content: duplicates, also without a timestamp.
+	res = b.mustIngest(t, ev("e1", "acme", "api", 5, t1), ev("e2", "acme", "api", 7, nil), ev("e3", "acme", "api", 1, nil))
+	require.Equal(t, meter.Result{Accepted: 1, Duplicates: 2}, res)
+
+	// The same id for another tenant is another event.
+	res = b.mustIngest(t, ev("e1", "other", "api", 5, t1))
+	require.Equal(t, meter.Result{Accepted: 1}, res)
+
+	// Changed content: the batch fails and nothing of it is stored.
+	changes := []meter.Event{
+		ev("e1", "acme", "api", 6, t1),
+		ev("e1", "acme", "other_feature", 5, t1),
+		ev("e1", "acme", "api", 5, at("2026-11-30T10:00:01Z")),
+		ev("e1", "acme", "api", 5, nil),
+		ev("e2", "acme", "api", 7, t1),
+	}
+	for i, c := range changes {
+		_, err := b.ingest(t, ev(fmt.Sprintf("new-%d", i), "acme", "api", 1, nil), c)
+		var ie *meter.InvalidBatchError
+		require.ErrorAs(t, err, &ie, "change %d", i)
+		require.Len(t, ie.Problems, 1)
+		require.Equal(t, 1, *ie.Problems[0].Index)
+		require.Equal(t, "id", ie.Problems[0].Field)
+	}
+	_, err := b.ingest(t, ev("x", "acme", "api", 1, t1), ev("x", "acme", "api", 2, t1))
+	var ie *meter.InvalidBatchError
+	require.ErrorAs(t, err, &ie, "one id twice in a batch with different content")
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM usage_events").Scan(&n))
+	require.Equal(t, 4, n, "nothing of a refused batch is stored")
+}
+
+func TestLedgerIsImmutable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.mustIngest(t, ev("e1", "acme", "api", 5, ago(3*time.Hour)))
+	for _, q := range []string{
+		"DELETE FROM usage_events",
+		"TRUNCATE usage_events CASCADE",
+		"UPDATE usage_events SET value = 6",
+		"UPDATE usage_events SET occurred_at = now()",
+	} {
+		_, err := b.pool.Exec(b.ctx, q)
+		require.Error(t, err, q)
+	}
+}
+
+func TestStageSumWindowAndSupplement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := b.feature(t, "api", mappings.Sum, time.Hour)
+	tn := b.tenant(t, "acme", nil)
+	hour := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour)
+	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
+	b.mustIngest(t, ev("a", "acme", "api", 5, in(1)), ev("b", "acme", "api", 7, in(30)), ev("c", "acme", "api", -2, in(59)),
+		ev("d", "acme", "api", 100, in(61)))
+
+	res := b.pass(t)
+	require.Equal(t, meter.PassResult{Items: 2, Events: 4}, res)
+	items := b.items(t)
+	require.Len(t, items, 2)
+	w := meter.WindowOf(hour, time.Hour, meter.CalendarAnchor)
+	require.Equal(t, w.SubjectRef("api", 0), items[0].ref)
+	require.Equal(t, int64(10), items[0].value, "5 + 7 - 2: a correction is part of the sum")
+	require.Equal(t, 3, items[0].events)
+	require.Equal(t, in(59).Unix(), items[0].payload.Timestamp, "the latest occurred_at")
+	require.Equal(t, "cus_acme", items[0].payload.Customer)
+	require.Equal(t, "ev_api", items[0].payload.EventName)
+	require.Equal(t, max(f.Version, tn.Version), items[0].version)
+	require.Equal(t, outbox.StatePending, items[0].state)
+	require.Equal(t, int64(100), items[1].value)
+
+	// Late usage for a staged window: a supplement.
+	b.mustIngest(t, ev("late1", "acme", "api", 4, in(10)), ev("late2", "acme", "api", 1, in(20)))
+	require.Equal(t, meter.PassResult{Items: 1, Events: 2}, b.pass(t))
+	b.mustIngest(t, ev("late3", "acme", "api", 9, in(15)))
+	require.Equal(t, meter.PassResult{Items: 1, Events: 1}, b.pass(t))
+	items = b.items(t)
+	require.Len(t, items, 4)
+	require.Equal(t, w.SubjectRef("api", 1), items[2].ref)
+	require.Equal(t, int64(5), items[2].value)
+	require.Equal(t, w.SubjectRef("api", 2), items[3].ref)
+	require.Equal(t, int64(9), items[3].value)
+	require.Zero(t, b.unstaged(t))
+	require.Equal(t, meter.PassResult{}, b.pass(t), "nothing left")
+}
+
+func TestStageWaitsForGrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "api", mappings.Sum, time.Minute)
+	b.tenant(t, "acme", nil)
+	b.mustIngest(t, ev("now", "acme", "api", 1, nil))
+	require.Equal(t, meter.PassResult{}, b.pass(t), "the window is open")
+	require.Equal(t, 1, b.unstaged(t))
+}
+
+func TestStageLastWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "seats", mappings.Last, time.Hour)
+	b.tenant(t, "acme", nil)
+	hour := time.Now().UTC().Add(-5 * time.Hour).Truncate(time.Hour)
+	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
+	// Posted out of order: the latest occurred_at wins, not the last posted.
+	b.mustIngest(t, ev("a", "acme", "seats", 10, in(50)), ev("b", "acme", "seats", 3, in(5)), ev("c", "acme", "seats", 7, in(20)))
+	b.pass(t)
+	items := b.items(t)
+	require.Len(t, items, 1)
+	require.Equal(t, int64(10), items[0].value)
+	require.Equal(t, 3, items[0].events)
+}
+
+func TestStagePerEventAtIngest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "calls", mappings.Count, time.Hour)
+	b.tenant(t, "acme", nil)
+	b.mustIngest(t, ev("a|1", "acme", "calls", 1, nil), ev("b", "acme", "calls", 1, ago(time.Minute)))
+	items := b.items(t)
+	require.Len(t, items, 2, "staged in the ingest transaction, without waiting for a window")
+	require.Equal(t, meter.EventSubjectRef("calls", "a|1"), items[0].ref)
+	require.Equal(t, outbox.SubjectUsageEvent, items[0].kind)
+	require.Equal(t, 1, items[0].events)
+	require.Zero(t, b.unstaged(t))
+}
+
+func TestStageEveryReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "api", mappings.Sum, time.Hour)
+	b.feature(t, "calls", mappings.Count, time.Hour)
+	b.tenant(t, "acme", nil)
+	b.mustIngest(t,
+		ev("unmapped", "acme", "mystery", 3, ago(3*time.Hour)),        // feature_unmapped
+		ev("no-customer", "nobody", "api", 4, ago(3*time.Hour)),       // no_customer
+		ev("too-old", "acme", "api", 5, ago(40*24*time.Hour)),         // timestamp_window
+		ev("too-old-event", "acme", "calls", 6, ago(40*24*time.Hour)), // timestamp_window, per event
+		ev("fresh-unmapped", "acme", "mystery", 1, nil),               // waits for its default window
+	)
+	b.pass(t)
+	got := map[string]string{}
+	for _, it := range b.items(t) {
+		require.Equal(t, outbox.StateQuarantined, it.state)
+		got[it.payload.Feature+"/"+it.reason] = it.ref
+	}
+	require.Contains(t, got, "mystery/feature_unmapped")
+	require.Contains(t, got, "api/no_customer")
+	require.Contains(t, got, "api/timestamp_window")
+	require.Contains(t, got, "calls/timestamp_window")
+	require.Equal(t, 1, b.unstaged(t), "unmapped usage waits for its default window and the grace")
+	require.True(t, strings.HasPrefix(got["mystery/feature_unmapped"], "event:"), "unmapped usage is quarantined per event")
+
+	// no_account: this node has no destination account.
+	b.target.Account = ""
+	b.mustIngest(t, ev("no-account", "acme", "api", 8, ago(3*time.Hour)))
+	b.pass(t)
+	var reason string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT quarantine_reason FROM outbox_items o JOIN usage_events e ON e.item_id = o.id
+		WHERE e.event_id = 'no-account'`).Scan(&reason))
+	require.Equal(t, "no_account", reason)
+}
+
+func TestStageStalledWithoutDestination(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "calls", mappings.Count, time.Hour)
+	b.tenant(t, "acme", nil)
+	b.stager.Target = func(context.Context) (meter.Target, bool) { return meter.Target{}, false }
+	b.mustIngest(t, ev("a", "acme", "calls", 1, ago(3*time.Hour)))
+	res := b.pass(t)
+	require.True(t, res.Stalled)
+	require.Empty(t, b.items(t))
+	require.Equal(t, 1, b.unstaged(t), "usage stays in the ledger, pending")
+}
+
+func TestStagePeriodCut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "api", mappings.Sum, time.Hour)
+	// The tenant's periods start at :30 past the hour, three hours ago.
+	anchorAt := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour).Add(30 * time.Minute)
+	b.tenant(t, "acme", &anchorAt)
+	hour := anchorAt.Add(-30 * time.Minute)
+	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
+	b.mustIngest(t, ev("before", "acme", "api", 1, in(10)), ev("after", "acme", "api", 2, in(40)))
+	b.pass(t)
+	items := b.items(t)
+	require.Len(t, items, 2, "the window is cut at the period boundary")
+	require.NotEqual(t, items[0].payload.Period, items[1].payload.Period)
+	require.Equal(t, anchorAt.Format(time.RFC3339), items[1].payload.Period)
+}
+
+func TestConcurrentStagersNeverDoubleCount(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "api", mappings.Sum, time.Minute)
+	b.feature(t, "calls", mappings.Count, time.Hour)
+	b.tenant(t, "acme", nil)
+	b.tenant(t, "beta", nil)
+	var evs []meter.Event
+	var total int64
+	for i := 0; i < 3000; i++ {
+		tenant := []string{"acme", "beta"}[i%2]
+		evs = append(evs, ev(fmt.Sprintf("e%d", i), tenant, "api", int64(i%13-3), ago(time.Duration(5+i%300)*time.Minute)))
+		total += int64(i%13 - 3)
+	}
+	b.mustIngest(t, evs...)
+	errs := make(chan error, 6)
+	for w := 0; w < 6; w++ {
+		go func() {
+			conn, err := pgx.Connect(b.ctx, testdb.URLOf(t, b.pool))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close(b.ctx)
+			for i := 0; i < 3; i++ {
+				if _, err := b.stager.Pass(b.ctx, conn); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for w := 0; w < 6; w++ {
+		require.NoError(t, <-errs)
+	}
+	b.pass(t)
+	require.Zero(t, b.unstaged(t))
+	var sum int64
+	var rows int
+	for _, it := range b.items(t) {
+		sum += it.value
+		rows += it.events
+	}
+	require.Equal(t, total, sum, "every unit in exactly one item")
+	require.Equal(t, 3000, rows)
+}
+
+var _ = errors.Is

@@ -1,0 +1,90 @@
+package meter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// ErrStalled says export is stalled (no Stripe key): nothing can be
+// addressed to a destination.
+var ErrStalled = errors.New("meter: export is stalled: no destination (STRIPE_API_KEY unset)")
+
+// ErrAggregationChanged refuses to rebuild a window's item for a feature
+// that is now exported per event: one window cannot become many items.
+var ErrAggregationChanged = errors.New("meter: the feature is now exported per event; a window's item cannot be rebuilt as one item")
+
+// Rebuild builds the item that would carry its usage under the current
+// mappings and this node's target: the same tenant and subject, the value
+// reduced again from the ledger rows it was staged from, the current
+// customer, event name, mapping version and destination, and the
+// quarantine reason it would be staged with, if any. Package quarantine uses
+// it to requeue or re-address a quarantined item.
+func (s *Stager) Rebuild(ctx context.Context, tx pgx.Tx, it outbox.Item) (outbox.NewItem, error) {
+	target, ok := s.Target(ctx)
+	if !ok {
+		return outbox.NewItem{}, ErrStalled
+	}
+	if err := target.validate(); err != nil {
+		return outbox.NewItem{}, err
+	}
+	feature := it.Payload.Feature
+	var st mappings.Store
+	pair, err := st.Lookup(ctx, tx, it.TenantKey, feature)
+	if err != nil {
+		return outbox.NewItem{}, err
+	}
+	rows, err := tx.Query(ctx, `SELECT value, occurred_at FROM usage_events WHERE item_id = tally_root_item($1)
+		ORDER BY occurred_at, id`, it.ID)
+	if err != nil {
+		return outbox.NewItem{}, fmt.Errorf("meter: reading the rows of item %d: %w", it.ID, err)
+	}
+	var (
+		values []int64
+		last   time.Time
+		v      int64
+		at     time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&v, &at}, func() error {
+		values, last = append(values, v), at
+		return nil
+	}); err != nil {
+		return outbox.NewItem{}, fmt.Errorf("meter: reading the rows of item %d: %w", it.ID, err)
+	}
+	if len(values) == 0 {
+		return outbox.NewItem{}, fmt.Errorf("meter: item %d has no ledger rows", it.ID)
+	}
+	var value int64
+	switch {
+	case it.SubjectKind == outbox.SubjectUsageEvent:
+		value = values[0]
+	case pair.Feature != nil && pair.Feature.Aggregation.PerEvent():
+		return outbox.NewItem{}, ErrAggregationChanged
+	case pair.Feature != nil && pair.Feature.Aggregation == mappings.Last:
+		value = values[len(values)-1]
+	default:
+		for _, x := range values {
+			if (x > 0 && value > (1<<63-1)-x) || (x < 0 && value < -(1<<63)-x) {
+				return outbox.NewItem{}, fmt.Errorf("meter: item %d: the sum does not fit a signed 64-bit integer", it.ID)
+			}
+			value += x
+		}
+	}
+	period, err := time.Parse(time.RFC3339, it.Payload.Period)
+	if err != nil {
+		return outbox.NewItem{}, fmt.Errorf("meter: item %d has no period: %w", it.ID, err)
+	}
+	ni := s.item(pair, target, it.TenantKey, feature, it.SubjectKind, it.SubjectRef, value, last, period)
+	if ni.Quarantine == "" {
+		if ni.Quarantine, err = timestampReason(ctx, tx, target, last); err != nil {
+			return outbox.NewItem{}, err
+		}
+	}
+	return ni, nil
+}

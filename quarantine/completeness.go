@@ -1,0 +1,180 @@
+package quarantine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Bucket is the usage of one state: how many ledger events, and their value.
+type Bucket struct {
+	Events int64 `json:"events"`
+	Value  int64 `json:"value"`
+}
+
+// Line is one tenant, feature and billing period of the completeness report.
+type Line struct {
+	Tenant  string `json:"tenant"`
+	Feature string `json:"feature"`
+	// Period is the start of the billing period (RFC 3339).
+	Period string `json:"period"`
+	// Ingested is every usage event of the period in the ledger.
+	Ingested Bucket `json:"ingested"`
+	// The buckets, by the state of the item that carries each event now
+	// (after any re-addressing). Pending includes leased items and events
+	// not yet staged.
+	Confirmed   Bucket `json:"confirmed"`
+	Accepted    Bucket `json:"accepted"`
+	Pending     Bucket `json:"pending"`
+	Quarantined Bucket `json:"quarantined"`
+	Uncertain   Bucket `json:"uncertain"`
+	Rejected    Bucket `json:"rejected"`
+	// Unstaged is the part of Pending not yet staged into an item.
+	Unstaged Bucket `json:"unstaged"`
+	// InconsistentItems counts items whose value is not the reduction of the
+	// events they carry (a sum, the last value, or the event's own value).
+	InconsistentItems int64 `json:"inconsistent_items"`
+	// Holds is the conservation identity: ingested = confirmed + accepted +
+	// pending + quarantined + uncertain + rejected, in events and in value,
+	// and every item consistent with its events.
+	Holds bool `json:"holds"`
+}
+
+// Completeness is the completeness report of one month's periods.
+type Completeness struct {
+	Period string `json:"period"`
+	Lines  []Line `json:"lines"`
+	// Holds is true when every line holds.
+	Holds bool `json:"holds"`
+}
+
+// sqlCompleteness attributes every ledger event of the periods starting in
+// [@from, @to) to the state of the item that carries it now. A staged event's
+// period is its item's; an unstaged one's is computed from its tenant's
+// current anchor. "ingested" is read separately from the ledger, so that an
+// event the attribution missed would break the identity.
+const sqlCompleteness = `
+WITH ev AS (
+    SELECT e.id, e.tenant, e.feature, e.value, e.occurred_at, e.item_id,
+           coalesce((root.payload ->> 'period')::timestamptz,
+                    tally_period_start(e.occurred_at, coalesce(t.period_anchor, '1970-01-01T00:00:00Z'))) AS period
+    FROM usage_events e
+    LEFT JOIN tenant_mappings t ON t.tenant = e.tenant
+    LEFT JOIN outbox_items root ON root.id = e.item_id
+    WHERE e.occurred_at >= @from AND e.occurred_at < @to::timestamptz + interval '32 days'
+      AND (@tenant = '' OR e.tenant = @tenant)
+),
+in_period AS (SELECT * FROM ev WHERE period >= @from AND period < @to),
+per_item AS (
+    SELECT tenant, feature, period, item_id, count(*) AS n, sum(value) AS v,
+           (array_agg(value ORDER BY occurred_at DESC, id DESC))[1] AS last_value
+    FROM in_period GROUP BY 1, 2, 3, 4
+),
+resolved AS (
+    SELECT p.*, coalesce(live.state, 'unstaged') AS state,
+           CASE
+             WHEN live.id IS NULL THEN true
+             WHEN live.subject_kind = 'usage_event' THEN (live.payload ->> 'value')::numeric = p.v AND p.n = 1
+             WHEN agg.aggregation = 'last' THEN (live.payload ->> 'value')::numeric = p.last_value
+             ELSE (live.payload ->> 'value')::numeric = p.v
+           END AS consistent
+    FROM per_item p
+    LEFT JOIN outbox_items live ON live.id = tally_live_item(p.item_id)
+    LEFT JOIN LATERAL (
+        SELECT aggregation FROM feature_mapping_versions fv
+        WHERE fv.feature = p.feature AND fv.version <= live.mapping_version
+        ORDER BY fv.version DESC LIMIT 1
+    ) agg ON true
+),
+ingested AS (
+    SELECT tenant, feature, period, count(*) AS n, sum(value) AS v FROM in_period GROUP BY 1, 2, 3
+)
+SELECT i.tenant, i.feature, i.period, i.n, i.v,
+       coalesce(r.state, 'missing'), coalesce(sum(r.n), 0), coalesce(sum(r.v), 0), count(*) FILTER (WHERE NOT r.consistent)
+FROM ingested i
+LEFT JOIN resolved r ON (r.tenant, r.feature, r.period) = (i.tenant, i.feature, i.period)
+GROUP BY i.tenant, i.feature, i.period, i.n, i.v, r.state
+ORDER BY 1, 2, 3, 6`
+
+// CompletenessOf reads the completeness report for the billing periods that
+// start in the month period ("YYYY-MM"), for one tenant or all.
+func CompletenessOf(ctx context.Context, q Querier, period, tenant string) (Completeness, error) {
+	from, to, err := ParsePeriod(period)
+	if err != nil {
+		return Completeness{}, err
+	}
+	rows, err := q.Query(ctx, sqlCompleteness, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
+	if err != nil {
+		return Completeness{}, fmt.Errorf("quarantine: reading completeness: %w", err)
+	}
+	c := Completeness{Period: period, Lines: []Line{}, Holds: true}
+	var (
+		tenantName, feature, state string
+		ingN, ingV, n, v, bad      int64
+		per                        time.Time
+	)
+	index := map[[3]string]int{}
+	if _, err := pgx.ForEachRow(rows, []any{&tenantName, &feature, &per, &ingN, &ingV, &state, &n, &v, &bad}, func() error {
+		perText := per.UTC().Format(time.RFC3339)
+		key := [3]string{tenantName, feature, perText}
+		i, ok := index[key]
+		if !ok {
+			i = len(c.Lines)
+			index[key] = i
+			c.Lines = append(c.Lines, Line{Tenant: tenantName, Feature: feature, Period: perText,
+				Ingested: Bucket{Events: ingN, Value: ingV}})
+		}
+		l := &c.Lines[i]
+		b := Bucket{Events: n, Value: v}
+		switch state {
+		case "confirmed":
+			l.Confirmed = add(l.Confirmed, b)
+		case "accepted":
+			l.Accepted = add(l.Accepted, b)
+		case "pending", "leased":
+			l.Pending = add(l.Pending, b)
+		case "unstaged":
+			l.Pending, l.Unstaged = add(l.Pending, b), add(l.Unstaged, b)
+		case "quarantined":
+			l.Quarantined = add(l.Quarantined, b)
+		case "uncertain":
+			l.Uncertain = add(l.Uncertain, b)
+		case "rejected":
+			l.Rejected = add(l.Rejected, b)
+		default:
+			// superseded cannot be live; anything else breaks the identity below
+		}
+		l.InconsistentItems += bad
+		return nil
+	}); err != nil {
+		return Completeness{}, fmt.Errorf("quarantine: reading completeness: %w", err)
+	}
+	for i := range c.Lines {
+		l := &c.Lines[i]
+		sum := Bucket{}
+		for _, b := range []Bucket{l.Confirmed, l.Accepted, l.Pending, l.Quarantined, l.Uncertain, l.Rejected} {
+			sum = add(sum, b)
+		}
+		l.Holds = sum == l.Ingested && l.InconsistentItems == 0
+		c.Holds = c.Holds && l.Holds
+	}
+	return c, nil
+}
+
+func add(a, b Bucket) Bucket { return Bucket{Events: a.Events + b.Events, Value: a.Value + b.Value} }
+
+// Table writes the report for a terminal.
+func (c Completeness) Table(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tHOLDS\t")
+	for _, l := range c.Lines {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t\n", l.Tenant, l.Feature, l.Period,
+			l.Ingested.Value, l.Confirmed.Value, l.Accepted.Value, l.Pending.Value, l.Quarantined.Value,
+			l.Uncertain.Value, l.Rejected.Value, l.Holds)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,127 @@
+package quarantine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// Requeuer puts quarantined items back on the way to Stripe.
+type Requeuer struct {
+	Outbox *outbox.Store
+	Stager *meter.Stager
+}
+
+// Requeue actions.
+const (
+	// ActionRequeued: T9, the item goes back to pending with its identity
+	// and identifier.
+	ActionRequeued = "requeued"
+	// ActionReaddressed: T9r, a successor under a new identity carries the
+	// item's usage, and the item is closed as superseded.
+	ActionReaddressed = "readdressed"
+)
+
+// RequeueResult says what a requeue did.
+type RequeueResult struct {
+	ItemID int64  `json:"item_id"`
+	Action string `json:"action"`
+	// Successor is the new item of a re-addressing.
+	Successor *int64 `json:"successor,omitempty"`
+	// MappingVersion is the version the item (or its successor) now carries.
+	MappingVersion int `json:"mapping_version"`
+}
+
+// MappingChangedError says the mapping version the operator gave is not the
+// current one of the item's tenant and feature: look again.
+type MappingChangedError struct {
+	Given, Current int
+}
+
+func (e *MappingChangedError) Error() string {
+	return fmt.Sprintf("quarantine: mapping changed: the current mapping version of this tenant and feature is %d, not %d", e.Current, e.Given)
+}
+
+// Is makes errors.Is(err, outbox.ErrMappingChanged) true.
+func (e *MappingChangedError) Is(target error) bool { return target == outbox.ErrMappingChanged }
+
+// StillIneligibleError says the current mappings would quarantine the item
+// again: fix the cause first.
+type StillIneligibleError struct {
+	Reason outbox.Reason
+}
+
+func (e *StillIneligibleError) Error() string {
+	return fmt.Sprintf("quarantine: the item would be quarantined again (%s); fix that first", e.Reason)
+}
+
+// Requeue requeues quarantined item id under mappingVersion, which must be
+// the current mapping version of its tenant and feature (the one the
+// operator looked at after fixing the cause; otherwise a
+// *MappingChangedError). The item is rebuilt from its ledger rows under the
+// current mappings and this node's destination: if that is the item itself,
+// it goes back to pending (T9); if the fix changed what it must carry, a
+// successor is enqueued and the item closed as superseded (T9r) — only when
+// no attempt of it may have reached Stripe (outbox.ErrMayHaveReached
+// otherwise). Both happen in one transaction.
+func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int) (RequeueResult, error) {
+	var res RequeueResult
+	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		it, err := r.Outbox.Get(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if it.State != outbox.StateQuarantined {
+			return &outbox.StateError{ID: id, Transition: "T9", Expected: outbox.StateQuarantined, Current: it.State, CurrentLeaseToken: it.LeaseToken}
+		}
+		var st mappings.Store
+		pair, err := st.Lookup(ctx, tx, it.TenantKey, it.Payload.Feature)
+		if err != nil {
+			return err
+		}
+		if cur := pair.Version(); cur != mappingVersion {
+			return &MappingChangedError{Given: mappingVersion, Current: cur}
+		}
+		successor, err := r.Stager.Rebuild(ctx, tx, it)
+		if err != nil {
+			return err
+		}
+		if successor.Quarantine != "" {
+			return &StillIneligibleError{Reason: successor.Quarantine}
+		}
+		res = RequeueResult{ItemID: id, MappingVersion: successor.MappingVersion}
+		if successor.Identity == it.Identity {
+			res.Action = ActionRequeued
+			return r.Outbox.Requeue(ctx, tx, id, it.MappingVersion)
+		}
+		enq, err := r.Outbox.Supersede(ctx, tx, id, it.MappingVersion, successor)
+		if err != nil {
+			return err
+		}
+		res.Action, res.Successor = ActionReaddressed, &enq.ID
+		return nil
+	})
+	if err != nil {
+		return RequeueResult{}, err
+	}
+	return res, nil
+}
+
+// IsConflict reports whether err is a requeue refusal the caller should see
+// as a conflict (409) rather than a failure.
+func IsConflict(err error) bool {
+	var (
+		se *outbox.StateError
+		ie *StillIneligibleError
+	)
+	return errors.As(err, &se) || errors.As(err, &ie) || errors.Is(err, outbox.ErrMappingChanged) ||
+		errors.Is(err, outbox.ErrMayHaveReached) || errors.Is(err, outbox.ErrNotSendable) ||
+		errors.Is(err, outbox.ErrSuccessorExists) || errors.Is(err, meter.ErrAggregationChanged) ||
+		errors.Is(err, meter.ErrStalled)
+}
