@@ -30,6 +30,9 @@ import (
 type Check struct {
 	Name string
 	Func func(ctx context.Context) error
+	// Degraded marks a condition whose failure is reported ("degraded")
+	// without taking the node out of service (/readyz still answers 200).
+	Degraded bool
 }
 
 // Deps are the domain parts the /v1 API drives.
@@ -77,8 +80,14 @@ func New(opts Options) http.Handler {
 			err := c.Func(ctx)
 			cancel()
 			if err != nil {
-				status, body.Status = http.StatusServiceUnavailable, "not_ready"
 				body.Checks[c.Name] = err.Error()
+				if c.Degraded {
+					if body.Status == "ready" {
+						body.Status = "degraded"
+					}
+					continue
+				}
+				status, body.Status = http.StatusServiceUnavailable, "not_ready"
 				continue
 			}
 			body.Checks[c.Name] = "ok"

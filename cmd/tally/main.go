@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/tallymeter/tally/internal/app"
@@ -23,18 +24,44 @@ Usage:
   tally <command> [flags]
 
 Commands:
-  serve     run the service: HTTP API and the outbox maintenance loop
-  dev       run the service on embedded defaults for local development
-  migrate   apply the database migrations (Tally's and River's) and exit
-  help      show this text, or a command's flags with: tally <command> -h
+  serve                  run the service: HTTP API, staging, outbox maintenance
+  dev                    run the service on embedded defaults for local development
+  migrate                apply the database migrations (Tally's and River's) and exit
+  tokens create          create an API token: --role ingest|finance|operator|admin [--tenant T …] [--name N]
+  tokens list            list tokens (names, roles, scopes; never secrets)
+  tokens revoke NAME     revoke a token
+  mappings features      list | get FEATURE | set FEATURE --event-name E --aggregation sum|last|count [--window 1h]
+  mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339]
+  quarantine             the quarantine report: [--format table|csv|json] [--reason R] [--tenant T] [--feature F] [--period YYYY-MM]
+  requeue ID             requeue a quarantined item: --mapping-version N
+  report completeness    the completeness report: --period YYYY-MM [--tenant T] [--format table|json]
+  stripe-sim             run the built-in Stripe simulator: [--sim-listen ADDR] [--sim-key K] [--sim-account A] [--meter EVENT:FORMULA …]
+  help                   show this text, or a command's flags with: tally <command> -h
 
-Every flag also has an environment variable (shown in each command's -h).
-With TALLY_DATABASE_URL unset, tally starts a private PostgreSQL cluster from
-the binaries on this machine, in TALLY_DATA_DIR (default .tally).
+Every flag of the service also has an environment variable (shown in -h).
+With TALLY_DATABASE_URL unset, tally uses a private PostgreSQL cluster from
+the binaries on this machine, in TALLY_DATA_DIR (default .tally); operator
+commands use the one a running serve or dev started there.
 `
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// command is one runnable command: its name as typed, its own flags, and
+// what it does once the configuration is loaded and the database open.
+type command struct {
+	name string
+	// flags registers the command's own flags.
+	flags func(fs *flag.FlagSet, o *opts)
+	// args checks the positional arguments.
+	args func(args []string) error
+	// service commands start a cluster of their own; the others attach to
+	// a running one when there is one.
+	service bool
+	// noDB commands need no database.
+	noDB bool
+	run  func(ctx context.Context, env *env, args []string) error
 }
 
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -42,34 +69,45 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	cmd, args := args[0], args[1:]
-	switch cmd {
-	case "serve", "dev", "migrate":
-	case "help", "-h", "--help":
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(stdout, usage)
 		return 0
-	default:
-		fmt.Fprintf(stderr, "tally: unknown command %q\n\n%s", cmd, usage)
+	}
+	cmd, rest, ok := lookup(args)
+	if !ok {
+		fmt.Fprintf(stderr, "tally: unknown command %q\n\n%s", strings.Join(args[:min(2, len(args))], " "), usage)
 		return 2
 	}
 
-	fs := flag.NewFlagSet("tally "+cmd, flag.ContinueOnError)
+	fs := flag.NewFlagSet("tally "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	load := config.Flags(fs, getenv)
-	if err := fs.Parse(args); err != nil {
+	o := &opts{}
+	if cmd.flags != nil {
+		cmd.flags(fs, o)
+	}
+	if err := fs.Parse(interspersed(fs, rest)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tally %s: unexpected arguments %q\n", cmd, fs.Args())
+	if cmd.args != nil {
+		if err := cmd.args(fs.Args()); err != nil {
+			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
+			return 2
+		}
+	} else if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "tally %s: unexpected arguments %q\n", cmd.name, fs.Args())
 		return 2
 	}
 	cfg, err := load()
 	if err != nil {
-		fmt.Fprintf(stderr, "tally %s: invalid configuration:\n%v\n", cmd, err)
+		fmt.Fprintf(stderr, "tally %s: invalid configuration:\n%v\n", cmd.name, err)
 		return 2
+	}
+	if !cmd.service && cfg.LogLevel == "info" {
+		cfg.LogLevel = "warn" // operator commands print results, not progress
 	}
 	logger := app.NewLogger(cfg)
 
@@ -77,44 +115,74 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	defer stop()
 	followGoRun()
 
-	db, err := app.Open(ctx, cfg, logger)
+	if cmd.noDB {
+		if err := cmd.run(ctx, &env{cfg: cfg, logger: logger, stdout: stdout, stderr: stderr, opts: o}, fs.Args()); err != nil {
+			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
+			return 1
+		}
+		return 0
+	}
+	parts, err := app.Build(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
+		return 2
+	}
+	db, err := app.Open(ctx, cfg, logger, !cmd.service)
 	if err != nil {
 		if errors.Is(err, embeddedpg.ErrNoBinaries) {
-			fmt.Fprintf(stderr, "tally %s: %v\n", cmd, err)
+			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
 			return 1
 		}
 		logger.Error("opening the database failed", "error", err)
+		fmt.Fprintf(stderr, "tally %s: opening the database failed: %v\n", cmd.name, err)
 		return 1
 	}
 	defer db.Close()
 
-	switch cmd {
-	case "migrate":
-		fmt.Fprintln(stdout, "migrations applied")
-		return 0
-	case "dev":
-		ready := func(addr string) {
-			fmt.Fprintf(stdout, "\nTally is running at http://%s (health: /healthz, readiness: /readyz, metrics: /metrics)\n", addr)
-			fmt.Fprintf(stdout, "Data: %s. Stop with Ctrl-C.\n", dataLocation(cfg))
-			fmt.Fprintln(stdout, "Not built yet: usage ingest, mappings and tokens (issue 3), export to Stripe with the built-in simulator and demo data (issue 4).")
+	e := &env{cfg: cfg, db: db, parts: parts, logger: logger, stdout: stdout, stderr: stderr, opts: o}
+	if err := cmd.run(ctx, e, fs.Args()); err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
+			return 2
 		}
-		return exit(app.Serve(ctx, cfg, db, logger, ready), logger)
-	default:
-		return exit(app.Serve(ctx, cfg, db, logger, nil), logger)
-	}
-}
-
-func dataLocation(cfg config.Config) string {
-	if cfg.DatabaseURL != "" {
-		return "TALLY_DATABASE_URL"
-	}
-	return "embedded PostgreSQL in " + cfg.DataDir
-}
-
-func exit(err error, logger interface{ Error(string, ...any) }) int {
-	if err != nil {
-		logger.Error("tally stopped", "error", err)
+		fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
 		return 1
 	}
 	return 0
+}
+
+// usageError is a mistake in how a command was called (exit status 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// interspersed lets flags follow positional arguments ("requeue 42
+// --mapping-version 3"), which the flag package alone does not.
+func interspersed(fs *flag.FlagSet, args []string) []string {
+	var flags, positional []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			positional = append(positional, args[i+1:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		if f := fs.Lookup(name); f != nil && i+1 < len(args) {
+			if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
+				continue
+			}
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	return append(flags, positional...)
 }

@@ -91,7 +91,9 @@ func TestServeEmbedded(t *testing.T) {
 		require.JSONEq(t, `{"status":"ok"}`, body)
 		code, body = get("http://" + addr + "/readyz")
 		require.Equal(t, http.StatusOK, code)
-		require.JSONEq(t, `{"status":"ready","checks":{"database":"ok","schema":"ok"}}`, body)
+		// Without STRIPE_API_KEY export stalls visibly: /readyz says why but
+		// keeps the node in service.
+		require.JSONEq(t, `{"status":"degraded","checks":{"database":"ok","schema":"ok","export":"export stalled: STRIPE_API_KEY is unset"}}`, body)
 		code, body = get("http://" + addr + "/metrics")
 		require.Equal(t, http.StatusOK, code)
 		require.Contains(t, body, "tally_outbox_items")

@@ -23,11 +23,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
 	"github.com/tallymeter/tally/api"
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/migrations"
 	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
 )
 
 // embeddedDatabase is the database Tally uses inside its embedded cluster.
@@ -62,11 +70,22 @@ func (d *DB) Close() {
 	}
 }
 
-// Open connects to cfg.DatabaseURL or, when it is empty, starts (or reuses)
-// the embedded cluster in cfg.DataDir; then it applies every migration.
-func Open(ctx context.Context, cfg config.Config, logger *slog.Logger) (*DB, error) {
+// Open connects to cfg.DatabaseURL or, when it is empty, to the embedded
+// cluster in cfg.DataDir: with attach, the one a running `tally serve` or
+// `tally dev` started there, if any; otherwise it starts (or reuses) it.
+// Then it applies every migration.
+func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bool) (*DB, error) {
 	d := &DB{logger: logger}
 	url := cfg.DatabaseURL
+	if url == "" && attach {
+		attached, ok, err := embeddedpg.Attach(cfg.DataDir, embeddedDatabase)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			url = attached
+		}
+	}
 	if url == "" {
 		c, err := embeddedpg.Start(ctx, embeddedpg.Config{DataDir: cfg.DataDir, Logger: logger})
 		if err != nil {
@@ -127,16 +146,80 @@ func ensureDatabase(ctx context.Context, c *embeddedpg.Cluster) error {
 	return nil
 }
 
-// Serve runs the service on db until ctx ends: the HTTP API on cfg.Listen
-// and the outbox maintenance loop. It shuts down gracefully, bounded by
-// cfg.ShutdownTimeout. ready, if not nil, receives the bound address once
-// the listener is open.
-func Serve(ctx context.Context, cfg config.Config, db *DB, logger *slog.Logger, ready func(addr string)) error {
+// Parts are the domain parts a node runs, built from its configuration.
+type Parts struct {
+	Registry *prometheus.Registry
+	Outbox   *outbox.Store
+	Mappings *mappings.Store
+	Stager   *meter.Stager
+	Ingester *meter.Ingester
+	Requeuer *quarantine.Requeuer
+	Resolver *exporter.Resolver
+	API      *api.Metrics
+}
+
+// Build makes the parts from cfg, with their metrics on a fresh registry.
+func Build(cfg config.Config) (*Parts, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	store, err := outbox.New(cfg.Outbox, reg)
+	ob, err := outbox.New(cfg.Outbox, reg)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	res, err := exporter.NewResolver(exporter.Settings{Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
+		Account: cfg.StripeAccount, Exporter: cfg.Exporter})
+	if err != nil {
+		return nil, err
+	}
+	maps := &mappings.Store{}
+	if c := res.Client(); c != nil {
+		maps.Checker = mappings.StripeMeters{Client: c}
+	}
+	stager := &meter.Stager{Outbox: ob, Grace: cfg.WindowGrace, Target: func(ctx context.Context) (meter.Target, bool) {
+		d, err := res.Destination(ctx)
+		if err != nil {
+			return meter.Target{}, false
+		}
+		return meter.Target{Exporter: d.Exporter, Account: d.Account, Mode: d.Mode,
+			AcceptPast: exporter.StripeAcceptPast, AcceptFuture: exporter.StripeAcceptFuture}, true
+	}}
+	apiMetrics, err := api.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Parts{
+		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
+		Ingester: &meter.Ingester{Stager: stager},
+		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
+		Resolver: res, API: apiMetrics,
+	}, nil
+}
+
+// Serve runs the service on db until ctx ends: the HTTP API on cfg.Listen,
+// the outbox maintenance loop, and River with the periodic staging job
+// (inserted by River's leader alone). It shuts down gracefully, bounded by
+// cfg.ShutdownTimeout. ready, if not nil, receives the bound address once
+// the listener is open.
+func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slog.Logger, ready func(addr string)) error {
+	if cfg.AdminToken != "" {
+		if err := auth.EnsureAdminToken(ctx, db.Pool, cfg.AdminToken); err != nil {
+			return err
+		}
+	}
+	if cfg.StripeAPIKey == "" {
+		logger.Error("STRIPE_API_KEY is unset: export is stalled; usage is kept in the ledger as pending until a key is configured")
+	}
+
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: db.Pool, Logger: logger})
+	rc, err := river.NewClient(riverpgxv5.New(db.Pool), &river.Config{
+		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}},
+		Workers:      workers,
+		PeriodicJobs: []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)},
+		Logger:       logger.With("component", "river"),
+	})
+	if err != nil {
+		return fmt.Errorf("starting River: %w", err)
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -161,8 +244,13 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, logger *slog.Logger, 
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = store.RunMaintenance(ctx, db.Pool, cfg.MaintenanceInterval, logger)
+		_ = p.Outbox.RunMaintenance(ctx, db.Pool, cfg.MaintenanceInterval, logger)
 	}()
+	if err := rc.Start(ctx); err != nil {
+		cancel()
+		wg.Wait()
+		return fmt.Errorf("starting River: %w", err)
+	}
 
 	handler := api.New(api.Options{
 		Logger: logger,
@@ -182,8 +270,13 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, logger *slog.Logger, 
 				}
 				return nil
 			}},
+			// Export stalls visibly but does not take the node out of
+			// service: ingest and the reports go on.
+			{Name: "export", Func: p.Resolver.Check, Degraded: true},
 		},
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Metrics: promhttp.HandlerFor(p.Registry, promhttp.HandlerOpts{}),
+		V1: &api.Deps{Pool: db.Pool, Outbox: p.Outbox, Mappings: p.Mappings, Ingester: p.Ingester,
+			Requeuer: p.Requeuer, Metrics: p.API},
 	})
 	srv := &http.Server{
 		Handler:           handler,
@@ -196,6 +289,7 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, logger *slog.Logger, 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		cancel()
+		_ = rc.Stop(context.WithoutCancel(ctx))
 		wg.Wait()
 		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 	}
@@ -210,6 +304,7 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, logger *slog.Logger, 
 	case <-ctx.Done():
 	case err := <-serveErr:
 		cancel()
+		_ = rc.Stop(context.WithoutCancel(ctx))
 		wg.Wait()
 		return fmt.Errorf("http server: %w", err)
 	}
@@ -217,12 +312,15 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, logger *slog.Logger, 
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer scancel()
 	err = srv.Shutdown(sctx)
+	if rerr := rc.Stop(sctx); rerr != nil && err == nil {
+		err = rerr
+	}
 	wg.Wait()
 	if dbFailed != nil {
 		return dbFailed
 	}
 	if err != nil {
-		return fmt.Errorf("shutting down the http server: %w", err)
+		return fmt.Errorf("shutting down: %w", err)
 	}
 	return nil
 }

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -39,6 +41,23 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Outbox holds the outbox's knobs.
 	Outbox outbox.Config
+
+	// StripeAPIKey is STRIPE_API_KEY; empty stalls export visibly.
+	StripeAPIKey string
+	// StripeAPIBase is STRIPE_API_BASE. Defaults to https://api.stripe.com.
+	StripeAPIBase string
+	// StripeAccount is STRIPE_ACCOUNT; empty means the key's own account.
+	StripeAccount string
+	// Exporter is TALLY_EXPORTER. Defaults to stripe_meter_events.
+	Exporter string
+	// AdminToken is TALLY_ADMIN_TOKEN: an admin token with this value is
+	// ensured at start.
+	AdminToken string
+	// StageInterval is how often windows are staged. Defaults to 10 seconds.
+	StageInterval time.Duration
+	// WindowGrace is how long after its end a window waits for late usage.
+	// Defaults to 2 minutes.
+	WindowGrace time.Duration
 }
 
 // setting is one configurable value: an environment variable and a flag.
@@ -101,6 +120,20 @@ func settings() []setting {
 		{"TALLY_OUTBOX_HORIZON", "outbox-horizon", "how long after the first attempt an item may still be sent; below the provider's dedup window",
 			outbox.DefaultHorizon.String(),
 			dur(func(c *Config) *time.Duration { return &c.Outbox.Horizon })},
+		{"STRIPE_API_KEY", "stripe-api-key", "Stripe secret or restricted key; its prefix gives the mode; unset: export stalls visibly (prefer the variable: a flag shows in the process list)", "",
+			str(func(c *Config) *string { return &c.StripeAPIKey })},
+		{"STRIPE_API_BASE", "stripe-api-base", "Stripe API base URL (stripe-mock or the simulator in tests)", "https://api.stripe.com",
+			str(func(c *Config) *string { return &c.StripeAPIBase })},
+		{"STRIPE_ACCOUNT", "stripe-account", "destination account (Connect); unset: the key's own account", "",
+			str(func(c *Config) *string { return &c.StripeAccount })},
+		{"TALLY_EXPORTER", "exporter", "stripe_meter_events (v1) or stripe_meter_event_stream (v2)", "stripe_meter_events",
+			str(func(c *Config) *string { return &c.Exporter })},
+		{"TALLY_ADMIN_TOKEN", "admin-token", "if set, an admin token with this value is ensured at start (at least 24 characters)", "",
+			str(func(c *Config) *string { return &c.AdminToken })},
+		{"TALLY_STAGE_INTERVAL", "stage-interval", "how often windows are staged", "10s",
+			dur(func(c *Config) *time.Duration { return &c.StageInterval })},
+		{"TALLY_WINDOW_GRACE", "window-grace", "how long after its end a window waits for late usage", "2m",
+			dur(func(c *Config) *time.Duration { return &c.WindowGrace })},
 		{"TALLY_OUTBOX_CLAIM_SCAN", "outbox-claim-scan", "how many due items per wanted item a per-key claim reads to find distinct keys",
 			strconv.Itoa(outbox.DefaultClaimScan), integer(func(c *Config) *int { return &c.Outbox.ClaimScan })},
 	}
@@ -180,6 +213,26 @@ func (c *Config) validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("TALLY_SHUTDOWN_TIMEOUT must be positive, got %s", c.ShutdownTimeout))
+	}
+	if c.StripeAPIKey != "" {
+		if _, err := stripeapi.ModeOfKey(c.StripeAPIKey); err != nil {
+			errs = append(errs, fmt.Errorf("STRIPE_API_KEY: %w", err))
+		}
+	}
+	if c.StripeAccount != "" && !strings.HasPrefix(c.StripeAccount, "acct_") {
+		errs = append(errs, errors.New("STRIPE_ACCOUNT must be an account id (acct_…)"))
+	}
+	if c.Exporter != "stripe_meter_events" && c.Exporter != "stripe_meter_event_stream" {
+		errs = append(errs, fmt.Errorf("TALLY_EXPORTER must be stripe_meter_events or stripe_meter_event_stream, got %q", c.Exporter))
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < auth.MinAdminTokenLength {
+		errs = append(errs, fmt.Errorf("TALLY_ADMIN_TOKEN must be at least %d characters", auth.MinAdminTokenLength))
+	}
+	if c.StageInterval <= 0 {
+		errs = append(errs, fmt.Errorf("TALLY_STAGE_INTERVAL must be positive, got %s", c.StageInterval))
+	}
+	if c.WindowGrace < 0 {
+		errs = append(errs, fmt.Errorf("TALLY_WINDOW_GRACE must not be negative, got %s", c.WindowGrace))
 	}
 	if err := c.Outbox.Validate(); err != nil {
 		errs = append(errs, err)

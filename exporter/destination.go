@@ -1,0 +1,138 @@
+package exporter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// Exporter names, part of every item's identity.
+const (
+	// StripeMeterEvents is the v1 exporter: POST /v1/billing/meter_events.
+	StripeMeterEvents = "stripe_meter_events"
+	// StripeMeterEventStream is the v2 stream exporter (issue 8).
+	StripeMeterEventStream = "stripe_meter_event_stream"
+)
+
+// What Stripe's v1 meter events accept.
+const (
+	// StripeDedupWindow is how long Stripe deduplicates meter-event
+	// identifiers (at least 24 hours).
+	StripeDedupWindow = 24 * time.Hour
+	// StripeAcceptPast and StripeAcceptFuture bound a meter event's
+	// timestamp: within the past 35 days, at most 5 minutes ahead.
+	StripeAcceptPast   = 35 * 24 * time.Hour
+	StripeAcceptFuture = 5 * time.Minute
+)
+
+// Settings are the Stripe settings of a node.
+type Settings struct {
+	// Key is STRIPE_API_KEY; empty stalls export visibly.
+	Key string
+	// APIBase is STRIPE_API_BASE.
+	APIBase string
+	// Account is STRIPE_ACCOUNT; empty means the key's own account.
+	Account string
+	// Exporter is TALLY_EXPORTER.
+	Exporter string
+	// HTTPClient is used for Stripe calls; nil means stripeapi's default.
+	HTTPClient *http.Client
+}
+
+// Destination is where this node exports.
+type Destination struct {
+	Exporter string
+	// Account is empty when the key cannot read its own account (a
+	// restricted key without that permission) and STRIPE_ACCOUNT is unset:
+	// usage is then quarantined as no_account until it is set.
+	Account string
+	Mode    outbox.Mode
+}
+
+// ErrNoKey says STRIPE_API_KEY is unset: export is stalled.
+var ErrNoKey = errors.New("export stalled: STRIPE_API_KEY is unset")
+
+// Resolver finds and remembers this node's destination.
+type Resolver struct {
+	settings Settings
+	client   *stripeapi.Client
+
+	mu       sync.Mutex
+	resolved *Destination
+	lastErr  error
+	lastTry  time.Time
+}
+
+// retryEvery bounds how often a failed account lookup is tried again.
+const retryEvery = 30 * time.Second
+
+// NewResolver validates the settings (the key's prefix gives the mode) and
+// returns a resolver. It makes no call yet.
+func NewResolver(s Settings) (*Resolver, error) {
+	if s.Exporter == "" {
+		s.Exporter = StripeMeterEvents
+	}
+	if s.Exporter != StripeMeterEvents && s.Exporter != StripeMeterEventStream {
+		return nil, fmt.Errorf("TALLY_EXPORTER must be %s or %s", StripeMeterEvents, StripeMeterEventStream)
+	}
+	r := &Resolver{settings: s}
+	if s.Key == "" {
+		return r, nil
+	}
+	c, err := stripeapi.New(stripeapi.Config{Key: s.Key, APIBase: s.APIBase, Account: s.Account, HTTPClient: s.HTTPClient})
+	if err != nil {
+		return nil, err
+	}
+	r.client = c
+	return r, nil
+}
+
+// Client is the Stripe client, nil without a key.
+func (r *Resolver) Client() *stripeapi.Client { return r.client }
+
+// Destination returns this node's destination, resolving it on first use
+// (STRIPE_ACCOUNT, or GET /v1/account). Without a key it is ErrNoKey; a
+// failed lookup is tried again at most every 30 seconds and its error (a
+// content-free description) returned meanwhile.
+func (r *Resolver) Destination(ctx context.Context) (Destination, error) {
+	if r.client == nil {
+		return Destination{}, ErrNoKey
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.resolved != nil {
+		return *r.resolved, nil
+	}
+	if r.lastErr != nil && time.Since(r.lastTry) < retryEvery {
+		return Destination{}, r.lastErr
+	}
+	r.lastTry = time.Now()
+	d := Destination{Exporter: r.settings.Exporter, Mode: outbox.Mode(r.client.Mode())}
+	account, err := r.client.AccountID(ctx)
+	if err != nil {
+		code, status, _ := stripeapi.Describe(err)
+		if status == http.StatusForbidden {
+			// The key may not read its account: a configuration problem a
+			// human must fix; usage is quarantined as no_account meanwhile.
+			r.resolved = &d
+			return d, nil
+		}
+		r.lastErr = fmt.Errorf("export stalled: Stripe's account lookup failed (%s, status %d)", code, status)
+		return Destination{}, r.lastErr
+	}
+	d.Account = account
+	r.resolved, r.lastErr = &d, nil
+	return d, nil
+}
+
+// Check is a readiness check: nil when this node knows where it exports.
+func (r *Resolver) Check(ctx context.Context) error {
+	_, err := r.Destination(ctx)
+	return err
+}
