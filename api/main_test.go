@@ -1,0 +1,9 @@
+package api_test
+
+import (
+	"testing"
+
+	"github.com/tallymeter/tally/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
