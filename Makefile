@@ -1,0 +1,22 @@
+# The project's test command is `make test` (README.md); .ci/run runs it.
+
+.PHONY: test lint unit fuzz bench
+
+test: lint unit fuzz
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	go vet ./...
+	go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+unit:
+	go test ./...
+
+# A brief run of every fuzz target.
+fuzz:
+	go test ./meter -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 15s
+
+# The benchmarks behind docs/performance.md.
+bench:
+	go test ./outbox -run '^$$' -bench ClaimAcceptVsRiver -benchtime 1x
+	go test ./api -run '^$$' -bench IngestVsCopyFrom -benchtime 1x

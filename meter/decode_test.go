@@ -1,0 +1,166 @@
+package meter
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var decodeNow = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func TestDecodeValid(t *testing.T) {
+	t.Parallel()
+	evs, err := Decode(strings.NewReader(`{"events":[
+		{"id":"e-1","tenant":"acme","feature":"api_calls","value":5,"timestamp":"2026-11-30T10:00:00.1234567Z"},
+		{"id":"~ printable !","tenant":"acme.eu","feature":"seats:pro","value":-9223372036854775808},
+		{"id":"x","tenant":"t","feature":"f","value":0,"timestamp":null}
+	]}`), decodeNow)
+	require.NoError(t, err)
+	require.Len(t, evs, 3)
+	require.Equal(t, "e-1", evs[0].ID)
+	require.Equal(t, int64(5), evs[0].Value)
+	require.Equal(t, time.Date(2026, 11, 30, 10, 0, 0, 123456000, time.UTC), *evs[0].Timestamp, "microsecond precision, UTC")
+	require.Nil(t, evs[1].Timestamp, "omitted: now")
+	require.Equal(t, int64(-9223372036854775808), evs[1].Value)
+	require.Nil(t, evs[2].Timestamp)
+}
+
+func TestDecodeProblems(t *testing.T) {
+	t.Parallel()
+	ok := `"id":"a","tenant":"t","feature":"f","value":1`
+	cases := []struct {
+		name, event, field string
+	}{
+		{"missing id", `"tenant":"t","feature":"f","value":1`, "id"},
+		{"missing tenant", `"id":"a","feature":"f","value":1`, "tenant"},
+		{"missing feature", `"id":"a","tenant":"t","value":1`, "feature"},
+		{"missing value", `"id":"a","tenant":"t","feature":"f"`, "value"},
+		{"unknown field", ok + `,"unit":"ms"`, "unit"},
+		{"empty id", `"id":"","tenant":"t","feature":"f","value":1`, "id"},
+		{"long id", `"id":"` + strings.Repeat("a", 129) + `","tenant":"t","feature":"f","value":1`, "id"},
+		{"non-ascii id", `"id":"é","tenant":"t","feature":"f","value":1`, "id"},
+		{"control in id", `"id":"a\u0001","tenant":"t","feature":"f","value":1`, "id"},
+		{"id not a string", `"id":7,"tenant":"t","feature":"f","value":1`, "id"},
+		{"bad tenant", `"id":"a","tenant":"a b","feature":"f","value":1`, "tenant"},
+		{"tenant with separator", `"id":"a","tenant":"a|b","feature":"f","value":1`, "tenant"},
+		{"bad feature", `"id":"a","tenant":"t","feature":"-f","value":1`, "feature"},
+		{"value string", `"id":"a","tenant":"t","feature":"f","value":"1"`, "value"},
+		{"value fraction", `"id":"a","tenant":"t","feature":"f","value":1.5`, "value"},
+		{"value exponent", `"id":"a","tenant":"t","feature":"f","value":1e3`, "value"},
+		{"value overflow", `"id":"a","tenant":"t","feature":"f","value":9223372036854775808`, "value"},
+		{"value null", `"id":"a","tenant":"t","feature":"f","value":null`, "value"},
+		{"timestamp not rfc3339", ok + `,"timestamp":"2026-11-30 10:00"`, "timestamp"},
+		{"timestamp number", ok + `,"timestamp":1796000000`, "timestamp"},
+		{"timestamp far ahead", ok + `,"timestamp":"2026-12-02T12:00:00Z"`, "timestamp"},
+		{"timestamp ancient", ok + `,"timestamp":"1999-12-31T23:59:59Z"`, "timestamp"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			body := `{"events":[{` + ok + `},{` + tc.event + `}]}`
+			_, err := Decode(strings.NewReader(body), decodeNow)
+			var ie *InvalidBatchError
+			require.ErrorAs(t, err, &ie)
+			require.Len(t, ie.Problems, 1, "%+v", ie.Problems)
+			require.Equal(t, 1, *ie.Problems[0].Index)
+			require.Equal(t, tc.field, ie.Problems[0].Field)
+			require.NotEmpty(t, ie.Problems[0].Reason)
+		})
+	}
+
+	// Every problem of every event, in order.
+	_, err := Decode(strings.NewReader(`{"events":[{"id":"","value":1.5},{"id":"ok","tenant":"t","feature":"f","value":1,"x":1}]}`), decodeNow)
+	var ie *InvalidBatchError
+	require.ErrorAs(t, err, &ie)
+	var got []string
+	for _, p := range ie.Problems {
+		got = append(got, fmt.Sprintf("%d/%s", *p.Index, p.Field))
+	}
+	require.Equal(t, []string{"0/feature", "0/id", "0/tenant", "0/value", "1/x"}, got)
+}
+
+func TestDecodeBatchShape(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{``, `[]`, `"x"`, `{"events":[]}x`, `{`, `{"events":[{}]} {}`, `null`} {
+		_, err := Decode(strings.NewReader(body), decodeNow)
+		require.Error(t, err, body)
+		var ie *InvalidBatchError
+		require.True(t, errors.Is(err, ErrMalformed) || errors.As(err, &ie), "%q: %v", body, err)
+	}
+	cases := map[string]string{
+		`{}`:                  "events",
+		`{"events":null}`:     "events",
+		`{"events":{}}`:       "events",
+		`{"events":[]}`:       "events",
+		`{"events":[],"x":1}`: "x",
+	}
+	for body, field := range cases {
+		_, err := Decode(strings.NewReader(body), decodeNow)
+		var ie *InvalidBatchError
+		require.ErrorAs(t, err, &ie, body)
+		require.Nil(t, ie.Problems[0].Index)
+		require.Contains(t, []string{field, "events"}, ie.Problems[0].Field)
+	}
+}
+
+func TestDecodeTooLarge(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	b.WriteString(`{"events":[`)
+	for i := 0; i <= MaxEvents; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"id":"%d","tenant":"t","feature":"f","value":1}`, i)
+	}
+	b.WriteString(`]}`)
+	_, err := Decode(&b, decodeNow)
+	require.ErrorIs(t, err, ErrTooLarge, "10,001 events")
+
+	big := `{"events":[{"id":"a","tenant":"t","feature":"f","value":1,"pad":"` + strings.Repeat("x", MaxBodyBytes) + `"}]}`
+	_, err = Decode(strings.NewReader(big), decodeNow)
+	require.ErrorIs(t, err, ErrTooLarge, "over 5 MiB")
+}
+
+// FuzzDecode: whatever the body, Decode returns events or an error of the
+// documented kinds, never panics, and every event it returns is valid.
+func FuzzDecode(f *testing.F) {
+	for _, seed := range []string{
+		`{"events":[{"id":"a","tenant":"t","feature":"f","value":1}]}`,
+		`{"events":[{"id":"a","tenant":"t","feature":"f","value":-5,"timestamp":"2026-11-30T10:00:00Z"}]}`,
+		`{"events":[{"id":"a","tenant":"t","feature":"f","value":1.0}]}`,
+		`{"events":[{"id":"a","tenant":"t","feature":"f","value":1,"timestamp":null,"x":[]}]}`,
+		`{"events":{}}`, `[]`, `{"events":[1,"x",null]}`, `{"events":[{"id":"\u0000"}]}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		evs, err := Decode(bytes.NewReader(body), decodeNow)
+		if err != nil {
+			var ie *InvalidBatchError
+			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) && !errors.As(err, &ie) {
+				t.Fatalf("unexpected error kind: %v", err)
+			}
+			if ie != nil && len(ie.Problems) == 0 {
+				t.Fatal("an invalid batch without problems")
+			}
+			return
+		}
+		if len(evs) == 0 || len(evs) > MaxEvents {
+			t.Fatalf("%d events", len(evs))
+		}
+		for _, ev := range evs {
+			if !validEventID(ev.ID) || !tokenPattern.MatchString(ev.Tenant) || !tokenPattern.MatchString(ev.Feature) {
+				t.Fatalf("invalid event passed: %+v", ev)
+			}
+			if ev.Timestamp != nil && (ev.Timestamp.After(decodeNow.Add(MaxFuture)) || ev.Timestamp.Year() < 2000 ||
+				ev.Timestamp.Location() != time.UTC || ev.Timestamp.Nanosecond()%1000 != 0) {
+				t.Fatalf("bad timestamp passed: %v", ev.Timestamp)
+			}
+		}
+	})
+}

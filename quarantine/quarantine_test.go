@@ -1,0 +1,392 @@
+package quarantine_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
+	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+type bundle struct {
+	ctx      context.Context
+	pool     *pgxpool.Pool
+	outbox   *outbox.Store
+	maps     *mappings.Store
+	stager   *meter.Stager
+	ingester *meter.Ingester
+	requeuer *quarantine.Requeuer
+	target   meter.Target
+}
+
+func setup(t *testing.T) *bundle { return setupWith(t, outbox.Config{}) }
+
+func setupWith(t *testing.T, cfg outbox.Config) *bundle {
+	t.Helper()
+	ob, err := outbox.New(cfg, nil)
+	require.NoError(t, err)
+	b := &bundle{ctx: context.Background(), pool: testdb.New(t), outbox: ob, maps: &mappings.Store{},
+		target: meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
+			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute}}
+	b.stager = &meter.Stager{Outbox: ob, Grace: time.Minute, Target: func(context.Context) (meter.Target, bool) { return b.target, true }}
+	b.ingester = &meter.Ingester{Stager: b.stager}
+	b.requeuer = &quarantine.Requeuer{Outbox: ob, Stager: b.stager}
+	return b
+}
+
+func (b *bundle) feature(t *testing.T, name string, agg mappings.Aggregation, window time.Duration, event string) mappings.Feature {
+	t.Helper()
+	f, _, err := b.maps.PutFeature(b.ctx, b.pool, name, mappings.FeatureInput{EventName: event, Aggregation: agg, Window: mappings.Duration(window)}, "test")
+	require.NoError(t, err)
+	return f
+}
+
+func (b *bundle) tenant(t *testing.T, name string, anchor *time.Time) mappings.Tenant {
+	t.Helper()
+	tn, _, err := b.maps.PutTenant(b.ctx, b.pool, name, mappings.TenantInput{StripeCustomerID: "cus_" + name, PeriodAnchor: anchor}, "test")
+	require.NoError(t, err)
+	return tn
+}
+
+func (b *bundle) ingest(t *testing.T, events ...meter.Event) meter.Result {
+	t.Helper()
+	var res meter.Result
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = b.ingester.Ingest(b.ctx, tx, events)
+		return err
+	}))
+	return res
+}
+
+func (b *bundle) pass(t *testing.T) {
+	t.Helper()
+	_, err := b.stager.Pass(b.ctx, b.pool)
+	require.NoError(t, err)
+}
+
+func ago(d time.Duration) *time.Time {
+	v := time.Now().UTC().Add(-d).Truncate(time.Microsecond)
+	return &v
+}
+
+func ev(id, tenant, feature string, value int64, ts *time.Time) meter.Event {
+	return meter.Event{ID: id, Tenant: tenant, Feature: feature, Value: value, Timestamp: ts}
+}
+
+// itemOf returns the item a ledger event was staged into.
+func (b *bundle) itemOf(t *testing.T, tenant, eventID string) outbox.Item {
+	t.Helper()
+	var id int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT item_id FROM usage_events WHERE tenant = $1 AND event_id = $2`, tenant, eventID).Scan(&id))
+	it, err := b.outbox.Get(b.ctx, b.pool, id)
+	require.NoError(t, err)
+	return it
+}
+
+func TestRequeueReaddressesAfterMappingFix(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "api", mappings.Sum, time.Hour, "api")
+	b.ingest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)), ev("b", "acme", "api", 6, ago(3*time.Hour)))
+	b.pass(t)
+	old := b.itemOf(t, "acme", "a")
+	require.Equal(t, outbox.StateQuarantined, old.State)
+	require.Equal(t, outbox.ReasonNoCustomer, old.QuarantineReason)
+
+	// Not fixed yet: still ineligible.
+	_, err := b.requeuer.Requeue(b.ctx, b.pool, old.ID, old.MappingVersion)
+	var ie *quarantine.StillIneligibleError
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, outbox.ReasonNoCustomer, ie.Reason)
+
+	tn := b.tenant(t, "acme", nil)
+	// The version the operator looked at before the fix is stale now.
+	_, err = b.requeuer.Requeue(b.ctx, b.pool, old.ID, old.MappingVersion)
+	require.ErrorIs(t, err, outbox.ErrMappingChanged)
+	require.True(t, quarantine.IsConflict(err))
+
+	res, err := b.requeuer.Requeue(b.ctx, b.pool, old.ID, tn.Version)
+	require.NoError(t, err)
+	require.Equal(t, quarantine.ActionReaddressed, res.Action)
+	require.NotNil(t, res.Successor)
+
+	closed, err := b.outbox.Get(b.ctx, b.pool, old.ID)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StateSuperseded, closed.State)
+	require.Equal(t, *res.Successor, *closed.SupersededBy)
+	succ, err := b.outbox.Get(b.ctx, b.pool, *res.Successor)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatePending, succ.State)
+	require.Equal(t, old.SubjectRef, succ.SubjectRef)
+	require.Equal(t, int64(11), succ.Payload.Value, "rebuilt from the ledger rows")
+	require.Equal(t, "cus_acme", succ.Payload.Customer)
+	require.Equal(t, tn.Version, succ.MappingVersion)
+	require.NotEqual(t, old.Identifier, succ.Identifier)
+
+	// Counted once: the completeness report attributes both rows to the
+	// successor's state.
+	c, err := quarantine.CompletenessOf(b.ctx, b.pool, time.Now().UTC().Add(-3*time.Hour).Format("2006-01"), "acme")
+	require.NoError(t, err)
+	require.True(t, c.Holds)
+	require.Equal(t, quarantine.Bucket{Events: 2, Value: 11}, c.Lines[0].Pending)
+	require.Equal(t, quarantine.Bucket{}, c.Lines[0].Quarantined)
+
+	_, err = b.requeuer.Requeue(b.ctx, b.pool, old.ID, tn.Version)
+	var se *outbox.StateError
+	require.ErrorAs(t, err, &se, "a superseded item is not quarantined")
+}
+
+func TestRequeueInPlaceKeepsIdentifier(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := b.feature(t, "api", mappings.Sum, time.Hour, "api")
+	tn := b.tenant(t, "acme", nil)
+	b.ingest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
+	b.pass(t)
+	// Stripe had no meter at send time (what the deliverer records, T6).
+	leases, err := b.outbox.Claim(b.ctx, b.pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, leases, 1)
+	require.NoError(t, b.outbox.Quarantine(b.ctx, b.pool, leases[0], outbox.ReasonMeterNotFound, outbox.ErrorInfo{Code: "meter_not_found", Status: 400}))
+
+	version := max(f.Version, tn.Version)
+	res, err := b.requeuer.Requeue(b.ctx, b.pool, leases[0].ID, version)
+	require.NoError(t, err)
+	require.Equal(t, quarantine.RequeueResult{ItemID: leases[0].ID, Action: quarantine.ActionRequeued, MappingVersion: version}, res)
+	it, err := b.outbox.Get(b.ctx, b.pool, leases[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatePending, it.State)
+	require.Equal(t, leases[0].Identifier, it.Identifier)
+}
+
+func TestRequeueRefusesWhatMayHaveReachedStripe(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, outbox.Config{BackoffBase: time.Millisecond, BackoffCap: time.Millisecond})
+	b.feature(t, "api", mappings.Sum, time.Hour, "api")
+	tn := b.tenant(t, "acme", nil)
+	b.ingest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
+	b.pass(t)
+	// A timeout (may have landed), then at the next claim a quarantine.
+	l, err := b.outbox.Claim(b.ctx, b.pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
+	require.NoError(t, err)
+	_, err = b.outbox.Retry(b.ctx, b.pool, l[0], outbox.ErrorInfo{Code: "timeout"}, false)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { // once the short backoff has passed
+		l, err = b.outbox.Claim(b.ctx, b.pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
+		return err == nil && len(l) == 1
+	}, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, b.outbox.Quarantine(b.ctx, b.pool, l[0], outbox.ReasonCustomerNotFound, outbox.ErrorInfo{Code: "customer_not_found", Status: 400}))
+
+	// The operator points the tenant at the right customer: re-addressing
+	// would give the usage a new identifier, and it may be at Stripe already.
+	tn2, _, err := b.maps.PutTenant(b.ctx, b.pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_right"}, "test")
+	require.NoError(t, err)
+	require.Greater(t, tn2.Version, tn.Version)
+	_, err = b.requeuer.Requeue(b.ctx, b.pool, l[0].ID, tn2.Version)
+	require.ErrorIs(t, err, outbox.ErrMayHaveReached)
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox_items`).Scan(&n))
+	require.Equal(t, 1, n, "the successor was rolled back with the refusal")
+}
+
+func TestRequeueAggregationChanged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "api", mappings.Sum, time.Hour, "api")
+	b.ingest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
+	b.pass(t)
+	old := b.itemOf(t, "acme", "a")
+	f := b.feature(t, "api", mappings.Count, time.Hour, "api")
+	tn := b.tenant(t, "acme", nil)
+	_, err := b.requeuer.Requeue(b.ctx, b.pool, old.ID, max(f.Version, tn.Version))
+	require.ErrorIs(t, err, meter.ErrAggregationChanged)
+}
+
+func TestQuarantineReportAndCSV(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "api", mappings.Sum, time.Hour, "api")
+	b.tenant(t, "acme", nil)
+	b.ingest(t,
+		ev("u1", "acme", "mystery", 3, ago(3*time.Hour)), ev("u2", "acme", "mystery", -1, ago(3*time.Hour)),
+		ev("n1", "nobody", "api", 4, ago(3*time.Hour)), ev("n2", "nobody", "api", 5, ago(3*time.Hour)),
+		ev("ok", "acme", "api", 9, ago(3*time.Hour)))
+	b.pass(t)
+	rep, err := quarantine.Quarantined(b.ctx, b.pool, quarantine.Filter{})
+	require.NoError(t, err)
+	require.Len(t, rep.Groups, 2)
+	byReason := map[string]quarantine.ReasonTotal{}
+	for _, tot := range rep.Totals {
+		byReason[tot.Reason] = tot
+	}
+	require.Equal(t, quarantine.ReasonTotal{Reason: "feature_unmapped", Items: 2, Events: 2, Value: 2}, byReason["feature_unmapped"])
+	require.Equal(t, quarantine.ReasonTotal{Reason: "no_customer", Items: 1, Events: 2, Value: 9}, byReason["no_customer"])
+
+	only, err := quarantine.Quarantined(b.ctx, b.pool, quarantine.Filter{Reason: "no_customer", Tenant: "nobody"})
+	require.NoError(t, err)
+	require.Len(t, only.Groups, 1)
+	none, err := quarantine.Quarantined(b.ctx, b.pool, quarantine.Filter{Period: "2001-01"})
+	require.NoError(t, err)
+	require.Empty(t, none.Groups)
+
+	var buf bytes.Buffer
+	require.NoError(t, rep.CSV(&buf))
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Equal(t, "reason,tenant,feature,period,items,events,value", lines[0])
+	require.Len(t, lines, 3)
+	var table bytes.Buffer
+	require.NoError(t, rep.Table(&table))
+	require.Contains(t, table.String(), "feature_unmapped")
+}
+
+func TestSafeCell(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"=SUM(A1)": "'=SUM(A1)", "+1": "'+1", "-2": "'-2", "@x": "'@x", "\tx": "'\tx", "\rx": "'\rx",
+		"acme": "acme", "": "", "a=b": "a=b",
+	} {
+		require.Equal(t, want, quarantine.SafeCell(in))
+	}
+}
+
+// TestConservationProperty runs random workloads — tenants with and without
+// mappings and anchors, features of every aggregation and none, windows,
+// late rows, corrections, duplicates, a mapping change half-way, and
+// concurrent stagers on separate connections — and then proves that every
+// ledger row is in exactly one item and that the conservation identity holds
+// for every tenant, feature and period.
+func TestConservationProperty(t *testing.T) {
+	t.Parallel()
+	for seed := uint64(1); seed <= 3; seed++ {
+		t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
+			t.Parallel()
+			runConservation(t, seed)
+		})
+	}
+}
+
+func runConservation(t *testing.T, seed uint64) {
+	b := setup(t)
+	rng := rand.New(rand.NewPCG(seed, 99))
+	b.feature(t, "calls", mappings.Sum, time.Hour, "calls")
+	b.feature(t, "minutes", mappings.Sum, 15*time.Minute, "minutes")
+	b.feature(t, "seats", mappings.Last, time.Hour, "seats")
+	b.feature(t, "logins", mappings.Count, time.Hour, "logins")
+	anchor := time.Now().UTC().AddDate(0, -2, 0).Truncate(time.Hour).Add(30 * time.Minute)
+	b.tenant(t, "acme", nil)
+	b.tenant(t, "beta", &anchor)
+	tenants := []string{"acme", "beta", "gamma"} // gamma has no mapping
+	features := []string{"calls", "minutes", "seats", "logins", "unmapped"}
+
+	type key struct{ tenant, id string }
+	posted := map[key]meter.Event{}
+	var next int
+	randomEvent := func() meter.Event {
+		next++
+		// Between 2h10m and 40 days ago: every window is closed, some rows
+		// fall in last month, some outside Stripe's 35 days.
+		age := 130*time.Minute + time.Duration(rng.Int64N(int64(40*24*time.Hour)))
+		if rng.IntN(3) > 0 {
+			age = 130*time.Minute + time.Duration(rng.Int64N(int64(12*time.Hour)))
+		}
+		v := int64(rng.IntN(50))
+		if rng.IntN(10) == 0 {
+			v = -v // a correction
+		}
+		return ev(fmt.Sprintf("e%d", next), tenants[rng.IntN(len(tenants))], features[rng.IntN(len(features))], v, ago(age))
+	}
+	stagers := func() {
+		var wg sync.WaitGroup
+		errs := make(chan error, 3)
+		for w := 0; w < 3; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				conn, err := pgx.Connect(b.ctx, testdb.URLOf(t, b.pool))
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer conn.Close(b.ctx)
+				_, err = b.stager.Pass(b.ctx, conn)
+				errs <- err
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+	}
+	for round := 0; round < 8; round++ {
+		var batch []meter.Event
+		for i := 0; i < 150; i++ {
+			e := randomEvent()
+			batch = append(batch, e)
+			posted[key{e.Tenant, e.ID}] = e
+		}
+		// Duplicates: earlier events posted again, unchanged.
+		for k, e := range posted {
+			if rng.IntN(40) == 0 {
+				batch = append(batch, e)
+			}
+			_ = k
+		}
+		b.ingest(t, batch...)
+		if round == 4 {
+			b.feature(t, "calls", mappings.Sum, 15*time.Minute, "calls") // a mapping change half-way
+		}
+		stagers()
+	}
+	b.pass(t)
+
+	// Every ledger row is in exactly one item, and the ledger holds exactly
+	// what was posted, once.
+	var rows, unstaged int
+	var total int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*), count(*) FILTER (WHERE item_id IS NULL), coalesce(sum(value), 0) FROM usage_events`).
+		Scan(&rows, &unstaged, &total))
+	var want int64
+	for _, e := range posted {
+		want += e.Value
+	}
+	require.Equal(t, len(posted), rows)
+	require.Equal(t, want, total)
+	require.Zero(t, unstaged, "every closed window and every unmapped event older than its default window is staged")
+
+	// Conservation for every tenant, feature and period.
+	months := map[string]bool{}
+	for _, e := range posted {
+		months[e.Timestamp.Format("2006-01")] = true
+		months[e.Timestamp.AddDate(0, -1, 0).Format("2006-01")] = true // anchored periods start in the month before
+	}
+	var lines int
+	var ingested int64
+	for m := range months {
+		c, err := quarantine.CompletenessOf(b.ctx, b.pool, m, "")
+		require.NoError(t, err)
+		for _, l := range c.Lines {
+			require.True(t, l.Holds, "%s %s %s: %+v", l.Tenant, l.Feature, l.Period, l)
+			ingested += l.Ingested.Value
+			lines++
+		}
+	}
+	require.Equal(t, want, ingested, "every event is in exactly one period")
+	require.Positive(t, lines)
+}
