@@ -1,0 +1,151 @@
+package mappings_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/mappings"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+func TestFeatureVersionsAndHistory(t *testing.T) {
+	t.Parallel()
+	ctx, pool, s := context.Background(), testdb.New(t), &mappings.Store{}
+	f1, changed, err := s.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum}, "alice")
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Equal(t, mappings.Duration(time.Hour), f1.Window, "the default window")
+
+	same, changed, err := s.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum, Window: mappings.Duration(time.Hour)}, "bob")
+	require.NoError(t, err)
+	require.False(t, changed, "an identical mapping is no change")
+	require.Equal(t, f1.Version, same.Version)
+	require.Equal(t, "alice", same.UpdatedBy)
+
+	tn, _, err := s.PutTenant(ctx, pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_1"}, "alice")
+	require.NoError(t, err)
+	require.Greater(t, tn.Version, f1.Version, "one sequence numbers both kinds")
+
+	f2, changed, err := s.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum, Window: mappings.Duration(15 * time.Minute)}, "carol")
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Greater(t, f2.Version, tn.Version)
+
+	hist, err := s.FeatureHistory(ctx, pool, "api")
+	require.NoError(t, err)
+	require.Len(t, hist, 2)
+	require.Equal(t, []int{f1.Version, f2.Version}, []int{hist[0].Version, hist[1].Version})
+	require.Equal(t, mappings.Duration(time.Hour), hist[0].Window)
+	require.Equal(t, "carol", hist[1].UpdatedBy)
+
+	pair, err := s.Lookup(ctx, pool, "acme", "api")
+	require.NoError(t, err)
+	require.Equal(t, f2.Version, pair.Version())
+	none, err := s.Lookup(ctx, pool, "nobody", "nothing")
+	require.NoError(t, err)
+	require.Nil(t, none.Feature)
+	require.Nil(t, none.Tenant)
+	require.Zero(t, none.Version())
+
+	_, err = s.GetFeature(ctx, pool, "nothing")
+	require.ErrorIs(t, err, mappings.ErrNotFound)
+	_, err = pool.Exec(ctx, "UPDATE feature_mapping_versions SET event_name = 'x'")
+	require.ErrorContains(t, err, "append-only")
+}
+
+func TestTenantAnchor(t *testing.T) {
+	t.Parallel()
+	ctx, pool, s := context.Background(), testdb.New(t), &mappings.Store{}
+	a := time.Date(2026, 1, 31, 10, 0, 0, 500, time.FixedZone("x", 3600))
+	tn, _, err := s.PutTenant(ctx, pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_1", PeriodAnchor: &a}, "alice")
+	require.NoError(t, err)
+	require.Equal(t, time.Date(2026, 1, 31, 9, 0, 0, 0, time.UTC), *tn.PeriodAnchor, "UTC, whole seconds")
+	_, changed, err := s.PutTenant(ctx, pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_1", PeriodAnchor: &a}, "bob")
+	require.NoError(t, err)
+	require.False(t, changed)
+	_, changed, err = s.PutTenant(ctx, pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_1"}, "bob")
+	require.NoError(t, err)
+	require.True(t, changed, "dropping the anchor is a change")
+}
+
+func TestInputValidation(t *testing.T) {
+	t.Parallel()
+	ctx, pool, s := context.Background(), testdb.New(t), &mappings.Store{}
+	bad := []struct {
+		feature string
+		in      mappings.FeatureInput
+		field   string
+	}{
+		{"a b", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum}, "feature"},
+		{"f", mappings.FeatureInput{EventName: "", Aggregation: mappings.Sum}, "event_name"},
+		{"f", mappings.FeatureInput{EventName: "e", Aggregation: "avg"}, "aggregation"},
+		{"f", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum, Window: mappings.Duration(7 * time.Minute)}, "window"},
+		{"f", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum, Window: mappings.Duration(48 * time.Hour)}, "window"},
+		{"f", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum, Window: mappings.Duration(30 * time.Second)}, "window"},
+	}
+	for _, tc := range bad {
+		_, _, err := s.PutFeature(ctx, pool, tc.feature, tc.in, "x")
+		var ve *mappings.ValidationError
+		require.ErrorAs(t, err, &ve, "%+v", tc)
+		require.Equal(t, tc.field, ve.Fields[0].Field)
+	}
+	_, _, err := s.PutTenant(ctx, pool, "acme", mappings.TenantInput{StripeCustomerID: "acme"}, "x")
+	var ve *mappings.ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, "stripe_customer_id", ve.Fields[0].Field)
+	fs, err := s.Features(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, fs, "nothing written")
+}
+
+// With a Stripe key, a feature mapping is checked against the account's
+// meters (here the project's simulator, through stripe-go).
+func TestMeterCheckAgainstStripe(t *testing.T) {
+	t.Parallel()
+	sim := stripesim.New(stripesim.Options{})
+	srv := httptest.NewServer(sim.Handler())
+	t.Cleanup(srv.Close)
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: "API", EventName: "api_calls", Formula: "sum"})
+	old := sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: "Old", EventName: "old_calls", Formula: "sum"})
+	require.NoError(t, sim.DeactivateMeter(stripesim.DefaultAccount, old.ID))
+	c, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
+	require.NoError(t, err)
+
+	ctx, pool := context.Background(), testdb.New(t)
+	s := &mappings.Store{Checker: mappings.StripeMeters{Client: c}}
+	_, _, err = s.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum}, "x")
+	require.NoError(t, err)
+
+	cases := []struct {
+		in   mappings.FeatureInput
+		code string
+	}{
+		{mappings.FeatureInput{EventName: "nope", Aggregation: mappings.Sum}, "meter_not_found"},
+		{mappings.FeatureInput{EventName: "old_calls", Aggregation: mappings.Sum}, "meter_not_found"},
+		{mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Last}, "meter_formula_mismatch"},
+	}
+	for _, tc := range cases {
+		_, _, err := s.PutFeature(ctx, pool, "other", tc.in, "x")
+		var me *mappings.MeterError
+		require.ErrorAs(t, err, &me, "%+v", tc.in)
+		require.Equal(t, tc.code, me.Code)
+	}
+	_, err = s.GetFeature(ctx, pool, "other")
+	require.ErrorIs(t, err, mappings.ErrNotFound, "a refused mapping is not written")
+
+	bad, err := stripeapi.New(stripeapi.Config{Key: "sk_test_wrong", APIBase: srv.URL})
+	require.NoError(t, err)
+	s.Checker = mappings.StripeMeters{Client: bad}
+	_, _, err = s.PutFeature(ctx, pool, "x", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum}, "x")
+	var pu *mappings.ErrProviderUnavailable
+	require.ErrorAs(t, err, &pu)
+	require.Equal(t, 401, pu.Status)
+}
