@@ -75,6 +75,10 @@ const tokenReason = "1 to 64 characters: letters, digits and _.:- (starting with
 // JSON object of that shape is ErrMalformed; otherwise every problem of every
 // event is reported at once in an *InvalidBatchError. now bounds timestamps
 // in the future (MaxFuture).
+//
+// A well-formed batch takes a fast path: one strict pass into typed structs.
+// Anything that path does not accept goes through the field-by-field
+// analysis, which finds every problem; both apply the same rules.
 func Decode(r io.Reader, now time.Time) ([]Event, error) {
 	body, err := io.ReadAll(io.LimitReader(r, MaxBodyBytes+1))
 	if err != nil {
@@ -83,6 +87,73 @@ func Decode(r io.Reader, now time.Time) ([]Event, error) {
 	if len(body) > MaxBodyBytes {
 		return nil, ErrTooLarge
 	}
+	if events, ok := decodeFast(body, now); ok {
+		return events, nil
+	}
+	return decodeSlow(body, now)
+}
+
+// fastEvent is an event as the fast path reads it: every field typed,
+// the value kept raw so that a quoted number is not taken for a number.
+type fastEvent struct {
+	ID        *string         `json:"id"`
+	Tenant    *string         `json:"tenant"`
+	Feature   *string         `json:"feature"`
+	Value     json.RawMessage `json:"value"`
+	Timestamp *string         `json:"timestamp"`
+}
+
+// decodeFast decodes a batch in one strict pass; ok is false when the batch
+// is not entirely valid, and then decodeSlow says why.
+func decodeFast(body []byte, now time.Time) ([]Event, bool) {
+	var batch struct {
+		Events []fastEvent `json:"events"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&batch); err != nil || len(batch.Events) == 0 || len(batch.Events) > MaxEvents {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false
+	}
+	events := make([]Event, len(batch.Events))
+	for i, fe := range batch.Events {
+		if fe.ID == nil || fe.Tenant == nil || fe.Feature == nil || fe.Value == nil ||
+			!validEventID(*fe.ID) || !tokenPattern.MatchString(*fe.Tenant) || !tokenPattern.MatchString(*fe.Feature) ||
+			!integerLiteral.Match(fe.Value) {
+			return nil, false
+		}
+		v, err := strconv.ParseInt(string(fe.Value), 10, 64)
+		if err != nil {
+			return nil, false
+		}
+		ev := Event{ID: *fe.ID, Tenant: *fe.Tenant, Feature: *fe.Feature, Value: v}
+		if fe.Timestamp != nil {
+			t, ok := validTimestamp(*fe.Timestamp, now)
+			if !ok {
+				return nil, false
+			}
+			ev.Timestamp = &t
+		}
+		events[i] = ev
+	}
+	return events, true
+}
+
+// validTimestamp parses an RFC 3339 timestamp to UTC microseconds and checks
+// its bounds.
+func validTimestamp(s string, now time.Time) (time.Time, bool) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, false
+	}
+	t = t.UTC().Truncate(time.Microsecond)
+	return t, !t.After(now.Add(MaxFuture)) && t.Year() >= 2000
+}
+
+// decodeSlow analyses a batch field by field and reports every problem.
+func decodeSlow(body []byte, now time.Time) ([]Event, error) {
 	var top map[string]json.RawMessage
 	if err := strictUnmarshal(body, &top); err != nil || top == nil {
 		return nil, ErrMalformed

@@ -140,6 +140,23 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		evs, err := Decode(bytes.NewReader(body), decodeNow)
+		// The fast path and the field-by-field analysis agree.
+		if fast, ok := decodeFast(body, decodeNow); ok {
+			slow, serr := decodeSlow(body, decodeNow)
+			if serr != nil {
+				t.Fatalf("the fast path accepted what the analysis refuses: %v", serr)
+			}
+			if len(slow) != len(fast) {
+				t.Fatalf("fast %d events, slow %d", len(fast), len(slow))
+			}
+			for i := range fast {
+				if fast[i].ID != slow[i].ID || fast[i].Tenant != slow[i].Tenant || fast[i].Feature != slow[i].Feature ||
+					fast[i].Value != slow[i].Value || (fast[i].Timestamp == nil) != (slow[i].Timestamp == nil) ||
+					(fast[i].Timestamp != nil && !fast[i].Timestamp.Equal(*slow[i].Timestamp)) {
+					t.Fatalf("event %d: fast %+v, slow %+v", i, fast[i], slow[i])
+				}
+			}
+		}
 		if err != nil {
 			var ie *InvalidBatchError
 			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) && !errors.As(err, &ie) {
@@ -162,5 +179,34 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("bad timestamp passed: %v", ev.Timestamp)
 			}
 		}
+	})
+}
+
+func BenchmarkDecode(b *testing.B) {
+	var buf bytes.Buffer
+	buf.WriteString(`{"events":[`)
+	for i := 0; i < 1000; i++ {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		fmt.Fprintf(&buf, `{"id":"evt-%d","tenant":"acme","feature":"api_calls","value":%d,"timestamp":"2026-11-30T10:%02d:00Z"}`, i, i, i%60)
+	}
+	buf.WriteString(`]}`)
+	body := buf.Bytes()
+	b.Run("fast", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := Decode(bytes.NewReader(body), decodeNow); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*1000), "ns/event")
+	})
+	b.Run("field-by-field", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := decodeSlow(body, decodeNow); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*1000), "ns/event")
 	})
 }
