@@ -232,9 +232,23 @@ func (h *handlers) getFeature(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handlers) putFeature(w http.ResponseWriter, r *http.Request) {
-	var in mappings.FeatureInput
-	if !decodeJSON(w, r, &in) {
+	// The window arrives as text so that a bad one is a field problem (422),
+	// like every other bad field, not a malformed body.
+	var raw struct {
+		EventName   string               `json:"event_name"`
+		Aggregation mappings.Aggregation `json:"aggregation"`
+		Window      *string              `json:"window"`
+	}
+	if !decodeJSON(w, r, &raw) {
 		return
+	}
+	in := mappings.FeatureInput{EventName: raw.EventName, Aggregation: raw.Aggregation}
+	if raw.Window != nil {
+		if err := in.Window.UnmarshalText([]byte(*raw.Window)); err != nil {
+			writeProblems(w, "invalid_mapping", "window: not a duration",
+				[]mappings.FieldError{{Field: "window", Reason: "a duration dividing a day, e.g. 15m, 1h, 24h"}})
+			return
+		}
 	}
 	f, changed, err := h.Mappings.PutFeature(r.Context(), h.Pool, chi.URLParam(r, "feature"), in, by(r))
 	if err != nil {
@@ -275,9 +289,22 @@ func (h *handlers) getTenant(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handlers) putTenant(w http.ResponseWriter, r *http.Request) {
-	var in mappings.TenantInput
-	if !decodeJSON(w, r, &in) {
+	var raw struct {
+		StripeCustomerID string  `json:"stripe_customer_id"`
+		PeriodAnchor     *string `json:"period_anchor"`
+	}
+	if !decodeJSON(w, r, &raw) {
 		return
+	}
+	in := mappings.TenantInput{StripeCustomerID: raw.StripeCustomerID}
+	if raw.PeriodAnchor != nil {
+		a, err := time.Parse(time.RFC3339, *raw.PeriodAnchor)
+		if err != nil {
+			writeProblems(w, "invalid_mapping", "period_anchor: not RFC 3339",
+				[]mappings.FieldError{{Field: "period_anchor", Reason: "an RFC 3339 time, e.g. 2026-01-15T00:00:00Z"}})
+			return
+		}
+		in.PeriodAnchor = &a
 	}
 	t, changed, err := h.Mappings.PutTenant(r.Context(), h.Pool, chi.URLParam(r, "tenant"), in, by(r))
 	if err != nil {
@@ -414,8 +441,8 @@ func (h *handlers) listItems(w http.ResponseWriter, r *http.Request) {
 		views[i] = viewOf(it)
 	}
 	out := map[string]any{"items": views}
-	if len(items) > 0 {
-		out["next_after"] = items[len(items)-1].ID
+	if limit := max(f.Limit, 100); len(items) == limit || (f.Limit > 0 && len(items) == f.Limit) {
+		out["next_after"] = items[len(items)-1].ID // a full page: there may be more
 	}
 	writeJSON(w, http.StatusOK, out)
 }

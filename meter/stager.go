@@ -165,17 +165,20 @@ func (s *Stager) stageGroup(ctx context.Context, db TxBeginner, target Target, t
 	if err != nil {
 		return PassResult{}, err
 	}
-	var total PassResult
+	var (
+		total PassResult
+		errs  []error
+	)
 	for _, b := range buckets {
 		for _, w := range windowsOfBucket(b, width, anchorOf(pair)) {
 			res, err := s.stageWindow(ctx, db, target, tenant, feature, w, pair.Version())
 			total.add(res)
 			if err != nil {
-				return total, err
+				errs = append(errs, err) // one window's failure does not hold back the others
 			}
 		}
 	}
-	return total, nil
+	return total, errors.Join(errs...)
 }
 
 // lockGroup takes this transaction's advisory lock on tenant and feature;
@@ -231,9 +234,14 @@ func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, 
 		if len(ids) == 0 {
 			return nil
 		}
-		value := *last
+		// One item carries the window, unless its sum does not fit a signed
+		// 64-bit value: then its rows are split, in time order, into as few
+		// items (supplements) as keep every partial sum in range.
+		chunks := []chunk{{ids: ids, value: *last, at: *ts}}
 		if pair.Feature.Aggregation == mappings.Sum {
-			if value, err = numericToInt64(sum); err != nil {
+			if v, ok := numericToInt64(sum); ok {
+				chunks[0].value = v
+			} else if chunks, err = splitWindow(ctx, tx, ids); err != nil {
 				return err
 			}
 		}
@@ -243,25 +251,28 @@ func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, 
 			AND (subject_ref = $3 OR starts_with(subject_ref, $3 || '#'))`, tenant, outbox.SubjectUsageWindow, base).Scan(&n); err != nil {
 			return fmt.Errorf("counting the window's items: %w", err)
 		}
-		item := s.item(pair, target, tenant, feature, outbox.SubjectUsageWindow, w.SubjectRef(feature, n), value, *ts, w.PeriodStart)
-		if item.Quarantine == "" {
-			if item.Quarantine, err = timestampReason(ctx, tx, target, *ts); err != nil {
+		for k, c := range chunks {
+			item := s.item(pair, target, tenant, feature, outbox.SubjectUsageWindow, w.SubjectRef(feature, n+k), c.value, c.at, w.PeriodStart)
+			if item.Quarantine == "" {
+				if item.Quarantine, err = timestampReason(ctx, tx, target, c.at); err != nil {
+					return err
+				}
+			}
+			enq, err := s.Outbox.Enqueue(ctx, tx, item)
+			if err != nil {
 				return err
 			}
-		}
-		enq, err := s.Outbox.Enqueue(ctx, tx, item)
-		if err != nil {
-			return err
-		}
-		if !enq.Inserted {
-			return fmt.Errorf("window %s: the item exists already (item %d); not marking rows with it", item.SubjectRef, enq.ID)
-		}
-		if err := markRows(ctx, tx, ids, []int64{enq.ID}); err != nil {
-			return err
-		}
-		res = PassResult{Items: 1, Events: len(ids)}
-		if item.Quarantine != "" {
-			res.Quarantined = 1
+			if !enq.Inserted {
+				return fmt.Errorf("window %s: the item exists already (item %d); not marking rows with it", item.SubjectRef, enq.ID)
+			}
+			if err := markRows(ctx, tx, c.ids, []int64{enq.ID}); err != nil {
+				return err
+			}
+			res.Items++
+			res.Events += len(c.ids)
+			if item.Quarantine != "" {
+				res.Quarantined++
+			}
 		}
 		return nil
 	})
@@ -491,16 +502,55 @@ func markRows(ctx context.Context, tx pgx.Tx, rows, items []int64) error {
 	return nil
 }
 
-func numericToInt64(n pgtype.Numeric) (int64, error) {
-	if !n.Valid || n.NaN || n.InfinityModifier != 0 {
-		return 0, errors.New("window sum is not a number")
+// numericToInt64 converts a window's exact sum; ok is false when it does not
+// fit a signed 64-bit integer.
+func numericToInt64(n pgtype.Numeric) (int64, bool) {
+	if !n.Valid || n.NaN || n.InfinityModifier != 0 || n.Exp < 0 {
+		return 0, false
 	}
 	v := new(big.Int).Set(n.Int)
 	if n.Exp > 0 {
 		v.Mul(v, new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(n.Exp)), nil))
 	}
-	if n.Exp < 0 || !v.IsInt64() || v.Int64() == math.MinInt64 {
-		return 0, fmt.Errorf("window sum %s does not fit a signed 64-bit integer", v)
+	if !v.IsInt64() {
+		return 0, false
 	}
-	return v.Int64(), nil
+	return v.Int64(), true
+}
+
+// chunk is the part of a window one item carries.
+type chunk struct {
+	ids   []int64
+	value int64
+	at    time.Time // the latest occurred_at of its rows
+}
+
+// splitWindow splits a window's rows (ids, in time order) into chunks whose
+// sums fit a signed 64-bit integer: a new chunk starts when the next value
+// would take the running sum out of range. Each value fits on its own, so
+// every chunk holds at least one row.
+func splitWindow(ctx context.Context, tx pgx.Tx, ids []int64) ([]chunk, error) {
+	rows, err := tx.Query(ctx, `SELECT u.id, u.value, u.occurred_at FROM usage_events u
+		JOIN unnest($1::bigint[]) WITH ORDINALITY AS w(id, n) ON u.id = w.id ORDER BY w.n`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reading the window's rows: %w", err)
+	}
+	var (
+		out []chunk
+		cur chunk
+		id  int64
+		v   int64
+		at  time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &v, &at}, func() error {
+		if len(cur.ids) > 0 && ((v > 0 && cur.value > math.MaxInt64-v) || (v < 0 && cur.value < math.MinInt64-v)) {
+			out = append(out, cur)
+			cur = chunk{}
+		}
+		cur.ids, cur.value, cur.at = append(cur.ids, id), cur.value+v, at
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading the window's rows: %w", err)
+	}
+	return append(out, cur), nil
 }

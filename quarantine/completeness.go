@@ -13,7 +13,7 @@ import (
 // Bucket is the usage of one state: how many ledger events, and their value.
 type Bucket struct {
 	Events int64 `json:"events"`
-	Value  int64 `json:"value"`
+	Value  Value `json:"value"`
 }
 
 // Line is one tenant, feature and billing period of the completeness report.
@@ -93,8 +93,8 @@ resolved AS (
 ingested AS (
     SELECT tenant, feature, period, count(*) AS n, sum(value) AS v FROM in_period GROUP BY 1, 2, 3
 )
-SELECT i.tenant, i.feature, i.period, i.n, i.v,
-       coalesce(r.state, 'missing'), coalesce(sum(r.n), 0), coalesce(sum(r.v), 0), count(*) FILTER (WHERE NOT r.consistent)
+SELECT i.tenant, i.feature, i.period, i.n, i.v::text,
+       coalesce(r.state, 'missing'), coalesce(sum(r.n), 0), coalesce(sum(r.v), 0)::text, count(*) FILTER (WHERE NOT r.consistent)
 FROM ingested i
 LEFT JOIN resolved r ON (r.tenant, r.feature, r.period) = (i.tenant, i.feature, i.period)
 GROUP BY i.tenant, i.feature, i.period, i.n, i.v, r.state
@@ -114,7 +114,8 @@ func CompletenessOf(ctx context.Context, q Querier, period, tenant string) (Comp
 	c := Completeness{Period: period, Lines: []Line{}, Holds: true}
 	var (
 		tenantName, feature, state string
-		ingN, ingV, n, v, bad      int64
+		ingN, n, bad               int64
+		ingV, v                    Value
 		per                        time.Time
 	)
 	index := map[[3]string]int{}
@@ -159,20 +160,22 @@ func CompletenessOf(ctx context.Context, q Querier, period, tenant string) (Comp
 		for _, b := range []Bucket{l.Confirmed, l.Accepted, l.Pending, l.Quarantined, l.Uncertain, l.Rejected} {
 			sum = add(sum, b)
 		}
-		l.Holds = sum == l.Ingested && l.InconsistentItems == 0
+		l.Holds = sum.Events == l.Ingested.Events && sum.Value.Cmp(l.Ingested.Value) == 0 && l.InconsistentItems == 0
 		c.Holds = c.Holds && l.Holds
 	}
 	return c, nil
 }
 
-func add(a, b Bucket) Bucket { return Bucket{Events: a.Events + b.Events, Value: a.Value + b.Value} }
+func add(a, b Bucket) Bucket {
+	return Bucket{Events: a.Events + b.Events, Value: a.Value.Plus(b.Value)}
+}
 
 // Table writes the report for a terminal.
 func (c Completeness) Table(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tHOLDS\t")
 	for _, l := range c.Lines {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t\n", l.Tenant, l.Feature, l.Period,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t\n", l.Tenant, l.Feature, l.Period,
 			l.Ingested.Value, l.Confirmed.Value, l.Accepted.Value, l.Pending.Value, l.Quarantined.Value,
 			l.Uncertain.Value, l.Rejected.Value, l.Holds)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"math/big"
 	"regexp"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Querier runs SQL.
@@ -20,6 +22,57 @@ type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Value is an exact sum of usage values. Sums of int64 values can leave
+// int64, so it is a big integer, written in JSON as a plain number. A Value
+// is immutable: every operation makes a new one, so copies never alias.
+type Value struct{ i *big.Int }
+
+// ValueOf is n as a Value.
+func ValueOf(n int64) Value { return Value{big.NewInt(n)} }
+
+func (v Value) int() *big.Int {
+	if v.i == nil {
+		return new(big.Int)
+	}
+	return v.i
+}
+
+// String is the value in decimal.
+func (v Value) String() string { return v.int().String() }
+
+// Cmp compares v and w like big.Int.Cmp.
+func (v Value) Cmp(w Value) int { return v.int().Cmp(w.int()) }
+
+// Plus returns v + w.
+func (v Value) Plus(w Value) Value { return Value{new(big.Int).Add(v.int(), w.int())} }
+
+// MarshalJSON writes the value as a JSON number.
+func (v Value) MarshalJSON() ([]byte, error) { return []byte(v.String()), nil }
+
+// UnmarshalJSON reads a JSON number.
+func (v *Value) UnmarshalJSON(b []byte) error {
+	n, ok := new(big.Int).SetString(string(b), 10)
+	if !ok {
+		return fmt.Errorf("not a whole number: %s", b)
+	}
+	v.i = n
+	return nil
+}
+
+// ScanText lets pgx scan a numeric::text column into a Value.
+func (v *Value) ScanText(t pgtype.Text) error {
+	if !t.Valid {
+		v.i = nil
+		return nil
+	}
+	n, ok := new(big.Int).SetString(t.String, 10)
+	if !ok {
+		return fmt.Errorf("quarantine: %q is not a whole number", t.String)
+	}
+	v.i = n
+	return nil
 }
 
 // Filter narrows a report; empty fields match everything.
@@ -56,7 +109,7 @@ type Group struct {
 	// carry, Value the sum of the items' values.
 	Items  int64 `json:"items"`
 	Events int64 `json:"events"`
-	Value  int64 `json:"value"`
+	Value  Value `json:"value"`
 }
 
 // ReasonTotal sums a reason's groups.
@@ -64,7 +117,7 @@ type ReasonTotal struct {
 	Reason string `json:"reason"`
 	Items  int64  `json:"items"`
 	Events int64  `json:"events"`
-	Value  int64  `json:"value"`
+	Value  Value  `json:"value"`
 }
 
 // Report is the quarantine report.
@@ -75,7 +128,7 @@ type Report struct {
 
 const sqlReport = `
 SELECT o.quarantine_reason, o.tenant_key, o.payload ->> 'feature', o.payload ->> 'period',
-       count(*), coalesce(sum(ev.n), 0), coalesce(sum((o.payload ->> 'value')::bigint), 0)
+       count(*), coalesce(sum(ev.n), 0), coalesce(sum((o.payload ->> 'value')::numeric), 0)::text
 FROM outbox_items o
 CROSS JOIN LATERAL (SELECT count(*) AS n FROM usage_events e WHERE e.item_id = tally_root_item(o.id)) ev
 WHERE o.state = 'quarantined'
@@ -115,7 +168,7 @@ func Quarantined(ctx context.Context, q Querier, f Filter) (Report, error) {
 		}
 		r.Totals[i].Items += g.Items
 		r.Totals[i].Events += g.Events
-		r.Totals[i].Value += g.Value
+		r.Totals[i].Value = r.Totals[i].Value.Plus(g.Value)
 		return nil
 	}); err != nil {
 		return Report{}, fmt.Errorf("quarantine: reading the report: %w", err)
@@ -130,7 +183,7 @@ func (r Report) CSV(w io.Writer) error {
 	_ = cw.Write([]string{"reason", "tenant", "feature", "period", "items", "events", "value"})
 	for _, g := range r.Groups {
 		_ = cw.Write([]string{SafeCell(g.Reason), SafeCell(g.Tenant), SafeCell(g.Feature), SafeCell(g.Period),
-			strconv.FormatInt(g.Items, 10), strconv.FormatInt(g.Events, 10), strconv.FormatInt(g.Value, 10)})
+			strconv.FormatInt(g.Items, 10), strconv.FormatInt(g.Events, 10), g.Value.String()})
 	}
 	cw.Flush()
 	return cw.Error()
@@ -141,10 +194,10 @@ func (r Report) Table(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "REASON\tTENANT\tFEATURE\tPERIOD\tITEMS\tEVENTS\tVALUE\t")
 	for _, g := range r.Groups {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t\n", g.Reason, g.Tenant, g.Feature, g.Period, g.Items, g.Events, g.Value)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t\n", g.Reason, g.Tenant, g.Feature, g.Period, g.Items, g.Events, g.Value)
 	}
 	for _, t := range r.Totals {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t\n", t.Reason, "(all)", "", "total", t.Items, t.Events, t.Value)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t\n", t.Reason, "(all)", "", "total", t.Items, t.Events, t.Value)
 	}
 	return tw.Flush()
 }
