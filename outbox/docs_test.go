@@ -25,6 +25,7 @@ func TestDocsSQL(t *testing.T) {
 	for _, s := range []struct{ title, sql string }{
 		{"T0 / T0q — enqueue (in the caller's transaction)", sqlT0Enqueue},
 		{"T0, on conflict — the existing row (a second statement, so that it sees a row committed while the insert waited)", sqlT0Existing},
+		{"T0 / T0q for a batch (per-event items)", sqlT0EnqueueBatch},
 		{"T1 — claim, BestEffort", sqlT1BestEffort},
 		{"T1 — claim, PerKey, step 1: candidate keys", sqlT1Keys},
 		{"T1 — claim, PerKey, step 1b: candidate keys by a loose index scan (only when step 1 was cut off by a hot key)", sqlT1KeysLoose},
