@@ -90,7 +90,7 @@ func commands() []command {
 			return app.Serve(ctx, e.cfg, e.db, e.parts, e.logger, nil)
 		}},
 		{name: "dev", service: true, run: runDev},
-		{name: "migrate", service: true, run: func(_ context.Context, e *env, _ []string) error {
+		{name: "migrate", run: func(_ context.Context, e *env, _ []string) error {
 			fmt.Fprintln(e.stdout, "migrations applied")
 			return nil
 		}},

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -173,4 +174,72 @@ func TestConfigurationErrorsStopBeforeAnythingStarts(t *testing.T) {
 		entries, _ := os.ReadDir(dataDir)
 		require.Empty(t, entries, "nothing started: no cluster was created")
 	}
+}
+
+// tally runs the binary against url and returns its exit code, stdout and
+// stderr.
+func tally(t *testing.T, url string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "TALLY_DATABASE_URL="+url)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return code, out.String(), errb.String()
+}
+
+func TestOperatorCommands(t *testing.T) {
+	t.Parallel()
+	url := testdb.URL(t)
+
+	code, out, errs := tally(t, url, "tokens", "create", "--role", "ingest", "--tenant", "acme", "--name", "svc")
+	require.Equal(t, 0, code, errs)
+	secret := strings.TrimSpace(out)
+	require.True(t, strings.HasPrefix(secret, "tly_tok_"), out)
+	require.Contains(t, errs, "shown once")
+	code, out, _ = tally(t, url, "tokens", "list")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "svc")
+	require.NotContains(t, out, secret)
+	code, _, errs = tally(t, url, "tokens", "create", "--role", "root")
+	require.Equal(t, 2, code, errs)
+
+	code, out, errs = tally(t, url, "mappings", "features", "set", "api", "--event-name", "api_calls", "--aggregation", "sum", "--window", "15m")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, `"changed": true`)
+	code, out, _ = tally(t, url, "mappings", "features", "get", "api")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"window": "15m0s"`)
+	code, _, errs = tally(t, url, "mappings", "features", "set", "api", "--event-name", "api_calls", "--aggregation", "avg")
+	require.Equal(t, 2, code, "invalid input is a usage error")
+	require.Contains(t, errs, "aggregation")
+	code, _, errs = tally(t, url, "mappings", "tenants", "set", "acme", "--customer", "cus_1", "--anchor", "2026-01-15T00:00:00Z")
+	require.Equal(t, 0, code, errs)
+	code, _, _ = tally(t, url, "mappings", "features", "frobnicate")
+	require.Equal(t, 2, code)
+
+	code, out, errs = tally(t, url, "quarantine", "--format", "csv")
+	require.Equal(t, 0, code, errs)
+	require.Equal(t, "reason,tenant,feature,period,items,events,value\n", out)
+	code, _, _ = tally(t, url, "quarantine", "--format", "xml")
+	require.Equal(t, 2, code)
+
+	code, out, errs = tally(t, url, "report", "completeness", "--period", "2026-11", "--format", "json")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, `"holds": true`)
+	code, _, _ = tally(t, url, "report", "completeness")
+	require.Equal(t, 2, code, "the period is required")
+
+	code, _, errs = tally(t, url, "requeue", "12345", "--mapping-version", "1")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "no such item")
+	code, _, _ = tally(t, url, "requeue", "12345")
+	require.Equal(t, 2, code, "the mapping version is required")
 }
