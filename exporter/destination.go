@@ -96,11 +96,15 @@ func NewResolver(s Settings) (*Resolver, error) {
 // Client is the Stripe client, nil without a key.
 func (r *Resolver) Client() *stripeapi.Client { return r.client }
 
-// Destination returns this node's destination, resolving it on first use
-// (STRIPE_ACCOUNT, or GET /v1/account). Without a key it is ErrNoKey; a
-// failed lookup is tried again at most every 30 seconds and its error (a
-// content-free description) returned meanwhile.
-func (r *Resolver) Destination(ctx context.Context) (Destination, error) {
+// errUnresolved says the destination has not been looked up yet.
+var errUnresolved = errors.New("export stalled: the destination account is not resolved yet")
+
+// Resolve returns this node's destination, looking it up when it is not
+// known yet (STRIPE_ACCOUNT, or GET /v1/account). Without a key it is
+// ErrNoKey; a failed lookup is tried again at most every 30 seconds and its
+// error (a content-free description) returned meanwhile. It may call
+// Stripe: keep it off request paths (see Destination).
+func (r *Resolver) Resolve(ctx context.Context) (Destination, error) {
 	if r.client == nil {
 		return Destination{}, ErrNoKey
 	}
@@ -131,8 +135,43 @@ func (r *Resolver) Destination(ctx context.Context) (Destination, error) {
 	return d, nil
 }
 
+// Destination returns what Resolve found, without calling anyone: what the
+// ingest path and readiness use.
+func (r *Resolver) Destination() (Destination, error) {
+	if r.client == nil {
+		return Destination{}, ErrNoKey
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.resolved != nil:
+		return *r.resolved, nil
+	case r.lastErr != nil:
+		return Destination{}, r.lastErr
+	}
+	return Destination{}, errUnresolved
+}
+
+// Run resolves the destination in the background until it is known or ctx
+// ends, trying again every 30 seconds.
+func (r *Resolver) Run(ctx context.Context) {
+	if r.client == nil {
+		return
+	}
+	for {
+		if _, err := r.Resolve(ctx); err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retryEvery):
+		}
+	}
+}
+
 // Check is a readiness check: nil when this node knows where it exports.
-func (r *Resolver) Check(ctx context.Context) error {
-	_, err := r.Destination(ctx)
+func (r *Resolver) Check(context.Context) error {
+	_, err := r.Destination()
 	return err
 }

@@ -139,6 +139,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	defer db.Close()
 
+	if !cmd.service {
+		// An operator command (a requeue, say) needs the destination now;
+		// without one it reports export as stalled.
+		_, _ = parts.Resolver.Resolve(ctx)
+	}
 	e := &env{cfg: cfg, db: db, parts: parts, logger: logger, stdout: stdout, stderr: stderr, opts: o}
 	if err := cmd.run(ctx, e, fs.Args()); err != nil {
 		var ue usageError

@@ -175,8 +175,10 @@ func Build(cfg config.Config) (*Parts, error) {
 	if c := res.Client(); c != nil {
 		maps.Checker = mappings.StripeMeters{Client: c}
 	}
-	stager := &meter.Stager{Outbox: ob, Grace: cfg.WindowGrace, Target: func(ctx context.Context) (meter.Target, bool) {
-		d, err := res.Destination(ctx)
+	// The stager, in the ingest path too, reads the destination Resolve or
+	// Run found; it never waits for Stripe.
+	stager := &meter.Stager{Outbox: ob, Grace: cfg.WindowGrace, Target: func(context.Context) (meter.Target, bool) {
+		d, err := res.Destination()
 		if err != nil {
 			return meter.Target{}, false
 		}
@@ -209,6 +211,7 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	if cfg.StripeAPIKey == "" {
 		logger.Error("STRIPE_API_KEY is unset: export is stalled; usage is kept in the ledger as pending until a key is configured")
 	}
+	go p.Resolver.Run(ctx)
 
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: db.Pool, Logger: logger})
