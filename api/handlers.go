@@ -188,8 +188,12 @@ func (h *handlers) mappingError(w http.ResponseWriter, r *http.Request, err erro
 	var (
 		ve *mappings.ValidationError
 		me *mappings.MeterError
+		pu *mappings.ErrProviderUnavailable
 	)
 	switch {
+	case errors.As(err, &pu):
+		WriteError(w, http.StatusServiceUnavailable, "stripe_unavailable",
+			fmt.Sprintf("the mapping could not be checked against Stripe's meters (%s, status %d); try again", pu.Code, pu.Status))
 	case errors.As(err, &ve):
 		writeProblems(w, "invalid_mapping", ve.Error()[len("mappings: "):], ve.Fields)
 	case errors.As(err, &me):

@@ -59,6 +59,10 @@ func (e *InvalidBatchError) Error() string {
 // ErrTooLarge says the batch is over MaxEvents events or MaxBodyBytes.
 var ErrTooLarge = errors.New("meter: batch too large")
 
+// MaxProblems is the most problems one answer reports; the analysis stops
+// there, so that a hostile batch costs no more than a valid one.
+const MaxProblems = 100
+
 // ErrMalformed says the body is not the JSON object a batch is.
 var ErrMalformed = errors.New("meter: the body is not a JSON object of the form {\"events\":[…]}")
 
@@ -72,8 +76,8 @@ const tokenReason = "1 to 64 characters: letters, digits and _.:- (starting with
 // Decode reads and validates a batch: {"events":[{"id","tenant","feature",
 // "value","timestamp"}]}. Unknown fields are problems; a body over
 // MaxBodyBytes or a batch over MaxEvents is ErrTooLarge; a body that is not a
-// JSON object of that shape is ErrMalformed; otherwise every problem of every
-// event is reported at once in an *InvalidBatchError. now bounds timestamps
+// JSON object of that shape is ErrMalformed; otherwise the problems, in
+// event order, at most MaxProblems of them, in an *InvalidBatchError. now bounds timestamps
 // in the future (MaxFuture).
 //
 // A well-formed batch takes a fast path: one strict pass into typed structs.
@@ -103,9 +107,14 @@ type fastEvent struct {
 	Timestamp *string         `json:"timestamp"`
 }
 
-// decodeFast decodes a batch in one strict pass; ok is false when the batch
-// is not entirely valid, and then decodeSlow says why.
+// decodeFast decodes a batch in one strict pass into typed structs; ok is
+// false when the batch is not entirely valid, and then decodeSlow says why.
+// encoding/json matches field names without regard to case, so the keys are
+// checked to be exactly the batch's field names first.
 func decodeFast(body []byte, now time.Time) ([]Event, bool) {
+	if !exactKeys(body) {
+		return nil, false
+	}
 	var batch struct {
 		Events []fastEvent `json:"events"`
 	}
@@ -139,6 +148,42 @@ func decodeFast(body []byte, now time.Time) ([]Event, bool) {
 		events[i] = ev
 	}
 	return events, true
+}
+
+// exactKeys reports whether every object key in body is spelled exactly as
+// one of a batch's field names, without escapes. It scans the bytes once,
+// without allocating; anything it does not recognise is left to the
+// field-by-field analysis.
+func exactKeys(body []byte) bool {
+	for i := 0; i < len(body); i++ {
+		if body[i] != '"' {
+			continue
+		}
+		start := i + 1
+		j := start
+		for j < len(body) && body[j] != '"' {
+			if body[j] == '\\' {
+				j++ // skip the escaped byte
+			}
+			j++
+		}
+		if j >= len(body) {
+			return false
+		}
+		k := j + 1
+		for k < len(body) && (body[k] == ' ' || body[k] == '\t' || body[k] == '\n' || body[k] == '\r') {
+			k++
+		}
+		if k < len(body) && body[k] == ':' {
+			switch string(body[start:j]) {
+			case "events", "id", "tenant", "feature", "value", "timestamp":
+			default:
+				return false
+			}
+		}
+		i = j
+	}
+	return true
 }
 
 // validTimestamp parses an RFC 3339 timestamp to UTC microseconds and checks
@@ -179,6 +224,9 @@ func decodeSlow(body []byte, now time.Time) ([]Event, error) {
 	}
 	events := make([]Event, 0, len(items))
 	for i, item := range items {
+		if len(problems) >= MaxProblems {
+			break
+		}
 		ev, ps := decodeEvent(i, item, now)
 		problems = append(problems, ps...)
 		events = append(events, ev)
@@ -197,6 +245,9 @@ func decodeSlow(body []byte, now time.Time) ([]Event, error) {
 			}
 			return problems[a].Field < problems[b].Field
 		})
+		if len(problems) > MaxProblems {
+			problems = problems[:MaxProblems]
+		}
 		return nil, &InvalidBatchError{Problems: problems}
 	}
 	return events, nil
@@ -225,7 +276,9 @@ func decodeEvent(i int, raw json.RawMessage, now time.Time) (Event, []Problem) {
 		fields   map[string]json.RawMessage
 	)
 	bad := func(field, reason string) {
-		problems = append(problems, Problem{Index: &idx, Field: field, Reason: reason})
+		if len(problems) < MaxProblems {
+			problems = append(problems, Problem{Index: &idx, Field: field, Reason: reason})
+		}
 	}
 	if err := strictUnmarshal(raw, &fields); err != nil || fields == nil {
 		bad("", "must be a JSON object")

@@ -107,6 +107,44 @@ func TestDecodeBatchShape(t *testing.T) {
 	}
 }
 
+// Field names match exactly: encoding/json alone would take "ID" for "id".
+func TestDecodeExactFieldNames(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{"Events":[{"id":"a","tenant":"t","feature":"f","value":1}]}`,
+		`{"events":[{"ID":"a","tenant":"t","feature":"f","value":1}]}`,
+		`{"events":[{"id":"a","Tenant":"t","feature":"f","value":1}]}`,
+		`{"events":[{"id":"a","tenant":"t","feature":"f","VALUE":1}]}`,
+	} {
+		_, err := Decode(strings.NewReader(body), decodeNow)
+		var ie *InvalidBatchError
+		require.ErrorAs(t, err, &ie, body)
+	}
+	// An escaped key is the same name once decoded: the analysis accepts it.
+	evs, err := Decode(strings.NewReader(`{"events":[{"i\u0064":"a","tenant":"t","feature":"f","value":1}]}`), decodeNow)
+	require.NoError(t, err)
+	require.Equal(t, "a", evs[0].ID)
+}
+
+// A hostile batch costs no more than a valid one: at most MaxProblems.
+func TestDecodeProblemsCapped(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString(`{"events":[{"id":"a","tenant":"t","feature":"f","value":1`)
+	for i := 0; i < 50000; i++ {
+		fmt.Fprintf(&b, `,"k%d":1`, i)
+	}
+	b.WriteString(`}`)
+	for i := 0; i < 5000; i++ {
+		b.WriteString(`,{}`)
+	}
+	b.WriteString(`]}`)
+	_, err := Decode(strings.NewReader(b.String()), decodeNow)
+	var ie *InvalidBatchError
+	require.ErrorAs(t, err, &ie)
+	require.Len(t, ie.Problems, MaxProblems)
+}
+
 func TestDecodeTooLarge(t *testing.T) {
 	t.Parallel()
 	var b bytes.Buffer
@@ -135,6 +173,9 @@ func FuzzDecode(f *testing.F) {
 		`{"events":[{"id":"a","tenant":"t","feature":"f","value":1.0}]}`,
 		`{"events":[{"id":"a","tenant":"t","feature":"f","value":1,"timestamp":null,"x":[]}]}`,
 		`{"events":{}}`, `[]`, `{"events":[1,"x",null]}`, `{"events":[{"id":"\u0000"}]}`,
+		`{"Events":[{"ID":"a","TENANT":"t","feature":"f","value":1}]}`,
+		`{"events":[{"id":"a","id":"b","tenant":"t","feature":"f","value":1}]}`,
+		`{"events":[{"i\u0064":"a","tenant":"t","feature":"f","value":1}]}`,
 	} {
 		f.Add([]byte(seed))
 	}

@@ -1,8 +1,10 @@
 package meter
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -83,10 +85,16 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 		return Result{}, &InvalidBatchError{Problems: problem}
 	}
 
-	n := len(unique)
+	// Insert in (tenant, id) order: two requests posting overlapping ids in
+	// different orders then wait for each other instead of deadlocking.
+	sorted := slices.Clone(unique)
+	slices.SortFunc(sorted, func(a, b int) int {
+		return cmp.Or(cmp.Compare(events[a].Tenant, events[b].Tenant), cmp.Compare(events[a].ID, events[b].ID))
+	})
+	n := len(sorted)
 	tenants, ids, features := make([]string, n), make([]string, n), make([]string, n)
 	values, timestamps := make([]int64, n), make([]pgtype.Timestamptz, n)
-	for j, i := range unique {
+	for j, i := range sorted {
 		ev := events[i]
 		tenants[j], ids[j], features[j], values[j] = ev.Tenant, ev.ID, ev.Feature, ev.Value
 		if ev.Timestamp != nil {

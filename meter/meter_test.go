@@ -302,7 +302,8 @@ func TestStageEveryReason(t *testing.T) {
 		ev("unmapped", "acme", "mystery", 3, ago(3*time.Hour)),        // feature_unmapped
 		ev("no-customer", "nobody", "api", 4, ago(3*time.Hour)),       // no_customer
 		ev("too-old", "acme", "api", 5, ago(40*24*time.Hour)),         // timestamp_window
-		ev("too-old-event", "acme", "calls", 6, ago(40*24*time.Hour)), // timestamp_window, per event
+		ev("too-old-event", "acme", "calls", 1, ago(40*24*time.Hour)), // timestamp_window, per event
+		ev("correction", "acme", "calls", -1, nil),                    // count_value: a count meter counts events
 		ev("fresh-unmapped", "acme", "mystery", 1, nil),               // waits for its default window
 	)
 	b.pass(t)
@@ -315,6 +316,7 @@ func TestStageEveryReason(t *testing.T) {
 	require.Contains(t, got, "api/no_customer")
 	require.Contains(t, got, "api/timestamp_window")
 	require.Contains(t, got, "calls/timestamp_window")
+	require.Contains(t, got, "calls/count_value")
 	require.Equal(t, 1, b.unstaged(t), "unmapped usage waits for its default window and the grace")
 	require.True(t, strings.HasPrefix(got["mystery/feature_unmapped"], "event:"), "unmapped usage is quarantined per event")
 
@@ -326,6 +328,71 @@ func TestStageEveryReason(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT quarantine_reason FROM outbox_items o JOIN usage_events e ON e.item_id = o.id
 		WHERE e.event_id = 'no-account'`).Scan(&reason))
 	require.Equal(t, "no_account", reason)
+}
+
+func TestEventRefsNeverCollide(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "a:b", mappings.Count, time.Hour)
+	b.feature(t, "a", mappings.Count, time.Hour)
+	b.tenant(t, "acme", nil)
+	b.mustIngest(t, ev("c", "acme", "a:b", 1, nil), ev("b:c", "acme", "a", 1, nil))
+	items := b.items(t)
+	require.Len(t, items, 2)
+	require.NotEqual(t, items[0].ref, items[1].ref)
+}
+
+func TestPerEventWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "calls", mappings.Count, time.Hour)
+	b.tenant(t, "acme", nil)
+	// Ahead of what Stripe accepts: not quarantined, staged once it is due.
+	b.mustIngest(t, ev("early", "acme", "calls", 1, ago(-10*time.Minute)))
+	require.Empty(t, b.items(t))
+	require.Equal(t, meter.PassResult{}, b.pass(t))
+	require.Equal(t, 1, b.unstaged(t))
+
+	// A tenant without a customer yet: its per-event usage waits for its
+	// default window, so that a mapping made soon after still catches it.
+	b.mustIngest(t, ev("fresh", "nobody", "calls", 1, nil), ev("old", "nobody", "calls", 1, ago(3*time.Hour)))
+	b.pass(t)
+	items := b.items(t)
+	require.Len(t, items, 1)
+	require.Equal(t, "no_customer", items[0].reason)
+	require.Equal(t, meter.EventSubjectRef("calls", "old"), items[0].ref)
+	// Once the customer is mapped, nothing is missing: it is staged at once.
+	b.tenant(t, "nobody", nil)
+	b.pass(t)
+	items = b.items(t)
+	require.Len(t, items, 2)
+	require.Equal(t, outbox.StatePending, items[1].state)
+}
+
+func TestLastLateRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "seats", mappings.Last, time.Hour)
+	b.tenant(t, "acme", nil)
+	hour := time.Now().UTC().Add(-5 * time.Hour).Truncate(time.Hour)
+	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
+	b.mustIngest(t, ev("a", "acme", "seats", 10, in(30)))
+	b.pass(t)
+	// Late and older than the staged last value: it joins that item, and no
+	// supplement re-sends an older value as the window's last.
+	b.mustIngest(t, ev("older", "acme", "seats", 3, in(5)))
+	require.Equal(t, meter.PassResult{Events: 1}, b.pass(t))
+	items := b.items(t)
+	require.Len(t, items, 1)
+	require.Equal(t, 2, items[0].events)
+	require.Equal(t, int64(10), items[0].value)
+	// Late and newer: a supplement with the new last value.
+	b.mustIngest(t, ev("newer", "acme", "seats", 12, in(45)))
+	require.Equal(t, meter.PassResult{Items: 1, Events: 1}, b.pass(t))
+	items = b.items(t)
+	require.Len(t, items, 2)
+	require.Equal(t, int64(12), items[1].value)
+	require.True(t, strings.HasSuffix(items[1].ref, "#1"))
 }
 
 func TestStageStalledWithoutDestination(t *testing.T) {
@@ -407,3 +474,31 @@ func TestConcurrentStagersNeverDoubleCount(t *testing.T) {
 }
 
 var _ = errors.Is
+
+// Two requests posting the same ids in opposite orders wait for each other:
+// the ingest writes in (tenant, id) order.
+func TestConcurrentIngestNeverDeadlocks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for round := 0; round < 10; round++ {
+		var fwd, rev []meter.Event
+		for i := 0; i < 200; i++ {
+			fwd = append(fwd, ev(fmt.Sprintf("r%d-%03d", round, i), "acme", "api", 1, ago(3*time.Hour)))
+		}
+		for i := len(fwd) - 1; i >= 0; i-- {
+			rev = append(rev, fwd[i])
+		}
+		errs := make(chan error, 2)
+		for _, batch := range [][]meter.Event{fwd, rev} {
+			go func() {
+				_, err := b.ingest(t, batch...)
+				errs <- err
+			}()
+		}
+		require.NoError(t, <-errs)
+		require.NoError(t, <-errs)
+	}
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM usage_events").Scan(&n))
+	require.Equal(t, 2000, n)
+}

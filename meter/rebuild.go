@@ -20,13 +20,14 @@ var ErrStalled = errors.New("meter: export is stalled: no destination (STRIPE_AP
 // that is now exported per event: one window cannot become many items.
 var ErrAggregationChanged = errors.New("meter: the feature is now exported per event; a window's item cannot be rebuilt as one item")
 
-// Rebuild builds the item that would carry its usage under the current
-// mappings and this node's target: the same tenant and subject, the value
+// Rebuild builds the item that would carry its usage under the mappings
+// pair (the current ones, as the caller read them in tx) and this node's
+// target: the same tenant and subject, the value
 // reduced again from the ledger rows it was staged from, the current
 // customer, event name, mapping version and destination, and the
 // quarantine reason it would be staged with, if any. Package quarantine uses
 // it to requeue or re-address a quarantined item.
-func (s *Stager) Rebuild(ctx context.Context, tx pgx.Tx, it outbox.Item) (outbox.NewItem, error) {
+func (s *Stager) Rebuild(ctx context.Context, tx pgx.Tx, it outbox.Item, pair mappings.Pair) (outbox.NewItem, error) {
 	target, ok := s.Target(ctx)
 	if !ok {
 		return outbox.NewItem{}, ErrStalled
@@ -35,11 +36,6 @@ func (s *Stager) Rebuild(ctx context.Context, tx pgx.Tx, it outbox.Item) (outbox
 		return outbox.NewItem{}, err
 	}
 	feature := it.Payload.Feature
-	var st mappings.Store
-	pair, err := st.Lookup(ctx, tx, it.TenantKey, feature)
-	if err != nil {
-		return outbox.NewItem{}, err
-	}
 	rows, err := tx.Query(ctx, `SELECT value, occurred_at FROM usage_events WHERE item_id = tally_root_item($1)
 		ORDER BY occurred_at, id`, it.ID)
 	if err != nil {

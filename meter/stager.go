@@ -234,6 +234,19 @@ func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, 
 		if len(ids) == 0 {
 			return nil
 		}
+		if pair.Feature.Aggregation == mappings.Last {
+			// Late rows of a last window that are all older than its latest
+			// staged row change nothing Stripe should see: they join the item
+			// that carries that row. A supplement would re-send an older
+			// value as the window's last.
+			absorbed, err := absorbLate(ctx, tx, tenant, feature, w, ids)
+			if err != nil || absorbed {
+				if err == nil {
+					res.Events = len(ids)
+				}
+				return err
+			}
+		}
 		// One item carries the window, unless its sum does not fit a signed
 		// 64-bit value: then its rows are split, in time order, into as few
 		// items (supplements) as keep every partial sum in range.
@@ -247,7 +260,8 @@ func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, 
 		}
 		base := w.SubjectRef(feature, 0)
 		var n int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE tenant_key = $1 AND subject_kind = $2
+		// One number per ref: a re-addressed item's successor keeps its ref.
+		if err := tx.QueryRow(ctx, `SELECT count(DISTINCT subject_ref) FROM outbox_items WHERE tenant_key = $1 AND subject_kind = $2
 			AND (subject_ref = $3 OR starts_with(subject_ref, $3 || '#'))`, tenant, outbox.SubjectUsageWindow, base).Scan(&n); err != nil {
 			return fmt.Errorf("counting the window's items: %w", err)
 		}
@@ -283,14 +297,17 @@ func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, 
 }
 
 // sqlEventRows locks up to a batch of unstaged rows of a per-event or an
-// unmapped feature. An unmapped feature's rows wait for their default
-// window (one hour) plus the grace to close, which gives a mapping the time
-// to arrive before they are quarantined.
+// unmapped feature. Rows that would be quarantined for a missing mapping or
+// destination wait for their default window (one hour) plus the grace to
+// close, which gives a human the time to supply it before they are
+// quarantined one by one. Rows timestamped further ahead than the provider
+// accepts wait until they are not.
 const sqlEventRows = `
 SELECT id, event_id, value, occurred_at FROM usage_events
 WHERE tenant = @tenant AND feature = @feature AND item_id IS NULL
-  AND (NOT @unmapped OR date_bin(interval '1 hour', occurred_at, @origin::timestamptz) + interval '1 hour' + @grace::interval
-                        <= clock_timestamp())
+  AND (NOT @wait OR date_bin(interval '1 hour', occurred_at, @origin::timestamptz) + interval '1 hour' + @grace::interval
+                    <= clock_timestamp())
+  AND occurred_at <= clock_timestamp() + @future::interval
 ORDER BY id LIMIT @limit
 FOR UPDATE SKIP LOCKED`
 
@@ -311,8 +328,8 @@ func (s *Stager) stageEvents(ctx context.Context, db TxBeginner, target Target, 
 			return nil // mapped to a windowed aggregation meanwhile
 		}
 		rows, err := tx.Query(ctx, sqlEventRows, pgx.NamedArgs{
-			"tenant": tenant, "feature": feature, "unmapped": pair.Feature == nil,
-			"origin": gridOrigin, "grace": s.grace(), "limit": perEventBatch,
+			"tenant": tenant, "feature": feature, "wait": waits(pair, target),
+			"origin": gridOrigin, "grace": s.grace(), "future": target.AcceptFuture, "limit": perEventBatch,
 		})
 		if err != nil {
 			return err
@@ -409,12 +426,27 @@ func (s *Stager) stageNewEvents(ctx context.Context, tx pgx.Tx, events []Event, 
 		k := [2]string{ev.Tenant, ev.Feature}
 		p := maps[k]
 		row, ok := inserted[eventKey{ev.Tenant, ev.ID}]
-		if !ok || p.Feature == nil || !p.Feature.Aggregation.PerEvent() {
-			continue
+		if !ok || p.Feature == nil || !p.Feature.Aggregation.PerEvent() || waits(p, target) {
+			continue // the stager stages it, after the wait sqlEventRows describes
 		}
 		groups[k] = append(groups[k], stagedEvent{rowID: row.id, eventID: ev.ID, value: ev.Value, at: row.occurredAt})
 	}
 	for k, evs := range groups {
+		// Events timestamped further ahead than the provider accepts wait
+		// for the stager too, rather than being quarantined now.
+		ahead, err := timestampsAhead(ctx, tx, target, evs)
+		if err != nil {
+			return err
+		}
+		kept := evs[:0]
+		for i, e := range evs {
+			if !ahead[i] {
+				kept = append(kept, e)
+			}
+		}
+		if evs = kept; len(evs) == 0 {
+			continue
+		}
 		if ok, err := lockGroup(ctx, tx, k[0], k[1]); err != nil {
 			return err
 		} else if !ok {
@@ -451,8 +483,33 @@ func (s *Stager) item(pair mappings.Pair, target Target, tenant, feature, kind, 
 		it.Quarantine = outbox.ReasonNoCustomer
 	case target.Account == "":
 		it.Quarantine = outbox.ReasonNoAccount
+	case kind == outbox.SubjectUsageEvent && pair.Feature.Aggregation.PerEvent() && value != 1:
+		it.Quarantine = outbox.ReasonCountValue
 	}
 	return it
+}
+
+// waits reports whether a per-event feature's rows wait for their default
+// window and the grace before they are staged: while they would be
+// quarantined for a mapping or destination a human can still supply.
+func waits(pair mappings.Pair, target Target) bool {
+	return pair.Feature == nil || pair.Tenant == nil || target.Account == ""
+}
+
+// timestampsAhead reports, for each event, whether its timestamp is further
+// ahead than the provider accepts, by the database clock.
+func timestampsAhead(ctx context.Context, tx pgx.Tx, target Target, evs []stagedEvent) ([]bool, error) {
+	stamps := make([]time.Time, len(evs))
+	for i, e := range evs {
+		stamps[i] = e.at
+	}
+	rows, err := tx.Query(ctx, `SELECT ts > clock_timestamp() + @future::interval
+		FROM unnest(@stamps::timestamptz[]) WITH ORDINALITY AS u(ts, n) ORDER BY n`,
+		pgx.NamedArgs{"future": target.AcceptFuture, "stamps": stamps})
+	if err != nil {
+		return nil, fmt.Errorf("checking timestamps: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[bool])
 }
 
 // timestampReason is timestamp_window when ts is outside what the provider
@@ -500,6 +557,30 @@ func markRows(ctx context.Context, tx pgx.Tx, rows, items []int64) error {
 		return fmt.Errorf("marking rows: %d of %d rows were still unstaged", tag.RowsAffected(), len(rows))
 	}
 	return nil
+}
+
+// absorbLate marks the late rows ids of a last window with the item of the
+// window's latest staged row, when every one of them is older than it (by
+// occurred_at, then id); absorbed says it did.
+func absorbLate(ctx context.Context, tx pgx.Tx, tenant, feature string, w Window, ids []int64) (absorbed bool, err error) {
+	var item *int64
+	err = tx.QueryRow(ctx, `
+		WITH latest AS (
+		    SELECT item_id, occurred_at, id FROM usage_events
+		    WHERE tenant = $1 AND feature = $2 AND item_id IS NOT NULL AND occurred_at >= $3 AND occurred_at < $4
+		    ORDER BY occurred_at DESC, id DESC LIMIT 1
+		)
+		SELECT l.item_id FROM latest l
+		WHERE NOT EXISTS (SELECT 1 FROM usage_events u WHERE u.id = ANY($5::bigint[])
+		                  AND (u.occurred_at, u.id) > (l.occurred_at, l.id))`,
+		tenant, feature, w.From, w.To, ids).Scan(&item)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && item == nil) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("comparing late rows: %w", err)
+	}
+	return true, markRows(ctx, tx, ids, []int64{*item})
 }
 
 // numericToInt64 converts a window's exact sum; ok is false when it does not

@@ -95,11 +95,18 @@ func (w Window) SubjectRef(feature string, supplement int) string {
 	return ref
 }
 
-// subjectEscaper keeps an event id from carrying the identity's separator
-// "|" into a subject ref: "%" and "|" are percent-encoded, nothing else.
-var subjectEscaper = strings.NewReplacer("%", "%25", "|", "%7C")
+// idEscaper keeps an event id from carrying the identity's separator "|"
+// into a subject ref: "%" and "|" are percent-encoded, nothing else.
+var idEscaper = strings.NewReplacer("%", "%25", "|", "%7C")
 
-// EventSubjectRef names a per-event item: "event:<feature>:<event id>".
+// featureEscaper percent-encodes ":" in a feature name (which has no "%"),
+// so that the first ":" after "event:" always ends the feature.
+var featureEscaper = strings.NewReplacer(":", "%3A")
+
+// EventSubjectRef names a per-event item: "event:<feature>:<event id>". A
+// ":" in the feature and a "%" or "|" in the id are percent-encoded, so that
+// two different events never share a ref (feature "a:b" with id "c" and
+// feature "a" with id "b:c" would otherwise both read "event:a:b:c").
 func EventSubjectRef(feature, eventID string) string {
-	return "event:" + feature + ":" + subjectEscaper.Replace(eventID)
+	return "event:" + featureEscaper.Replace(feature) + ":" + idEscaper.Replace(eventID)
 }

@@ -95,4 +95,6 @@ func TestSubjectRefs(t *testing.T) {
 	require.Equal(t, "event:seats:evt 1", EventSubjectRef("seats", "evt 1"))
 	require.Equal(t, "event:seats:a%7Cb%25c", EventSubjectRef("seats", "a|b%c"))
 	require.NotEqual(t, EventSubjectRef("f", "a|b"), EventSubjectRef("f", "a%7Cb"))
+	require.Equal(t, "event:a%3Ab:c", EventSubjectRef("a:b", "c"))
+	require.NotEqual(t, EventSubjectRef("a:b", "c"), EventSubjectRef("a", "b:c"), "features may hold a colon too")
 }

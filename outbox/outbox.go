@@ -38,7 +38,8 @@ var States = []State{
 type Reason string
 
 // Quarantine reasons. The first six are decided at staging (T0q) and again at
-// claim (T6); the last two come from the provider's answer (T6).
+// claim (T6); meter_not_found and customer_not_found come from the
+// provider's answer (T6); count_value is decided at staging.
 const (
 	ReasonFeatureUnmapped  Reason = "feature_unmapped"   // the feature has no mapping
 	ReasonNoCustomer       Reason = "no_customer"        // the tenant has no Stripe customer
@@ -48,12 +49,17 @@ const (
 	ReasonTimestampWindow  Reason = "timestamp_window"   // outside the timestamps the provider accepts
 	ReasonMeterNotFound    Reason = "meter_not_found"    // the provider has no meter for the event name
 	ReasonCustomerNotFound Reason = "customer_not_found" // the provider has no such customer
+	// ReasonCountValue: an event of a count feature whose value is not 1
+	// (a correction, a zero, several units). A count meter counts events,
+	// so it cannot be billed as posted; a correction is a meter event
+	// adjustment (cancel) of the event it corrects.
+	ReasonCountValue Reason = "count_value"
 )
 
 // Reasons lists every quarantine reason.
 var Reasons = []Reason{
 	ReasonFeatureUnmapped, ReasonNoCustomer, ReasonNoAccount, ReasonAccountMismatch,
-	ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound,
+	ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound, ReasonCountValue,
 }
 
 func (r Reason) valid() bool {

@@ -55,8 +55,10 @@ type Completeness struct {
 // sqlCompleteness attributes every ledger event of the periods starting in
 // [@from, @to) to the state of the item that carries it now. A staged event's
 // period is its item's; an unstaged one's is computed from its tenant's
-// current anchor. "ingested" is read separately from the ledger, so that an
-// event the attribution missed would break the identity.
+// current anchor. Every event falls in exactly one bucket by construction;
+// what can break the identity is an event whose item cannot be followed to a
+// live one ("missing": counted in no bucket) or an item whose value is not
+// the reduction of its events (InconsistentItems).
 const sqlCompleteness = `
 WITH ev AS (
     SELECT e.id, e.tenant, e.feature, e.value, e.occurred_at, e.item_id,
@@ -75,7 +77,7 @@ per_item AS (
     FROM in_period GROUP BY 1, 2, 3, 4
 ),
 resolved AS (
-    SELECT p.*, coalesce(live.state, 'unstaged') AS state,
+    SELECT p.*, CASE WHEN p.item_id IS NULL THEN 'unstaged' ELSE coalesce(live.state, 'missing') END AS state,
            CASE
              WHEN live.id IS NULL THEN true
              WHEN live.subject_kind = 'usage_event' THEN (live.payload ->> 'value')::numeric = p.v AND p.n = 1

@@ -390,3 +390,23 @@ func runConservation(t *testing.T, seed uint64) {
 	require.Equal(t, quarantine.ValueOf(want).String(), ingested.String(), "every event is in exactly one period")
 	require.Positive(t, lines)
 }
+
+// A supplement after a re-address is #1: the successor keeps its
+// predecessor's ref, and refs, not items, are counted.
+func TestSupplementNumberAfterReaddress(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.feature(t, "api", mappings.Sum, time.Hour, "api")
+	hour := time.Now().UTC().Add(-4 * time.Hour).Truncate(time.Hour)
+	at := func(m int) *time.Time { v := hour.Add(time.Duration(m) * time.Minute); return &v }
+	b.ingest(t, ev("a", "acme", "api", 5, at(10)))
+	b.pass(t)
+	old := b.itemOf(t, "acme", "a")
+	tn := b.tenant(t, "acme", nil)
+	_, err := b.requeuer.Requeue(b.ctx, b.pool, old.ID, tn.Version)
+	require.NoError(t, err)
+	b.ingest(t, ev("late", "acme", "api", 2, at(20)))
+	b.pass(t)
+	late := b.itemOf(t, "acme", "late")
+	require.Equal(t, old.SubjectRef+"#1", late.SubjectRef)
+}

@@ -80,6 +80,8 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 		if it.State != outbox.StateQuarantined {
 			return &outbox.StateError{ID: id, Transition: "T9", Expected: outbox.StateQuarantined, Current: it.State, CurrentLeaseToken: it.LeaseToken}
 		}
+		// The version is checked and the item rebuilt from this one reading
+		// of the mappings, so a change committed meanwhile cannot slip in.
 		var st mappings.Store
 		pair, err := st.Lookup(ctx, tx, it.TenantKey, it.Payload.Feature)
 		if err != nil {
@@ -88,7 +90,7 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 		if cur := pair.Version(); cur != mappingVersion {
 			return &MappingChangedError{Given: mappingVersion, Current: cur}
 		}
-		successor, err := r.Stager.Rebuild(ctx, tx, it)
+		successor, err := r.Stager.Rebuild(ctx, tx, it, pair)
 		if err != nil {
 			return err
 		}
