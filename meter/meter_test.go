@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/stagetest"
 	"github.com/tallymeter/tally/internal/testdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
@@ -21,67 +21,9 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-type bundle struct {
-	ctx      context.Context
-	pool     *pgxpool.Pool
-	outbox   *outbox.Store
-	maps     *mappings.Store
-	stager   *meter.Stager
-	ingester *meter.Ingester
-	target   meter.Target
-}
+type bundle struct{ *stagetest.Env }
 
-func setup(t *testing.T) *bundle {
-	t.Helper()
-	ob, err := outbox.New(outbox.Config{}, nil)
-	require.NoError(t, err)
-	b := &bundle{ctx: context.Background(), pool: testdb.New(t), outbox: ob, maps: &mappings.Store{},
-		target: meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
-			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute}}
-	b.stager = &meter.Stager{Outbox: ob, Grace: time.Minute, Target: func(context.Context) (meter.Target, bool) { return b.target, true }}
-	b.ingester = &meter.Ingester{Stager: b.stager}
-	return b
-}
-
-func (b *bundle) feature(t *testing.T, name string, agg mappings.Aggregation, window time.Duration) mappings.Feature {
-	t.Helper()
-	f, _, err := b.maps.PutFeature(b.ctx, b.pool, name, mappings.FeatureInput{EventName: "ev_" + name, Aggregation: agg, Window: mappings.Duration(window)}, "test")
-	require.NoError(t, err)
-	return f
-}
-
-func (b *bundle) tenant(t *testing.T, name string, anchor *time.Time) mappings.Tenant {
-	t.Helper()
-	tn, _, err := b.maps.PutTenant(b.ctx, b.pool, name, mappings.TenantInput{StripeCustomerID: "cus_" + strings.ReplaceAll(name, "-", ""), PeriodAnchor: anchor}, "test")
-	require.NoError(t, err)
-	return tn
-}
-
-// ingest writes events in one transaction, like POST /v1/usage.
-func (b *bundle) ingest(t *testing.T, events ...meter.Event) (meter.Result, error) {
-	t.Helper()
-	var res meter.Result
-	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		res, err = b.ingester.Ingest(b.ctx, tx, events)
-		return err
-	})
-	return res, err
-}
-
-func (b *bundle) mustIngest(t *testing.T, events ...meter.Event) meter.Result {
-	t.Helper()
-	res, err := b.ingest(t, events...)
-	require.NoError(t, err)
-	return res
-}
-
-func (b *bundle) pass(t *testing.T) meter.PassResult {
-	t.Helper()
-	res, err := b.stager.Pass(b.ctx, b.pool)
-	require.NoError(t, err)
-	return res
-}
+func setup(t *testing.T) *bundle { return &bundle{stagetest.New(t, outbox.Config{})} }
 
 func at(s string) *time.Time {
 	v, err := time.Parse(time.RFC3339, s)
@@ -91,14 +33,10 @@ func at(s string) *time.Time {
 	return &v
 }
 
-func ago(d time.Duration) *time.Time {
-	v := time.Now().UTC().Add(-d).Truncate(time.Microsecond)
-	return &v
-}
-
-func ev(id, tenant, feature string, value int64, ts *time.Time) meter.Event {
-	return meter.Event{ID: id, Tenant: tenant, Feature: feature, Value: value, Timestamp: ts}
-}
+var (
+	ago = stagetest.Ago
+	ev  = stagetest.Ev
+)
 
 type itemRow struct {
 	id      int64
@@ -114,7 +52,7 @@ type itemRow struct {
 
 func (b *bundle) items(t *testing.T) []itemRow {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `SELECT o.id, o.subject_ref, o.subject_kind, o.state, coalesce(o.quarantine_reason, ''),
+	rows, err := b.Pool.Query(b.Ctx, `SELECT o.id, o.subject_ref, o.subject_kind, o.state, coalesce(o.quarantine_reason, ''),
 		(o.payload->>'value')::bigint, (SELECT count(*) FROM usage_events e WHERE e.item_id = o.id), o.mapping_version, o.payload
 		FROM outbox_items o ORDER BY o.id`)
 	require.NoError(t, err)
@@ -130,7 +68,7 @@ func (b *bundle) items(t *testing.T) []itemRow {
 func (b *bundle) unstaged(t *testing.T) int {
 	t.Helper()
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM usage_events WHERE item_id IS NULL").Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, "SELECT count(*) FROM usage_events WHERE item_id IS NULL").Scan(&n))
 	return n
 }
 
@@ -148,7 +86,7 @@ func TestPeriodStartMatchesDatabase(t *testing.T) {
 		}
 		anchors = append(anchors, a)
 	}
-	rows, err := b.pool.Query(b.ctx, `SELECT tally_period_start(t, a) FROM unnest($1::timestamptz[], $2::timestamptz[]) WITH ORDINALITY AS u(t, a, n) ORDER BY n`, ats, anchors)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT tally_period_start(t, a) FROM unnest($1::timestamptz[], $2::timestamptz[]) WITH ORDINALITY AS u(t, a, n) ORDER BY n`, ats, anchors)
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
 	require.NoError(t, err)
@@ -162,15 +100,15 @@ func TestIngestDuplicatesAndChangedContent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	t1 := at("2026-11-30T10:00:00Z")
-	res := b.mustIngest(t, ev("e1", "acme", "api", 5, t1), ev("e2", "acme", "api", 7, nil), ev("e1", "acme", "api", 5, t1))
+	res := b.MustIngest(t, ev("e1", "acme", "api", 5, t1), ev("e2", "acme", "api", 7, nil), ev("e1", "acme", "api", 5, t1))
 	require.Equal(t, meter.Result{Accepted: 2, Duplicates: 1}, res, "a repeat inside the batch is a duplicate")
 
 	// Re-posted with the same content: duplicates, also without a timestamp.
-	res = b.mustIngest(t, ev("e1", "acme", "api", 5, t1), ev("e2", "acme", "api", 7, nil), ev("e3", "acme", "api", 1, nil))
+	res = b.MustIngest(t, ev("e1", "acme", "api", 5, t1), ev("e2", "acme", "api", 7, nil), ev("e3", "acme", "api", 1, nil))
 	require.Equal(t, meter.Result{Accepted: 1, Duplicates: 2}, res)
 
 	// The same id for another tenant is another event.
-	res = b.mustIngest(t, ev("e1", "other", "api", 5, t1))
+	res = b.MustIngest(t, ev("e1", "other", "api", 5, t1))
 	require.Equal(t, meter.Result{Accepted: 1}, res)
 
 	// Changed content: the batch fails and nothing of it is stored.
@@ -182,32 +120,32 @@ func TestIngestDuplicatesAndChangedContent(t *testing.T) {
 		ev("e2", "acme", "api", 7, t1),
 	}
 	for i, c := range changes {
-		_, err := b.ingest(t, ev(fmt.Sprintf("new-%d", i), "acme", "api", 1, nil), c)
+		_, err := b.Ingest(t, ev(fmt.Sprintf("new-%d", i), "acme", "api", 1, nil), c)
 		var ie *meter.InvalidBatchError
 		require.ErrorAs(t, err, &ie, "change %d", i)
 		require.Len(t, ie.Problems, 1)
 		require.Equal(t, 1, *ie.Problems[0].Index)
 		require.Equal(t, "id", ie.Problems[0].Field)
 	}
-	_, err := b.ingest(t, ev("x", "acme", "api", 1, t1), ev("x", "acme", "api", 2, t1))
+	_, err := b.Ingest(t, ev("x", "acme", "api", 1, t1), ev("x", "acme", "api", 2, t1))
 	var ie *meter.InvalidBatchError
 	require.ErrorAs(t, err, &ie, "one id twice in a batch with different content")
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM usage_events").Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, "SELECT count(*) FROM usage_events").Scan(&n))
 	require.Equal(t, 4, n, "nothing of a refused batch is stored")
 }
 
 func TestLedgerIsImmutable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.mustIngest(t, ev("e1", "acme", "api", 5, ago(3*time.Hour)))
+	b.MustIngest(t, ev("e1", "acme", "api", 5, ago(3*time.Hour)))
 	for _, q := range []string{
 		"DELETE FROM usage_events",
 		"TRUNCATE usage_events CASCADE",
 		"UPDATE usage_events SET value = 6",
 		"UPDATE usage_events SET occurred_at = now()",
 	} {
-		_, err := b.pool.Exec(b.ctx, q)
+		_, err := b.Pool.Exec(b.Ctx, q)
 		require.Error(t, err, q)
 	}
 }
@@ -215,14 +153,14 @@ func TestLedgerIsImmutable(t *testing.T) {
 func TestStageSumWindowAndSupplement(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	f := b.feature(t, "api", mappings.Sum, time.Hour)
-	tn := b.tenant(t, "acme", nil)
+	f := b.Feature(t, "api", mappings.Sum, time.Hour)
+	tn := b.Tenant(t, "acme", nil)
 	hour := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour)
 	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
-	b.mustIngest(t, ev("a", "acme", "api", 5, in(1)), ev("b", "acme", "api", 7, in(30)), ev("c", "acme", "api", -2, in(59)),
+	b.MustIngest(t, ev("a", "acme", "api", 5, in(1)), ev("b", "acme", "api", 7, in(30)), ev("c", "acme", "api", -2, in(59)),
 		ev("d", "acme", "api", 100, in(61)))
 
-	res := b.pass(t)
+	res := b.Pass(t)
 	require.Equal(t, meter.PassResult{Items: 2, Events: 4}, res)
 	items := b.items(t)
 	require.Len(t, items, 2)
@@ -232,16 +170,16 @@ func TestStageSumWindowAndSupplement(t *testing.T) {
 	require.Equal(t, 3, items[0].events)
 	require.Equal(t, in(59).Unix(), items[0].payload.Timestamp, "the latest occurred_at")
 	require.Equal(t, "cus_acme", items[0].payload.Customer)
-	require.Equal(t, "ev_api", items[0].payload.EventName)
+	require.Equal(t, "api", items[0].payload.EventName)
 	require.Equal(t, max(f.Version, tn.Version), items[0].version)
 	require.Equal(t, outbox.StatePending, items[0].state)
 	require.Equal(t, int64(100), items[1].value)
 
 	// Late usage for a staged window: a supplement.
-	b.mustIngest(t, ev("late1", "acme", "api", 4, in(10)), ev("late2", "acme", "api", 1, in(20)))
-	require.Equal(t, meter.PassResult{Items: 1, Events: 2}, b.pass(t))
-	b.mustIngest(t, ev("late3", "acme", "api", 9, in(15)))
-	require.Equal(t, meter.PassResult{Items: 1, Events: 1}, b.pass(t))
+	b.MustIngest(t, ev("late1", "acme", "api", 4, in(10)), ev("late2", "acme", "api", 1, in(20)))
+	require.Equal(t, meter.PassResult{Items: 1, Events: 2}, b.Pass(t))
+	b.MustIngest(t, ev("late3", "acme", "api", 9, in(15)))
+	require.Equal(t, meter.PassResult{Items: 1, Events: 1}, b.Pass(t))
 	items = b.items(t)
 	require.Len(t, items, 4)
 	require.Equal(t, w.SubjectRef("api", 1), items[2].ref)
@@ -249,29 +187,29 @@ func TestStageSumWindowAndSupplement(t *testing.T) {
 	require.Equal(t, w.SubjectRef("api", 2), items[3].ref)
 	require.Equal(t, int64(9), items[3].value)
 	require.Zero(t, b.unstaged(t))
-	require.Equal(t, meter.PassResult{}, b.pass(t), "nothing left")
+	require.Equal(t, meter.PassResult{}, b.Pass(t), "nothing left")
 }
 
 func TestStageWaitsForGrace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "api", mappings.Sum, time.Minute)
-	b.tenant(t, "acme", nil)
-	b.mustIngest(t, ev("now", "acme", "api", 1, nil))
-	require.Equal(t, meter.PassResult{}, b.pass(t), "the window is open")
+	b.Feature(t, "api", mappings.Sum, time.Minute)
+	b.Tenant(t, "acme", nil)
+	b.MustIngest(t, ev("now", "acme", "api", 1, nil))
+	require.Equal(t, meter.PassResult{}, b.Pass(t), "the window is open")
 	require.Equal(t, 1, b.unstaged(t))
 }
 
 func TestStageLastWindow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "seats", mappings.Last, time.Hour)
-	b.tenant(t, "acme", nil)
+	b.Feature(t, "seats", mappings.Last, time.Hour)
+	b.Tenant(t, "acme", nil)
 	hour := time.Now().UTC().Add(-5 * time.Hour).Truncate(time.Hour)
 	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
 	// Posted out of order: the latest occurred_at wins, not the last posted.
-	b.mustIngest(t, ev("a", "acme", "seats", 10, in(50)), ev("b", "acme", "seats", 3, in(5)), ev("c", "acme", "seats", 7, in(20)))
-	b.pass(t)
+	b.MustIngest(t, ev("a", "acme", "seats", 10, in(50)), ev("b", "acme", "seats", 3, in(5)), ev("c", "acme", "seats", 7, in(20)))
+	b.Pass(t)
 	items := b.items(t)
 	require.Len(t, items, 1)
 	require.Equal(t, int64(10), items[0].value)
@@ -281,9 +219,9 @@ func TestStageLastWindow(t *testing.T) {
 func TestStagePerEventAtIngest(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "calls", mappings.Count, time.Hour)
-	b.tenant(t, "acme", nil)
-	b.mustIngest(t, ev("a|1", "acme", "calls", 1, nil), ev("b", "acme", "calls", 1, ago(time.Minute)))
+	b.Feature(t, "calls", mappings.Count, time.Hour)
+	b.Tenant(t, "acme", nil)
+	b.MustIngest(t, ev("a|1", "acme", "calls", 1, nil), ev("b", "acme", "calls", 1, ago(time.Minute)))
 	items := b.items(t)
 	require.Len(t, items, 2, "staged in the ingest transaction, without waiting for a window")
 	require.Equal(t, meter.EventSubjectRef("calls", "a|1"), items[0].ref)
@@ -295,10 +233,10 @@ func TestStagePerEventAtIngest(t *testing.T) {
 func TestStageEveryReason(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "api", mappings.Sum, time.Hour)
-	b.feature(t, "calls", mappings.Count, time.Hour)
-	b.tenant(t, "acme", nil)
-	b.mustIngest(t,
+	b.Feature(t, "api", mappings.Sum, time.Hour)
+	b.Feature(t, "calls", mappings.Count, time.Hour)
+	b.Tenant(t, "acme", nil)
+	b.MustIngest(t,
 		ev("unmapped", "acme", "mystery", 3, ago(3*time.Hour)),        // feature_unmapped
 		ev("no-customer", "nobody", "api", 4, ago(3*time.Hour)),       // no_customer
 		ev("too-old", "acme", "api", 5, ago(40*24*time.Hour)),         // timestamp_window
@@ -306,7 +244,7 @@ func TestStageEveryReason(t *testing.T) {
 		ev("correction", "acme", "calls", -1, nil),                    // count_value: a count meter counts events
 		ev("fresh-unmapped", "acme", "mystery", 1, nil),               // waits for its default window
 	)
-	b.pass(t)
+	b.Pass(t)
 	got := map[string]string{}
 	for _, it := range b.items(t) {
 		require.Equal(t, outbox.StateQuarantined, it.state)
@@ -321,11 +259,11 @@ func TestStageEveryReason(t *testing.T) {
 	require.True(t, strings.HasPrefix(got["mystery/feature_unmapped"], "event:"), "unmapped usage is quarantined per event")
 
 	// no_account: this node has no destination account.
-	b.target.Account = ""
-	b.mustIngest(t, ev("no-account", "acme", "api", 8, ago(3*time.Hour)))
-	b.pass(t)
+	b.Target.Account = ""
+	b.MustIngest(t, ev("no-account", "acme", "api", 8, ago(3*time.Hour)))
+	b.Pass(t)
 	var reason string
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT quarantine_reason FROM outbox_items o JOIN usage_events e ON e.item_id = o.id
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT quarantine_reason FROM outbox_items o JOIN usage_events e ON e.item_id = o.id
 		WHERE e.event_id = 'no-account'`).Scan(&reason))
 	require.Equal(t, "no_account", reason)
 }
@@ -333,10 +271,10 @@ func TestStageEveryReason(t *testing.T) {
 func TestEventRefsNeverCollide(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "a:b", mappings.Count, time.Hour)
-	b.feature(t, "a", mappings.Count, time.Hour)
-	b.tenant(t, "acme", nil)
-	b.mustIngest(t, ev("c", "acme", "a:b", 1, nil), ev("b:c", "acme", "a", 1, nil))
+	b.Feature(t, "a:b", mappings.Count, time.Hour)
+	b.Feature(t, "a", mappings.Count, time.Hour)
+	b.Tenant(t, "acme", nil)
+	b.MustIngest(t, ev("c", "acme", "a:b", 1, nil), ev("b:c", "acme", "a", 1, nil))
 	items := b.items(t)
 	require.Len(t, items, 2)
 	require.NotEqual(t, items[0].ref, items[1].ref)
@@ -345,25 +283,25 @@ func TestEventRefsNeverCollide(t *testing.T) {
 func TestPerEventWaits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "calls", mappings.Count, time.Hour)
-	b.tenant(t, "acme", nil)
+	b.Feature(t, "calls", mappings.Count, time.Hour)
+	b.Tenant(t, "acme", nil)
 	// Ahead of what Stripe accepts: not quarantined, staged once it is due.
-	b.mustIngest(t, ev("early", "acme", "calls", 1, ago(-10*time.Minute)))
+	b.MustIngest(t, ev("early", "acme", "calls", 1, ago(-10*time.Minute)))
 	require.Empty(t, b.items(t))
-	require.Equal(t, meter.PassResult{}, b.pass(t))
+	require.Equal(t, meter.PassResult{}, b.Pass(t))
 	require.Equal(t, 1, b.unstaged(t))
 
 	// A tenant without a customer yet: its per-event usage waits for its
 	// default window, so that a mapping made soon after still catches it.
-	b.mustIngest(t, ev("fresh", "nobody", "calls", 1, nil), ev("old", "nobody", "calls", 1, ago(3*time.Hour)))
-	b.pass(t)
+	b.MustIngest(t, ev("fresh", "nobody", "calls", 1, nil), ev("old", "nobody", "calls", 1, ago(3*time.Hour)))
+	b.Pass(t)
 	items := b.items(t)
 	require.Len(t, items, 1)
 	require.Equal(t, "no_customer", items[0].reason)
 	require.Equal(t, meter.EventSubjectRef("calls", "old"), items[0].ref)
 	// Once the customer is mapped, nothing is missing: it is staged at once.
-	b.tenant(t, "nobody", nil)
-	b.pass(t)
+	b.Tenant(t, "nobody", nil)
+	b.Pass(t)
 	items = b.items(t)
 	require.Len(t, items, 2)
 	require.Equal(t, outbox.StatePending, items[1].state)
@@ -372,23 +310,23 @@ func TestPerEventWaits(t *testing.T) {
 func TestLastLateRows(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "seats", mappings.Last, time.Hour)
-	b.tenant(t, "acme", nil)
+	b.Feature(t, "seats", mappings.Last, time.Hour)
+	b.Tenant(t, "acme", nil)
 	hour := time.Now().UTC().Add(-5 * time.Hour).Truncate(time.Hour)
 	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
-	b.mustIngest(t, ev("a", "acme", "seats", 10, in(30)))
-	b.pass(t)
+	b.MustIngest(t, ev("a", "acme", "seats", 10, in(30)))
+	b.Pass(t)
 	// Late and older than the staged last value: it joins that item, and no
 	// supplement re-sends an older value as the window's last.
-	b.mustIngest(t, ev("older", "acme", "seats", 3, in(5)))
-	require.Equal(t, meter.PassResult{Events: 1}, b.pass(t))
+	b.MustIngest(t, ev("older", "acme", "seats", 3, in(5)))
+	require.Equal(t, meter.PassResult{Events: 1}, b.Pass(t))
 	items := b.items(t)
 	require.Len(t, items, 1)
 	require.Equal(t, 2, items[0].events)
 	require.Equal(t, int64(10), items[0].value)
 	// Late and newer: a supplement with the new last value.
-	b.mustIngest(t, ev("newer", "acme", "seats", 12, in(45)))
-	require.Equal(t, meter.PassResult{Items: 1, Events: 1}, b.pass(t))
+	b.MustIngest(t, ev("newer", "acme", "seats", 12, in(45)))
+	require.Equal(t, meter.PassResult{Items: 1, Events: 1}, b.Pass(t))
 	items = b.items(t)
 	require.Len(t, items, 2)
 	require.Equal(t, int64(12), items[1].value)
@@ -398,11 +336,11 @@ func TestLastLateRows(t *testing.T) {
 func TestStageStalledWithoutDestination(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "calls", mappings.Count, time.Hour)
-	b.tenant(t, "acme", nil)
-	b.stager.Target = func(context.Context) (meter.Target, bool) { return meter.Target{}, false }
-	b.mustIngest(t, ev("a", "acme", "calls", 1, ago(3*time.Hour)))
-	res := b.pass(t)
+	b.Feature(t, "calls", mappings.Count, time.Hour)
+	b.Tenant(t, "acme", nil)
+	b.Stager.Target = func(context.Context) (meter.Target, bool) { return meter.Target{}, false }
+	b.MustIngest(t, ev("a", "acme", "calls", 1, ago(3*time.Hour)))
+	res := b.Pass(t)
 	require.True(t, res.Stalled)
 	require.Empty(t, b.items(t))
 	require.Equal(t, 1, b.unstaged(t), "usage stays in the ledger, pending")
@@ -411,14 +349,14 @@ func TestStageStalledWithoutDestination(t *testing.T) {
 func TestStagePeriodCut(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "api", mappings.Sum, time.Hour)
+	b.Feature(t, "api", mappings.Sum, time.Hour)
 	// The tenant's periods start at :30 past the hour, three hours ago.
 	anchorAt := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour).Add(30 * time.Minute)
-	b.tenant(t, "acme", &anchorAt)
+	b.Tenant(t, "acme", &anchorAt)
 	hour := anchorAt.Add(-30 * time.Minute)
 	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
-	b.mustIngest(t, ev("before", "acme", "api", 1, in(10)), ev("after", "acme", "api", 2, in(40)))
-	b.pass(t)
+	b.MustIngest(t, ev("before", "acme", "api", 1, in(10)), ev("after", "acme", "api", 2, in(40)))
+	b.Pass(t)
 	items := b.items(t)
 	require.Len(t, items, 2, "the window is cut at the period boundary")
 	require.NotEqual(t, items[0].payload.Period, items[1].payload.Period)
@@ -428,10 +366,10 @@ func TestStagePeriodCut(t *testing.T) {
 func TestConcurrentStagersNeverDoubleCount(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "api", mappings.Sum, time.Minute)
-	b.feature(t, "calls", mappings.Count, time.Hour)
-	b.tenant(t, "acme", nil)
-	b.tenant(t, "beta", nil)
+	b.Feature(t, "api", mappings.Sum, time.Minute)
+	b.Feature(t, "calls", mappings.Count, time.Hour)
+	b.Tenant(t, "acme", nil)
+	b.Tenant(t, "beta", nil)
 	var evs []meter.Event
 	var total int64
 	for i := 0; i < 3000; i++ {
@@ -439,18 +377,18 @@ func TestConcurrentStagersNeverDoubleCount(t *testing.T) {
 		evs = append(evs, ev(fmt.Sprintf("e%d", i), tenant, "api", int64(i%13-3), ago(time.Duration(5+i%300)*time.Minute)))
 		total += int64(i%13 - 3)
 	}
-	b.mustIngest(t, evs...)
+	b.MustIngest(t, evs...)
 	errs := make(chan error, 6)
 	for w := 0; w < 6; w++ {
 		go func() {
-			conn, err := pgx.Connect(b.ctx, testdb.URLOf(t, b.pool))
+			conn, err := pgx.Connect(b.Ctx, testdb.URLOf(t, b.Pool))
 			if err != nil {
 				errs <- err
 				return
 			}
-			defer conn.Close(b.ctx)
+			defer conn.Close(b.Ctx)
 			for i := 0; i < 3; i++ {
-				if _, err := b.stager.Pass(b.ctx, conn); err != nil {
+				if _, err := b.Stager.Pass(b.Ctx, conn); err != nil {
 					errs <- err
 					return
 				}
@@ -461,7 +399,7 @@ func TestConcurrentStagersNeverDoubleCount(t *testing.T) {
 	for w := 0; w < 6; w++ {
 		require.NoError(t, <-errs)
 	}
-	b.pass(t)
+	b.Pass(t)
 	require.Zero(t, b.unstaged(t))
 	var sum int64
 	var rows int
@@ -491,7 +429,7 @@ func TestConcurrentIngestNeverDeadlocks(t *testing.T) {
 		errs := make(chan error, 2)
 		for _, batch := range [][]meter.Event{fwd, rev} {
 			go func() {
-				_, err := b.ingest(t, batch...)
+				_, err := b.Ingest(t, batch...)
 				errs <- err
 			}()
 		}
@@ -499,6 +437,6 @@ func TestConcurrentIngestNeverDeadlocks(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, "SELECT count(*) FROM usage_events").Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, "SELECT count(*) FROM usage_events").Scan(&n))
 	require.Equal(t, 2000, n)
 }

@@ -181,13 +181,17 @@ func (s *Stager) stageGroup(ctx context.Context, db TxBeginner, target Target, t
 	return total, errors.Join(errs...)
 }
 
-// lockGroup takes this transaction's advisory lock on tenant and feature;
-// false means another stager holds it.
-func lockGroup(ctx context.Context, tx pgx.Tx, tenant, feature string) (bool, error) {
-	var ok bool
-	err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1::int4, hashtext($2 || '|' || $3))`,
-		stageLockSpace, tenant, feature).Scan(&ok)
-	return ok, err
+// lockGroup takes this transaction's advisory lock on tenant and feature
+// and, holding it, reads their current mappings; ok false means another
+// stager holds the lock.
+func lockGroup(ctx context.Context, tx pgx.Tx, tenant, feature string) (pair mappings.Pair, ok bool, err error) {
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1::int4, hashtext($2 || '|' || $3))`,
+		stageLockSpace, tenant, feature).Scan(&ok); err != nil || !ok {
+		return mappings.Pair{}, false, err
+	}
+	var st mappings.Store
+	pair, err = st.Lookup(ctx, tx, tenant, feature)
+	return pair, err == nil, err
 }
 
 // sqlWindowRows locks the unstaged rows of one closed window and reduces them
@@ -209,12 +213,8 @@ FROM locked`
 // when the window has items already), in one transaction.
 func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, tenant, feature string, w Window, version int) (res PassResult, err error) {
 	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		if ok, err := lockGroup(ctx, tx, tenant, feature); err != nil || !ok {
-			return err
-		}
-		var st mappings.Store
-		pair, err := st.Lookup(ctx, tx, tenant, feature)
-		if err != nil {
+		pair, ok, err := lockGroup(ctx, tx, tenant, feature)
+		if err != nil || !ok {
 			return err
 		}
 		if pair.Feature == nil || pair.Feature.Aggregation.PerEvent() || pair.Version() != version {
@@ -316,12 +316,8 @@ FOR UPDATE SKIP LOCKED`
 // follow.
 func (s *Stager) stageEvents(ctx context.Context, db TxBeginner, target Target, tenant, feature string) (res PassResult, more bool, err error) {
 	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		if ok, err := lockGroup(ctx, tx, tenant, feature); err != nil || !ok {
-			return err
-		}
-		var st mappings.Store
-		pair, err := st.Lookup(ctx, tx, tenant, feature)
-		if err != nil {
+		pair, ok, err := lockGroup(ctx, tx, tenant, feature)
+		if err != nil || !ok {
 			return err
 		}
 		if pair.Feature != nil && !pair.Feature.Aggregation.PerEvent() {
@@ -447,7 +443,7 @@ func (s *Stager) stageNewEvents(ctx context.Context, tx pgx.Tx, events []Event, 
 		if evs = kept; len(evs) == 0 {
 			continue
 		}
-		if ok, err := lockGroup(ctx, tx, k[0], k[1]); err != nil {
+		if _, ok, err := lockGroup(ctx, tx, k[0], k[1]); err != nil {
 			return err
 		} else if !ok {
 			continue // a stager holds this feature right now; it, or the next pass, stages these

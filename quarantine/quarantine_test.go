@@ -2,7 +2,6 @@ package quarantine_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -11,9 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/stagetest"
 	"github.com/tallymeter/tally/internal/testdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
@@ -24,77 +23,28 @@ import (
 func TestMain(m *testing.M) { testdb.Main(m) }
 
 type bundle struct {
-	ctx      context.Context
-	pool     *pgxpool.Pool
-	outbox   *outbox.Store
-	maps     *mappings.Store
-	stager   *meter.Stager
-	ingester *meter.Ingester
+	*stagetest.Env
 	requeuer *quarantine.Requeuer
-	target   meter.Target
 }
 
 func setup(t *testing.T) *bundle { return setupWith(t, outbox.Config{}) }
 
 func setupWith(t *testing.T, cfg outbox.Config) *bundle {
-	t.Helper()
-	ob, err := outbox.New(cfg, nil)
-	require.NoError(t, err)
-	b := &bundle{ctx: context.Background(), pool: testdb.New(t), outbox: ob, maps: &mappings.Store{},
-		target: meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
-			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute}}
-	b.stager = &meter.Stager{Outbox: ob, Grace: time.Minute, Target: func(context.Context) (meter.Target, bool) { return b.target, true }}
-	b.ingester = &meter.Ingester{Stager: b.stager}
-	b.requeuer = &quarantine.Requeuer{Outbox: ob, Stager: b.stager}
-	return b
+	e := stagetest.New(t, cfg)
+	return &bundle{Env: e, requeuer: &quarantine.Requeuer{Outbox: e.Outbox, Stager: e.Stager}}
 }
 
-func (b *bundle) feature(t *testing.T, name string, agg mappings.Aggregation, window time.Duration, event string) mappings.Feature {
-	t.Helper()
-	f, _, err := b.maps.PutFeature(b.ctx, b.pool, name, mappings.FeatureInput{EventName: event, Aggregation: agg, Window: mappings.Duration(window)}, "test")
-	require.NoError(t, err)
-	return f
-}
-
-func (b *bundle) tenant(t *testing.T, name string, anchor *time.Time) mappings.Tenant {
-	t.Helper()
-	tn, _, err := b.maps.PutTenant(b.ctx, b.pool, name, mappings.TenantInput{StripeCustomerID: "cus_" + name, PeriodAnchor: anchor}, "test")
-	require.NoError(t, err)
-	return tn
-}
-
-func (b *bundle) ingest(t *testing.T, events ...meter.Event) meter.Result {
-	t.Helper()
-	var res meter.Result
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		var err error
-		res, err = b.ingester.Ingest(b.ctx, tx, events)
-		return err
-	}))
-	return res
-}
-
-func (b *bundle) pass(t *testing.T) {
-	t.Helper()
-	_, err := b.stager.Pass(b.ctx, b.pool)
-	require.NoError(t, err)
-}
-
-func ago(d time.Duration) *time.Time {
-	v := time.Now().UTC().Add(-d).Truncate(time.Microsecond)
-	return &v
-}
-
-func ev(id, tenant, feature string, value int64, ts *time.Time) meter.Event {
-	return meter.Event{ID: id, Tenant: tenant, Feature: feature, Value: value, Timestamp: ts}
-}
+var (
+	ago = stagetest.Ago
+	ev  = stagetest.Ev
+)
 
 // itemOf returns the item a ledger event was staged into.
 func (b *bundle) itemOf(t *testing.T, tenant, eventID string) outbox.Item {
 	t.Helper()
 	var id int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT item_id FROM usage_events WHERE tenant = $1 AND event_id = $2`, tenant, eventID).Scan(&id))
-	it, err := b.outbox.Get(b.ctx, b.pool, id)
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT item_id FROM usage_events WHERE tenant = $1 AND event_id = $2`, tenant, eventID).Scan(&id))
+	it, err := b.Outbox.Get(b.Ctx, b.Pool, id)
 	require.NoError(t, err)
 	return it
 }
@@ -102,35 +52,35 @@ func (b *bundle) itemOf(t *testing.T, tenant, eventID string) outbox.Item {
 func TestRequeueReaddressesAfterMappingFix(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "api", mappings.Sum, time.Hour, "api")
-	b.ingest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)), ev("b", "acme", "api", 6, ago(3*time.Hour)))
-	b.pass(t)
+	b.Feature(t, "api", mappings.Sum, time.Hour)
+	b.MustIngest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)), ev("b", "acme", "api", 6, ago(3*time.Hour)))
+	b.Pass(t)
 	old := b.itemOf(t, "acme", "a")
 	require.Equal(t, outbox.StateQuarantined, old.State)
 	require.Equal(t, outbox.ReasonNoCustomer, old.QuarantineReason)
 
 	// Not fixed yet: still ineligible.
-	_, err := b.requeuer.Requeue(b.ctx, b.pool, old.ID, old.MappingVersion)
+	_, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, old.MappingVersion)
 	var ie *quarantine.StillIneligibleError
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, outbox.ReasonNoCustomer, ie.Reason)
 
-	tn := b.tenant(t, "acme", nil)
+	tn := b.Tenant(t, "acme", nil)
 	// The version the operator looked at before the fix is stale now.
-	_, err = b.requeuer.Requeue(b.ctx, b.pool, old.ID, old.MappingVersion)
+	_, err = b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, old.MappingVersion)
 	require.ErrorIs(t, err, outbox.ErrMappingChanged)
 	require.True(t, quarantine.IsConflict(err))
 
-	res, err := b.requeuer.Requeue(b.ctx, b.pool, old.ID, tn.Version)
+	res, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, tn.Version)
 	require.NoError(t, err)
 	require.Equal(t, quarantine.ActionReaddressed, res.Action)
 	require.NotNil(t, res.Successor)
 
-	closed, err := b.outbox.Get(b.ctx, b.pool, old.ID)
+	closed, err := b.Outbox.Get(b.Ctx, b.Pool, old.ID)
 	require.NoError(t, err)
 	require.Equal(t, outbox.StateSuperseded, closed.State)
 	require.Equal(t, *res.Successor, *closed.SupersededBy)
-	succ, err := b.outbox.Get(b.ctx, b.pool, *res.Successor)
+	succ, err := b.Outbox.Get(b.Ctx, b.Pool, *res.Successor)
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatePending, succ.State)
 	require.Equal(t, old.SubjectRef, succ.SubjectRef)
@@ -141,13 +91,13 @@ func TestRequeueReaddressesAfterMappingFix(t *testing.T) {
 
 	// Counted once: the completeness report attributes both rows to the
 	// successor's state.
-	c, err := quarantine.CompletenessOf(b.ctx, b.pool, time.Now().UTC().Add(-3*time.Hour).Format("2006-01"), "acme")
+	c, err := quarantine.CompletenessOf(b.Ctx, b.Pool, time.Now().UTC().Add(-3*time.Hour).Format("2006-01"), "acme")
 	require.NoError(t, err)
 	require.True(t, c.Holds)
 	require.Equal(t, quarantine.Bucket{Events: 2, Value: quarantine.ValueOf(11)}, c.Lines[0].Pending)
 	require.Equal(t, quarantine.Bucket{}, c.Lines[0].Quarantined)
 
-	_, err = b.requeuer.Requeue(b.ctx, b.pool, old.ID, tn.Version)
+	_, err = b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, tn.Version)
 	var se *outbox.StateError
 	require.ErrorAs(t, err, &se, "a superseded item is not quarantined")
 }
@@ -155,21 +105,21 @@ func TestRequeueReaddressesAfterMappingFix(t *testing.T) {
 func TestRequeueInPlaceKeepsIdentifier(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	f := b.feature(t, "api", mappings.Sum, time.Hour, "api")
-	tn := b.tenant(t, "acme", nil)
-	b.ingest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
-	b.pass(t)
+	f := b.Feature(t, "api", mappings.Sum, time.Hour)
+	tn := b.Tenant(t, "acme", nil)
+	b.MustIngest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
+	b.Pass(t)
 	// Stripe had no meter at send time (what the deliverer records, T6).
-	leases, err := b.outbox.Claim(b.ctx, b.pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
+	leases, err := b.Outbox.Claim(b.Ctx, b.Pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, leases, 1)
-	require.NoError(t, b.outbox.Quarantine(b.ctx, b.pool, leases[0], outbox.ReasonMeterNotFound, outbox.ErrorInfo{Code: "meter_not_found", Status: 400}))
+	require.NoError(t, b.Outbox.Quarantine(b.Ctx, b.Pool, leases[0], outbox.ReasonMeterNotFound, outbox.ErrorInfo{Code: "meter_not_found", Status: 400}))
 
 	version := max(f.Version, tn.Version)
-	res, err := b.requeuer.Requeue(b.ctx, b.pool, leases[0].ID, version)
+	res, err := b.requeuer.Requeue(b.Ctx, b.Pool, leases[0].ID, version)
 	require.NoError(t, err)
 	require.Equal(t, quarantine.RequeueResult{ItemID: leases[0].ID, Action: quarantine.ActionRequeued, MappingVersion: version}, res)
-	it, err := b.outbox.Get(b.ctx, b.pool, leases[0].ID)
+	it, err := b.Outbox.Get(b.Ctx, b.Pool, leases[0].ID)
 	require.NoError(t, err)
 	require.Equal(t, outbox.StatePending, it.State)
 	require.Equal(t, leases[0].Identifier, it.Identifier)
@@ -178,57 +128,57 @@ func TestRequeueInPlaceKeepsIdentifier(t *testing.T) {
 func TestRequeueRefusesWhatMayHaveReachedStripe(t *testing.T) {
 	t.Parallel()
 	b := setupWith(t, outbox.Config{BackoffBase: time.Millisecond, BackoffCap: time.Millisecond})
-	b.feature(t, "api", mappings.Sum, time.Hour, "api")
-	tn := b.tenant(t, "acme", nil)
-	b.ingest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
-	b.pass(t)
+	b.Feature(t, "api", mappings.Sum, time.Hour)
+	tn := b.Tenant(t, "acme", nil)
+	b.MustIngest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
+	b.Pass(t)
 	// A timeout (may have landed), then at the next claim a quarantine.
-	l, err := b.outbox.Claim(b.ctx, b.pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
+	l, err := b.Outbox.Claim(b.Ctx, b.Pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
 	require.NoError(t, err)
-	_, err = b.outbox.Retry(b.ctx, b.pool, l[0], outbox.ErrorInfo{Code: "timeout"}, false)
+	_, err = b.Outbox.Retry(b.Ctx, b.Pool, l[0], outbox.ErrorInfo{Code: "timeout"}, false)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { // once the short backoff has passed
-		l, err = b.outbox.Claim(b.ctx, b.pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
+		l, err = b.Outbox.Claim(b.Ctx, b.Pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
 		return err == nil && len(l) == 1
 	}, 5*time.Second, 5*time.Millisecond)
-	require.NoError(t, b.outbox.Quarantine(b.ctx, b.pool, l[0], outbox.ReasonCustomerNotFound, outbox.ErrorInfo{Code: "customer_not_found", Status: 400}))
+	require.NoError(t, b.Outbox.Quarantine(b.Ctx, b.Pool, l[0], outbox.ReasonCustomerNotFound, outbox.ErrorInfo{Code: "customer_not_found", Status: 400}))
 
 	// The operator points the tenant at the right customer: re-addressing
 	// would give the usage a new identifier, and it may be at Stripe already.
-	tn2, _, err := b.maps.PutTenant(b.ctx, b.pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_right"}, "test")
+	tn2, _, err := b.Maps.PutTenant(b.Ctx, b.Pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_right"}, "test")
 	require.NoError(t, err)
 	require.Greater(t, tn2.Version, tn.Version)
-	_, err = b.requeuer.Requeue(b.ctx, b.pool, l[0].ID, tn2.Version)
+	_, err = b.requeuer.Requeue(b.Ctx, b.Pool, l[0].ID, tn2.Version)
 	require.ErrorIs(t, err, outbox.ErrMayHaveReached)
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox_items`).Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM outbox_items`).Scan(&n))
 	require.Equal(t, 1, n, "the successor was rolled back with the refusal")
 }
 
 func TestRequeueAggregationChanged(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "api", mappings.Sum, time.Hour, "api")
-	b.ingest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
-	b.pass(t)
+	b.Feature(t, "api", mappings.Sum, time.Hour)
+	b.MustIngest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
+	b.Pass(t)
 	old := b.itemOf(t, "acme", "a")
-	f := b.feature(t, "api", mappings.Count, time.Hour, "api")
-	tn := b.tenant(t, "acme", nil)
-	_, err := b.requeuer.Requeue(b.ctx, b.pool, old.ID, max(f.Version, tn.Version))
+	f := b.Feature(t, "api", mappings.Count, time.Hour)
+	tn := b.Tenant(t, "acme", nil)
+	_, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, max(f.Version, tn.Version))
 	require.ErrorIs(t, err, meter.ErrAggregationChanged)
 }
 
 func TestQuarantineReportAndCSV(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "api", mappings.Sum, time.Hour, "api")
-	b.tenant(t, "acme", nil)
-	b.ingest(t,
+	b.Feature(t, "api", mappings.Sum, time.Hour)
+	b.Tenant(t, "acme", nil)
+	b.MustIngest(t,
 		ev("u1", "acme", "mystery", 3, ago(3*time.Hour)), ev("u2", "acme", "mystery", -1, ago(3*time.Hour)),
 		ev("n1", "nobody", "api", 4, ago(3*time.Hour)), ev("n2", "nobody", "api", 5, ago(3*time.Hour)),
 		ev("ok", "acme", "api", 9, ago(3*time.Hour)))
-	b.pass(t)
-	rep, err := quarantine.Quarantined(b.ctx, b.pool, quarantine.Filter{})
+	b.Pass(t)
+	rep, err := quarantine.Quarantined(b.Ctx, b.Pool, quarantine.Filter{})
 	require.NoError(t, err)
 	require.Len(t, rep.Groups, 2)
 	byReason := map[string]quarantine.ReasonTotal{}
@@ -238,10 +188,10 @@ func TestQuarantineReportAndCSV(t *testing.T) {
 	require.Equal(t, quarantine.ReasonTotal{Reason: "feature_unmapped", Items: 2, Events: 2, Value: quarantine.ValueOf(2)}, byReason["feature_unmapped"])
 	require.Equal(t, quarantine.ReasonTotal{Reason: "no_customer", Items: 1, Events: 2, Value: quarantine.ValueOf(9)}, byReason["no_customer"])
 
-	only, err := quarantine.Quarantined(b.ctx, b.pool, quarantine.Filter{Reason: "no_customer", Tenant: "nobody"})
+	only, err := quarantine.Quarantined(b.Ctx, b.Pool, quarantine.Filter{Reason: "no_customer", Tenant: "nobody"})
 	require.NoError(t, err)
 	require.Len(t, only.Groups, 1)
-	none, err := quarantine.Quarantined(b.ctx, b.pool, quarantine.Filter{Period: "2001-01"})
+	none, err := quarantine.Quarantined(b.Ctx, b.Pool, quarantine.Filter{Period: "2001-01"})
 	require.NoError(t, err)
 	require.Empty(t, none.Groups)
 
@@ -284,13 +234,13 @@ func TestConservationProperty(t *testing.T) {
 func runConservation(t *testing.T, seed uint64) {
 	b := setup(t)
 	rng := rand.New(rand.NewPCG(seed, 99))
-	b.feature(t, "calls", mappings.Sum, time.Hour, "calls")
-	b.feature(t, "minutes", mappings.Sum, 15*time.Minute, "minutes")
-	b.feature(t, "seats", mappings.Last, time.Hour, "seats")
-	b.feature(t, "logins", mappings.Count, time.Hour, "logins")
+	b.Feature(t, "calls", mappings.Sum, time.Hour)
+	b.Feature(t, "minutes", mappings.Sum, 15*time.Minute)
+	b.Feature(t, "seats", mappings.Last, time.Hour)
+	b.Feature(t, "logins", mappings.Count, time.Hour)
 	anchor := time.Now().UTC().AddDate(0, -2, 0).Truncate(time.Hour).Add(30 * time.Minute)
-	b.tenant(t, "acme", nil)
-	b.tenant(t, "beta", &anchor)
+	b.Tenant(t, "acme", nil)
+	b.Tenant(t, "beta", &anchor)
 	tenants := []string{"acme", "beta", "gamma"} // gamma has no mapping
 	features := []string{"calls", "minutes", "seats", "logins", "unmapped"}
 
@@ -318,13 +268,13 @@ func runConservation(t *testing.T, seed uint64) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				conn, err := pgx.Connect(b.ctx, testdb.URLOf(t, b.pool))
+				conn, err := pgx.Connect(b.Ctx, testdb.URLOf(t, b.Pool))
 				if err != nil {
 					errs <- err
 					return
 				}
-				defer conn.Close(b.ctx)
-				_, err = b.stager.Pass(b.ctx, conn)
+				defer conn.Close(b.Ctx)
+				_, err = b.Stager.Pass(b.Ctx, conn)
 				errs <- err
 			}()
 		}
@@ -348,19 +298,19 @@ func runConservation(t *testing.T, seed uint64) {
 			}
 			_ = k
 		}
-		b.ingest(t, batch...)
+		b.MustIngest(t, batch...)
 		if round == 4 {
-			b.feature(t, "calls", mappings.Sum, 15*time.Minute, "calls") // a mapping change half-way
+			b.Feature(t, "calls", mappings.Sum, 15*time.Minute) // a mapping change half-way
 		}
 		stagers()
 	}
-	b.pass(t)
+	b.Pass(t)
 
 	// Every ledger row is in exactly one item, and the ledger holds exactly
 	// what was posted, once.
 	var rows, unstaged int
 	var total int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*), count(*) FILTER (WHERE item_id IS NULL), coalesce(sum(value), 0) FROM usage_events`).
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*), count(*) FILTER (WHERE item_id IS NULL), coalesce(sum(value), 0) FROM usage_events`).
 		Scan(&rows, &unstaged, &total))
 	var want int64
 	for _, e := range posted {
@@ -379,7 +329,7 @@ func runConservation(t *testing.T, seed uint64) {
 	var lines int
 	var ingested quarantine.Value
 	for m := range months {
-		c, err := quarantine.CompletenessOf(b.ctx, b.pool, m, "")
+		c, err := quarantine.CompletenessOf(b.Ctx, b.Pool, m, "")
 		require.NoError(t, err)
 		for _, l := range c.Lines {
 			require.True(t, l.Holds, "%s %s %s: %+v", l.Tenant, l.Feature, l.Period, l)
@@ -396,17 +346,17 @@ func runConservation(t *testing.T, seed uint64) {
 func TestSupplementNumberAfterReaddress(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.feature(t, "api", mappings.Sum, time.Hour, "api")
+	b.Feature(t, "api", mappings.Sum, time.Hour)
 	hour := time.Now().UTC().Add(-4 * time.Hour).Truncate(time.Hour)
 	at := func(m int) *time.Time { v := hour.Add(time.Duration(m) * time.Minute); return &v }
-	b.ingest(t, ev("a", "acme", "api", 5, at(10)))
-	b.pass(t)
+	b.MustIngest(t, ev("a", "acme", "api", 5, at(10)))
+	b.Pass(t)
 	old := b.itemOf(t, "acme", "a")
-	tn := b.tenant(t, "acme", nil)
-	_, err := b.requeuer.Requeue(b.ctx, b.pool, old.ID, tn.Version)
+	tn := b.Tenant(t, "acme", nil)
+	_, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, tn.Version)
 	require.NoError(t, err)
-	b.ingest(t, ev("late", "acme", "api", 2, at(20)))
-	b.pass(t)
+	b.MustIngest(t, ev("late", "acme", "api", 2, at(20)))
+	b.Pass(t)
 	late := b.itemOf(t, "acme", "late")
 	require.Equal(t, old.SubjectRef+"#1", late.SubjectRef)
 }
