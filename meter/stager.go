@@ -181,12 +181,18 @@ func (s *Stager) stageGroup(ctx context.Context, db TxBeginner, target Target, t
 	return total, errors.Join(errs...)
 }
 
-// lockGroup takes this transaction's advisory lock on tenant and feature
-// and, holding it, reads their current mappings; ok false means another
-// stager holds the lock.
+// tryLock takes this transaction's advisory lock on tenant and feature;
+// false means another stager holds it.
+func tryLock(ctx context.Context, tx pgx.Tx, tenant, feature string) (ok bool, err error) {
+	err = tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1::int4, hashtext($2 || '|' || $3))`,
+		stageLockSpace, tenant, feature).Scan(&ok)
+	return ok, err
+}
+
+// lockGroup takes the lock and, holding it, reads the tenant's and the
+// feature's current mappings; ok false means another stager holds the lock.
 func lockGroup(ctx context.Context, tx pgx.Tx, tenant, feature string) (pair mappings.Pair, ok bool, err error) {
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1::int4, hashtext($2 || '|' || $3))`,
-		stageLockSpace, tenant, feature).Scan(&ok); err != nil || !ok {
+	if ok, err = tryLock(ctx, tx, tenant, feature); err != nil || !ok {
 		return mappings.Pair{}, false, err
 	}
 	var st mappings.Store
@@ -443,7 +449,7 @@ func (s *Stager) stageNewEvents(ctx context.Context, tx pgx.Tx, events []Event, 
 		if evs = kept; len(evs) == 0 {
 			continue
 		}
-		if _, ok, err := lockGroup(ctx, tx, k[0], k[1]); err != nil {
+		if ok, err := tryLock(ctx, tx, k[0], k[1]); err != nil {
 			return err
 		} else if !ok {
 			continue // a stager holds this feature right now; it, or the next pass, stages these
