@@ -47,6 +47,12 @@ type ClaimOptions struct {
 	// Lease overrides the Store's lease for this claim when positive; the
 	// horizon plus it must stay below the provider's dedup window.
 	Lease time.Duration
+	// AcceptPast and AcceptFuture, when positive, are the event timestamps
+	// the provider accepts around the database clock at the claim: each
+	// lease says whether its payload's timestamp is outside them
+	// (Lease.TimestampOutside), decided in the claim's own statement. Zero
+	// means unbounded.
+	AcceptPast, AcceptFuture time.Duration
 }
 
 // perKeyLockSpace is the first key of the two-key advisory locks a PerKey
@@ -91,14 +97,17 @@ claimed AS (
         updated_at       = clock_timestamp()
     FROM picked p
     WHERE o.id = p.id AND ` + claimable + `
-    RETURNING ` + "%s" + `, p.prev_state, p.prev_token, p.prev_owner, p.prev_leased_at
+    RETURNING ` + "%s" + `, p.prev_state, p.prev_token, p.prev_owner, p.prev_leased_at,
+        to_timestamp((o.payload ->> 'timestamp')::bigint) NOT BETWEEN clock_timestamp() - @accept_past::interval
+                                                              AND clock_timestamp() + @accept_future::interval
+            AS timestamp_outside
 ),
 abandoned AS (
     INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused)
     SELECT id, prev_token, prev_owner, prev_leased_at, 'abandoned', 'leased', false
     FROM claimed WHERE prev_state = 'leased'
 )
-SELECT ` + "%s" + ` FROM claimed ORDER BY id`
+SELECT ` + "%s" + `, timestamp_outside FROM claimed ORDER BY id`
 
 // sqlT1BestEffort is T1 under BestEffort: the oldest expired leases, then the
 // oldest due pending items.
@@ -226,12 +235,20 @@ func (s *Store) Claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 	if opts.Lease < 0 || s.cfg.Horizon+lease >= s.cfg.DedupWindow {
 		return nil, fmt.Errorf("outbox: claim lease %s is negative or reaches past the provider's dedup window with the horizon", opts.Lease)
 	}
+	unbounded := func(d time.Duration) time.Duration {
+		if d <= 0 {
+			return 100 * 365 * 24 * time.Hour
+		}
+		return d
+	}
 	args := pgx.NamedArgs{
-		"owner":   opts.Owner,
-		"limit":   opts.Limit,
-		"lease":   lease,
-		"max":     s.cfg.MaxAttempts,
-		"horizon": s.cfg.Horizon,
+		"owner":         opts.Owner,
+		"limit":         opts.Limit,
+		"lease":         lease,
+		"max":           s.cfg.MaxAttempts,
+		"horizon":       s.cfg.Horizon,
+		"accept_past":   unbounded(opts.AcceptPast),
+		"accept_future": unbounded(opts.AcceptFuture),
 	}
 
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
@@ -271,8 +288,10 @@ func collectLeases(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArg
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Lease, error) {
-		it, err := scanItem(row)
-		return Lease{Item: it}, err
+		var l Lease
+		it, err := scanItem(rowWithExtra{row, &l.TimestampOutside})
+		l.Item = it
+		return l, err
 	})
 }
 
@@ -366,3 +385,11 @@ func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs
 	}
 	return cand, nil
 }
+
+// rowWithExtra scans an item's columns followed by one more value.
+type rowWithExtra struct {
+	row   pgx.Row
+	extra any
+}
+
+func (r rowWithExtra) Scan(dest ...any) error { return r.row.Scan(append(dest, r.extra)...) }

@@ -153,3 +153,29 @@ func TestRecordMixedBatchesNeverDeadlock(t *testing.T) {
 		}
 	}
 }
+
+// The claim decides, by the database clock, whether a payload's timestamp is
+// outside what the provider accepts.
+func TestClaimTimestampOutside(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	old := newItem(1)
+	old.Payload.Timestamp = time.Now().Add(-40 * 24 * time.Hour).Unix()
+	ahead := newItem(2)
+	ahead.Payload.Timestamp = time.Now().Add(time.Hour).Unix()
+	fine := newItem(3)
+	fine.Payload.Timestamp = time.Now().Add(-time.Hour).Unix()
+	ids := b.enqueue(t, old, ahead, fine)
+	leases := b.claim(t, outbox.ClaimOptions{Limit: 10, AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute})
+	require.Len(t, leases, 3)
+	got := map[int64]bool{}
+	for _, l := range leases {
+		got[l.ID] = l.TimestampOutside
+	}
+	require.Equal(t, map[int64]bool{ids[0]: true, ids[1]: true, ids[2]: false}, got)
+
+	b2 := setup(t, outbox.Config{})
+	b2.enqueue(t, old)
+	l := b2.claim(t, outbox.ClaimOptions{Limit: 1})
+	require.False(t, l[0].TimestampOutside, "no bounds given: nothing is outside")
+}

@@ -126,6 +126,10 @@ type Item struct {
 // every write its holder makes.
 type Lease struct {
 	Item
+	// TimestampOutside says the payload's timestamp is outside what the
+	// provider accepts (ClaimOptions.AcceptPast/AcceptFuture), by the
+	// database clock at the claim.
+	TimestampOutside bool
 }
 
 // Querier runs SQL: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
