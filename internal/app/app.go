@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
+	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/migrations"
@@ -40,6 +42,9 @@ import (
 
 // embeddedDatabase is the database Tally uses inside its embedded cluster.
 const embeddedDatabase = "tally"
+
+// defaultMaxConns sizes a node's pool unless the URL sets pool_max_conns.
+const defaultMaxConns = 24
 
 // DB is an open, migrated database, and the embedded cluster behind it when
 // there is one.
@@ -103,6 +108,12 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		d.stopCluster()
 		// The URL may hold a password: never echo it.
 		return nil, errors.New("TALLY_DATABASE_URL is not a valid Postgres URL")
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		// pgxpool's default (4 on small machines) starves a node: ingest
+		// requests, deliverer claims and outcome batches, River and the
+		// maintenance pass all hold connections.
+		pcfg.MaxConns = defaultMaxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -213,6 +224,23 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	}
 	go p.Resolver.Run(ctx)
 
+	var deliverer *exporter.Deliverer
+	if client := p.Resolver.Client(); client != nil {
+		rate := cfg.RateTest
+		if client.Mode() == stripeapi.ModeLive {
+			rate = cfg.RateLive
+		}
+		var err error
+		deliverer, err = exporter.NewDeliverer(exporter.DelivererConfig{
+			Workers: cfg.DeliveryWorkers, Batch: cfg.DeliveryBatch, InFlight: cfg.DeliveryInFlight,
+			PollInterval: cfg.PollInterval,
+		}, p.Outbox, db.Pool, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
+			p.Resolver.Destination, exporter.NewLimiter(rate), logger, p.Registry)
+		if err != nil {
+			return err
+		}
+	}
+
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: db.Pool, Logger: logger})
 	rc, err := river.NewClient(riverpgxv5.New(db.Pool), &river.Config{
@@ -249,6 +277,15 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		defer wg.Done()
 		_ = p.Outbox.RunMaintenance(ctx, db.Pool, cfg.MaintenanceInterval, logger)
 	}()
+	if deliverer != nil {
+		// The deliverer stops claiming when ctx ends, lets the sends in
+		// flight finish and records their outcomes before wg is done.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = deliverer.Run(ctx)
+		}()
+	}
 	if err := rc.Start(ctx); err != nil {
 		cancel()
 		wg.Wait()

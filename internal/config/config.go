@@ -58,6 +58,19 @@ type Config struct {
 	// WindowGrace is how long after its end a window waits for late usage.
 	// Defaults to 2 minutes.
 	WindowGrace time.Duration
+
+	// StripeTimeout bounds one call to Stripe. Defaults to 10 seconds.
+	StripeTimeout time.Duration
+	// RateLive and RateTest are the destination's calls a second in live and
+	// test mode. Default to 900 and 20.
+	RateLive, RateTest float64
+	// DeliveryWorkers, DeliveryBatch and DeliveryInFlight size the
+	// deliverer: claim loops, items per claim, sends in flight. Default to
+	// 4, 50 and 64.
+	DeliveryWorkers, DeliveryBatch, DeliveryInFlight int
+	// PollInterval is how often idle deliverers look for due work when no
+	// notification wakes them. Defaults to 1 second.
+	PollInterval time.Duration
 }
 
 // setting is one configurable value: an environment variable and a flag.
@@ -85,6 +98,16 @@ func settings() []setting {
 				return fmt.Errorf("not a whole number: %q", v)
 			}
 			*dst(c) = n
+			return nil
+		}
+	}
+	float := func(dst func(*Config) *float64) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return fmt.Errorf("not a number: %q", v)
+			}
+			*dst(c) = f
 			return nil
 		}
 	}
@@ -134,6 +157,20 @@ func settings() []setting {
 			dur(func(c *Config) *time.Duration { return &c.StageInterval })},
 		{"TALLY_WINDOW_GRACE", "window-grace", "how long after its end a window waits for late usage", "2m",
 			dur(func(c *Config) *time.Duration { return &c.WindowGrace })},
+		{"TALLY_STRIPE_TIMEOUT", "stripe-timeout", "how long one call to Stripe may take", "10s",
+			dur(func(c *Config) *time.Duration { return &c.StripeTimeout })},
+		{"TALLY_RATE_LIVE", "rate-live", "calls a second to a live-mode destination (Stripe allows 1,000)", "900",
+			float(func(c *Config) *float64 { return &c.RateLive })},
+		{"TALLY_RATE_TEST", "rate-test", "calls a second to a test-mode destination (Stripe allows 25)", "20",
+			float(func(c *Config) *float64 { return &c.RateTest })},
+		{"TALLY_DELIVERY_WORKERS", "delivery-workers", "the deliverer's claim loops on this node", "4",
+			integer(func(c *Config) *int { return &c.DeliveryWorkers })},
+		{"TALLY_DELIVERY_BATCH", "delivery-batch", "the most items one claim takes", "50",
+			integer(func(c *Config) *int { return &c.DeliveryBatch })},
+		{"TALLY_DELIVERY_INFLIGHT", "delivery-inflight", "the most sends in flight on this node", "64",
+			integer(func(c *Config) *int { return &c.DeliveryInFlight })},
+		{"TALLY_POLL_INTERVAL", "poll-interval", "how often idle deliverers look for due work without a notification", "1s",
+			dur(func(c *Config) *time.Duration { return &c.PollInterval })},
 		{"TALLY_OUTBOX_CLAIM_SCAN", "outbox-claim-scan", "how many due items per wanted item a per-key claim reads to find distinct keys",
 			strconv.Itoa(outbox.DefaultClaimScan), integer(func(c *Config) *int { return &c.Outbox.ClaimScan })},
 	}
@@ -233,6 +270,18 @@ func (c *Config) validate() error {
 	}
 	if c.WindowGrace < 0 {
 		errs = append(errs, fmt.Errorf("TALLY_WINDOW_GRACE must not be negative, got %s", c.WindowGrace))
+	}
+	if c.StripeTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("TALLY_STRIPE_TIMEOUT must be positive, got %s", c.StripeTimeout))
+	}
+	if c.RateLive <= 0 || c.RateTest <= 0 {
+		errs = append(errs, errors.New("TALLY_RATE_LIVE and TALLY_RATE_TEST must be positive"))
+	}
+	if c.DeliveryWorkers < 1 || c.DeliveryBatch < 1 || c.DeliveryBatch > 1000 || c.DeliveryInFlight < 1 {
+		errs = append(errs, errors.New("TALLY_DELIVERY_WORKERS and TALLY_DELIVERY_INFLIGHT must be at least 1, TALLY_DELIVERY_BATCH 1 to 1000"))
+	}
+	if c.PollInterval <= 0 {
+		errs = append(errs, fmt.Errorf("TALLY_POLL_INTERVAL must be positive, got %s", c.PollInterval))
 	}
 	if err := c.Outbox.Validate(); err != nil {
 		errs = append(errs, err)

@@ -20,9 +20,22 @@
 // production code path — its only non-test users are the `stripe-sim` and
 // `dev` commands.
 //
+// Meter events (v1 and the v2 session and stream) are validated like Stripe
+// does — an active meter, a known customer, a whole-number value, the
+// timestamp window and the 24-hour identifier dedup — and recorded, so that
+// event summaries, adjustments and the test readbacks ([Server.Events],
+// [Server.Aggregate], [Server.RecordedTwice], [Server.ErrorReports]) see
+// them. [Limits] add Stripe's rate limits and injected faults (failures
+// before recording, lost replies, latency, hangs, asynchronous drops) per
+// account, changeable while running with [Server.Configure]. Time is the
+// [Options.Now] clock, which tests move.
+//
 // Layout, for extension: one [Server] holding all state behind one mutex
 // (server.go), one chi router built in [New], request ids, recording and
-// auth in middleware.go, idempotent replay in idempotency.go, Stripe's error
-// envelope in errors.go, list pagination in list.go, and one file per
-// resource (account.go, meters.go).
+// auth in middleware.go, limits and faults of meter-event calls in
+// limits.go (a middleware before the idempotency layer), idempotent replay
+// in idempotency.go, Stripe's error envelope in errors.go, list pagination
+// in list.go, and one file per resource (account.go, meters.go,
+// customers.go, meterevents.go, summaries.go, adjustments.go, stream.go for
+// the v2 session and stream, reports.go for error reports).
 package stripesim

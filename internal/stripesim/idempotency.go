@@ -3,6 +3,7 @@ package stripesim
 import (
 	"bytes"
 	"net/http"
+	"time"
 )
 
 // idemKey scopes an Idempotency-Key like Stripe: per account and mode.
@@ -21,6 +22,7 @@ type idemEntry struct {
 	contentType string
 	body        []byte
 	requestID   string
+	created     time.Time // simulator clock; the key expires DedupWindow later
 }
 
 // teeWriter keeps a copy of the body written through it.
@@ -49,7 +51,8 @@ func (w *teeWriter) Write(b []byte) (int, error) {
 // with the same Idempotency-Key and parameters, rejects the key's reuse with
 // other parameters (400 idempotency_error) and while the first request is
 // still running (409). Only 2xx responses are kept: a failed request may be
-// retried with its key.
+// retried with its key. Like Stripe, a key is forgotten DedupWindow (24 h on
+// the simulator clock) after its first use: a request with it is then new.
 func (s *Server) idempotent(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
@@ -68,10 +71,14 @@ func (s *Server) idempotent(next http.Handler) http.Handler {
 		}
 
 		s.mu.Lock()
+		now := s.now()
 		e := s.idem[k]
+		if e != nil && e.done && now.Sub(e.created) >= DedupWindow {
+			e = nil
+		}
 		mine := e == nil
 		if mine {
-			e = &idemEntry{fingerprint: fp, requestID: recordOf(r).RequestID}
+			e = &idemEntry{fingerprint: fp, requestID: recordOf(r).RequestID, created: now}
 			s.idem[k] = e
 		}
 		snapshot := *e
@@ -104,7 +111,7 @@ func (s *Server) idempotent(next http.Handler) http.Handler {
 			if tw.status >= 200 && tw.status < 300 {
 				e.done, e.status, e.body = true, tw.status, tw.body.Bytes()
 				e.contentType = tw.Header().Get("Content-Type")
-			} else {
+			} else if s.idem[k] == e {
 				delete(s.idem, k)
 			}
 		}()

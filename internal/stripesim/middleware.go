@@ -15,6 +15,7 @@ type ctxKey int
 const (
 	stateKey ctxKey = iota
 	callerKey
+	planKey
 )
 
 // maxBody bounds a request body, like net/http's form parsing does.
@@ -144,9 +145,14 @@ func apiKey(r *http.Request) string {
 	return ""
 }
 
-// authenticate resolves the key and the account the request acts on.
+// authenticate resolves the key and the account the request acts on. The
+// v2 meter event stream authenticates with a session token instead.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == streamPath {
+			s.authenticateSession(next, w, r)
+			return
+		}
 		key := apiKey(r)
 		if key == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="Stripe"`)

@@ -25,9 +25,17 @@ type Options struct {
 	// livemode flag of the objects it creates and sees. Default: one
 	// account DefaultAccount with the key DefaultKey.
 	Keys map[string]string
-	// Now is the simulator's clock (created/updated timestamps). Default:
-	// time.Now.
+	// Now is the simulator's clock: created/updated timestamps, the meter
+	// event timestamp window, the 24-hour identifier, idempotency-key and
+	// cancellation windows and session expiry. Tests move it to move time.
+	// Default: time.Now. (Rate limiting and latency use the real clock.)
 	Now func() time.Time
+	// Limits are the limits and faults of every account that has none of its
+	// own (see [Server.Configure]). Default: none.
+	Limits Limits
+	// Seed seeds the random source the faults draw from, for reproducible
+	// runs. 0 seeds it randomly.
+	Seed uint64
 }
 
 // Server is the simulator. It is safe for concurrent use.
@@ -40,13 +48,28 @@ type Server struct {
 	accounts map[string]*account // known accounts
 	requests []Recorded
 	idem     map[idemKey]*idemEntry
+	seq      uint64              // receipt order of meter events, all accounts
+	sessions map[string]*session // v2 meter event session token -> session
+	lim      limiter             // limits, faults and in-flight calls
+	closed   chan struct{}       // closed by Close: releases hung requests
+	close1   sync.Once
 }
 
 // account is the state of one Stripe account, both modes.
 type account struct {
-	id      string
-	created time.Time
-	meters  []*Meter // creation order
+	id        string
+	created   time.Time
+	meters    []*Meter // creation order
+	customers map[modeID]*customer
+	events    []*event            // every recording, receipt order, both modes
+	idents    map[modeID]*identSt // identifier -> its recordings
+	reports   []ErrorReport       // creation order
+}
+
+// modeID is an id scoped to one mode of an account.
+type modeID struct {
+	livemode bool
+	id       string
 }
 
 // Recorded is one request the simulator received. It never holds the API
@@ -79,10 +102,13 @@ func New(opts Options) *Server {
 		keys:     map[string]string{},
 		accounts: map[string]*account{},
 		idem:     map[idemKey]*idemEntry{},
+		sessions: map[string]*session{},
+		closed:   make(chan struct{}),
 	}
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.lim.init(opts.Limits, opts.Seed)
 	keys := opts.Keys
 	if len(keys) == 0 {
 		keys = map[string]string{DefaultKey: DefaultAccount}
@@ -96,7 +122,7 @@ func New(opts Options) *Server {
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.begin, s.authenticate, s.idempotent)
+	r.Use(s.begin, s.authenticate, s.gate, s.idempotent)
 	r.NotFound(s.unrecognized)
 	r.MethodNotAllowed(s.unrecognized)
 
@@ -107,6 +133,16 @@ func (s *Server) routes() http.Handler {
 	r.Get("/v1/billing/meters/{id}", s.getMeter)
 	r.Post("/v1/billing/meters/{id}/deactivate", s.deactivateMeter)
 	r.Post("/v1/billing/meters/{id}/reactivate", s.reactivateMeter)
+	r.Get("/v1/billing/meters/{id}/event_summaries", s.listEventSummaries)
+
+	r.Post("/v1/customers", s.createCustomer)
+	r.Get("/v1/customers/{id}", s.getCustomer)
+
+	r.Post(meterEventsPath, s.createMeterEvent)
+	r.Post("/v1/billing/meter_event_adjustments", s.createAdjustment)
+
+	r.Post("/v2/billing/meter_event_session", s.createSession)
+	r.Post(streamPath, s.stream)
 	return r
 }
 
@@ -135,10 +171,17 @@ func (s *Server) AddAccount(account string) {
 func (s *Server) accountLocked(id string) *account {
 	a := s.accounts[id]
 	if a == nil {
-		a = &account{id: id, created: s.now()}
+		a = &account{id: id, created: s.now(), customers: map[modeID]*customer{}, idents: map[modeID]*identSt{}}
 		s.accounts[id] = a
 	}
 	return a
+}
+
+// Close releases every request held by the Hang fault, which then answers
+// 500. Call it before closing a listener whose clients have no timeout.
+// The simulator keeps serving other requests; later hangs end at once.
+func (s *Server) Close() {
+	s.close1.Do(func() { close(s.closed) })
 }
 
 // Requests returns every request received so far, in the order their

@@ -1,0 +1,94 @@
+package exporter
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/outbox"
+)
+
+// Every row of the brief's "Provider answers (v1)".
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	no := false
+	yes := true
+	dialErr := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	readErr := &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}
+	cases := []struct {
+		name    string
+		in      Answer
+		kind    outbox.OutcomeKind
+		code    string
+		refused bool
+		reason  outbox.Reason
+	}{
+		{"200 accepted", Answer{Status: 200, RequestID: "req_1"}, outbox.Accepted, "", false, ""},
+		{"duplicate identifier is success", Answer{Status: 400, RequestID: "req_2",
+			Message: "An event already exists with identifier tly_abc.", ShouldRetry: &no}, outbox.Accepted, "", false, ""},
+		{"no meter for the event name", Answer{Status: 400, Code: "resource_missing", Param: "event_name",
+			Message: "No active meter found for event_name 'x'"}, outbox.Quarantined, "meter_not_found", false, outbox.ReasonMeterNotFound},
+		{"no meter, as a 404", Answer{Status: 404, Message: "No active meter found for event_name 'x'"}, outbox.Quarantined, "meter_not_found", false, outbox.ReasonMeterNotFound},
+		{"no such customer", Answer{Status: 400, Code: "resource_missing", Param: "payload[stripe_customer_id]",
+			Message: "No such customer: 'cus_x'"}, outbox.Quarantined, "customer_not_found", false, outbox.ReasonCustomerNotFound},
+		{"no such customer, as a 404", Answer{Status: 404, Message: "No such customer: 'cus_x'"}, outbox.Quarantined, "customer_not_found", false, outbox.ReasonCustomerNotFound},
+		{"any other 400 is rejected", Answer{Status: 400, Code: "parameter_invalid_integer", Param: "payload[value]",
+			Message: "Invalid integer"}, outbox.Rejected, "parameter_invalid_integer", false, ""},
+		{"a 400 without a code is rejected", Answer{Status: 400, Message: "Timestamp must be within the past 35 days"}, outbox.Rejected, "invalid_request", false, ""},
+		{"another 4xx is rejected", Answer{Status: 422}, outbox.Rejected, "invalid_request", false, ""},
+		{"401 retries, never rejected", Answer{Status: 401, Message: "Invalid API Key provided"}, outbox.Retry, "stripe_auth", true, ""},
+		{"403 retries, never rejected", Answer{Status: 403}, outbox.Retry, "stripe_auth", true, ""},
+		{"another 404 retries", Answer{Status: 404, Message: "Unrecognized request URL"}, outbox.Retry, "stripe_not_found", true, ""},
+		{"409 retries", Answer{Status: 409, Code: "idempotency_key_in_use"}, outbox.Retry, "stripe_conflict", true, ""},
+		{"429 is rate-limited", Answer{Status: 429, Code: "rate_limit", RetryAfter: 2 * time.Second}, outbox.RateLimited, "rate_limited", false, ""},
+		{"500 retries and may have reached Stripe", Answer{Status: 500}, outbox.Retry, "stripe_5xx", false, ""},
+		{"502 (a lost reply) retries", Answer{Status: 502}, outbox.Retry, "stripe_5xx", false, ""},
+		{"503 that says retry", Answer{Status: 503, ShouldRetry: &yes}, outbox.Retry, "stripe_5xx", false, ""},
+		{"5xx that says do not retry is uncertain", Answer{Status: 500, ShouldRetry: &no}, outbox.Uncertain, "stripe_5xx", false, ""},
+		{"timeout may have reached Stripe", Answer{Err: context.DeadlineExceeded}, outbox.Retry, "timeout", false, ""},
+		{"reset may have reached Stripe", Answer{Err: readErr}, outbox.Retry, "network", false, ""},
+		{"cancelled may have reached Stripe", Answer{Err: context.Canceled}, outbox.Retry, "canceled", false, ""},
+		{"never sent is a refusal", Answer{Err: dialErr, NotSent: true}, outbox.Retry, "network", true, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Classify(tc.in)
+			require.Equal(t, tc.kind, o.Kind)
+			require.Equal(t, tc.code, o.Error.Code)
+			require.Equal(t, tc.refused, o.Refused)
+			require.Equal(t, tc.reason, o.Reason)
+			if tc.kind == outbox.Accepted {
+				require.Equal(t, tc.in.RequestID, o.ProviderRef)
+			}
+			if tc.kind == outbox.RateLimited {
+				require.Equal(t, tc.in.RetryAfter, o.MinDelay)
+			}
+			require.NotContains(t, o.Error.Message, "connection refused", "transport errors are described, not quoted")
+		})
+	}
+}
+
+func TestLimiterAdapts(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(100)
+	require.Equal(t, 100.0, l.Rate())
+	l.Slow()
+	l.Slow()
+	require.Equal(t, 25.0, l.Rate())
+	for i := 0; i < 10; i++ {
+		l.Ok()
+	}
+	require.InDelta(t, 30.0, l.Rate(), 0.001, "recovers a two-hundredth of the configured rate per success")
+	for i := 0; i < 1000; i++ {
+		l.Ok()
+	}
+	require.Equal(t, 100.0, l.Rate(), "never above the configured rate")
+	for i := 0; i < 20; i++ {
+		l.Slow()
+	}
+	require.Equal(t, 1.0, l.Rate(), "never below one call a second")
+}

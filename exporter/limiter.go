@@ -1,0 +1,62 @@
+package exporter
+
+import (
+	"context"
+	"sync"
+
+	"golang.org/x/time/rate"
+)
+
+// Default rates of a destination, below Stripe's limits (1,000 calls/s live;
+// test mode counts toward the basic 25/s).
+const (
+	DefaultLiveRate = 900
+	DefaultTestRate = 20
+)
+
+// Limiter is a destination's token bucket, adaptive: a 429 halves its rate
+// (down to a floor of one call a second), and every success gives back a
+// two-hundredth of the configured rate, so that it recovers gradually rather
+// than straight back into the limit.
+type Limiter struct {
+	mu   sync.Mutex
+	lim  *rate.Limiter
+	max  rate.Limit
+	cur  rate.Limit
+}
+
+// NewLimiter makes a limiter of perSecond calls, with a burst of a tenth of
+// a second's worth (at least one).
+func NewLimiter(perSecond float64) *Limiter {
+	burst := max(1, int(perSecond/10))
+	return &Limiter{lim: rate.NewLimiter(rate.Limit(perSecond), burst), max: rate.Limit(perSecond), cur: rate.Limit(perSecond)}
+}
+
+// Wait blocks until a call may go out, or ctx ends.
+func (l *Limiter) Wait(ctx context.Context) error { return l.lim.Wait(ctx) }
+
+// Slow halves the rate after a 429.
+func (l *Limiter) Slow() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cur = max(l.cur/2, 1)
+	l.lim.SetLimit(l.cur)
+}
+
+// Ok raises the rate a step toward the configured one after a success.
+func (l *Limiter) Ok() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cur >= l.max {
+		return
+	}
+	l.cur = min(l.max, l.cur+l.max/200)
+	l.lim.SetLimit(l.cur)
+}
+
+// Rate is the current rate in calls a second.
+func (l *Limiter) Rate() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return float64(l.cur)
+}

@@ -1,0 +1,322 @@
+package stripesim
+
+import (
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+)
+
+const meterEventsPath = "/v1/billing/meter_events"
+
+// Statuses of a [RecordedEvent].
+const (
+	EventRecorded  = "recorded"  // counts in summaries and aggregates
+	EventDropped   = "dropped"   // accepted, then lost (the AsyncDrop fault)
+	EventCancelled = "cancelled" // cancelled by a meter event adjustment
+)
+
+// Stripe's windows for meter events.
+const (
+	// DedupWindow is how long an identifier is refused after its receipt;
+	// it is also how long an idempotency key is kept and an event can be
+	// cancelled.
+	DedupWindow      = 24 * time.Hour
+	maxEventAge      = 35 * 24 * time.Hour
+	maxEventFuture   = 5 * time.Minute
+	maxIdentifierLen = 100
+)
+
+const msgTimestampWindow = "Timestamp must be within the past 35 days and not more than 5 minutes in the future"
+
+// event is one recording of a meter event.
+type event struct {
+	seq        uint64 // receipt order across the simulator
+	identifier string
+	eventName  string
+	meter      string // the meter id it was recorded against
+	customer   string
+	value      int64
+	timestamp  time.Time
+	received   time.Time
+	status     string
+	livemode   bool
+	stream     bool // received on the v2 stream
+	payload    map[string]string
+}
+
+// identSt is what an account knows of one identifier in one mode.
+type identSt struct {
+	latest *event // the latest recording
+	count  int    // how many times it was recorded
+}
+
+// RecordedEvent is one recording of a meter event, as tests read it back.
+type RecordedEvent struct {
+	Identifier string
+	EventName  string
+	Meter      string // the id of the meter it was recorded against
+	Customer   string
+	Value      int64
+	Timestamp  time.Time // the event's own time
+	Received   time.Time // the simulator clock when it was recorded
+	Status     string    // EventRecorded, EventDropped or EventCancelled
+	Livemode   bool
+	Stream     bool // received on the v2 meter event stream
+	// Recordings is how many times the identifier was recorded in the
+	// account and mode: more than 1 means it was sent again after the
+	// dedup window and was billed twice.
+	Recordings int
+}
+
+// meterEventJSON is the billing.meter_event object stripe-go decodes.
+type meterEventJSON struct {
+	Object     string            `json:"object"`
+	Created    int64             `json:"created"`
+	EventName  string            `json:"event_name"`
+	Identifier string            `json:"identifier"`
+	Livemode   bool              `json:"livemode"`
+	Payload    map[string]string `json:"payload"`
+	Timestamp  int64             `json:"timestamp"`
+}
+
+// eventInput is one meter event to check and record, from v1 or the stream.
+type eventInput struct {
+	livemode   bool
+	eventName  string
+	identifier string
+	payload    map[string]string
+	timestamp  time.Time
+	stream     bool
+}
+
+// eventProblem is why an event is not recorded: err is the v1 answer, code
+// the error report code of the stream (codeDuplicate for a duplicate, which
+// the stream ignores silently), meter the meter when one was found, note
+// the error report's message when it is not err's.
+type eventProblem struct {
+	err   *apiError
+	code  string
+	meter *Meter
+	note  string
+}
+
+// reportMessage is the message of the problem in an error report.
+func (p *eventProblem) reportMessage() string {
+	if p.note != "" {
+		return p.note
+	}
+	return p.err.Message
+}
+
+const codeDuplicate = "duplicate"
+
+// checkEventLocked validates in against a at now, like Stripe in this order:
+// an active meter, the customer and value payload keys, the value, the
+// customer, the timestamp window and the identifier's dedup window. On
+// success it returns the event to record. s.mu must be held.
+func (s *Server) checkEventLocked(a *account, in eventInput, now time.Time) (*event, *eventProblem) {
+	m := a.activeMeterLocked(in.livemode, in.eventName, nil)
+	if m == nil {
+		return nil, &eventProblem{code: CodeNoMeter, err: errInvalid(http.StatusBadRequest, "resource_missing", "event_name",
+			"No active meter found for event_name '%s'", in.eventName)}
+	}
+	custParam, valueParam := "payload["+m.CustomerPayloadKey+"]", "payload["+m.ValuePayloadKey+"]"
+	cust, ok := in.payload[m.CustomerPayloadKey]
+	if !ok || cust == "" {
+		return nil, &eventProblem{code: CodeNoCustomerDefined, meter: m, err: errMissingParam(custParam),
+			note: "Customer mapping key " + m.CustomerPayloadKey + " not found in payload."}
+	}
+	raw, ok := in.payload[m.ValuePayloadKey]
+	if !ok || raw == "" {
+		return nil, &eventProblem{code: CodeInvalidValue, meter: m, err: errMissingParam(valueParam),
+			note: "Value key " + m.ValuePayloadKey + " not found in payload."}
+	}
+	value, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil {
+		return nil, &eventProblem{code: CodeInvalidValue, meter: m, err: errInvalid(http.StatusBadRequest,
+			"parameter_invalid_integer", valueParam, "Invalid integer: %s. The value of %s must be a whole number.", raw, valueParam)}
+	}
+	if a.customers[modeID{in.livemode, cust}] == nil {
+		return nil, &eventProblem{code: CodeCustomerNotFound, meter: m,
+			err: errNoSuch(http.StatusBadRequest, customerObjectName, custParam, cust)}
+	}
+	if in.timestamp.Before(now.Add(-maxEventAge)) {
+		return nil, &eventProblem{code: CodeTimestampTooFarInPast, meter: m,
+			err: errInvalid(http.StatusBadRequest, "", "timestamp", msgTimestampWindow)}
+	}
+	if in.timestamp.After(now.Add(maxEventFuture)) {
+		return nil, &eventProblem{code: CodeTimestampInFuture, meter: m,
+			err: errInvalid(http.StatusBadRequest, "", "timestamp", msgTimestampWindow)}
+	}
+	if st := a.idents[modeID{in.livemode, in.identifier}]; st != nil && now.Sub(st.latest.received) < DedupWindow {
+		return nil, &eventProblem{code: codeDuplicate, meter: m,
+			err: errInvalid(http.StatusBadRequest, "", "", "An event already exists with identifier %s.", in.identifier)}
+	}
+	payload := make(map[string]string, len(in.payload))
+	for k, v := range in.payload {
+		payload[k] = v
+	}
+	return &event{
+		identifier: in.identifier, eventName: in.eventName, meter: m.ID, customer: cust, value: value,
+		timestamp: in.timestamp, received: now, status: EventRecorded, livemode: in.livemode,
+		stream: in.stream, payload: payload,
+	}, nil
+}
+
+// recordLocked appends ev to a. s.mu must be held.
+func (s *Server) recordLocked(a *account, ev *event) {
+	s.seq++
+	ev.seq = s.seq
+	a.events = append(a.events, ev)
+	k := modeID{ev.livemode, ev.identifier}
+	st := a.idents[k]
+	if st == nil {
+		st = &identSt{}
+		a.idents[k] = st
+	}
+	st.latest = ev
+	st.count++
+}
+
+// newIdentifier is the identifier Stripe generates when none is sent.
+func newIdentifier() string { return randomID("sim_", 24) }
+
+// createMeterEvent is POST /v1/billing/meter_events.
+func (s *Server) createMeterEvent(w http.ResponseWriter, r *http.Request) {
+	rest, payload := splitNested(r.Form, "payload")
+	if e := checkParams(rest, "event_name", "identifier", "timestamp"); e != nil {
+		writeError(w, e)
+		return
+	}
+	f := r.Form
+	in := eventInput{livemode: callerOf(r).livemode, eventName: f.Get("event_name"), identifier: f.Get("identifier"), payload: payload}
+	if in.eventName == "" {
+		writeError(w, errMissingParam("event_name"))
+		return
+	}
+	if len(payload) == 0 {
+		writeError(w, errMissingParam("payload"))
+		return
+	}
+	if len(in.identifier) > maxIdentifierLen {
+		writeError(w, errInvalid(http.StatusBadRequest, "", "identifier",
+			"Invalid identifier: must be at most %d characters", maxIdentifierLen))
+		return
+	}
+	if in.identifier == "" {
+		in.identifier = newIdentifier()
+	}
+	now := s.now()
+	in.timestamp = now.Truncate(time.Second)
+	if f.Has("timestamp") {
+		v := f.Get("timestamp")
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			writeError(w, errInvalid(http.StatusBadRequest, "parameter_invalid_integer", "timestamp", "Invalid integer: %s", v))
+			return
+		}
+		in.timestamp = time.Unix(n, 0)
+	}
+	drop := planOf(r).asyncDrop
+	c := callerOf(r)
+
+	s.mu.Lock()
+	a := s.accountLocked(c.account)
+	ev, p := s.checkEventLocked(a, in, now)
+	if p == nil {
+		s.recordLocked(a, ev)
+		if drop {
+			ev.status = EventDropped
+			m := a.findMeterLocked(ev.livemode, ev.meter)
+			s.reportLocked(a, now, ev.livemode, []streamFailure{{identifier: ev.identifier, eventName: ev.eventName, meter: m,
+				code: CodeDropped, message: "The event was accepted and then dropped (stripesim AsyncDrop fault)."}})
+		}
+	}
+	s.mu.Unlock()
+	if p != nil {
+		if p.code == codeDuplicate {
+			w.Header().Set("Stripe-Should-Retry", "false")
+		}
+		writeError(w, p.err)
+		return
+	}
+	writeJSON(w, http.StatusOK, meterEventJSON{
+		Object: "billing.meter_event", Created: now.Unix(), EventName: ev.eventName, Identifier: ev.identifier,
+		Livemode: ev.livemode, Payload: ev.payload, Timestamp: ev.timestamp.Unix(),
+	})
+}
+
+// Events returns every recording of a meter event in account, both modes,
+// in receipt order — recorded, dropped and cancelled ones.
+func (s *Server) Events(account string) []RecordedEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.accounts[account]
+	if a == nil {
+		return nil
+	}
+	out := make([]RecordedEvent, len(a.events))
+	for i, ev := range a.events {
+		out[i] = RecordedEvent{
+			Identifier: ev.identifier, EventName: ev.eventName, Meter: ev.meter, Customer: ev.customer,
+			Value: ev.value, Timestamp: ev.timestamp, Received: ev.received, Status: ev.status,
+			Livemode: ev.livemode, Stream: ev.stream, Recordings: a.idents[modeID{ev.livemode, ev.identifier}].count,
+		}
+	}
+	return out
+}
+
+// Aggregate returns, over the events of account (both modes) with the
+// event name and customer whose status is EventRecorded, what each meter
+// formula makes of them: the sum of the values, their count, and the value
+// of the last one (latest timestamp; on a tie, the later received).
+func (s *Server) Aggregate(account, eventName, customer string) (sum int64, count int, last int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.accounts[account]
+	if a == nil {
+		return 0, 0, 0
+	}
+	var lastEv *event
+	for _, ev := range a.events {
+		if ev.status != EventRecorded || ev.eventName != eventName || ev.customer != customer {
+			continue
+		}
+		sum += ev.value
+		count++
+		if lastEv == nil || laterEvent(ev, lastEv) {
+			lastEv = ev
+		}
+	}
+	if lastEv != nil {
+		last = lastEv.value
+	}
+	return sum, count, last
+}
+
+// laterEvent reports whether a comes after b for the last formula.
+func laterEvent(a, b *event) bool {
+	if !a.timestamp.Equal(b.timestamp) {
+		return a.timestamp.After(b.timestamp)
+	}
+	return a.seq > b.seq
+}
+
+// RecordedTwice returns the identifiers recorded more than once in one
+// account and mode, sorted, over all accounts. A non-empty answer means
+// some usage was billed twice.
+func (s *Server) RecordedTwice() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, a := range s.accounts {
+		for k, st := range a.idents {
+			if st.count > 1 {
+				out = append(out, k.id)
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}

@@ -1,0 +1,197 @@
+package stripesim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+const (
+	streamPath      = "/v2/billing/meter_event_stream"
+	sessionTTL      = 15 * time.Minute
+	maxStreamEvents = 100
+)
+
+// session is a v2 meter event session: its token authenticates the stream.
+type session struct {
+	account  string
+	livemode bool
+	expires  time.Time
+}
+
+// sessionJSON is the v2.billing.meter_event_session object stripe-go
+// decodes (times in RFC 3339).
+type sessionJSON struct {
+	ID                  string    `json:"id"`
+	Object              string    `json:"object"`
+	AuthenticationToken string    `json:"authentication_token"`
+	Created             time.Time `json:"created"`
+	ExpiresAt           time.Time `json:"expires_at"`
+	Livemode            bool      `json:"livemode"`
+}
+
+// errSessionExpired is Stripe's answer on the stream to an expired or
+// unknown session token (stripe-go: *stripe.TemporarySessionExpiredError).
+func errSessionExpired() *apiError {
+	return &apiError{Status: http.StatusUnauthorized, Type: "temporary_session_expired", Code: "billing_meter_event_session_expired",
+		Message: "The meter event session has expired or is not valid. Create a new session with POST /v2/billing/meter_event_session."}
+}
+
+// isJSONObject reports whether body is empty or one JSON object.
+func isJSONObject(body []byte) bool {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		return true
+	}
+	var v map[string]json.RawMessage
+	return json.Unmarshal(body, &v) == nil
+}
+
+// createSession is POST /v2/billing/meter_event_session (API key auth): a
+// token for the stream, valid sessionTTL on the simulator clock, for the
+// account and mode the request acts on.
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
+	if !isJSONObject(bodyOf(r)) {
+		writeError(w, errInvalid(http.StatusBadRequest, "", "", "Invalid request: the body is not a JSON object."))
+		return
+	}
+	c := callerOf(r)
+	now := s.now().UTC()
+	out := sessionJSON{
+		ID: randomID("mes_", 24), Object: "v2.billing.meter_event_session",
+		AuthenticationToken: randomID("mesk_", 48), Created: now, ExpiresAt: now.Add(sessionTTL), Livemode: c.livemode,
+	}
+	if !c.livemode {
+		out.ID = randomID("mes_test_", 24)
+		out.AuthenticationToken = randomID("mesk_test_", 48)
+	}
+	s.mu.Lock()
+	s.accountLocked(c.account)
+	for tok, sess := range s.sessions {
+		if !now.Before(sess.expires) {
+			delete(s.sessions, tok)
+		}
+	}
+	s.sessions[out.AuthenticationToken] = &session{account: c.account, livemode: c.livemode, expires: out.ExpiresAt}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, out)
+}
+
+// authenticateSession authenticates the stream with a session token, in
+// place of an API key; the Stripe-Account header plays no part (the
+// session fixed the account).
+func (s *Server) authenticateSession(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	tok := apiKey(r)
+	s.mu.Lock()
+	sess := s.sessions[tok]
+	now := s.now()
+	s.mu.Unlock()
+	if sess == nil || !now.Before(sess.expires) {
+		writeError(w, errSessionExpired())
+		return
+	}
+	c := caller{account: sess.account, livemode: sess.livemode}
+	rec := recordOf(r)
+	rec.Account, rec.Livemode = c.account, c.livemode
+	next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey, c)))
+}
+
+// streamEvent is one event of a stream request as sent.
+type streamEvent struct {
+	EventName  string         `json:"event_name"`
+	Identifier string         `json:"identifier"`
+	Payload    map[string]any `json:"payload"`
+	Timestamp  *string        `json:"timestamp"`
+}
+
+// stream is POST /v2/billing/meter_event_stream. The shape of the request
+// is checked at once (400); the events themselves are validated as Stripe
+// does asynchronously — here before answering, so a test sees the outcome
+// right after the 202: valid events are recorded, duplicates of an
+// identifier inside the dedup window are ignored silently, and every other
+// invalid event is left out and reported in an [ErrorReport].
+func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Events []streamEvent `json:"events"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(bodyOf(r)))
+	dec.UseNumber()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, errInvalid(http.StatusBadRequest, "", "", "Invalid JSON body: %v", err))
+		return
+	}
+	switch n := len(req.Events); {
+	case n == 0:
+		writeError(w, errMissingParam("events"))
+		return
+	case n > maxStreamEvents:
+		writeError(w, errInvalid(http.StatusBadRequest, "", "events",
+			"Too many events: a request may contain at most %d events, this one has %d.", maxStreamEvents, n))
+		return
+	}
+	c := callerOf(r)
+	now := s.now()
+	ins := make([]eventInput, len(req.Events))
+	for i, ev := range req.Events {
+		at := func(field string) string { return fmt.Sprintf("events[%d].%s", i, field) }
+		in := eventInput{livemode: c.livemode, eventName: ev.EventName, identifier: ev.Identifier,
+			payload: map[string]string{}, timestamp: now, stream: true}
+		if in.eventName == "" {
+			writeError(w, errMissingParam(at("event_name")))
+			return
+		}
+		if ev.Payload == nil {
+			writeError(w, errMissingParam(at("payload")))
+			return
+		}
+		for k, v := range ev.Payload {
+			switch v := v.(type) {
+			case string:
+				in.payload[k] = v
+			case json.Number:
+				in.payload[k] = v.String()
+			default:
+				writeError(w, errInvalid(http.StatusBadRequest, "", at("payload"), "Invalid %s[%s]: must be a string", at("payload"), k))
+				return
+			}
+		}
+		if len(in.identifier) > maxIdentifierLen {
+			writeError(w, errInvalid(http.StatusBadRequest, "", at("identifier"),
+				"Invalid %s: must be at most %d characters", at("identifier"), maxIdentifierLen))
+			return
+		}
+		if in.identifier == "" {
+			in.identifier = newIdentifier()
+		}
+		if ev.Timestamp != nil {
+			t, err := time.Parse(time.RFC3339Nano, *ev.Timestamp)
+			if err != nil {
+				writeError(w, errInvalid(http.StatusBadRequest, "", at("timestamp"),
+					"Invalid %s: must be an RFC 3339 date-time", at("timestamp")))
+				return
+			}
+			in.timestamp = t
+		}
+		ins[i] = in
+	}
+
+	s.mu.Lock()
+	a := s.accountLocked(c.account)
+	var failures []streamFailure
+	for _, in := range ins {
+		ev, p := s.checkEventLocked(a, in, now)
+		switch {
+		case p == nil:
+			s.recordLocked(a, ev)
+		case p.code != codeDuplicate:
+			failures = append(failures, streamFailure{identifier: in.identifier, eventName: in.eventName,
+				meter: p.meter, code: p.code, message: p.reportMessage()})
+		}
+	}
+	s.reportLocked(a, now, c.livemode, failures)
+	s.mu.Unlock()
+	writeJSON(w, http.StatusAccepted, struct{}{})
+}
