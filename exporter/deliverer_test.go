@@ -1,0 +1,214 @@
+package exporter_test
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/stagetest"
+	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/outbox"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+type rig struct {
+	*stagetest.Env
+	sim      *stripesim.Server
+	resolver *exporter.Resolver
+}
+
+// newRig is a staging path addressed to the simulator's account, with
+// meters and customers for features api (sum) and logins (count) and
+// tenants t0..t9.
+func newRig(t *testing.T, cfg outbox.Config) *rig {
+	t.Helper()
+	sim := stripesim.New(stripesim.Options{Seed: 7})
+	srv := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() { sim.Close(); srv.Close() })
+	env := stagetest.New(t, cfg)
+	res, err := exporter.NewResolver(exporter.Settings{Key: stripesim.DefaultKey, APIBase: srv.URL})
+	require.NoError(t, err)
+	d, err := res.Resolve(context.Background())
+	require.NoError(t, err)
+	env.Target.Account, env.Target.Mode = d.Account, d.Mode
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: "api", EventName: "api", Formula: "sum"})
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: "logins", EventName: "logins", Formula: "count"})
+	env.Feature(t, "api", mappings.Sum, time.Hour)
+	env.Feature(t, "logins", mappings.Count, time.Hour)
+	for i := 0; i < 10; i++ {
+		name := fmt.Sprintf("t%d", i)
+		env.Tenant(t, name, nil)
+		sim.CreateCustomer(stripesim.DefaultAccount, "cus_"+name)
+	}
+	return &rig{Env: env, sim: sim, resolver: res}
+}
+
+// run runs a deliverer until stop is called; stop waits for it to return.
+func (r *rig) run(t *testing.T, timeout time.Duration) (stop func()) {
+	t.Helper()
+	client := r.resolver.Client()
+	d, err := exporter.NewDeliverer(exporter.DelivererConfig{Workers: 3, Batch: 20, InFlight: 16, PollInterval: 50 * time.Millisecond},
+		r.Outbox, r.Pool, exporter.NewStripeV1(client, timeout), timeout, r.resolver.Destination, exporter.NewLimiter(5000), nil, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = d.Run(ctx) }()
+	return func() { cancel(); wg.Wait() }
+}
+
+func (r *rig) counts(t *testing.T) map[outbox.State]int64 {
+	t.Helper()
+	g, err := r.Outbox.ReadGauge(r.Ctx, r.Pool)
+	require.NoError(t, err)
+	return g.Counts
+}
+
+func (r *rig) waitDrained(t *testing.T) map[outbox.State]int64 {
+	t.Helper()
+	var c map[outbox.State]int64
+	require.Eventually(t, func() bool {
+		c = r.counts(t)
+		return c[outbox.StatePending]+c[outbox.StateLeased] == 0
+	}, 30*time.Second, 20*time.Millisecond, "the outbox drains")
+	return c
+}
+
+func TestDeliverAcceptsAndMatchesTheLedger(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{BackoffBase: 10 * time.Millisecond, BackoffCap: 50 * time.Millisecond, RateLimitDelay: 20 * time.Millisecond, Lease: 10 * time.Second})
+	r.sim.ConfigureDefault(stripesim.Limits{OneCallPerCustomerMeter: true, Faults: stripesim.Faults{
+		FailBeforeRecord: 0.1, LoseReply: 0.1, RateLimitFault: 0.05, Latency: time.Millisecond, LatencyJitter: 3 * time.Millisecond}})
+	stop := r.run(t, 2*time.Second)
+	defer stop()
+
+	sums := map[string]int64{}
+	counts := map[string]int{}
+	for i := 0; i < 400; i++ {
+		tenant := fmt.Sprintf("t%d", i%10)
+		r.MustIngest(t,
+			stagetest.Ev(fmt.Sprintf("a%d", i), tenant, "api", int64(i%7), stagetest.Ago(2*time.Hour+time.Duration(i)*time.Second)),
+			stagetest.Ev(fmt.Sprintf("l%d", i), tenant, "logins", 1, nil))
+		sums[tenant] += int64(i % 7)
+		counts[tenant]++
+	}
+	r.Pass(t)
+	c := r.waitDrained(t)
+	require.Zero(t, c[outbox.StateUncertain]+c[outbox.StateRejected]+c[outbox.StateQuarantined], "%v", c)
+	for tenant, want := range sums {
+		sum, _, _ := r.sim.Aggregate(stripesim.DefaultAccount, "api", "cus_"+tenant)
+		require.Equal(t, want, sum, tenant)
+		_, n, _ := r.sim.Aggregate(stripesim.DefaultAccount, "logins", "cus_"+tenant)
+		require.Equal(t, counts[tenant], n, tenant)
+	}
+	require.Empty(t, r.sim.RecordedTwice())
+	require.LessOrEqual(t, r.sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
+}
+
+// Past the attempt cap an item is uncertain and is not sent again: here
+// every reply is lost, so Stripe has the event but Tally cannot know.
+func TestCapEndsUncertainAndSendsNoMore(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{MaxAttempts: 3, BackoffBase: 10 * time.Millisecond, BackoffCap: 10 * time.Millisecond, Lease: 5 * time.Second})
+	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{LoseReply: 1}})
+	stop := r.run(t, time.Second)
+	defer stop()
+	r.MustIngest(t, stagetest.Ev("l1", "t1", "logins", 1, nil))
+	c := r.waitDrained(t)
+	require.Equal(t, int64(1), c[outbox.StateUncertain])
+	calls := len(r.sim.Requests())
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, calls, len(r.sim.Requests()), "an uncertain item is never sent again automatically")
+	require.Len(t, r.sim.Events(stripesim.DefaultAccount), 1, "recorded once, for all the lost replies")
+	require.Empty(t, r.sim.RecordedTwice())
+}
+
+// Past the horizon (here two seconds, measured by the database clock) an
+// item that may have reached Stripe is uncertain and is not sent again.
+func TestHorizonEndsUncertainAndSendsNoMore(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{Horizon: 2 * time.Second, Lease: time.Second, MaxAttempts: 1000,
+		BackoffBase: 100 * time.Millisecond, BackoffCap: 100 * time.Millisecond})
+	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{FailBeforeRecord: 1}})
+	// A short request timeout so that a send ends well inside the lease.
+	stop := r.run(t, 200*time.Millisecond)
+	defer stop()
+	r.MustIngest(t, stagetest.Ev("l1", "t1", "logins", 1, nil))
+	c := r.waitDrained(t)
+	require.Equal(t, int64(1), c[outbox.StateUncertain])
+	var code string
+	require.NoError(t, r.Pool.QueryRow(r.Ctx, "SELECT last_error_code FROM outbox_items").Scan(&code))
+	require.Equal(t, "stripe_5xx", code, "the retry that would fall past the horizon became uncertain")
+	calls := len(r.sim.Requests())
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, calls, len(r.sim.Requests()))
+}
+
+// Claim-time checks (T6): an item staged for another account or mode is
+// quarantined without a call to Stripe.
+func TestClaimTimeChecks(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{})
+	r.Target.Account = "acct_other"
+	r.MustIngest(t, stagetest.Ev("l1", "t1", "logins", 1, nil))
+	r.Target.Mode = outbox.ModeLive
+	r.Target.Account = stripesim.DefaultAccount
+	r.MustIngest(t, stagetest.Ev("l2", "t1", "logins", 1, nil))
+	stop := r.run(t, time.Second)
+	defer stop()
+	r.waitDrained(t)
+	rows, err := r.Pool.Query(r.Ctx, "SELECT quarantine_reason FROM outbox_items ORDER BY id")
+	require.NoError(t, err)
+	var reasons []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		reasons = append(reasons, s)
+	}
+	require.Equal(t, []string{"account_mismatch", "mode_mismatch"}, reasons)
+	require.Empty(t, r.sim.Events(stripesim.DefaultAccount))
+}
+
+// A shutdown lets the sends in flight finish and records their outcomes.
+func TestShutdownRecordsInFlightSends(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{Lease: 10 * time.Second})
+	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{Latency: 400 * time.Millisecond}})
+	stop := r.run(t, 2*time.Second)
+	for i := 0; i < 10; i++ {
+		r.MustIngest(t, stagetest.Ev(fmt.Sprintf("l%d", i), fmt.Sprintf("t%d", i), "logins", 1, nil))
+	}
+	require.Eventually(t, func() bool { return r.counts(t)[outbox.StateLeased] == 10 }, 5*time.Second, 5*time.Millisecond)
+	stop() // while the sends wait on Stripe
+	c := r.counts(t)
+	require.Equal(t, int64(10), c[outbox.StateAccepted], "%v", c)
+}
+
+// Without a destination (no key) the deliverer sends nothing: items stay
+// pending.
+func TestStalledDeliverSendsNothing(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{})
+	r.MustIngest(t, stagetest.Ev("l1", "t1", "logins", 1, nil))
+	d, err := exporter.NewDeliverer(exporter.DelivererConfig{PollInterval: 20 * time.Millisecond}, r.Outbox, r.Pool,
+		exporter.NewStripeV1(r.resolver.Client(), time.Second), time.Second,
+		func() (exporter.Destination, error) { return exporter.Destination{}, exporter.ErrNoKey }, exporter.NewLimiter(100), nil, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	require.NoError(t, d.Run(ctx))
+	require.Equal(t, int64(1), r.counts(t)[outbox.StatePending])
+	require.Empty(t, r.sim.Events(stripesim.DefaultAccount))
+	for _, req := range r.sim.Requests() {
+		require.NotEqual(t, "/v1/billing/meter_events", req.Path)
+	}
+}
