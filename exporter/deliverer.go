@@ -373,7 +373,9 @@ func (m *deliveryMetrics) register(reg prometheus.Registerer) error {
 	return nil
 }
 
-func (m *deliveryMetrics) outcome(o outbox.Outcome) { m.deliveries.WithLabelValues(o.Kind.String()).Inc() }
+func (m *deliveryMetrics) outcome(o outbox.Outcome) {
+	m.deliveries.WithLabelValues(o.Kind.String()).Inc()
+}
 
 func (m *deliveryMetrics) sent(o outbox.Outcome, d time.Duration) {
 	m.duration.Observe(d.Seconds())

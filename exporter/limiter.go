@@ -19,10 +19,10 @@ const (
 // two-hundredth of the configured rate, so that it recovers gradually rather
 // than straight back into the limit.
 type Limiter struct {
-	mu   sync.Mutex
-	lim  *rate.Limiter
-	max  rate.Limit
-	cur  rate.Limit
+	mu  sync.Mutex
+	lim *rate.Limiter
+	max rate.Limit
+	cur rate.Limit
 }
 
 // NewLimiter makes a limiter of perSecond calls, with a burst of a tenth of

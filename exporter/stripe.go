@@ -42,7 +42,9 @@ func (e *StripeV1) Name() string { return StripeMeterEvents }
 func (e *StripeV1) DedupWindow() time.Duration { return StripeDedupWindow }
 
 // Accepts is Stripe's 35 days back, 5 minutes ahead.
-func (e *StripeV1) Accepts() (past, future time.Duration) { return StripeAcceptPast, StripeAcceptFuture }
+func (e *StripeV1) Accepts() (past, future time.Duration) {
+	return StripeAcceptPast, StripeAcceptFuture
+}
 
 // Timeout is the request timeout.
 func (e *StripeV1) Timeout() time.Duration { return e.timeout }
