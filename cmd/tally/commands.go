@@ -54,7 +54,8 @@ type opts struct {
 	period                          string
 	mappingVersion                  int
 	simListen, simKey, simAccount   string
-	meters                          stringList
+	meters, customers               stringList
+	simLimits                       stripesim.Limits
 }
 
 func lookup(args []string) (command, []string, bool) {
@@ -89,7 +90,9 @@ func commands() []command {
 		{name: "serve", service: true, run: func(ctx context.Context, e *env, _ []string) error {
 			return app.Serve(ctx, e.cfg, e.db, e.parts, e.logger, nil)
 		}},
-		{name: "dev", service: true, run: runDev},
+		{name: "dev", service: true, prepare: prepareDev, flags: func(fs *flag.FlagSet, o *opts) {
+			fs.StringVar(&o.simListen, "sim-listen", "127.0.0.1:12111", "the built-in Stripe simulator's address (when STRIPE_API_KEY is unset)")
+		}, run: runDev},
 		{name: "migrate", run: func(_ context.Context, e *env, _ []string) error {
 			fmt.Fprintln(e.stdout, "migrations applied")
 			return nil
@@ -131,6 +134,15 @@ func commands() []command {
 			fs.StringVar(&o.simKey, "sim-key", stripesim.DefaultKey, "the API key it accepts")
 			fs.StringVar(&o.simAccount, "sim-account", stripesim.DefaultAccount, "the account of that key")
 			fs.Var(&o.meters, "meter", "create a meter at start, as EVENT_NAME:FORMULA (sum, count or last; repeatable)")
+			fs.Var(&o.customers, "customer", "create a customer at start, by id (cus_…; repeatable)")
+			fs.Float64Var(&o.simLimits.RatePerSecond, "rate", 0, "meter-event calls a second before 429 (0: no limit)")
+			fs.BoolVar(&o.simLimits.OneCallPerCustomerMeter, "one-call-per-key", true, "answer 429 to a second concurrent call for one customer and meter, as Stripe does")
+			fs.Float64Var(&o.simLimits.Faults.FailBeforeRecord, "fail-before-record", 0, "probability of a 500 before recording")
+			fs.Float64Var(&o.simLimits.Faults.LoseReply, "lose-reply", 0, "probability of recording, then answering 502 (a lost reply)")
+			fs.Float64Var(&o.simLimits.Faults.RateLimitFault, "rate-limit-fault", 0, "probability of a 429 without recording")
+			fs.Float64Var(&o.simLimits.Faults.Hang, "hang", 0, "probability of not answering until the client gives up")
+			fs.Float64Var(&o.simLimits.Faults.AsyncDrop, "async-drop", 0, "probability of answering 200 and dropping the event later")
+			fs.DurationVar(&o.simLimits.Faults.Latency, "latency", 0, "added latency of every meter-event call")
 		}, run: runStripeSim},
 		{name: "report completeness", flags: func(fs *flag.FlagSet, o *opts) {
 			fs.StringVar(&o.period, "period", "", "billing periods starting in this month, YYYY-MM (required)")
@@ -146,44 +158,150 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// devTokenFile keeps the dev admin token between runs of `tally dev`.
-const devTokenFile = "dev-admin-token"
+// The demo of tally dev: features mapped to the simulator's meters, and
+// tenants to its customers.
+var (
+	demoFeatures = []struct {
+		name  string
+		agg   mappings.Aggregation
+		win   time.Duration
+		event string
+	}{
+		{"api_calls", mappings.Sum, time.Minute, "api_calls"},
+		{"seats", mappings.Last, time.Minute, "seats"},
+		{"logins", mappings.Count, time.Hour, "logins"},
+	}
+	demoTenants = []struct{ tenant, customer string }{{"acme", "cus_acme"}, {"globex", "cus_globex"}}
+)
+
+// devSim is the simulator tally dev runs; closing it stops it.
+type devSim struct {
+	srv *http.Server
+	sim *stripesim.Server
+}
+
+func (d *devSim) Close() error {
+	d.sim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return d.srv.Shutdown(ctx)
+}
+
+// prepareDev starts the built-in Stripe simulator on loopback with the
+// demo's meters and customers, and points this node at it, unless
+// STRIPE_API_KEY is set; and it shortens the stage interval and the window
+// grace left at their defaults, so that usage lands within a minute.
+func prepareDev(_ context.Context, cfg *config.Config, o *opts, stdout io.Writer) (io.Closer, error) {
+	if cfg.StageInterval == 10*time.Second {
+		cfg.StageInterval = 2 * time.Second
+	}
+	if cfg.WindowGrace == 2*time.Minute {
+		cfg.WindowGrace = 5 * time.Second
+	}
+	if cfg.StripeAPIKey != "" {
+		return nil, nil
+	}
+	sim := stripesim.New(stripesim.Options{})
+	for _, f := range demoFeatures {
+		sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: f.name, EventName: f.event, Formula: string(f.agg)})
+	}
+	for _, t := range demoTenants {
+		sim.CreateCustomer(stripesim.DefaultAccount, t.customer)
+	}
+	ln, err := net.Listen("tcp", o.simListen)
+	if err != nil {
+		return nil, fmt.Errorf("starting the Stripe simulator: %w", err)
+	}
+	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	cfg.StripeAPIKey, cfg.StripeAPIBase = stripesim.DefaultKey, "http://"+ln.Addr().String()
+	o.simListen = ln.Addr().String()
+	return &devSim{srv: srv, sim: sim}, nil
+}
+
+// devToken returns the token kept in the data directory under name,
+// making one the first time.
+func devToken(dataDir, name string) (string, error) {
+	path := filepath.Join(dataDir, name)
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	token := auth.TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	return token, os.WriteFile(path, []byte(token+"\n"), 0o600)
+}
 
 func runDev(ctx context.Context, e *env, _ []string) error {
-	token := e.cfg.AdminToken
-	if token == "" && e.cfg.DatabaseURL == "" {
-		path := filepath.Join(e.cfg.DataDir, devTokenFile)
-		b, err := os.ReadFile(path)
-		switch {
-		case err == nil:
-			token = strings.TrimSpace(string(b))
-		case errors.Is(err, os.ErrNotExist):
-			var raw [32]byte
-			if _, err := rand.Read(raw[:]); err != nil {
+	admin, ingest := e.cfg.AdminToken, ""
+	if e.cfg.DatabaseURL == "" {
+		var err error
+		if admin == "" {
+			if admin, err = devToken(e.cfg.DataDir, "dev-admin-token"); err != nil {
 				return err
 			}
-			token = auth.TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
-			if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
-				return err
-			}
-		default:
+			e.cfg.AdminToken = admin
+		}
+		if ingest, err = devToken(e.cfg.DataDir, "dev-ingest-token"); err != nil {
 			return err
 		}
-		e.cfg.AdminToken = token
+		if err := ensureIngestToken(ctx, e, ingest); err != nil {
+			return err
+		}
+	}
+	if e.cfg.StripeAPIBase == "http://"+e.opts.simListen {
+		// The demo: the simulator's meters and customers, mapped.
+		for _, f := range demoFeatures {
+			in := mappings.FeatureInput{EventName: f.event, Aggregation: f.agg, Window: mappings.Duration(f.win)}
+			if _, _, err := e.parts.Mappings.PutFeature(ctx, e.db.Pool, f.name, in, "tally dev"); err != nil {
+				return fmt.Errorf("mapping the demo feature %s: %w", f.name, err)
+			}
+		}
+		for _, t := range demoTenants {
+			if _, _, err := e.parts.Mappings.PutTenant(ctx, e.db.Pool, t.tenant, mappings.TenantInput{StripeCustomerID: t.customer}, "tally dev"); err != nil {
+				return fmt.Errorf("mapping the demo tenant %s: %w", t.tenant, err)
+			}
+		}
 	}
 	ready := func(addr string) {
-		fmt.Fprintf(e.stdout, "\nTally is running at http://%s (health /healthz, readiness /readyz, metrics /metrics, API /v1)\n", addr)
-		if token != "" {
-			fmt.Fprintf(e.stdout, "Admin token: %s\n", token)
+		w := e.stdout
+		fmt.Fprintf(w, "\nTally is running at http://%s (API /v1, health /healthz, readiness /readyz, metrics /metrics)\n", addr)
+		if admin != "" {
+			fmt.Fprintf(w, "Admin token:  %s\n", admin)
+		}
+		if e.cfg.StripeAPIBase == "http://"+e.opts.simListen {
+			fmt.Fprintf(w, "Stripe:       the built-in simulator at http://%s (recorded events: http://%s/_sim/events)\n", e.opts.simListen, e.opts.simListen)
+			fmt.Fprintf(w, "Demo:         tenants acme and globex; features api_calls (sum, 1m windows), seats (last, 1m), logins (count, sent per event)\n")
+		}
+		if ingest != "" {
+			fmt.Fprintf(w, "\nPost usage:\n  curl -sS -X POST http://%s/v1/usage -H 'Authorization: Bearer %s' \\\n", addr, ingest)
+			fmt.Fprintf(w, "    -d '{\"events\":[{\"id\":\"demo-'$(date +%%s%%N)'\",\"tenant\":\"acme\",\"feature\":\"logins\",\"value\":1},\n")
+			fmt.Fprintf(w, "                   {\"id\":\"demo-'$(date +%%s%%N)'-b\",\"tenant\":\"acme\",\"feature\":\"api_calls\",\"value\":5}]}'\n")
+			fmt.Fprintf(w, "See it reach Stripe (logins at once, api_calls when its minute closes):\n")
+			fmt.Fprintf(w, "  curl -sS http://%s/_sim/events\n", e.opts.simListen)
+			fmt.Fprintf(w, "  curl -sS http://%s/v1/outbox/summary -H 'Authorization: Bearer %s'\n", addr, admin)
 		}
 		where := "embedded PostgreSQL in " + e.cfg.DataDir
 		if e.cfg.DatabaseURL != "" {
 			where = "TALLY_DATABASE_URL"
 		}
-		fmt.Fprintf(e.stdout, "Data: %s. Stop with Ctrl-C.\n", where)
-		fmt.Fprintln(e.stdout, "Not built yet: export to Stripe with the built-in simulator and demo data (issue 4); without STRIPE_API_KEY, usage stays pending.")
+		fmt.Fprintf(w, "\nData: %s. Stop with Ctrl-C.\n", where)
 	}
 	return app.Serve(ctx, e.cfg, e.db, e.parts, e.logger, ready)
+}
+
+// ensureIngestToken makes token a live ingest token named "dev ingest".
+func ensureIngestToken(ctx context.Context, e *env, token string) error {
+	if _, err := auth.Verify(ctx, e.db.Pool, token); err == nil {
+		return nil
+	}
+	return auth.EnsureToken(ctx, e.db.Pool, "dev ingest", auth.RoleIngest, token)
 }
 
 func runTokensCreate(ctx context.Context, e *env, _ []string) error {
@@ -409,7 +527,11 @@ func runCompleteness(ctx context.Context, e *env, _ []string) error {
 }
 
 func runStripeSim(ctx context.Context, e *env, _ []string) error {
-	sim := stripesim.New(stripesim.Options{Keys: map[string]string{e.opts.simKey: e.opts.simAccount}})
+	sim := stripesim.New(stripesim.Options{Keys: map[string]string{e.opts.simKey: e.opts.simAccount}, Limits: e.opts.simLimits})
+	defer sim.Close()
+	for _, c := range e.opts.customers {
+		sim.CreateCustomer(e.opts.simAccount, c)
+	}
 	for _, m := range e.opts.meters {
 		event, formula, ok := strings.Cut(m, ":")
 		if !ok || event == "" {
@@ -427,8 +549,8 @@ func runStripeSim(ctx context.Context, e *env, _ []string) error {
 		return err
 	}
 	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(e.stdout, "Stripe simulator on http://%s\nUse: STRIPE_API_BASE=http://%s STRIPE_API_KEY=%s\n",
-		ln.Addr(), ln.Addr(), e.opts.simKey)
+	fmt.Fprintf(e.stdout, "Stripe simulator on http://%s\nUse: STRIPE_API_BASE=http://%s STRIPE_API_KEY=%s\nRecorded events: http://%s/_sim/events\n",
+		ln.Addr(), ln.Addr(), e.opts.simKey, ln.Addr())
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

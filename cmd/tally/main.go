@@ -61,7 +61,10 @@ type command struct {
 	service bool
 	// noDB commands need no database.
 	noDB bool
-	run  func(ctx context.Context, env *env, args []string) error
+	// prepare, if set, runs after the configuration is loaded and before
+	// anything is built from it; what it returns is closed at exit.
+	prepare func(ctx context.Context, cfg *config.Config, o *opts, stdout io.Writer) (io.Closer, error)
+	run     func(ctx context.Context, env *env, args []string) error
 }
 
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -115,6 +118,16 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	defer stop()
 	followGoRun()
 
+	if cmd.prepare != nil {
+		closer, err := cmd.prepare(ctx, &cfg, o, stdout)
+		if err != nil {
+			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
+			return 1
+		}
+		if closer != nil {
+			defer closer.Close()
+		}
+	}
 	if cmd.noDB {
 		if err := cmd.run(ctx, &env{cfg: cfg, logger: logger, stdout: stdout, stderr: stderr, opts: o}, fs.Args()); err != nil {
 			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)

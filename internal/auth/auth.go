@@ -130,13 +130,22 @@ func EnsureAdminToken(ctx context.Context, q Querier, secret string) error {
 	if len(secret) < MinAdminTokenLength {
 		return fmt.Errorf("auth: TALLY_ADMIN_TOKEN must be at least %d characters", MinAdminTokenLength)
 	}
+	return EnsureToken(ctx, q, AdminTokenName, RoleAdmin, secret)
+}
+
+// EnsureToken makes secret a live, unscoped token of role named name,
+// replacing that name's previous secret.
+func EnsureToken(ctx context.Context, q Querier, name string, role Role, secret string) error {
+	if rank[role] == 0 || !namePattern.MatchString(name) {
+		return fmt.Errorf("auth: ensuring token %q: bad name or role", name)
+	}
 	hash := sha256.Sum256([]byte(secret))
 	_, err := q.Exec(ctx, `
-		INSERT INTO api_tokens (name, role, token_hash) VALUES ($1, 'admin', $2)
-		ON CONFLICT (name) DO UPDATE SET token_hash = EXCLUDED.token_hash, role = 'admin', tenants = NULL, revoked_at = NULL`,
-		AdminTokenName, hash[:])
+		INSERT INTO api_tokens (name, role, token_hash) VALUES ($1, $2, $3)
+		ON CONFLICT (name) DO UPDATE SET token_hash = EXCLUDED.token_hash, role = EXCLUDED.role, tenants = NULL, revoked_at = NULL`,
+		name, string(role), hash[:])
 	if err != nil {
-		return fmt.Errorf("auth: ensuring the admin token: %w", err)
+		return fmt.Errorf("auth: ensuring token %q: %w", name, err)
 	}
 	return nil
 }

@@ -53,20 +53,20 @@ type identSt struct {
 
 // RecordedEvent is one recording of a meter event, as tests read it back.
 type RecordedEvent struct {
-	Identifier string
-	EventName  string
-	Meter      string // the id of the meter it was recorded against
-	Customer   string
-	Value      int64
-	Timestamp  time.Time // the event's own time
-	Received   time.Time // the simulator clock when it was recorded
-	Status     string    // EventRecorded, EventDropped or EventCancelled
-	Livemode   bool
-	Stream     bool // received on the v2 meter event stream
+	Identifier string    `json:"identifier"`
+	EventName  string    `json:"event_name"`
+	Meter      string    `json:"meter"` // the id of the meter it was recorded against
+	Customer   string    `json:"customer"`
+	Value      int64     `json:"value"`
+	Timestamp  time.Time `json:"timestamp"` // the event's own time
+	Received   time.Time `json:"received"`  // the simulator clock when it was recorded
+	Status     string    `json:"status"`    // EventRecorded, EventDropped or EventCancelled
+	Livemode   bool      `json:"livemode"`
+	Stream     bool      `json:"stream"` // received on the v2 meter event stream
 	// Recordings is how many times the identifier was recorded in the
 	// account and mode: more than 1 means it was sent again after the
 	// dedup window and was billed twice.
-	Recordings int
+	Recordings int `json:"recordings"`
 }
 
 // meterEventJSON is the billing.meter_event object stripe-go decodes.

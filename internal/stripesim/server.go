@@ -116,7 +116,7 @@ func New(opts Options) *Server {
 	for k, a := range keys {
 		s.AddKey(k, a)
 	}
-	s.handler = s.routes()
+	s.handler = s.withDebug(s.routes())
 	return s
 }
 
