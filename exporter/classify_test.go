@@ -76,8 +76,8 @@ func TestLimiterAdapts(t *testing.T) {
 	t.Parallel()
 	l := NewLimiter(100)
 	require.Equal(t, 100.0, l.Rate())
-	l.Slow()
-	l.Slow()
+	l.Slow(time.Now())
+	l.Slow(time.Now())
 	require.Equal(t, 25.0, l.Rate())
 	for i := 0; i < 10; i++ {
 		l.Ok()
@@ -88,7 +88,22 @@ func TestLimiterAdapts(t *testing.T) {
 	}
 	require.Equal(t, 100.0, l.Rate(), "never above the configured rate")
 	for i := 0; i < 20; i++ {
-		l.Slow()
+		l.Slow(time.Now())
 	}
 	require.Equal(t, 1.0, l.Rate(), "never below one call a second")
+}
+
+// The 429s of one burst halve the rate once: calls sent before a halving
+// were paced by the old rate.
+func TestLimiterHalvesOncePerBurst(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(800)
+	sent := time.Now() // a burst of calls goes out
+	time.Sleep(time.Millisecond)
+	for i := 0; i < 50; i++ {
+		l.Slow(sent) // and all of them come back 429
+	}
+	require.Equal(t, 400.0, l.Rate())
+	l.Slow(time.Now()) // a call paced by the new rate is still refused
+	require.Equal(t, 200.0, l.Rate())
 }

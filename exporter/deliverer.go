@@ -231,7 +231,7 @@ func (d *Deliverer) deliver(l outbox.Lease, dest Destination) outbox.Outcome {
 	o.Lease = l
 	d.metrics.sent(o, time.Since(start))
 	if o.Kind == outbox.RateLimited {
-		d.limiter.Slow()
+		d.limiter.Slow(start)
 	} else if o.Error.Status != 0 || o.Kind == outbox.Accepted {
 		d.limiter.Ok()
 	}

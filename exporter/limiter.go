@@ -3,6 +3,7 @@ package exporter
 import (
 	"context"
 	"sync"
+	"time"
 
 	"golang.org/x/time/rate"
 )
@@ -18,11 +19,18 @@ const (
 // (down to a floor of one call a second), and every success gives back a
 // two-hundredth of the configured rate, so that it recovers gradually rather
 // than straight back into the limit.
+//
+// A rate halves once per congestion signal, not once per 429: the answers to
+// calls sent before the last halving were paced by the old rate and say
+// nothing about the new one, so their 429s do not halve it again. Without
+// that, the in-flight calls of one burst would each halve it and a single
+// overload would drive it to the floor.
 type Limiter struct {
-	mu  sync.Mutex
-	lim *rate.Limiter
-	max rate.Limit
-	cur rate.Limit
+	mu       sync.Mutex
+	lim      *rate.Limiter
+	max      rate.Limit
+	cur      rate.Limit
+	lastSlow time.Time
 }
 
 // NewLimiter makes a limiter of perSecond calls, with a burst of a tenth of
@@ -35,10 +43,15 @@ func NewLimiter(perSecond float64) *Limiter {
 // Wait blocks until a call may go out, or ctx ends.
 func (l *Limiter) Wait(ctx context.Context) error { return l.lim.Wait(ctx) }
 
-// Slow halves the rate after a 429.
-func (l *Limiter) Slow() {
+// Slow halves the rate after a 429 to a call that went out at sent, unless
+// that call went out before the last halving.
+func (l *Limiter) Slow(sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if sent.Before(l.lastSlow) {
+		return
+	}
+	l.lastSlow = time.Now()
 	l.cur = max(l.cur/2, 1)
 	l.lim.SetLimit(l.cur)
 }

@@ -15,14 +15,33 @@ type StageArgs struct{}
 // Kind names the job.
 func (StageArgs) Kind() string { return "tally_stage" }
 
-// InsertOpts keeps at most one pass queued or running: a periodic insert
-// while one waits is skipped.
+// InsertOpts: one attempt, since the next period retries and a failed pass
+// leaves nothing half-done.
 func (StageArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{
-		MaxAttempts: 1, // the next period retries; a failed pass leaves nothing half-done
-		UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
-			rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
-		}},
+	return river.InsertOpts{MaxAttempts: 1}
+}
+
+// minUniquePeriod is the shortest bucket of stageInsertOpts: how long a pass
+// that died with its process can hold up staging at most.
+const minUniquePeriod = 30 * time.Second
+
+// stageInsertOpts keeps at most one pass queued or running per bucket of
+// the period (max(interval, 30s) in PeriodicStage): a periodic insert while one waits is skipped. The
+// bucket matters after a crash: a pass whose process was killed stays
+// 'running' in river_job until River's rescuer sees it (an hour by
+// default), and uniqueness by state alone would skip every insert until
+// then. With buckets the next bucket's insert goes through. Two passes
+// may then overlap; staging is safe under that (per-key advisory locks and
+// SKIP LOCKED), it only does the work once.
+func stageInsertOpts(period time.Duration) *river.InsertOpts {
+	return &river.InsertOpts{
+		MaxAttempts: 1,
+		UniqueOpts: river.UniqueOpts{
+			ByPeriod: period,
+			ByState: []rivertype.JobState{
+				rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
+			},
+		},
 	}
 }
 
@@ -55,6 +74,8 @@ func (w *StageWorker) Timeout(*river.Job[StageArgs]) time.Duration { return 10 *
 // leader alone inserts it.
 func PeriodicStage(interval time.Duration) *river.PeriodicJob {
 	return river.NewPeriodicJob(river.PeriodicInterval(interval),
-		func() (river.JobArgs, *river.InsertOpts) { return StageArgs{}, nil },
+		func() (river.JobArgs, *river.InsertOpts) {
+			return StageArgs{}, stageInsertOpts(max(interval, minUniquePeriod))
+		},
 		&river.PeriodicJobOpts{ID: "tally_stage", RunOnStart: true})
 }

@@ -95,6 +95,16 @@ func TestServeEmbedded(t *testing.T) {
 		// Without STRIPE_API_KEY export stalls visibly: /readyz says why but
 		// keeps the node in service.
 		require.JSONEq(t, `{"status":"degraded","checks":{"database":"ok","schema":"ok","export":"export stalled: STRIPE_API_KEY is unset"}}`, body)
+		// ... and says so in one error line at boot, not one per poll.
+		time.Sleep(300 * time.Millisecond)
+		errorLines := 0
+		for _, line := range strings.Split(out.String(), "\n") {
+			if strings.Contains(line, "level=ERROR") {
+				errorLines++
+				require.Contains(t, line, "STRIPE_API_KEY is unset")
+			}
+		}
+		require.Equal(t, 1, errorLines, "%s", out.String())
 		code, body = get("http://" + addr + "/metrics")
 		require.Equal(t, http.StatusOK, code)
 		require.Contains(t, body, "tally_outbox_items")
