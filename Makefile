@@ -22,3 +22,5 @@ fuzz:
 bench:
 	go test ./outbox -run '^$$' -bench ClaimAcceptVsRiver -benchtime 1x
 	go test ./api -run '^$$' -bench IngestVsCopyFrom -benchtime 1x
+	go test ./exporter -run '^$$' -bench DeliverUnlimited -benchtime 1x
+	go test ./exporter -run '^$$' -bench DeliverAtStripeLimit -benchtime 1x

@@ -1,0 +1,280 @@
+package exporter_test
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// The delivery benchmarks behind docs/performance.md. Run each with one
+// iteration; every figure is a rate over a fixed number of items:
+//
+//	go test ./exporter -run '^$' -bench 'Deliver' -benchtime 1x
+
+const (
+	benchItems     = 10000
+	benchCustomers = 2000 // five items per customer and meter: PerKey holds some back
+	benchTimeout   = 5 * time.Second
+)
+
+// benchSim is a simulator with the meter and the customers of benchItems.
+func benchSim(b *testing.B, limits stripesim.Limits) (*stripesim.Server, string) {
+	b.Helper()
+	sim := stripesim.New(stripesim.Options{Seed: 1, Limits: limits})
+	srv := httptest.NewServer(sim.Handler())
+	b.Cleanup(func() { sim.Close(); srv.Close() })
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: "api", EventName: "api_calls", Formula: "sum"})
+	for c := 0; c < benchCustomers; c++ {
+		sim.CreateCustomer(stripesim.DefaultAccount, fmt.Sprintf("cus_b%d", c))
+	}
+	return sim, srv.URL
+}
+
+func benchPayload(n int, ts int64) outbox.Payload {
+	return outbox.Payload{Customer: fmt.Sprintf("cus_b%d", n%benchCustomers), EventName: "api_calls",
+		Value: int64(n%50) + 1, Timestamp: ts, Feature: "api_calls", Period: "2026-11-01T00:00:00Z"}
+}
+
+// benchOutbox is a fresh database holding benchItems pending items for the
+// simulator's account.
+func benchOutbox(b *testing.B) (*pgxpool.Pool, *outbox.Store) {
+	b.Helper()
+	ctx := context.Background()
+	pool := testdb.New(b)
+	// A rate-limited item waits a second, not the default 30, before it is
+	// claimed again, so that a run's tail is not the rate-limit delay.
+	store, err := outbox.New(outbox.Config{Lease: time.Minute, RateLimitDelay: time.Second}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts := time.Now().Add(-time.Hour).Unix()
+	items := make([]outbox.NewItem, 0, 1000)
+	for start := 0; start < benchItems; start += 1000 {
+		items = items[:0]
+		for n := start; n < start+1000; n++ {
+			items = append(items, outbox.NewItem{
+				Identity: outbox.Identity{
+					TenantKey: fmt.Sprintf("t%d", n%benchCustomers), SubjectKind: outbox.SubjectUsageWindow,
+					SubjectRef: fmt.Sprintf("usage:api_calls:bench#%d", n), Exporter: exporter.StripeMeterEvents,
+					DestinationAccount: stripesim.DefaultAccount, Mode: outbox.ModeTest, MappingVersion: 1,
+				},
+				Payload: benchPayload(n, ts),
+			})
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := store.EnqueueBatch(ctx, tx, items); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_items"); err != nil {
+		b.Fatal(err)
+	}
+	return pool, store
+}
+
+// instant is an exporter that accepts every item at once: the deliverer's
+// own ceiling, without HTTP.
+type instant struct{}
+
+func (instant) Name() string               { return exporter.StripeMeterEvents }
+func (instant) DedupWindow() time.Duration { return exporter.StripeDedupWindow }
+func (instant) Accepts() (time.Duration, time.Duration) {
+	return exporter.StripeAcceptPast, exporter.StripeAcceptFuture
+}
+func (instant) Send(context.Context, outbox.Lease) outbox.Outcome {
+	return outbox.Outcome{Kind: outbox.Accepted}
+}
+
+type deliverRun struct {
+	workers, batch, inflight int
+	rate                     float64 // the deliverer's limiter
+	exp                      func(*stripeapi.Client) exporter.Exporter
+}
+
+// deliver runs a deliverer over a fresh outbox until every item is
+// accepted and returns how long that took.
+func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	pool, store := benchOutbox(b)
+	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: apiBase})
+	if err != nil {
+		b.Fatal(err)
+	}
+	exp := exporter.Exporter(exporter.NewStripeV1(client, benchTimeout))
+	if r.exp != nil {
+		exp = r.exp(client)
+	}
+	dest := func() (exporter.Destination, error) {
+		return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
+	}
+	d, err := exporter.NewDeliverer(exporter.DelivererConfig{Workers: r.workers, Batch: r.batch, InFlight: r.inflight, PollInterval: 100 * time.Millisecond},
+		store, pool, exp, benchTimeout, dest, exporter.NewLimiter(r.rate), nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	start := time.Now()
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = d.Run(runCtx) }()
+	for {
+		var accepted, open int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'accepted'), count(*) FILTER (WHERE state IN ('pending', 'leased'))
+			FROM outbox_items`).Scan(&accepted, &open); err != nil {
+			b.Fatal(err)
+		}
+		if accepted == benchItems {
+			break
+		}
+		if open == 0 {
+			b.Fatalf("only %d of %d items accepted", accepted, benchItems)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	stop()
+	wg.Wait()
+	return elapsed
+}
+
+// sendDirect posts benchItems meter events to the simulator from
+// concurrency goroutines through the exporter alone — no database: the
+// simulator's and HTTP's ceiling.
+func sendDirect(b *testing.B, apiBase string, concurrency int) time.Duration {
+	b.Helper()
+	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: apiBase})
+	if err != nil {
+		b.Fatal(err)
+	}
+	exp := exporter.NewStripeV1(client, benchTimeout)
+	ts := time.Now().Add(-time.Hour).Unix()
+	var next atomic.Int64
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := 0; g < concurrency; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n := int(next.Add(1)) - 1
+				if n >= benchItems {
+					return
+				}
+				// Consecutive items have distinct customers, so calls for
+				// one customer rarely overlap; the simulator has no
+				// one-call rule here in any case.
+				p := benchPayload(n, ts)
+				p.Identifier = fmt.Sprintf("tly_direct_%064d", n)
+				if o := exp.Send(context.Background(), outbox.Lease{Item: outbox.Item{Payload: p}}); o.Kind != outbox.Accepted {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("%d direct sends were not accepted", f)
+	}
+	return time.Since(start)
+}
+
+// BenchmarkDeliverUnlimited measures items per second from pending to
+// accepted against the simulator without a rate limit, for workers × batch
+// sizes, beside two ceilings measured in the same run: the deliverer with an
+// exporter that accepts at once (the outbox's share), and the exporter
+// posting straight to the simulator from as many goroutines as the
+// deliverer has sends in flight (HTTP's and the simulator's share).
+func BenchmarkDeliverUnlimited(b *testing.B) {
+	const inflight = 64
+	_, base := benchSim(b, stripesim.Limits{})
+	type row struct {
+		name string
+		rate float64
+	}
+	var rows []row
+	direct := sendDirect(b, base, inflight)
+	rows = append(rows, row{fmt.Sprintf("exporter alone, %d goroutines, no database", inflight), benchItems / direct.Seconds()})
+	instantRun := deliver(b, base, deliverRun{workers: 4, batch: 50, inflight: inflight, rate: 1e6,
+		exp: func(*stripeapi.Client) exporter.Exporter { return instant{} }})
+	rows = append(rows, row{"deliverer 4×50, instant exporter (no HTTP)", benchItems / instantRun.Seconds()})
+	for _, workers := range []int{1, 4, 8} {
+		for _, batch := range []int{10, 50, 100} {
+			// Each run gets a fresh simulator: identifiers repeat across runs.
+			_, base := benchSim(b, stripesim.Limits{})
+			el := deliver(b, base, deliverRun{workers: workers, batch: batch, inflight: inflight, rate: 1e6})
+			rows = append(rows, row{fmt.Sprintf("deliverer %d workers × batch %d", workers, batch), benchItems / el.Seconds()})
+			b.ReportMetric(benchItems/el.Seconds(), fmt.Sprintf("w%d_b%d_items/s", workers, batch))
+		}
+	}
+	fmt.Printf("\n%d items over %d customers, one meter; in flight ≤ %d; simulator without limits on loopback\n", benchItems, benchCustomers, inflight)
+	fmt.Printf("%-52s %10s %14s\n", "", "items/s", "vs exporter")
+	for _, r := range rows {
+		fmt.Printf("%-52s %10.0f %13.2fx\n", r.name, r.rate, r.rate/rows[0].rate)
+	}
+	fmt.Println()
+}
+
+// BenchmarkDeliverAtStripeLimit measures the rate the deliverer achieves
+// against a simulator that allows 1,000 calls a second (a bucket of 100)
+// and answers 429 beyond it, and the share of calls answered 429, for
+// limiter rates around the limit. The target: at least 95% of the limit
+// with under 1% of calls refused.
+func BenchmarkDeliverAtStripeLimit(b *testing.B) {
+	const limit = 1000
+	fmt.Printf("\n%d items over %d customers; the simulator allows %d calls/s (bucket 100); deliverer 4 workers × batch 50, 64 in flight\n",
+		benchItems, benchCustomers, limit)
+	fmt.Printf("%-22s %12s %12s %10s %10s %10s\n", "limiter rate", "overall/s", "steady/s", "of limit", "calls", "429s")
+	for _, rate := range []float64{900, 950, 1000, 1100} {
+		sim, base := benchSim(b, stripesim.Limits{RatePerSecond: limit, Burst: 100})
+		deliver(b, base, deliverRun{workers: 4, batch: 50, inflight: 64, rate: rate})
+		var times []time.Time
+		calls, refused := 0, 0
+		for _, r := range sim.Requests() {
+			if r.Path != "/v1/billing/meter_events" {
+				continue
+			}
+			calls++
+			switch r.Status {
+			case 200:
+				times = append(times, r.Time)
+			case 429:
+				refused++
+			}
+		}
+		sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
+		whole := float64(len(times)-1) / times[len(times)-1].Sub(times[0]).Seconds()
+		// Steady: from the end of the first second (the buckets' initial
+		// bursts would flatter the figure) to the 99th percentile of the
+		// accepted calls (the tail is the few rate-limited items waiting out
+		// their delay, not the pace of the backlog).
+		cut := times[0].Add(time.Second)
+		first := sort.Search(len(times), func(i int) bool { return !times[i].Before(cut) })
+		p99 := len(times) * 99 / 100
+		steady := float64(p99-first) / times[p99].Sub(times[first]).Seconds()
+		fmt.Printf("%-22.0f %12.0f %12.0f %9.1f%% %10d %9.2f%%\n", rate, whole, steady, 100*steady/limit, calls, 100*float64(refused)/float64(calls))
+		b.ReportMetric(steady, fmt.Sprintf("rate%.0f_steady_calls/s", rate))
+		b.ReportMetric(100*float64(refused)/float64(calls), fmt.Sprintf("rate%.0f_429_%%", rate))
+	}
+	fmt.Println()
+}
