@@ -31,6 +31,9 @@ type Answer struct {
 	NotSent bool
 }
 
+// codeAuth is the error code of a 401 or 403: the key, not the item.
+const codeAuth = "stripe_auth"
+
 // duplicatePrefix starts Stripe's answer to a reused meter-event identifier:
 // the provider has the event already, which is success.
 const duplicatePrefix = "An event already exists with identifier"
@@ -81,7 +84,7 @@ func Classify(a Answer) outbox.Outcome {
 		return outbox.Outcome{Kind: outbox.Quarantined, Reason: outbox.ReasonCustomerNotFound, Error: info}
 
 	case a.Status == http.StatusUnauthorized || a.Status == http.StatusForbidden:
-		info.Code = "stripe_auth"
+		info.Code = codeAuth
 		return outbox.Outcome{Kind: outbox.Retry, Error: info, Refused: true}
 
 	case a.Status == http.StatusNotFound:

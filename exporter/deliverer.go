@@ -41,6 +41,17 @@ type DelivererConfig struct {
 	// Owner prefixes the lease owner of every claim. Defaults to
 	// hostname:pid.
 	Owner string
+	// Keys, when set, hears whether the provider refuses this node's key
+	// (the Resolver: /readyz reports the stall).
+	Keys KeyHealth
+}
+
+// KeyHealth hears what deliveries say about the API key.
+type KeyHealth interface {
+	// KeyRefused: a 401 or 403; true when that is news.
+	KeyRefused(status int) bool
+	// KeyWorks: an accepted delivery; true when the key was refused until now.
+	KeyWorks() bool
 }
 
 func (c DelivererConfig) withDefaults() DelivererConfig {
@@ -234,6 +245,15 @@ func (d *Deliverer) deliver(l outbox.Lease, dest Destination) outbox.Outcome {
 		d.limiter.Slow(start)
 	} else if o.Error.Status != 0 || o.Kind == outbox.Accepted {
 		d.limiter.Ok()
+	}
+	if k := d.cfg.Keys; k != nil {
+		switch {
+		case o.Error.Code == codeAuth && k.KeyRefused(o.Error.Status):
+			d.logger.Error("Stripe refused the API key: export is stalled until the key is fixed; items are retried with backoff",
+				"status", o.Error.Status)
+		case o.Kind == outbox.Accepted && k.KeyWorks():
+			d.logger.Info("Stripe accepts the API key again: export resumed")
+		}
 	}
 	d.metrics.outcome(o)
 	return o

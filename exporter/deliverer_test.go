@@ -26,6 +26,7 @@ type rig struct {
 	*stagetest.Env
 	sim      *stripesim.Server
 	resolver *exporter.Resolver
+	base     string // the simulator's URL
 }
 
 // newRig is a staging path addressed to the simulator's account, with
@@ -51,7 +52,7 @@ func newRig(t *testing.T, cfg outbox.Config) *rig {
 		env.Tenant(t, name, nil)
 		sim.CreateCustomer(stripesim.DefaultAccount, "cus_"+name)
 	}
-	return &rig{Env: env, sim: sim, resolver: res}
+	return &rig{Env: env, sim: sim, resolver: res, base: srv.URL}
 }
 
 // run runs a deliverer, and the outbox's maintenance as tally serve does,
@@ -244,4 +245,74 @@ func TestStalledDeliverSendsNothing(t *testing.T) {
 	for _, req := range r.sim.Requests() {
 		require.NotEqual(t, "/v1/billing/meter_events", req.Path)
 	}
+}
+
+// A key Stripe stops accepting (rolled, deleted) stalls export visibly:
+// items stay pending — a 401 is the key's fault, not the item's — the
+// resolver's readiness check says why, and the first accepted delivery
+// after the key works again clears it.
+func TestRefusedKeyStallsVisibly(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{BackoffBase: 20 * time.Millisecond, BackoffCap: 50 * time.Millisecond, Lease: 10 * time.Second})
+	// A key long enough that Stripe's 401 shows its last four characters.
+	const key = "sk_test_51TallyRefusedKeyTail9Zq"
+	r.sim.AddKey(key, stripesim.DefaultAccount)
+	res, err := exporter.NewResolver(exporter.Settings{Key: key, APIBase: r.base})
+	require.NoError(t, err)
+	_, err = res.Resolve(r.Ctx)
+	require.NoError(t, err)
+	var logs syncBuf
+	d, err := exporter.NewDeliverer(exporter.DelivererConfig{Workers: 2, Batch: 10, InFlight: 8, PollInterval: 20 * time.Millisecond, Keys: res},
+		r.Outbox, r.Pool, exporter.NewStripeV1(res.Client(), time.Second), time.Second, res.Destination,
+		exporter.NewLimiter(1000), slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	require.NoError(t, err)
+	require.NoError(t, res.Check(r.Ctx))
+
+	r.sim.RevokeKey(key)
+	r.MustIngest(t, stagetest.Ev("l1", "t1", "logins", 1, nil), stagetest.Ev("l2", "t2", "logins", 1, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	require.Eventually(t, func() bool { return res.Check(r.Ctx) != nil }, 10*time.Second, 10*time.Millisecond)
+	require.EqualError(t, res.Check(r.Ctx), "export stalled: Stripe refused the API key (status 401)")
+	var refused int
+	require.Eventually(t, func() bool {
+		require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM outbox_attempts WHERE error_code = 'stripe_auth' AND refused`).Scan(&refused))
+		return refused >= 4
+	}, 10*time.Second, 10*time.Millisecond)
+	c := r.counts(t)
+	require.Equal(t, int64(2), c[outbox.StatePending]+c[outbox.StateLeased], "%v", c)
+	require.Empty(t, r.sim.Events(stripesim.DefaultAccount))
+	require.Equal(t, 1, strings.Count(logs.String(), "level=ERROR"), "one error line per stall, not one per call:\n%s", logs.String())
+	// Stripe's 401 shows the key masked, its last characters in clear:
+	// none of it reaches the database.
+	var leaked int
+	require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT (SELECT count(*) FROM outbox_items WHERE last_error ~ '(sk_|9Zq)')
+		+ (SELECT count(*) FROM outbox_attempts WHERE error_message ~ '(sk_|9Zq)')`).Scan(&leaked))
+	require.Zero(t, leaked)
+
+	r.sim.AddKey(key, stripesim.DefaultAccount)
+	require.Eventually(t, func() bool { return r.counts(t)[outbox.StateAccepted] == 2 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, res.Check(r.Ctx))
+	require.Contains(t, logs.String(), "export resumed")
+}
+
+// syncBuf is a log buffer safe for concurrent writers.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

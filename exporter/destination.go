@@ -67,6 +67,7 @@ type Resolver struct {
 	resolved *Destination
 	lastErr  error
 	lastTry  time.Time
+	keyErr   error // Stripe refused the key on a delivery
 }
 
 // retryEvery bounds how often a failed account lookup is tried again.
@@ -170,8 +171,34 @@ func (r *Resolver) Run(ctx context.Context) {
 	}
 }
 
-// Check is a readiness check: nil when this node knows where it exports.
+// Check is a readiness check: nil when this node knows where it exports
+// and Stripe has not refused its key since the last accepted delivery.
 func (r *Resolver) Check(context.Context) error {
-	_, err := r.Destination()
-	return err
+	if _, err := r.Destination(); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.keyErr
+}
+
+// KeyRefused records that Stripe refused the key on a delivery (401 or
+// 403, a rolled or restricted key): export is stalled — Check says so —
+// until a delivery with it is accepted. It reports whether that is news.
+func (r *Resolver) KeyRefused(status int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	news := r.keyErr == nil
+	r.keyErr = fmt.Errorf("export stalled: Stripe refused the API key (status %d)", status)
+	return news
+}
+
+// KeyWorks records an accepted delivery; it reports whether export was
+// stalled on the key until now.
+func (r *Resolver) KeyWorks() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	news := r.keyErr != nil
+	r.keyErr = nil
+	return news
 }

@@ -139,6 +139,8 @@ func TestErrorInfoSanitized(t *testing.T) {
 		{"secret as code", outbox.ErrorInfo{Code: "sk_live_51Habc123"}, outbox.ErrorInfo{Code: "redacted"}},
 		{"secrets redacted", outbox.ErrorInfo{Code: "x", Message: "key sk_live_51Habc123 and rk_test_9 and Bearer abc.def and whsec_zzz"},
 			outbox.ErrorInfo{Code: "x", Message: "key [redacted] and [redacted] and [redacted] and [redacted]"}},
+		{"masked key, as Stripe's 401 shows it", outbox.ErrorInfo{Code: "x", Message: "Invalid API Key provided: sk_test_********************1x2Y"},
+			outbox.ErrorInfo{Code: "x", Message: "Invalid API Key provided: [redacted]"}},
 		{"control characters and whitespace", outbox.ErrorInfo{Code: "x", Message: "a\x00b\n\n\tc\x1b[31m"},
 			outbox.ErrorInfo{Code: "x", Message: "ab c[31m"}},
 	}

@@ -233,7 +233,7 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		var err error
 		deliverer, err = exporter.NewDeliverer(exporter.DelivererConfig{
 			Workers: cfg.DeliveryWorkers, Batch: cfg.DeliveryBatch, InFlight: cfg.DeliveryInFlight,
-			PollInterval: cfg.PollInterval,
+			PollInterval: cfg.PollInterval, Keys: p.Resolver,
 		}, p.Outbox, db.Pool, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
 			p.Resolver.Destination, exporter.NewLimiter(rate), logger, p.Registry)
 		if err != nil {
@@ -241,13 +241,17 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		}
 	}
 
+	riverLevel := slog.LevelWarn // River's own progress only when debugging
+	if cfg.LogLevel == "debug" {
+		riverLevel = slog.LevelDebug
+	}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: db.Pool, Logger: logger})
 	rc, err := river.NewClient(riverpgxv5.New(db.Pool), &river.Config{
 		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}},
 		Workers:      workers,
 		PeriodicJobs: []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)},
-		Logger:       logger.With("component", "river"),
+		Logger:       slog.New(quieter{logger.Handler(), riverLevel}).With("component", "river"),
 	})
 	if err != nil {
 		return fmt.Errorf("starting River: %w", err)
@@ -375,3 +379,20 @@ func NewLogger(cfg config.Config) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
+
+// quieter passes on only records at or above min (and what the handler it
+// wraps lets through): River reports its job counts at info every few
+// seconds, which would drown the node's own log.
+type quieter struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (q quieter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= q.min && q.Handler.Enabled(ctx, l)
+}
+
+func (q quieter) WithAttrs(as []slog.Attr) slog.Handler {
+	return quieter{q.Handler.WithAttrs(as), q.min}
+}
+func (q quieter) WithGroup(n string) slog.Handler { return quieter{q.Handler.WithGroup(n), q.min} }

@@ -159,6 +159,14 @@ func (s *Server) AddKey(key, account string) {
 	s.accountLocked(account)
 }
 
+// RevokeKey stops accepting key, as a rolled or deleted key: calls with it
+// answer 401.
+func (s *Server) RevokeKey(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.keys, key)
+}
+
 // AddAccount makes account known without giving it a key, so that it can be
 // reached with the Stripe-Account header (a Connect destination).
 func (s *Server) AddAccount(account string) {
