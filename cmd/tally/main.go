@@ -84,7 +84,13 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	fs := flag.NewFlagSet("tally "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	load := config.Flags(fs, getenv)
+	// A command without a database takes the service's settings from the
+	// environment only (its logging, say): its -h lists its own flags.
+	cfgFlags := fs
+	if cmd.noDB {
+		cfgFlags = flag.NewFlagSet("", flag.ContinueOnError)
+	}
+	load := config.Flags(cfgFlags, getenv)
 	o := &opts{}
 	if cmd.flags != nil {
 		cmd.flags(fs, o)
@@ -113,6 +119,17 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		cfg.LogLevel = "warn" // operator commands print results, not progress
 	}
 	logger := app.NewLogger(cfg)
+	if !cmd.noDB && cfg.DatabaseURL == "" && !dataDirSet(cfgFlags, getenv) && embeddedpg.Unreachable(cfg.DataDir, "") {
+		// Run as root from a checkout the server user cannot reach (under
+		// /root, say): the default data directory moves to one it can, the
+		// same for every command of this checkout.
+		moved := embeddedpg.Fallback(cfg.DataDir)
+		if cmd.service {
+			logger.Warn("the default data directory is not reachable by the unprivileged user that runs PostgreSQL; using another",
+				"default", cfg.DataDir, "using", moved, "hint", "set TALLY_DATA_DIR to choose")
+		}
+		cfg.DataDir = moved
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -129,11 +146,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		}
 	}
 	if cmd.noDB {
-		if err := cmd.run(ctx, &env{cfg: cfg, logger: logger, stdout: stdout, stderr: stderr, opts: o}, fs.Args()); err != nil {
-			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
-			return 1
-		}
-		return 0
+		return exitStatus(cmd, stderr, cmd.run(ctx, &env{cfg: cfg, logger: logger, stdout: stdout, stderr: stderr, opts: o}, fs.Args()))
 	}
 	parts, err := app.Build(cfg)
 	if err != nil {
@@ -158,16 +171,21 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		_, _ = parts.Resolver.Resolve(ctx)
 	}
 	e := &env{cfg: cfg, db: db, parts: parts, logger: logger, stdout: stdout, stderr: stderr, opts: o}
-	if err := cmd.run(ctx, e, fs.Args()); err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
-			return 2
-		}
-		fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
-		return 1
+	return exitStatus(cmd, stderr, cmd.run(ctx, e, fs.Args()))
+}
+
+// exitStatus reports a command's error: 2 for a mistake in how it was
+// called, 1 for a failure.
+func exitStatus(cmd command, stderr io.Writer, err error) int {
+	if err == nil {
+		return 0
 	}
-	return 0
+	fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		return 2
+	}
+	return 1
 }
 
 // usageError is a mistake in how a command was called (exit status 2).
@@ -203,4 +221,12 @@ func interspersed(fs *flag.FlagSet, args []string) []string {
 		}
 	}
 	return append(flags, positional...)
+}
+
+// dataDirSet reports whether the data directory was chosen, by flag or
+// environment, rather than left at its default.
+func dataDirSet(fs *flag.FlagSet, getenv func(string) string) bool {
+	set := getenv("TALLY_DATA_DIR") != ""
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "data-dir" })
+	return set
 }

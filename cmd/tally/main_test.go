@@ -253,3 +253,51 @@ func TestOperatorCommands(t *testing.T) {
 	code, _, _ = tally(t, url, "requeue", "12345")
 	require.Equal(t, 2, code, "the mapping version is required")
 }
+
+// TestStripeSimCommand runs `tally stripe-sim` as a user would: its meters
+// and customers from flags, a meter event posted with the key it prints,
+// the event in its record, and a clean exit on SIGTERM. A malformed --meter
+// is a usage error.
+func TestStripeSimCommand(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(binary, "stripe-sim", "--meter", "api_calls").CombinedOutput()
+	require.Error(t, err)
+	require.Equal(t, 2, err.(*exec.ExitError).ExitCode(), "%s", out)
+	require.Contains(t, string(out), "want EVENT_NAME:FORMULA")
+
+	addr := freeAddr(t)
+	var buf bytes.Buffer
+	cmd := exec.Command(binary, "stripe-sim", "--sim-listen", addr, "--meter", "api_calls:sum", "--customer", "cus_demo")
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	base := "http://" + addr
+	call := func(method, path, form string) (int, string) {
+		req, err := http.NewRequest(method, base+path, strings.NewReader(form))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer sk_test_sim")
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	require.Eventually(t, func() bool { code, _ := call("GET", "/v1/account", ""); return code == 200 }, 20*time.Second, 50*time.Millisecond, "%s", &buf)
+	require.Contains(t, buf.String(), "STRIPE_API_BASE="+base+" STRIPE_API_KEY=sk_test_sim")
+	code, body := call("GET", "/v1/billing/meters", "")
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, `"event_name":"api_calls"`)
+	code, body = call("POST", "/v1/billing/meter_events",
+		fmt.Sprintf("event_name=api_calls&identifier=tly_cmd_test&payload[stripe_customer_id]=cus_demo&payload[value]=7&timestamp=%d", time.Now().Unix()-60))
+	require.Equal(t, 200, code, body)
+	code, body = get(base + "/_sim/events")
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, "tly_cmd_test")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), "%s", &buf)
+}

@@ -59,3 +59,19 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 		require.ErrorContains(t, err, want)
 	}
 }
+
+func TestExporterChoice(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ value, wantErr string }{
+		{"stripe_meter_events", ""},
+		{"stripe_meter_event_stream", "not built yet"},
+		{"kafka", "TALLY_EXPORTER must be"},
+	} {
+		_, err := load(t, map[string]string{"TALLY_EXPORTER": tc.value})
+		if tc.wantErr == "" {
+			require.NoError(t, err, tc.value)
+		} else {
+			require.ErrorContains(t, err, tc.wantErr, tc.value)
+		}
+	}
+}

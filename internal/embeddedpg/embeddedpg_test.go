@@ -288,6 +288,38 @@ func TestUnreachableDataDir(t *testing.T) {
 	}
 }
 
+// TestFallbackForUnreachableDataDir: a data directory under a directory the
+// server user cannot traverse is unreachable, one it can reach is not, and
+// the fallback is stable per absolute path, distinct between paths, and
+// reachable.
+func TestFallbackForUnreachableDataDir(t *testing.T) {
+	base := filepath.Dir(tempDataDir(t))
+	locked := filepath.Join(base, "locked")
+	if err := os.Mkdir(locked, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	open := filepath.Join(base, "open")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inLocked, inOpen := filepath.Join(locked, "repo", ".tally"), filepath.Join(open, ".tally")
+	if Unreachable(inOpen, "") {
+		t.Errorf("%s reported unreachable", inOpen)
+	}
+	if got, want := Unreachable(inLocked, ""), os.Geteuid() == 0; got != want {
+		t.Errorf("Unreachable(%s) = %v, want %v (root: %v)", inLocked, got, want, os.Geteuid() == 0)
+	}
+	if first, again := Fallback(inLocked), Fallback(filepath.Join(locked, "repo", "..", "repo", ".tally")); first != again || first == Fallback(inOpen) {
+		t.Errorf("fallbacks not stable and distinct: %s, %s", Fallback(inLocked), Fallback(inOpen))
+	}
+	if !strings.HasPrefix(Fallback(inLocked), "/var/tmp/tally-") {
+		t.Errorf("fallback %s is not under /var/tmp", Fallback(inLocked))
+	}
+	if Unreachable(Fallback(inLocked), "") {
+		t.Errorf("the fallback %s is itself unreachable", Fallback(inLocked))
+	}
+}
+
 func TestConfigValidation(t *testing.T) {
 	ctx := context.Background()
 	if _, err := Start(ctx, Config{}); err == nil || !strings.Contains(err.Error(), "DataDir") {
