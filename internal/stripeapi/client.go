@@ -29,6 +29,11 @@ type Config struct {
 	// HTTPClient sends the requests. Default: a client with a
 	// DefaultTimeout timeout. It is not modified.
 	HTTPClient *http.Client
+	// BeforeRequest, when set, runs before every HTTP request the client
+	// sends — each page of a list, too — with the request's context; an
+	// error stops the request. The reconciler waits on the account's rate
+	// limiter and counts its calls here.
+	BeforeRequest func(ctx context.Context) error
 }
 
 // Mode is the mode of a Stripe key.
@@ -90,11 +95,11 @@ func New(cfg Config) (*Client, error) {
 	if hc == nil {
 		hc = &http.Client{Timeout: DefaultTimeout}
 	}
-	if cfg.Account != "" {
+	if cfg.Account != "" || cfg.BeforeRequest != nil {
 		// The Stripe-Account header goes on every request, including those
 		// later packages make through Stripe().
 		withAccount := *hc
-		withAccount.Transport = accountTransport{base: hc.Transport, account: cfg.Account}
+		withAccount.Transport = accountTransport{base: hc.Transport, account: cfg.Account, before: cfg.BeforeRequest}
 		hc = &withAccount
 	}
 	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
@@ -134,10 +139,12 @@ func (c *Client) AccountID(ctx context.Context) (string, error) {
 	return a.ID, nil
 }
 
-// accountTransport sets the Stripe-Account header when a request lacks it.
+// accountTransport sets the Stripe-Account header when a request lacks it,
+// and runs the BeforeRequest hook.
 type accountTransport struct {
 	base    http.RoundTripper
 	account string
+	before  func(context.Context) error
 }
 
 func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -145,7 +152,15 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	if r.Header.Get("Stripe-Account") == "" {
+	if t.before != nil {
+		if err := t.before(r.Context()); err != nil {
+			if r.Body != nil {
+				_ = r.Body.Close()
+			}
+			return nil, err
+		}
+	}
+	if t.account != "" && r.Header.Get("Stripe-Account") == "" {
 		r = r.Clone(r.Context())
 		r.Header.Set("Stripe-Account", t.account)
 	}

@@ -179,6 +179,29 @@ func (s *Server) recordLocked(a *account, ev *event) {
 	st.count++
 }
 
+// DropEvent marks the recorded event with the identifier in account as
+// dropped, as the AsyncDrop fault would have: it leaves the summaries and
+// the aggregates, and an error report names it. It reports whether there was
+// such a recorded event. Tests use it to drop exactly the events they mean.
+func (s *Server) DropEvent(account, identifier string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.accounts[account]
+	if a == nil {
+		return false
+	}
+	for _, ev := range a.events {
+		if ev.identifier == identifier && ev.status == EventRecorded {
+			ev.status = EventDropped
+			m := a.findMeterLocked(ev.livemode, ev.meter)
+			s.reportLocked(a, s.now(), ev.livemode, []streamFailure{{identifier: ev.identifier, eventName: ev.eventName, meter: m,
+				code: CodeDropped, message: "The event was accepted and then dropped (stripesim DropEvent)."}})
+			return true
+		}
+	}
+	return false
+}
+
 // newIdentifier is the identifier Stripe generates when none is sent.
 func newIdentifier() string { return randomID("sim_", 24) }
 

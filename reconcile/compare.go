@@ -1,0 +1,238 @@
+package reconcile
+
+import (
+	"math"
+	"math/big"
+	"slices"
+	"strconv"
+
+	"github.com/tallymeter/tally/outbox"
+)
+
+// held is one item of a key as the comparison sees it.
+type held struct {
+	id      int64
+	state   outbox.State
+	value   int64
+	ts      int64 // the event timestamp, Unix seconds
+	settled bool  // accepted longer ago than the settle delay
+}
+
+// later orders items as a last meter does: by event time, then by id (the
+// order they were staged, and so sent).
+func later(a, b held) bool { return a.ts > b.ts || (a.ts == b.ts && a.id > b.id) }
+
+// verdict is what one hour of one key came to.
+type verdict struct {
+	// skip is why the hour was not compared ("" when it was).
+	skip string
+	// match: the accepted items of the hour may be confirmed.
+	match    bool
+	confirm  []int64 // the hour's accepted items, on a match
+	expected *big.Int
+	// provider is Stripe's value; nil for a last meter with no event in
+	// the hour. providerText is it as Stripe sent it.
+	provider     *big.Float
+	providerText string
+	counted      []int64 // accepted and confirmed items: what Tally expects
+	uncertain    []int64
+	explainedBy  []int64
+	explanation  string
+}
+
+// Skip reasons.
+const (
+	skipInFlight  = "in_flight"  // an item of the hour is pending or leased
+	skipUnsettled = "unsettled"  // an accepted item of the hour is younger than the settle delay
+	skipNothing   = "nothing"    // no accepted or uncertain item: nothing to learn
+)
+
+// maxSubset bounds the uncertain items whose subsets are searched for an
+// explanation of a sum's difference (2^maxSubset sums).
+const maxSubset = 20
+
+// compareHour compares the items of one hour of one key with Stripe's
+// summary of it (found false: no summary, i.e. no event in the hour), by
+// the meter's formula.
+func compareHour(formula string, items []held, summary float64, found bool) verdict {
+	var v verdict
+	var accepted, counted, uncertain []held
+	for _, it := range items {
+		switch it.state {
+		case outbox.StatePending, outbox.StateLeased:
+			return verdict{skip: skipInFlight}
+		case outbox.StateAccepted:
+			if !it.settled {
+				return verdict{skip: skipUnsettled}
+			}
+			accepted = append(accepted, it)
+			counted = append(counted, it)
+		case outbox.StateConfirmed:
+			counted = append(counted, it)
+		case outbox.StateUncertain:
+			uncertain = append(uncertain, it)
+		}
+	}
+	if len(accepted) == 0 && len(uncertain) == 0 {
+		return verdict{skip: skipNothing}
+	}
+	for _, it := range counted {
+		v.counted = append(v.counted, it.id)
+	}
+	for _, it := range uncertain {
+		v.uncertain = append(v.uncertain, it.id)
+	}
+
+	if found {
+		v.provider = new(big.Float).SetFloat64(summary)
+		v.providerText = strconv.FormatFloat(summary, 'f', -1, 64)
+	} else if formula != "last" {
+		// Sum and count of no events: zero.
+		v.provider = new(big.Float)
+		v.providerText = "0"
+	}
+
+	var last held
+	switch formula {
+	case "sum":
+		v.expected = new(big.Int)
+		for _, it := range counted {
+			v.expected.Add(v.expected, big.NewInt(it.value))
+		}
+	case "count":
+		v.expected = big.NewInt(int64(len(counted)))
+	case "last":
+		last = held{ts: math.MinInt64}
+		v.expected = new(big.Int) // nothing expected when only uncertain items are
+		for i, it := range counted {
+			if i == 0 || later(it, last) {
+				last = it
+			}
+		}
+		if len(counted) > 0 {
+			v.expected = big.NewInt(last.value)
+		}
+	}
+
+	if formula == "last" && len(counted) == 0 {
+		// Only uncertain items: a match is no event at all.
+		if v.provider == nil {
+			v.match = true
+			return v
+		}
+	} else if v.provider != nil && v.provider.Cmp(new(big.Float).SetInt(v.expected)) == 0 {
+		v.match = true
+		for _, it := range accepted {
+			v.confirm = append(v.confirm, it.id)
+		}
+		return v
+	}
+
+	v.explanation = "unexplained"
+	diff, whole := v.difference()
+	switch formula {
+	case "sum":
+		if whole && diff.IsInt64() && len(uncertain) > 0 && len(uncertain) <= maxSubset {
+			if set, n := subsetSum(uncertain, diff.Int64()); n == 1 {
+				v.explanation, v.explainedBy = "explained", set
+			} else if n > 1 {
+				v.explanation = "ambiguous"
+			}
+		} else if whole && len(uncertain) > maxSubset {
+			v.explanation = "ambiguous" // too many to tell which
+		}
+	case "count":
+		if whole && diff.IsInt64() && diff.Sign() > 0 {
+			switch k := diff.Int64(); {
+			case k == int64(len(uncertain)):
+				v.explanation, v.explainedBy = "explained", ids(uncertain)
+			case k < int64(len(uncertain)):
+				v.explanation = "ambiguous" // some of them landed; which cannot be told
+			}
+		}
+	case "last":
+		// The provider's last value is that of the latest event that
+		// landed: the latest uncertain item later than Tally's last with
+		// that value explains it.
+		if v.provider != nil {
+			var best *held
+			for i, it := range uncertain {
+				if later(it, last) && new(big.Float).SetInt64(it.value).Cmp(v.provider) == 0 && (best == nil || later(it, *best)) {
+					best = &uncertain[i]
+				}
+			}
+			if best != nil {
+				v.explanation, v.explainedBy = "explained", []int64{best.id}
+			}
+		}
+	}
+	return v
+}
+
+// difference is provider - expected, and whether it is a whole number; nil
+// when the provider has no value.
+func (v verdict) difference() (*big.Int, bool) {
+	if v.provider == nil {
+		return nil, false
+	}
+	d := new(big.Float).Sub(v.provider, new(big.Float).SetInt(v.expected))
+	i, acc := d.Int(nil)
+	return i, acc == big.Exact
+}
+
+// differenceText renders the difference for the record; "" without one.
+func (v verdict) differenceText() string {
+	if v.provider == nil {
+		return ""
+	}
+	d := new(big.Float).Sub(v.provider, new(big.Float).SetInt(v.expected))
+	if i, acc := d.Int(nil); acc == big.Exact {
+		return i.String()
+	}
+	f, _ := d.Float64()
+	return strconv.FormatFloat(f, 'f', -1, 64)
+}
+
+// subsetSum finds the subsets of items whose values sum to target: the
+// first one found (ids ascending) and how many there are, counting to 2.
+// The empty set does not count.
+func subsetSum(items []held, target int64) ([]int64, int) {
+	var found []int64
+	n := 0
+	total := 1 << len(items)
+	for mask := 1; mask < total && n < 2; mask++ {
+		var sum int64
+		overflow := false
+		for i, it := range items {
+			if mask&(1<<i) != 0 {
+				if (it.value > 0 && sum > math.MaxInt64-it.value) || (it.value < 0 && sum < math.MinInt64-it.value) {
+					overflow = true
+					break
+				}
+				sum += it.value
+			}
+		}
+		if overflow || sum != target {
+			continue
+		}
+		n++
+		if found == nil {
+			for i, it := range items {
+				if mask&(1<<i) != 0 {
+					found = append(found, it.id)
+				}
+			}
+			slices.Sort(found)
+		}
+	}
+	return found, n
+}
+
+func ids(items []held) []int64 {
+	out := make([]int64, len(items))
+	for i, it := range items {
+		out[i] = it.id
+	}
+	slices.Sort(out)
+	return out
+}

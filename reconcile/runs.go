@@ -1,0 +1,126 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/outbox"
+)
+
+// Run is a reconcile run as recorded.
+type Run struct {
+	ID          int64      `json:"id"`
+	Status      string     `json:"status"`
+	Trigger     string     `json:"trigger"`
+	RequestedBy string     `json:"requested_by"`
+	Settle      string     `json:"settle"`
+	Since       *time.Time `json:"since"`
+	Account     string     `json:"destination_account"`
+	Mode        string     `json:"mode"`
+	// Progress and totals.
+	KeysTotal      int    `json:"keys_total"`
+	KeysDone       int    `json:"keys_done"`
+	HoursCompared  int    `json:"hours_compared"`
+	HoursMatched   int    `json:"hours_matched"`
+	HoursSkipped   int    `json:"hours_skipped"`
+	ItemsConfirmed int64  `json:"items_confirmed"`
+	Discrepancies  int    `json:"discrepancies"`
+	StripeCalls    int    `json:"stripe_calls"`
+	ErrorCode      string `json:"error_code,omitempty"`
+	Error          string `json:"error,omitempty"`
+	// Times.
+	CreatedAt   time.Time  `json:"created_at"`
+	StartedAt   *time.Time `json:"started_at"`
+	HeartbeatAt *time.Time `json:"heartbeat_at"`
+	FinishedAt  *time.Time `json:"finished_at"`
+}
+
+// Discrepancy is one hour of one (customer, meter) where Stripe's summary
+// and what Tally holds as accepted or confirmed differ. Its items stay
+// accepted.
+type Discrepancy struct {
+	Account   string    `json:"destination_account"`
+	Mode      string    `json:"mode"`
+	EventName string    `json:"event_name"`
+	Meter     string    `json:"meter"`
+	Customer  string    `json:"customer"`
+	Hour      time.Time `json:"hour"`
+	Formula   string    `json:"formula"`
+	// Expected is Tally's value, Provider Stripe's (nil: a last meter with
+	// no event in the hour), Difference = Provider - Expected. Decimal
+	// strings: they are exact.
+	Expected   string  `json:"expected"`
+	Provider   *string `json:"provider"`
+	Difference *string `json:"difference"`
+	// ExpectedItems are the accepted and confirmed items Tally counts;
+	// UncertainItems the hour's uncertain ones; ExplainedBy the uncertain
+	// items whose landing explains the difference exactly, when exactly one
+	// such set exists (Explanation "explained"; else "ambiguous" or
+	// "unexplained").
+	ExpectedItems  []int64 `json:"expected_items"`
+	UncertainItems []int64 `json:"uncertain_items"`
+	ExplainedBy    []int64 `json:"explained_by"`
+	Explanation    string  `json:"explanation"`
+}
+
+const runColumns = `id, status, trigger, requested_by, settle::text, since, coalesce(destination_account, ''), coalesce(mode, ''),
+	keys_total, keys_done, hours_compared, hours_matched, hours_skipped, items_confirmed, discrepancies, stripe_calls,
+	coalesce(error_code, ''), coalesce(error, ''), created_at, started_at, heartbeat_at, finished_at`
+
+func scanRun(row pgx.Row) (Run, error) {
+	var r Run
+	err := row.Scan(&r.ID, &r.Status, &r.Trigger, &r.RequestedBy, &r.Settle, &r.Since, &r.Account, &r.Mode,
+		&r.KeysTotal, &r.KeysDone, &r.HoursCompared, &r.HoursMatched, &r.HoursSkipped, &r.ItemsConfirmed, &r.Discrepancies,
+		&r.StripeCalls, &r.ErrorCode, &r.Error, &r.CreatedAt, &r.StartedAt, &r.HeartbeatAt, &r.FinishedAt)
+	return r, err
+}
+
+// Get reads one run.
+func Get(ctx context.Context, q outbox.Querier, id int64) (Run, error) {
+	r, err := scanRun(q.QueryRow(ctx, `SELECT `+runColumns+` FROM reconcile_runs WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("reconcile: reading run %d: %w", id, err)
+	}
+	return r, nil
+}
+
+// List reads the latest runs, newest first.
+func List(ctx context.Context, q outbox.Querier, limit int) ([]Run, error) {
+	rows, err := q.Query(ctx, `SELECT `+runColumns+` FROM reconcile_runs ORDER BY id DESC LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: listing runs: %w", err)
+	}
+	runs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: listing runs: %w", err)
+	}
+	return runs, nil
+}
+
+// Discrepancies reads a run's discrepancies, by meter, customer and hour.
+func Discrepancies(ctx context.Context, q outbox.Querier, runID int64) ([]Discrepancy, error) {
+	rows, err := q.Query(ctx, `SELECT destination_account, mode, event_name, meter, customer, hour, formula,
+			expected::text, provider::text, difference::text, expected_items, uncertain_items, explained_by, explanation
+		FROM reconcile_discrepancies WHERE run_id = $1 ORDER BY event_name, customer, hour`, runID)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: reading discrepancies: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Discrepancy, error) {
+		var d Discrepancy
+		err := row.Scan(&d.Account, &d.Mode, &d.EventName, &d.Meter, &d.Customer, &d.Hour, &d.Formula, &d.Expected,
+			&d.Provider, &d.Difference, &d.ExpectedItems, &d.UncertainItems, &d.ExplainedBy, &d.Explanation)
+		d.Hour = d.Hour.UTC()
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: reading discrepancies: %w", err)
+	}
+	return out, nil
+}
