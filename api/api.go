@@ -43,6 +43,8 @@ type Deps struct {
 	Ingester *meter.Ingester
 	Requeuer *quarantine.Requeuer
 	Metrics  *Metrics
+	// Reconcile serves /v1/reconcile; nil answers that export is stalled.
+	Reconcile *ReconcileDeps
 }
 
 // Options configures the handler.

@@ -76,12 +76,15 @@ func (h *handlers) routes(r chi.Router) {
 		r.Get("/outbox/summary", h.getSummary)
 		r.Get("/outbox/items", h.listItems)
 		r.Get("/outbox/items/{id}", h.getItem)
+		r.Get("/reconcile/runs", h.listReconcileRuns)
+		r.Get("/reconcile/runs/{id}", h.getReconcileRun)
 	})
 	r.Group(func(r chi.Router) {
 		r.Use(require(auth.RoleOperator))
 		r.Put("/mappings/features/{feature}", h.putFeature)
 		r.Put("/mappings/tenants/{tenant}", h.putTenant)
 		r.Post("/outbox/items/{id}/requeue", h.requeue)
+		r.Post("/reconcile/runs", h.postReconcileRun)
 	})
 }
 

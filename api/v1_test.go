@@ -80,6 +80,12 @@ func testTarget(context.Context) (meter.Target, bool) {
 // staging, the stager addresses items to testTarget instead.
 func newHarness(t *testing.T, staging bool) *harness {
 	t.Helper()
+	return newHarnessWith(t, staging, nil)
+}
+
+// newHarnessWith is newHarness with the reconcile routes' dependencies.
+func newHarnessWith(t *testing.T, staging bool, rec *api.ReconcileDeps) *harness {
+	t.Helper()
 	pool := testdb.New(t)
 	env := map[string]string{
 		"TALLY_DATABASE_URL": testdb.URLOf(t, pool),
@@ -99,7 +105,7 @@ func newHarness(t *testing.T, staging bool) *harness {
 	handler := api.New(api.Options{
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 		V1: &api.Deps{Pool: pool, Outbox: parts.Outbox, Mappings: parts.Mappings, Ingester: parts.Ingester,
-			Requeuer: parts.Requeuer, Metrics: parts.API},
+			Requeuer: parts.Requeuer, Metrics: parts.API, Reconcile: rec},
 	})
 	srv := httptest.NewServer(handler)
 	t.Cleanup(func() {
@@ -290,6 +296,10 @@ var v1Routes = []v1Route{
 	{http.MethodGet, "/v1/outbox/items/{id}", fixed("/v1/outbox/items/424242"), nil, auth.RoleFinance, http.StatusNotFound},
 	{http.MethodPost, "/v1/outbox/items/{id}/requeue", fixed("/v1/outbox/items/424242/requeue"),
 		func(string) any { return map[string]any{"mapping_version": 1} }, auth.RoleOperator, http.StatusNotFound},
+	// Without a Stripe key there is nothing to reconcile against: 409.
+	{http.MethodPost, "/v1/reconcile/runs", fixed("/v1/reconcile/runs"), nil, auth.RoleOperator, http.StatusConflict},
+	{http.MethodGet, "/v1/reconcile/runs", fixed("/v1/reconcile/runs"), nil, auth.RoleFinance, http.StatusOK},
+	{http.MethodGet, "/v1/reconcile/runs/{id}", fixed("/v1/reconcile/runs/424242"), nil, auth.RoleFinance, http.StatusNotFound},
 }
 
 var roleRank = map[auth.Role]int{auth.RoleIngest: 1, auth.RoleFinance: 2, auth.RoleOperator: 3, auth.RoleAdmin: 4}

@@ -42,9 +42,9 @@ type verdict struct {
 
 // Skip reasons.
 const (
-	skipInFlight  = "in_flight"  // an item of the hour is pending or leased
-	skipUnsettled = "unsettled"  // an accepted item of the hour is younger than the settle delay
-	skipNothing   = "nothing"    // no accepted or uncertain item: nothing to learn
+	skipInFlight  = "in_flight" // an item of the hour is pending or leased
+	skipUnsettled = "unsettled" // an accepted item of the hour is younger than the settle delay
+	skipNothing   = "nothing"   // no accepted or uncertain item: nothing to learn
 )
 
 // maxSubset bounds the uncertain items whose subsets are searched for an

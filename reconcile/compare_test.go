@@ -11,8 +11,12 @@ import (
 func acc(id, value, ts int64) held {
 	return held{id: id, state: outbox.StateAccepted, value: value, ts: ts, settled: true}
 }
-func conf(id, value, ts int64) held { return held{id: id, state: outbox.StateConfirmed, value: value, ts: ts} }
-func unc(id, value, ts int64) held  { return held{id: id, state: outbox.StateUncertain, value: value, ts: ts} }
+func conf(id, value, ts int64) held {
+	return held{id: id, state: outbox.StateConfirmed, value: value, ts: ts}
+}
+func unc(id, value, ts int64) held {
+	return held{id: id, state: outbox.StateUncertain, value: value, ts: ts}
+}
 
 func TestCompareHour(t *testing.T) {
 	t.Parallel()

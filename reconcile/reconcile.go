@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -60,6 +62,10 @@ type Config struct {
 	// Limiter paces every Stripe call of a run (the account's limiter).
 	Limiter *exporter.Limiter
 	Logger  *slog.Logger
+	// RetryInitial and RetryMax shape the backoff of a read that failed
+	// transiently (429, 5xx, no answer): the first wait, and how long a read
+	// may keep failing before the run fails. Default 500ms and 2 minutes.
+	RetryInitial, RetryMax time.Duration
 }
 
 // Reconciler compares accepted items with Stripe's event summaries and
@@ -82,6 +88,12 @@ func New(cfg Config) (*Reconciler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.RetryInitial <= 0 {
+		cfg.RetryInitial = 500 * time.Millisecond
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = 2 * time.Minute
+	}
 	r := &Reconciler{cfg: cfg}
 	c, err := stripeapi.New(stripeapi.Config{Key: cfg.Key, APIBase: cfg.APIBase, Account: cfg.Account,
 		BeforeRequest: func(ctx context.Context) error {
@@ -97,8 +109,9 @@ func New(cfg Config) (*Reconciler, error) {
 
 // Options are a run's parameters.
 type Options struct {
-	// Settle: only accepted items older than this are compared. Default
-	// DefaultSettle; negative is an error.
+	// Settle: only accepted items older than this are compared (0: all;
+	// callers pass TALLY_RECONCILE_SETTLE, by default DefaultSettle).
+	// Negative is an error.
 	Settle time.Duration
 	// Since: only hours from this event time on (zero: all).
 	Since time.Time
@@ -119,9 +132,6 @@ const (
 func Queue(ctx context.Context, q outbox.Querier, trigger Trigger, by string, opts Options) (int64, error) {
 	if opts.Settle < 0 {
 		return 0, errors.New("reconcile: the settle delay must not be negative")
-	}
-	if opts.Settle == 0 {
-		opts.Settle = DefaultSettle
 	}
 	var since *time.Time
 	if !opts.Since.IsZero() {
@@ -281,8 +291,8 @@ func (r *Reconciler) pass(ctx context.Context, db DB, id int64) error {
 	}
 
 	start := r.calls.Load()
-	meters, err := r.client.Meters(ctx)
-	if err != nil {
+	var meters []stripeapi.Meter
+	if err := r.read(ctx, func() (err error) { meters, err = r.client.Meters(ctx); return err }); err != nil {
 		return err
 	}
 	byEvent := map[string]stripeapi.Meter{}
@@ -385,8 +395,11 @@ ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(dest.Mode), "
 			}
 		}
 	} else {
-		summaries, err := r.client.EventSummaries(ctx, m.ID, k.customer, from, to, stripeapi.Hour)
-		if err != nil {
+		var summaries []stripeapi.Summary
+		if err := r.read(ctx, func() (err error) {
+			summaries, err = r.client.EventSummaries(ctx, m.ID, k.customer, from, to, stripeapi.Hour)
+			return err
+		}); err != nil {
 			return err
 		}
 		provider := map[int64]float64{}
@@ -468,6 +481,31 @@ ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(dest.Mode), "
 		return fmt.Errorf("reconcile: recording progress: %w", err)
 	}
 	return tx.Commit(ctx)
+}
+
+// read runs a Stripe read, again with exponential backoff and jitter after
+// a transient failure (429 — which also slows the account's limiter — 5xx,
+// no answer), until it succeeds, fails for good, or RetryMax has passed.
+func (r *Reconciler) read(ctx context.Context, f func() error) error {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxElapsedTime = r.cfg.RetryInitial, r.cfg.RetryMax
+	return backoff.Retry(func() error {
+		sent := time.Now()
+		err := f()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		code, status, _ := stripeapi.Describe(err)
+		switch {
+		case status == http.StatusTooManyRequests:
+			r.cfg.Limiter.Slow(sent)
+		case status >= 500, code == stripeapi.CodeNetwork, code == stripeapi.CodeTimeout:
+		default:
+			return backoff.Permanent(err)
+		}
+		r.cfg.Logger.Debug("reconcile: a Stripe read failed; trying again", "status", status)
+		return err
+	}, backoff.WithContext(b, ctx))
 }
 
 // worthComparing: an hour with a settled accepted item (to confirm) or an

@@ -64,11 +64,15 @@ func newRig(t *testing.T, cfg outbox.Config) *rig {
 }
 
 func (r *rig) reconciler(t *testing.T, rate float64) *reconcile.Reconciler {
+	return r.reconcilerRetrying(t, rate, 5*time.Second)
+}
+
+func (r *rig) reconcilerRetrying(t *testing.T, rate float64, retryMax time.Duration) *reconcile.Reconciler {
 	t.Helper()
 	rec, err := reconcile.New(reconcile.Config{Outbox: r.Outbox, Key: stripesim.DefaultKey, APIBase: r.base,
 		Destination: func() (exporter.Destination, error) {
 			return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
-		}, Limiter: exporter.NewLimiter(rate)})
+		}, Limiter: exporter.NewLimiter(rate), RetryInitial: time.Millisecond, RetryMax: retryMax})
 	require.NoError(t, err)
 	return rec
 }
@@ -297,7 +301,10 @@ func TestUncertainItemsThatLandedAreNamed(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, outbox.Config{MaxAttempts: 2, BackoffBase: time.Millisecond, BackoffCap: 2 * time.Millisecond})
 	// Accepted items in the hour 5 hours ago, for t1's three meters.
-	at := func(min int) *time.Time { v := stagetest.Ago(5 * time.Hour).Truncate(time.Hour).Add(time.Duration(min) * time.Minute); return &v }
+	at := func(min int) *time.Time {
+		v := stagetest.Ago(5 * time.Hour).Truncate(time.Hour).Add(time.Duration(min) * time.Minute)
+		return &v
+	}
 	r.MustIngest(t, stagetest.Ev("a1", "t1", "api", 10, at(5)), stagetest.Ev("s1", "t1", "seats", 4, at(5)),
 		stagetest.Ev("l1", "t1", "logins", 1, at(5)))
 	r.deliverAll(t)
@@ -355,7 +362,7 @@ func TestSettleDelayIsRespected(t *testing.T) {
 	r := newRig(t, outbox.Config{})
 	r.ingestMix(t, 1)
 	r.deliverAll(t)
-	run, ds := r.run(t, reconcile.Options{}) // the default: two hours
+	run, ds := r.run(t, reconcile.Options{Settle: reconcile.DefaultSettle})
 	require.Empty(t, ds)
 	require.Zero(t, run.KeysTotal, "nothing accepted two hours ago")
 	require.Zero(t, r.counts(t)[outbox.StateConfirmed])
@@ -456,4 +463,31 @@ func TestInterruptedRunsResumeOrRerunToTheSameEnd(t *testing.T) {
 	_, err = r.rec.RunNow(r.Ctx, r.Pool, reconcile.TriggerCommand, "test", reconcile.Options{Settle: settled})
 	require.ErrorIs(t, err, reconcile.ErrRunning)
 	require.True(t, slices.Contains([]string{"running"}, func() string { run, _ := reconcile.Get(r.Ctx, r.Pool, live); return run.Status }()))
+}
+
+// Stripe's reads fail now and then (429, 500): the run reads again with
+// backoff and ends as it would have. When they keep failing, the run fails
+// visibly — its error a code and a status — having confirmed only what it
+// proved.
+func TestTransientReadFailuresAreRetried(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{})
+	r.ingestMix(t, 2)
+	r.deliverAll(t)
+	accepted := r.counts(t)[outbox.StateAccepted]
+
+	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{ReadFault: 1}})
+	run, err := r.reconcilerRetrying(t, 1000, 100*time.Millisecond).RunNow(r.Ctx, r.Pool, reconcile.TriggerCommand, "test",
+		reconcile.Options{Settle: settled})
+	require.Error(t, err)
+	require.Equal(t, "failed", run.Status)
+	require.Contains(t, []string{"api_error", "rate_limit"}, run.ErrorCode)
+	require.Zero(t, run.ItemsConfirmed)
+	require.Equal(t, accepted, r.counts(t)[outbox.StateAccepted])
+
+	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{ReadFault: 0.3}})
+	run, ds := r.run(t, reconcile.Options{Settle: settled})
+	require.Empty(t, ds)
+	require.Equal(t, accepted, run.ItemsConfirmed)
+	require.Greater(t, run.StripeCalls, 31, "some reads were made again")
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/quarantine"
+	"github.com/tallymeter/tally/reconcile"
 )
 
 // env is what a command runs with.
@@ -56,6 +57,8 @@ type opts struct {
 	simListen, simKey, simAccount   string
 	meters, customers               stringList
 	simLimits                       stripesim.Limits
+	settle                          time.Duration
+	since                           string
 }
 
 func lookup(args []string) (command, []string, bool) {
@@ -144,6 +147,11 @@ func commands() []command {
 			fs.Float64Var(&o.simLimits.Faults.AsyncDrop, "async-drop", 0, "probability of answering 200 and dropping the event later")
 			fs.DurationVar(&o.simLimits.Faults.Latency, "latency", 0, "added latency of every meter-event call")
 		}, run: runStripeSim},
+		{name: "reconcile", flags: func(fs *flag.FlagSet, o *opts) {
+			fs.DurationVar(&o.settle, "settle", -1, "compare only items accepted longer ago than this (default: TALLY_RECONCILE_SETTLE)")
+			fs.StringVar(&o.since, "since", "", "only hours from this event time on: RFC 3339 or YYYY-MM-DD (default: all)")
+			fs.StringVar(&o.format, "format", "table", "table or json")
+		}, run: runReconcile},
 		{name: "report completeness", flags: func(fs *flag.FlagSet, o *opts) {
 			fs.StringVar(&o.period, "period", "", "billing periods starting in this month, YYYY-MM (required)")
 			fs.StringVar(&o.tenant, "tenant", "", "only this tenant")
@@ -524,6 +532,77 @@ func runCompleteness(ctx context.Context, e *env, _ []string) error {
 		return errors.New("the conservation identity does not hold for every line")
 	}
 	return nil
+}
+
+func runReconcile(ctx context.Context, e *env, _ []string) error {
+	if e.parts.Reconciler == nil {
+		return errors.New("no Stripe key (STRIPE_API_KEY): there is nothing to reconcile against")
+	}
+	if e.opts.format != "table" && e.opts.format != "json" {
+		return usageError{"--format must be table or json"}
+	}
+	opts := reconcile.Options{Settle: e.cfg.ReconcileSettle}
+	if e.opts.settle >= 0 {
+		opts.Settle = e.opts.settle
+	}
+	if e.opts.since != "" {
+		t, err := time.Parse(time.RFC3339, e.opts.since)
+		if err != nil {
+			if t, err = time.Parse(time.DateOnly, e.opts.since); err != nil {
+				return usageError{"--since must be RFC 3339 or YYYY-MM-DD"}
+			}
+		}
+		opts.Since = t
+	}
+	run, err := e.parts.Reconciler.RunNow(ctx, e.db.Pool, reconcile.TriggerCommand, "tally reconcile", opts)
+	if errors.Is(err, reconcile.ErrRunning) {
+		return errors.New("another reconcile run is in progress; see GET /v1/reconcile/runs")
+	}
+	if err != nil && run.ID == 0 {
+		return err
+	}
+	ds, derr := reconcile.Discrepancies(ctx, e.db.Pool, run.ID)
+	if derr != nil {
+		return derr
+	}
+	if e.opts.format == "json" {
+		if perr := printJSON(e.stdout, map[string]any{"run": run, "discrepancies": ds}); perr != nil {
+			return perr
+		}
+		return err
+	}
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "run %d\t%s\n", run.ID, run.Status)
+	fmt.Fprintf(w, "destination\t%s (%s)\n", run.Account, run.Mode)
+	fmt.Fprintf(w, "settle\t%s\n", run.Settle)
+	fmt.Fprintf(w, "keys (customer, meter)\t%d of %d\n", run.KeysDone, run.KeysTotal)
+	fmt.Fprintf(w, "hours compared\t%d (%d matched, %d skipped: an item in flight or not settled)\n", run.HoursCompared, run.HoursMatched, run.HoursSkipped)
+	fmt.Fprintf(w, "items confirmed\t%d\n", run.ItemsConfirmed)
+	fmt.Fprintf(w, "discrepancies\t%d\n", run.Discrepancies)
+	fmt.Fprintf(w, "stripe calls\t%d\n", run.StripeCalls)
+	if run.Error != "" {
+		fmt.Fprintf(w, "error\t%s: %s\n", run.ErrorCode, run.Error)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(ds) > 0 {
+		fmt.Fprintln(e.stdout)
+		w = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "METER\tCUSTOMER\tHOUR\tFORMULA\tEXPECTED\tSTRIPE\tDIFFERENCE\tEXPLANATION\tUNCERTAIN ITEMS")
+		for _, d := range ds {
+			provider, diff := "(none)", ""
+			if d.Provider != nil {
+				provider, diff = *d.Provider, *d.Difference
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", d.EventName, d.Customer, d.Hour.Format(time.RFC3339),
+				d.Formula, d.Expected, provider, diff, d.Explanation, d.UncertainItems)
+		}
+		if ferr := w.Flush(); ferr != nil {
+			return ferr
+		}
+	}
+	return err
 }
 
 func runStripeSim(ctx context.Context, e *env, _ []string) error {

@@ -261,6 +261,31 @@ func runExport(t *testing.T, kills int) {
 		require.NoError(t, err)
 		require.True(t, rep.Holds, "%+v", rep)
 	}
+	// Stripe's own numbers agree: a reconcile run confirms every accepted
+	// item and finds no discrepancy.
+	var accepted int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&accepted))
+	rc := exec.Command(binary, "reconcile", "--settle", "0s", "--format", "json")
+	rc.Env = append(os.Environ(), n.env...)
+	out, err := rc.Output()
+	require.NoError(t, err, "%s", out)
+	var res struct {
+		Run struct {
+			Status         string `json:"status"`
+			ItemsConfirmed int64  `json:"items_confirmed"`
+			Discrepancies  int    `json:"discrepancies"`
+			KeysTotal      int    `json:"keys_total"`
+		} `json:"run"`
+	}
+	require.NoError(t, json.Unmarshal(out, &res), "%s", out)
+	require.Equal(t, "succeeded", res.Run.Status)
+	require.Zero(t, res.Run.Discrepancies, "%s", out)
+	require.Equal(t, accepted, res.Run.ItemsConfirmed)
+	require.Equal(t, tenants*3, res.Run.KeysTotal)
+	var left int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
+	require.Zero(t, left)
+
 	if kills > 0 {
 		// The kills landed while leases were held: a lease that died with
 		// its process is logged 'abandoned' when the item is claimed again.

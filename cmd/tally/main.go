@@ -24,7 +24,7 @@ Usage:
   tally <command> [flags]
 
 Commands:
-  serve                  run the service: HTTP API, staging, outbox maintenance
+  serve                  run the service: HTTP API, staging, export, reconciliation, outbox maintenance
   dev                    run the service on embedded defaults for local development
   migrate                apply the database migrations (Tally's and River's) and exit
   tokens create          create an API token: --role ingest|finance|operator|admin [--tenant T …] [--name N]
@@ -35,6 +35,7 @@ Commands:
   quarantine             the quarantine report: [--format table|csv|json] [--reason R] [--tenant T] [--feature F] [--period YYYY-MM]
   requeue ID             requeue a quarantined item: --mapping-version N
   report completeness    the completeness report: --period YYYY-MM [--tenant T] [--format table|json]
+  reconcile              compare accepted items with Stripe's summaries now, confirm what matches: [--settle D] [--since T] [--format table|json]
   stripe-sim             run the built-in Stripe simulator: [--sim-listen ADDR] [--sim-key K] [--sim-account A] [--meter EVENT:FORMULA …]
   help                   show this text, or a command's flags with: tally <command> -h
 

@@ -38,6 +38,7 @@ import (
 	"github.com/tallymeter/tally/migrations"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
+	"github.com/tallymeter/tally/reconcile"
 )
 
 // embeddedDatabase is the database Tally uses inside its embedded cluster.
@@ -167,6 +168,11 @@ type Parts struct {
 	Requeuer *quarantine.Requeuer
 	Resolver *exporter.Resolver
 	API      *api.Metrics
+	// Limiter paces every call to the destination account (deliveries and
+	// reconciliation); nil without a key.
+	Limiter *exporter.Limiter
+	// Reconciler is nil without a key.
+	Reconciler *reconcile.Reconciler
 }
 
 // Build makes the parts from cfg, with their metrics on a fresh registry.
@@ -200,11 +206,26 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
+	var limiter *exporter.Limiter
+	if c := res.Client(); c != nil {
+		rate := cfg.RateTest
+		if c.Mode() == stripeapi.ModeLive {
+			rate = cfg.RateLive
+		}
+		limiter = exporter.NewLimiter(rate)
+	}
+	var rec *reconcile.Reconciler
+	if limiter != nil {
+		if rec, err = reconcile.New(reconcile.Config{Outbox: ob, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
+			Account: cfg.StripeAccount, Destination: res.Destination, Limiter: limiter}); err != nil {
+			return nil, err
+		}
+	}
 	return &Parts{
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
 		Ingester: &meter.Ingester{Stager: stager},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
-		Resolver: res, API: apiMetrics,
+		Resolver: res, API: apiMetrics, Limiter: limiter, Reconciler: rec,
 	}, nil
 }
 
@@ -226,16 +247,12 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 
 	var deliverer *exporter.Deliverer
 	if client := p.Resolver.Client(); client != nil {
-		rate := cfg.RateTest
-		if client.Mode() == stripeapi.ModeLive {
-			rate = cfg.RateLive
-		}
 		var err error
 		deliverer, err = exporter.NewDeliverer(exporter.DelivererConfig{
 			Workers: cfg.DeliveryWorkers, Batch: cfg.DeliveryBatch, InFlight: cfg.DeliveryInFlight,
 			PollInterval: cfg.PollInterval, Keys: p.Resolver,
 		}, p.Outbox, db.Pool, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
-			p.Resolver.Destination, exporter.NewLimiter(rate), logger, p.Registry)
+			p.Resolver.Destination, p.Limiter, logger, p.Registry)
 		if err != nil {
 			return err
 		}
@@ -247,10 +264,20 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: db.Pool, Logger: logger})
+	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: db.Pool, Settle: cfg.ReconcileSettle, Logger: logger})
+	periodic := []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)}
+	if job, err := reconcile.Periodic(cfg.ReconcileSchedule); err != nil {
+		return err
+	} else if job != nil && p.Reconciler != nil {
+		periodic = append(periodic, job)
+	}
 	rc, err := river.NewClient(riverpgxv5.New(db.Pool), &river.Config{
-		Queues:       map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}},
+		Queues: map[string]river.QueueConfig{
+			river.QueueDefault:  {MaxWorkers: 2},
+			reconcile.QueueName: {MaxWorkers: 1}, // a run takes long; it must not hold up staging
+		},
 		Workers:      workers,
-		PeriodicJobs: []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)},
+		PeriodicJobs: periodic,
 		Logger:       slog.New(quieter{logger.Handler(), riverLevel}).With("component", "river"),
 	})
 	if err != nil {
@@ -320,7 +347,12 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		},
 		Metrics: promhttp.HandlerFor(p.Registry, promhttp.HandlerOpts{}),
 		V1: &api.Deps{Pool: db.Pool, Outbox: p.Outbox, Mappings: p.Mappings, Ingester: p.Ingester,
-			Requeuer: p.Requeuer, Metrics: p.API},
+			Requeuer: p.Requeuer, Metrics: p.API, Reconcile: &api.ReconcileDeps{
+				Enabled: p.Reconciler != nil, Settle: cfg.ReconcileSettle,
+				Enqueue: func(ctx context.Context, tx pgx.Tx, runID int64) error {
+					_, err := rc.InsertTx(ctx, tx, reconcile.Args{RunID: runID}, nil)
+					return err
+				}}},
 	})
 	srv := &http.Server{
 		Handler:           handler,

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/robfig/cron/v3"
+
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
@@ -71,6 +73,13 @@ type Config struct {
 	// PollInterval is how often idle deliverers look for due work when no
 	// notification wakes them. Defaults to 1 second.
 	PollInterval time.Duration
+
+	// ReconcileSchedule is when the periodic reconcile run starts, in cron
+	// syntax (UTC), or "off". Defaults to nightly at 02:00.
+	ReconcileSchedule string
+	// ReconcileSettle is how long an accepted item waits before a run
+	// compares it. Defaults to 2 hours.
+	ReconcileSettle time.Duration
 }
 
 // setting is one configurable value: an environment variable and a flag.
@@ -171,6 +180,10 @@ func settings() []setting {
 			integer(func(c *Config) *int { return &c.DeliveryInFlight })},
 		{"TALLY_POLL_INTERVAL", "poll-interval", "how often idle deliverers look for due work without a notification", "1s",
 			dur(func(c *Config) *time.Duration { return &c.PollInterval })},
+		{"TALLY_RECONCILE_SCHEDULE", "reconcile-schedule", "when the periodic reconcile run starts: cron syntax in UTC, or off", "0 2 * * *",
+			str(func(c *Config) *string { return &c.ReconcileSchedule })},
+		{"TALLY_RECONCILE_SETTLE", "reconcile-settle", "how long an accepted item waits before reconciliation compares it", "2h",
+			dur(func(c *Config) *time.Duration { return &c.ReconcileSettle })},
 		{"TALLY_OUTBOX_CLAIM_SCAN", "outbox-claim-scan", "how many due items per wanted item a per-key claim reads to find distinct keys",
 			strconv.Itoa(outbox.DefaultClaimScan), integer(func(c *Config) *int { return &c.Outbox.ClaimScan })},
 	}
@@ -285,6 +298,14 @@ func (c *Config) validate() error {
 	}
 	if c.DeliveryWorkers < 1 || c.DeliveryBatch < 1 || c.DeliveryBatch > 1000 || c.DeliveryInFlight < 1 {
 		errs = append(errs, errors.New("TALLY_DELIVERY_WORKERS and TALLY_DELIVERY_INFLIGHT must be at least 1, TALLY_DELIVERY_BATCH 1 to 1000"))
+	}
+	if c.ReconcileSchedule != "off" {
+		if _, err := cron.ParseStandard(c.ReconcileSchedule); err != nil {
+			errs = append(errs, fmt.Errorf("TALLY_RECONCILE_SCHEDULE must be a cron schedule (minute hour day month weekday) or off: %v", err))
+		}
+	}
+	if c.ReconcileSettle < 0 {
+		errs = append(errs, fmt.Errorf("TALLY_RECONCILE_SETTLE must not be negative, got %s", c.ReconcileSettle))
 	}
 	if c.PollInterval <= 0 {
 		errs = append(errs, fmt.Errorf("TALLY_POLL_INTERVAL must be positive, got %s", c.PollInterval))

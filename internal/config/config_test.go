@@ -35,6 +35,25 @@ func TestDefaults(t *testing.T) {
 		Lease: 2 * time.Minute, BackoffBase: 5 * time.Second, BackoffCap: 900 * time.Second, MaxAttempts: 20,
 		RateLimitDelay: 30 * time.Second, Horizon: 20 * time.Hour, ClaimScan: 4,
 	}, c.Outbox)
+	require.Equal(t, "0 2 * * *", c.ReconcileSchedule)
+	require.Equal(t, 2*time.Hour, c.ReconcileSettle)
+}
+
+func TestReconcileSchedule(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ value, wantErr string }{
+		{"0 2 * * *", ""}, {"*/15 * * * *", ""}, {"off", ""}, {"@daily", ""},
+		{"nightly", "TALLY_RECONCILE_SCHEDULE must be a cron schedule"}, {"0 2 * *", "TALLY_RECONCILE_SCHEDULE"},
+	} {
+		_, err := load(t, map[string]string{"TALLY_RECONCILE_SCHEDULE": tc.value})
+		if tc.wantErr == "" {
+			require.NoError(t, err, tc.value)
+		} else {
+			require.ErrorContains(t, err, tc.wantErr, tc.value)
+		}
+	}
+	_, err := load(t, map[string]string{"TALLY_RECONCILE_SETTLE": "-1h"})
+	require.ErrorContains(t, err, "TALLY_RECONCILE_SETTLE must not be negative")
 }
 
 func TestFlagBeatsEnvBeatsDefault(t *testing.T) {

@@ -34,6 +34,10 @@ type Faults struct {
 	// EventDropped: it leaves the summaries and aggregates, and an
 	// ErrorReport with CodeDropped is produced.
 	AsyncDrop float64
+	// ReadFault answers a GET (meters, event summaries, the account) with
+	// 500 half the time and 429 the other half, without reading anything:
+	// the reconciler's reads meet transient failures too.
+	ReadFault float64
 	// Latency delays every call that passed the rate limits by Latency plus
 	// a random extra in [0, LatencyJitter), on the real clock.
 	Latency       time.Duration
@@ -63,7 +67,7 @@ func (l Limits) validate() error {
 		return fmt.Errorf("negative rate or burst")
 	}
 	f := l.Faults
-	for _, p := range []float64{f.FailBeforeRecord, f.LoseReply, f.RateLimitFault, f.Hang, f.AsyncDrop} {
+	for _, p := range []float64{f.FailBeforeRecord, f.LoseReply, f.RateLimitFault, f.Hang, f.AsyncDrop, f.ReadFault} {
 		if !(p >= 0 && p <= 1) {
 			return fmt.Errorf("fault probability %v is outside [0, 1]", p)
 		}
@@ -196,6 +200,21 @@ func errRateLimit() *apiError {
 		"Request rate limit exceeded. You can learn more about rate limits here https://stripe.com/docs/rate-limits.")
 }
 
+// readFault decides whether a read fails (Faults.ReadFault).
+func (s *Server) readFault(c caller) *apiError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := &s.lim
+	if !l.roll(l.limitsOf(c.account).Faults.ReadFault) {
+		return nil
+	}
+	if l.roll(0.5) {
+		return errRateLimit()
+	}
+	return &apiError{Status: http.StatusInternalServerError, Type: typeAPI,
+		Message: "An unknown error occurred. (stripesim: Faults.ReadFault)"}
+}
+
 // admit counts the call in flight and decides its fate. The caller must
 // release the key.
 func (s *Server) admit(c caller, form url.Values) (decision, flightKey) {
@@ -259,6 +278,12 @@ func (w *discardWriter) WriteHeader(int)             {}
 // keeps nothing for its key, and a lost reply's answer is kept for it.
 func (s *Server) gate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			if e := s.readFault(callerOf(r)); e != nil {
+				writeError(w, e)
+				return
+			}
+		}
 		if r.Method != http.MethodPost || r.URL.Path != meterEventsPath {
 			next.ServeHTTP(w, r)
 			return
