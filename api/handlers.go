@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tallymeter/tally/internal/audit"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
@@ -78,6 +79,8 @@ func (h *handlers) routes(r chi.Router) {
 		r.Get("/outbox/items/{id}", h.getItem)
 		r.Get("/reconcile/runs", h.listReconcileRuns)
 		r.Get("/reconcile/runs/{id}", h.getReconcileRun)
+		r.Get("/reconcile/runs/{id}/plan", h.getReconcilePlan)
+		r.Get("/audit", h.listAudit)
 	})
 	r.Group(func(r chi.Router) {
 		r.Use(require(auth.RoleOperator))
@@ -85,6 +88,7 @@ func (h *handlers) routes(r chi.Router) {
 		r.Put("/mappings/tenants/{tenant}", h.putTenant)
 		r.Post("/outbox/items/{id}/requeue", h.requeue)
 		r.Post("/reconcile/runs", h.postReconcileRun)
+		r.Post("/outbox/items/{id}/recover", h.recover)
 	})
 }
 
@@ -405,6 +409,7 @@ type itemView struct {
 	CreatedAt          time.Time         `json:"created_at"`
 	UpdatedAt          time.Time         `json:"updated_at"`
 	AttemptLog         []outbox.Attempt  `json:"attempt_log,omitempty"`
+	Audit              []audit.Entry     `json:"audit,omitempty"`
 }
 
 func viewOf(it outbox.Item) itemView {
@@ -491,8 +496,14 @@ func (h *handlers) getItem(w http.ResponseWriter, r *http.Request) {
 		h.internal(w, r, err)
 		return
 	}
+	trail, err := audit.List(r.Context(), h.Pool, audit.Item(id), 100)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
 	v := viewOf(it)
 	v.AttemptLog = attempts
+	v.Audit = trail
 	writeJSON(w, http.StatusOK, v)
 }
 
@@ -511,7 +522,7 @@ func (h *handlers) requeue(w http.ResponseWriter, r *http.Request) {
 		writeProblems(w, "invalid_request", "mapping_version is required", []mappings.FieldError{{Field: "mapping_version", Reason: "required"}})
 		return
 	}
-	res, err := h.Requeuer.Requeue(r.Context(), h.Pool, id, *in.MappingVersion)
+	res, err := h.Requeuer.Requeue(r.Context(), h.Pool, id, *in.MappingVersion, by(r))
 	if err != nil {
 		h.requeueError(w, r, err)
 		return

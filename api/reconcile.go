@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/audit"
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -63,7 +66,7 @@ func (h *handlers) postReconcileRun(w http.ResponseWriter, r *http.Request) {
 	var id int64
 	err := pgx.BeginFunc(r.Context(), h.Pool, func(tx pgx.Tx) error {
 		var err error
-		if id, err = reconcile.Queue(r.Context(), tx, reconcile.TriggerAPI, principal(r).Name, opts); err != nil {
+		if id, err = reconcile.Queue(r.Context(), tx, reconcile.TriggerAPI, by(r), opts); err != nil {
 			return err
 		}
 		return h.Reconcile.Enqueue(r.Context(), tx, id)
@@ -94,9 +97,8 @@ func (h *handlers) listReconcileRuns(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handlers) getReconcileRun(w http.ResponseWriter, r *http.Request) {
-	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
-	if err != nil || id <= 0 {
-		WriteError(w, http.StatusBadRequest, "invalid_id", "the run id must be a positive integer")
+	id, ok := runID(w, r)
+	if !ok {
 		return
 	}
 	run, err := reconcile.Get(r.Context(), h.Pool, id)
@@ -114,4 +116,91 @@ func (h *handlers) getReconcileRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, runView{Run: run, DiscrepancyList: ds})
+}
+
+func runID(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
+	if err != nil || id <= 0 {
+		WriteError(w, http.StatusBadRequest, "invalid_id", "the run id must be a positive integer")
+		return 0, false
+	}
+	return id, true
+}
+
+// getReconcilePlan is the run's plan, against the items as they are now:
+// save it, review it, apply it with `tally recover --plan FILE`.
+func (h *handlers) getReconcilePlan(w http.ResponseWriter, r *http.Request) {
+	id, ok := runID(w, r)
+	if !ok {
+		return
+	}
+	p, err := reconcile.PlanOf(r.Context(), h.Pool, h.Outbox, id)
+	if errors.Is(err, reconcile.ErrNotFound) {
+		WriteError(w, http.StatusNotFound, "not_found", "no such run")
+		return
+	}
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// recover is T8: {"expect":"uncertain","to":"accepted|pending|rejected",
+// "reason":"…","not_reached":false,"provider_ref":"…","lease_token":N}.
+func (h *handlers) recover(w http.ResponseWriter, r *http.Request) {
+	id, ok := itemID(w, r)
+	if !ok {
+		return
+	}
+	var in struct {
+		Expect      string `json:"expect"`
+		To          string `json:"to"`
+		Reason      string `json:"reason"`
+		NotReached  bool   `json:"not_reached"`
+		ProviderRef string `json:"provider_ref"`
+		LeaseToken  *int64 `json:"lease_token"`
+	}
+	if !decodeJSON(w, r, &in) {
+		return
+	}
+	var problems []mappings.FieldError
+	if in.Expect == "" {
+		problems = append(problems, mappings.FieldError{Field: "expect", Reason: "required"})
+	}
+	if in.To == "" {
+		problems = append(problems, mappings.FieldError{Field: "to", Reason: "required"})
+	}
+	if len(problems) > 0 {
+		writeProblems(w, "invalid_request", "expect and to are required", problems)
+		return
+	}
+	it, err := reconcile.Recover(r.Context(), h.Pool, h.Outbox, id, reconcile.Recovery{
+		Expect: outbox.State(in.Expect), To: outbox.State(in.To), Reason: in.Reason, NotReached: in.NotReached,
+		ProviderRef: in.ProviderRef, LeaseToken: in.LeaseToken, By: by(r)})
+	var se *reconcile.ExpectedStateError
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, viewOf(it))
+	case errors.Is(err, outbox.ErrNotFound):
+		WriteError(w, http.StatusNotFound, "not_found", "no such item")
+	case errors.As(err, &se):
+		writeJSON(w, http.StatusConflict, map[string]any{"error": map[string]any{
+			"code": "expected_state_mismatch", "message": se.Error(), "current_state": se.Current}})
+	case errors.Is(err, reconcile.ErrInvalidRecovery):
+		WriteError(w, http.StatusUnprocessableEntity, "invalid_recovery", strings.TrimPrefix(err.Error(), "reconcile: invalid recovery: "))
+	case errors.Is(err, outbox.ErrPastHorizon):
+		WriteError(w, http.StatusConflict, "past_horizon", "the item is past its horizon and an attempt may have reached Stripe: a resend could bill twice; recover to pending only with not_reached and a reason")
+	default:
+		h.internal(w, r, err)
+	}
+}
+
+func (h *handlers) listAudit(w http.ResponseWriter, r *http.Request) {
+	entries, err := audit.List(r.Context(), h.Pool, r.URL.Query().Get("subject"), 200)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": entries})
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/outbox"
 )
 
 // POST /v1/reconcile/runs queues a run and its job in one transaction; GET
@@ -60,7 +61,7 @@ func TestReconcileRunsAPI(t *testing.T) {
 	resp.decode(t, &run)
 	require.Equal(t, "queued", run.Status)
 	require.Equal(t, "api", run.Trigger)
-	require.Equal(t, "alice", run.RequestedBy, "the token's name: who asked")
+	require.Equal(t, "token:alice", run.RequestedBy, "the token's name: who asked")
 	require.Equal(t, "01:30:00", run.Settle, "the configured default")
 	require.Nil(t, run.Since)
 	require.Equal(t, []int64{run.ID}, enqueued)
@@ -107,4 +108,96 @@ func TestReconcileRunsAPI(t *testing.T) {
 	resp = h.request(http.MethodGet, "/v1/reconcile/runs/x", fin, nil)
 	require.Equal(t, http.StatusBadRequest, resp.status)
 	require.Equal(t, "invalid_id", resp.errorCode(t))
+}
+
+// POST /v1/outbox/items/{id}/recover is T8 with the expected-state check:
+// the wrong expectation answers expected_state_mismatch with the current
+// state; every recovery, and every mapping change, is in the audit log and
+// on the item's page.
+func TestRecoverAPI(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, true)
+	op := h.as(h.token("olga", auth.RoleOperator))
+	fin := h.as(h.token("fin", auth.RoleFinance))
+	ingest := h.as(h.token("svc", auth.RoleIngest))
+	require.Equal(t, http.StatusOK, h.request(http.MethodPut, "/v1/mappings/features/logins", op,
+		map[string]any{"event_name": "logins", "aggregation": "count"}).status)
+	require.Equal(t, http.StatusOK, h.request(http.MethodPut, "/v1/mappings/tenants/t1", op,
+		map[string]any{"stripe_customer_id": "cus_1"}).status)
+	require.Equal(t, http.StatusAccepted, h.request(http.MethodPost, "/v1/usage", ingest,
+		batch(event{"id": "e1", "tenant": "t1", "feature": "logins", "value": 1})).status)
+
+	// The item's only attempt ends uncertain (as a 5xx with
+	// Stripe-Should-Retry: false does).
+	leases, err := h.parts.Outbox.Claim(h.ctx, h.pool, outbox.ClaimOptions{Owner: "test", Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, leases, 1)
+	_, err = h.parts.Outbox.Record(h.ctx, h.pool, []outbox.Outcome{{Lease: leases[0], Kind: outbox.Uncertain,
+		Error: outbox.ErrorInfo{Code: "stripe_5xx", Status: 500}}})
+	require.NoError(t, err)
+	path := "/v1/outbox/items/" + strconv.FormatInt(leases[0].ID, 10)
+
+	for _, body := range []any{
+		map[string]any{"to": "pending"},
+		map[string]any{"expect": "uncertain"},
+		map[string]any{"expect": "uncertain", "to": "confirmed"},
+		map[string]any{"expect": "pending", "to": "accepted"},
+		map[string]any{"expect": "uncertain", "to": "rejected"}, // no reason
+	} {
+		resp := h.request(http.MethodPost, path+"/recover", op, body)
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%v: %s", body, resp)
+	}
+	require.Equal(t, http.StatusForbidden, h.request(http.MethodPost, path+"/recover", fin,
+		map[string]any{"expect": "uncertain", "to": "pending"}).status)
+
+	resp := h.request(http.MethodPost, path+"/recover", op,
+		map[string]any{"expect": "uncertain", "to": "pending", "reason": "Stripe support confirmed it never arrived"})
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+	var item struct {
+		State string `json:"state"`
+	}
+	resp.decode(t, &item)
+	require.Equal(t, "pending", item.State)
+
+	resp = h.request(http.MethodPost, path+"/recover", op, map[string]any{"expect": "uncertain", "to": "accepted"})
+	require.Equal(t, http.StatusConflict, resp.status, "%s", resp)
+	var e struct {
+		Error struct {
+			Code         string `json:"code"`
+			Message      string `json:"message"`
+			CurrentState string `json:"current_state"`
+		} `json:"error"`
+	}
+	resp.decode(t, &e)
+	require.Equal(t, "expected_state_mismatch", e.Error.Code)
+	require.Equal(t, "pending", e.Error.CurrentState)
+	require.Contains(t, e.Error.Message, "is pending, not uncertain")
+
+	resp = h.request(http.MethodGet, path, fin, nil)
+	var view struct {
+		Audit []struct {
+			Actor, Action, From, To, Reason string
+		} `json:"audit"`
+	}
+	resp.decode(t, &view)
+	require.Len(t, view.Audit, 1)
+	require.Equal(t, "token:olga", view.Audit[0].Actor)
+	require.Equal(t, "recover", view.Audit[0].Action)
+	require.Equal(t, "uncertain", view.Audit[0].From)
+	require.Equal(t, "pending", view.Audit[0].To)
+	require.Equal(t, "Stripe support confirmed it never arrived", view.Audit[0].Reason)
+
+	resp = h.request(http.MethodGet, "/v1/audit", fin, nil)
+	var log struct {
+		Entries []struct {
+			Actor, Action, Subject string
+		} `json:"entries"`
+	}
+	resp.decode(t, &log)
+	var actions []string
+	for _, en := range log.Entries {
+		require.Equal(t, "token:olga", en.Actor)
+		actions = append(actions, en.Action+" "+en.Subject)
+	}
+	require.Equal(t, []string{"recover item:" + strconv.FormatInt(leases[0].ID, 10), "mapping.tenant tenant:t1", "mapping.feature feature:logins"}, actions)
 }

@@ -300,6 +300,10 @@ var v1Routes = []v1Route{
 	{http.MethodPost, "/v1/reconcile/runs", fixed("/v1/reconcile/runs"), nil, auth.RoleOperator, http.StatusConflict},
 	{http.MethodGet, "/v1/reconcile/runs", fixed("/v1/reconcile/runs"), nil, auth.RoleFinance, http.StatusOK},
 	{http.MethodGet, "/v1/reconcile/runs/{id}", fixed("/v1/reconcile/runs/424242"), nil, auth.RoleFinance, http.StatusNotFound},
+	{http.MethodGet, "/v1/reconcile/runs/{id}/plan", fixed("/v1/reconcile/runs/424242/plan"), nil, auth.RoleFinance, http.StatusNotFound},
+	{http.MethodPost, "/v1/outbox/items/{id}/recover", fixed("/v1/outbox/items/424242/recover"),
+		func(string) any { return map[string]any{"expect": "uncertain", "to": "pending"} }, auth.RoleOperator, http.StatusNotFound},
+	{http.MethodGet, "/v1/audit", fixed("/v1/audit"), nil, auth.RoleFinance, http.StatusOK},
 }
 
 var roleRank = map[auth.Role]int{auth.RoleIngest: 1, auth.RoleFinance: 2, auth.RoleOperator: 3, auth.RoleAdmin: 4}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tallymeter/tally/internal/audit"
 )
 
 // Aggregation is how a feature's usage is reduced, matching the Stripe
@@ -238,6 +240,10 @@ func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, i
 			return err
 		}
 		changed = true
+		from := ""
+		if err == nil {
+			from = fmt.Sprintf("v%d %s %s %s", cur.Version, cur.EventName, cur.Aggregation, time.Duration(cur.Window))
+		}
 		f, err = scanFeature(tx.QueryRow(ctx, `
 			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
 			hist AS (
@@ -251,7 +257,11 @@ func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, i
 				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
 			RETURNING `+featureColumns,
 			feature, in.EventName, string(in.Aggregation), windowSeconds, by))
-		return err
+		if err != nil {
+			return err
+		}
+		return audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionFeatureMapping, Subject: "feature:" + feature,
+			From: from, To: fmt.Sprintf("v%d %s %s %s", f.Version, f.EventName, f.Aggregation, time.Duration(f.Window))})
 	})
 	if err != nil {
 		return Feature{}, false, fmt.Errorf("mappings: setting feature %s: %w", feature, err)
@@ -323,6 +333,10 @@ func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in 
 			return err
 		}
 		changed = true
+		from := ""
+		if err == nil {
+			from = tenantState(cur)
+		}
 		t, err = scanTenant(tx.QueryRow(ctx, `
 			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
 			hist AS (
@@ -336,12 +350,25 @@ func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in 
 				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
 			RETURNING `+tenantColumns,
 			tenant, in.StripeCustomerID, in.PeriodAnchor, by))
-		return err
+		if err != nil {
+			return err
+		}
+		return audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionTenantMapping, Subject: "tenant:" + tenant,
+			From: from, To: tenantState(t)})
 	})
 	if err != nil {
 		return Tenant{}, false, fmt.Errorf("mappings: setting tenant %s: %w", tenant, err)
 	}
 	return t, changed, nil
+}
+
+// tenantState is a tenant mapping as the audit log shows it.
+func tenantState(t Tenant) string {
+	anchor := "calendar months"
+	if t.PeriodAnchor != nil {
+		anchor = "anchor " + t.PeriodAnchor.Format(time.RFC3339)
+	}
+	return fmt.Sprintf("v%d %s %s", t.Version, t.StripeCustomerID, anchor)
 }
 
 // GetTenant reads a tenant's current mapping.

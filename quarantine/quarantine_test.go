@@ -60,18 +60,18 @@ func TestRequeueReaddressesAfterMappingFix(t *testing.T) {
 	require.Equal(t, outbox.ReasonNoCustomer, old.QuarantineReason)
 
 	// Not fixed yet: still ineligible.
-	_, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, old.MappingVersion)
+	_, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, old.MappingVersion, "test")
 	var ie *quarantine.StillIneligibleError
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, outbox.ReasonNoCustomer, ie.Reason)
 
 	tn := b.Tenant(t, "acme", nil)
 	// The version the operator looked at before the fix is stale now.
-	_, err = b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, old.MappingVersion)
+	_, err = b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, old.MappingVersion, "test")
 	require.ErrorIs(t, err, outbox.ErrMappingChanged)
 	require.True(t, quarantine.IsConflict(err))
 
-	res, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, tn.Version)
+	res, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, tn.Version, "test")
 	require.NoError(t, err)
 	require.Equal(t, quarantine.ActionReaddressed, res.Action)
 	require.NotNil(t, res.Successor)
@@ -97,7 +97,7 @@ func TestRequeueReaddressesAfterMappingFix(t *testing.T) {
 	require.Equal(t, quarantine.Bucket{Events: 2, Value: quarantine.ValueOf(11)}, c.Lines[0].Pending)
 	require.Equal(t, quarantine.Bucket{}, c.Lines[0].Quarantined)
 
-	_, err = b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, tn.Version)
+	_, err = b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, tn.Version, "test")
 	var se *outbox.StateError
 	require.ErrorAs(t, err, &se, "a superseded item is not quarantined")
 }
@@ -116,7 +116,7 @@ func TestRequeueInPlaceKeepsIdentifier(t *testing.T) {
 	require.NoError(t, b.Outbox.Quarantine(b.Ctx, b.Pool, leases[0], outbox.ReasonMeterNotFound, outbox.ErrorInfo{Code: "meter_not_found", Status: 400}))
 
 	version := max(f.Version, tn.Version)
-	res, err := b.requeuer.Requeue(b.Ctx, b.Pool, leases[0].ID, version)
+	res, err := b.requeuer.Requeue(b.Ctx, b.Pool, leases[0].ID, version, "test")
 	require.NoError(t, err)
 	require.Equal(t, quarantine.RequeueResult{ItemID: leases[0].ID, Action: quarantine.ActionRequeued, MappingVersion: version}, res)
 	it, err := b.Outbox.Get(b.Ctx, b.Pool, leases[0].ID)
@@ -148,7 +148,7 @@ func TestRequeueRefusesWhatMayHaveReachedStripe(t *testing.T) {
 	tn2, _, err := b.Maps.PutTenant(b.Ctx, b.Pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_right"}, "test")
 	require.NoError(t, err)
 	require.Greater(t, tn2.Version, tn.Version)
-	_, err = b.requeuer.Requeue(b.Ctx, b.Pool, l[0].ID, tn2.Version)
+	_, err = b.requeuer.Requeue(b.Ctx, b.Pool, l[0].ID, tn2.Version, "test")
 	require.ErrorIs(t, err, outbox.ErrMayHaveReached)
 	var n int
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM outbox_items`).Scan(&n))
@@ -164,7 +164,7 @@ func TestRequeueAggregationChanged(t *testing.T) {
 	old := b.itemOf(t, "acme", "a")
 	f := b.Feature(t, "api", mappings.Count, time.Hour)
 	tn := b.Tenant(t, "acme", nil)
-	_, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, max(f.Version, tn.Version))
+	_, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, max(f.Version, tn.Version), "test")
 	require.ErrorIs(t, err, meter.ErrAggregationChanged)
 }
 
@@ -353,7 +353,7 @@ func TestSupplementNumberAfterReaddress(t *testing.T) {
 	b.Pass(t)
 	old := b.itemOf(t, "acme", "a")
 	tn := b.Tenant(t, "acme", nil)
-	_, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, tn.Version)
+	_, err := b.requeuer.Requeue(b.Ctx, b.Pool, old.ID, tn.Version, "test")
 	require.NoError(t, err)
 	b.MustIngest(t, ev("late", "acme", "api", 2, at(20)))
 	b.Pass(t)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/audit"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
@@ -69,8 +70,9 @@ func (e *StillIneligibleError) Error() string {
 // it goes back to pending (T9); if the fix changed what it must carry, a
 // successor is enqueued and the item closed as superseded (T9r) — only when
 // no attempt of it may have reached Stripe (outbox.ErrMayHaveReached
-// otherwise). Both happen in one transaction.
-func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int) (RequeueResult, error) {
+// otherwise). Both happen in one transaction, with the audit log's entry
+// naming by, the operator.
+func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int, by string) (RequeueResult, error) {
 	var res RequeueResult
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		it, err := r.Outbox.Get(ctx, tx, id)
@@ -98,16 +100,25 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 			return &StillIneligibleError{Reason: successor.Quarantine}
 		}
 		res = RequeueResult{ItemID: id, MappingVersion: successor.MappingVersion}
+		entry := audit.Entry{Actor: by, Subject: audit.Item(id), From: string(outbox.StateQuarantined),
+			Reason:  "quarantined: " + string(it.QuarantineReason),
+			Details: map[string]any{"mapping_version": mappingVersion, "item_mapping_version": it.MappingVersion}}
 		if successor.Identity == it.Identity {
 			res.Action = ActionRequeued
-			return r.Outbox.Requeue(ctx, tx, id, it.MappingVersion)
+			if err := r.Outbox.Requeue(ctx, tx, id, it.MappingVersion); err != nil {
+				return err
+			}
+			entry.Action, entry.To = audit.ActionRequeue, string(outbox.StatePending)
+			return audit.Record(ctx, tx, entry)
 		}
 		enq, err := r.Outbox.Supersede(ctx, tx, id, it.MappingVersion, successor)
 		if err != nil {
 			return err
 		}
 		res.Action, res.Successor = ActionReaddressed, &enq.ID
-		return nil
+		entry.Action, entry.To = audit.ActionReaddress, string(outbox.StateSuperseded)
+		entry.Details["successor"] = enq.ID
+		return audit.Record(ctx, tx, entry)
 	})
 	if err != nil {
 		return RequeueResult{}, err

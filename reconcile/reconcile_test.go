@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/audit"
 	"github.com/tallymeter/tally/internal/stagetest"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
@@ -341,20 +342,105 @@ func TestUncertainItemsThatLandedAreNamed(t *testing.T) {
 		require.Equal(t, w[2], *d.Difference, d.EventName)
 	}
 
-	// What the plan will do: T8 to accepted for the named items; the rerun
-	// confirms the whole hour.
-	for _, d := range ds {
-		for _, id := range d.ExplainedBy {
-			it, err := r.Outbox.Get(r.Ctx, r.Pool, id)
-			require.NoError(t, err)
-			require.NoError(t, r.Outbox.Recover(r.Ctx, r.Pool, id, outbox.Recovery{To: outbox.StateAccepted, ExpectLeaseToken: it.LeaseToken,
-				Reason: fmt.Sprintf("reconcile run %d", run.ID)}))
+	// The run's plan: recover each named item to accepted. Applied after
+	// review, every action is audited; the rerun confirms the whole hour.
+	plan, err := reconcile.PlanOf(r.Ctx, r.Pool, r.Outbox, run.ID)
+	require.NoError(t, err)
+	require.Len(t, plan.Actions, 4)
+	require.Zero(t, plan.Unplanned)
+	for _, a := range plan.Actions {
+		require.Equal(t, outbox.StateUncertain, a.Expect)
+		require.Equal(t, outbox.StateAccepted, a.To)
+		require.Contains(t, a.Reason, fmt.Sprintf("reconcile run %d", run.ID))
+	}
+	results := reconcile.ApplyPlan(r.Ctx, r.Pool, r.Outbox, plan, "cli:finance-lead")
+	for _, res := range results {
+		require.True(t, res.Applied, "%+v", res)
+	}
+	all, err := audit.List(r.Ctx, r.Pool, "", 100)
+	require.NoError(t, err)
+	var entries []audit.Entry
+	for _, e := range all {
+		if e.Action == audit.ActionRecover {
+			entries = append(entries, e)
 		}
 	}
+	require.Len(t, entries, 4, "one entry per recovery (the mappings of the rig have theirs)")
+	for _, e := range entries {
+		require.Equal(t, "cli:finance-lead", e.Actor)
+		require.Equal(t, audit.ActionRecover, e.Action)
+		require.Equal(t, "uncertain", e.From)
+		require.Equal(t, "accepted", e.To)
+		require.NotEmpty(t, e.Reason)
+	}
+
+	// Applied again, the plan changes nothing: each item is accepted now.
+	for _, res := range reconcile.ApplyPlan(r.Ctx, r.Pool, r.Outbox, plan, "cli:finance-lead") {
+		require.False(t, res.Applied)
+		require.Contains(t, res.Error, "is accepted, not uncertain")
+	}
+
 	again, ds := r.run(t, reconcile.Options{Settle: settled})
 	require.Empty(t, ds)
 	require.Equal(t, int64(7), again.ItemsConfirmed)
 	require.Equal(t, int64(7), r.counts(t)[outbox.StateConfirmed])
+}
+
+// Recovery checks the expected state against the item's, and a plan's
+// lease token against the item's: what moved since it was reviewed is
+// refused with its current state.
+func TestRecoverChecksTheExpectedState(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{MaxAttempts: 1})
+	r.MustIngest(t, stagetest.Ev("l1", "t1", "logins", 1, stagetest.Ago(3*time.Hour)),
+		stagetest.Ev("l2", "t2", "logins", 1, stagetest.Ago(3*time.Hour)))
+	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{FailBeforeRecord: 1}})
+	r.deliverAll(t)
+	r.sim.ConfigureDefault(stripesim.Limits{})
+	unc := r.items(t, outbox.StateUncertain)
+	require.Len(t, unc, 2)
+
+	// Wrong expectation: the item is uncertain, the operator says accepted.
+	_, err := reconcile.Recover(r.Ctx, r.Pool, r.Outbox, unc[0].id, reconcile.Recovery{Expect: outbox.StateAccepted, To: outbox.StatePending, By: "t"})
+	require.ErrorIs(t, err, reconcile.ErrInvalidRecovery)
+	// Bad requests store nothing.
+	for _, rec := range []reconcile.Recovery{
+		{Expect: outbox.StateUncertain, To: outbox.StateConfirmed},
+		{Expect: outbox.StateUncertain, To: outbox.StateRejected},                                // no reason
+		{Expect: outbox.StateUncertain, To: outbox.StateAccepted, NotReached: true, Reason: "x"}, // not-reached to accepted
+	} {
+		_, err := reconcile.Recover(r.Ctx, r.Pool, r.Outbox, unc[0].id, rec)
+		require.ErrorIs(t, err, reconcile.ErrInvalidRecovery, "%+v", rec)
+	}
+
+	// The first recovery lands; a second, expecting uncertain, is refused
+	// with the current state.
+	it, err := reconcile.Recover(r.Ctx, r.Pool, r.Outbox, unc[0].id, reconcile.Recovery{Expect: outbox.StateUncertain,
+		To: outbox.StatePending, NotReached: true, Reason: "the attempt log shows only 500s before recording", By: "token:ops"})
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatePending, it.State)
+	_, err = reconcile.Recover(r.Ctx, r.Pool, r.Outbox, unc[0].id, reconcile.Recovery{Expect: outbox.StateUncertain,
+		To: outbox.StateRejected, Reason: "x", By: "token:ops"})
+	var se *reconcile.ExpectedStateError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, outbox.StatePending, se.Current)
+
+	// A stale lease token (the item was reviewed under another lease).
+	old := int64(0)
+	_, err = reconcile.Recover(r.Ctx, r.Pool, r.Outbox, unc[1].id, reconcile.Recovery{Expect: outbox.StateUncertain,
+		To: outbox.StateAccepted, LeaseToken: &old, By: "token:ops"})
+	require.ErrorAs(t, err, &se)
+	require.True(t, se.Moved)
+	require.Equal(t, outbox.StateUncertain, r.states(t)[unc[1].id])
+
+	entries, err := audit.List(r.Ctx, r.Pool, audit.Item(unc[0].id), 10)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "refusals are not actions")
+	require.Equal(t, "token:ops", entries[0].Actor)
+	require.Equal(t, true, entries[0].Details["not_reached"])
+	empty, err := audit.List(r.Ctx, r.Pool, audit.Item(unc[1].id), 10)
+	require.NoError(t, err)
+	require.Empty(t, empty)
 }
 
 func TestSettleDelayIsRespected(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	"github.com/tallymeter/tally/internal/config"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
 	"github.com/tallymeter/tally/reconcile"
 )
@@ -59,6 +60,9 @@ type opts struct {
 	simLimits                       stripesim.Limits
 	settle                          time.Duration
 	since                           string
+	planOut, plan                   string
+	expect, to, providerRef         string
+	notReached                      bool
 }
 
 func lookup(args []string) (command, []string, bool) {
@@ -151,7 +155,21 @@ func commands() []command {
 			fs.DurationVar(&o.settle, "settle", -1, "compare only items accepted longer ago than this (default: TALLY_RECONCILE_SETTLE)")
 			fs.StringVar(&o.since, "since", "", "only hours from this event time on: RFC 3339 or YYYY-MM-DD (default: all)")
 			fs.StringVar(&o.format, "format", "table", "table or json")
+			fs.StringVar(&o.planOut, "plan-out", "", "write the run's recovery plan to this file, for review and tally recover --plan")
 		}, run: runReconcile},
+		{name: "recover", flags: func(fs *flag.FlagSet, o *opts) {
+			fs.StringVar(&o.expect, "expect", "", "the item's state as you saw it: uncertain (required with an ID)")
+			fs.StringVar(&o.to, "to", "", "accepted, pending or rejected (required with an ID)")
+			fs.StringVar(&o.reason, "reason", "", "why (required to reject and with --not-reached)")
+			fs.BoolVar(&o.notReached, "not-reached", false, "with --to pending: record that no attempt reached Stripe")
+			fs.StringVar(&o.providerRef, "provider-ref", "", "with --to accepted: Stripe's evidence (optional)")
+			fs.StringVar(&o.plan, "plan", "", "apply a reviewed plan file (from tally reconcile --plan-out or GET /v1/reconcile/runs/{id}/plan)")
+		}, args: func(args []string) error {
+			if len(args) > 1 {
+				return errors.New("want one item id, or --plan FILE")
+			}
+			return nil
+		}, run: runRecover},
 		{name: "report completeness", flags: func(fs *flag.FlagSet, o *opts) {
 			fs.StringVar(&o.period, "period", "", "billing periods starting in this month, YYYY-MM (required)")
 			fs.StringVar(&o.tenant, "tenant", "", "only this tenant")
@@ -501,7 +519,7 @@ func runRequeue(ctx context.Context, e *env, args []string) error {
 	if e.opts.mappingVersion < 0 {
 		return usageError{"--mapping-version is required: the current mapping version of the item's tenant and feature"}
 	}
-	res, err := e.parts.Requeuer.Requeue(ctx, e.db.Pool, id, e.opts.mappingVersion)
+	res, err := e.parts.Requeuer.Requeue(ctx, e.db.Pool, id, e.opts.mappingVersion, who())
 	if err != nil {
 		return err
 	}
@@ -565,6 +583,21 @@ func runReconcile(ctx context.Context, e *env, _ []string) error {
 	if derr != nil {
 		return derr
 	}
+	if e.opts.planOut != "" {
+		p, perr := reconcile.PlanOf(ctx, e.db.Pool, e.parts.Outbox, run.ID)
+		if perr != nil {
+			return perr
+		}
+		b, perr := json.MarshalIndent(p, "", "  ")
+		if perr != nil {
+			return perr
+		}
+		if perr := os.WriteFile(e.opts.planOut, append(b, '\n'), 0o600); perr != nil {
+			return perr
+		}
+		fmt.Fprintf(e.stderr, "plan: %d recoveries written to %s (%d discrepancies without one); review it, then: tally recover --plan %s\n",
+			len(p.Actions), e.opts.planOut, p.Unplanned, e.opts.planOut)
+	}
 	if e.opts.format == "json" {
 		if perr := printJSON(e.stdout, map[string]any{"run": run, "discrepancies": ds}); perr != nil {
 			return perr
@@ -603,6 +636,66 @@ func runReconcile(ctx context.Context, e *env, _ []string) error {
 		}
 	}
 	return err
+}
+
+func runRecover(ctx context.Context, e *env, args []string) error {
+	if e.opts.plan != "" {
+		if len(args) > 0 {
+			return usageError{"give an item id or --plan, not both"}
+		}
+		b, err := os.ReadFile(e.opts.plan)
+		if err != nil {
+			return err
+		}
+		var p reconcile.Plan
+		dec := json.NewDecoder(strings.NewReader(string(b)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&p); err != nil {
+			return usageError{fmt.Sprintf("--plan %s: not a plan: %v", e.opts.plan, err)}
+		}
+		results := reconcile.ApplyPlan(ctx, e.db.Pool, e.parts.Outbox, p, who())
+		w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ITEM\tTO\tRESULT")
+		failed := 0
+		for _, r := range results {
+			res := "applied"
+			if !r.Applied {
+				res, failed = "refused: "+r.Error, failed+1
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\n", r.Item, r.To, res)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		if failed > 0 {
+			return fmt.Errorf("%d of %d recoveries refused; the others were applied", failed, len(results))
+		}
+		return nil
+	}
+	if len(args) != 1 {
+		return usageError{"want an item id (or --plan FILE)"}
+	}
+	id, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || id < 1 {
+		return usageError{"the item id must be a positive integer"}
+	}
+	if e.opts.expect == "" || e.opts.to == "" {
+		return usageError{"--expect and --to are required"}
+	}
+	it, err := reconcile.Recover(ctx, e.db.Pool, e.parts.Outbox, id, reconcile.Recovery{
+		Expect: outbox.State(e.opts.expect), To: outbox.State(e.opts.to), Reason: e.opts.reason,
+		NotReached: e.opts.notReached, ProviderRef: e.opts.providerRef, By: who()})
+	var se *reconcile.ExpectedStateError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Errorf("expected_state_mismatch: %v", se)
+	case errors.Is(err, reconcile.ErrInvalidRecovery):
+		return usageError{err.Error()}
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(e.stdout, "item %d: %s -> %s\n", id, e.opts.expect, it.State)
+	return nil
 }
 
 func runStripeSim(ctx context.Context, e *env, _ []string) error {

@@ -36,6 +36,8 @@ Commands:
   requeue ID             requeue a quarantined item: --mapping-version N
   report completeness    the completeness report: --period YYYY-MM [--tenant T] [--format table|json]
   reconcile              compare accepted items with Stripe's summaries now, confirm what matches: [--settle D] [--since T] [--format table|json]
+  recover ID             an operator's decision about an uncertain item: --expect uncertain --to accepted|pending|rejected [--reason R] [--not-reached]
+  recover --plan FILE    apply a reviewed recovery plan written by tally reconcile --plan-out
   stripe-sim             run the built-in Stripe simulator: [--sim-listen ADDR] [--sim-key K] [--sim-account A] [--meter EVENT:FORMULA …]
   help                   show this text, or a command's flags with: tally <command> -h
 

@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/outbox"
 )
 
 var binary string
@@ -252,6 +255,71 @@ func TestOperatorCommands(t *testing.T) {
 	require.Contains(t, errs, "no such item")
 	code, _, _ = tally(t, url, "requeue", "12345")
 	require.Equal(t, 2, code, "the mapping version is required")
+
+	code, _, errs = tally(t, url, "reconcile")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "no Stripe key")
+
+	// Recovery of two uncertain items: one by hand, one by a plan whose
+	// lease token is out of date.
+	ids := uncertainItems(t, url, 2)
+	code, _, errs = tally(t, url, "recover", fmt.Sprint(ids[0]), "--to", "pending")
+	require.Equal(t, 2, code, errs)
+	code, out, errs = tally(t, url, "recover", fmt.Sprint(ids[0]), "--expect", "uncertain", "--to", "pending",
+		"--not-reached", "--reason", "every attempt failed before recording")
+	require.Equal(t, 0, code, errs)
+	require.Equal(t, fmt.Sprintf("item %d: uncertain -> pending\n", ids[0]), out)
+	code, _, errs = tally(t, url, "recover", fmt.Sprint(ids[0]), "--expect", "uncertain", "--to", "rejected", "--reason", "x")
+	require.Equal(t, 1, code)
+	require.Contains(t, errs, "expected_state_mismatch: item")
+	require.Contains(t, errs, "is pending, not uncertain")
+
+	plan := filepath.Join(t.TempDir(), "plan.json")
+	require.NoError(t, os.WriteFile(plan, []byte(fmt.Sprintf(`{"run_id":1,"created":"2026-11-30T00:00:00Z","unplanned_discrepancies":0,
+		"actions":[{"item":%d,"expect":"uncertain","to":"accepted","lease_token":99,"reason":"test","evidence":{}}]}`, ids[1])), 0o600))
+	code, out, errs = tally(t, url, "recover", "--plan", plan)
+	require.Equal(t, 1, code, errs)
+	require.Contains(t, out, "refused: item")
+	require.Contains(t, errs, "1 of 1 recoveries refused")
+	require.NoError(t, os.WriteFile(plan, []byte(`{"actions":[],"surprise":1}`), 0o600))
+	code, _, errs = tally(t, url, "recover", "--plan", plan)
+	require.Equal(t, 2, code, errs)
+}
+
+// uncertainItems enqueues n items straight into the outbox of url and
+// brings each to uncertain, as an answer that may have reached Stripe past
+// the cap would.
+func uncertainItems(t *testing.T, url string, n int) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	store, err := outbox.New(outbox.Config{}, nil)
+	require.NoError(t, err)
+	items := make([]outbox.NewItem, n)
+	for i := range items {
+		items[i] = outbox.NewItem{Identity: outbox.Identity{TenantKey: "acme", SubjectKind: outbox.SubjectUsageWindow,
+			SubjectRef: fmt.Sprintf("usage:api:cli#%d", i), Exporter: "stripe_meter_events", DestinationAccount: "acct_1",
+			Mode: outbox.ModeTest, MappingVersion: 1},
+			Payload: outbox.Payload{Customer: "cus_1", EventName: "api_calls", Value: 1, Timestamp: time.Now().Unix(), Feature: "api", Period: "2026-11-01T00:00:00Z"}}
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := store.EnqueueBatch(ctx, tx, items)
+		return err
+	}))
+	leases, err := store.Claim(ctx, pool, outbox.ClaimOptions{Owner: "test", Limit: n, Policy: outbox.BestEffort})
+	require.NoError(t, err)
+	require.Len(t, leases, n)
+	var ids []int64
+	var outcomes []outbox.Outcome
+	for _, l := range leases {
+		ids = append(ids, l.ID)
+		outcomes = append(outcomes, outbox.Outcome{Lease: l, Kind: outbox.Uncertain, Error: outbox.ErrorInfo{Code: "stripe_5xx", Status: 500}})
+	}
+	_, err = store.Record(ctx, pool, outcomes)
+	require.NoError(t, err)
+	return ids
 }
 
 // TestStripeSimCommand runs `tally stripe-sim` as a user would: its meters
