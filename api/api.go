@@ -45,6 +45,9 @@ type Deps struct {
 	Metrics  *Metrics
 	// Reconcile serves /v1/reconcile; nil answers that export is stalled.
 	Reconcile *ReconcileDeps
+	// Webhook serves POST /v1/stripe/events; nil or without a secret it
+	// answers 503.
+	Webhook *WebhookDeps
 }
 
 // Options configures the handler.

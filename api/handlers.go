@@ -20,6 +20,7 @@ import (
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
+	"github.com/tallymeter/tally/reconcile"
 )
 
 // Metrics are the API's own series; none carries a tenant label.
@@ -63,7 +64,10 @@ type handlers struct {
 const maxJSONBody = 64 << 10
 
 func (h *handlers) routes(r chi.Router) {
+	// Every /v1 route but Stripe's event destination (authenticated by its
+	// Stripe-Signature) needs a token, and unknown routes answer 401 first.
 	r.Use(h.authenticate)
+	r.Post(stripeEventsPath, h.stripeEvents)
 	r.With(require(auth.RoleIngest)).Post("/usage", h.postUsage)
 
 	r.Group(func(r chi.Router) {
@@ -410,6 +414,8 @@ type itemView struct {
 	UpdatedAt          time.Time         `json:"updated_at"`
 	AttemptLog         []outbox.Attempt  `json:"attempt_log,omitempty"`
 	Audit              []audit.Entry     `json:"audit,omitempty"`
+	// Evidence is what Stripe's meter error reports say of the item.
+	Evidence []reconcile.Evidence `json:"evidence,omitempty"`
 }
 
 func viewOf(it outbox.Item) itemView {
@@ -501,9 +507,15 @@ func (h *handlers) getItem(w http.ResponseWriter, r *http.Request) {
 		h.internal(w, r, err)
 		return
 	}
+	evidence, err := reconcile.EvidenceOf(r.Context(), h.Pool, []int64{id})
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
 	v := viewOf(it)
 	v.AttemptLog = attempts
 	v.Audit = trail
+	v.Evidence = evidence
 	writeJSON(w, http.StatusOK, v)
 }
 

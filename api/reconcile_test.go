@@ -27,24 +27,26 @@ func TestReconcileRunsAPI(t *testing.T) {
 		enqueued []int64
 		fail     bool
 	)
-	h := newHarnessWith(t, false, &api.ReconcileDeps{Enabled: true, Settle: 90 * time.Minute,
-		Enqueue: func(ctx context.Context, tx pgx.Tx, id int64) error {
-			mu.Lock()
-			defer mu.Unlock()
-			if fail {
-				return errors.New("the job queue is unavailable")
-			}
-			// The job is inserted in the transaction that queued the run.
-			var status string
-			if err := tx.QueryRow(ctx, `SELECT status FROM reconcile_runs WHERE id = $1`, id).Scan(&status); err != nil {
-				return err
-			}
-			if status != "queued" {
-				return errors.New("the run is not queued")
-			}
-			enqueued = append(enqueued, id)
-			return nil
-		}})
+	h := newHarnessWith(t, false, func(d *api.Deps) {
+		d.Reconcile = &api.ReconcileDeps{Enabled: true, Settle: 90 * time.Minute,
+			Enqueue: func(ctx context.Context, tx pgx.Tx, id int64) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if fail {
+					return errors.New("the job queue is unavailable")
+				}
+				// The job is inserted in the transaction that queued the run.
+				var status string
+				if err := tx.QueryRow(ctx, `SELECT status FROM reconcile_runs WHERE id = $1`, id).Scan(&status); err != nil {
+					return err
+				}
+				if status != "queued" {
+					return errors.New("the run is not queued")
+				}
+				enqueued = append(enqueued, id)
+				return nil
+			}}
+	})
 	op := h.as(h.token("alice", auth.RoleOperator))
 	fin := h.as(h.token("fin", auth.RoleFinance))
 

@@ -38,6 +38,10 @@ type Line struct {
 	// InconsistentItems counts items whose value is not the reduction of the
 	// events they carry (a sum, the last value, or the event's own value).
 	InconsistentItems int64 `json:"inconsistent_items"`
+	// Discrepancies counts the hours of this line's items where the latest
+	// finished reconcile run found Stripe's numbers different from Tally's
+	// (see ReconcileRun): their items stay accepted until it is resolved.
+	Discrepancies int64 `json:"discrepancies"`
 	// Holds is the conservation identity: ingested = confirmed + accepted +
 	// pending + quarantined + uncertain + rejected, in events and in value,
 	// and every item consistent with its events.
@@ -48,6 +52,9 @@ type Line struct {
 type Completeness struct {
 	Period string `json:"period"`
 	Lines  []Line `json:"lines"`
+	// ReconcileRun is the latest finished reconcile run, whose
+	// discrepancies the lines count; nil before the first.
+	ReconcileRun *int64 `json:"reconcile_run"`
 	// Holds is true when every line holds.
 	Holds bool `json:"holds"`
 }
@@ -156,6 +163,9 @@ func CompletenessOf(ctx context.Context, q Querier, period, tenant string) (Comp
 	}); err != nil {
 		return Completeness{}, fmt.Errorf("quarantine: reading completeness: %w", err)
 	}
+	if err := c.addDiscrepancies(ctx, q, from, to, tenant, index); err != nil {
+		return Completeness{}, err
+	}
 	for i := range c.Lines {
 		l := &c.Lines[i]
 		sum := Bucket{}
@@ -168,6 +178,50 @@ func CompletenessOf(ctx context.Context, q Querier, period, tenant string) (Comp
 	return c, nil
 }
 
+// sqlDiscrepancies counts, per tenant, feature and period, the discrepancy
+// hours of the latest succeeded reconcile run that involve their items.
+const sqlDiscrepancies = `
+WITH latest AS (SELECT max(id) AS id FROM reconcile_runs WHERE status = 'succeeded')
+SELECT latest.id, o.tenant_key, o.payload ->> 'feature', (o.payload ->> 'period')::timestamptz,
+       count(DISTINCT (d.event_name, d.customer, d.hour))
+FROM latest
+JOIN reconcile_discrepancies d ON d.run_id = latest.id
+JOIN outbox_items o ON o.id = ANY(d.expected_items || d.uncertain_items)
+WHERE (o.payload ->> 'period')::timestamptz >= @from AND (o.payload ->> 'period')::timestamptz < @to
+  AND (@tenant = '' OR o.tenant_key = @tenant)
+GROUP BY 1, 2, 3, 4`
+
+func (c *Completeness) addDiscrepancies(ctx context.Context, q Querier, from, to time.Time, tenant string, index map[[3]string]int) error {
+	var run *int64
+	if err := q.QueryRow(ctx, `SELECT max(id) FROM reconcile_runs WHERE status = 'succeeded'`).Scan(&run); err != nil {
+		return fmt.Errorf("quarantine: reading reconcile runs: %w", err)
+	}
+	c.ReconcileRun = run
+	if run == nil {
+		return nil
+	}
+	rows, err := q.Query(ctx, sqlDiscrepancies, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
+	if err != nil {
+		return fmt.Errorf("quarantine: reading discrepancies: %w", err)
+	}
+	var (
+		id              int64
+		tenantName, ftr string
+		per             time.Time
+		n               int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &tenantName, &ftr, &per, &n}, func() error {
+		if i, ok := index[[3]string{tenantName, ftr, per.UTC().Format(time.RFC3339)}]; ok {
+			c.Lines[i].Discrepancies += n
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("quarantine: reading discrepancies: %w", err)
+	}
+	return nil
+}
+
 func add(a, b Bucket) Bucket {
 	return Bucket{Events: a.Events + b.Events, Value: a.Value.Plus(b.Value)}
 }
@@ -175,11 +229,11 @@ func add(a, b Bucket) Bucket {
 // Table writes the report for a terminal.
 func (c Completeness) Table(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tHOLDS\t")
+	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tDISCREPANCIES\tHOLDS\t")
 	for _, l := range c.Lines {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t\n", l.Tenant, l.Feature, l.Period,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v\t\n", l.Tenant, l.Feature, l.Period,
 			l.Ingested.Value, l.Confirmed.Value, l.Accepted.Value, l.Pending.Value, l.Quarantined.Value,
-			l.Uncertain.Value, l.Rejected.Value, l.Holds)
+			l.Uncertain.Value, l.Rejected.Value, l.Discrepancies, l.Holds)
 	}
 	return tw.Flush()
 }

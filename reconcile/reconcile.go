@@ -454,20 +454,29 @@ ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(dest.Mode), "
 		}
 		confirm = confirm[n:]
 	}
-	for _, d := range found {
+	for i := range found {
+		d := &found[i]
+		rows, err := tx.Query(ctx, `SELECT DISTINCT item_id FROM meter_error_evidence WHERE item_id = ANY($1) ORDER BY 1`, d.ExpectedItems)
+		if err != nil {
+			return fmt.Errorf("reconcile: reading evidence: %w", err)
+		}
+		if d.ReportedItems, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+			return fmt.Errorf("reconcile: reading evidence: %w", err)
+		}
+		d.ReportedItems = nonNil(d.ReportedItems)
 		var provider, diff *string
 		if d.Provider != nil {
 			provider, diff = d.Provider, d.Difference
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name, meter, customer,
-				hour, formula, expected, provider, difference, expected_items, uncertain_items, explained_by, explanation)
+				hour, formula, expected, provider, difference, expected_items, uncertain_items, explained_by, explanation, reported_items)
 			VALUES (@run, @account, @mode, @event, @meter, @customer, @hour, @formula, @expected::numeric, @provider::numeric,
-				@diff::numeric, @expected_items, @uncertain_items, @explained_by, @explanation)
+				@diff::numeric, @expected_items, @uncertain_items, @explained_by, @explanation, @reported)
 			ON CONFLICT DO NOTHING`,
 			pgx.NamedArgs{"run": id, "account": d.Account, "mode": d.Mode, "event": d.EventName, "meter": d.Meter,
 				"customer": d.Customer, "hour": d.Hour, "formula": d.Formula, "expected": d.Expected, "provider": provider,
 				"diff": diff, "expected_items": d.ExpectedItems, "uncertain_items": d.UncertainItems,
-				"explained_by": d.ExplainedBy, "explanation": d.Explanation}); err != nil {
+				"explained_by": d.ExplainedBy, "explanation": d.Explanation, "reported": d.ReportedItems}); err != nil {
 			return fmt.Errorf("reconcile: recording a discrepancy: %w", err)
 		}
 	}

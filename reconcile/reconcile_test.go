@@ -19,6 +19,7 @@ import (
 	"github.com/tallymeter/tally/internal/testdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -265,9 +266,34 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 		dropped[hourKey{it.event, it.cust, it.hour}] = true
 	}
 
+	// Stripe reports the drops; Tally records them as evidence.
+	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: r.base})
+	require.NoError(t, err)
+	reported := map[int64]bool{}
+	for _, rep := range r.sim.ErrorReports(stripesim.DefaultAccount) {
+		full, err := client.MeterErrorEvent(r.Ctx, rep.ID)
+		require.NoError(t, err)
+		ok, err := reconcile.RecordReport(r.Ctx, r.Pool, full)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	for _, it := range all {
+		for _, rep := range r.sim.ErrorReports(stripesim.DefaultAccount) {
+			if slices.Contains(rep.Identifiers, it.identifier) {
+				reported[it.id] = true
+			}
+		}
+	}
+	require.Len(t, reported, 4)
+
 	run, ds := r.run(t, reconcile.Options{Settle: settled})
 	got := map[hourKey]bool{}
+	named := map[int64]bool{}
 	for _, d := range ds {
+		require.NotEmpty(t, d.ReportedItems, "the discrepancy names the items Stripe reported: %+v", d)
+		for _, id := range d.ReportedItems {
+			named[id] = true
+		}
 		got[hourKey{d.EventName, d.Customer, d.Hour}] = true
 		require.Equal(t, stripesim.DefaultAccount, d.Account)
 		require.Equal(t, "unexplained", d.Explanation, "no uncertain item explains a drop")
@@ -276,6 +302,7 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 		}
 	}
 	require.Equal(t, dropped, got, "discrepancies for exactly the hours that lost an event")
+	require.Equal(t, reported, named, "and they name exactly the items Stripe reported")
 
 	// Nothing in those hours is confirmed; everything else is.
 	for _, it := range all {
@@ -287,6 +314,23 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 		}
 	}
 	require.Equal(t, len(dropped), run.Discrepancies)
+
+	// The completeness report counts them on their lines, as of this run.
+	var total int64
+	months := map[string]bool{}
+	for _, it := range all {
+		months[it.hour.Format("2006-01")] = true
+	}
+	for m := range months {
+		rep, err := quarantine.CompletenessOf(r.Ctx, r.Pool, m, "")
+		require.NoError(t, err)
+		require.True(t, rep.Holds)
+		require.Equal(t, run.ID, *rep.ReconcileRun)
+		for _, l := range rep.Lines {
+			total += l.Discrepancies
+		}
+	}
+	require.Equal(t, int64(len(dropped)), total)
 
 	// A second run reports the same hours again and changes nothing.
 	before := r.states(t)

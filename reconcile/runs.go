@@ -65,6 +65,9 @@ type Discrepancy struct {
 	UncertainItems []int64 `json:"uncertain_items"`
 	ExplainedBy    []int64 `json:"explained_by"`
 	Explanation    string  `json:"explanation"`
+	// ReportedItems are the expected items Stripe's meter error reports
+	// name: accepted, then failed at Stripe.
+	ReportedItems []int64 `json:"reported_items"`
 }
 
 const runColumns = `id, status, trigger, requested_by, settle::text, since, coalesce(destination_account, ''), coalesce(mode, ''),
@@ -107,7 +110,8 @@ func List(ctx context.Context, q outbox.Querier, limit int) ([]Run, error) {
 // Discrepancies reads a run's discrepancies, by meter, customer and hour.
 func Discrepancies(ctx context.Context, q outbox.Querier, runID int64) ([]Discrepancy, error) {
 	rows, err := q.Query(ctx, `SELECT destination_account, mode, event_name, meter, customer, hour, formula,
-			expected::text, provider::text, difference::text, expected_items, uncertain_items, explained_by, explanation
+			expected::text, provider::text, difference::text, expected_items, uncertain_items, explained_by, explanation,
+			reported_items
 		FROM reconcile_discrepancies WHERE run_id = $1 ORDER BY event_name, customer, hour`, runID)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: reading discrepancies: %w", err)
@@ -115,7 +119,7 @@ func Discrepancies(ctx context.Context, q outbox.Querier, runID int64) ([]Discre
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Discrepancy, error) {
 		var d Discrepancy
 		err := row.Scan(&d.Account, &d.Mode, &d.EventName, &d.Meter, &d.Customer, &d.Hour, &d.Formula, &d.Expected,
-			&d.Provider, &d.Difference, &d.ExpectedItems, &d.UncertainItems, &d.ExplainedBy, &d.Explanation)
+			&d.Provider, &d.Difference, &d.ExpectedItems, &d.UncertainItems, &d.ExplainedBy, &d.Explanation, &d.ReportedItems)
 		d.Hour = d.Hour.UTC()
 		return d, err
 	})

@@ -56,6 +56,7 @@ type opts struct {
 	period                          string
 	mappingVersion                  int
 	simListen, simKey, simAccount   string
+	webhookURL, webhookSecret       string
 	meters, customers               stringList
 	simLimits                       stripesim.Limits
 	settle                          time.Duration
@@ -150,6 +151,9 @@ func commands() []command {
 			fs.Float64Var(&o.simLimits.Faults.Hang, "hang", 0, "probability of not answering until the client gives up")
 			fs.Float64Var(&o.simLimits.Faults.AsyncDrop, "async-drop", 0, "probability of answering 200 and dropping the event later")
 			fs.DurationVar(&o.simLimits.Faults.Latency, "latency", 0, "added latency of every meter-event call")
+			fs.Float64Var(&o.simLimits.Faults.ReadFault, "read-fault", 0, "probability of a 500 or 429 to a read (meters, summaries)")
+			fs.StringVar(&o.webhookURL, "webhook-url", "", "post meter error reports as signed thin events here (e.g. http://127.0.0.1:8080/v1/stripe/events)")
+			fs.StringVar(&o.webhookSecret, "webhook-secret", devWebhookSecret, "the signing secret of those events (Tally's STRIPE_WEBHOOK_SECRET)")
 		}, run: runStripeSim},
 		{name: "reconcile", flags: func(fs *flag.FlagSet, o *opts) {
 			fs.DurationVar(&o.settle, "settle", -1, "compare only items accepted longer ago than this (default: TALLY_RECONCILE_SETTLE)")
@@ -202,11 +206,13 @@ var (
 
 // devSim is the simulator tally dev runs; closing it stops it.
 type devSim struct {
-	srv *http.Server
-	sim *stripesim.Server
+	srv  *http.Server
+	sim  *stripesim.Server
+	stop chan struct{}
 }
 
 func (d *devSim) Close() error {
+	close(d.stop)
 	d.sim.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -242,7 +248,35 @@ func prepareDev(_ context.Context, cfg *config.Config, o *opts, stdout io.Writer
 	go func() { _ = srv.Serve(ln) }()
 	cfg.StripeAPIKey, cfg.StripeAPIBase = stripesim.DefaultKey, "http://"+ln.Addr().String()
 	o.simListen = ln.Addr().String()
-	return &devSim{srv: srv, sim: sim}, nil
+	// The simulator is the event destination's sender too: its meter error
+	// reports reach POST /v1/stripe/events, signed with the dev secret.
+	if cfg.StripeWebhookSecret == "" {
+		cfg.StripeWebhookSecret = devWebhookSecret
+	}
+	d := &devSim{srv: srv, sim: sim, stop: make(chan struct{})}
+	go deliverReports(sim, stripesim.DefaultAccount, "http://"+cfg.Listen+"/v1/stripe/events", cfg.StripeWebhookSecret, d.stop)
+	return d, nil
+}
+
+// devWebhookSecret signs the simulator's events in tally dev.
+const devWebhookSecret = "whsec_tally_dev_simulator"
+
+// deliverReports posts the simulator's meter error reports to url every
+// few seconds until stop is closed; a delivery that fails is tried again
+// on the next round, as Stripe retries.
+func deliverReports(sim *stripesim.Server, account, url, secret string, stop <-chan struct{}) {
+	t := time.NewTicker(3 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, _ = sim.DeliverReports(ctx, account, url, secret)
+			cancel()
+		}
+	}
 }
 
 // devToken returns the token kept in the data directory under name,
@@ -723,6 +757,12 @@ func runStripeSim(ctx context.Context, e *env, _ []string) error {
 	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	fmt.Fprintf(e.stdout, "Stripe simulator on http://%s\nUse: STRIPE_API_BASE=http://%s STRIPE_API_KEY=%s\nRecorded events: http://%s/_sim/events\n",
 		ln.Addr(), ln.Addr(), e.opts.simKey, ln.Addr())
+	if e.opts.webhookURL != "" {
+		stop := make(chan struct{})
+		defer close(stop)
+		go deliverReports(sim, e.opts.simAccount, e.opts.webhookURL, e.opts.webhookSecret, stop)
+		fmt.Fprintf(e.stdout, "Meter error reports: posted to %s (STRIPE_WEBHOOK_SECRET=%s)\n", e.opts.webhookURL, e.opts.webhookSecret)
+	}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

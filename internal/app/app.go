@@ -352,7 +352,8 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 				Enqueue: func(ctx context.Context, tx pgx.Tx, runID int64) error {
 					_, err := rc.InsertTx(ctx, tx, reconcile.Args{RunID: runID}, nil)
 					return err
-				}}},
+				}},
+			Webhook: webhookDeps(cfg, p)},
 	})
 	srv := &http.Server{
 		Handler:           handler,
@@ -410,6 +411,16 @@ func NewLogger(cfg config.Config) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// webhookDeps are the event destination's: the secret, and Stripe to read
+// full events from (none without a key).
+func webhookDeps(cfg config.Config, p *Parts) *api.WebhookDeps {
+	d := &api.WebhookDeps{Secret: cfg.StripeWebhookSecret}
+	if c := p.Resolver.Client(); c != nil {
+		d.Fetch = c.MeterErrorEvent
+	}
+	return d
 }
 
 // quieter passes on only records at or above min (and what the handler it

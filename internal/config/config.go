@@ -50,6 +50,9 @@ type Config struct {
 	StripeAPIBase string
 	// StripeAccount is STRIPE_ACCOUNT; empty means the key's own account.
 	StripeAccount string
+	// StripeWebhookSecret is STRIPE_WEBHOOK_SECRET, the signing secret of
+	// the event destination that posts to /v1/stripe/events.
+	StripeWebhookSecret string
 	// Exporter is TALLY_EXPORTER. Defaults to stripe_meter_events.
 	Exporter string
 	// AdminToken is TALLY_ADMIN_TOKEN: an admin token with this value is
@@ -158,6 +161,8 @@ func settings() []setting {
 			str(func(c *Config) *string { return &c.StripeAPIBase })},
 		{"STRIPE_ACCOUNT", "stripe-account", "destination account (Connect); unset: the key's own account", "",
 			str(func(c *Config) *string { return &c.StripeAccount })},
+		{"STRIPE_WEBHOOK_SECRET", "stripe-webhook-secret", "signing secret of the event destination posting to /v1/stripe/events (whsec_…); unset: it answers 503", "",
+			str(func(c *Config) *string { return &c.StripeWebhookSecret })},
 		{"TALLY_EXPORTER", "exporter", "stripe_meter_events (v1); stripe_meter_event_stream (v2) is not built yet", "stripe_meter_events",
 			str(func(c *Config) *string { return &c.Exporter })},
 		{"TALLY_ADMIN_TOKEN", "admin-token", "if set, an admin token with this value is ensured at start (at least 24 characters)", "",
@@ -271,6 +276,9 @@ func (c *Config) validate() error {
 	}
 	if c.StripeAccount != "" && !strings.HasPrefix(c.StripeAccount, "acct_") {
 		errs = append(errs, errors.New("STRIPE_ACCOUNT must be an account id (acct_…)"))
+	}
+	if c.StripeWebhookSecret != "" && !strings.HasPrefix(c.StripeWebhookSecret, "whsec_") {
+		errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET must be an event destination's signing secret (whsec_…)"))
 	}
 	switch c.Exporter {
 	case "stripe_meter_events":

@@ -90,7 +90,8 @@ func (s *Server) reportLocked(a *account, now time.Time, livemode bool, failures
 }
 
 // ErrorReports returns the error reports of account, both modes, oldest
-// first. Delivering them as webhooks is not simulated.
+// first. [Server.DeliverReports] posts them as signed thin events, and
+// GET /v2/core/events/{id} serves each as a full event.
 func (s *Server) ErrorReports(account string) []ErrorReport {
 	s.mu.Lock()
 	defer s.mu.Unlock()

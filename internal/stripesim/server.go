@@ -64,6 +64,7 @@ type account struct {
 	events    []*event            // every recording, receipt order, both modes
 	idents    map[modeID]*identSt // identifier -> its recordings
 	reports   []ErrorReport       // creation order
+	delivered map[string]bool     // error reports delivered by DeliverReports
 }
 
 // modeID is an id scoped to one mode of an account.
@@ -141,6 +142,7 @@ func (s *Server) routes() http.Handler {
 	r.Post(meterEventsPath, s.createMeterEvent)
 	r.Post("/v1/billing/meter_event_adjustments", s.createAdjustment)
 
+	r.Get("/v2/core/events/{id}", s.getEvent)
 	r.Post("/v2/billing/meter_event_session", s.createSession)
 	r.Post(streamPath, s.stream)
 	return r
@@ -179,7 +181,8 @@ func (s *Server) AddAccount(account string) {
 func (s *Server) accountLocked(id string) *account {
 	a := s.accounts[id]
 	if a == nil {
-		a = &account{id: id, created: s.now(), customers: map[modeID]*customer{}, idents: map[modeID]*identSt{}}
+		a = &account{id: id, created: s.now(), customers: map[modeID]*customer{}, idents: map[modeID]*identSt{},
+			delivered: map[string]bool{}}
 		s.accounts[id] = a
 	}
 	return a

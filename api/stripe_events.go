@@ -1,0 +1,100 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/stripe/stripe-go/v82/webhook"
+
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/reconcile"
+)
+
+// WebhookDeps are what POST /v1/stripe/events needs.
+type WebhookDeps struct {
+	// Secret is STRIPE_WEBHOOK_SECRET, the event destination's signing
+	// secret.
+	Secret string
+	// Fetch reads the full event of a thin one from Stripe.
+	Fetch func(ctx context.Context, id string) (stripeapi.MeterErrorReport, error)
+}
+
+// stripeEventsPath is the event destination's route under /v1.
+const stripeEventsPath = "/stripe/events"
+
+// webhookTolerance is how old a signature may be (Stripe's default).
+const webhookTolerance = 300 * time.Second
+
+// maxWebhookBody bounds a thin event's body.
+const maxWebhookBody = 64 << 10
+
+// stripeEvents receives Stripe's thin events. A bad or stale signature
+// answers 400 and records nothing; a meter error report is fetched in full
+// and recorded once, however often it is delivered; other types are
+// acknowledged and ignored.
+func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
+	if h.Webhook == nil || h.Webhook.Secret == "" || h.Webhook.Fetch == nil {
+		WriteError(w, http.StatusServiceUnavailable, "webhooks_not_configured", "STRIPE_WEBHOOK_SECRET and STRIPE_API_KEY are required to receive Stripe's events")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebhookBody))
+	if err != nil {
+		WriteError(w, http.StatusRequestEntityTooLarge, "too_large", "the event is larger than 64 KiB")
+		return
+	}
+	if err := webhook.ValidatePayloadWithTolerance(body, r.Header.Get("Stripe-Signature"), h.Webhook.Secret, webhookTolerance); err != nil {
+		msg := "the Stripe-Signature header does not match the body with the signing secret"
+		if errors.Is(err, webhook.ErrTooOld) {
+			msg = "the signature is older than 300 seconds"
+		} else if errors.Is(err, webhook.ErrNotSigned) || errors.Is(err, webhook.ErrInvalidHeader) {
+			msg = "the Stripe-Signature header is missing or malformed"
+		}
+		WriteError(w, http.StatusBadRequest, "invalid_signature", msg)
+		return
+	}
+	var thin struct {
+		ID   string `json:"id"`
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(body, &thin); err != nil || thin.ID == "" || thin.Type == "" {
+		WriteError(w, http.StatusBadRequest, "invalid_event", "the body is not a Stripe thin event")
+		return
+	}
+	switch thin.Type {
+	case stripeapi.EventMeterErrorReport, stripeapi.EventNoMeterFound:
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ignored"})
+		return
+	}
+	var seen bool
+	if err := h.Pool.QueryRow(r.Context(), `SELECT EXISTS (SELECT 1 FROM stripe_events WHERE id = $1)`, thin.ID).Scan(&seen); err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	if seen {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "duplicate"})
+		return
+	}
+	rep, err := h.Webhook.Fetch(r.Context(), thin.ID)
+	if err != nil {
+		// Stripe delivers again later.
+		code, status, _ := stripeapi.Describe(err)
+		h.log.WarnContext(r.Context(), "fetching a Stripe event failed", "event", thin.ID, "code", code, "status", status)
+		WriteError(w, http.StatusBadGateway, "event_unavailable", "the event could not be read from Stripe; deliver it again later")
+		return
+	}
+	recorded, err := reconcile.RecordReport(r.Context(), h.Pool, rep)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	status := "recorded"
+	if !recorded {
+		status = "duplicate"
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": status})
+}
