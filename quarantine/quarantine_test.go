@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/audit"
 	"github.com/tallymeter/tally/internal/stagetest"
 	"github.com/tallymeter/tally/internal/testdb"
 	"github.com/tallymeter/tally/mappings"
@@ -75,6 +76,15 @@ func TestRequeueReaddressesAfterMappingFix(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, quarantine.ActionReaddressed, res.Action)
 	require.NotNil(t, res.Successor)
+	// The operator's action is in the audit log, the refusals are not.
+	trail, err := audit.List(b.Ctx, b.Pool, audit.Item(old.ID), 10)
+	require.NoError(t, err)
+	require.Len(t, trail, 1)
+	require.Equal(t, audit.ActionReaddress, trail[0].Action)
+	require.Equal(t, "test", trail[0].Actor)
+	require.Equal(t, "quarantined", trail[0].From)
+	require.Equal(t, "superseded", trail[0].To)
+	require.EqualValues(t, *res.Successor, trail[0].Details["successor"])
 
 	closed, err := b.Outbox.Get(b.Ctx, b.Pool, old.ID)
 	require.NoError(t, err)

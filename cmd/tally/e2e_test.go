@@ -265,23 +265,42 @@ func runExport(t *testing.T, kills int) {
 	// item and finds no discrepancy.
 	var accepted int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&accepted))
-	rc := exec.Command(binary, "reconcile", "--settle", "0s", "--format", "json")
-	rc.Env = append(os.Environ(), n.env...)
-	out, err := rc.Output()
-	require.NoError(t, err, "%s", out)
-	var res struct {
-		Run struct {
-			Status         string `json:"status"`
-			ItemsConfirmed int64  `json:"items_confirmed"`
-			Discrepancies  int    `json:"discrepancies"`
-			KeysTotal      int    `json:"keys_total"`
-		} `json:"run"`
+	type runResult struct {
+		ID             int64  `json:"id"`
+		Status         string `json:"status"`
+		ItemsConfirmed int64  `json:"items_confirmed"`
+		Discrepancies  int    `json:"discrepancies"`
+		KeysTotal      int    `json:"keys_total"`
 	}
-	require.NoError(t, json.Unmarshal(out, &res), "%s", out)
-	require.Equal(t, "succeeded", res.Run.Status)
-	require.Zero(t, res.Run.Discrepancies, "%s", out)
-	require.Equal(t, accepted, res.Run.ItemsConfirmed)
-	require.Equal(t, tenants*3, res.Run.KeysTotal)
+	var run runResult
+	if kills == 0 {
+		// Through the API: the run is queued and a River job on the node
+		// works it.
+		code, body := post(t, http.MethodPost, base+"/v1/reconcile/runs", admin, map[string]string{"settle": "0s"})
+		require.Equal(t, http.StatusAccepted, code, body)
+		require.NoError(t, json.Unmarshal([]byte(body), &run))
+		require.Eventually(t, func() bool {
+			code, body := post(t, http.MethodGet, fmt.Sprintf("%s/v1/reconcile/runs/%d", base, run.ID), admin, nil)
+			require.Equal(t, http.StatusOK, code, body)
+			require.NoError(t, json.Unmarshal([]byte(body), &run))
+			return run.Status != "queued" && run.Status != "running"
+		}, 60*time.Second, 100*time.Millisecond)
+	} else {
+		// From the command line, beside the running node.
+		rc := exec.Command(binary, "reconcile", "--settle", "0s", "--format", "json")
+		rc.Env = append(os.Environ(), n.env...)
+		out, err := rc.Output()
+		require.NoError(t, err, "%s", out)
+		var res struct {
+			Run runResult `json:"run"`
+		}
+		require.NoError(t, json.Unmarshal(out, &res), "%s", out)
+		run = res.Run
+	}
+	require.Equal(t, "succeeded", run.Status, "%+v", run)
+	require.Zero(t, run.Discrepancies, "%+v", run)
+	require.Equal(t, accepted, run.ItemsConfirmed)
+	require.Equal(t, tenants*3, run.KeysTotal)
 	var left int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
 	require.Zero(t, left)
