@@ -71,17 +71,23 @@ func Periodic(schedule string) (*river.PeriodicJob, error) {
 	if schedule == "off" {
 		return nil, nil
 	}
-	s, err := cron.ParseStandard(schedule)
+	s, err := parseUTC(schedule)
 	if err != nil {
 		return nil, err
 	}
-	return river.NewPeriodicJob(utc{s}, func() (river.JobArgs, *river.InsertOpts) {
+	return river.NewPeriodicJob(s, func() (river.JobArgs, *river.InsertOpts) {
 		return Args{}, &river.InsertOpts{MaxAttempts: 3, Queue: QueueName, UniqueOpts: river.UniqueOpts{
 			ByPeriod: time.Minute,
 			ByState: []rivertype.JobState{rivertype.JobStateAvailable, rivertype.JobStatePending,
 				rivertype.JobStateRunning, rivertype.JobStateScheduled, rivertype.JobStateRetryable},
 		}}
 	}, &river.PeriodicJobOpts{ID: "tally_reconcile"}), nil
+}
+
+// parseUTC parses a cron schedule evaluated in UTC.
+func parseUTC(schedule string) (utc, error) {
+	s, err := cron.ParseStandard(schedule)
+	return utc{s}, err
 }
 
 // utc evaluates a cron schedule in UTC, whatever the node's zone.
