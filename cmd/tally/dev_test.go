@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -113,6 +114,34 @@ func TestDev(t *testing.T) {
 		"the count event did not reach the simulator:\n%s", &out)
 	require.Eventually(t, func() bool { return landed("api_calls") }, 90*time.Second, 500*time.Millisecond,
 		"the sum window did not reach the simulator within its minute:\n%s", &out)
+
+	// As the README says: a reconcile run with no settle delay confirms
+	// what reached the simulator.
+	var admin string
+	for _, line := range strings.Split(printed, "\n") {
+		if v, ok := strings.CutPrefix(line, "Admin token:"); ok {
+			admin = strings.TrimSpace(v)
+		}
+	}
+	require.NotEmpty(t, admin, printed)
+	code, body = post(t, http.MethodPost, "http://"+addr+"/v1/reconcile/runs", admin, map[string]string{"settle": "0s"})
+	require.Equal(t, http.StatusAccepted, code, body)
+	var run struct {
+		ID             int64  `json:"id"`
+		Status         string `json:"status"`
+		ItemsConfirmed int64  `json:"items_confirmed"`
+		Discrepancies  int    `json:"discrepancies"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &run))
+	require.Eventually(t, func() bool {
+		code, body := post(t, http.MethodGet, fmt.Sprintf("http://%s/v1/reconcile/runs/%d", addr, run.ID), admin, nil)
+		require.Equal(t, http.StatusOK, code, body)
+		require.NoError(t, json.Unmarshal([]byte(body), &run))
+		return run.Status == "succeeded" || run.Status == "failed"
+	}, 30*time.Second, 100*time.Millisecond)
+	require.Equal(t, "succeeded", run.Status)
+	require.Equal(t, int64(2), run.ItemsConfirmed, "the logins event and the api_calls window")
+	require.Zero(t, run.Discrepancies)
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), "%s", &out)
