@@ -46,17 +46,27 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 		w.Logger.WarnContext(ctx, "reconcile: no Stripe key; nothing to reconcile against")
 		return nil
 	}
+	var (
+		run Run
+		err error
+	)
 	if job.Args.RunID == 0 {
-		_, err := w.Reconciler.RunNow(ctx, w.DB, TriggerSchedule, "schedule", Options{Settle: w.Settle})
+		run, err = w.Reconciler.RunNow(ctx, w.DB, TriggerSchedule, "schedule", Options{Settle: w.Settle})
 		if errors.Is(err, ErrRunning) {
 			w.Logger.InfoContext(ctx, "reconcile: the scheduled run was skipped: another run is in progress")
 			return nil
 		}
-		return err
+	} else {
+		run, err = w.Reconciler.Work(ctx, w.DB, job.Args.RunID)
+		if errors.Is(err, ErrRunning) {
+			return river.JobSnooze(time.Minute)
+		}
 	}
-	_, err := w.Reconciler.Work(ctx, w.DB, job.Args.RunID)
-	if errors.Is(err, ErrRunning) {
-		return river.JobSnooze(time.Minute)
+	if err != nil && run.Status == "failed" {
+		// The run ended, failed, and says why; the next run starts afresh.
+		// Only a run whose worker died is worth this job's next attempt
+		// (it resumes).
+		return river.JobCancel(err)
 	}
 	return err
 }
