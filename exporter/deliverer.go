@@ -358,7 +358,6 @@ func (d *Deliverer) listen(ctx context.Context, wake chan<- struct{}) {
 type deliveryMetrics struct {
 	deliveries *prometheus.CounterVec
 	duration   prometheus.Histogram
-	stripe     *prometheus.CounterVec
 	rate       prometheus.GaugeFunc
 }
 
@@ -373,10 +372,6 @@ func newDeliveryMetrics(l *Limiter) *deliveryMetrics {
 			Help:    "Duration of one call to the provider.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
-		stripe: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tally_stripe_requests_total",
-			Help: "Calls to Stripe by endpoint and status class (2xx, 4xx, 429, 5xx, none).",
-		}, []string{"endpoint", "class"}),
 		rate: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tally_export_limiter_rate",
 			Help: "The destination's current limiter rate, in calls a second (halved on 429, recovering gradually).",
@@ -385,7 +380,10 @@ func newDeliveryMetrics(l *Limiter) *deliveryMetrics {
 }
 
 func (m *deliveryMetrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.deliveries, m.duration, m.stripe, m.rate} {
+	for _, k := range []outbox.OutcomeKind{outbox.Accepted, outbox.Retry, outbox.RateLimited, outbox.Uncertain, outbox.Rejected, outbox.Quarantined} {
+		m.deliveries.WithLabelValues(k.String())
+	}
+	for _, c := range []prometheus.Collector{m.deliveries, m.duration, m.rate} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -397,18 +395,8 @@ func (m *deliveryMetrics) outcome(o outbox.Outcome) {
 	m.deliveries.WithLabelValues(o.Kind.String()).Inc()
 }
 
-func (m *deliveryMetrics) sent(o outbox.Outcome, d time.Duration) {
+// sent observes one call's duration; the call itself is counted by
+// endpoint and status in stripeapi's tally_stripe_requests_total.
+func (m *deliveryMetrics) sent(_ outbox.Outcome, d time.Duration) {
 	m.duration.Observe(d.Seconds())
-	class := "none"
-	switch s := o.Error.Status; {
-	case o.Kind == outbox.Accepted && s == 0:
-		class = "2xx"
-	case s == 429:
-		class = "429"
-	case s >= 500:
-		class = "5xx"
-	case s >= 400:
-		class = "4xx"
-	}
-	m.stripe.WithLabelValues("meter_events", class).Inc()
 }

@@ -43,6 +43,8 @@ type Settings struct {
 	Exporter string
 	// HTTPClient is used for Stripe calls; nil means stripeapi's default.
 	HTTPClient *http.Client
+	// Metrics counts the client's calls; nil counts nothing.
+	Metrics *stripeapi.RequestMetrics
 }
 
 // Destination is where this node exports.
@@ -86,7 +88,7 @@ func NewResolver(s Settings) (*Resolver, error) {
 	if s.Key == "" {
 		return r, nil
 	}
-	c, err := stripeapi.New(stripeapi.Config{Key: s.Key, APIBase: s.APIBase, Account: s.Account, HTTPClient: s.HTTPClient})
+	c, err := stripeapi.New(stripeapi.Config{Key: s.Key, APIBase: s.APIBase, Account: s.Account, HTTPClient: s.HTTPClient, Metrics: s.Metrics})
 	if err != nil {
 		return nil, err
 	}

@@ -147,6 +147,9 @@ func (s *Store) RunMaintenance(ctx context.Context, q Querier, interval time.Dur
 	defer t.Stop()
 	for {
 		res, err := s.Maintain(ctx, q)
+		if err == nil {
+			s.lastMaintained.Store(time.Now().UnixNano())
+		}
 		switch {
 		case err != nil && ctx.Err() == nil:
 			logger.ErrorContext(ctx, "outbox maintenance failed", "error", err)

@@ -9,6 +9,8 @@ type metrics struct {
 	transitions *prometheus.CounterVec
 	items       *prometheus.GaugeVec
 	oldest      prometheus.Gauge
+	staged      *prometheus.CounterVec
+	quarantined *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -25,6 +27,14 @@ func newMetrics() *metrics {
 			Name: "tally_outbox_items",
 			Help: "Outbox items by state, sampled by the maintenance pass.",
 		}, []string{"state"}),
+		staged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_outbox_staged_total",
+			Help: "Items staged (T0 and T0q), by subject kind: usage_window (a window or a supplement) or usage_event (a count feature's event). Counted when the enqueue ran; a rolled-back transaction counts too.",
+		}, []string{"kind"}),
+		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_outbox_quarantined_total",
+			Help: "Items quarantined, at staging (T0q) or at claim or on Stripe's answer (T6), by reason.",
+		}, []string{"reason"}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tally_outbox_oldest_pending_age_seconds",
 			Help: "Age of the oldest item not yet answered (pending or leased), sampled by the maintenance pass.",
@@ -32,8 +42,25 @@ func newMetrics() *metrics {
 	}
 }
 
+// zero creates the series whose labels are known up front, at 0, so that
+// a scrape shows them (and an alert's rate() has a baseline) before the
+// first event.
+func (m *metrics) zero() *metrics {
+	for _, t := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T9r"} {
+		m.stale.WithLabelValues(t)
+	}
+	for _, r := range []Reason{ReasonFeatureUnmapped, ReasonNoCustomer, ReasonNoAccount, ReasonAccountMismatch,
+		ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound, ReasonCountValue} {
+		m.quarantined.WithLabelValues(string(r))
+	}
+	for _, k := range []string{SubjectUsageWindow, SubjectUsageEvent} {
+		m.staged.WithLabelValues(k)
+	}
+	return m
+}
+
 func (m *metrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.stale, m.transitions, m.items, m.oldest} {
+	for _, c := range []prometheus.Collector{m.stale, m.transitions, m.items, m.oldest, m.staged, m.quarantined} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -44,6 +71,14 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 func (m *metrics) staleWrites(transition string, n int) {
 	if n > 0 {
 		m.stale.WithLabelValues(transition).Add(float64(n))
+	}
+}
+
+// enqueued counts a staged item of kind, and its quarantine reason if any.
+func (m *metrics) enqueued(kind string, reason Reason) {
+	m.staged.WithLabelValues(kind).Inc()
+	if reason != "" {
+		m.quarantined.WithLabelValues(string(reason)).Inc()
 	}
 }
 

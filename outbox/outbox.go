@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -257,6 +258,18 @@ func (c Config) Validate() error {
 type Store struct {
 	cfg     Config
 	metrics *metrics
+	// lastMaintained is when this process's maintenance pass last
+	// succeeded (Unix nanoseconds; 0: never): a heartbeat for metrics only.
+	lastMaintained atomic.Int64
+}
+
+// LastMaintained is when this process's maintenance pass last succeeded;
+// zero before the first.
+func (s *Store) LastMaintained() time.Time {
+	if n := s.lastMaintained.Load(); n > 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // New validates cfg and returns a Store whose metrics are registered on reg
@@ -265,7 +278,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	m := newMetrics()
+	m := newMetrics().zero()
 	if reg != nil {
 		if err := m.register(reg); err != nil {
 			return nil, fmt.Errorf("outbox: registering metrics: %w", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
@@ -62,6 +63,10 @@ type Config struct {
 	// Limiter paces every Stripe call of a run (the account's limiter).
 	Limiter *exporter.Limiter
 	Logger  *slog.Logger
+	// Metrics counts the reconciler's Stripe calls; Registry takes the
+	// reconciler's own series. Both optional.
+	Metrics  *stripeapi.RequestMetrics
+	Registry prometheus.Registerer
 	// RetryInitial and RetryMax shape the backoff of a read that failed
 	// transiently (429, 5xx, no answer): the first wait, and how long a read
 	// may keep failing before the run fails. Default 500ms and 2 minutes.
@@ -71,9 +76,45 @@ type Config struct {
 // Reconciler compares accepted items with Stripe's event summaries and
 // confirms (T7) what they prove.
 type Reconciler struct {
-	cfg    Config
-	client *stripeapi.Client
-	calls  atomic.Int64
+	cfg     Config
+	client  *stripeapi.Client
+	calls   atomic.Int64
+	metrics *metrics
+}
+
+// metrics are the reconciler's series; no tenant label.
+type metrics struct {
+	runs          *prometheus.CounterVec
+	confirmed     prometheus.Counter
+	discrepancies prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_reconcile_runs_total",
+			Help: "Reconcile runs this node worked to an end, by how they ended: succeeded, failed, interrupted.",
+		}, []string{"status"}),
+		confirmed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_reconcile_items_confirmed_total",
+			Help: "Items moved from accepted to confirmed (T7) on Stripe's evidence.",
+		}),
+		discrepancies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_reconcile_discrepancies_total",
+			Help: "Discrepancies found: hours where Stripe's summary and Tally's accepted items differ. A rerun finds an unresolved one again.",
+		}),
+	}
+	for _, s := range []string{"succeeded", "failed", "interrupted"} {
+		m.runs.WithLabelValues(s)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.runs, m.confirmed, m.discrepancies} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
 }
 
 // New validates cfg and builds the reconciler; it makes no call. Without a
@@ -94,8 +135,13 @@ func New(cfg Config) (*Reconciler, error) {
 	if cfg.RetryMax <= 0 {
 		cfg.RetryMax = 2 * time.Minute
 	}
-	r := &Reconciler{cfg: cfg}
+	m, err := newMetrics(cfg.Registry)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reconciler{cfg: cfg, metrics: m}
 	c, err := stripeapi.New(stripeapi.Config{Key: cfg.Key, APIBase: cfg.APIBase, Account: cfg.Account,
+		Metrics: cfg.Metrics,
 		BeforeRequest: func(ctx context.Context) error {
 			r.calls.Add(1)
 			return cfg.Limiter.Wait(ctx)
@@ -244,6 +290,7 @@ func (r *Reconciler) work(ctx context.Context, db DB, id int64) (Run, error) {
 			error_code = @code, error = nullif(@msg, '') WHERE id = @id AND status = 'running'`,
 			pgx.NamedArgs{"id": id, "status": status2, "code": info.Code, "msg": info.Message})
 		r.cfg.Logger.Error("reconcile run failed", "run", id, "error", info.String())
+		r.metrics.runs.WithLabelValues(status2).Inc()
 	} else {
 		if _, uerr := db.Exec(end, `UPDATE reconcile_runs SET status = 'succeeded', finished_at = clock_timestamp()
 			WHERE id = $1 AND status = 'running'`, id); uerr != nil {
@@ -255,6 +302,7 @@ func (r *Reconciler) work(ctx context.Context, db DB, id int64) (Run, error) {
 		err = gerr
 	}
 	if err == nil {
+		r.metrics.runs.WithLabelValues("succeeded").Inc()
 		r.cfg.Logger.Info("reconcile run finished", "run", id, "keys", run.KeysDone, "hours_compared", run.HoursCompared,
 			"hours_matched", run.HoursMatched, "confirmed", run.ItemsConfirmed, "discrepancies", run.Discrepancies,
 			"stripe_calls", run.StripeCalls)
@@ -489,7 +537,12 @@ ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(dest.Mode), "
 			"confirmed": confirmed, "found": len(found), "calls": r.calls.Load() - start}); err != nil {
 		return fmt.Errorf("reconcile: recording progress: %w", err)
 	}
-	return tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	r.metrics.confirmed.Add(float64(confirmed))
+	r.metrics.discrepancies.Add(float64(len(found)))
+	return nil
 }
 
 // read runs a Stripe read, again with exponential backoff and jitter after

@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/stripesim"
@@ -305,6 +307,13 @@ func runExport(t *testing.T, kills int) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
 	require.Zero(t, left)
 
+	if kills == 0 {
+		checkMetrics(t, base)
+	}
+	// Neither the admin token nor the Stripe key reached the node's log.
+	require.NotContains(t, n.out.String(), admin)
+	require.NotContains(t, n.out.String(), stripesim.DefaultKey)
+
 	if kills > 0 {
 		// The kills landed while leases were held: a lease that died with
 		// its process is logged 'abandoned' when the item is claimed again.
@@ -355,4 +364,71 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// checkMetrics scrapes /metrics after a run and finds every series the
+// operations surface promises, none with a tenant or customer in its labels.
+func checkMetrics(t *testing.T, base string) {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	for name, labels := range map[string][]string{
+		"tally_outbox_items":                      {"state"},
+		"tally_outbox_oldest_pending_age_seconds": nil,
+		"tally_outbox_transitions_total":          {"transition", "state"},
+		"tally_outbox_stale_writes_total":         {"transition"},
+		"tally_outbox_staged_total":               {"kind"},
+		"tally_outbox_quarantined_total":          {"reason"},
+		"tally_deliveries_total":                  {"outcome"},
+		"tally_delivery_duration_seconds":         nil,
+		"tally_stripe_requests_total":             {"endpoint", "class"},
+		"tally_export_limiter_rate":               nil,
+		"tally_ingest_events_total":               {"result"},
+		"tally_ingest_requests_total":             {"result"},
+		"tally_reconcile_runs_total":              {"status"},
+		"tally_reconcile_items_confirmed_total":   nil,
+		"tally_reconcile_discrepancies_total":     nil,
+		"tally_job_last_success_age_seconds":      {"job"},
+	} {
+		f, ok := families[name]
+		require.True(t, ok, "no %s in /metrics", name)
+		require.NotEmpty(t, f.GetMetric(), name)
+		for _, m := range f.GetMetric() {
+			var got []string
+			for _, l := range m.GetLabel() {
+				got = append(got, l.GetName())
+			}
+			require.ElementsMatch(t, labels, got, name)
+		}
+	}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				require.NotContains(t, []string{"tenant", "tenant_key", "customer", "feature"}, l.GetName(), name)
+				require.NotRegexp(t, `^(t\d\d|cus_)`, l.GetValue(), "%s carries a tenant or customer", name)
+			}
+		}
+	}
+	var jobs []string
+	for _, m := range families["tally_job_last_success_age_seconds"].GetMetric() {
+		jobs = append(jobs, m.GetLabel()[0].GetValue())
+	}
+	require.ElementsMatch(t, []string{"stage", "reconcile", "maintenance"}, jobs)
+	var classes []string
+	for _, m := range families["tally_stripe_requests_total"].GetMetric() {
+		l := map[string]string{}
+		for _, p := range m.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		if l["endpoint"] == "meter_events" && m.GetCounter().GetValue() > 0 {
+			classes = append(classes, l["class"])
+		}
+	}
+	require.Subset(t, classes, []string{"2xx", "429", "5xx"}, "the faults show in the calls' classes")
+	confirmed := families["tally_reconcile_items_confirmed_total"].GetMetric()[0].GetCounter().GetValue()
+	require.Positive(t, confirmed)
 }

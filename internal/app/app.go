@@ -183,8 +183,12 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
+	stripeMetrics, err := stripeapi.NewRequestMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	res, err := exporter.NewResolver(exporter.Settings{Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
-		Account: cfg.StripeAccount, Exporter: cfg.Exporter})
+		Account: cfg.StripeAccount, Exporter: cfg.Exporter, Metrics: stripeMetrics})
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +221,8 @@ func Build(cfg config.Config) (*Parts, error) {
 	var rec *reconcile.Reconciler
 	if limiter != nil {
 		if rec, err = reconcile.New(reconcile.Config{Outbox: ob, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
-			Account: cfg.StripeAccount, Destination: res.Destination, Limiter: limiter}); err != nil {
+			Account: cfg.StripeAccount, Destination: res.Destination, Limiter: limiter,
+			Metrics: stripeMetrics, Registry: reg}); err != nil {
 			return nil, err
 		}
 	}
@@ -244,6 +249,9 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		logger.Error("STRIPE_API_KEY is unset: export is stalled; usage is kept in the ledger as pending until a key is configured")
 	}
 	go p.Resolver.Run(ctx)
+	if err := p.Registry.Register(newHeartbeats(db.Pool, p.Outbox)); err != nil {
+		return err
+	}
 
 	var deliverer *exporter.Deliverer
 	if client := p.Resolver.Client(); client != nil {

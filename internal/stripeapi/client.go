@@ -34,6 +34,8 @@ type Config struct {
 	// error stops the request. The reconciler waits on the account's rate
 	// limiter and counts its calls here.
 	BeforeRequest func(ctx context.Context) error
+	// Metrics, when set, counts every call by endpoint and status class.
+	Metrics *RequestMetrics
 }
 
 // Mode is the mode of a Stripe key.
@@ -95,11 +97,11 @@ func New(cfg Config) (*Client, error) {
 	if hc == nil {
 		hc = &http.Client{Timeout: DefaultTimeout}
 	}
-	if cfg.Account != "" || cfg.BeforeRequest != nil {
+	if cfg.Account != "" || cfg.BeforeRequest != nil || cfg.Metrics != nil {
 		// The Stripe-Account header goes on every request, including those
 		// later packages make through Stripe().
 		withAccount := *hc
-		withAccount.Transport = accountTransport{base: hc.Transport, account: cfg.Account, before: cfg.BeforeRequest}
+		withAccount.Transport = accountTransport{base: hc.Transport, account: cfg.Account, before: cfg.BeforeRequest, metrics: cfg.Metrics}
 		hc = &withAccount
 	}
 	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
@@ -145,6 +147,7 @@ type accountTransport struct {
 	base    http.RoundTripper
 	account string
 	before  func(context.Context) error
+	metrics *RequestMetrics
 }
 
 func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -164,7 +167,15 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		r = r.Clone(r.Context())
 		r.Header.Set("Stripe-Account", t.account)
 	}
-	return base.RoundTrip(r)
+	resp, err := base.RoundTrip(r)
+	if t.metrics != nil {
+		status := 0
+		if err == nil {
+			status = resp.StatusCode
+		}
+		t.metrics.Observe(r.URL.Path, status)
+	}
+	return resp, err
 }
 
 // quietLogger is stripe-go's logger: it discards everything, since
