@@ -19,9 +19,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/app"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/config"
+	"github.com/tallymeter/tally/internal/doctor"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
@@ -174,6 +176,9 @@ func commands() []command {
 			}
 			return nil
 		}, run: runRecover},
+		{name: "doctor", noDB: true, settings: true, flags: func(fs *flag.FlagSet, o *opts) {
+			fs.StringVar(&o.format, "format", "table", "table or json")
+		}, run: runDoctor},
 		{name: "report completeness", flags: func(fs *flag.FlagSet, o *opts) {
 			fs.StringVar(&o.period, "period", "", "billing periods starting in this month, YYYY-MM (required)")
 			fs.StringVar(&o.tenant, "tenant", "", "only this tenant")
@@ -729,6 +734,38 @@ func runRecover(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "item %d: %s -> %s\n", id, e.opts.expect, it.State)
+	return nil
+}
+
+func runDoctor(ctx context.Context, e *env, _ []string) error {
+	if e.opts.format != "table" && e.opts.format != "json" {
+		return usageError{"--format must be table or json"}
+	}
+	pool, dbErr := app.Connect(ctx, e.cfg)
+	if pool != nil {
+		defer pool.Close()
+	}
+	res, err := exporter.NewResolver(exporter.Settings{Key: e.cfg.StripeAPIKey, APIBase: e.cfg.StripeAPIBase,
+		Account: e.cfg.StripeAccount, Exporter: e.cfg.Exporter})
+	if err != nil {
+		return err
+	}
+	results := doctor.Run(ctx, doctor.Deps{Config: e.cfg, Pool: pool, DBErr: dbErr, Resolver: res})
+	if e.opts.format == "json" {
+		if err := printJSON(e.stdout, results); err != nil {
+			return err
+		}
+	} else {
+		for _, r := range results {
+			fmt.Fprintf(e.stdout, "%-4s  %-13s %s\n", r.Status, r.Check, r.Detail)
+			if r.Fix != "" {
+				fmt.Fprintf(e.stdout, "      %-13s fix: %s\n", "", r.Fix)
+			}
+		}
+	}
+	if doctor.Failed(results) {
+		return errors.New("problems found; each says how to fix it")
+	}
 	return nil
 }
 

@@ -38,6 +38,7 @@ Commands:
   reconcile              compare accepted items with Stripe's summaries now, confirm what matches: [--settle D] [--since T] [--format table|json]
   recover ID             an operator's decision about an uncertain item: --expect uncertain --to accepted|pending|rejected [--reason R] [--not-reached]
   recover --plan FILE    apply a reviewed recovery plan written by tally reconcile --plan-out
+  doctor                 check the configuration, database, Stripe, mappings and clocks; say what is wrong: [--format table|json]
   stripe-sim             run the built-in Stripe simulator: [--sim-listen ADDR] [--sim-key K] [--sim-account A] [--meter EVENT:FORMULA …]
   help                   show this text, or a command's flags with: tally <command> -h
 
@@ -62,8 +63,11 @@ type command struct {
 	// service commands start a cluster of their own; the others attach to
 	// a running one when there is one.
 	service bool
-	// noDB commands need no database.
+	// noDB commands need no database opened for them.
 	noDB bool
+	// settings: a noDB command that takes every service setting as a flag
+	// too (doctor diagnoses them).
+	settings bool
 	// prepare, if set, runs after the configuration is loaded and before
 	// anything is built from it; what it returns is closed at exit.
 	prepare func(ctx context.Context, cfg *config.Config, o *opts, stdout io.Writer) (io.Closer, error)
@@ -90,7 +94,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	// A command without a database takes the service's settings from the
 	// environment only (its logging, say): its -h lists its own flags.
 	cfgFlags := fs
-	if cmd.noDB {
+	if cmd.noDB && !cmd.settings {
 		cfgFlags = flag.NewFlagSet("", flag.ContinueOnError)
 	}
 	load := config.Flags(cfgFlags, getenv)
@@ -122,7 +126,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		cfg.LogLevel = "warn" // operator commands print results, not progress
 	}
 	logger := app.NewLogger(cfg)
-	if !cmd.noDB && cfg.DatabaseURL == "" && !dataDirSet(cfgFlags, getenv) && embeddedpg.Unreachable(cfg.DataDir, "") {
+	if (!cmd.noDB || cmd.settings) && cfg.DatabaseURL == "" && !dataDirSet(cfgFlags, getenv) && embeddedpg.Unreachable(cfg.DataDir, "") {
 		// Run as root from a checkout the server user cannot reach (under
 		// /root, say): the default data directory moves to one it can, the
 		// same for every command of this checkout.

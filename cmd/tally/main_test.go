@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testdb"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -368,4 +370,35 @@ func TestStripeSimCommand(t *testing.T) {
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), "%s", &buf)
+}
+
+// TestDoctorCommand: on a healthy setup tally doctor exits 0 with every
+// check ok; without a key, or with a database it cannot reach, it exits 1
+// and says how to fix it. (internal/doctor tests each check's failures.)
+func TestDoctorCommand(t *testing.T) {
+	t.Parallel()
+	sim := stripesim.New(stripesim.Options{})
+	srv := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() { sim.Close(); srv.Close() })
+	url := testdb.URL(t)
+	stripe := []string{"--stripe-api-key", stripesim.DefaultKey, "--stripe-api-base", srv.URL, "--stripe-webhook-secret", "whsec_doctor"}
+
+	code, out, errs := tally(t, url, append([]string{"doctor"}, stripe...)...)
+	require.Equal(t, 0, code, "%s%s", out, errs)
+	for _, check := range []string{"configuration", "database", "migrations", "clock", "stripe", "mappings", "meters"} {
+		require.Regexp(t, `(?m)^ok\s+`+check+`\s`, out)
+	}
+	require.NotContains(t, out, stripesim.DefaultKey)
+
+	code, out, errs = tally(t, url, "doctor")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "STRIPE_API_KEY is unset")
+	require.Contains(t, out, "fix: set STRIPE_API_KEY")
+	require.Contains(t, errs, "problems found")
+
+	code, out, _ = tally(t, "postgres://tally:s3cret@127.0.0.1:1/tally?connect_timeout=2", append([]string{"doctor", "--format", "json"}, stripe...)...)
+	require.Equal(t, 1, code)
+	require.Contains(t, out, `"check": "database"`)
+	require.Contains(t, out, "did not answer")
+	require.NotContains(t, out, "s3cret")
 }

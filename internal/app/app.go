@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -447,3 +448,43 @@ func (q quieter) WithAttrs(as []slog.Attr) slog.Handler {
 	return quieter{q.Handler.WithAttrs(as), q.min}
 }
 func (q quieter) WithGroup(n string) slog.Handler { return quieter{q.Handler.WithGroup(n), q.min} }
+
+// ErrNoEmbedded says no embedded cluster runs in the data directory.
+var ErrNoEmbedded = errors.New("no TALLY_DATABASE_URL, and no tally serve or dev runs an embedded cluster in the data directory")
+
+// Connect opens a pool on cfg.DatabaseURL or on the embedded cluster a
+// running serve or dev started in cfg.DataDir — without starting a cluster
+// or applying migrations: what a diagnosis needs.
+func Connect(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
+	url := cfg.DatabaseURL
+	if url == "" {
+		attached, ok, err := embeddedpg.Attach(cfg.DataDir, embeddedDatabase)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, ErrNoEmbedded
+		}
+		url = attached
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, errors.New("TALLY_DATABASE_URL is not a valid Postgres URL")
+	}
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to Postgres: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return nil, fmt.Errorf("Postgres refused the connection: %s (%s)", pgErr.Message, pgErr.Code)
+		}
+		return nil, errors.New("Postgres did not answer (is it running, is the host and port right?)")
+	}
+	return pool, nil
+}

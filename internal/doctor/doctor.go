@@ -1,0 +1,301 @@
+// Package doctor diagnoses a Tally installation for `tally doctor`: the
+// configuration, the database and its migrations, Stripe (reachable, the
+// key's mode and account, the mapped meters), the mappings' coverage of
+// recent usage, and the clock skew between the node and the database. Each
+// check says what is wrong and how to fix it.
+//
+// It only reads: it never migrates, stages, sends or changes a row, and it
+// never prints a secret.
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/config"
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/migrations"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// Status of a check.
+type Status string
+
+// The statuses: a problem makes `tally doctor` exit non-zero; a warning
+// does not.
+const (
+	OK      Status = "ok"
+	Warning Status = "warn"
+	Problem Status = "FAIL"
+)
+
+// Result is one check.
+type Result struct {
+	Check  string `json:"check"`
+	Status Status `json:"status"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+// Deps are what the checks look at.
+type Deps struct {
+	Config config.Config
+	// Pool is the database, nil when it could not be opened (DBErr says
+	// why).
+	Pool  *pgxpool.Pool
+	DBErr error
+	// Resolver is this node's Stripe destination (no key: its Client is
+	// nil).
+	Resolver *exporter.Resolver
+	// Now is the node's clock; MaxSkew how far it may be from the
+	// database's. Defaults: time.Now and one second.
+	Now     func() time.Time
+	MaxSkew time.Duration
+	// RecentUsage is how far back usage must be covered by mappings.
+	// Default: 7 days.
+	RecentUsage time.Duration
+}
+
+// Run runs every check, in order; a check that depends on a failed one
+// says so rather than failing again.
+func Run(ctx context.Context, d Deps) []Result {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.MaxSkew <= 0 {
+		d.MaxSkew = time.Second
+	}
+	if d.RecentUsage <= 0 {
+		d.RecentUsage = 7 * 24 * time.Hour
+	}
+	var out []Result
+	out = append(out, configuration(d.Config))
+	out = append(out, database(d))
+	dbOK := d.Pool != nil
+	if dbOK {
+		out = append(out, schema(ctx, d.Pool))
+		out = append(out, clock(ctx, d))
+	}
+	stripeOK := false
+	if r := stripeCheck(ctx, d); r != nil {
+		out = append(out, *r)
+		stripeOK = r.Status == OK
+	}
+	if dbOK {
+		out = append(out, coverage(ctx, d, stripeOK)...)
+	}
+	return out
+}
+
+// Failed reports whether any result is a problem.
+func Failed(rs []Result) bool {
+	for _, r := range rs {
+		if r.Status == Problem {
+			return true
+		}
+	}
+	return false
+}
+
+func configuration(c config.Config) Result {
+	var notes []string
+	status, fix := OK, ""
+	if c.StripeAPIKey == "" {
+		status, fix = Problem, "set STRIPE_API_KEY to a secret or restricted key (sk_… or rk_…); until then usage waits in the ledger"
+		notes = append(notes, "STRIPE_API_KEY is unset: export is stalled")
+	} else if mode, err := stripeapi.ModeOfKey(c.StripeAPIKey); err == nil {
+		notes = append(notes, fmt.Sprintf("Stripe key: %s mode", mode))
+	}
+	if c.StripeAccount != "" {
+		notes = append(notes, "destination account "+c.StripeAccount+" (Connect)")
+	}
+	notes = append(notes, "exporter "+c.Exporter, "reconcile schedule "+c.ReconcileSchedule)
+	if c.StripeWebhookSecret == "" {
+		if status == OK {
+			status = Warning
+			fix = "set STRIPE_WEBHOOK_SECRET to the signing secret of an event destination posting to /v1/stripe/events, to receive meter error reports"
+		}
+		notes = append(notes, "STRIPE_WEBHOOK_SECRET is unset: Stripe's meter error reports are not received")
+	}
+	return Result{Check: "configuration", Status: status, Detail: strings.Join(notes, "; "), Fix: fix}
+}
+
+func database(d Deps) Result {
+	if d.Pool == nil {
+		return Result{Check: "database", Status: Problem, Detail: describe(d.DBErr),
+			Fix: "set TALLY_DATABASE_URL to a reachable Postgres (or start tally serve for the embedded one), and check its user and password"}
+	}
+	where := "TALLY_DATABASE_URL"
+	if d.Config.DatabaseURL == "" {
+		where = "the embedded cluster in " + d.Config.DataDir
+	}
+	return Result{Check: "database", Status: OK, Detail: "reachable: " + where}
+}
+
+func schema(ctx context.Context, pool *pgxpool.Pool) Result {
+	err := migrations.Check(ctx, pool)
+	switch {
+	case err == nil:
+		return Result{Check: "migrations", Status: OK, Detail: "the schema is current"}
+	case errors.Is(err, migrations.ErrBehind):
+		return Result{Check: "migrations", Status: Problem, Detail: "the database lacks migrations this binary has",
+			Fix: "run tally migrate (tally serve applies them at start, too)"}
+	}
+	return Result{Check: "migrations", Status: Problem, Detail: "the schema version could not be read: " + describe(err),
+		Fix: "is this Tally's database? run tally migrate on an empty one"}
+}
+
+func clock(ctx context.Context, d Deps) Result {
+	before := d.Now()
+	var db time.Time
+	if err := d.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&db); err != nil {
+		return Result{Check: "clock", Status: Problem, Detail: "the database's clock could not be read: " + describe(err)}
+	}
+	after := d.Now()
+	mid := before.Add(after.Sub(before) / 2)
+	skew := db.Sub(mid)
+	detail := fmt.Sprintf("node and database clocks differ by %s (round trip %s)", skew.Round(time.Millisecond), after.Sub(before).Round(time.Millisecond))
+	if skew > d.MaxSkew || skew < -d.MaxSkew {
+		return Result{Check: "clock", Status: Problem, Detail: detail,
+			Fix: fmt.Sprintf("synchronise both clocks (NTP): Tally decides with the database's clock, but timestamps default to it and a skew over %s misleads windows and logs", d.MaxSkew)}
+	}
+	return Result{Check: "clock", Status: OK, Detail: detail}
+}
+
+func stripeCheck(ctx context.Context, d Deps) *Result {
+	if d.Resolver == nil || d.Resolver.Client() == nil {
+		return nil // the configuration check said so
+	}
+	dest, err := d.Resolver.Resolve(ctx)
+	if err == nil {
+		_, err = d.Resolver.Client().Meters(ctx)
+	}
+	if err != nil {
+		code, status, _ := stripeapi.Describe(err)
+		var why error = err
+		if errors.As(err, new(*stripeapi.Error)) || status != 0 {
+			why = fmt.Errorf("%s (status %d)", code, status)
+		}
+		r := Result{Check: "stripe", Status: Problem, Detail: "Stripe did not answer as expected: " + describe(why)}
+		switch status {
+		case http.StatusUnauthorized:
+			r.Fix = "the key is not valid (rolled or deleted?): set STRIPE_API_KEY to a current key"
+		case http.StatusForbidden:
+			r.Fix = "the key may not read meters or the account: give a restricted key meter events (write) and meters and event summaries (read), or fix STRIPE_ACCOUNT"
+		default:
+			r.Fix = "check that " + d.Config.StripeAPIBase + " is reachable from this node"
+		}
+		return &r
+	}
+	account := dest.Account
+	if account == "" {
+		return &Result{Check: "stripe", Status: Problem, Detail: "the key may not read its account: usage is quarantined as no_account",
+			Fix: "set STRIPE_ACCOUNT, or use a key that may read GET /v1/account"}
+	}
+	return &Result{Check: "stripe", Status: OK, Detail: fmt.Sprintf("reachable; account %s, %s mode", account, dest.Mode)}
+}
+
+// coverage checks that recent usage's features and tenants are mapped, and
+// (when Stripe answered) that every mapped feature has an active meter
+// with its formula.
+func coverage(ctx context.Context, d Deps, stripeOK bool) []Result {
+	var out []Result
+	rows, err := d.Pool.Query(ctx, `
+		SELECT 'feature', feature FROM (SELECT DISTINCT feature FROM usage_events
+			WHERE received_at > clock_timestamp() - @recent::interval) f
+		WHERE NOT EXISTS (SELECT 1 FROM feature_mappings m WHERE m.feature = f.feature)
+		UNION ALL
+		SELECT 'tenant', tenant FROM (SELECT DISTINCT tenant FROM usage_events
+			WHERE received_at > clock_timestamp() - @recent::interval) t
+		WHERE NOT EXISTS (SELECT 1 FROM tenant_mappings m WHERE m.tenant = t.tenant)
+		ORDER BY 1, 2`, pgx.NamedArgs{"recent": d.RecentUsage})
+	if err != nil {
+		return append(out, Result{Check: "mappings", Status: Problem, Detail: "the usage could not be read: " + describe(err)})
+	}
+	var features, tenants []string
+	var kind, name string
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &name}, func() error {
+		if kind == "feature" {
+			features = append(features, name)
+		} else {
+			tenants = append(tenants, name)
+		}
+		return nil
+	}); err != nil {
+		return append(out, Result{Check: "mappings", Status: Problem, Detail: "the usage could not be read: " + describe(err)})
+	}
+	days := int(d.RecentUsage.Hours() / 24)
+	if len(features)+len(tenants) > 0 {
+		var parts []string
+		if len(features) > 0 {
+			parts = append(parts, "features "+list(features))
+		}
+		if len(tenants) > 0 {
+			parts = append(parts, "tenants "+list(tenants))
+		}
+		out = append(out, Result{Check: "mappings", Status: Problem,
+			Detail: fmt.Sprintf("usage of the last %d days has no mapping: %s (it is quarantined)", days, strings.Join(parts, "; ")),
+			Fix:    "map them (tally mappings features set …, tally mappings tenants set …), then requeue their items"})
+	} else {
+		out = append(out, Result{Check: "mappings", Status: OK, Detail: fmt.Sprintf("every feature and tenant with usage in the last %d days is mapped", days)})
+	}
+
+	if !stripeOK {
+		return out
+	}
+	var st mappings.Store
+	fs, err := st.Features(ctx, d.Pool)
+	if err != nil {
+		return append(out, Result{Check: "meters", Status: Problem, Detail: "the mappings could not be read: " + describe(err)})
+	}
+	checker := mappings.StripeMeters{Client: d.Resolver.Client()}
+	var bad []string
+	for _, f := range fs {
+		if err := checker.CheckMeter(ctx, f.EventName, f.Aggregation); err != nil {
+			bad = append(bad, fmt.Sprintf("%s (%s %s: %s)", f.Feature, f.EventName, f.Aggregation, describe(err)))
+		}
+	}
+	if len(bad) > 0 {
+		return append(out, Result{Check: "meters", Status: Problem,
+			Detail: "mapped features without an active Stripe meter of their formula: " + list(bad),
+			Fix:    "create or reactivate the meter at Stripe with that event name and formula, or change the mapping"})
+	}
+	return append(out, Result{Check: "meters", Status: OK, Detail: fmt.Sprintf("all %d mapped features have an active meter with their formula", len(fs))})
+}
+
+func list(names []string) string {
+	if len(names) > 10 {
+		return strings.Join(names[:10], ", ") + fmt.Sprintf(" and %d more", len(names)-10)
+	}
+	return strings.Join(names, ", ")
+}
+
+// describe is an error's text, sanitised of anything that looks like a
+// secret (a URL's password, a key).
+func describe(err error) string {
+	if err == nil {
+		return "unknown error"
+	}
+	_, _, msg := stripeapi.Describe(err)
+	if msg == "unknown error" {
+		msg = err.Error()
+	}
+	return sanitize(msg)
+}
+
+var urlCredentials = regexp.MustCompile(`://[^/\s@]+@`)
+
+func sanitize(s string) string {
+	s = urlCredentials.ReplaceAllString(s, "://[redacted]@")
+	return outbox.ErrorInfo{Code: "x", Message: s}.Sanitized().Message
+}

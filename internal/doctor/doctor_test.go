@@ -1,0 +1,161 @@
+package doctor_test
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/config"
+	"github.com/tallymeter/tally/internal/doctor"
+	"github.com/tallymeter/tally/internal/stagetest"
+	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/outbox"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+type setup struct {
+	env  *stagetest.Env
+	sim  *stripesim.Server
+	base string
+	cfg  config.Config
+}
+
+// healthy is a database with mapped usage, a simulator with the meters,
+// and a configuration with a key and a webhook secret.
+func healthy(t *testing.T) *setup {
+	t.Helper()
+	sim := stripesim.New(stripesim.Options{})
+	srv := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() { sim.Close(); srv.Close() })
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: "api", EventName: "api", Formula: "sum"})
+	sim.CreateCustomer(stripesim.DefaultAccount, "cus_t1")
+	env := stagetest.New(t, outbox.Config{})
+	env.Feature(t, "api", mappings.Sum, time.Hour)
+	env.Tenant(t, "t1", nil)
+	env.MustIngest(t, stagetest.Ev("e1", "t1", "api", 3, nil))
+	cfg := config.Config{StripeAPIKey: stripesim.DefaultKey, StripeAPIBase: srv.URL, StripeWebhookSecret: "whsec_x",
+		Exporter: "stripe_meter_events", ReconcileSchedule: "0 2 * * *", DatabaseURL: "postgres://set"}
+	return &setup{env: env, sim: sim, base: srv.URL, cfg: cfg}
+}
+
+func (s *setup) run(t *testing.T, mutate func(*doctor.Deps)) map[string]doctor.Result {
+	t.Helper()
+	res, err := exporter.NewResolver(exporter.Settings{Key: s.cfg.StripeAPIKey, APIBase: s.cfg.StripeAPIBase})
+	require.NoError(t, err)
+	d := doctor.Deps{Config: s.cfg, Pool: s.env.Pool, Resolver: res}
+	if mutate != nil {
+		mutate(&d)
+	}
+	out := map[string]doctor.Result{}
+	for _, r := range doctor.Run(context.Background(), d) {
+		out[r.Check] = r
+		require.NotContains(t, r.Detail+r.Fix, stripesim.DefaultKey, "no secret in the output")
+		require.NotContains(t, r.Detail+r.Fix, "s3cret", "no password in the output")
+	}
+	return out
+}
+
+func TestHealthy(t *testing.T) {
+	t.Parallel()
+	s := healthy(t)
+	rs := s.run(t, nil)
+	for _, check := range []string{"configuration", "database", "migrations", "clock", "stripe", "mappings", "meters"} {
+		require.Equal(t, doctor.OK, rs[check].Status, "%s: %+v", check, rs[check])
+	}
+	require.Contains(t, rs["stripe"].Detail, "account acct_sim, test mode")
+}
+
+// Each failure the doctor checks, one at a time, with what it says.
+func TestEachFailure(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		prepare func(t *testing.T, s *setup)
+		mutate  func(*doctor.Deps)
+		check   string
+		status  doctor.Status
+		says    string
+	}{
+		{name: "no key", mutate: func(d *doctor.Deps) {
+			d.Config.StripeAPIKey = ""
+			d.Resolver, _ = exporter.NewResolver(exporter.Settings{})
+		}, check: "configuration", status: doctor.Problem, says: "STRIPE_API_KEY is unset"},
+		{name: "no webhook secret is a warning", mutate: func(d *doctor.Deps) { d.Config.StripeWebhookSecret = "" },
+			check: "configuration", status: doctor.Warning, says: "meter error reports are not received"},
+		{name: "a key Stripe refuses", mutate: func(d *doctor.Deps) {
+			d.Resolver, _ = exporter.NewResolver(exporter.Settings{Key: "sk_test_rolled0123456789", APIBase: d.Config.StripeAPIBase})
+		}, check: "stripe", status: doctor.Problem, says: "status 401"},
+		{name: "Stripe unreachable", mutate: func(d *doctor.Deps) {
+			d.Resolver, _ = exporter.NewResolver(exporter.Settings{Key: stripesim.DefaultKey, APIBase: "http://127.0.0.1:1"})
+		}, check: "stripe", status: doctor.Problem, says: "Stripe did not answer"},
+		{name: "database unreachable", mutate: func(d *doctor.Deps) {
+			d.Pool, d.DBErr = nil, errors.New("connecting to postgres://tally:s3cret@db:5432/tally: refused")
+		}, check: "database", status: doctor.Problem, says: "[redacted]"},
+		{name: "schema behind", mutate: func(d *doctor.Deps) { d.Pool = emptyDatabase(t, d.Pool) },
+			check: "migrations", status: doctor.Problem, says: "lacks migrations"},
+		{name: "unmapped usage", prepare: func(t *testing.T, s *setup) {
+			s.env.MustIngest(t, stagetest.Ev("e2", "t1", "gpu", 1, nil), stagetest.Ev("e3", "t9", "api", 1, nil))
+		}, check: "mappings", status: doctor.Problem, says: "features gpu; tenants t9"},
+		{name: "a mapped feature without its meter", prepare: func(t *testing.T, s *setup) {
+			s.env.Feature(t, "seats", mappings.Last, time.Hour)
+		}, check: "meters", status: doctor.Problem, says: "seats (seats last"},
+		{name: "clock skew", mutate: func(d *doctor.Deps) { d.Now = func() time.Time { return time.Now().Add(-5 * time.Second) } },
+			check: "clock", status: doctor.Problem, says: "differ by 5"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := healthy(t)
+			if tc.prepare != nil {
+				tc.prepare(t, s)
+			}
+			rs := s.run(t, tc.mutate)
+			r, ok := rs[tc.check]
+			require.True(t, ok, "no %s check in %+v", tc.check, rs)
+			require.Equal(t, tc.status, r.Status, "%+v", r)
+			require.Contains(t, r.Detail, tc.says)
+			if tc.status == doctor.Problem {
+				require.NotEmpty(t, r.Fix, "a problem says how to fix it")
+			}
+			var all []doctor.Result
+			for _, r := range rs {
+				all = append(all, r)
+			}
+			require.Equal(t, tc.status == doctor.Problem, doctor.Failed(all))
+		})
+	}
+}
+
+// emptyDatabase is a database on the same server with nothing in it.
+func emptyDatabase(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	name := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))
+	name = strings.Map(func(r rune) rune {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '_' {
+			return r
+		}
+		return '_'
+	}, name) + "_empty"
+	_, err := pool.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.Database = name
+	empty, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		empty.Close()
+		_, _ = pool.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
+	return empty
+}
