@@ -482,9 +482,9 @@ func Connect(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 		pool.Close()
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
-			return nil, fmt.Errorf("Postgres refused the connection: %s (%s)", pgErr.Message, pgErr.Code)
+			return nil, fmt.Errorf("postgres refused the connection: %s (%s)", pgErr.Message, pgErr.Code)
 		}
-		return nil, errors.New("Postgres did not answer (is it running, is the host and port right?)")
+		return nil, errors.New("postgres did not answer (is it running, is the host and port right?)")
 	}
 	return pool, nil
 }
