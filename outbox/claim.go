@@ -222,6 +222,13 @@ WITH picked AS (
 // clock. An empty result is not an error: nothing was due, or somebody else
 // holds it.
 func (s *Store) Claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]Lease, error) {
+	ctx, span := batchSpan(ctx, "claim", "T1")
+	leases, err := s.claim(ctx, db, opts)
+	endBatch(span, len(leases), err)
+	return leases, err
+}
+
+func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]Lease, error) {
 	if opts.Owner == "" {
 		return nil, errors.New("outbox: claim needs an owner")
 	}

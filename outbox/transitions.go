@@ -194,6 +194,13 @@ const sqlLockBatch = `SELECT id FROM outbox_items WHERE id = ANY(@ids::bigint[])
 // input (an outcome kind unknown, one item twice, a quarantine without a
 // reason); then nothing of the batch was written.
 func (s *Store) Record(ctx context.Context, db TxBeginner, outcomes []Outcome) ([]Result, error) {
+	ctx, span := batchSpan(ctx, "settle", "T2-T6")
+	res, err := s.recordBatch(ctx, db, outcomes)
+	endBatch(span, len(outcomes), err)
+	return res, err
+}
+
+func (s *Store) recordBatch(ctx context.Context, db TxBeginner, outcomes []Outcome) ([]Result, error) {
 	seen := make(map[int64]bool, len(outcomes))
 	var (
 		accept, retry, other []int // indexes into outcomes
@@ -422,6 +429,13 @@ RETURNING o.id`
 // It returns the ids confirmed; for every other id it re-reads the item and
 // reports a *StateError (or ErrNotFound) in the map, and counts it stale.
 func (s *Store) Confirm(ctx context.Context, q Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
+	ctx, span := batchSpan(ctx, "confirm", "T7")
+	confirmed, refused, err = s.confirm(ctx, q, ids)
+	endBatch(span, len(ids), err)
+	return confirmed, refused, err
+}
+
+func (s *Store) confirm(ctx context.Context, q Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
 	if len(ids) == 0 {
 		return nil, nil, nil
 	}

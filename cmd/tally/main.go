@@ -16,6 +16,7 @@ import (
 	"github.com/tallymeter/tally/internal/app"
 	"github.com/tallymeter/tally/internal/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
+	"github.com/tallymeter/tally/internal/telemetry"
 )
 
 const usage = `tally — usage metering from product services to Stripe Billing, exactly once.
@@ -140,6 +141,16 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cmd.service {
+		// Traces of Stripe calls and outbox batches, exported when
+		// OTEL_EXPORTER_OTLP_ENDPOINT is set; flushed at exit.
+		shutdown, err := telemetry.Setup(ctx, "dev")
+		if err != nil {
+			fmt.Fprintf(stderr, "tally %s: tracing: %v\n", cmd.name, err)
+			return 2
+		}
+		defer shutdown()
+	}
 	followGoRun()
 
 	if cmd.prepare != nil {

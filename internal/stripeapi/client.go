@@ -4,10 +4,15 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/stripe/stripe-go/v82"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultAPIBase is the real Stripe API.
@@ -97,7 +102,7 @@ func New(cfg Config) (*Client, error) {
 	if hc == nil {
 		hc = &http.Client{Timeout: DefaultTimeout}
 	}
-	if cfg.Account != "" || cfg.BeforeRequest != nil || cfg.Metrics != nil {
+	{
 		// The Stripe-Account header goes on every request, including those
 		// later packages make through Stripe().
 		withAccount := *hc
@@ -167,16 +172,33 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		r = r.Clone(r.Context())
 		r.Header.Set("Stripe-Account", t.account)
 	}
-	resp, err := base.RoundTrip(r)
-	if t.metrics != nil {
-		status := 0
-		if err == nil {
-			status = resp.StatusCode
+	// An HTTP client span (semantic conventions): the method, the endpoint
+	// without ids, the host, the status. Never the query, a header or a body.
+	endpoint := EndpointOf(r.URL.Path)
+	ctx, span := tracer.Start(r.Context(), r.Method+" "+endpoint, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(semconv.HTTPRequestMethodKey.String(r.Method), semconv.ServerAddress(r.URL.Hostname()),
+			semconv.URLTemplate(endpoint)))
+	defer span.End()
+	resp, err := base.RoundTrip(r.WithContext(ctx))
+	status := 0
+	if err == nil {
+		status = resp.StatusCode
+		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
+		if status >= 400 {
+			span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(status)))
+			span.SetStatus(codes.Error, "")
 		}
-		t.metrics.Observe(r.URL.Path, status)
+	} else {
+		span.SetAttributes(semconv.ErrorTypeKey.String("no_answer"))
+		span.SetStatus(codes.Error, "no answer")
 	}
+	t.metrics.Observe(r.URL.Path, status)
 	return resp, err
 }
+
+// tracer makes the spans of Stripe calls, on the global provider (a no-op
+// unless telemetry.Setup installed one).
+var tracer = otel.Tracer("github.com/tallymeter/tally/internal/stripeapi")
 
 // quietLogger is stripe-go's logger: it discards everything, since
 // stripe-go logs request failures with response bodies.
