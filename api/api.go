@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -74,7 +75,7 @@ func New(opts Options) http.Handler {
 		opts.CheckTimeout = 2 * time.Second
 	}
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, middleware.Recoverer)
+	r.Use(saneRequestID, middleware.RequestID, accessLog(opts.Logger), middleware.Recoverer)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -113,6 +114,48 @@ func New(opts Options) http.Handler {
 		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route")
 	})
 	return r
+}
+
+// requestIDPattern is what a caller's X-Request-Id may be to be kept;
+// anything else is replaced by one of ours.
+var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+func saneRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get(middleware.RequestIDHeader); id != "" && !requestIDPattern.MatchString(id) {
+			r.Header.Del(middleware.RequestIDHeader)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// accessLog logs every request once it is answered, with its request id
+// (also sent back as X-Request-Id): the method, the route pattern (never
+// the path's ids or the query), the status, the size and the duration —
+// never a header, so never a token. Probes and scrapes log at debug.
+func accessLog(l *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			id := middleware.GetReqID(r.Context())
+			w.Header().Set("X-Request-Id", id)
+			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+			start := time.Now()
+			defer func() {
+				route := "unmatched"
+				if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
+					route = rc.RoutePattern()
+				}
+				level := slog.LevelInfo
+				switch route {
+				case "/healthz", "/readyz", "/metrics":
+					level = slog.LevelDebug
+				}
+				l.Log(r.Context(), level, "request", "method", r.Method, "route", route, "status", ww.Status(),
+					"bytes", ww.BytesWritten(), "duration_ms", time.Since(start).Milliseconds(), "request_id", id)
+			}()
+			next.ServeHTTP(ww, r)
+		})
+	}
 }
 
 type readiness struct {

@@ -123,6 +123,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "tally %s: invalid configuration:\n%v\n", cmd.name, err)
 		return 2
 	}
+	if cmd.name != "serve" && !settingSet(cfgFlags, getenv, "log-format", "TALLY_LOG_FORMAT") {
+		cfg.LogFormat = "text" // JSON is for production, where serve runs; people read the rest
+	}
 	if !cmd.service && cfg.LogLevel == "info" {
 		cfg.LogLevel = "warn" // operator commands print results, not progress
 	}
@@ -244,7 +247,12 @@ func interspersed(fs *flag.FlagSet, args []string) []string {
 // dataDirSet reports whether the data directory was chosen, by flag or
 // environment, rather than left at its default.
 func dataDirSet(fs *flag.FlagSet, getenv func(string) string) bool {
-	set := getenv("TALLY_DATA_DIR") != ""
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "data-dir" })
+	return settingSet(fs, getenv, "data-dir", "TALLY_DATA_DIR")
+}
+
+// settingSet reports whether a setting was given by flag or environment.
+func settingSet(fs *flag.FlagSet, getenv func(string) string, flagName, envName string) bool {
+	set := getenv(envName) != ""
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == flagName })
 	return set
 }

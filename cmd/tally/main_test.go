@@ -104,7 +104,7 @@ func TestServeEmbedded(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		errorLines := 0
 		for _, line := range strings.Split(out.String(), "\n") {
-			if strings.Contains(line, "level=ERROR") {
+			if strings.Contains(line, `"level":"ERROR"`) {
 				errorLines++
 				require.Contains(t, line, "STRIPE_API_KEY is unset")
 			}
@@ -132,7 +132,7 @@ func TestServeEmbedded(t *testing.T) {
 		require.Error(t, syscall.Kill(pid, 0), "the postmaster is gone")
 		require.Contains(t, out.String(), "postgres stopped")
 		if round == 2 {
-			require.Contains(t, out.String(), "applied=0", "the second start reuses the migrated cluster")
+			require.Contains(t, out.String(), `"applied":0`, "the second start reuses the migrated cluster")
 		}
 	}
 }

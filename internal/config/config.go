@@ -133,7 +133,7 @@ func settings() []setting {
 			str(func(c *Config) *string { return &c.DataDir })},
 		{"TALLY_LISTEN", "listen", "HTTP address", "127.0.0.1:8080",
 			str(func(c *Config) *string { return &c.Listen })},
-		{"TALLY_LOG_FORMAT", "log-format", "log format: text or json", "text",
+		{"TALLY_LOG_FORMAT", "log-format", "log format: text or json (default: json for serve, text for dev and the operator commands)", "json",
 			str(func(c *Config) *string { return &c.LogFormat })},
 		{"TALLY_LOG_LEVEL", "log-level", "log level: debug, info, warn or error", "info",
 			str(func(c *Config) *string { return &c.LogLevel })},
