@@ -64,6 +64,8 @@ type Options struct {
 	CheckTimeout time.Duration
 	// V1, when set, mounts the /v1 API.
 	V1 *Deps
+	// Console, when set, is mounted at /console/ (the web console).
+	Console http.Handler
 }
 
 // New returns the HTTP handler.
@@ -106,6 +108,12 @@ func New(opts Options) http.Handler {
 	if opts.V1 != nil {
 		h := &handlers{Deps: opts.V1, log: opts.Logger}
 		r.Route("/v1", h.routes)
+	}
+	if opts.Console != nil {
+		r.Get("/console", func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/console/", http.StatusMovedPermanently)
+		})
+		r.Mount("/console", opts.Console)
 	}
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
 		WriteError(w, http.StatusNotFound, "not_found", "no such route")

@@ -339,6 +339,7 @@ func runDev(ctx context.Context, e *env, _ []string) error {
 		fmt.Fprintf(w, "\nTally is running at http://%s (API /v1, health /healthz, readiness /readyz, metrics /metrics)\n", addr)
 		if admin != "" {
 			fmt.Fprintf(w, "Admin token:  %s\n", admin)
+			fmt.Fprintf(w, "Console:      http://%s/console/ (sign in with the admin token)\n", addr)
 		}
 		if e.cfg.StripeAPIBase == "http://"+e.opts.simListen {
 			fmt.Fprintf(w, "Stripe:       the built-in simulator at http://%s (recorded events: http://%s/_sim/events)\n", e.opts.simListen, e.opts.simListen)

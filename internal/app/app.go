@@ -29,6 +29,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/tallymeter/tally/api"
+	"github.com/tallymeter/tally/console"
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/config"
@@ -332,8 +333,24 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		return fmt.Errorf("starting River: %w", err)
 	}
 
+	var enqueue func(ctx context.Context, tx pgx.Tx, runID int64) error
+	if p.Reconciler != nil {
+		enqueue = func(ctx context.Context, tx pgx.Tx, runID int64) error {
+			_, err := rc.InsertTx(ctx, tx, reconcile.Args{RunID: runID}, nil)
+			return err
+		}
+	}
+	con, err := console.New(console.Deps{Pool: db.Pool, Outbox: p.Outbox, Mappings: p.Mappings, Requeuer: p.Requeuer,
+		Reconcile: enqueue, Settle: cfg.ReconcileSettle, Logger: logger})
+	if err != nil {
+		cancel()
+		_ = rc.Stop(context.WithoutCancel(ctx))
+		wg.Wait()
+		return err
+	}
 	handler := api.New(api.Options{
-		Logger: logger,
+		Console: con.Handler(),
+		Logger:  logger,
 		Ready: []api.Check{
 			{Name: "database", Func: func(ctx context.Context) error {
 				if err := db.Pool.Ping(ctx); err != nil {

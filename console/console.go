@@ -1,0 +1,301 @@
+// Package console is the web console at /console/: server-rendered pages
+// (html/template, assets embedded, no script) for finance and operators —
+// the outbox at a glance, the quarantine, items with their attempts,
+// evidence and audit trail, uncertain and rejected items, mappings,
+// reconciliation and completeness — with the actions an operator takes.
+//
+// Sign-in exchanges an API token (finance or above) for a session: a
+// random id in an HttpOnly, SameSite=Strict cookie, only its hash stored.
+// Every action is a POST carrying the session's CSRF token; what a page
+// shows and allows follows the role. It changes nothing itself: every
+// action goes through the package that owns it (quarantine, reconcile,
+// mappings), which audits it. It reads with plain queries for its lists.
+// It must never show a token, a key or a provider body.
+package console
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Deps are what the console reads and acts through.
+type Deps struct {
+	Pool     *pgxpool.Pool
+	Outbox   *outbox.Store
+	Mappings *mappings.Store
+	Requeuer *quarantine.Requeuer
+	// Reconcile starts runs: nil without a Stripe key.
+	Reconcile func(ctx context.Context, tx pgx.Tx, runID int64) error
+	// Settle is the default settle delay of a run started here.
+	Settle time.Duration
+	Logger *slog.Logger
+}
+
+// Console serves /console/.
+type Console struct {
+	Deps
+	pool  *pgxpool.Pool
+	pages map[string]*template.Template
+	login *template.Template
+}
+
+// New parses the templates.
+func New(d Deps) (*Console, error) {
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	c := &Console{Deps: d, pool: d.Pool, pages: map[string]*template.Template{}}
+	funcs := template.FuncMap{}
+	layout, err := template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
+	if err != nil {
+		return nil, err
+	}
+	for _, page := range []string{"overview", "quarantine", "item", "uncertain", "mappings", "reconcile", "completeness"} {
+		t, err := template.Must(layout.Clone()).ParseFS(templateFS, "templates/"+page+".html")
+		if err != nil {
+			return nil, err
+		}
+		c.pages[page] = t
+	}
+	if c.login, err = template.ParseFS(templateFS, "templates/login.html"); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Handler is the console's routes, to mount at /console.
+func (c *Console) Handler() http.Handler {
+	r := chi.NewRouter()
+	r.Use(securityHeaders)
+	static, _ := fs.Sub(staticFS, "static")
+	r.Handle("/static/*", http.StripPrefix("/console/static/", http.FileServer(http.FS(static))))
+	r.Get("/login", c.getLogin)
+	r.Post("/login", c.postLogin)
+	r.Group(func(r chi.Router) {
+		r.Use(c.requireSession)
+		r.Get("/", c.overview)
+		r.Get("/quarantine", c.quarantine)
+		r.Get("/quarantine.csv", c.quarantineCSV)
+		r.Get("/items/{id}", c.item)
+		r.Get("/uncertain", c.uncertain)
+		r.Get("/mappings", c.mappingsPage)
+		r.Get("/reconcile", c.reconcilePage)
+		r.Get("/reconcile/{id}", c.reconcilePage)
+		r.Get("/completeness", c.completeness)
+		r.Post("/logout", c.logout)
+		r.Group(func(r chi.Router) {
+			r.Use(requireRole(auth.RoleOperator))
+			r.Post("/items/{id}/requeue", c.requeue)
+			r.Post("/items/{id}/recover", c.recover)
+			r.Post("/mappings/features", c.putFeature)
+			r.Post("/mappings/tenants", c.putTenant)
+			r.Post("/reconcile/runs", c.startRun)
+		})
+	})
+	return r
+}
+
+// securityHeaders: no script runs, nothing is framed, types are what they
+// say.
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "same-origin")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requireSession sends a browser without a session to the sign-in page,
+// and refuses a POST whose CSRF token is missing or wrong.
+func (c *Console) requireSession(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s, ok := c.lookup(r.Context(), r)
+		if !ok {
+			if r.Method != http.MethodGet {
+				http.Error(w, "sign in first", http.StatusUnauthorized)
+				return
+			}
+			http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+			return
+		}
+		if r.Method == http.MethodPost {
+			r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+			if !checkCSRF(r, s) {
+				http.Error(w, "the form's CSRF token is missing or wrong: reload the page and try again", http.StatusForbidden)
+				return
+			}
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, s)))
+	})
+}
+
+func requireRole(min auth.Role) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if s, _ := sessionOf(r); !s.Role.Allows(min) {
+				http.Error(w, "your role may not do this", http.StatusForbidden)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+func (c *Console) getLogin(w http.ResponseWriter, r *http.Request) {
+	c.renderLogin(w, http.StatusOK, "")
+}
+
+func (c *Console) renderLogin(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_ = c.login.ExecuteTemplate(w, "login", struct{ Error string }{msg})
+}
+
+func (c *Console) postLogin(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
+	token := strings.TrimSpace(r.PostFormValue("token"))
+	if token == "" {
+		c.renderLogin(w, http.StatusBadRequest, "Enter an API token.")
+		return
+	}
+	_, err := c.signIn(w, r, token)
+	switch {
+	case errors.Is(err, auth.ErrUnknownToken):
+		c.renderLogin(w, http.StatusUnauthorized, "Unknown or revoked token.")
+	case errors.Is(err, errIngestOnly):
+		c.renderLogin(w, http.StatusForbidden, "An ingest token cannot sign in: use a finance, operator or admin token.")
+	case err != nil:
+		c.fail(w, r, err)
+	default:
+		http.Redirect(w, r, "/console/", http.StatusSeeOther)
+	}
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	c.signOut(w, r)
+	http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+}
+
+// fail logs an unexpected error and answers 500 without its text.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
+	c.Logger.ErrorContext(r.Context(), "console request failed", "route", chi.RouteContext(r.Context()).RoutePattern(), "error", err)
+	http.Error(w, "the server failed; see its log", http.StatusInternalServerError)
+}
+
+type navItem struct {
+	Href, Label string
+	Active      bool
+}
+
+type flash struct {
+	Text  string
+	Error bool
+}
+
+type page struct {
+	Title   string
+	Nav     []navItem
+	Session session
+	CanAct  bool
+	Flash   *flash
+	Data    any
+}
+
+// flashes are the messages an action may redirect with: by code, so that
+// a link cannot make the console say anything else.
+var flashes = map[string]flash{
+	"requeued":         {Text: "Requeued: the item is pending again."},
+	"readdressed":      {Text: "Re-addressed: a successor item carries the usage under the current mapping."},
+	"recovered":        {Text: "Recovered."},
+	"feature_saved":    {Text: "Feature mapping saved."},
+	"tenant_saved":     {Text: "Tenant mapping saved."},
+	"run_queued":       {Text: "Reconcile run queued."},
+	"mapping_changed":  {Text: "Not requeued: the mapping changed since the page was drawn; look again.", Error: true},
+	"still_ineligible": {Text: "Not requeued: the item would be quarantined again; fix its cause first.", Error: true},
+	"may_have_reached": {Text: "Not re-addressed: an attempt may have reached Stripe; it keeps its identifier (see recovery).", Error: true},
+	"not_quarantined":  {Text: "Not requeued: the item is no longer quarantined.", Error: true},
+	"requeue_refused":  {Text: "Not requeued: the outbox refused it; see the item's page.", Error: true},
+	"expected_state":   {Text: "Not recovered: the item is no longer uncertain (or changed since the page was drawn).", Error: true},
+	"invalid_recovery": {Text: "Not recovered: give a reason (required to reject, and with 'nothing reached Stripe', which goes with pending only).", Error: true},
+	"past_horizon":     {Text: "Not recovered: past its horizon an item may go back to pending only with 'nothing reached Stripe' and a reason.", Error: true},
+	"invalid_mapping":  {Text: "Not saved: the mapping is invalid or Stripe has no active meter with that event name and formula.", Error: true},
+	"no_stripe":        {Text: "No Stripe key is configured: there is nothing to reconcile against.", Error: true},
+	"invalid_settle":   {Text: "The settle delay must be a duration such as 2h.", Error: true},
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title string, data any) {
+	s, _ := sessionOf(r)
+	p := page{Title: title, Session: s, CanAct: s.Role.Allows(auth.RoleOperator), Data: data}
+	if f, ok := flashes[r.URL.Query().Get("flash")]; ok {
+		p.Flash = &f
+	}
+	for _, n := range []navItem{{"/console/", "Overview", false}, {"/console/quarantine", "Quarantine", false},
+		{"/console/uncertain", "Uncertain & rejected", false}, {"/console/mappings", "Mappings", false},
+		{"/console/reconcile", "Reconciliation", false}, {"/console/completeness", "Completeness", false}} {
+		n.Active = n.Href == r.URL.Path || (n.Href != "/console/" && strings.HasPrefix(r.URL.Path, n.Href))
+		p.Nav = append(p.Nav, n)
+	}
+	var b strings.Builder
+	if err := c.pages[name].ExecuteTemplate(&b, "layout", p); err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// back redirects after an action with a flash code.
+func back(w http.ResponseWriter, r *http.Request, to, code string) {
+	u, _ := url.Parse(to)
+	q := u.Query()
+	q.Set("flash", code)
+	u.RawQuery = q.Encode()
+	http.Redirect(w, r, u.String(), http.StatusSeeOther)
+}
+
+func itemID(r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
+	return id, err == nil && id > 0
+}
+
+func actor(r *http.Request) string {
+	s, _ := sessionOf(r)
+	return "console:" + s.Name
+}
+
+func prettyJSON(v any) string {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}

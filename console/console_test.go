@@ -1,0 +1,342 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/browser"
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/api"
+	"github.com/tallymeter/tally/console"
+	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/stagetest"
+	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+type site struct {
+	env *stagetest.Env
+	url string
+}
+
+// newSite serves the console on a database with two quarantined items:
+// usage of tenant acme, which has no customer (no_customer), and of the
+// unmapped feature gpu (feature_unmapped, after its window).
+func newSite(t *testing.T) *site {
+	t.Helper()
+	env := stagetest.New(t, outbox.Config{})
+	env.Feature(t, "api", mappings.Sum, time.Hour)
+	_, _, err := env.Maps.PutTenant(env.Ctx, env.Pool, "beta", mappings.TenantInput{StripeCustomerID: "cus_beta"}, "test")
+	require.NoError(t, err)
+	env.MustIngest(t, stagetest.Ev("a1", "acme", "api", 5, stagetest.Ago(3*time.Hour)),
+		stagetest.Ev("g1", "beta", "gpu", 2, stagetest.Ago(3*time.Hour)),
+		stagetest.Ev("b1", "beta", "api", 4, stagetest.Ago(3*time.Hour)))
+	env.Pass(t)
+	_, err = env.Outbox.Maintain(env.Ctx, env.Pool) // a snapshot for the overview's chart
+	require.NoError(t, err)
+	con, err := console.New(console.Deps{Pool: env.Pool, Outbox: env.Outbox, Mappings: env.Maps,
+		Requeuer: &quarantine.Requeuer{Outbox: env.Outbox, Stager: env.Stager}, Settle: 2 * time.Hour,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	require.NoError(t, err)
+	srv := httptest.NewServer(api.New(api.Options{Console: con.Handler(), Logger: slog.New(slog.DiscardHandler)}))
+	t.Cleanup(srv.Close)
+	return &site{env: env, url: srv.URL}
+}
+
+func (s *site) token(t *testing.T, name string, role auth.Role) string {
+	t.Helper()
+	tok, err := auth.CreateToken(s.env.Ctx, s.env.Pool, name, role, nil)
+	require.NoError(t, err)
+	return tok.Secret
+}
+
+// artifacts is where the screenshots go: ARTIFACTS_DIR, or artifacts/ at
+// the repository's root (ignored by git).
+func artifacts(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("ARTIFACTS_DIR")
+	if dir == "" {
+		dir = filepath.Join("..", "artifacts")
+	}
+	dir = filepath.Join(dir, "console")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	return dir
+}
+
+// browse starts headless Chromium (Debian's, as .ci/run installs it) and
+// collects every console error and failed load a page reports.
+func browse(t *testing.T) (context.Context, func() []string) {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("TALLY_REQUIRE_BROWSER") != "" {
+			t.Fatal("chromium is required (TALLY_REQUIRE_BROWSER) but not on PATH: apt-get install chromium")
+		}
+		t.Skip("chromium not on PATH (apt-get install chromium); .ci/run installs it")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1300, 900))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	t.Cleanup(func() { cancelTimeout(); cancelCtx(); cancelAlloc() })
+	var (
+		mu   sync.Mutex
+		errs []string
+	)
+	require.NoError(t, chromedp.Do(ctx)) // start the browser and the tab
+	require.NoError(t, chromedp.Listen(ctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch e := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if e.Type == runtime.ConsoleAPICalledTypeError {
+				errs = append(errs, fmt.Sprintf("console.error: %v", e.Args))
+			}
+		case *runtime.EventExceptionThrown:
+			errs = append(errs, "exception: "+e.ExceptionDetails.Text)
+		case *log.EventEntryAdded:
+			if e.Entry.Level == log.EntryLevelError {
+				errs = append(errs, fmt.Sprintf("%s: %s %s", e.Entry.Source, e.Entry.Text, e.Entry.URL))
+			}
+		}
+	}))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		if _, err := cdp.Call(ctx, tg, log.Enable, cdp.Empty{}); err != nil {
+			return err
+		}
+		_, err := cdp.Call(ctx, tg, runtime.Enable, cdp.Empty{})
+		return err
+	})))
+	return ctx, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), errs...)
+	}
+}
+
+func signIn(token string, base string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(
+		chromedp.Navigate(base+"/console/"),
+		chromedp.WaitVisible(chromedp.CSS(`input[name=token]`)),
+		chromedp.SendKeys(chromedp.CSS(`input[name=token]`), token),
+		chromedp.Submit(chromedp.CSS(`input[name=token]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=who]`)),
+	)
+}
+
+func text(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	require.NoError(t, err)
+	return s
+}
+
+func count(t *testing.T, ctx context.Context, css string) int {
+	t.Helper()
+	n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll(%q).length`, css)))
+	require.NoError(t, err)
+	return n
+}
+
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(artifacts(t), name+".png"), png, 0o644))
+}
+
+// Finance signs in, filters the quarantine, downloads the CSV and sees no
+// action anywhere; every page renders without a console error and is
+// photographed.
+func TestFinanceReadsWithoutActions(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	ctx, consoleErrors := browse(t)
+	download := t.TempDir()
+	require.NoError(t, chromedp.Do(ctx, signIn(s.token(t, "fiona", auth.RoleFinance), s.url)))
+	_, err := chromedp.CallBrowser(ctx, browser.SetDownloadBehavior, browser.SetDownloadBehaviorParams{
+		Behavior: browser.SetDownloadBehaviorBehaviorAllow, DownloadPath: download})
+	require.NoError(t, err)
+	require.Equal(t, "fiona · finance", text(t, ctx, `[data-testid=who]`))
+
+	for _, p := range []struct{ path, name string }{
+		{"/console/", "overview"}, {"/console/quarantine", "quarantine"}, {"/console/uncertain", "uncertain"},
+		{"/console/mappings", "mappings"}, {"/console/reconcile", "reconcile"}, {"/console/completeness?period=" + time.Now().UTC().Add(-3*time.Hour).Format("2006-01"), "completeness"},
+	} {
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+p.path), chromedp.WaitVisible(chromedp.CSS(`main`))))
+		require.Zero(t, count(t, ctx, `main form[method=post]`), "finance sees no action on %s", p.path)
+		screenshot(t, ctx, "finance-"+p.name)
+	}
+
+	// Filter the quarantine by reason.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/quarantine"),
+		chromedp.SetValue(chromedp.CSS(`select[name=reason]`), "no_customer"), chromedp.Submit(chromedp.CSS(`select[name=reason]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=items]`))))
+	loc, err := chromedp.Run(ctx, chromedp.Location())
+	require.NoError(t, err)
+	require.Contains(t, loc, "reason=no_customer")
+	require.Equal(t, 1, count(t, ctx, `[data-testid=items] tr[data-testid^=item-]`))
+	var item int64
+	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT id FROM outbox_items WHERE quarantine_reason = 'no_customer'`).Scan(&item))
+	screenshot(t, ctx, "finance-quarantine-filtered")
+
+	// The item page.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/console/items/%d", s.url, item)), chromedp.WaitVisible(chromedp.CSS(`main h1`))))
+	screenshot(t, ctx, "finance-item")
+
+	// Download the CSV of the filtered report.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/quarantine?reason=no_customer"),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=csv]`)), chromedp.Click(chromedp.CSS(`[data-testid=csv]`))))
+	var csv []byte
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(download, "tally-quarantine.csv"))
+		csv = b
+		return err == nil && len(b) > 0
+	}, 15*time.Second, 100*time.Millisecond)
+	require.Equal(t, "reason,tenant,feature,period,items,events,value", strings.SplitN(string(csv), "\n", 2)[0])
+	require.Contains(t, string(csv), "no_customer,acme,api,")
+	require.NotContains(t, string(csv), "feature_unmapped")
+
+	require.Empty(t, consoleErrors())
+}
+
+// The operator fixes the missing customer in the mappings page, requeues
+// the item under the new version and watches it leave the quarantine; the
+// audit trail shows both actions.
+func TestOperatorFixesAndRequeues(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	ctx, consoleErrors := browse(t)
+	require.NoError(t, chromedp.Do(ctx, signIn(s.token(t, "otto", auth.RoleOperator), s.url)))
+
+	var item int64
+	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT id FROM outbox_items WHERE quarantine_reason = 'no_customer'`).Scan(&item))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/mappings"), chromedp.WaitVisible(chromedp.CSS(`[data-testid=tenant-form]`))))
+	screenshot(t, ctx, "operator-mappings")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS(`[data-testid=tenant-form] input[name=tenant]`), "acme"),
+		chromedp.SendKeys(chromedp.CSS(`[data-testid=tenant-form] input[name=customer]`), "cus_acme"),
+		chromedp.Submit(chromedp.CSS(`[data-testid=tenant-form] input[name=tenant]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=flash]`))))
+	require.Equal(t, "Tenant mapping saved.", text(t, ctx, `[data-testid=flash]`))
+
+	sel := fmt.Sprintf(`[data-testid=requeue-%d]`, item)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/quarantine"), chromedp.WaitVisible(chromedp.CSS(sel))))
+	label := text(t, ctx, sel)
+	screenshot(t, ctx, "operator-quarantine")
+	tn, err := s.env.Maps.GetTenant(s.env.Ctx, s.env.Pool, "acme")
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("Requeue under v%d", tn.Version), label, "the button shows the current mapping version")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(sel)), chromedp.WaitVisible(chromedp.CSS(`[data-testid=flash]`))))
+	require.Contains(t, text(t, ctx, `[data-testid=flash]`), "Re-addressed")
+	require.Zero(t, count(t, ctx, fmt.Sprintf(`[data-testid=item-%d]`, item)), "the item left the quarantine")
+	screenshot(t, ctx, "operator-requeued")
+
+	var state string
+	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT state FROM outbox_items WHERE id = $1`, item).Scan(&state))
+	require.Equal(t, "superseded", state)
+	var actors []string
+	rows, err := s.env.Pool.Query(s.env.Ctx, `SELECT actor || ' ' || action FROM audit_log WHERE actor LIKE 'console:%' ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var a string
+		require.NoError(t, rows.Scan(&a))
+		actors = append(actors, a)
+	}
+	require.Equal(t, []string{"console:otto mapping.tenant", "console:otto readdress"}, actors)
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/console/items/%d", s.url, item)), chromedp.WaitVisible(chromedp.CSS(`main h1`))))
+	screenshot(t, ctx, "operator-item-audit")
+	require.Empty(t, consoleErrors())
+}
+
+// A POST without the session's CSRF token is refused, and so is one from
+// another origin; a finance session may not act at all; no session is
+// sent to sign in.
+func TestActionsNeedCSRFAndRole(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	client := func(token string) *http.Client {
+		jar, err := cookiejar.New(nil)
+		require.NoError(t, err)
+		c := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := c.PostForm(s.url+"/console/login", url.Values{"token": {token}})
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		cookies := jar.Cookies(mustURL(t, s.url+"/console/"))
+		require.Len(t, cookies, 1)
+		return c
+	}
+	var item int64
+	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT id FROM outbox_items WHERE quarantine_reason = 'no_customer'`).Scan(&item))
+	requeue := fmt.Sprintf("%s/console/items/%d/requeue", s.url, item)
+
+	op := client(s.token(t, "olga", auth.RoleOperator))
+	resp, err := op.PostForm(requeue, url.Values{"mapping_version": {"1"}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no CSRF token")
+	resp, err = op.PostForm(requeue, url.Values{"mapping_version": {"1"}, "csrf": {"guess"}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "a wrong CSRF token")
+
+	fin := client(s.token(t, "fred", auth.RoleFinance))
+	resp, err = fin.PostForm(requeue, url.Values{"mapping_version": {"1"}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+
+	resp, err = http.PostForm(requeue, url.Values{"mapping_version": {"1"}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err = noRedirect.Get(s.url + "/console/quarantine")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Equal(t, "/console/login", resp.Header.Get("Location"))
+
+	ing := s.token(t, "svc", auth.RoleIngest)
+	resp, err = http.PostForm(s.url+"/console/login", url.Values{"token": {ing}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "an ingest token may not sign in")
+
+	var state string
+	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT state FROM outbox_items WHERE id = $1`, item).Scan(&state))
+	require.Equal(t, "quarantined", state, "nothing was done")
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	require.NoError(t, err)
+	return u
+}
