@@ -31,6 +31,7 @@ import (
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
+	"github.com/tallymeter/tally/reconcile"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -270,7 +271,25 @@ func TestOperatorFixesAndRequeues(t *testing.T) {
 	require.Equal(t, []string{"console:otto mapping.tenant", "console:otto readdress"}, actors)
 
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/console/items/%d", s.url, item)), chromedp.WaitVisible(chromedp.CSS(`main h1`))))
+	require.Equal(t, 1, count(t, ctx, `[data-testid=successor]`), "the page links to the successor")
 	screenshot(t, ctx, "operator-item-audit")
+
+	// The operator's views of the other pages, with their actions; and a
+	// reconcile run's page.
+	run, err := reconcile.Queue(s.env.Ctx, s.env.Pool, reconcile.TriggerAPI, "token:otto", reconcile.Options{Settle: time.Hour})
+	require.NoError(t, err)
+	for _, p := range []struct{ path, name, action string }{
+		{"/console/uncertain", "operator-uncertain", ""},
+		{"/console/reconcile", "operator-reconcile", `main form[action="/console/reconcile/runs"]`},
+		{fmt.Sprintf("/console/reconcile/%d", run), "operator-reconcile-run", `[data-testid=discrepancies]`},
+		{"/console/", "operator-overview", ""},
+	} {
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+p.path), chromedp.WaitVisible(chromedp.CSS(`main h1`))))
+		if p.action != "" {
+			require.Equal(t, 1, count(t, ctx, p.action), p.path)
+		}
+		screenshot(t, ctx, p.name)
+	}
 	require.Empty(t, consoleErrors())
 }
 
