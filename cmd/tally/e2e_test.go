@@ -138,6 +138,11 @@ func runExport(t *testing.T, kills int) {
 		"TALLY_OUTBOX_MAX_ATTEMPTS=60", "TALLY_OUTBOX_LEASE=4s", "TALLY_STRIPE_TIMEOUT=1s",
 		"TALLY_RATE_TEST=1000", "TALLY_POLL_INTERVAL=100ms", "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=warn",
 	}
+	if kills == 0 {
+		// Everything the node logs, down to River's debug lines, is checked
+		// for secrets at the end.
+		n.env = append(n.env, "TALLY_LOG_LEVEL=debug")
+	}
 	n.start()
 	defer n.stop()
 	base := "http://" + n.addr
@@ -313,6 +318,9 @@ func runExport(t *testing.T, kills int) {
 	// Neither the admin token nor the Stripe key reached the node's log.
 	require.NotContains(t, n.out.String(), admin)
 	require.NotContains(t, n.out.String(), stripesim.DefaultKey)
+	if kills == 0 {
+		require.Contains(t, n.out.String(), `"msg":"request"`, "the debug log was on")
+	}
 
 	if kills > 0 {
 		// The kills landed while leases were held: a lease that died with
