@@ -16,7 +16,10 @@ unit:
 # stall a 15-second run on one large input; a failure is still reported,
 # with its input, unminimised.
 fuzz:
-	go test ./meter -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 15s -fuzzminimizetime 0
+	go test ./meter -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 10s -fuzzminimizetime 0
+	go test ./mappings -run '^$$' -fuzz '^FuzzFeatureInput$$' -fuzztime 10s -fuzzminimizetime 0
+	go test ./exporter -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 10s -fuzzminimizetime 0
+	go test ./api -run '^$$' -fuzz '^FuzzStripeEvent$$' -fuzztime 10s -fuzzminimizetime 0
 
 # The benchmarks behind docs/performance.md.
 bench:

@@ -32,6 +32,36 @@ const webhookTolerance = 300 * time.Second
 // maxWebhookBody bounds a thin event's body.
 const maxWebhookBody = 64 << 10
 
+// ThinEvent is what Tally reads of a thin event's body.
+type ThinEvent struct {
+	ID   string `json:"id"`
+	Type string `json:"type"`
+}
+
+type signatureError struct{ msg string }
+
+func (e *signatureError) Error() string { return e.msg }
+
+// ParseStripeEvent verifies body against its Stripe-Signature header with
+// the signing secret (stripe-go's webhook package, 300 s tolerance) and
+// reads the thin event: an id and a type, or an error.
+func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) {
+	if err := webhook.ValidatePayloadWithTolerance(body, signature, secret, webhookTolerance); err != nil {
+		msg := "the Stripe-Signature header does not match the body with the signing secret"
+		if errors.Is(err, webhook.ErrTooOld) {
+			msg = "the signature is older than 300 seconds"
+		} else if errors.Is(err, webhook.ErrNotSigned) || errors.Is(err, webhook.ErrInvalidHeader) {
+			msg = "the Stripe-Signature header is missing or malformed"
+		}
+		return ThinEvent{}, &signatureError{msg}
+	}
+	var thin ThinEvent
+	if err := json.Unmarshal(body, &thin); err != nil || thin.ID == "" || thin.Type == "" {
+		return ThinEvent{}, errors.New("the body is not a Stripe thin event")
+	}
+	return thin, nil
+}
+
 // stripeEvents receives Stripe's thin events. A bad or stale signature
 // answers 400 and records nothing; a meter error report is fetched in full
 // and recorded once, however often it is delivered; other types are
@@ -46,21 +76,13 @@ func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusRequestEntityTooLarge, "too_large", "the event is larger than 64 KiB")
 		return
 	}
-	if err := webhook.ValidatePayloadWithTolerance(body, r.Header.Get("Stripe-Signature"), h.Webhook.Secret, webhookTolerance); err != nil {
-		msg := "the Stripe-Signature header does not match the body with the signing secret"
-		if errors.Is(err, webhook.ErrTooOld) {
-			msg = "the signature is older than 300 seconds"
-		} else if errors.Is(err, webhook.ErrNotSigned) || errors.Is(err, webhook.ErrInvalidHeader) {
-			msg = "the Stripe-Signature header is missing or malformed"
-		}
-		WriteError(w, http.StatusBadRequest, "invalid_signature", msg)
+	thin, err := ParseStripeEvent(body, r.Header.Get("Stripe-Signature"), h.Webhook.Secret)
+	var se *signatureError
+	switch {
+	case errors.As(err, &se):
+		WriteError(w, http.StatusBadRequest, "invalid_signature", se.msg)
 		return
-	}
-	var thin struct {
-		ID   string `json:"id"`
-		Type string `json:"type"`
-	}
-	if err := json.Unmarshal(body, &thin); err != nil || thin.ID == "" || thin.Type == "" {
+	case err != nil:
 		WriteError(w, http.StatusBadRequest, "invalid_event", "the body is not a Stripe thin event")
 		return
 	}

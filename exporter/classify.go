@@ -54,6 +54,7 @@ const duplicatePrefix = "An event already exists with identifier"
 //	5xx with Stripe-Should-Retry: false        uncertain
 //	no answer: never sent                      retry with backoff (refused)
 //	no answer: timeout, reset, cancelled       retry with backoff (may have reached Stripe)
+//	any other status (1xx, 3xx, over 599)      retry with backoff (may have reached Stripe)
 //
 // A retry past the attempt cap or the horizon becomes uncertain in the
 // outbox itself (T3).
@@ -99,11 +100,18 @@ func Classify(a Answer) outbox.Outcome {
 		info.Code = "rate_limited"
 		return outbox.Outcome{Kind: outbox.RateLimited, Error: info, MinDelay: a.RetryAfter}
 
-	case a.Status >= 500:
+	case a.Status >= 500 && a.Status <= 599:
 		info.Code = "stripe_5xx"
 		if a.ShouldRetry != nil && !*a.ShouldRetry {
 			return outbox.Outcome{Kind: outbox.Uncertain, Error: info}
 		}
+		return outbox.Outcome{Kind: outbox.Retry, Error: info}
+
+	case a.Status < 400 || a.Status > 499:
+		// A 1xx or 3xx (or no status Stripe uses) is not an answer about the
+		// item: retry, and since nobody knows what the provider did with the
+		// request, as one that may have reached it.
+		info.Code = "unexpected_status"
 		return outbox.Outcome{Kind: outbox.Retry, Error: info}
 
 	default: // any other 4xx: the provider refused the item itself

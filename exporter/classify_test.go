@@ -53,6 +53,8 @@ func TestClassify(t *testing.T) {
 		{"reset may have reached Stripe", Answer{Err: readErr}, outbox.Retry, "network", false, ""},
 		{"cancelled may have reached Stripe", Answer{Err: context.Canceled}, outbox.Retry, "canceled", false, ""},
 		{"never sent is a refusal", Answer{Err: dialErr, NotSent: true}, outbox.Retry, "network", true, ""},
+		{"a 3xx is no answer about the item (found by FuzzClassify)", Answer{Status: 302}, outbox.Retry, "unexpected_status", false, ""},
+		{"a status beyond 599 likewise", Answer{Status: 746}, outbox.Retry, "unexpected_status", false, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -75,7 +75,7 @@ var (
 	codeInvalid = regexp.MustCompile(`[^a-z0-9_.:-]+`)
 	// secretish matches tokens that look like credentials: Stripe keys and
 	// webhook secrets, bearer tokens, Tally tokens, long base64/hex runs.
-	secretish = regexp.MustCompile(`(?i)\b(?:sk|rk|pk|whsec|tly_tok)_[a-z0-9_*]+|\bbearer\s+\S+|\b[a-z0-9+/=_-]{32,}\b`)
+	secretish = regexp.MustCompile(`(?i)(?:sk|rk|pk)_(?:live|test)_[a-z0-9_*]*|\b(?:sk|rk|pk|whsec|tly_tok)_[a-z0-9_*]+|\bbearer\s+\S+|\b[a-z0-9+/=_-]{32,}\b`)
 	spaces    = regexp.MustCompile(`\s+`)
 )
 
