@@ -94,7 +94,7 @@ func (c *Console) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(securityHeaders)
 	static, _ := fs.Sub(staticFS, "static")
-	r.Handle("/static/*", http.StripPrefix("/console/static/", http.FileServer(http.FS(static))))
+	r.Get("/static/*", http.StripPrefix("/console/static/", http.FileServer(http.FS(static))).ServeHTTP)
 	r.Get("/login", c.getLogin)
 	r.Post("/login", c.postLogin)
 	r.Group(func(r chi.Router) {

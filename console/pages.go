@@ -187,6 +187,8 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 		se *outbox.StateError
 	)
 	switch {
+	case errors.Is(err, outbox.ErrNotFound):
+		http.NotFound(w, r)
 	case err == nil && res.Action == quarantine.ActionReaddressed:
 		back(w, r, "/console/quarantine", "readdressed")
 	case err == nil:
@@ -310,6 +312,8 @@ func (c *Console) recover(w http.ResponseWriter, r *http.Request) {
 		Reason: r.PostFormValue("reason"), NotReached: r.PostFormValue("not_reached") != "", By: actor(r)})
 	var se *reconcile.ExpectedStateError
 	switch {
+	case errors.Is(err, outbox.ErrNotFound):
+		http.NotFound(w, r)
 	case err == nil:
 		back(w, r, "/console/uncertain", "recovered")
 	case errors.As(err, &se):
