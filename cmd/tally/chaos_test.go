@@ -185,7 +185,14 @@ func TestChaos(t *testing.T) {
 				}
 			}
 			posted.Add(int64(len(batch)))
-			time.Sleep(time.Duration(20+prng.IntN(80)) * time.Millisecond)
+			// About 1,000 events a second in the short run; a tenth of that
+			// in a long one, which the deliverers (held to 1,000 calls a
+			// second, one per count event) must keep up with.
+			pause := time.Duration(20+prng.IntN(80)) * time.Millisecond
+			if duration > time.Minute {
+				pause *= 10
+			}
+			time.Sleep(pause)
 		}
 	}()
 
@@ -230,7 +237,7 @@ func TestChaos(t *testing.T) {
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged)
 		return open == 0 && unstaged == 0
 	}
-	for end := time.Now().Add(3 * time.Minute); !drained(); time.Sleep(200 * time.Millisecond) {
+	for end := time.Now().Add(3*time.Minute + time.Duration(posted.Load()/300)*time.Second); !drained(); time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(end) {
 			var logs string
 			for i, n := range nodes {
