@@ -27,3 +27,4 @@ bench:
 	go test ./api -run '^$$' -bench IngestVsCopyFrom -benchtime 1x
 	go test ./exporter -run '^$$' -bench DeliverUnlimited -benchtime 1x
 	go test ./exporter -run '^$$' -bench DeliverAtStripeLimit -benchtime 1x
+	go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x

@@ -1,0 +1,152 @@
+package reconcile_test
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/reconcile"
+)
+
+// BenchmarkReconcile100k measures a reconcile run over 100,000 accepted
+// items of 1,000 customers (one meter, 100 hourly items each): its time
+// and its Stripe calls, beside the same summaries read straight from the
+// simulator by 1,000 sequential calls with no database (the floor: what
+// Stripe's reads cost alone).
+//
+//	go test ./reconcile -run '^$' -bench Reconcile100k -benchtime 1x
+func BenchmarkReconcile100k(b *testing.B) {
+	const (
+		customers = 1000
+		perKey    = 100
+	)
+	ctx := context.Background()
+	sim := stripesim.New(stripesim.Options{Seed: 3})
+	srv := httptest.NewServer(sim.Handler())
+	b.Cleanup(func() { sim.Close(); srv.Close() })
+	meter := sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: "api", EventName: "api", Formula: "sum"})
+	for c := 0; c < customers; c++ {
+		sim.CreateCustomer(stripesim.DefaultAccount, fmt.Sprintf("cus_r%04d", c))
+	}
+	pool := testdb.New(b)
+	store, err := outbox.New(outbox.Config{}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
+	if err != nil {
+		b.Fatal(err)
+	}
+	exp := exporter.NewStripeV1(client, 5*time.Second)
+
+	// 100,000 items, one per customer and hour of the last 100 hours,
+	// sent to the simulator and accepted, as the deliverer would.
+	start := time.Now()
+	hour0 := time.Now().Add(-time.Duration(perKey+2) * time.Hour).Truncate(time.Hour)
+	items := make([]outbox.NewItem, 0, 10000)
+	for h := 0; h < perKey; h++ {
+		for c := 0; c < customers; c++ {
+			items = append(items, outbox.NewItem{
+				Identity: outbox.Identity{TenantKey: fmt.Sprintf("r%04d", c), SubjectKind: outbox.SubjectUsageWindow,
+					SubjectRef: fmt.Sprintf("usage:api:bench:%d", h), Exporter: exporter.StripeMeterEvents,
+					DestinationAccount: stripesim.DefaultAccount, Mode: outbox.ModeTest, MappingVersion: 1},
+				Payload: outbox.Payload{Customer: fmt.Sprintf("cus_r%04d", c), EventName: "api", Value: int64(c%7 + h%5 + 1),
+					Timestamp: hour0.Add(time.Duration(h)*time.Hour + 30*time.Minute).Unix(), Feature: "api", Period: "2026-11-01T00:00:00Z"},
+			})
+			if len(items) == cap(items) {
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := store.EnqueueBatch(ctx, tx, items); return err }); err != nil {
+					b.Fatal(err)
+				}
+				items = items[:0]
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				leases, err := store.Claim(ctx, pool, outbox.ClaimOptions{Owner: "bench", Limit: 500, Policy: outbox.BestEffort})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if len(leases) == 0 {
+					return
+				}
+				outcomes := make([]outbox.Outcome, len(leases))
+				for i, l := range leases {
+					outcomes[i] = exp.Send(ctx, l)
+					outcomes[i].Lease = l
+					if outcomes[i].Kind != outbox.Accepted {
+						failed.Add(1)
+					}
+				}
+				if _, err := store.Record(ctx, pool, outcomes); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		b.Fatalf("%d sends were not accepted", failed.Load())
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_items"); err != nil {
+		b.Fatal(err)
+	}
+	setup := time.Since(start)
+
+	// The floor: every customer's summaries, straight from the simulator.
+	from, to := hour0.Unix(), hour0.Add(time.Duration(perKey)*time.Hour).Unix()
+	floorStart := time.Now()
+	floorCalls := 0
+	for c := 0; c < customers; c++ {
+		s, err := client.EventSummaries(ctx, meter.ID, fmt.Sprintf("cus_r%04d", c), from, to, stripeapi.Hour)
+		if err != nil || len(s) != perKey {
+			b.Fatalf("summaries of customer %d: %d, %v", c, len(s), err)
+		}
+		floorCalls += (len(s) + 99) / 100
+	}
+	floor := time.Since(floorStart)
+
+	rec, err := reconcile.New(reconcile.Config{Outbox: store, Key: stripesim.DefaultKey, APIBase: srv.URL,
+		Destination: func() (exporter.Destination, error) {
+			return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
+		}, Limiter: exporter.NewLimiter(100000)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	runStart := time.Now()
+	run, err := rec.RunNow(ctx, pool, reconcile.TriggerCommand, "bench", reconcile.Options{})
+	elapsed := time.Since(runStart)
+	b.StopTimer()
+	if err != nil || run.ItemsConfirmed != customers*perKey || run.Discrepancies != 0 {
+		b.Fatalf("run %+v: %v", run, err)
+	}
+	fmt.Printf("\n%d accepted items over %d customers (one meter, %d hours each); setup (enqueue, send, accept) took %s\n",
+		customers*perKey, customers, perKey, setup.Round(time.Second))
+	fmt.Printf("%-48s %10s %12s %12s\n", "", "seconds", "Stripe calls", "items/s")
+	fmt.Printf("%-48s %10.1f %12d %12s\n", "summaries alone, sequential, no database (floor)", floor.Seconds(), floorCalls, "")
+	fmt.Printf("%-48s %10.1f %12d %12.0f\n", "reconcile run: compare and confirm all (T7)", elapsed.Seconds(), run.StripeCalls,
+		float64(run.ItemsConfirmed)/elapsed.Seconds())
+	fmt.Printf("%-48s %10.2fx\n\n", "run / floor", elapsed.Seconds()/floor.Seconds())
+	b.ReportMetric(elapsed.Seconds(), "run_s")
+	b.ReportMetric(float64(run.StripeCalls), "stripe_calls")
+	b.ReportMetric(floor.Seconds(), "floor_s")
+}
