@@ -28,3 +28,4 @@ bench:
 	go test ./exporter -run '^$$' -bench DeliverUnlimited -benchtime 1x
 	go test ./exporter -run '^$$' -bench DeliverAtStripeLimit -benchtime 1x
 	go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x
+	go test ./cmd/tally -run '^$$' -bench NodeMemory -benchtime 1x

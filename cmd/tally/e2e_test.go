@@ -27,7 +27,7 @@ import (
 
 // node is one `tally serve` process of the end-to-end tests.
 type node struct {
-	t    *testing.T
+	t    testing.TB
 	env  []string
 	addr string
 	cmd  *exec.Cmd
