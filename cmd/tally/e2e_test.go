@@ -321,6 +321,20 @@ func runExport(t *testing.T, kills int) {
 	if kills == 0 {
 		require.Contains(t, n.out.String(), `"msg":"request"`, "the debug log was on")
 	}
+	// Nor did they reach a metric or any error column of the database.
+	_, metrics := get(base + "/metrics")
+	require.NotContains(t, metrics, admin)
+	require.NotContains(t, metrics, stripesim.DefaultKey)
+	var leaks int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM outbox_items WHERE concat(last_error, last_error_code, provider_ref) ~ '(sk_|rk_|tly_tok_|e2e-admin)')
+		+ (SELECT count(*) FROM outbox_attempts WHERE concat(error_message, error_code, provider_ref) ~ '(sk_|rk_|tly_tok_|e2e-admin)')
+		+ (SELECT count(*) FROM reconcile_runs WHERE concat(error, error_code, requested_by) ~ '(sk_|rk_|tly_tok_|e2e-admin)')
+		+ (SELECT count(*) FROM audit_log WHERE concat(reason, actor, details::text) ~ '(sk_|rk_|tly_tok_|e2e-admin)')`).Scan(&leaks))
+	require.Zero(t, leaks, "a secret in an error column")
+	var errorsSeen int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_attempts WHERE error_message IS NOT NULL`).Scan(&errorsSeen))
+	require.Positive(t, errorsSeen, "the faults left error messages to check")
 
 	if kills > 0 {
 		// The kills landed while leases were held: a lease that died with
