@@ -291,6 +291,20 @@ func TestChaos(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
+	// The faults the simulator injected, by what the calls were answered.
+	answered := map[int]int{}
+	calls := 0
+	for _, r := range sim.Requests() {
+		if r.Path == "/v1/billing/meter_events" {
+			answered[r.Status]++
+			calls++
+		}
+	}
+	t.Logf("chaos: %d meter-event calls: %d accepted (200), %d duplicates (400), %d failed before recording or hung (500), %d lost replies (502), %d rate-limited (429)",
+		calls, answered[200], answered[400], answered[500], answered[502], answered[429])
+	var items, supplements int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE subject_ref LIKE '%#%') FROM outbox_items`).Scan(&items, &supplements))
+	t.Logf("chaos: %d events in the ledger, %d items (%d supplements of late usage)", ledger, items, supplements)
 	require.Empty(t, sim.RecordedTwice(), "no identifier recorded twice")
 	require.LessOrEqual(t, sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
 
