@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -315,10 +316,29 @@ func TestChaos(t *testing.T) {
 		require.True(t, rep.Holds, "%+v", rep)
 	}
 
-	// Leases expired under load and their late outcomes were fenced out.
-	var abandoned int
+	// Leases expired under load and their late outcomes were fenced out:
+	// one outcome per lease (the attempt log's key), and each item's state
+	// is what its latest lease recorded. The surviving nodes counted the
+	// stale writes they refused (a killed node's count dies with it).
+	var abandoned, mismatched int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_attempts WHERE outcome = 'abandoned'`).Scan(&abandoned))
-	t.Logf("chaos: %d leases taken over after their holder died or stalled", abandoned)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items o
+		JOIN LATERAL (SELECT state_after FROM outbox_attempts a WHERE a.item_id = o.id ORDER BY lease_token DESC LIMIT 1) last ON true
+		WHERE o.state IN ('accepted', 'confirmed') AND last.state_after <> 'accepted'`).Scan(&mismatched))
+	require.Zero(t, mismatched, "an item's state is its latest lease's outcome")
+	stale := 0.0
+	for _, n := range nodes {
+		_, body := get("http://" + n.addr + "/metrics")
+		for _, line := range strings.Split(body, "\n") {
+			if strings.HasPrefix(line, "tally_outbox_stale_writes_total{") {
+				if f := strings.Fields(line); len(f) == 2 {
+					v, _ := strconv.ParseFloat(f[1], 64)
+					stale += v
+				}
+			}
+		}
+	}
+	t.Logf("chaos: %d leases taken over after their holder died or stalled; %.0f stale writes refused and counted by the surviving nodes", abandoned, stale)
 
 	// Stripe's own numbers confirm every item.
 	code, body := post(t, http.MethodPost, live()+"/v1/reconcile/runs", admin, map[string]string{"settle": "0s"})
