@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -270,28 +269,8 @@ func TestChaos(t *testing.T) {
 	require.Equal(t, seq.Load(), ledger)
 
 	// Stripe's aggregate for every customer and meter is the ledger's.
-	rows, err := pool.Query(ctx, `
-		SELECT tenant, feature, sum(value), count(*), (array_agg(value ORDER BY occurred_at DESC, id DESC))[1]
-		FROM usage_events GROUP BY tenant, feature`)
-	require.NoError(t, err)
-	var (
-		tenant, feature string
-		sum, last       int64
-		count           int
-	)
-	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &sum, &count, &last}, func() error {
-		ssum, scount, slast := sim.Aggregate(stripesim.DefaultAccount, feature, "cus_"+tenant)
-		switch feature {
-		case "api_calls":
-			require.Equal(t, sum, ssum, "%s %s", tenant, feature)
-		case "logins":
-			require.Equal(t, count, scount, "%s %s", tenant, feature)
-		case "seats":
-			require.Equal(t, last, slast, "%s %s", tenant, feature)
-		}
-		return nil
-	})
-	require.NoError(t, err)
+	checkAggregates(t, ctx, pool, sim)
+
 	// The faults the simulator injected, by what the calls were answered.
 	answered := map[int]int{}
 	calls := 0

@@ -230,30 +230,7 @@ func runExport(t *testing.T, kills int) {
 	require.Equal(t, []string{"accepted"}, keys(states), "%v\n%s", states, n.out)
 
 	// For every customer and meter, Stripe's aggregate is the ledger's.
-	rows, err = pool.Query(ctx, `
-		SELECT tenant, feature, sum(value), count(*), (array_agg(value ORDER BY occurred_at DESC, id DESC))[1]
-		FROM usage_events GROUP BY tenant, feature`)
-	require.NoError(t, err)
-	var (
-		tenant, feature string
-		sum, last       int64
-		count           int
-		checked         int
-	)
-	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &sum, &count, &last}, func() error {
-		ssum, scount, slast := sim.Aggregate(stripesim.DefaultAccount, feature, "cus_"+tenant)
-		switch feature {
-		case "api_calls":
-			require.Equal(t, sum, ssum, "%s %s", tenant, feature)
-		case "logins":
-			require.Equal(t, count, scount, "%s %s", tenant, feature)
-		case "seats":
-			require.Equal(t, last, slast, "%s %s", tenant, feature)
-		}
-		checked++
-		return nil
-	})
-	require.NoError(t, err)
+	checked := checkAggregates(t, ctx, pool, sim)
 	require.Equal(t, tenants*3, checked)
 	require.Empty(t, sim.RecordedTwice(), "no identifier recorded twice")
 	require.LessOrEqual(t, sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
@@ -453,4 +430,35 @@ func checkMetrics(t *testing.T, base string) {
 	require.Subset(t, classes, []string{"2xx", "429", "5xx"}, "the faults show in the calls' classes")
 	confirmed := families["tally_reconcile_items_confirmed_total"].GetMetric()[0].GetCounter().GetValue()
 	require.Positive(t, confirmed)
+}
+
+// checkAggregates compares, for every customer and meter, the simulator's
+// aggregate with the ledger's by the features' formulas (api_calls sum,
+// logins count, seats last) and returns how many pairs it checked.
+func checkAggregates(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sim *stripesim.Server) int {
+	t.Helper()
+	rows, err := pool.Query(ctx, `
+		SELECT tenant, feature, sum(value), count(*), (array_agg(value ORDER BY occurred_at DESC, id DESC))[1]
+		FROM usage_events GROUP BY tenant, feature`)
+	require.NoError(t, err)
+	var (
+		tenant, feature string
+		sum, last       int64
+		count, checked  int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &sum, &count, &last}, func() error {
+		ssum, scount, slast := sim.Aggregate(stripesim.DefaultAccount, feature, "cus_"+tenant)
+		switch feature {
+		case "api_calls":
+			require.Equal(t, sum, ssum, "%s %s", tenant, feature)
+		case "logins":
+			require.Equal(t, count, scount, "%s %s", tenant, feature)
+		case "seats":
+			require.Equal(t, last, slast, "%s %s", tenant, feature)
+		}
+		checked++
+		return nil
+	})
+	require.NoError(t, err)
+	return checked
 }

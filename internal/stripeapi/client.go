@@ -102,13 +102,12 @@ func New(cfg Config) (*Client, error) {
 	if hc == nil {
 		hc = &http.Client{Timeout: DefaultTimeout}
 	}
-	{
-		// The Stripe-Account header goes on every request, including those
-		// later packages make through Stripe().
-		withAccount := *hc
-		withAccount.Transport = accountTransport{base: hc.Transport, account: cfg.Account, before: cfg.BeforeRequest, metrics: cfg.Metrics}
-		hc = &withAccount
-	}
+	// Every request goes through accountTransport: the Stripe-Account header
+	// (when set), the BeforeRequest hook, the metrics and the span —
+	// including the requests later packages make through Stripe().
+	wrapped := *hc
+	wrapped.Transport = accountTransport{base: hc.Transport, account: cfg.Account, before: cfg.BeforeRequest, metrics: cfg.Metrics}
+	hc = &wrapped
 	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
 		URL:               stripe.String(base),
 		HTTPClient:        hc,
