@@ -115,12 +115,8 @@ func New(opts Options) http.Handler {
 		})
 		r.Mount("/console", opts.Console)
 	}
-	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
-		WriteError(w, http.StatusNotFound, "not_found", "no such route")
-	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
-		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route")
-	})
+	r.NotFound(notFound)
+	r.MethodNotAllowed(methodNotAllowed)
 	return r
 }
 
@@ -164,6 +160,14 @@ func accessLog(l *slog.Logger) func(http.Handler) http.Handler {
 			next.ServeHTTP(ww, r)
 		})
 	}
+}
+
+func notFound(w http.ResponseWriter, _ *http.Request) {
+	WriteError(w, http.StatusNotFound, "not_found", "no such route")
+}
+
+func methodNotAllowed(w http.ResponseWriter, _ *http.Request) {
+	WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed on this route")
 }
 
 type readiness struct {

@@ -18,15 +18,9 @@ func principal(r *http.Request) auth.Principal {
 }
 
 // authenticate verifies the bearer token of every /v1 request: 401 without a
-// valid one. The token itself never reaches a log. The one exception is
-// Stripe's POST /v1/stripe/events, which carries no token: its handler
-// verifies the Stripe-Signature instead.
+// valid one. The token itself never reaches a log.
 func (h *handlers) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && r.URL.Path == "/v1"+stripeEventsPath {
-			next.ServeHTTP(w, r)
-			return
-		}
 		header := r.Header.Get("Authorization")
 		scheme, token, ok := strings.Cut(header, " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {

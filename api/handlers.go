@@ -64,10 +64,17 @@ type handlers struct {
 const maxJSONBody = 64 << 10
 
 func (h *handlers) routes(r chi.Router) {
-	// Every /v1 route but Stripe's event destination (authenticated by its
-	// Stripe-Signature) needs a token, and unknown routes answer 401 first.
-	r.Use(h.authenticate)
+	// Stripe's event destination is authenticated by its Stripe-Signature;
+	// every other /v1 route needs a token, and so do unknown ones, which
+	// answer 401 before 404 or 405.
 	r.Post(stripeEventsPath, h.stripeEvents)
+	r.NotFound(h.authenticate(http.HandlerFunc(notFound)).ServeHTTP)
+	r.MethodNotAllowed(h.authenticate(http.HandlerFunc(methodNotAllowed)).ServeHTTP)
+	r.Group(h.authenticated)
+}
+
+func (h *handlers) authenticated(r chi.Router) {
+	r.Use(h.authenticate)
 	r.With(require(auth.RoleIngest)).Post("/usage", h.postUsage)
 
 	r.Group(func(r chi.Router) {

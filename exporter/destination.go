@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tallymeter/tally/internal/stripeapi"
@@ -70,6 +71,9 @@ type Resolver struct {
 	lastErr  error
 	lastTry  time.Time
 	keyErr   error // Stripe refused the key on a delivery
+	// refused mirrors keyErr != nil, so that every accepted delivery (the
+	// hot path) can skip the lock.
+	refused atomic.Bool
 }
 
 // retryEvery bounds how often a failed account lookup is tried again.
@@ -192,15 +196,20 @@ func (r *Resolver) KeyRefused(status int) bool {
 	defer r.mu.Unlock()
 	news := r.keyErr == nil
 	r.keyErr = fmt.Errorf("export stalled: Stripe refused the API key (status %d)", status)
+	r.refused.Store(true)
 	return news
 }
 
 // KeyWorks records an accepted delivery; it reports whether export was
 // stalled on the key until now.
 func (r *Resolver) KeyWorks() bool {
+	if !r.refused.Load() {
+		return false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	news := r.keyErr != nil
 	r.keyErr = nil
+	r.refused.Store(false)
 	return news
 }
