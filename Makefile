@@ -22,6 +22,7 @@ fuzz:
 	go test ./meter -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 30000x -fuzzminimizetime 0
 	go test ./mappings -run '^$$' -fuzz '^FuzzFeatureInput$$' -fuzztime 20000x -fuzzminimizetime 0
 	go test ./exporter -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 20000x -fuzzminimizetime 0
+	go test ./exporter -run '^$$' -fuzz '^FuzzClassifyReport$$' -fuzztime 20000x -fuzzminimizetime 0
 	go test ./api -run '^$$' -fuzz '^FuzzStripeEvent$$' -fuzztime 20000x -fuzzminimizetime 0
 
 # The benchmarks behind docs/performance.md.

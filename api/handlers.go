@@ -255,16 +255,20 @@ func (h *handlers) getFeature(w http.ResponseWriter, r *http.Request) {
 
 func (h *handlers) putFeature(w http.ResponseWriter, r *http.Request) {
 	// The window arrives as text so that a bad one is a field problem (422),
-	// like every other bad field, not a malformed body.
+	// like every other bad field, not a malformed body. The exporter is
+	// optional: absent or empty is the node's default (TALLY_EXPORTER); a
+	// PUT sets the whole mapping, so leaving it out of a mapping that named
+	// one goes back to the default.
 	var raw struct {
 		EventName   string               `json:"event_name"`
 		Aggregation mappings.Aggregation `json:"aggregation"`
 		Window      *string              `json:"window"`
+		Exporter    string               `json:"exporter"`
 	}
 	if !decodeJSON(w, r, &raw) {
 		return
 	}
-	in := mappings.FeatureInput{EventName: raw.EventName, Aggregation: raw.Aggregation}
+	in := mappings.FeatureInput{EventName: raw.EventName, Aggregation: raw.Aggregation, Exporter: raw.Exporter}
 	if raw.Window != nil {
 		if err := in.Window.UnmarshalText([]byte(*raw.Window)); err != nil {
 			writeProblems(w, "invalid_mapping", "window: not a duration",

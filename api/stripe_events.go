@@ -64,8 +64,9 @@ func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) 
 
 // stripeEvents receives Stripe's thin events. A bad or stale signature
 // answers 400 and records nothing; a meter error report is fetched in full
-// and recorded once, however often it is delivered; other types are
-// acknowledged and ignored.
+// and recorded once, however often it is delivered, and the accepted items
+// it names are quarantined or rejected (T10) in the same transaction;
+// other types are acknowledged and ignored.
 func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 	if h.Webhook == nil || h.Webhook.Secret == "" || h.Webhook.Fetch == nil {
 		WriteError(w, http.StatusServiceUnavailable, "webhooks_not_configured", "STRIPE_WEBHOOK_SECRET and STRIPE_API_KEY are required to receive Stripe's events")
@@ -109,14 +110,28 @@ func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadGateway, "event_unavailable", "the event could not be read from Stripe; deliver it again later")
 		return
 	}
-	recorded, err := reconcile.RecordReport(r.Context(), h.Pool, rep)
+	res, err := reconcile.RecordReport(r.Context(), h.Pool, h.Outbox, rep)
 	if err != nil {
 		h.internal(w, r, err)
 		return
 	}
-	status := "recorded"
-	if !recorded {
-		status = "duplicate"
+	if !res.Recorded {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "duplicate"})
+		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": status})
+	h.log.InfoContext(r.Context(), "Stripe meter error report recorded", "event", rep.ID, "type", rep.Type,
+		"failed", res.Failed, "evidence_only", res.EvidenceOnly, "unmatched", res.Unmatched)
+	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: "recorded", Failed: res.Failed,
+		EvidenceOnly: res.EvidenceOnly, Unmatched: res.Unmatched})
+}
+
+// stripeEventAnswer is the answer to a meter error report recorded now:
+// how many of the items it names it moved from accepted (T10: quarantined
+// or rejected), how many it only recorded evidence against (they were in
+// another state), and how many of its identifiers no item has.
+type stripeEventAnswer struct {
+	Status       string `json:"status"`
+	Failed       int    `json:"failed"`
+	EvidenceOnly int    `json:"evidence_only"`
+	Unmatched    int    `json:"unmatched"`
 }

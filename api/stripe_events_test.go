@@ -3,6 +3,8 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -17,13 +19,15 @@ import (
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
 )
 
 const webhookSecret = "whsec_test_0123456789abcdef"
 
 // Stripe's meter error reports arrive as signed thin events: a bad or stale
 // signature answers 400 and records nothing; a good one is fetched and
-// recorded once, however often it is delivered, as evidence on the item.
+// recorded once, however often it is delivered, as evidence on the item,
+// and the accepted item it names leaves accepted (T10) once.
 func TestStripeEventsWebhook(t *testing.T) {
 	t.Parallel()
 	sim := stripesim.New(stripesim.Options{Keys: map[string]string{stripesim.DefaultKey: "acct_1"}})
@@ -86,7 +90,11 @@ func TestStripeEventsWebhook(t *testing.T) {
 
 	resp = post(body, sig)
 	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
-	require.JSONEq(t, `{"status":"recorded"}`, string(resp.body))
+	require.JSONEq(t, `{"status":"recorded","failed":1,"evidence_only":0,"unmatched":0}`, string(resp.body))
+	failed, err := h.parts.Outbox.Get(h.ctx, h.pool, leases[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StateRejected, failed.State, "Stripe dropped it: no mapping fix cures that")
+	require.Equal(t, stripesim.CodeDropped, failed.LastError.Code)
 	resp = post(body, sig)
 	require.Equal(t, http.StatusOK, resp.status)
 	require.JSONEq(t, `{"status":"duplicate"}`, string(resp.body))
@@ -96,6 +104,9 @@ func TestStripeEventsWebhook(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.Equal(t, int64(1), recorded())
 	require.Equal(t, int64(1), h.count(`SELECT count(*) FROM meter_error_evidence WHERE item_id = $1`, leases[0].ID))
+	again, err := h.parts.Outbox.Get(h.ctx, h.pool, leases[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, failed, again, "a redelivered event changes nothing")
 
 	resp = h.request(http.MethodGet, "/v1/outbox/items/"+strconv.FormatInt(leases[0].ID, 10), op, nil)
 	var view struct {
@@ -129,4 +140,174 @@ func TestStripeEventsWithoutSecret(t *testing.T) {
 	resp := h.request(http.MethodPost, "/v1/stripe/events", "", `{"id":"evt_1","type":"x"}`)
 	require.Equal(t, http.StatusServiceUnavailable, resp.status)
 	require.Equal(t, "webhooks_not_configured", resp.errorCode(t))
+}
+
+// streamToSim sends events to the simulator's v2 meter event stream as
+// Stripe's would receive them: a session, then one stream request. The
+// simulator validates them as Stripe does after answering 200, and keeps an
+// error report for each kind of failure.
+func streamToSim(t *testing.T, base string, events ...map[string]any) {
+	t.Helper()
+	call := func(path, auth string, body any) []byte {
+		b, err := json.Marshal(body)
+		require.NoError(t, err)
+		req, err := http.NewRequest(http.MethodPost, base+path, bytes.NewReader(b))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+auth)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		out, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, out)
+		return out
+	}
+	var sess struct {
+		Token string `json:"authentication_token"`
+	}
+	require.NoError(t, json.Unmarshal(call("/v2/billing/meter_event_session", stripesim.DefaultKey, map[string]any{}), &sess))
+	call("/v2/billing/meter_event_stream", sess.Token, map[string]any{"events": events})
+}
+
+// End to end through POST /v1/stripe/events: items Stripe's stream answered
+// 200 for are accepted; its error reports then quarantine the one whose
+// event name has no meter (meter_not_found, requeueable once the meter
+// exists) and reject the one whose timestamp it refused. A leased item the
+// report also names keeps its state (evidence only), an identifier Tally
+// does not know is counted, conservation holds, and nothing moves twice.
+func TestStripeEventsReportsFailAcceptedItems(t *testing.T) {
+	t.Parallel()
+	sim := stripesim.New(stripesim.Options{Keys: map[string]string{stripesim.DefaultKey: "acct_1"}})
+	srv := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() { sim.Close(); srv.Close() })
+	sim.CreateMeter("acct_1", stripesim.MeterSpec{DisplayName: "logins", EventName: "logins", Formula: "count"})
+	sim.CreateCustomer("acct_1", "cus_1")
+	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
+	require.NoError(t, err)
+
+	h := newHarnessWith(t, true, func(d *api.Deps) {
+		d.Webhook = &api.WebhookDeps{Secret: webhookSecret, Fetch: client.MeterErrorEvent}
+	})
+	op := h.as(h.token("op", auth.RoleOperator))
+	ingest := h.as(h.token("svc", auth.RoleIngest))
+	for _, f := range []string{"logins", "exports"} { // no meter at Stripe has the event name exports
+		require.Equal(t, http.StatusOK, h.request(http.MethodPut, "/v1/mappings/features/"+f, op,
+			map[string]any{"event_name": f, "aggregation": "count"}).status)
+	}
+	require.Equal(t, http.StatusOK, h.request(http.MethodPut, "/v1/mappings/tenants/t1", op,
+		map[string]any{"stripe_customer_id": "cus_1"}).status)
+	at := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
+	require.Equal(t, http.StatusAccepted, h.request(http.MethodPost, "/v1/usage", ingest, batch(
+		event{"id": "e1", "tenant": "t1", "feature": "exports", "value": 1, "timestamp": rfc(at)},
+		event{"id": "e2", "tenant": "t1", "feature": "logins", "value": 1, "timestamp": rfc(at)},
+		event{"id": "e3", "tenant": "t1", "feature": "logins", "value": 1, "timestamp": rfc(at.Add(time.Second))},
+	)).status)
+	leases, err := h.parts.Outbox.Claim(h.ctx, h.pool, outbox.ClaimOptions{Owner: "test", Limit: 3, Policy: outbox.BestEffort})
+	require.NoError(t, err)
+	require.Len(t, leases, 3)
+	byFeature := map[string][]outbox.Lease{}
+	for _, l := range leases {
+		byFeature[l.Payload.Feature] = append(byFeature[l.Payload.Feature], l)
+	}
+	noMeter, late, inFlight := byFeature["exports"][0], byFeature["logins"][0], byFeature["logins"][1]
+
+	// The stream answers 200 for every event: the first two are accepted
+	// (the third's answer is not recorded yet: it stays leased). Stripe
+	// then finds no meter for exports, and the logins events' timestamps
+	// too far in the past (as for an event that reached it late).
+	_, err = h.parts.Outbox.Record(h.ctx, h.pool, []outbox.Outcome{
+		{Lease: noMeter, Kind: outbox.Accepted}, {Lease: late, Kind: outbox.Accepted}})
+	require.NoError(t, err)
+	old := rfc(time.Now().Add(-40 * 24 * time.Hour))
+	streamed := func(l outbox.Lease, ts string) map[string]any {
+		return map[string]any{"event_name": l.Payload.EventName, "identifier": l.Identifier, "timestamp": ts,
+			"payload": map[string]any{"stripe_customer_id": l.Payload.Customer, "value": "1"}}
+	}
+	streamToSim(t, srv.URL,
+		streamed(noMeter, rfc(at)), streamed(late, old), streamed(inFlight, old),
+		map[string]any{"event_name": "logins", "identifier": "another_senders_event", "timestamp": old,
+			"payload": map[string]any{"stripe_customer_id": "cus_1", "value": "1"}})
+	reports := sim.ErrorReports("acct_1")
+	require.Len(t, reports, 2)
+
+	before := h.count(`SELECT count(*) FROM outbox_attempts`)
+	answers := map[string]string{}
+	for _, rep := range reports {
+		body, sig := stripesim.SignedThinEvent(rep, webhookSecret, time.Now())
+		req, err := http.NewRequestWithContext(h.ctx, http.MethodPost, h.url+"/v1/stripe/events", bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Stripe-Signature", sig)
+		resp := h.send(req)
+		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+		answers[rep.Code] = string(resp.body)
+	}
+	require.JSONEq(t, `{"status":"recorded","failed":1,"evidence_only":0,"unmatched":0}`, answers[stripesim.CodeNoMeter])
+	require.JSONEq(t, `{"status":"recorded","failed":1,"evidence_only":1,"unmatched":1}`, answers[stripesim.CodeTimestampTooFarInPast])
+
+	get := func(id int64) outbox.Item {
+		it, err := h.parts.Outbox.Get(h.ctx, h.pool, id)
+		require.NoError(t, err)
+		return it
+	}
+	it := get(noMeter.ID)
+	require.Equal(t, outbox.StateQuarantined, it.State)
+	require.Equal(t, outbox.ReasonMeterNotFound, it.QuarantineReason)
+	require.Equal(t, "no_meter", it.LastError.Code)
+	require.Equal(t, it.Attempts, it.RefusedAttempts, "its one send was not recorded: it may be re-addressed")
+	it = get(late.ID)
+	require.Equal(t, outbox.StateRejected, it.State)
+	require.Equal(t, "timestamp_too_far_in_past", it.LastError.Code)
+	require.Equal(t, outbox.StateLeased, get(inFlight.ID).State, "evidence only")
+	require.Equal(t, before, h.count(`SELECT count(*) FROM outbox_attempts`), "T10 is not an attempt's outcome")
+
+	var view struct {
+		State    string `json:"state"`
+		Evidence []struct {
+			Code string `json:"code"`
+		} `json:"evidence"`
+	}
+	h.request(http.MethodGet, "/v1/outbox/items/"+strconv.FormatInt(noMeter.ID, 10), op, nil).decode(t, &view)
+	require.Equal(t, "quarantined", view.State)
+	require.Len(t, view.Evidence, 1)
+	require.Equal(t, "no_meter", view.Evidence[0].Code)
+
+	// Stripe delivers the events again: nothing moves twice.
+	states := map[int64]outbox.Item{}
+	for _, l := range leases {
+		states[l.ID] = get(l.ID)
+	}
+	n, err := sim.DeliverReports(context.Background(), "acct_1", h.url+"/v1/stripe/events", webhookSecret)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	for _, l := range leases {
+		require.Equal(t, states[l.ID], get(l.ID))
+	}
+
+	// Every unit is still in exactly one state.
+	c, err := quarantine.CompletenessOf(h.ctx, h.pool, at.Format("2006-01"), "")
+	require.NoError(t, err)
+	require.True(t, c.Holds, "%+v", c)
+	var quarantined, rejected, pending int64
+	for _, l := range c.Lines {
+		quarantined += l.Quarantined.Events
+		rejected += l.Rejected.Events
+		pending += l.Pending.Events
+	}
+	require.Equal(t, [3]int64{1, 1, 1}, [3]int64{quarantined, rejected, pending})
+
+	// The meter is created at Stripe: the quarantined item is requeued in
+	// place (T9) and goes out again with its identifier.
+	sim.CreateMeter("acct_1", stripesim.MeterSpec{DisplayName: "exports", EventName: "exports", Formula: "count"})
+	resp := h.request(http.MethodPost, "/v1/outbox/items/"+strconv.FormatInt(noMeter.ID, 10)+"/requeue", op,
+		map[string]any{"mapping_version": noMeter.MappingVersion})
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+	var requeued struct {
+		Action string `json:"action"`
+	}
+	resp.decode(t, &requeued)
+	require.Equal(t, "requeued", requeued.Action)
+	it = get(noMeter.ID)
+	require.Equal(t, outbox.StatePending, it.State)
+	require.Equal(t, noMeter.Identifier, it.Identifier)
 }

@@ -775,6 +775,7 @@ type featureView struct {
 	EventName      string        `json:"event_name"`
 	Aggregation    string        `json:"aggregation"`
 	Window         string        `json:"window"`
+	Exporter       *string       `json:"exporter"`
 	MappingVersion int           `json:"mapping_version"`
 	UpdatedBy      string        `json:"updated_by"`
 	Changed        *bool         `json:"changed"`
@@ -820,6 +821,8 @@ func TestMappingsAPI(t *testing.T) {
 		require.Equal(t, "api_calls", v1.EventName)
 		require.Equal(t, "sum", v1.Aggregation)
 		require.Equal(t, "1h0m0s", v1.Window, "the default window")
+		require.NotNil(t, v1.Exporter, "the exporter is always shown")
+		require.Empty(t, *v1.Exporter, "empty: the node's default")
 		require.Equal(t, "token:operator", v1.UpdatedBy)
 
 		// Identical (the default window spelled out): no change.
@@ -867,8 +870,9 @@ func TestMappingsAPI(t *testing.T) {
 			"window not dividing":  {"/v1/mappings/features/api", map[string]any{"event_name": "a", "aggregation": "sum", "window": "7m"}, []string{"window"}},
 			"window too short":     {"/v1/mappings/features/api", map[string]any{"event_name": "a", "aggregation": "sum", "window": "30s"}, []string{"window"}},
 			"window too long":      {"/v1/mappings/features/api", map[string]any{"event_name": "a", "aggregation": "sum", "window": "48h"}, []string{"window"}},
+			"unknown exporter":     {"/v1/mappings/features/api", map[string]any{"event_name": "a", "aggregation": "sum", "exporter": "stripe_v3"}, []string{"exporter"}},
 			"bad feature name":     {"/v1/mappings/features/-api", map[string]any{"event_name": "a", "aggregation": "sum"}, []string{"feature"}},
-			"everything bad":       {"/v1/mappings/features/-api", map[string]any{"event_name": "", "aggregation": "", "window": "-1h"}, []string{"feature", "event_name", "aggregation", "window"}},
+			"everything bad":       {"/v1/mappings/features/-api", map[string]any{"event_name": "", "aggregation": "", "window": "-1h", "exporter": "v2"}, []string{"feature", "event_name", "aggregation", "window", "exporter"}},
 			"feature name too big": {"/v1/mappings/features/" + strings.Repeat("f", 65), map[string]any{"event_name": "a", "aggregation": "sum"}, []string{"feature"}},
 		} {
 			resp := h.request(http.MethodPut, tc.path, op, tc.body)
@@ -988,6 +992,117 @@ func TestMappingsAPI(t *testing.T) {
 	})
 }
 
+// A feature mapping's exporter over the API: set, shown (empty when it is
+// the node's default), versioned like every other field, validated, and
+// carried by the items staged for the feature.
+func TestFeatureMappingExporterAPI(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, true)
+	op := h.as(h.token("operator", auth.RoleOperator))
+	fin := h.as(h.token("finance", auth.RoleFinance))
+	put := func(body any) featureView {
+		t.Helper()
+		resp := h.request(http.MethodPut, "/v1/mappings/features/api", op, body)
+		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+		var f featureView
+		resp.decode(t, &f)
+		return f
+	}
+	get := func() (featureView, map[string]any) {
+		t.Helper()
+		resp := h.request(http.MethodGet, "/v1/mappings/features/api", fin, nil)
+		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+		var f featureView
+		resp.decode(t, &f)
+		var raw map[string]any
+		resp.decode(t, &raw)
+		return f, raw
+	}
+
+	v1 := put(map[string]any{"event_name": "api_calls", "aggregation": "sum", "exporter": "stripe_meter_event_stream"})
+	require.True(t, *v1.Changed)
+	require.Equal(t, "stripe_meter_event_stream", *v1.Exporter)
+	same := put(map[string]any{"event_name": "api_calls", "aggregation": "sum", "window": "1h", "exporter": "stripe_meter_event_stream"})
+	require.False(t, *same.Changed, "an identical PUT is no change")
+	require.Equal(t, v1.MappingVersion, same.MappingVersion)
+	got, raw := get()
+	require.Equal(t, "stripe_meter_event_stream", raw["exporter"])
+	require.Equal(t, v1.MappingVersion, got.MappingVersion)
+	require.Len(t, got.History, 1)
+	require.Equal(t, "stripe_meter_event_stream", *got.History[0].Exporter)
+
+	// Left out: the node's default again, a change and a new version.
+	v2 := put(map[string]any{"event_name": "api_calls", "aggregation": "sum"})
+	require.True(t, *v2.Changed)
+	require.Greater(t, v2.MappingVersion, v1.MappingVersion)
+	require.Empty(t, *v2.Exporter)
+	got, raw = get()
+	require.Contains(t, raw, "exporter")
+	require.Equal(t, "", raw["exporter"], "shown as the empty string")
+	require.Len(t, got.History, 2)
+	require.Empty(t, *got.History[1].Exporter)
+	v3 := put(map[string]any{"event_name": "api_calls", "aggregation": "sum", "exporter": "stripe_meter_events"})
+	require.True(t, *v3.Changed, "naming the default exporter is a choice of its own")
+	require.Equal(t, "stripe_meter_events", *v3.Exporter)
+
+	for name, body := range map[string]any{
+		"unknown":       map[string]any{"event_name": "api_calls", "aggregation": "sum", "exporter": "stripe"},
+		"other case":    map[string]any{"event_name": "api_calls", "aggregation": "sum", "exporter": "STRIPE_METER_EVENTS"},
+		"padded":        map[string]any{"event_name": "api_calls", "aggregation": "sum", "exporter": "stripe_meter_events "},
+		"new feature":   map[string]any{"event_name": "gpu", "aggregation": "sum", "exporter": "kafka"},
+		"other problem": map[string]any{"event_name": "api calls", "aggregation": "sum", "exporter": "kafka"},
+	} {
+		path := "/v1/mappings/features/api"
+		if name == "new feature" {
+			path = "/v1/mappings/features/gpu"
+		}
+		resp := h.request(http.MethodPut, path, op, body)
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s: %s", name, resp)
+		require.Equal(t, "invalid_mapping", resp.errorCode(t), name)
+		var fields []string
+		for _, p := range resp.problems(t) {
+			fields = append(fields, p.Field)
+		}
+		require.Contains(t, fields, "exporter", "%s: %s", name, resp)
+	}
+	resp := h.request(http.MethodPut, "/v1/mappings/features/api", op, `{"event_name":"api_calls","aggregation":"sum","exporter":2}`)
+	require.Equal(t, http.StatusBadRequest, resp.status, "%s", resp)
+	require.Equal(t, "invalid_json", resp.errorCode(t))
+	got, _ = get()
+	require.Equal(t, v3.MappingVersion, got.MappingVersion, "a refused PUT changes nothing")
+	require.Len(t, got.History, 3)
+	resp = h.request(http.MethodGet, "/v1/mappings/features/gpu", fin, nil)
+	require.Equal(t, http.StatusNotFound, resp.status, "a refused new mapping is not stored")
+
+	// Staged items take the feature's exporter, or the node's default
+	// (testTarget: stripe_meter_events) when it names none.
+	put(map[string]any{"event_name": "api_calls", "aggregation": "sum", "exporter": "stripe_meter_event_stream"})
+	resp = h.request(http.MethodPut, "/v1/mappings/features/logins", op, map[string]any{"event_name": "logins", "aggregation": "count"})
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+	resp = h.request(http.MethodPut, "/v1/mappings/tenants/acme", op, map[string]any{"stripe_customer_id": "cus_acme"})
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+	hour := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour)
+	resp = h.request(http.MethodPost, "/v1/usage", h.as(h.token("ing", auth.RoleIngest)), batch(
+		event{"id": "a1", "tenant": "acme", "feature": "api", "value": 2, "timestamp": rfc(hour.Add(time.Minute))},
+		event{"id": "l1", "tenant": "acme", "feature": "logins", "value": 1},
+	))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	require.Equal(t, meter.PassResult{Items: 1, Events: 1}, h.pass())
+	for feature, want := range map[string]string{"api": "stripe_meter_event_stream", "logins": "stripe_meter_events"} {
+		resp = h.request(http.MethodGet, "/v1/outbox/items?feature="+feature, fin, nil)
+		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+		var list struct {
+			Items []itemView `json:"items"`
+		}
+		resp.decode(t, &list)
+		require.Len(t, list.Items, 1, feature)
+		require.Equal(t, want, list.Items[0].Exporter, feature)
+		require.Equal(t, outbox.Identity{TenantKey: "acme", SubjectKind: list.Items[0].SubjectKind, SubjectRef: list.Items[0].SubjectRef,
+			Exporter: want, DestinationAccount: "acct_1", Mode: outbox.ModeTest, MappingVersion: list.Items[0].MappingVersion}.Identifier(),
+			list.Items[0].Identifier, feature)
+	}
+}
+
 // ---------------------------------------------------------------------------
 // 5. Quarantine, CSV and requeue
 
@@ -996,6 +1111,7 @@ type itemView struct {
 	Tenant         string         `json:"tenant"`
 	SubjectKind    string         `json:"subject_kind"`
 	SubjectRef     string         `json:"subject_ref"`
+	Exporter       string         `json:"exporter"`
 	MappingVersion int            `json:"mapping_version"`
 	Identifier     string         `json:"identifier"`
 	Payload        outbox.Payload `json:"payload"`

@@ -293,6 +293,74 @@ func TestOperatorFixesAndRequeues(t *testing.T) {
 	require.Empty(t, consoleErrors())
 }
 
+// The operator maps the unmapped feature gpu in the feature form, choosing
+// the v2 stream exporter in its select: the table shows it (and "node
+// default" for api), the history shows the change, and the quarantined gpu
+// item, requeued under the new version, is re-addressed to that exporter. An
+// exporter the select does not offer is refused and stores nothing.
+func TestOperatorSetsFeatureExporter(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	ctx, consoleErrors := browse(t)
+	require.NoError(t, chromedp.Do(ctx, signIn(s.token(t, "olive", auth.RoleOperator), s.url)))
+	form := `[data-testid=feature-form] `
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/mappings"), chromedp.WaitVisible(chromedp.CSS(form+`select[name=exporter]`))))
+	options, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll('[data-testid=feature-form] select[name=exporter] option')].map(o => o.value)`))
+	require.NoError(t, err)
+	require.Equal(t, []string{"", "stripe_meter_events", "stripe_meter_event_stream"}, options, "node default first, then both exporters")
+	require.Equal(t, "node default", text(t, ctx, `[data-testid=feature-api] [data-testid=exporter]`))
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS(form+`input[name=feature]`), "gpu"),
+		chromedp.SendKeys(chromedp.CSS(form+`input[name=event_name]`), "gpu_seconds"),
+		chromedp.SetValue(chromedp.CSS(form+`select[name=exporter]`), "stripe_meter_event_stream"),
+		chromedp.Submit(chromedp.CSS(form+`input[name=feature]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=flash]`))))
+	require.Equal(t, "Feature mapping saved.", text(t, ctx, `[data-testid=flash]`))
+	require.Equal(t, "stripe_meter_event_stream", text(t, ctx, `[data-testid=feature-gpu] [data-testid=exporter]`))
+	require.Contains(t, text(t, ctx, `[data-testid=feature-gpu]`), "1h0m0s", "the window as a duration")
+	require.Contains(t, text(t, ctx, `main`), "exporter stripe_meter_event_stream", "the history shows the exporter")
+	screenshot(t, ctx, "operator-feature-exporter")
+	gpu, err := s.env.Maps.GetFeature(s.env.Ctx, s.env.Pool, "gpu")
+	require.NoError(t, err)
+	require.Equal(t, mappings.ExporterStripeMeterEventStream, gpu.Exporter)
+
+	// A value the select does not offer (a forged form) is refused. (A fresh
+	// page first: the one shown still has the flash of the save.)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/mappings"), chromedp.WaitVisible(chromedp.CSS(form+`select[name=exporter]`))))
+	require.Zero(t, count(t, ctx, `[data-testid=flash]`))
+	forged, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => {
+		const sel = document.querySelector('[data-testid=feature-form] select[name=exporter]');
+		sel.add(new Option('kafka', 'kafka', true, true));
+		return sel.value;
+	})()`))
+	require.NoError(t, err)
+	require.Equal(t, "kafka", forged)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS(form+`input[name=feature]`), "gpu"),
+		chromedp.SendKeys(chromedp.CSS(form+`input[name=event_name]`), "gpu_seconds"),
+		chromedp.Submit(chromedp.CSS(form+`input[name=feature]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=flash]`))))
+	require.Contains(t, text(t, ctx, `[data-testid=flash]`), "Not saved")
+	again, err := s.env.Maps.GetFeature(s.env.Ctx, s.env.Pool, "gpu")
+	require.NoError(t, err)
+	require.Equal(t, gpu.Version, again.Version, "nothing stored")
+	require.Equal(t, mappings.ExporterStripeMeterEventStream, again.Exporter)
+
+	var item int64
+	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT id FROM outbox_items WHERE quarantine_reason = 'feature_unmapped'`).Scan(&item))
+	sel := fmt.Sprintf(`[data-testid=requeue-%d]`, item)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/quarantine"), chromedp.WaitVisible(chromedp.CSS(sel)),
+		chromedp.Click(chromedp.CSS(sel)), chromedp.WaitVisible(chromedp.CSS(`[data-testid=flash]`))))
+	require.Contains(t, text(t, ctx, `[data-testid=flash]`), "Re-addressed")
+	var exporter string
+	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT s.exporter FROM outbox_items o JOIN outbox_items s ON s.id = o.superseded_by
+		WHERE o.id = $1`, item).Scan(&exporter))
+	require.Equal(t, mappings.ExporterStripeMeterEventStream, exporter, "the successor goes to the feature's exporter")
+	require.Empty(t, consoleErrors())
+}
+
 // A POST without the session's CSRF token is refused, and so is one from
 // another origin; a finance session may not act at all; no session is
 // sent to sign in.

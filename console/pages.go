@@ -380,11 +380,12 @@ func (c *Console) mappingsPage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	c.render(w, r, "mappings", "Mappings", struct {
-		Features []mappings.Feature
-		Tenants  []mappings.Tenant
-		Unmapped []unmapped
-		History  []audit.Entry
-	}{fs, ts, missing, history})
+		Features  []mappings.Feature
+		Tenants   []mappings.Tenant
+		Unmapped  []unmapped
+		History   []audit.Entry
+		Exporters []string
+	}{fs, ts, missing, history, mappings.Exporters})
 }
 
 func (c *Console) putFeature(w http.ResponseWriter, r *http.Request) {
@@ -397,8 +398,10 @@ func (c *Console) putFeature(w http.ResponseWriter, r *http.Request) {
 		}
 		window = mappings.Duration(d)
 	}
+	// The exporter select's first option (empty) is the node's default.
 	in := mappings.FeatureInput{EventName: strings.TrimSpace(r.PostFormValue("event_name")),
-		Aggregation: mappings.Aggregation(r.PostFormValue("aggregation")), Window: window}
+		Aggregation: mappings.Aggregation(r.PostFormValue("aggregation")), Window: window,
+		Exporter: r.PostFormValue("exporter")}
 	_, _, err := c.Mappings.PutFeature(r.Context(), c.pool, strings.TrimSpace(r.PostFormValue("feature")), in, actor(r))
 	c.mappingResult(w, r, err, "feature_saved")
 }

@@ -48,9 +48,9 @@ func benchPayload(n int, ts int64) outbox.Payload {
 		Value: int64(n%50) + 1, Timestamp: ts, Feature: "api_calls", Period: "2026-11-01T00:00:00Z"}
 }
 
-// benchOutbox is a fresh database holding benchItems pending items for the
-// simulator's account.
-func benchOutbox(b *testing.B) (*pgxpool.Pool, *outbox.Store) {
+// benchOutboxOf is a fresh database holding n pending items staged for the
+// exporter named exp.
+func benchOutboxOf(b *testing.B, n int, exp string) (*pgxpool.Pool, *outbox.Store) {
 	b.Helper()
 	ctx := context.Background()
 	pool := testdb.New(b)
@@ -62,16 +62,16 @@ func benchOutbox(b *testing.B) (*pgxpool.Pool, *outbox.Store) {
 	}
 	ts := time.Now().Add(-time.Hour).Unix()
 	items := make([]outbox.NewItem, 0, 1000)
-	for start := 0; start < benchItems; start += 1000 {
+	for start := 0; start < n; start += 1000 {
 		items = items[:0]
-		for n := start; n < start+1000; n++ {
+		for i := start; i < min(start+1000, n); i++ {
 			items = append(items, outbox.NewItem{
 				Identity: outbox.Identity{
-					TenantKey: fmt.Sprintf("t%d", n%benchCustomers), SubjectKind: outbox.SubjectUsageWindow,
-					SubjectRef: fmt.Sprintf("usage:api_calls:bench#%d", n), Exporter: exporter.StripeMeterEvents,
+					TenantKey: fmt.Sprintf("t%d", i%benchCustomers), SubjectKind: outbox.SubjectUsageWindow,
+					SubjectRef: fmt.Sprintf("usage:api_calls:bench#%d", i), Exporter: exp,
 					DestinationAccount: stripesim.DefaultAccount, Mode: outbox.ModeTest, MappingVersion: 1,
 				},
-				Payload: benchPayload(n, ts),
+				Payload: benchPayload(i, ts),
 			})
 		}
 		tx, err := pool.Begin(ctx)
@@ -108,6 +108,11 @@ type deliverRun struct {
 	workers, batch, inflight int
 	rate                     float64 // the deliverer's limiter
 	exp                      func(*stripeapi.Client) exporter.Exporter
+	// items is how many items to deliver (default benchItems); stream
+	// stages them for the stream exporter and runs its deliverer's shape:
+	// BestEffort claims, outcomes written 1,000 at a time.
+	items  int
+	stream bool
 }
 
 // deliver runs a deliverer over a fresh outbox until every item is
@@ -115,46 +120,68 @@ type deliverRun struct {
 func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 	b.Helper()
 	ctx := context.Background()
-	pool, store := benchOutbox(b)
-	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: apiBase})
+	if r.items == 0 {
+		r.items = benchItems
+	}
+	name := exporter.StripeMeterEvents
+	if r.stream {
+		name = exporter.StripeMeterEventStream
+	}
+	pool, store := benchOutboxOf(b, r.items, name)
+	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: apiBase, MeterEventsBase: apiBase})
 	if err != nil {
 		b.Fatal(err)
 	}
 	exp := exporter.Exporter(exporter.NewStripeV1(client, benchTimeout))
+	cfg := exporter.DelivererConfig{Workers: r.workers, Batch: r.batch, InFlight: r.inflight, PollInterval: 100 * time.Millisecond}
+	if r.stream {
+		exp = exporter.NewStripeStream(client, benchTimeout)
+		cfg.Policy, cfg.RecordBatch = outbox.BestEffort, 1000
+	}
 	if r.exp != nil {
 		exp = r.exp(client)
 	}
 	dest := func() (exporter.Destination, error) {
-		return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
+		return exporter.Destination{Exporter: name, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
 	}
-	d, err := exporter.NewDeliverer(exporter.DelivererConfig{Workers: r.workers, Batch: r.batch, InFlight: r.inflight, PollInterval: 100 * time.Millisecond},
-		store, pool, exp, benchTimeout, dest, exporter.NewLimiter(r.rate), nil, nil)
+	d, err := exporter.NewDeliverer(cfg, store, pool, exp, benchTimeout, dest, exporter.NewLimiter(r.rate), nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	start := time.Now()
+	// The run is timed by the database clock, from before the deliverer
+	// starts to the last accept, and watched every 100 ms through the
+	// partial indexes of the open states: a count over every row each few
+	// milliseconds would take a core from the run it measures.
+	var start time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&start); err != nil {
+		b.Fatal(err)
+	}
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = d.Run(runCtx) }()
 	for {
-		var accepted, open int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'accepted'), count(*) FILTER (WHERE state IN ('pending', 'leased'))
-			FROM outbox_items`).Scan(&accepted, &open); err != nil {
+		time.Sleep(100 * time.Millisecond)
+		var open int
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox_items WHERE state = 'pending')
+			+ (SELECT count(*) FROM outbox_items WHERE state = 'leased')`).Scan(&open); err != nil {
 			b.Fatal(err)
 		}
-		if accepted == benchItems {
+		if open == 0 {
 			break
 		}
-		if open == 0 {
-			b.Fatalf("only %d of %d items accepted", accepted, benchItems)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	elapsed := time.Since(start)
 	stop()
 	wg.Wait()
-	return elapsed
+	var accepted int
+	var last time.Time
+	if err := pool.QueryRow(ctx, `SELECT count(*), max(accepted_at) FROM outbox_items WHERE state = 'accepted'`).Scan(&accepted, &last); err != nil {
+		b.Fatal(err)
+	}
+	if accepted != r.items {
+		b.Fatalf("only %d of %d items accepted", accepted, r.items)
+	}
+	return last.Sub(start)
 }
 
 // sendDirect posts benchItems meter events to the simulator from
@@ -275,6 +302,107 @@ func BenchmarkDeliverAtStripeLimit(b *testing.B) {
 		fmt.Printf("%-22.0f %12.0f %12.0f %9.1f%% %10d %9.2f%%\n", rate, whole, steady, 100*steady/limit, calls, 100*float64(refused)/float64(calls))
 		b.ReportMetric(steady, fmt.Sprintf("rate%.0f_steady_calls/s", rate))
 		b.ReportMetric(100*float64(refused)/float64(calls), fmt.Sprintf("rate%.0f_429_%%", rate))
+	}
+	fmt.Println()
+}
+
+// instantBatch is a batch exporter that accepts every item at once: the
+// stream deliverer's own ceiling, without HTTP.
+type instantBatch struct{ instant }
+
+func (instantBatch) Name() string  { return exporter.StripeMeterEventStream }
+func (instantBatch) MaxBatch() int { return exporter.StreamMaxEvents }
+func (instantBatch) SendBatch(_ context.Context, items []outbox.Lease, _ func(context.Context) error) []outbox.Outcome {
+	out := make([]outbox.Outcome, len(items))
+	for i := range out {
+		out[i] = outbox.Outcome{Kind: outbox.Accepted}
+	}
+	return out
+}
+
+// streamDirect posts n events to the simulator's stream in requests of 100
+// from concurrency goroutines through the stream exporter alone — no
+// database: the simulator's and HTTP's ceiling for the stream.
+func streamDirect(b *testing.B, apiBase string, n, concurrency int) time.Duration {
+	b.Helper()
+	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: apiBase, MeterEventsBase: apiBase})
+	if err != nil {
+		b.Fatal(err)
+	}
+	exp := exporter.NewStripeStream(client, benchTimeout)
+	ts := time.Now().Add(-time.Hour).Unix()
+	var next, failed atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := 0; g < concurrency; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				first := int(next.Add(exporter.StreamMaxEvents)) - exporter.StreamMaxEvents
+				if first >= n {
+					return
+				}
+				batch := make([]outbox.Lease, 0, exporter.StreamMaxEvents)
+				for i := first; i < min(first+exporter.StreamMaxEvents, n); i++ {
+					p := benchPayload(i, ts)
+					p.Identifier = fmt.Sprintf("tly_direct_%064d", i)
+					batch = append(batch, outbox.Lease{Item: outbox.Item{Payload: p}})
+				}
+				for _, o := range exp.SendBatch(context.Background(), batch, nil) {
+					if o.Kind != outbox.Accepted {
+						failed.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("%d direct stream events were not accepted", f)
+	}
+	return time.Since(start)
+}
+
+// BenchmarkDeliverStreamVsV1 measures the v2 stream exporter's items per
+// second from pending to accepted against the simulator (no limit), beside
+// v1's default deliverer in the same run and two ceilings of the stream: its
+// exporter posting straight to the simulator with no database, and its
+// deliverer with an exporter that accepts at once (the outbox's share).
+//
+//	go test ./exporter -run '^$' -bench DeliverStreamVsV1 -benchtime 1x
+func BenchmarkDeliverStreamVsV1(b *testing.B) {
+	const (
+		streamItems = 100_000
+		v1Items     = 20_000
+	)
+	type row struct {
+		name  string
+		items int
+		el    time.Duration
+	}
+	var rows []row
+	_, base := benchSim(b, stripesim.Limits{})
+	rows = append(rows, row{"stream exporter alone, 20 goroutines × 100 events, no database", streamItems, streamDirect(b, base, streamItems, 20)})
+	rows = append(rows, row{"stream deliverer 4 × 1000, instant batch exporter (no HTTP)", streamItems,
+		deliver(b, base, deliverRun{workers: 4, batch: 1000, inflight: 4000, rate: 1e6, items: streamItems, stream: true,
+			exp: func(*stripeapi.Client) exporter.Exporter { return instantBatch{} }})})
+	for _, w := range []int{2, 4} {
+		_, base := benchSim(b, stripesim.Limits{})
+		el := deliver(b, base, deliverRun{workers: w, batch: 1000, inflight: 4000, rate: 1e6, items: streamItems, stream: true})
+		rows = append(rows, row{fmt.Sprintf("stream deliverer %d workers × claim 1000, 4000 in flight", w), streamItems, el})
+		b.ReportMetric(streamItems/el.Seconds(), fmt.Sprintf("stream_w%d_items/s", w))
+	}
+	_, base = benchSim(b, stripesim.Limits{})
+	el := deliver(b, base, deliverRun{workers: 4, batch: 50, inflight: 64, rate: 1e6, items: v1Items})
+	rows = append(rows, row{"v1 deliverer 4 × 50, 64 in flight (the default)", v1Items, el})
+	b.ReportMetric(v1Items/el.Seconds(), "v1_items/s")
+	fmt.Printf("\nitems over %d customers, one meter; simulator without limits on loopback\n", benchCustomers)
+	fmt.Printf("%-66s %8s %8s %10s %8s\n", "", "items", "seconds", "items/s", "vs v1")
+	v1 := float64(v1Items) / el.Seconds()
+	for _, r := range rows {
+		rate := float64(r.items) / r.el.Seconds()
+		fmt.Printf("%-66s %8d %8.1f %10.0f %7.1fx\n", r.name, r.items, r.el.Seconds(), rate, rate/v1)
 	}
 	fmt.Println()
 }

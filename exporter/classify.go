@@ -123,6 +123,42 @@ func Classify(a Answer) outbox.Outcome {
 	}
 }
 
+// Stripe's error codes for meter events that failed after they were accepted
+// (the error types of v1.billing.meter.error_report_triggered and
+// v1.billing.meter.no_meter_found). The ones a mapping fix can cure:
+const (
+	reportNoMeter           = "no_meter"                        // no active meter for the event name
+	reportArchivedMeter     = "archived_meter"                  // the meter for the event name is archived
+	reportCustomerNotFound  = "meter_event_customer_not_found"  // no such customer
+	reportNoCustomerDefined = "meter_event_no_customer_defined" // the payload lacks the meter's customer key
+)
+
+// ClassifyReport maps the error code of a failed event named by a Stripe
+// meter error report to where T10 moves the accepted item, by the brief's
+// rule for provider answers: a cause a mapping fix can cure is quarantined
+// with the matching reason, any other refusal is rejected (terminal,
+// visible):
+//
+//	no_meter, archived_meter                         quarantined meter_not_found
+//	meter_event_customer_not_found,
+//	meter_event_no_customer_defined                  quarantined customer_not_found
+//	anything else (meter_event_invalid_value,
+//	timestamp_too_far_in_past, timestamp_in_future,
+//	meter_event_dimension_count_too_high,
+//	missing_dimension_payload_keys, a code unknown)  rejected
+//
+// The reason is empty for rejected.
+func ClassifyReport(code string) (outbox.State, outbox.Reason) {
+	switch code {
+	case reportNoMeter, reportArchivedMeter:
+		return outbox.StateQuarantined, outbox.ReasonMeterNotFound
+	case reportCustomerNotFound, reportNoCustomerDefined:
+		return outbox.StateQuarantined, outbox.ReasonCustomerNotFound
+	default:
+		return outbox.StateRejected, ""
+	}
+}
+
 // names reports whether an error answer names param, or says so in words.
 func names(a Answer, param, words string) bool {
 	return a.Param == param || strings.Contains(a.Message, words)

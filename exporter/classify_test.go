@@ -74,6 +74,64 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// Every error code of Stripe's meter error reports (stripe-go v82's
+// V1BillingMeterErrorReportTriggeredEventDataReasonErrorTypeCode, and the
+// simulator's own "dropped"), and unknown ones: what a mapping fix can cure
+// is quarantined with its reason, anything else rejected.
+func TestClassifyReport(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		code   string
+		state  outbox.State
+		reason outbox.Reason
+	}{
+		{"no_meter", outbox.StateQuarantined, outbox.ReasonMeterNotFound},
+		{"archived_meter", outbox.StateQuarantined, outbox.ReasonMeterNotFound},
+		{"meter_event_customer_not_found", outbox.StateQuarantined, outbox.ReasonCustomerNotFound},
+		{"meter_event_no_customer_defined", outbox.StateQuarantined, outbox.ReasonCustomerNotFound},
+		{"meter_event_invalid_value", outbox.StateRejected, ""},
+		{"meter_event_value_not_found", outbox.StateRejected, ""},
+		{"meter_event_dimension_count_too_high", outbox.StateRejected, ""},
+		{"missing_dimension_payload_keys", outbox.StateRejected, ""},
+		{"timestamp_too_far_in_past", outbox.StateRejected, ""},
+		{"timestamp_in_future", outbox.StateRejected, ""},
+		{"dropped", outbox.StateRejected, ""},
+		{"", outbox.StateRejected, ""},
+		{"a_code_stripe_adds_later", outbox.StateRejected, ""},
+		{"NO_METER", outbox.StateRejected, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.code, func(t *testing.T) {
+			state, reason := ClassifyReport(tc.code)
+			require.Equal(t, tc.state, state)
+			require.Equal(t, tc.reason, reason)
+		})
+	}
+}
+
+// FuzzClassifyReport: every code lands on quarantined with a known reason
+// or on rejected with none, and only the four curable codes quarantine.
+func FuzzClassifyReport(f *testing.F) {
+	for _, c := range []string{"no_meter", "archived_meter", "meter_event_customer_not_found",
+		"meter_event_no_customer_defined", "meter_event_invalid_value", "timestamp_in_future", "dropped", ""} {
+		f.Add(c)
+	}
+	curable := map[string]outbox.Reason{
+		reportNoMeter: outbox.ReasonMeterNotFound, reportArchivedMeter: outbox.ReasonMeterNotFound,
+		reportCustomerNotFound: outbox.ReasonCustomerNotFound, reportNoCustomerDefined: outbox.ReasonCustomerNotFound,
+	}
+	f.Fuzz(func(t *testing.T, code string) {
+		state, reason := ClassifyReport(code)
+		want, ok := curable[code]
+		switch {
+		case ok && (state != outbox.StateQuarantined || reason != want):
+			t.Fatalf("%q classified %s %s, want quarantined %s", code, state, reason, want)
+		case !ok && (state != outbox.StateRejected || reason != ""):
+			t.Fatalf("%q classified %s %q, want rejected", code, state, reason)
+		}
+	})
+}
+
 func TestLimiterAdapts(t *testing.T) {
 	t.Parallel()
 	l := NewLimiter(100)

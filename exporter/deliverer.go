@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -38,6 +39,9 @@ type DelivererConfig struct {
 	FlushEvery time.Duration
 	// Policy is the claim's ordering policy. Defaults to outbox.PerKey.
 	Policy outbox.Policy
+	// RecordBatch is the most outcomes written in one transaction.
+	// Defaults to 100.
+	RecordBatch int
 	// Owner prefixes the lease owner of every claim. Defaults to
 	// hostname:pid.
 	Owner string
@@ -66,6 +70,9 @@ func (c DelivererConfig) withDefaults() DelivererConfig {
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = time.Second
+	}
+	if c.RecordBatch <= 0 {
+		c.RecordBatch = 100
 	}
 	if c.FlushEvery <= 0 {
 		c.FlushEvery = 20 * time.Millisecond
@@ -105,7 +112,7 @@ func NewDeliverer(cfg DelivererConfig, store *outbox.Store, pool *pgxpool.Pool, 
 	if timeout <= 0 {
 		timeout = DefaultRequestTimeout
 	}
-	queue := time.Duration(float64(cfg.InFlight) / limiter.Rate() * float64(time.Second))
+	queue := time.Duration(float64(requestsIn(cfg.InFlight, exp)) / limiter.Rate() * float64(time.Second))
 	if 2*(timeout+queue) > oc.Lease {
 		return nil, fmt.Errorf("exporter: the lease %s must be at least twice a send's worst time (request timeout %s plus %s queued at the limiter's rate)",
 			oc.Lease, timeout, queue.Round(time.Millisecond))
@@ -116,7 +123,7 @@ func NewDeliverer(cfg DelivererConfig, store *outbox.Store, pool *pgxpool.Pool, 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	m := newDeliveryMetrics(limiter)
+	m := newDeliveryMetrics(limiter, exp.Name())
 	if reg != nil {
 		if err := m.register(reg); err != nil {
 			return nil, err
@@ -124,6 +131,14 @@ func NewDeliverer(cfg DelivererConfig, store *outbox.Store, pool *pgxpool.Pool, 
 	}
 	return &Deliverer{cfg: cfg, store: store, pool: pool, exporter: exp, dest: dest, limiter: limiter,
 		logger: logger, metrics: m, timeout: timeout}, nil
+}
+
+// requestsIn is how many requests n items in flight make with exp.
+func requestsIn(n int, exp Exporter) int {
+	if be, ok := exp.(BatchExporter); ok && be.MaxBatch() > 1 {
+		return (n + be.MaxBatch() - 1) / be.MaxBatch()
+	}
+	return n
 }
 
 // Run delivers until ctx ends, then stops claiming, lets the sends in flight
@@ -192,9 +207,27 @@ func (d *Deliverer) work(ctx context.Context, owner string, slots chan struct{},
 			}
 			break
 		}
+		prepaid := 0
+		if be, ok := d.exporter.(BatchExporter); ok {
+			// Take the requests' slots at the limiter first, then claim no
+			// more items than they carry: leased items must not wait at the
+			// limiter (a slot unused because the claim found less is lost).
+			calls, err := d.limiter.Take(ctx, (n+be.MaxBatch()-1)/be.MaxBatch())
+			if err != nil {
+				for ; n > 0; n-- {
+					<-slots
+				}
+				return
+			}
+			for ; n > calls*be.MaxBatch(); n-- {
+				<-slots
+			}
+			prepaid = calls
+		}
 		past, future := d.exporter.Accepts()
 		leases, err := d.store.Claim(ctx, d.pool, outbox.ClaimOptions{
 			Owner: owner, Limit: n, Policy: d.cfg.Policy, AcceptPast: past, AcceptFuture: future,
+			Exporter: d.exporter.Name(),
 		})
 		for i := len(leases); i < n; i++ {
 			<-slots
@@ -210,6 +243,10 @@ func (d *Deliverer) work(ctx context.Context, owner string, slots chan struct{},
 			idle()
 			continue
 		}
+		if be, ok := d.exporter.(BatchExporter); ok {
+			d.sendBatches(be, leases, dest, slots, outcomes, sends, prepaid)
+			continue
+		}
 		for _, l := range leases {
 			sends.Add(1)
 			go func() {
@@ -218,6 +255,89 @@ func (d *Deliverer) work(ctx context.Context, owner string, slots chan struct{},
 				outcomes <- d.deliver(l, dest)
 			}()
 		}
+	}
+}
+
+// sendBatches checks the leases against this node (T6) and sends the rest
+// in requests of up to MaxBatch items, each on its own goroutine; every item
+// holds its send slot until its outcome is out.
+func (d *Deliverer) sendBatches(be BatchExporter, leases []outbox.Lease, dest Destination, slots chan struct{},
+	outcomes chan<- outbox.Outcome, sends *sync.WaitGroup, prepaid int) {
+	ready := leases[:0:0]
+	for _, l := range leases {
+		if o, ok := claimCheck(l, dest, be.Name()); ok {
+			o.Lease = l
+			d.metrics.outcome(o)
+			outcomes <- o
+			<-slots
+			continue
+		}
+		ready = append(ready, l)
+	}
+	for batch := range slices.Chunk(ready, be.MaxBatch()) {
+		paid := prepaid > 0
+		prepaid--
+		sends.Add(1)
+		go func() {
+			defer sends.Done()
+			for _, o := range d.deliverBatch(be, batch, paid) {
+				outcomes <- o
+				<-slots
+			}
+		}()
+	}
+}
+
+// deliverBatch sends a batch of checked leases on a context of its own, like
+// deliver, and reads the flow-control and key signals of its outcomes.
+func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, paid bool) []outbox.Outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), d.timeout+d.cfg.PollInterval+
+		time.Duration(float64(requestsIn(d.cfg.InFlight, be))/d.limiter.Rate()*float64(time.Second)))
+	defer cancel()
+	start := time.Now()
+	// The first request goes on the slot taken before the claim; any more
+	// (a split, a renewed session) wait for their own.
+	wait := func(ctx context.Context) error {
+		if paid {
+			paid = false
+			return nil
+		}
+		return d.limiter.Wait(ctx)
+	}
+	out := be.SendBatch(ctx, batch, wait)
+	d.metrics.sent(outbox.Outcome{}, time.Since(start))
+	slowed, ok := false, false
+	for i := range out {
+		o := &out[i]
+		o.Lease = batch[i]
+		switch {
+		case o.Kind == outbox.RateLimited && !slowed:
+			d.limiter.Slow(start)
+			slowed = true
+		case (o.Error.Status != 0 || o.Kind == outbox.Accepted) && !ok:
+			d.limiter.Ok()
+			ok = true
+		}
+		d.metrics.outcome(*o)
+	}
+	if len(out) > 0 {
+		d.keySignal(out[0])
+	}
+	return out
+}
+
+// keySignal tells KeyHealth what an outcome says about the API key.
+func (d *Deliverer) keySignal(o outbox.Outcome) {
+	k := d.cfg.Keys
+	if k == nil {
+		return
+	}
+	switch {
+	case o.Error.Code == codeAuth && k.KeyRefused(o.Error.Status):
+		d.logger.Error("Stripe refused the API key: export is stalled until the key is fixed; items are retried with backoff",
+			"status", o.Error.Status)
+	case o.Kind == outbox.Accepted && k.KeyWorks():
+		d.logger.Info("Stripe accepts the API key again: export resumed")
 	}
 }
 
@@ -246,15 +366,7 @@ func (d *Deliverer) deliver(l outbox.Lease, dest Destination) outbox.Outcome {
 	} else if o.Error.Status != 0 || o.Kind == outbox.Accepted {
 		d.limiter.Ok()
 	}
-	if k := d.cfg.Keys; k != nil {
-		switch {
-		case o.Error.Code == codeAuth && k.KeyRefused(o.Error.Status):
-			d.logger.Error("Stripe refused the API key: export is stalled until the key is fixed; items are retried with backoff",
-				"status", o.Error.Status)
-		case o.Kind == outbox.Accepted && k.KeyWorks():
-			d.logger.Info("Stripe accepts the API key again: export resumed")
-		}
-	}
+	d.keySignal(o)
 	d.metrics.outcome(o)
 	return o
 }
@@ -288,7 +400,7 @@ func claimCheck(l outbox.Lease, dest Destination, exporter string) (outbox.Outco
 	return outbox.Outcome{}, false
 }
 
-// record writes outcomes in batches: every FlushEvery, or at 100.
+// record writes outcomes in batches: every FlushEvery, or at RecordBatch.
 func (d *Deliverer) record(outcomes <-chan outbox.Outcome) {
 	t := time.NewTicker(d.cfg.FlushEvery)
 	defer t.Stop()
@@ -320,7 +432,7 @@ func (d *Deliverer) record(outcomes <-chan outbox.Outcome) {
 				return
 			}
 			batch = append(batch, o)
-			if len(batch) >= 100 {
+			if len(batch) >= d.cfg.RecordBatch {
 				flush()
 			}
 		case <-t.C:
@@ -361,20 +473,27 @@ type deliveryMetrics struct {
 	rate       prometheus.GaugeFunc
 }
 
-func newDeliveryMetrics(l *Limiter) *deliveryMetrics {
+// newDeliveryMetrics makes the series of one exporter's deliverer: every
+// series carries the exporter's name, so that a node's two deliverers (v1
+// and the v2 stream) register side by side.
+func newDeliveryMetrics(l *Limiter, exporter string) *deliveryMetrics {
+	labels := prometheus.Labels{"exporter": exporter}
 	return &deliveryMetrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tally_deliveries_total",
-			Help: "Delivery attempts by outcome: accepted, retry, rate_limited, uncertain, rejected, quarantined.",
+			Name:        "tally_deliveries_total",
+			Help:        "Delivery attempts by outcome (accepted, retry, rate_limited, uncertain, rejected, quarantined) and exporter.",
+			ConstLabels: labels,
 		}, []string{"outcome"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "tally_delivery_duration_seconds",
-			Help:    "Duration of one call to the provider.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+			Name:        "tally_delivery_duration_seconds",
+			Help:        "Duration of one send to the provider: one call (v1), or one batch's calls (the v2 stream).",
+			Buckets:     prometheus.ExponentialBuckets(0.005, 2, 12),
+			ConstLabels: labels,
 		}),
 		rate: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tally_export_limiter_rate",
-			Help: "The destination's current limiter rate, in calls a second (halved on 429, recovering gradually).",
+			Name:        "tally_export_limiter_rate",
+			Help:        "The destination's current limiter rate per exporter, in requests a second (halved on 429, recovering gradually).",
+			ConstLabels: labels,
 		}, l.Rate),
 	}
 }

@@ -32,13 +32,17 @@ type rig struct {
 // newRig is a staging path addressed to the simulator's account, with
 // meters and customers for features api (sum) and logins (count) and
 // tenants t0..t9.
-func newRig(t *testing.T, cfg outbox.Config) *rig {
+func newRig(t *testing.T, cfg outbox.Config, opts ...func(*stripesim.Options)) *rig {
 	t.Helper()
-	sim := stripesim.New(stripesim.Options{Seed: 7})
+	o := stripesim.Options{Seed: 7}
+	for _, f := range opts {
+		f(&o)
+	}
+	sim := stripesim.New(o)
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(func() { sim.Close(); srv.Close() })
 	env := stagetest.New(t, cfg)
-	res, err := exporter.NewResolver(exporter.Settings{Key: stripesim.DefaultKey, APIBase: srv.URL})
+	res, err := exporter.NewResolver(exporter.Settings{Key: stripesim.DefaultKey, APIBase: srv.URL, MeterEventsBase: srv.URL})
 	require.NoError(t, err)
 	d, err := res.Resolve(context.Background())
 	require.NoError(t, err)

@@ -17,7 +17,8 @@ import (
 const (
 	// StripeMeterEvents is the v1 exporter: POST /v1/billing/meter_events.
 	StripeMeterEvents = "stripe_meter_events"
-	// StripeMeterEventStream is the v2 stream exporter (issue 8).
+	// StripeMeterEventStream is the v2 exporter: POST
+	// /v2/billing/meter_event_stream, in batches.
 	StripeMeterEventStream = "stripe_meter_event_stream"
 )
 
@@ -38,6 +39,8 @@ type Settings struct {
 	Key string
 	// APIBase is STRIPE_API_BASE.
 	APIBase string
+	// MeterEventsBase is STRIPE_METER_EVENTS_BASE, the v2 stream's host.
+	MeterEventsBase string
 	// Account is STRIPE_ACCOUNT; empty means the key's own account.
 	Account string
 	// Exporter is TALLY_EXPORTER.
@@ -92,7 +95,8 @@ func NewResolver(s Settings) (*Resolver, error) {
 	if s.Key == "" {
 		return r, nil
 	}
-	c, err := stripeapi.New(stripeapi.Config{Key: s.Key, APIBase: s.APIBase, Account: s.Account, HTTPClient: s.HTTPClient, Metrics: s.Metrics})
+	c, err := stripeapi.New(stripeapi.Config{Key: s.Key, APIBase: s.APIBase, MeterEventsBase: s.MeterEventsBase, Account: s.Account,
+		HTTPClient: s.HTTPClient, Metrics: s.Metrics})
 	if err != nil {
 		return nil, err
 	}

@@ -43,6 +43,18 @@ func NewLimiter(perSecond float64) *Limiter {
 // Wait blocks until a call may go out, or ctx ends.
 func (l *Limiter) Wait(ctx context.Context) error { return l.lim.Wait(ctx) }
 
+// Take waits until up to n calls may go out and takes them: n, or the
+// bucket's burst when n is larger. It returns how many it took. A batch
+// deliverer takes its requests' slots before it claims the items they will
+// carry, so that leased items never queue at the limiter.
+func (l *Limiter) Take(ctx context.Context, n int) (int, error) {
+	n = max(1, min(n, l.lim.Burst()))
+	if err := l.lim.WaitN(ctx, n); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
 // Slow halves the rate after a 429 to a call that went out at sent, unless
 // that call went out before the last halving.
 func (l *Limiter) Slow(sent time.Time) {

@@ -1,5 +1,6 @@
 // Package mappings owns what operators maintain: feature mappings (a feature
-// to a Stripe meter's event name, its aggregation and its window) and tenant
+// to a Stripe meter's event name, its aggregation, its window and, when it
+// is not the node's default, the exporter of its items) and tenant
 // mappings (a tenant to its Stripe customer and billing-period anchor).
 // Every change takes the next number of one sequence shared by both kinds
 // and keeps the previous versions, so that an item built from them carries

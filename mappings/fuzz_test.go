@@ -11,7 +11,7 @@ import (
 // FuzzFeatureInput decodes a PUT body as the API does and validates it:
 // nothing panics, and whatever validates is a mapping Tally can stage —
 // a meter event name Stripe accepts, a known aggregation, a window that
-// divides a day — and survives a JSON round trip unchanged.
+// divides a day, a known exporter or none — and survives a JSON round trip unchanged.
 func FuzzFeatureInput(f *testing.F) {
 	for _, seed := range []struct{ feature, body string }{
 		{"api", `{"event_name":"api_calls","aggregation":"sum"}`},
@@ -23,6 +23,9 @@ func FuzzFeatureInput(f *testing.F) {
 		{"x", `{"event_name":"a","aggregation":"sum","window":9223372036854775807}`},
 		{"-bad", `{"event_name":"a b","aggregation":"sum"}`},
 		{"x", `{"event_name":"a","aggregation":"sum","window":"90000h"}`},
+		{"api", `{"event_name":"api_calls","aggregation":"sum","exporter":"stripe_meter_event_stream"}`},
+		{"api", `{"event_name":"api_calls","aggregation":"count","exporter":"stripe_meter_events"}`},
+		{"api", `{"event_name":"api_calls","aggregation":"sum","exporter":"stripe_meter_events|x"}`},
 	} {
 		f.Add(seed.feature, []byte(seed.body))
 	}
@@ -47,6 +50,9 @@ func FuzzFeatureInput(f *testing.F) {
 		case Sum, Last, Count:
 		default:
 			t.Fatalf("accepted aggregation %q", in.Aggregation)
+		}
+		if in.Exporter != ExporterDefault && in.Exporter != ExporterStripeMeterEvents && in.Exporter != ExporterStripeMeterEventStream {
+			t.Fatalf("accepted exporter %q", in.Exporter)
 		}
 		w := time.Duration(in.Window)
 		if w < time.Minute || w > 24*time.Hour || (24*time.Hour)%w != 0 || w%time.Second != 0 {

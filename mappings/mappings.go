@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,15 +36,52 @@ func (a Aggregation) PerEvent() bool { return a == Count }
 // DefaultWindow is a feature's window when none is given.
 const DefaultWindow = time.Hour
 
+// Exporter names a feature mapping may choose. They mirror
+// exporter.StripeMeterEvents and exporter.StripeMeterEventStream (package
+// mappings does not import package exporter; a test holds them equal), and
+// the CHECK of feature_mappings.exporter (migration 9).
+const (
+	// ExporterDefault (empty) leaves the choice to the node: TALLY_EXPORTER.
+	ExporterDefault = ""
+	// ExporterStripeMeterEvents is Stripe's v1 meter events
+	// (exporter.StripeMeterEvents).
+	ExporterStripeMeterEvents = "stripe_meter_events"
+	// ExporterStripeMeterEventStream is Stripe's v2 meter event stream
+	// (exporter.StripeMeterEventStream).
+	ExporterStripeMeterEventStream = "stripe_meter_event_stream"
+)
+
+// Exporters lists the exporters a feature mapping may name, besides
+// ExporterDefault.
+var Exporters = []string{ExporterStripeMeterEvents, ExporterStripeMeterEventStream}
+
+// ValidExporter reports whether a feature mapping may name exporter:
+// empty (the node's default) or one of Exporters.
+func ValidExporter(exporter string) bool {
+	return exporter == ExporterDefault || slices.Contains(Exporters, exporter)
+}
+
 // Feature is the current (or a past) mapping of a feature.
 type Feature struct {
 	Feature     string      `json:"feature"`
 	EventName   string      `json:"event_name"`
 	Aggregation Aggregation `json:"aggregation"`
 	Window      Duration    `json:"window"`
-	Version     int         `json:"mapping_version"`
-	UpdatedAt   time.Time   `json:"updated_at"`
-	UpdatedBy   string      `json:"updated_by"`
+	// Exporter is the exporter of the feature's items; empty is the node's
+	// default (TALLY_EXPORTER).
+	Exporter  string    `json:"exporter"`
+	Version   int       `json:"mapping_version"`
+	UpdatedAt time.Time `json:"updated_at"`
+	UpdatedBy string    `json:"updated_by"`
+}
+
+// ExporterOr is the exporter of the feature's items: its own when the
+// mapping names one, else def (the node's default).
+func (f *Feature) ExporterOr(def string) string {
+	if f == nil || f.Exporter == ExporterDefault {
+		return def
+	}
+	return f.Exporter
 }
 
 // Tenant is the current (or a past) mapping of a tenant.
@@ -58,6 +96,9 @@ type Tenant struct {
 
 // Duration is a time.Duration written in JSON as Go's duration text ("1h").
 type Duration time.Duration
+
+// String renders the duration as "1h0m0s" (the console's tables print it).
+func (d Duration) String() string { return time.Duration(d).String() }
 
 // MarshalText renders the duration as "1h0m0s".
 func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
@@ -113,6 +154,10 @@ type FeatureInput struct {
 	// Window defaults to one hour; it must divide a day, from 1 minute to 24
 	// hours. It is ignored for per-event (count) features.
 	Window Duration `json:"window"`
+	// Exporter is ExporterDefault (empty: the node's TALLY_EXPORTER) or one
+	// of Exporters. It is part of every item's identity, so a change gives
+	// the feature's next items other identifiers.
+	Exporter string `json:"exporter"`
 }
 
 func (in *FeatureInput) validate(feature string) error {
@@ -134,6 +179,9 @@ func (in *FeatureInput) validate(feature string) error {
 	w := time.Duration(in.Window)
 	if w < time.Minute || w > 24*time.Hour || w%time.Second != 0 || (24*time.Hour)%w != 0 {
 		fe = append(fe, FieldError{"window", "from 1m to 24h, dividing a day (e.g. 1m, 15m, 1h, 6h, 24h)"})
+	}
+	if !ValidExporter(in.Exporter) {
+		fe = append(fe, FieldError{"exporter", "empty (the node's default, TALLY_EXPORTER) or one of " + strings.Join(Exporters, ", ")})
 	}
 	if len(fe) > 0 {
 		return &ValidationError{Fields: fe}
@@ -202,7 +250,7 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-const featureColumns = `feature, event_name, aggregation, window_seconds, version, updated_at, updated_by`
+const featureColumns = `feature, event_name, aggregation, window_seconds, exporter, version, updated_at, updated_by`
 
 func scanFeature(row pgx.Row) (Feature, error) {
 	var (
@@ -210,7 +258,7 @@ func scanFeature(row pgx.Row) (Feature, error) {
 		agg    string
 		window int
 	)
-	if err := row.Scan(&f.Feature, &f.EventName, &agg, &window, &f.Version, &f.UpdatedAt, &f.UpdatedBy); err != nil {
+	if err := row.Scan(&f.Feature, &f.EventName, &agg, &window, &f.Exporter, &f.Version, &f.UpdatedAt, &f.UpdatedBy); err != nil {
 		return Feature{}, err
 	}
 	f.Aggregation, f.Window = Aggregation(agg), Duration(time.Duration(window)*time.Second)
@@ -233,7 +281,8 @@ func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, i
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		cur, err := scanFeature(tx.QueryRow(ctx, "SELECT "+featureColumns+" FROM feature_mappings WHERE feature = $1 FOR UPDATE", feature))
 		switch {
-		case err == nil && cur.EventName == in.EventName && cur.Aggregation == in.Aggregation && cur.Window == in.Window:
+		case err == nil && cur.EventName == in.EventName && cur.Aggregation == in.Aggregation && cur.Window == in.Window &&
+			cur.Exporter == in.Exporter:
 			f = cur
 			return nil
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
@@ -242,31 +291,42 @@ func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, i
 		changed = true
 		from := ""
 		if err == nil {
-			from = fmt.Sprintf("v%d %s %s %s", cur.Version, cur.EventName, cur.Aggregation, time.Duration(cur.Window))
+			from = featureState(cur)
 		}
 		f, err = scanFeature(tx.QueryRow(ctx, `
 			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
 			hist AS (
-				INSERT INTO feature_mapping_versions (version, feature, event_name, aggregation, window_seconds, changed_by)
-				SELECT version, $1, $2, $3, $4, $5 FROM v
+				INSERT INTO feature_mapping_versions (version, feature, event_name, aggregation, window_seconds, exporter, changed_by)
+				SELECT version, $1, $2, $3, $4, $6, $5 FROM v
 			)
-			INSERT INTO feature_mappings (feature, event_name, aggregation, window_seconds, version, updated_by)
-			SELECT $1, $2, $3, $4, version, $5 FROM v
+			INSERT INTO feature_mappings (feature, event_name, aggregation, window_seconds, exporter, version, updated_by)
+			SELECT $1, $2, $3, $4, $6, version, $5 FROM v
 			ON CONFLICT (feature) DO UPDATE SET event_name = EXCLUDED.event_name, aggregation = EXCLUDED.aggregation,
-				window_seconds = EXCLUDED.window_seconds, version = EXCLUDED.version,
+				window_seconds = EXCLUDED.window_seconds, exporter = EXCLUDED.exporter, version = EXCLUDED.version,
 				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
 			RETURNING `+featureColumns,
-			feature, in.EventName, string(in.Aggregation), windowSeconds, by))
+			feature, in.EventName, string(in.Aggregation), windowSeconds, by, in.Exporter))
 		if err != nil {
 			return err
 		}
 		return audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionFeatureMapping, Subject: "feature:" + feature,
-			From: from, To: fmt.Sprintf("v%d %s %s %s", f.Version, f.EventName, f.Aggregation, time.Duration(f.Window))})
+			From: from, To: featureState(f)})
 	})
 	if err != nil {
 		return Feature{}, false, fmt.Errorf("mappings: setting feature %s: %w", feature, err)
 	}
 	return f, changed, nil
+}
+
+// featureState is a feature mapping as the audit log shows it, e.g.
+// "v3 api_calls sum 1h0m0s exporter stripe_meter_event_stream" ("exporter
+// node default" when it names none).
+func featureState(f Feature) string {
+	exp := f.Exporter
+	if exp == ExporterDefault {
+		exp = "node default"
+	}
+	return fmt.Sprintf("v%d %s %s %s exporter %s", f.Version, f.EventName, f.Aggregation, time.Duration(f.Window), exp)
 }
 
 // GetFeature reads a feature's current mapping.
@@ -289,7 +349,7 @@ func (s *Store) Features(ctx context.Context, q Querier) ([]Feature, error) {
 
 // FeatureHistory lists every version of a feature's mapping, oldest first.
 func (s *Store) FeatureHistory(ctx context.Context, q Querier, feature string) ([]Feature, error) {
-	rows, err := q.Query(ctx, `SELECT feature, event_name, aggregation, window_seconds, version, changed_at, changed_by
+	rows, err := q.Query(ctx, `SELECT feature, event_name, aggregation, window_seconds, exporter, version, changed_at, changed_by
 		FROM feature_mapping_versions WHERE feature = $1 ORDER BY version`, feature)
 	if err != nil {
 		return nil, err
@@ -422,28 +482,29 @@ func (p Pair) Version() int {
 // Lookup reads the current mappings of a tenant and a feature in one query.
 func (s *Store) Lookup(ctx context.Context, q Querier, tenant, feature string) (Pair, error) {
 	var (
-		p                  Pair
-		fe                 = new(Feature)
-		te                 = new(Tenant)
-		fv, tv             *int
-		agg                *string
-		window             *int
-		ev, cust, fby, tby *string
-		fat, tat           *time.Time
+		p             Pair
+		fe            = new(Feature)
+		te            = new(Tenant)
+		fv, tv        *int
+		agg           *string
+		window        *int
+		ev, exp, cust *string
+		fby, tby      *string
+		fat, tat      *time.Time
 	)
 	err := q.QueryRow(ctx, `
-		SELECT f.event_name, f.aggregation, f.window_seconds, f.version, f.updated_at, f.updated_by,
+		SELECT f.event_name, f.aggregation, f.window_seconds, f.exporter, f.version, f.updated_at, f.updated_by,
 		       t.stripe_customer_id, t.period_anchor, t.version, t.updated_at, t.updated_by
 		FROM (SELECT 1) one
 		LEFT JOIN feature_mappings f ON f.feature = $2
 		LEFT JOIN tenant_mappings t ON t.tenant = $1`, tenant, feature).
-		Scan(&ev, &agg, &window, &fv, &fat, &fby, &cust, &te.PeriodAnchor, &tv, &tat, &tby)
+		Scan(&ev, &agg, &window, &exp, &fv, &fat, &fby, &cust, &te.PeriodAnchor, &tv, &tat, &tby)
 	if err != nil {
 		return Pair{}, fmt.Errorf("mappings: looking up %s/%s: %w", tenant, feature, err)
 	}
 	if fv != nil {
 		*fe = Feature{Feature: feature, EventName: *ev, Aggregation: Aggregation(*agg),
-			Window: Duration(time.Duration(*window) * time.Second), Version: *fv, UpdatedAt: *fat, UpdatedBy: *fby}
+			Window: Duration(time.Duration(*window) * time.Second), Exporter: *exp, Version: *fv, UpdatedAt: *fat, UpdatedBy: *fby}
 		p.Feature = fe
 	}
 	if tv != nil {

@@ -2,12 +2,15 @@ package mappings_test
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/audit"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testdb"
@@ -90,6 +93,9 @@ func TestInputValidation(t *testing.T) {
 		{"f", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum, Window: mappings.Duration(7 * time.Minute)}, "window"},
 		{"f", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum, Window: mappings.Duration(48 * time.Hour)}, "window"},
 		{"f", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum, Window: mappings.Duration(30 * time.Second)}, "window"},
+		{"f", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum, Exporter: "stripe_v3"}, "exporter"},
+		{"f", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum, Exporter: "Stripe_Meter_Events"}, "exporter"},
+		{"f", mappings.FeatureInput{EventName: "e", Aggregation: mappings.Sum, Exporter: " stripe_meter_events"}, "exporter"},
 	}
 	for _, tc := range bad {
 		_, _, err := s.PutFeature(ctx, pool, tc.feature, tc.in, "x")
@@ -148,4 +154,87 @@ func TestMeterCheckAgainstStripe(t *testing.T) {
 	var pu *mappings.ErrProviderUnavailable
 	require.ErrorAs(t, err, &pu)
 	require.Equal(t, 401, pu.Status)
+}
+
+// The exporter a feature mapping names is part of the mapping: a change is a
+// new version, kept in the history and shown in the audit log; the same
+// exporter again is no change; back to empty is the node's default again.
+func TestFeatureExporter(t *testing.T) {
+	t.Parallel()
+	ctx, pool, s := context.Background(), testdb.New(t), &mappings.Store{}
+	base := mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum}
+	f1, _, err := s.PutFeature(ctx, pool, "api", base, "alice")
+	require.NoError(t, err)
+	require.Equal(t, mappings.ExporterDefault, f1.Exporter)
+	require.Equal(t, "stripe_meter_events", f1.ExporterOr("stripe_meter_events"), "the node's default")
+
+	stream := base
+	stream.Exporter = mappings.ExporterStripeMeterEventStream
+	f2, changed, err := s.PutFeature(ctx, pool, "api", stream, "bob")
+	require.NoError(t, err)
+	require.True(t, changed, "another exporter is a change")
+	require.Greater(t, f2.Version, f1.Version)
+	require.Equal(t, "stripe_meter_event_stream", f2.Exporter)
+	require.Equal(t, "stripe_meter_event_stream", f2.ExporterOr("stripe_meter_events"))
+	same, changed, err := s.PutFeature(ctx, pool, "api", stream, "carol")
+	require.NoError(t, err)
+	require.False(t, changed, "an identical mapping is no change")
+	require.Equal(t, f2.Version, same.Version)
+
+	// Naming the default exporter explicitly is a choice of its own: it no
+	// longer follows TALLY_EXPORTER.
+	v1 := base
+	v1.Exporter = mappings.ExporterStripeMeterEvents
+	f3, changed, err := s.PutFeature(ctx, pool, "api", v1, "dan")
+	require.NoError(t, err)
+	require.True(t, changed)
+	f4, changed, err := s.PutFeature(ctx, pool, "api", base, "erin")
+	require.NoError(t, err)
+	require.True(t, changed, "back to the node's default")
+	require.Empty(t, f4.Exporter)
+
+	got, err := s.GetFeature(ctx, pool, "api")
+	require.NoError(t, err)
+	require.Equal(t, f4.Version, got.Version)
+	require.Empty(t, got.Exporter)
+	hist, err := s.FeatureHistory(ctx, pool, "api")
+	require.NoError(t, err)
+	var exporters []string
+	for _, h := range hist {
+		exporters = append(exporters, h.Exporter)
+	}
+	require.Equal(t, []string{"", "stripe_meter_event_stream", "stripe_meter_events", ""}, exporters)
+	list, err := s.Features(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+
+	pair, err := s.Lookup(ctx, pool, "acme", "api")
+	require.NoError(t, err)
+	require.Empty(t, pair.Feature.Exporter)
+	_, _, err = s.PutFeature(ctx, pool, "api", stream, "fay")
+	require.NoError(t, err)
+	pair, err = s.Lookup(ctx, pool, "acme", "api")
+	require.NoError(t, err)
+	require.Equal(t, "stripe_meter_event_stream", pair.Feature.Exporter)
+
+	entries, err := audit.List(ctx, pool, "feature:api", 10)
+	require.NoError(t, err)
+	require.Len(t, entries, 5, "one entry per change, none for the identical PUT")
+	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter node default", f1.Version), entries[4].To)
+	require.Equal(t, entries[4].To, entries[3].From)
+	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter stripe_meter_event_stream", f2.Version), entries[3].To)
+	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter stripe_meter_events", f3.Version), entries[2].To)
+
+	_, err = pool.Exec(ctx, "UPDATE feature_mappings SET exporter = 'stripe_v3'")
+	require.ErrorContains(t, err, "feature_mappings_exporter_check", "the database refuses other names too")
+}
+
+// The names package mappings accepts are package exporter's.
+func TestExportersMirrorPackageExporter(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, exporter.StripeMeterEvents, mappings.ExporterStripeMeterEvents)
+	require.Equal(t, exporter.StripeMeterEventStream, mappings.ExporterStripeMeterEventStream)
+	require.Equal(t, []string{exporter.StripeMeterEvents, exporter.StripeMeterEventStream}, mappings.Exporters)
+	require.True(t, mappings.ValidExporter(""))
+	require.False(t, mappings.ValidExporter("stripe"))
 }

@@ -205,7 +205,7 @@ func lookupMany(ctx context.Context, q mappings.Querier, pairs map[[2]string]boo
 	}
 	rows, err := q.Query(ctx, `
 		SELECT u.t, u.f,
-		       f.event_name, f.aggregation, f.window_seconds, f.version,
+		       f.event_name, f.aggregation, f.window_seconds, f.exporter, f.version,
 		       t.stripe_customer_id, t.period_anchor, t.version
 		FROM unnest($1::text[], $2::text[]) AS u(t, f)
 		LEFT JOIN feature_mappings f ON f.feature = u.f
@@ -215,15 +215,16 @@ func lookupMany(ctx context.Context, q mappings.Querier, pairs map[[2]string]boo
 	}
 	var (
 		tenant, feature string
-		ev, agg, cust   *string
+		ev, agg, exp    *string
+		cust            *string
 		window, fv, tv  *int
 		anchor          *time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &ev, &agg, &window, &fv, &cust, &anchor, &tv}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &ev, &agg, &window, &exp, &fv, &cust, &anchor, &tv}, func() error {
 		var p mappings.Pair
 		if fv != nil {
 			p.Feature = &mappings.Feature{Feature: feature, EventName: *ev, Aggregation: mappings.Aggregation(*agg),
-				Window: mappings.Duration(time.Duration(*window) * time.Second), Version: *fv}
+				Window: mappings.Duration(time.Duration(*window) * time.Second), Exporter: *exp, Version: *fv}
 		}
 		if tv != nil {
 			p.Tenant = &mappings.Tenant{Tenant: tenant, StripeCustomerID: *cust, Version: *tv}

@@ -440,3 +440,88 @@ func TestConcurrentIngestNeverDeadlocks(t *testing.T) {
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, "SELECT count(*) FROM usage_events").Scan(&n))
 	require.Equal(t, 2000, n)
 }
+
+// A feature mapping that names an exporter addresses its feature's items to
+// it; a feature without one takes the node's (Target.Exporter). Both the
+// stager's windows and the per-event items staged at ingest do so, the
+// identifier follows the exporter, and changing the exporter is a new
+// mapping version whose later items (and a rebuilt quarantined item) take
+// the new exporter.
+func TestStagePerFeatureExporter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	require.Equal(t, mappings.ExporterStripeMeterEvents, b.Target.Exporter, "the node's default")
+	stream := mappings.ExporterStripeMeterEventStream
+	api := b.FeatureWith(t, "api", mappings.FeatureInput{EventName: "api", Aggregation: mappings.Sum, Exporter: stream})
+	require.Equal(t, stream, api.Exporter)
+	b.Feature(t, "seats", mappings.Last, time.Hour)
+	b.FeatureWith(t, "calls", mappings.FeatureInput{EventName: "calls", Aggregation: mappings.Count, Exporter: stream})
+	b.Feature(t, "logins", mappings.Count, time.Hour)
+	b.Tenant(t, "acme", nil)
+
+	hour := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour)
+	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
+	b.MustIngest(t, ev("a1", "acme", "api", 5, in(1)), ev("s1", "acme", "seats", 3, in(2)),
+		ev("c1", "acme", "calls", 1, nil), ev("l1", "acme", "logins", 1, nil))
+	require.Len(t, b.Items(t), 2, "the per-event items are staged at ingest")
+	require.Equal(t, meter.PassResult{Items: 2, Events: 2}, b.Pass(t))
+
+	want := map[string]string{"api": stream, "seats": mappings.ExporterStripeMeterEvents,
+		"calls": stream, "logins": mappings.ExporterStripeMeterEvents}
+	items := b.Items(t)
+	require.Len(t, items, 4)
+	for _, it := range items {
+		require.Equal(t, want[it.Feature], it.Exporter, it.SubjectRef)
+		kind := outbox.SubjectUsageWindow
+		if strings.HasPrefix(it.SubjectRef, "event:") {
+			kind = outbox.SubjectUsageEvent
+		}
+		id := outbox.Identity{TenantKey: "acme", SubjectKind: kind, SubjectRef: it.SubjectRef, Exporter: it.Exporter,
+			DestinationAccount: b.Target.Account, Mode: b.Target.Mode, MappingVersion: it.MappingVersion}
+		require.Equal(t, id.Identifier(), it.Identifier, "the identifier hashes the exporter")
+		other := id
+		other.Exporter = want["seats"]
+		if it.Exporter == stream {
+			require.NotEqual(t, other.Identifier(), it.Identifier)
+		}
+	}
+
+	// Back to the node's default: a new version, and the window's late
+	// usage (a supplement) goes to the default exporter under it.
+	f, changed, err := b.Maps.PutFeature(b.Ctx, b.Pool, "api", mappings.FeatureInput{EventName: "api", Aggregation: mappings.Sum}, "test")
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Greater(t, f.Version, api.Version)
+	require.Empty(t, f.Exporter)
+	b.MustIngest(t, ev("a2", "acme", "api", 4, in(10)))
+	require.Equal(t, meter.PassResult{Items: 1, Events: 1}, b.Pass(t))
+	items = b.Items(t)
+	require.Len(t, items, 5)
+	last := items[4]
+	require.Equal(t, meter.WindowOf(hour, time.Hour, meter.CalendarAnchor).SubjectRef("api", 1), last.SubjectRef)
+	require.Equal(t, mappings.ExporterStripeMeterEvents, last.Exporter)
+	require.Equal(t, f.Version, last.MappingVersion)
+
+	// A quarantined item (no customer) of a feature exported by the stream
+	// is rebuilt for the exporter the mapping names now.
+	b.MustIngest(t, ev("c2", "nobody", "calls", 1, ago(3*time.Hour)))
+	b.Pass(t)
+	items = b.Items(t)
+	require.Len(t, items, 6)
+	q := items[5]
+	require.Equal(t, outbox.StateQuarantined, q.State)
+	require.Equal(t, stream, q.Exporter)
+	qi, err := b.Outbox.Get(b.Ctx, b.Pool, q.ID)
+	require.NoError(t, err)
+	b.Feature(t, "calls", mappings.Count, time.Hour)
+	pair, err := b.Maps.Lookup(b.Ctx, b.Pool, "nobody", "calls")
+	require.NoError(t, err)
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+		ni, err := b.Stager.Rebuild(b.Ctx, tx, qi, pair)
+		require.NoError(t, err)
+		require.Equal(t, mappings.ExporterStripeMeterEvents, ni.Exporter)
+		require.Equal(t, pair.Version(), ni.MappingVersion)
+		return nil
+	})
+	require.NoError(t, err)
+}

@@ -24,7 +24,8 @@ var ErrAggregationChanged = errors.New("meter: the feature is now exported per e
 // pair (the current ones, as the caller read them in tx) and this node's
 // target: the same tenant and subject, the value
 // reduced again from the ledger rows it was staged from, the current
-// customer, event name, mapping version and destination, and the
+// customer, event name, mapping version, exporter (the feature mapping's,
+// else the node's) and destination, and the
 // quarantine reason it would be staged with, if any. Package quarantine uses
 // it to requeue or re-address a quarantined item.
 func (s *Stager) Rebuild(ctx context.Context, tx pgx.Tx, it outbox.Item, pair mappings.Pair) (outbox.NewItem, error) {

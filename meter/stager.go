@@ -18,7 +18,9 @@ import (
 // Target is where staged items are addressed: the exporter and this node's
 // destination, and the timestamps the provider accepts.
 type Target struct {
-	// Exporter names the exporter (part of every item's identity).
+	// Exporter names the node's exporter (TALLY_EXPORTER), part of every
+	// item's identity; a feature mapping that names another exporter
+	// overrides it for that feature's items.
 	Exporter string
 	// Account is the destination account; empty stages items quarantined
 	// as no_account.
@@ -463,11 +465,13 @@ func (s *Stager) stageNewEvents(ctx context.Context, tx pgx.Tx, events []Event, 
 
 // item builds an item, quarantined with the first reason that makes it
 // ineligible (the timestamp is checked separately, against the database
-// clock).
+// clock). Its exporter is the feature mapping's when it names one, else the
+// node's (target.Exporter): the exporter is part of the identity, so the
+// identifier differs per exporter.
 func (s *Stager) item(pair mappings.Pair, target Target, tenant, feature, kind, ref string, value int64, at, period time.Time) outbox.NewItem {
 	it := outbox.NewItem{
 		Identity: outbox.Identity{
-			TenantKey: tenant, SubjectKind: kind, SubjectRef: ref, Exporter: target.Exporter,
+			TenantKey: tenant, SubjectKind: kind, SubjectRef: ref, Exporter: pair.Feature.ExporterOr(target.Exporter),
 			DestinationAccount: target.Account, Mode: target.Mode, MappingVersion: pair.Version(),
 		},
 		Payload: outbox.Payload{Value: value, Timestamp: at.Unix(), Feature: feature, Period: rfc3339(period)},

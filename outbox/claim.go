@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +48,10 @@ type ClaimOptions struct {
 	// Lease overrides the Store's lease for this claim when positive; the
 	// horizon plus it must stay below the provider's dedup window.
 	Lease time.Duration
+	// Exporter, when set, claims only items staged for that exporter: each
+	// exporter's deliverer claims its own items, under its own policy and
+	// flow control. Empty claims every exporter's items.
+	Exporter string
 	// AcceptPast and AcceptFuture, when positive, are the event timestamps
 	// the provider accepts around the database clock at the claim: each
 	// lease says whether its payload's timestamp is outside them
@@ -72,7 +77,22 @@ const (
 // attempt may have reached the provider. Items outside the budget are never
 // sent again automatically; the maintenance sweep (T4) makes them uncertain.
 const withinBudget = `o.attempts - o.attempts_base < @max
-    AND (o.refused_attempts = o.attempts OR o.first_attempt_at + @horizon::interval > clock_timestamp())`
+    AND (o.refused_attempts = o.attempts OR o.first_attempt_at + @horizon::interval > clock_timestamp())
+    AND ` + exporterMarker
+
+// exporterMarker stands in every claim statement for the exporter filter:
+// o.exporter = @exporter when ClaimOptions.Exporter is set, else true.
+const exporterMarker = "/*exporter*/ true"
+
+// forExporter returns the variant of a claim statement that claims only
+// one exporter's items (served by the exporter-leading partial indexes), or
+// every item.
+func forExporter(sql string, filtered bool) string {
+	if !filtered {
+		return sql
+	}
+	return strings.ReplaceAll(sql, exporterMarker, "o.exporter = @exporter")
+}
 
 // claimable is the whole T1 predicate, re-checked by the UPDATE on the
 // locked row.
@@ -256,7 +276,9 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 		"horizon":       s.cfg.Horizon,
 		"accept_past":   unbounded(opts.AcceptPast),
 		"accept_future": unbounded(opts.AcceptFuture),
+		"exporter":      opts.Exporter,
 	}
+	filtered := opts.Exporter != ""
 
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -267,9 +289,9 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 	var leases []Lease
 	switch opts.Policy {
 	case BestEffort:
-		leases, err = collectLeases(ctx, tx, sqlT1BestEffort, args)
+		leases, err = collectLeases(ctx, tx, forExporter(sqlT1BestEffort, filtered), args)
 	case PerKey:
-		leases, err = s.claimPerKey(ctx, tx, args, opts.Limit)
+		leases, err = s.claimPerKey(ctx, tx, args, opts.Limit, filtered)
 	default:
 		return nil, fmt.Errorf("outbox: unknown claim policy %v", opts.Policy)
 	}
@@ -312,7 +334,7 @@ const perKeyRounds = 3
 // concurrent claimers that committed meanwhile) is followed by another over
 // keys not yet tried, so contention does not make a claim return empty while
 // work is due.
-func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, limit int) ([]Lease, error) {
+func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, limit int, filtered bool) ([]Lease, error) {
 	var (
 		leases []Lease
 		tried  = []string{}
@@ -321,7 +343,7 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 	for round := 0; round < perKeyRounds && len(leases) < limit; round++ {
 		want := limit - len(leases)
 		args["limit"], args["lockmax"], args["scan"], args["tried"] = want, 2*want, want*s.cfg.ClaimScan, tried
-		cand, err := s.candidateKeys(ctx, tx, args, want)
+		cand, err := s.candidateKeys(ctx, tx, args, want, filtered)
 		if err != nil {
 			return nil, fmt.Errorf("choosing keys: %w", err)
 		}
@@ -342,7 +364,7 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 			continue
 		}
 		args["keys"] = locked
-		got, err := collectLeases(ctx, tx, sqlT1PerKey, args)
+		got, err := collectLeases(ctx, tx, forExporter(sqlT1PerKey, filtered), args)
 		if err != nil {
 			return nil, err
 		}
@@ -354,13 +376,13 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 // candidateKeys returns the keys a PerKey round may try, oldest first: from
 // the scan of the oldest claimable items, and, when that scan was cut off
 // before it found want keys, from the loose scan over all keys.
-func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int) ([]string, error) {
+func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered bool) ([]string, error) {
 	var (
 		cand      []string
 		key       string
 		saturated bool
 	)
-	rows, err := tx.Query(ctx, sqlT1Keys, args)
+	rows, err := tx.Query(ctx, forExporter(sqlT1Keys, filtered), args)
 	if err != nil {
 		return nil, err
 	}
@@ -373,7 +395,7 @@ func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs
 	if !saturated || len(cand) >= want {
 		return cand, nil
 	}
-	rows, err = tx.Query(ctx, sqlT1KeysLoose, args)
+	rows, err = tx.Query(ctx, forExporter(sqlT1KeysLoose, filtered), args)
 	if err != nil {
 		return nil, err
 	}

@@ -17,12 +17,14 @@
 //	                    |                                   |
 //	                    v                                   v
 //	+-------------> pending --T1 claim--> leased --T2--> accepted --T7--> confirmed
-//	|                 ^  |                 | | |
-//	|  T3 retry       |  | T4 sweep        | | +--T5 reject-----> rejected   (terminal, visible)
-//	+-----------------+  +---------------->+-+----T4-----------> uncertain  (cap or horizon)
-//	                  ^                    |                        |
-//	                  |                    +--T6------------> quarantined --T9r--> superseded
-//	                  |                                             |              (re-addressed)
+//	|                 ^  |                 | | |            |
+//	|                 |  |                 | | |            +--T10 error report---+
+//	|  T3 retry       |  | T4 sweep        | | +--T5 reject-----> rejected <------+  (terminal, visible)
+//	+-----------------+  +---------------->+-+----T4-----------> uncertain        |  (cap or horizon)
+//	                  ^                    |                        |             |
+//	                  |                    +--T6------------> quarantined <-------+
+//	                  |                                             |  |
+//	                  |                                             |  +--T9r--> superseded  (re-addressed)
 //	                  +---------------T9 requeue--------------------+
 //	                  +---------------T8 recovery------- uncertain (to pending, accepted or rejected)
 //

@@ -30,7 +30,7 @@ var ErrMappingChanged = errors.New("outbox: mapping changed")
 var ErrMayHaveReached = errors.New("outbox: an attempt may have reached the provider; the item keeps its identifier")
 
 // StateError is the answer to a transition whose expected state did not
-// hold (T7, T8, T9, T9r). It carries what the item is now.
+// hold (T7, T8, T9, T9r, T10). It carries what the item is now.
 type StateError struct {
 	// ID is the item.
 	ID int64

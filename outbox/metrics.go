@@ -17,7 +17,7 @@ func newMetrics() *metrics {
 	return &metrics{
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_outbox_stale_writes_total",
-			Help: "Conditional outbox writes that affected zero rows (a stale lease, an expected state or mapping that no longer held), by transition. A steady stream on T2-T6 means leases expire while work is in flight: raise the lease.",
+			Help: "Conditional outbox writes that affected zero rows (a stale lease, an expected state or mapping that no longer held), by transition. A steady stream on T2-T6 means leases expire while work is in flight: raise the lease. On T10, an error report named an item that had left accepted meanwhile.",
 		}, []string{"transition"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_outbox_transitions_total",
@@ -33,7 +33,7 @@ func newMetrics() *metrics {
 		}, []string{"kind"}),
 		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_outbox_quarantined_total",
-			Help: "Items quarantined, at staging (T0q) or at claim or on Stripe's answer (T6), by reason.",
+			Help: "Items quarantined, at staging (T0q), at claim or on Stripe's answer (T6), or on Stripe's asynchronous error report (T10), by reason.",
 		}, []string{"reason"}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tally_outbox_oldest_pending_age_seconds",
@@ -46,7 +46,7 @@ func newMetrics() *metrics {
 // a scrape shows them (and an alert's rate() has a baseline) before the
 // first event.
 func (m *metrics) zero() *metrics {
-	for _, t := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T9r"} {
+	for _, t := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T9r", "T10"} {
 		m.stale.WithLabelValues(t)
 	}
 	for _, r := range []Reason{ReasonFeatureUnmapped, ReasonNoCustomer, ReasonNoAccount, ReasonAccountMismatch,
@@ -80,6 +80,11 @@ func (m *metrics) enqueued(kind string, reason Reason) {
 	if reason != "" {
 		m.quarantined.WithLabelValues(string(reason)).Inc()
 	}
+}
+
+// quarantinedFor counts an item quarantined by a transition (T6, T10).
+func (m *metrics) quarantinedFor(reason Reason) {
+	m.quarantined.WithLabelValues(string(reason)).Inc()
 }
 
 func (m *metrics) moved(transition string, state State) {

@@ -40,7 +40,8 @@ type Reason string
 
 // Quarantine reasons. The first six are decided at staging (T0q) and again at
 // claim (T6); meter_not_found and customer_not_found come from the
-// provider's answer (T6); count_value is decided at staging.
+// provider's answer (T6) or its asynchronous error report (T10); count_value
+// is decided at staging.
 const (
 	ReasonFeatureUnmapped  Reason = "feature_unmapped"   // the feature has no mapping
 	ReasonNoCustomer       Reason = "no_customer"        // the tenant has no Stripe customer

@@ -300,6 +300,9 @@ func (s *Store) recordBatch(ctx context.Context, db TxBeginner, outcomes []Outco
 			s.metrics.moved("T4", r.State)
 		default:
 			s.metrics.moved(transition, r.State)
+			if r.State == StateQuarantined {
+				s.metrics.quarantinedFor(outcomes[i].Reason)
+			}
 		}
 	}
 	return results, nil
@@ -467,6 +470,139 @@ func (s *Store) confirm(ctx context.Context, q Querier, ids []int64) (confirmed 
 	}
 	s.metrics.staleWrites("T7", len(missing))
 	return confirmed, refused, nil
+}
+
+// ProviderFailure is the provider's asynchronous word that it failed an item
+// it had accepted (T10): a Stripe meter error report naming the item's
+// identifier. The mapping from the provider's error code to To and Reason is
+// the exporter's (exporter.ClassifyReport).
+type ProviderFailure struct {
+	// ID is the item.
+	ID int64
+	// To is StateQuarantined, for a cause a mapping fix can cure (Reason
+	// says which), or StateRejected, for any other refusal: terminal.
+	To State
+	// Reason is the quarantine reason when To is StateQuarantined, and
+	// empty otherwise.
+	Reason Reason
+	// Error is the provider's error code and message; it is sanitised before
+	// it is written. A report answers no request, so it has no HTTP status.
+	Error ErrorInfo
+}
+
+// sqlT10Fail is T10: accepted to quarantined or rejected on the provider's
+// asynchronous error report. The report proves that the event the provider
+// received under the item's identifier was not recorded. When at most one
+// attempt of the item may have reached the provider (the accepted one), no
+// send of it was recorded at all, so refused_attempts := attempts: the item
+// may then be re-addressed (T9r). Otherwise another send carried the same
+// identifier and may have been recorded, so refused_attempts stays and the
+// item keeps its identifier for good (a requeue in place, T9, resends the
+// same identifier, which the provider deduplicates). provider_ref and
+// accepted_at stay, for the record. No outbox_attempts row: that log holds
+// one outcome per claim, and the accepting claim has its outcome already;
+// the report itself is kept by the caller (meter_error_evidence).
+const sqlT10Fail = `
+WITH b AS (
+    SELECT * FROM unnest(@ids::bigint[], @states::text[], @reasons::text[],
+                         @codes::text[], @statuses::int[], @messages::text[])
+        AS b(id, target, reason, code, status, message)
+),
+locked AS MATERIALIZED (
+    SELECT o.id FROM outbox_items o JOIN b ON b.id = o.id ORDER BY o.id FOR UPDATE OF o
+)
+UPDATE outbox_items o SET
+    state = b.target, quarantine_reason = nullif(b.reason, ''),
+    refused_attempts = CASE WHEN o.attempts - o.refused_attempts <= 1 THEN o.attempts ELSE o.refused_attempts END,
+    last_error_code = b.code, last_error_status = nullif(b.status, 0), last_error = nullif(b.message, ''),
+    updated_at = clock_timestamp()
+FROM b
+WHERE o.id = b.id AND o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
+RETURNING o.id, o.state`
+
+// FailAccepted is T10 for a batch: the provider reported, after accepting
+// them, that it failed the given items. Each accepted item moves to its
+// failure's To (quarantined with its Reason, or rejected) with the
+// sanitised error as its last error, in one statement that locks the rows in
+// id order. It returns the ids moved; for every other id it re-reads the
+// item and reports a *StateError (or ErrNotFound) in the map, counted as a
+// stale write, and changes nothing. The error return is for failures of the
+// database or of the input (a target other than quarantined or rejected, a
+// quarantine without a known reason, one item twice); then nothing was
+// written. It runs on q, so a caller can make it part of its transaction.
+func (s *Store) FailAccepted(ctx context.Context, q Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
+	ctx, span := batchSpan(ctx, "fail_accepted", "T10")
+	failed, refused, err = s.failAccepted(ctx, q, fs)
+	endBatch(span, len(fs), err)
+	return failed, refused, err
+}
+
+func (s *Store) failAccepted(ctx context.Context, q Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
+	if len(fs) == 0 {
+		return nil, nil, nil
+	}
+	n := len(fs)
+	ids, states, reasons := make([]int64, n), make([]string, n), make([]string, n)
+	codes, statuses, messages := make([]string, n), make([]int32, n), make([]string, n)
+	byID := make(map[int64]ProviderFailure, n)
+	for i, f := range fs {
+		if _, dup := byID[f.ID]; dup {
+			return nil, nil, fmt.Errorf("outbox: T10: item %d appears twice in one batch", f.ID)
+		}
+		byID[f.ID] = f
+		switch {
+		case f.To == StateQuarantined && !f.Reason.valid():
+			return nil, nil, fmt.Errorf("outbox: T10: item %d: quarantine needs a known reason, got %q", f.ID, f.Reason)
+		case f.To == StateRejected && f.Reason != "":
+			return nil, nil, fmt.Errorf("outbox: T10: item %d: a rejection carries no quarantine reason", f.ID)
+		case f.To != StateQuarantined && f.To != StateRejected:
+			return nil, nil, fmt.Errorf("outbox: T10: item %d: to %q: only quarantined or rejected", f.ID, f.To)
+		}
+		e := f.Error.Sanitized()
+		ids[i], states[i], reasons[i] = f.ID, string(f.To), string(f.Reason)
+		codes[i], statuses[i], messages[i] = e.Code, int32(e.Status), e.Message
+	}
+	rows, err := q.Query(ctx, sqlT10Fail, pgx.NamedArgs{
+		"ids": ids, "states": states, "reasons": reasons,
+		"codes": codes, "statuses": statuses, "messages": messages,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: T10 fail accepted: %w", err)
+	}
+	var (
+		id    int64
+		state State
+	)
+	done := make(map[int64]bool, n)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
+		failed = append(failed, id)
+		done[id] = true
+		return nil
+	}); err != nil {
+		return nil, nil, fmt.Errorf("outbox: T10 fail accepted: %w", err)
+	}
+	for _, id := range failed {
+		f := byID[id]
+		s.metrics.moved("T10", f.To)
+		if f.To == StateQuarantined {
+			s.metrics.quarantinedFor(f.Reason)
+		}
+	}
+	var missing []int64
+	for _, id := range ids {
+		if !done[id] {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return failed, nil, nil
+	}
+	refused = make(map[int64]error, len(missing))
+	for _, id := range missing {
+		refused[id] = s.mismatch(ctx, q, id, "T10", StateAccepted)
+	}
+	s.metrics.staleWrites("T10", len(missing))
+	return failed, refused, nil
 }
 
 // mismatch re-reads an item after a conditional write found nothing and says

@@ -2,11 +2,13 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -23,13 +25,40 @@ type Evidence struct {
 	Message    string    `json:"message,omitempty"`
 }
 
-// RecordReport records a meter error report once: the event, and per
-// failed event it names, the evidence against the item with that
-// identifier. It reports false when the event was recorded before (Stripe
-// delivers an event at least once).
-func RecordReport(ctx context.Context, db DB, rep stripeapi.MeterErrorReport) (bool, error) {
-	recorded := false
+// ReportResult says what recording one meter error report did.
+type ReportResult struct {
+	// Recorded is false when the event was recorded before (Stripe delivers
+	// an event at least once); then nothing else was done.
+	Recorded bool `json:"recorded"`
+	// Failed counts the named items that were accepted and moved by T10,
+	// to quarantined or rejected by their error code.
+	Failed int `json:"failed"`
+	// EvidenceOnly counts the named items in any other state (pending,
+	// leased, uncertain, confirmed, quarantined, …, or an accepted item of
+	// the other mode): they keep their state, and the evidence stays for the
+	// reconciler and the operator.
+	EvidenceOnly int `json:"evidence_only"`
+	// Unmatched counts the identifiers named that no item has (another
+	// sender's events: Tally must be the only sender for its meters).
+	Unmatched int `json:"unmatched"`
+}
+
+// RecordReport records a meter error report once and acts on it, in one
+// transaction: the event; per failed event it names, the evidence against
+// the item with that identifier; and T10 (store.FailAccepted) for every
+// named item still accepted, to quarantined or rejected as
+// exporter.ClassifyReport says of its code. An item named with several
+// codes is rejected if any of them is not curable by a mapping fix. A named
+// item in another state keeps it. An event recorded before changes nothing
+// (Recorded false). A report's samples are a sample: items it does not name
+// stay accepted, and the reconciler finds them.
+func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi.MeterErrorReport) (ReportResult, error) {
+	if store == nil {
+		return ReportResult{}, errors.New("reconcile: recording a report needs the outbox")
+	}
+	var res ReportResult
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		res = ReportResult{}
 		var meter *string
 		if rep.Meter != "" {
 			meter = &rep.Meter
@@ -43,7 +72,20 @@ func RecordReport(ctx context.Context, db DB, rep stripeapi.MeterErrorReport) (b
 		if tag.RowsAffected() == 0 {
 			return nil // delivered again
 		}
-		recorded = true
+		res.Recorded = true
+		// The evidence's foreign key share-locks the named items, and T10
+		// then locks them for update: take the first in ascending id order,
+		// the order every waiting writer of the outbox uses, so that a
+		// report and a batch of outcomes or confirmations over the same
+		// items never deadlock.
+		identifiers := make([]string, len(rep.Samples))
+		for i, s := range rep.Samples {
+			identifiers[i] = s.Identifier
+		}
+		if _, err := tx.Exec(ctx, `SELECT id FROM outbox_items WHERE identifier = ANY($1) ORDER BY id FOR KEY SHARE`,
+			identifiers); err != nil {
+			return fmt.Errorf("reconcile: locking the items event %s names: %w", rep.ID, err)
+		}
 		for _, s := range rep.Samples {
 			msg := outbox.ErrorInfo{Code: "x", Message: s.Message}.Sanitized().Message
 			if _, err := tx.Exec(ctx, `INSERT INTO meter_error_evidence (event_id, identifier, item_id, code, message)
@@ -52,9 +94,81 @@ func RecordReport(ctx context.Context, db DB, rep stripeapi.MeterErrorReport) (b
 				return fmt.Errorf("reconcile: recording evidence of event %s: %w", rep.ID, err)
 			}
 		}
-		return nil
+		return failNamed(ctx, tx, store, rep, &res)
 	})
-	return recorded, err
+	if err != nil {
+		return ReportResult{}, err
+	}
+	return res, nil
+}
+
+// failNamed applies T10 to the accepted items the event's evidence names.
+func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeapi.MeterErrorReport, res *ReportResult) error {
+	mode := outbox.ModeTest
+	if rep.Livemode {
+		mode = outbox.ModeLive
+	}
+	rows, err := tx.Query(ctx, `SELECT e.identifier, e.item_id, e.code, coalesce(e.message, ''),
+		    coalesce(o.state = 'accepted' AND o.mode = $2, false)
+		FROM meter_error_evidence e LEFT JOIN outbox_items o ON o.id = e.item_id
+		WHERE e.event_id = $1 ORDER BY e.identifier, e.code`, rep.ID, string(mode))
+	if err != nil {
+		return fmt.Errorf("reconcile: reading the evidence of event %s: %w", rep.ID, err)
+	}
+	var (
+		identifier, code, msg string
+		item                  *int64
+		accepted              bool
+		order                 []int64
+		named                 = map[int64]bool{}
+		unmatched             = map[string]bool{}
+		failures              = map[int64]outbox.ProviderFailure{}
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&identifier, &item, &code, &msg, &accepted}, func() error {
+		if item == nil {
+			unmatched[identifier] = true
+			return nil
+		}
+		id := *item
+		if !named[id] {
+			named[id] = true
+			order = append(order, id)
+		}
+		if !accepted {
+			return nil
+		}
+		to, reason := exporter.ClassifyReport(code)
+		f, seen := failures[id]
+		// The first code decides, unless a later one is not curable: a
+		// mapping fix would not cure the item then.
+		if !seen || (f.To == outbox.StateQuarantined && to == outbox.StateRejected) {
+			failures[id] = outbox.ProviderFailure{ID: id, To: to, Reason: reason, Error: outbox.ErrorInfo{Code: code, Message: msg}}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("reconcile: reading the evidence of event %s: %w", rep.ID, err)
+	}
+	res.Unmatched = len(unmatched)
+	fs := make([]outbox.ProviderFailure, 0, len(failures))
+	for _, id := range order {
+		if f, ok := failures[id]; ok {
+			fs = append(fs, f)
+		}
+	}
+	failed, refused, err := store.FailAccepted(ctx, tx, fs)
+	if err != nil {
+		return fmt.Errorf("reconcile: failing the items event %s names: %w", rep.ID, err)
+	}
+	for id, e := range refused {
+		// An item that left accepted since it was read keeps its new state;
+		// anything else is a failure, and the whole report rolls back.
+		if !errors.Is(e, outbox.ErrStateMismatch) {
+			return fmt.Errorf("reconcile: failing item %d of event %s: %w", id, rep.ID, e)
+		}
+	}
+	res.Failed = len(failed)
+	res.EvidenceOnly = len(named) - res.Failed
+	return nil
 }
 
 // EvidenceOf lists the error reports that name any of the items.

@@ -53,6 +53,7 @@ type opts struct {
 	role, name                      string
 	tenants                         stringList
 	eventName, aggregation, window  string
+	exporter                        string
 	customer, anchor                string
 	format, reason, tenant, feature string
 	period                          string
@@ -124,6 +125,7 @@ func commands() []command {
 			fs.StringVar(&o.eventName, "event-name", "", "set: the Stripe meter's event_name")
 			fs.StringVar(&o.aggregation, "aggregation", "", "set: sum, last or count (the meter's formula)")
 			fs.StringVar(&o.window, "window", "", "set: the window, dividing a day (default 1h)")
+			featureExporterFlag(fs, o)
 		}, args: mappingArgs, run: runFeatures},
 		{name: "mappings tenants", flags: func(fs *flag.FlagSet, o *opts) {
 			fs.StringVar(&o.customer, "customer", "", "set: the Stripe customer id (cus_…)")
@@ -145,14 +147,15 @@ func commands() []command {
 			fs.StringVar(&o.simAccount, "sim-account", stripesim.DefaultAccount, "the account of that key")
 			fs.Var(&o.meters, "meter", "create a meter at start, as EVENT_NAME:FORMULA (sum, count or last; repeatable)")
 			fs.Var(&o.customers, "customer", "create a customer at start, by id (cus_…; repeatable)")
-			fs.Float64Var(&o.simLimits.RatePerSecond, "rate", 0, "meter-event calls a second before 429 (0: no limit)")
+			fs.Float64Var(&o.simLimits.RatePerSecond, "rate", 0, "v1 meter-event calls a second before 429 (0: no limit)")
+			fs.Float64Var(&o.simLimits.StreamRatePerSecond, "stream-rate", 0, "v2 meter event stream requests a second before 429 (0: no limit)")
 			fs.BoolVar(&o.simLimits.OneCallPerCustomerMeter, "one-call-per-key", true, "answer 429 to a second concurrent call for one customer and meter, as Stripe does")
 			fs.Float64Var(&o.simLimits.Faults.FailBeforeRecord, "fail-before-record", 0, "probability of a 500 before recording")
 			fs.Float64Var(&o.simLimits.Faults.LoseReply, "lose-reply", 0, "probability of recording, then answering 502 (a lost reply)")
 			fs.Float64Var(&o.simLimits.Faults.RateLimitFault, "rate-limit-fault", 0, "probability of a 429 without recording")
 			fs.Float64Var(&o.simLimits.Faults.Hang, "hang", 0, "probability of not answering until the client gives up")
 			fs.Float64Var(&o.simLimits.Faults.AsyncDrop, "async-drop", 0, "probability of answering 200 and dropping the event later")
-			fs.DurationVar(&o.simLimits.Faults.Latency, "latency", 0, "added latency of every meter-event call")
+			fs.DurationVar(&o.simLimits.Faults.Latency, "latency", 0, "added latency of every meter-event call and stream request")
 			fs.Float64Var(&o.simLimits.Faults.ReadFault, "read-fault", 0, "probability of a 500 or 429 to a read (meters, summaries)")
 			fs.StringVar(&o.webhookURL, "webhook-url", "", "post meter error reports as signed thin events here (e.g. http://127.0.0.1:8080/v1/stripe/events)")
 			fs.StringVar(&o.webhookSecret, "webhook-secret", devWebhookSecret, "the signing secret of those events (Tally's STRIPE_WEBHOOK_SECRET)")
@@ -251,7 +254,9 @@ func prepareDev(_ context.Context, cfg *config.Config, o *opts, stdout io.Writer
 	}
 	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
+	// The simulator serves the v2 meter event stream on the same address.
 	cfg.StripeAPIKey, cfg.StripeAPIBase = stripesim.DefaultKey, "http://"+ln.Addr().String()
+	cfg.StripeMeterEventsBase = cfg.StripeAPIBase
 	o.simListen = ln.Addr().String()
 	// The simulator is the event destination's sender too: its meter error
 	// reports reach POST /v1/stripe/events, signed with the dev secret.
@@ -462,6 +467,30 @@ func mappingFailure(err error) error {
 	return err
 }
 
+// featureExporterFlag makes --exporter of `mappings features set` the
+// feature mapping's exporter, like --event-name and --aggregation are its
+// other fields. The service's own --exporter (TALLY_EXPORTER, the node's
+// default) is registered on this command's flags already and means nothing
+// to it: it is taken over here, so that --exporter is never silently read as
+// the node's setting while the mapping goes back to the default. The node's
+// setting still comes from TALLY_EXPORTER in the environment.
+func featureExporterFlag(fs *flag.FlagSet, o *opts) {
+	usage := "set: the exporter of the feature's items, " + strings.Join(mappings.Exporters, " or ") +
+		" (default: none, the node's TALLY_EXPORTER)"
+	set := func(v string) error { o.exporter = v; return nil }
+	if f := fs.Lookup("exporter"); f != nil {
+		f.Value, f.Usage, f.DefValue = funcValue(set), usage, ""
+		return
+	}
+	fs.Func("exporter", usage, set)
+}
+
+// funcValue is a flag.Value that hands what is set to a function.
+type funcValue func(string) error
+
+func (f funcValue) Set(v string) error { return f(v) }
+func (f funcValue) String() string     { return "" }
+
 func runFeatures(ctx context.Context, e *env, args []string) error {
 	m, pool := e.parts.Mappings, e.db.Pool
 	switch args[0] {
@@ -482,7 +511,7 @@ func runFeatures(ctx context.Context, e *env, args []string) error {
 		}
 		return printJSON(e.stdout, map[string]any{"mapping": f, "history": hist})
 	}
-	in := mappings.FeatureInput{EventName: e.opts.eventName, Aggregation: mappings.Aggregation(e.opts.aggregation)}
+	in := mappings.FeatureInput{EventName: e.opts.eventName, Aggregation: mappings.Aggregation(e.opts.aggregation), Exporter: e.opts.exporter}
 	if e.opts.window != "" {
 		if err := in.Window.UnmarshalText([]byte(e.opts.window)); err != nil {
 			return usageError{"--window: " + err.Error()}
@@ -747,7 +776,7 @@ func runDoctor(ctx context.Context, e *env, _ []string) error {
 		defer pool.Close()
 	}
 	res, err := exporter.NewResolver(exporter.Settings{Key: e.cfg.StripeAPIKey, APIBase: e.cfg.StripeAPIBase,
-		Account: e.cfg.StripeAccount, Exporter: e.cfg.Exporter})
+		MeterEventsBase: e.cfg.StripeMeterEventsBase, Account: e.cfg.StripeAccount, Exporter: e.cfg.Exporter})
 	if err != nil {
 		return err
 	}
@@ -793,8 +822,8 @@ func runStripeSim(ctx context.Context, e *env, _ []string) error {
 		return err
 	}
 	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(e.stdout, "Stripe simulator on http://%s\nUse: STRIPE_API_BASE=http://%s STRIPE_API_KEY=%s\nRecorded events: http://%s/_sim/events\n",
-		ln.Addr(), ln.Addr(), e.opts.simKey, ln.Addr())
+	fmt.Fprintf(e.stdout, "Stripe simulator on http://%s\nUse: STRIPE_API_BASE=http://%s STRIPE_METER_EVENTS_BASE=http://%s STRIPE_API_KEY=%s\nRecorded events: http://%s/_sim/events\n",
+		ln.Addr(), ln.Addr(), ln.Addr(), e.opts.simKey, ln.Addr())
 	if e.opts.webhookURL != "" {
 		stop := make(chan struct{})
 		defer close(stop)

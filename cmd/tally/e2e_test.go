@@ -97,17 +97,25 @@ type e2eEvent struct {
 // accepted with the simulator's aggregate for every customer and meter
 // equal to the ledger's, no identifier recorded twice, one call at a time
 // per customer and meter, and conservation holding.
+//
+// Issue 8 runs the same test with the v2 stream exporter
+// (TALLY_EXPORTER=stripe_meter_event_stream): the same faults hit the
+// stream's requests, and its sessions are expired every few hundred
+// milliseconds besides.
 func TestExportEndToEnd(t *testing.T) {
 	t.Parallel()
-	for _, kills := range []int{0, 6} {
-		t.Run(fmt.Sprintf("kills=%d", kills), func(t *testing.T) {
-			t.Parallel()
-			runExport(t, kills)
-		})
+	for _, exp := range []string{"stripe_meter_events", "stripe_meter_event_stream"} {
+		for _, kills := range []int{0, 6} {
+			t.Run(fmt.Sprintf("%s/kills=%d", exp, kills), func(t *testing.T) {
+				t.Parallel()
+				runExport(t, exp, kills)
+			})
+		}
 	}
 }
 
-func runExport(t *testing.T, kills int) {
+func runExport(t *testing.T, exporter string, kills int) {
+	stream := exporter == "stripe_meter_event_stream"
 	const (
 		events  = 10_000
 		tenants = 50
@@ -137,6 +145,23 @@ func runExport(t *testing.T, kills int) {
 		"TALLY_OUTBOX_BACKOFF_BASE=50ms", "TALLY_OUTBOX_BACKOFF_CAP=500ms", "TALLY_OUTBOX_RATE_LIMIT_DELAY=100ms",
 		"TALLY_OUTBOX_MAX_ATTEMPTS=60", "TALLY_OUTBOX_LEASE=4s", "TALLY_STRIPE_TIMEOUT=1s",
 		"TALLY_RATE_TEST=1000", "TALLY_POLL_INTERVAL=100ms", "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=warn",
+		"TALLY_EXPORTER=" + exporter, "STRIPE_METER_EVENTS_BASE=" + srv.URL,
+		"TALLY_STREAM_RATE_TEST=1000", "TALLY_STREAM_INFLIGHT=500",
+	}
+	if stream {
+		// Sessions expire mid-run, again and again, on top of the faults.
+		expiring := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-expiring:
+					return
+				case <-time.After(300 * time.Millisecond):
+					sim.ExpireSessions(stripesim.DefaultAccount)
+				}
+			}
+		}()
+		t.Cleanup(func() { close(expiring) })
 	}
 	if kills == 0 {
 		// Everything the node logs, down to River's debug lines, is checked
@@ -174,13 +199,19 @@ func runExport(t *testing.T, kills int) {
 		all[i] = e2eEvent{ID: fmt.Sprintf("e%05d", i), Tenant: fmt.Sprintf("t%02d", (i/3)%tenants), Feature: f, Value: v,
 			Timestamp: now.Add(-2*time.Hour - time.Duration(i)*time.Second).Format(time.RFC3339)}
 	}
-	for i := 0; i < events; i += 500 {
-		code, body := post(t, http.MethodPost, base+"/v1/usage", admin, map[string]any{"events": all[i : i+500]})
-		require.Equal(t, http.StatusAccepted, code, body)
+	postAll := func() {
+		for i := 0; i < events; i += 500 {
+			code, body := post(t, http.MethodPost, base+"/v1/usage", admin, map[string]any{"events": all[i : i+500]})
+			require.Equal(t, http.StatusAccepted, code, body)
+		}
+	}
+	if !stream {
+		postAll()
 	}
 
 	// The killer: once staging has begun, SIGKILL at random moments, then
-	// a restart.
+	// a restart. The stream drains a backlog in well under a second, so
+	// there the kills come while usage is still being posted.
 	killed := make(chan struct{}) // closed once every kill and restart happened
 	if kills == 0 {
 		close(killed)
@@ -200,6 +231,10 @@ func runExport(t *testing.T, kills int) {
 				n.start()
 			}
 		}()
+	}
+
+	if stream {
+		postAll()
 	}
 
 	drained := func() bool {
@@ -233,7 +268,30 @@ func runExport(t *testing.T, kills int) {
 	checked := checkAggregates(t, ctx, pool, sim)
 	require.Equal(t, tenants*3, checked)
 	require.Empty(t, sim.RecordedTwice(), "no identifier recorded twice")
-	require.LessOrEqual(t, sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
+	if stream {
+		// Every event came through the stream, in batches.
+		var v1, calls, expired int
+		for _, ev := range sim.Events(stripesim.DefaultAccount) {
+			if !ev.Stream {
+				v1++
+			}
+		}
+		for _, rq := range sim.Requests() {
+			if rq.Path == "/v2/billing/meter_event_stream" {
+				calls++
+				if rq.Status == http.StatusUnauthorized {
+					expired++
+				}
+			}
+		}
+		require.Zero(t, v1, "no event went through v1")
+		var items int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE exporter = 'stripe_meter_event_stream'`).Scan(&items))
+		t.Logf("%d items in %d stream requests, %d answered with an expired session", items, calls, expired)
+		require.Less(t, calls, items, "batched")
+	} else {
+		require.LessOrEqual(t, sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
+	}
 
 	// Conservation for every tenant, feature and period.
 	months := map[string]bool{}
@@ -290,7 +348,7 @@ func runExport(t *testing.T, kills int) {
 	require.Zero(t, left)
 
 	if kills == 0 {
-		checkMetrics(t, base)
+		checkMetrics(t, base, stream)
 	}
 	// Neither the admin token nor the Stripe key reached the node's log.
 	require.NotContains(t, n.out.String(), admin)
@@ -367,7 +425,7 @@ func tail(s string, n int) string {
 
 // checkMetrics scrapes /metrics after a run and finds every series the
 // operations surface promises, none with a tenant or customer in its labels.
-func checkMetrics(t *testing.T, base string) {
+func checkMetrics(t *testing.T, base string, stream bool) {
 	t.Helper()
 	resp, err := http.Get(base + "/metrics")
 	require.NoError(t, err)
@@ -382,10 +440,10 @@ func checkMetrics(t *testing.T, base string) {
 		"tally_outbox_stale_writes_total":         {"transition"},
 		"tally_outbox_staged_total":               {"kind"},
 		"tally_outbox_quarantined_total":          {"reason"},
-		"tally_deliveries_total":                  {"outcome"},
-		"tally_delivery_duration_seconds":         nil,
+		"tally_deliveries_total":                  {"exporter", "outcome"},
+		"tally_delivery_duration_seconds":         {"exporter"},
 		"tally_stripe_requests_total":             {"endpoint", "class"},
-		"tally_export_limiter_rate":               nil,
+		"tally_export_limiter_rate":               {"exporter"},
 		"tally_ingest_events_total":               {"result"},
 		"tally_ingest_requests_total":             {"result"},
 		"tally_reconcile_runs_total":              {"status"},
@@ -423,7 +481,11 @@ func checkMetrics(t *testing.T, base string) {
 		for _, p := range m.GetLabel() {
 			l[p.GetName()] = p.GetValue()
 		}
-		if l["endpoint"] == "meter_events" && m.GetCounter().GetValue() > 0 {
+		endpoint := "meter_events"
+		if stream {
+			endpoint = "meter_event_stream"
+		}
+		if l["endpoint"] == endpoint && m.GetCounter().GetValue() > 0 {
 			classes = append(classes, l["class"])
 		}
 	}

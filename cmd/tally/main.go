@@ -31,7 +31,7 @@ Commands:
   tokens create          create an API token: --role ingest|finance|operator|admin [--tenant T …] [--name N]
   tokens list            list tokens (names, roles, scopes; never secrets)
   tokens revoke NAME     revoke a token
-  mappings features      list | get FEATURE | set FEATURE --event-name E --aggregation sum|last|count [--window 1h]
+  mappings features      list | get FEATURE | set FEATURE --event-name E --aggregation sum|last|count [--window 1h] [--exporter NAME]
   mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339]
   quarantine             the quarantine report: [--format table|csv|json] [--reason R] [--tenant T] [--feature F] [--period YYYY-MM]
   requeue ID             requeue a quarantined item: --mapping-version N

@@ -357,7 +357,7 @@ func TestStripeSimCommand(t *testing.T) {
 		return resp.StatusCode, b.String()
 	}
 	require.Eventually(t, func() bool { code, _ := call("GET", "/v1/account", ""); return code == 200 }, 20*time.Second, 50*time.Millisecond, "%s", &buf)
-	require.Contains(t, buf.String(), "STRIPE_API_BASE="+base+" STRIPE_API_KEY=sk_test_sim")
+	require.Contains(t, buf.String(), "STRIPE_API_BASE="+base+" STRIPE_METER_EVENTS_BASE="+base+" STRIPE_API_KEY=sk_test_sim")
 	code, body := call("GET", "/v1/billing/meters", "")
 	require.Equal(t, 200, code, body)
 	require.Contains(t, body, `"event_name":"api_calls"`)

@@ -173,6 +173,9 @@ type Parts struct {
 	// Limiter paces every call to the destination account (deliveries and
 	// reconciliation); nil without a key.
 	Limiter *exporter.Limiter
+	// StreamLimiter paces the v2 meter event stream's requests, a budget
+	// of their own on Stripe's meter-events host; nil without a key.
+	StreamLimiter *exporter.Limiter
 	// Reconciler is nil without a key.
 	Reconciler *reconcile.Reconciler
 }
@@ -190,7 +193,7 @@ func Build(cfg config.Config) (*Parts, error) {
 		return nil, err
 	}
 	res, err := exporter.NewResolver(exporter.Settings{Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
-		Account: cfg.StripeAccount, Exporter: cfg.Exporter, Metrics: stripeMetrics})
+		MeterEventsBase: cfg.StripeMeterEventsBase, Account: cfg.StripeAccount, Exporter: cfg.Exporter, Metrics: stripeMetrics})
 	if err != nil {
 		return nil, err
 	}
@@ -212,13 +215,13 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	var limiter *exporter.Limiter
+	var limiter, streamLimiter *exporter.Limiter
 	if c := res.Client(); c != nil {
-		rate := cfg.RateTest
+		rate, streamRate := cfg.RateTest, cfg.StreamRateTest
 		if c.Mode() == stripeapi.ModeLive {
-			rate = cfg.RateLive
+			rate, streamRate = cfg.RateLive, cfg.StreamRateLive
 		}
-		limiter = exporter.NewLimiter(rate)
+		limiter, streamLimiter = exporter.NewLimiter(rate), exporter.NewLimiter(streamRate)
 	}
 	var rec *reconcile.Reconciler
 	if limiter != nil {
@@ -232,7 +235,7 @@ func Build(cfg config.Config) (*Parts, error) {
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
 		Ingester: &meter.Ingester{Stager: stager},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
-		Resolver: res, API: apiMetrics, Limiter: limiter, Reconciler: rec,
+		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, Reconciler: rec,
 	}, nil
 }
 
@@ -255,10 +258,14 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		return err
 	}
 
-	var deliverer *exporter.Deliverer
+	// One deliverer per exporter, each claiming only its own items: v1 one
+	// item per call and per key at a time, the v2 stream in batches of 100
+	// regardless of key (the stream has no per-key concurrency rule), each
+	// under its own limiter. Both run whatever TALLY_EXPORTER says, since a
+	// feature mapping may name either.
+	var deliverers []*exporter.Deliverer
 	if client := p.Resolver.Client(); client != nil {
-		var err error
-		deliverer, err = exporter.NewDeliverer(exporter.DelivererConfig{
+		v1, err := exporter.NewDeliverer(exporter.DelivererConfig{
 			Workers: cfg.DeliveryWorkers, Batch: cfg.DeliveryBatch, InFlight: cfg.DeliveryInFlight,
 			PollInterval: cfg.PollInterval, Keys: p.Resolver,
 		}, p.Outbox, db.Pool, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
@@ -266,6 +273,18 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		if err != nil {
 			return err
 		}
+		stream := exporter.NewStripeStream(client, cfg.StripeTimeout)
+		if err := p.Registry.Register(stream.Collector()); err != nil {
+			return err
+		}
+		v2, err := exporter.NewDeliverer(exporter.DelivererConfig{
+			Workers: cfg.DeliveryWorkers, Batch: min(cfg.StreamInFlight, 1000), InFlight: cfg.StreamInFlight,
+			RecordBatch: 1000, Policy: outbox.BestEffort, PollInterval: cfg.PollInterval, Keys: p.Resolver,
+		}, p.Outbox, db.Pool, stream, cfg.StripeTimeout, p.Resolver.Destination, p.StreamLimiter, logger, p.Registry)
+		if err != nil {
+			return err
+		}
+		deliverers = append(deliverers, v1, v2)
 	}
 
 	riverLevel := slog.LevelWarn // River's own progress only when debugging
@@ -318,13 +337,13 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		defer wg.Done()
 		_ = p.Outbox.RunMaintenance(ctx, db.Pool, cfg.MaintenanceInterval, logger)
 	}()
-	if deliverer != nil {
-		// The deliverer stops claiming when ctx ends, lets the sends in
+	for _, d := range deliverers {
+		// A deliverer stops claiming when ctx ends, lets the sends in
 		// flight finish and records their outcomes before wg is done.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = deliverer.Run(ctx)
+			_ = d.Run(ctx)
 		}()
 	}
 	if err := rc.Start(ctx); err != nil {

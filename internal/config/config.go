@@ -48,6 +48,9 @@ type Config struct {
 	StripeAPIKey string
 	// StripeAPIBase is STRIPE_API_BASE. Defaults to https://api.stripe.com.
 	StripeAPIBase string
+	// StripeMeterEventsBase is STRIPE_METER_EVENTS_BASE, the v2 stream's
+	// host. Defaults to https://meter-events.stripe.com.
+	StripeMeterEventsBase string
 	// StripeAccount is STRIPE_ACCOUNT; empty means the key's own account.
 	StripeAccount string
 	// StripeWebhookSecret is STRIPE_WEBHOOK_SECRET, the signing secret of
@@ -69,6 +72,13 @@ type Config struct {
 	// RateLive and RateTest are the destination's calls a second in live and
 	// test mode. Default to 900 and 20.
 	RateLive, RateTest float64
+	// StreamRateLive and StreamRateTest are the v2 stream's requests a
+	// second (each up to 100 events) in live and test mode. Default to
+	// 9,000 and 20.
+	StreamRateLive, StreamRateTest float64
+	// StreamInFlight bounds the stream's events in flight on a node.
+	// Defaults to 2,000 (20 requests of 100).
+	StreamInFlight int
 	// DeliveryWorkers, DeliveryBatch and DeliveryInFlight size the
 	// deliverer: claim loops, items per claim, sends in flight. Default to
 	// 4, 50 and 64.
@@ -159,11 +169,13 @@ func settings() []setting {
 			str(func(c *Config) *string { return &c.StripeAPIKey })},
 		{"STRIPE_API_BASE", "stripe-api-base", "Stripe API base URL (stripe-mock or the simulator in tests)", "https://api.stripe.com",
 			str(func(c *Config) *string { return &c.StripeAPIBase })},
+		{"STRIPE_METER_EVENTS_BASE", "stripe-meter-events-base", "base URL of Stripe's v2 meter event stream host (the simulator in tests)", "https://meter-events.stripe.com",
+			str(func(c *Config) *string { return &c.StripeMeterEventsBase })},
 		{"STRIPE_ACCOUNT", "stripe-account", "destination account (Connect); unset: the key's own account", "",
 			str(func(c *Config) *string { return &c.StripeAccount })},
 		{"STRIPE_WEBHOOK_SECRET", "stripe-webhook-secret", "signing secret of the event destination posting to /v1/stripe/events (whsec_…); unset: it answers 503", "",
 			str(func(c *Config) *string { return &c.StripeWebhookSecret })},
-		{"TALLY_EXPORTER", "exporter", "stripe_meter_events (v1); stripe_meter_event_stream (v2) is not built yet", "stripe_meter_events",
+		{"TALLY_EXPORTER", "exporter", "the exporter of features whose mapping names none: stripe_meter_events (v1) or stripe_meter_event_stream (v2)", "stripe_meter_events",
 			str(func(c *Config) *string { return &c.Exporter })},
 		{"TALLY_ADMIN_TOKEN", "admin-token", "if set, an admin token with this value is ensured at start (at least 24 characters)", "",
 			str(func(c *Config) *string { return &c.AdminToken })},
@@ -177,6 +189,12 @@ func settings() []setting {
 			float(func(c *Config) *float64 { return &c.RateLive })},
 		{"TALLY_RATE_TEST", "rate-test", "calls a second to a test-mode destination (Stripe allows 25)", "20",
 			float(func(c *Config) *float64 { return &c.RateTest })},
+		{"TALLY_STREAM_RATE_LIVE", "stream-rate-live", "v2 stream requests a second (up to 100 events each) to a live-mode destination (Stripe allows 10,000)", "9000",
+			float(func(c *Config) *float64 { return &c.StreamRateLive })},
+		{"TALLY_STREAM_RATE_TEST", "stream-rate-test", "v2 stream requests a second to a test-mode destination", "20",
+			float(func(c *Config) *float64 { return &c.StreamRateTest })},
+		{"TALLY_STREAM_INFLIGHT", "stream-inflight", "the most v2 stream events in flight on this node", "2000",
+			integer(func(c *Config) *int { return &c.StreamInFlight })},
 		{"TALLY_DELIVERY_WORKERS", "delivery-workers", "the deliverer's claim loops on this node", "4",
 			integer(func(c *Config) *int { return &c.DeliveryWorkers })},
 		{"TALLY_DELIVERY_BATCH", "delivery-batch", "the most items one claim takes", "50",
@@ -283,9 +301,6 @@ func (c *Config) validate() error {
 	switch c.Exporter {
 	case "stripe_meter_events":
 	case "stripe_meter_event_stream":
-		// Refused until its exporter exists: items staged for it would wait
-		// for a deliverer that cannot send them.
-		errs = append(errs, errors.New("TALLY_EXPORTER=stripe_meter_event_stream is not built yet (issue 8); use stripe_meter_events"))
 	default:
 		errs = append(errs, fmt.Errorf("TALLY_EXPORTER must be stripe_meter_events or stripe_meter_event_stream, got %q", c.Exporter))
 	}
@@ -303,6 +318,9 @@ func (c *Config) validate() error {
 	}
 	if c.RateLive <= 0 || c.RateTest <= 0 {
 		errs = append(errs, errors.New("TALLY_RATE_LIVE and TALLY_RATE_TEST must be positive"))
+	}
+	if c.StreamRateLive <= 0 || c.StreamRateTest <= 0 || c.StreamInFlight < 1 {
+		errs = append(errs, errors.New("TALLY_STREAM_RATE_LIVE and TALLY_STREAM_RATE_TEST must be positive, TALLY_STREAM_INFLIGHT at least 1"))
 	}
 	if c.DeliveryWorkers < 1 || c.DeliveryBatch < 1 || c.DeliveryBatch > 1000 || c.DeliveryInFlight < 1 {
 		errs = append(errs, errors.New("TALLY_DELIVERY_WORKERS and TALLY_DELIVERY_INFLIGHT must be at least 1, TALLY_DELIVERY_BATCH 1 to 1000"))

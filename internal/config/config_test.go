@@ -83,7 +83,7 @@ func TestExporterChoice(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ value, wantErr string }{
 		{"stripe_meter_events", ""},
-		{"stripe_meter_event_stream", "not built yet"},
+		{"stripe_meter_event_stream", ""},
 		{"kafka", "TALLY_EXPORTER must be"},
 	} {
 		_, err := load(t, map[string]string{"TALLY_EXPORTER": tc.value})

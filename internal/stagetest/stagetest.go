@@ -47,12 +47,46 @@ func New(t testing.TB, cfg outbox.Config) *Env {
 	return e
 }
 
-// Feature maps a feature to the meter whose event name is its own name.
+// Feature maps a feature to the meter whose event name is its own name,
+// exported by the node's default exporter.
 func (e *Env) Feature(t testing.TB, name string, agg mappings.Aggregation, window time.Duration) mappings.Feature {
 	t.Helper()
-	f, _, err := e.Maps.PutFeature(e.Ctx, e.Pool, name, mappings.FeatureInput{EventName: name, Aggregation: agg, Window: mappings.Duration(window)}, "test")
+	return e.FeatureWith(t, name, mappings.FeatureInput{EventName: name, Aggregation: agg, Window: mappings.Duration(window)})
+}
+
+// FeatureWith sets a feature's mapping to in, e.g. one that names its own
+// exporter.
+func (e *Env) FeatureWith(t testing.TB, name string, in mappings.FeatureInput) mappings.Feature {
+	t.Helper()
+	f, _, err := e.Maps.PutFeature(e.Ctx, e.Pool, name, in, "test")
 	require.NoError(t, err)
 	return f
+}
+
+// Item is an outbox item's address as staging made it.
+type Item struct {
+	ID             int64
+	Feature        string
+	SubjectRef     string
+	Exporter       string
+	MappingVersion int
+	Identifier     string
+	State          outbox.State
+}
+
+// Items lists every outbox item's address, by id.
+func (e *Env) Items(t testing.TB) []Item {
+	t.Helper()
+	rows, err := e.Pool.Query(e.Ctx, `SELECT id, coalesce(payload ->> 'feature', ''), subject_ref, exporter, mapping_version,
+		identifier, state FROM outbox_items ORDER BY id`)
+	require.NoError(t, err)
+	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Item, error) {
+		var it Item
+		err := r.Scan(&it.ID, &it.Feature, &it.SubjectRef, &it.Exporter, &it.MappingVersion, &it.Identifier, &it.State)
+		return it, err
+	})
+	require.NoError(t, err)
+	return items
 }
 
 // Tenant maps a tenant to the customer "cus_" + its name (dashes dropped).

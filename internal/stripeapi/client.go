@@ -18,6 +18,9 @@ import (
 // DefaultAPIBase is the real Stripe API.
 const DefaultAPIBase = "https://api.stripe.com"
 
+// DefaultMeterEventsBase is the host of Stripe's v2 meter event stream.
+const DefaultMeterEventsBase = "https://meter-events.stripe.com"
+
 // DefaultTimeout bounds each request of the default HTTP client.
 const DefaultTimeout = 30 * time.Second
 
@@ -28,6 +31,9 @@ type Config struct {
 	// APIBase is the API's base URL. Default DefaultAPIBase; tests and
 	// `tally dev` point it at the simulator.
 	APIBase string
+	// MeterEventsBase is the v2 meter event stream's base URL
+	// (STRIPE_METER_EVENTS_BASE). Default DefaultMeterEventsBase.
+	MeterEventsBase string
 	// Account, when set, is sent as the Stripe-Account header on every
 	// request (the Connect destination). It must start with acct_.
 	Account string
@@ -69,9 +75,10 @@ func ModeOfKey(key string) (Mode, error) {
 
 // Client is Tally's Stripe client. It is safe for concurrent use.
 type Client struct {
-	sc      *stripe.Client
-	mode    Mode
-	account string
+	sc       *stripe.Client
+	backends *stripe.Backends
+	mode     Mode
+	account  string
 }
 
 // New validates cfg and builds the client. It makes no request.
@@ -90,9 +97,15 @@ func New(cfg Config) (*Client, error) {
 	if base == "" {
 		base = DefaultAPIBase
 	}
-	u, err := url.Parse(base)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+	if !baseURL(base) {
 		return nil, configError("the Stripe API base must be an absolute http(s) URL without credentials, query or fragment")
+	}
+	meterBase := cfg.MeterEventsBase
+	if meterBase == "" {
+		meterBase = DefaultMeterEventsBase
+	}
+	if !baseURL(meterBase) {
+		return nil, configError("the Stripe meter events base must be an absolute http(s) URL without credentials, query or fragment")
 	}
 	if cfg.Account != "" && (!strings.HasPrefix(cfg.Account, "acct_") || strings.ContainsFunc(cfg.Account, func(r rune) bool { return r <= ' ' || r == 0x7f })) {
 		return nil, configError("the Stripe account must be an account id starting with acct_")
@@ -115,11 +128,34 @@ func New(cfg Config) (*Client, error) {
 		LeveledLogger:     quietLogger{},
 		EnableTelemetry:   stripe.Bool(false),
 	})
+	backends.MeterEvents = stripe.GetBackendWithConfig(stripe.MeterEventsBackend, &stripe.BackendConfig{
+		URL:               stripe.String(meterBase),
+		HTTPClient:        hc,
+		MaxNetworkRetries: stripe.Int64(0),
+		LeveledLogger:     quietLogger{},
+		EnableTelemetry:   stripe.Bool(false),
+	})
 	return &Client{
-		sc:      stripe.NewClient(cfg.Key, stripe.WithBackends(backends)),
-		mode:    mode,
-		account: cfg.Account,
+		sc:       stripe.NewClient(cfg.Key, stripe.WithBackends(backends)),
+		backends: backends,
+		mode:     mode,
+		account:  cfg.Account,
 	}, nil
+}
+
+// baseURL reports whether base is an absolute http(s) URL without
+// credentials, query or fragment.
+func baseURL(base string) bool {
+	u, err := url.Parse(base)
+	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != "" && u.User == nil && u.RawQuery == "" && u.Fragment == ""
+}
+
+// SessionClient returns a stripe-go client that authenticates with a v2
+// meter event session's token instead of the API key, over the same
+// backends and transport (metrics, spans, the BeforeRequest hook), for the
+// meter event stream. Pass its errors through [WrapError] too.
+func (c *Client) SessionClient(token string) *stripe.Client {
+	return stripe.NewClient(token, stripe.WithBackends(c.backends))
 }
 
 // Stripe returns the underlying stripe-go client, for the exporter. Pass its
@@ -167,7 +203,9 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
-	if t.account != "" && r.Header.Get("Stripe-Account") == "" {
+	// The stream's session fixed the account; the header is for API-key
+	// calls only.
+	if t.account != "" && r.Header.Get("Stripe-Account") == "" && !strings.HasSuffix(r.URL.Path, StreamPath) {
 		r = r.Clone(r.Context())
 		r.Header.Set("Stripe-Account", t.account)
 	}
@@ -182,6 +220,10 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	status := 0
 	if err == nil {
 		status = resp.StatusCode
+		if m, _ := r.Context().Value(responseKey{}).(*Response); m != nil {
+			m.Status, m.RequestID = status, sanitize(resp.Header.Get("Request-Id"))
+			m.ShouldRetry, m.RetryAfter = resp.Header.Get("Stripe-Should-Retry"), resp.Header.Get("Retry-After")
+		}
 		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
 		if status >= 400 {
 			span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(status)))
@@ -193,6 +235,30 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	t.metrics.Observe(r.URL.Path, status)
 	return resp, err
+}
+
+// StreamPath is the v2 meter event stream's path.
+const StreamPath = "/v2/billing/meter_event_stream"
+
+// Response is what a call's HTTP response said outside its body: stripe-go
+// gives v2 errors without their status, so the exporter reads it here.
+type Response struct {
+	// Status is the HTTP status; 0 when no response came back.
+	Status int
+	// RequestID is the Request-Id header, sanitised.
+	RequestID string
+	// ShouldRetry and RetryAfter are the Stripe-Should-Retry and
+	// Retry-After headers as sent.
+	ShouldRetry, RetryAfter string
+}
+
+type responseKey struct{}
+
+// WithResponse returns a context whose call, made through a [Client], fills
+// in the returned *Response. One call per context.
+func WithResponse(ctx context.Context) (context.Context, *Response) {
+	m := &Response{}
+	return context.WithValue(ctx, responseKey{}, m), m
 }
 
 // tracer makes the spans of Stripe calls, on the global provider (a no-op

@@ -126,7 +126,11 @@ func wrap(err error) *Error {
 	}
 	var tse *stripe.TemporarySessionExpiredError
 	if errors.As(err, &tse) {
-		return &Error{Type: sanitize(string(tse.Type)), Code: sanitize(tse.Code), message: sanitize(tse.Message)}
+		e := &Error{Type: sanitize(string(tse.Type)), Code: sanitize(tse.Code), message: sanitize(tse.Message)}
+		if r := tse.LastResponse; r != nil {
+			e.HTTPStatus, e.RequestID = r.StatusCode, sanitize(r.RequestID)
+		}
+		return e
 	}
 	var ne net.Error
 	var ue *url.Error
@@ -190,7 +194,7 @@ func Describe(err error) (code string, status int, message string) {
 
 var (
 	stripeKeyRE = regexp.MustCompile(`\b((?:sk|rk|pk)_(?:live|test)_)([0-9A-Za-z]+)`)
-	otherKeyRE  = regexp.MustCompile(`\b(whsec_|ek_(?:live|test)_)[0-9A-Za-z]+`)
+	otherKeyRE  = regexp.MustCompile(`\b(whsec_|ek_(?:live|test)_|mesk_(?:test_)?)[0-9A-Za-z]+`)
 	authRE      = regexp.MustCompile(`(?i)\b(bearer|basic)\s+[^\s'",]+`)
 )
 

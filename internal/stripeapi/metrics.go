@@ -18,7 +18,7 @@ type RequestMetrics struct {
 func NewRequestMetrics(reg prometheus.Registerer) (*RequestMetrics, error) {
 	m := &RequestMetrics{requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_stripe_requests_total",
-		Help: "Calls to Stripe by endpoint (meter_events, meters, event_summaries, account, events, other) and status class (2xx, 4xx, 401, 403, 429, 5xx, none: no answer).",
+		Help: "Calls to Stripe by endpoint (meter_events, meter_event_stream, meter_event_session, meters, event_summaries, account, events, other) and status class (2xx, 4xx, 401, 403, 429, 5xx, none: no answer).",
 	}, []string{"endpoint", "class"})}
 	if err := reg.Register(m.requests); err != nil {
 		return nil, err
@@ -53,6 +53,10 @@ func EndpointOf(path string) string {
 		return "account"
 	case strings.HasPrefix(path, "/v2/core/events/"):
 		return "events"
+	case path == StreamPath:
+		return "meter_event_stream"
+	case path == "/v2/billing/meter_event_session":
+		return "meter_event_session"
 	}
 	return "other"
 }

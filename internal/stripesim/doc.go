@@ -27,8 +27,18 @@
 // [Server.Aggregate], [Server.RecordedTwice], [Server.ErrorReports]) see
 // them. [Limits] add Stripe's rate limits and injected faults (failures
 // before recording, lost replies, latency, hangs, asynchronous drops) per
-// account, changeable while running with [Server.Configure]. Time is the
-// [Options.Now] clock, which tests move.
+// account to the meter-event calls — v1 calls and v2 stream requests alike,
+// each with its own token bucket — changeable while running with
+// [Server.Configure]. A successful stream request is answered 200 with an
+// empty object, as Stripe does; [Server.ExpireSessions] ends stream
+// sessions before their 15 minutes. Time is the [Options.Now] clock, which
+// tests move.
+//
+// Errors of /v2 paths keep Stripe's {"error":{"type","code","message"}}
+// shape; stripe-go v82 parses them by type into a
+// *stripe.TemporarySessionExpiredError (an expired or unknown stream
+// session) or a *stripe.V2RawError (everything else, with no HTTP status),
+// never a *stripe.Error.
 //
 // Layout, for extension: one [Server] holding all state behind one mutex
 // (server.go), one chi router built in [New], request ids, recording and

@@ -2,6 +2,8 @@ package stripesim
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"io"
 	"net/http"
 	"time"
 )
@@ -16,7 +18,10 @@ type idemKey struct {
 // idemEntry is a request seen with an Idempotency-Key: in flight until done,
 // then its response, which later requests with the same key get replayed.
 type idemEntry struct {
-	fingerprint string // method, path and form values of the first request
+	// fingerprint is a sha256 of the first request's method, path and form
+	// values or JSON body: a hash, so that keeping one per stream request
+	// (stripe-go sends a fresh key with every POST) stays small.
+	fingerprint [sha256.Size]byte
 	done        bool
 	status      int
 	contentType string
@@ -65,10 +70,14 @@ func (s *Server) idempotent(next http.Handler) http.Handler {
 		k := idemKey{account: c.account, livemode: c.livemode, key: key}
 		// Form values compare as parameters (order-free); a body that is not
 		// a form (v2 JSON) compares byte for byte.
-		fp := r.Method + " " + r.URL.Path + "?" + r.Form.Encode()
+		h := sha256.New()
+		_, _ = io.WriteString(h, r.Method+" "+r.URL.Path+"?"+r.Form.Encode())
 		if len(r.PostForm) == 0 {
-			fp += "\n" + string(bodyOf(r))
+			_, _ = h.Write([]byte("\n"))
+			_, _ = h.Write(bodyOf(r))
 		}
+		var fp [sha256.Size]byte
+		h.Sum(fp[:0])
 
 		s.mu.Lock()
 		now := s.now()

@@ -41,8 +41,8 @@ type event struct {
 	received   time.Time
 	status     string
 	livemode   bool
-	stream     bool // received on the v2 stream
-	payload    map[string]string
+	stream     bool              // received on the v2 stream
+	payload    map[string]string // as sent, for the v1 answer; nil for stream events
 }
 
 // identSt is what an account knows of one identifier in one mode.
@@ -114,9 +114,18 @@ const codeDuplicate = "duplicate"
 // checkEventLocked validates in against a at now, like Stripe in this order:
 // an active meter, the customer and value payload keys, the value, the
 // customer, the timestamp window and the identifier's dedup window. On
-// success it returns the event to record. s.mu must be held.
+// success it returns the event to record, which owns in.payload (the v1
+// event keeps it for its answer; a stream event, which is never echoed,
+// drops it). s.mu must be held.
 func (s *Server) checkEventLocked(a *account, in eventInput, now time.Time) (*event, *eventProblem) {
-	m := a.activeMeterLocked(in.livemode, in.eventName, nil)
+	return s.checkEventMeterLocked(a, a.activeMeterLocked(in.livemode, in.eventName, nil), in, now)
+}
+
+// checkEventMeterLocked is checkEventLocked with m, the active meter of
+// in's mode and event name (nil if none), already looked up. Every other
+// check is a map lookup: the work per event does not grow with the
+// account's events. s.mu must be held.
+func (s *Server) checkEventMeterLocked(a *account, m *Meter, in eventInput, now time.Time) (*event, *eventProblem) {
 	if m == nil {
 		return nil, &eventProblem{code: CodeNoMeter, err: errInvalid(http.StatusBadRequest, "resource_missing", "event_name",
 			"No active meter found for event_name '%s'", in.eventName)}
@@ -153,9 +162,9 @@ func (s *Server) checkEventLocked(a *account, in eventInput, now time.Time) (*ev
 		return nil, &eventProblem{code: codeDuplicate, meter: m,
 			err: errInvalid(http.StatusBadRequest, "", "", "An event already exists with identifier %s.", in.identifier)}
 	}
-	payload := make(map[string]string, len(in.payload))
-	for k, v := range in.payload {
-		payload[k] = v
+	payload := in.payload
+	if in.stream {
+		payload = nil
 	}
 	return &event{
 		identifier: in.identifier, eventName: in.eventName, meter: m.ID, customer: cust, value: value,

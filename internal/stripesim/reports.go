@@ -59,6 +59,9 @@ type streamFailure struct {
 // reportLocked turns failures, all seen at now, into error reports: one per
 // meter (or event name when there is none) and code. s.mu must be held.
 func (s *Server) reportLocked(a *account, now time.Time, livemode bool, failures []streamFailure) {
+	if len(failures) == 0 {
+		return
+	}
 	type groupKey struct{ meter, eventName, code string }
 	var order []groupKey
 	groups := map[groupKey]*ErrorReport{}

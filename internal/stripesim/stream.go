@@ -34,7 +34,10 @@ type sessionJSON struct {
 }
 
 // errSessionExpired is Stripe's answer on the stream to an expired or
-// unknown session token (stripe-go: *stripe.TemporarySessionExpiredError).
+// unknown session token. stripe-go v82 parses the errors of /v2 paths by
+// error.type: this one becomes a *stripe.TemporarySessionExpiredError;
+// every other one, whatever its status, a *stripe.V2RawError (Type, Code
+// and Message, no HTTP status) — never a *stripe.Error.
 func errSessionExpired() *apiError {
 	return &apiError{Status: http.StatusUnauthorized, Type: "temporary_session_expired", Code: "billing_meter_event_session_expired",
 		Message: "The meter event session has expired or is not valid. Create a new session with POST /v2/billing/meter_event_session."}
@@ -80,6 +83,27 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// ExpireSessions expires every live meter event session of account now, on
+// any clock: the next stream request with one of their tokens is answered
+// 401 temporary_session_expired, as after the 15 minutes. It returns how
+// many live sessions it expired. Tests use it to expire sessions mid-run
+// without moving [Options.Now].
+func (s *Server) ExpireSessions(account string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, n := s.now(), 0
+	for tok, sess := range s.sessions {
+		if sess.account != account {
+			continue
+		}
+		if now.Before(sess.expires) {
+			n++
+		}
+		delete(s.sessions, tok)
+	}
+	return n
+}
+
 // authenticateSession authenticates the stream with a session token, in
 // place of an API key; the Stripe-Account header plays no part (the
 // session fixed the account).
@@ -107,12 +131,16 @@ type streamEvent struct {
 	Timestamp  *string        `json:"timestamp"`
 }
 
-// stream is POST /v2/billing/meter_event_stream. The shape of the request
-// is checked at once (400); the events themselves are validated as Stripe
-// does asynchronously — here before answering, so a test sees the outcome
-// right after the 202: valid events are recorded, duplicates of an
-// identifier inside the dedup window are ignored silently, and every other
-// invalid event is left out and reported in an [ErrorReport].
+// stream is POST /v2/billing/meter_event_stream, answered 200 with an
+// empty object like Stripe. The shape of the request is checked at once
+// (400); the events themselves are validated as Stripe does
+// asynchronously — here before answering, so a test sees the outcome right
+// after the answer: valid events are recorded, duplicates of an identifier
+// inside the dedup window are ignored silently, and every other invalid
+// event is left out and reported in an [ErrorReport]. A recorded event the
+// AsyncDrop fault hits (drawn per event) is marked dropped and reported
+// with CodeDropped. The gate applied the rate limit and the other faults
+// to the request as a whole.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Events []streamEvent `json:"events"`
@@ -178,14 +206,26 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 		ins[i] = in
 	}
 
+	dropP := planOf(r).streamDrop
 	s.mu.Lock()
 	a := s.accountLocked(c.account)
 	var failures []streamFailure
+	meters := map[string]*Meter{} // event name -> active meter, for this request
 	for _, in := range ins {
-		ev, p := s.checkEventLocked(a, in, now)
+		m, ok := meters[in.eventName]
+		if !ok {
+			m = a.activeMeterLocked(c.livemode, in.eventName, nil)
+			meters[in.eventName] = m
+		}
+		ev, p := s.checkEventMeterLocked(a, m, in, now)
 		switch {
 		case p == nil:
 			s.recordLocked(a, ev)
+			if s.lim.roll(dropP) {
+				ev.status = EventDropped
+				failures = append(failures, streamFailure{identifier: in.identifier, eventName: in.eventName, meter: m,
+					code: CodeDropped, message: "The event was accepted and then dropped (stripesim AsyncDrop fault)."})
+			}
 		case p.code != codeDuplicate:
 			failures = append(failures, streamFailure{identifier: in.identifier, eventName: in.eventName,
 				meter: p.meter, code: p.code, message: p.reportMessage()})
@@ -193,5 +233,5 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	}
 	s.reportLocked(a, now, c.livemode, failures)
 	s.mu.Unlock()
-	writeJSON(w, http.StatusAccepted, struct{}{})
+	writeJSON(w, http.StatusOK, struct{}{})
 }

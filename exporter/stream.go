@@ -1,0 +1,291 @@
+package exporter
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stripe/stripe-go/v82"
+
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// What Stripe's v2 meter event stream takes.
+const (
+	// StreamMaxEvents is the most events one stream request may carry.
+	StreamMaxEvents = 100
+	// DefaultStreamLiveRate and DefaultStreamTestRate are the stream's
+	// default request rates: below Stripe's 10,000 requests a second live;
+	// test mode counts toward the basic limit, like v1.
+	DefaultStreamLiveRate = 9000
+	DefaultStreamTestRate = 20
+	// sessionMargin is how long before its expiry a session is replaced.
+	sessionMargin = time.Minute
+	// sessionTries bounds how often one send renews an expired session.
+	sessionTries = 3
+)
+
+// BatchExporter is an exporter that sends several items in one request. The
+// deliverer hands it at most MaxBatch leased items at a time.
+type BatchExporter interface {
+	Exporter
+	// MaxBatch is the most items one SendBatch takes.
+	MaxBatch() int
+	// SendBatch sends the items and returns one outcome per item, in order
+	// (their Lease is set by the caller). It calls wait before every request
+	// it makes to the provider — the destination's flow control — and
+	// never retries a request the provider may have processed.
+	SendBatch(ctx context.Context, items []outbox.Lease, wait func(context.Context) error) []outbox.Outcome
+}
+
+// StripeStream is the v2 meter event stream exporter: events go in batches
+// of up to 100 to POST /v2/billing/meter_event_stream on the meter-events
+// host, authenticated by a meter event session that it creates with the API
+// key (POST /v2/billing/meter_event_session, on the destination account),
+// keeps, and replaces a minute before it expires; an expired-session answer
+// (nothing processed) replaces it and sends the same request again.
+//
+// Every event carries the item's identifier, payload and timestamp, the
+// same bytes on every attempt; the batch an event travels in may differ
+// from one attempt to the next. A 2xx accepts every event of the request:
+// Stripe validates the events afterwards and reports failures as error
+// reports (see reconcile.RecordReport). A request refused as a whole for its
+// content (400) was processed for no event, so it is split in halves until
+// the refused events stand alone and are classified one by one as v1's
+// answers are. Every other answer (401/403, 409, 429, 5xx, no answer) is
+// the outcome of every event of the request, classified as v1's.
+type StripeStream struct {
+	client  *stripeapi.Client
+	timeout time.Duration
+	now     func() time.Time // the local clock the session's renewal is timed on
+
+	mu   sync.Mutex
+	sess *streamSession
+
+	sessions prometheus.Counter
+}
+
+// streamSession is a meter event session: a client authenticating with its
+// token, and when to replace it (on the local monotonic clock).
+type streamSession struct {
+	sc      *stripe.Client
+	renewAt time.Time
+}
+
+// NewStripeStream returns the stream exporter over client; timeout 0 means
+// DefaultRequestTimeout. It bounds one SendBatch: session renewals, and
+// the requests of a split, included.
+func NewStripeStream(client *stripeapi.Client, timeout time.Duration) *StripeStream {
+	if timeout <= 0 {
+		timeout = DefaultRequestTimeout
+	}
+	return &StripeStream{client: client, timeout: timeout, now: time.Now,
+		sessions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_stream_sessions_total",
+			Help: "Meter event sessions created for the v2 stream (one every ~14 minutes, more after expired-session answers).",
+		})}
+}
+
+// Collector is the exporter's session counter, to register.
+func (e *StripeStream) Collector() prometheus.Collector { return e.sessions }
+
+// Name is StripeMeterEventStream.
+func (e *StripeStream) Name() string { return StripeMeterEventStream }
+
+// DedupWindow is Stripe's 24 hours, as for v1.
+func (e *StripeStream) DedupWindow() time.Duration { return StripeDedupWindow }
+
+// Accepts is Stripe's 35 days back, 5 minutes ahead, as for v1.
+func (e *StripeStream) Accepts() (past, future time.Duration) {
+	return StripeAcceptPast, StripeAcceptFuture
+}
+
+// MaxBatch is StreamMaxEvents.
+func (e *StripeStream) MaxBatch() int { return StreamMaxEvents }
+
+// Send sends one item alone.
+func (e *StripeStream) Send(ctx context.Context, item outbox.Lease) outbox.Outcome {
+	return e.SendBatch(ctx, []outbox.Lease{item}, nil)[0]
+}
+
+// StreamEvent is an item's event on the stream, the same on every attempt.
+func StreamEvent(p outbox.Payload) *stripe.V2BillingMeterEventStreamCreateEventParams {
+	return &stripe.V2BillingMeterEventStreamCreateEventParams{
+		EventName:  stripe.String(p.EventName),
+		Identifier: stripe.String(p.Identifier),
+		Payload: map[string]string{
+			"stripe_customer_id": p.Customer,
+			"value":              strconv.FormatInt(p.Value, 10),
+		},
+		Timestamp: stripe.Time(time.Unix(p.Timestamp, 0).UTC()),
+	}
+}
+
+// SendBatch sends the items in one request, or in several when Stripe
+// refuses the request for its content.
+func (e *StripeStream) SendBatch(ctx context.Context, items []outbox.Lease, wait func(context.Context) error) []outbox.Outcome {
+	ctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	out := make([]outbox.Outcome, len(items))
+	e.send(ctx, items, out, wait)
+	return out
+}
+
+// send posts items and writes their outcomes into out.
+func (e *StripeStream) send(ctx context.Context, items []outbox.Lease, out []outbox.Outcome, wait func(context.Context) error) {
+	o := e.post(ctx, items, wait)
+	if len(items) > 1 && refusedWhole(o) {
+		// Nothing of the request was processed: find the refused events.
+		mid := len(items) / 2
+		e.send(ctx, items[:mid], out[:mid], wait)
+		e.send(ctx, items[mid:], out[mid:], wait)
+		return
+	}
+	for i := range out {
+		out[i] = o
+	}
+}
+
+// refusedWhole reports whether an outcome is Stripe refusing a request for
+// what it carries: a 4xx classified as rejected or quarantined.
+func refusedWhole(o outbox.Outcome) bool {
+	return (o.Kind == outbox.Rejected || o.Kind == outbox.Quarantined) && o.Error.Status >= 400 && o.Error.Status < 500
+}
+
+// post makes one stream request for items and classifies its answer.
+func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func(context.Context) error) outbox.Outcome {
+	params := &stripe.V2BillingMeterEventStreamCreateParams{Events: make([]*stripe.V2BillingMeterEventStreamCreateEventParams, len(items))}
+	for i, l := range items {
+		params.Events[i] = StreamEvent(l.Payload)
+	}
+	for try := 1; ; try++ {
+		sess, sresp, err := e.session(ctx)
+		if err != nil {
+			// Nothing was sent: the session could not be had.
+			o := Classify(answerOfError(sresp, err))
+			o.Refused = true
+			if o.Kind != outbox.RateLimited && o.Error.Code != codeAuth {
+				o.Kind, o.Error.Code = outbox.Retry, "stream_session"
+			}
+			return o
+		}
+		if wait != nil {
+			if err := wait(ctx); err != nil {
+				return outbox.Outcome{Kind: outbox.Retry, Refused: true,
+					Error: outbox.ErrorInfo{Code: "limiter", Message: "the rate limiter gave no slot before the deadline"}}
+			}
+		}
+		rctx, resp := stripeapi.WithResponse(ctx)
+		err = sess.sc.V2BillingMeterEventStreams.Create(rctx, params)
+		if sessionExpired(err, resp) {
+			// The stream refused the token, so it processed nothing.
+			e.forget(sess)
+			if try < sessionTries {
+				continue
+			}
+			return outbox.Outcome{Kind: outbox.Retry, Refused: true, Error: outbox.ErrorInfo{Code: "stream_session", Status: resp.Status,
+				Message: "the meter event session expired again right after it was renewed"}}
+		}
+		return Classify(answerOfError(resp, err))
+	}
+}
+
+// sessionExpired reports Stripe's answer to an expired or unknown session
+// token.
+func sessionExpired(err error, resp *stripeapi.Response) bool {
+	var tse *stripe.TemporarySessionExpiredError
+	if errors.As(err, &tse) {
+		return true
+	}
+	var w *stripeapi.Error
+	return resp.Status == http.StatusUnauthorized && errors.As(stripeapi.WrapError(err), &w) && w.Type == string(stripe.ErrorTypeTemporarySessionExpired)
+}
+
+// session returns the current session, creating one when there is none or
+// it is due for replacement. Concurrent senders wait for one creation.
+func (e *StripeStream) session(ctx context.Context) (*streamSession, *stripeapi.Response, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s := e.sess; s != nil && e.now().Before(s.renewAt) {
+		return s, nil, nil
+	}
+	started := e.now()
+	rctx, resp := stripeapi.WithResponse(ctx)
+	ms, err := e.client.Stripe().V2BillingMeterEventSessions.Create(rctx, &stripe.V2BillingMeterEventSessionCreateParams{})
+	if err == nil && (ms.AuthenticationToken == "" || !ms.ExpiresAt.After(ms.Created)) {
+		err = &stripeapi.Error{Code: stripeapi.CodeBadResponse}
+	}
+	if err != nil {
+		if resp.Status >= 200 && resp.Status < 300 {
+			resp.Status = 0 // an unreadable session is no session
+		}
+		return nil, resp, err
+	}
+	// The session's lifetime by Stripe's own clock, counted from when the
+	// request went out on ours, less a margin (less half of it for a short
+	// session).
+	life := ms.ExpiresAt.Sub(ms.Created)
+	margin := min(sessionMargin, life/2)
+	e.sess = &streamSession{sc: e.client.SessionClient(ms.AuthenticationToken), renewAt: started.Add(life - margin)}
+	e.sessions.Inc()
+	return e.sess, resp, nil
+}
+
+// forget drops s if it is still the current session.
+func (e *StripeStream) forget(s *streamSession) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sess == s {
+		e.sess = nil
+	}
+}
+
+// answerOfError reduces a stream call's result to an Answer: the status and
+// headers from the transport (stripe-go gives v2 errors without them), the
+// error's fields from stripe-go.
+func answerOfError(resp *stripeapi.Response, err error) Answer {
+	var a Answer
+	if resp != nil {
+		a.Status, a.RequestID = resp.Status, resp.RequestID
+		switch resp.ShouldRetry {
+		case "true":
+			a.ShouldRetry = ptr(true)
+		case "false":
+			a.ShouldRetry = ptr(false)
+		}
+		if secs, err := strconv.Atoi(resp.RetryAfter); err == nil && secs > 0 {
+			a.RetryAfter = time.Duration(secs) * time.Second
+		}
+	}
+	if err == nil || a.Status >= 200 && a.Status < 300 {
+		// A 2xx accepted the events, whether or not stripe-go could read
+		// its body.
+		if a.Status == 0 {
+			a.Status = http.StatusOK
+		}
+		return a
+	}
+	var w *stripeapi.Error
+	if errors.As(stripeapi.WrapError(err), &w) {
+		a.Type, a.Code, a.Param = w.Type, w.Code, w.Param
+		if a.Status == 0 {
+			a.Status = w.HTTPStatus
+		}
+		if a.RequestID == "" {
+			a.RequestID = w.RequestID
+		}
+	}
+	_, _, a.Message = stripeapi.Describe(err)
+	if a.Status == 0 {
+		a.Err, a.Message = err, ""
+		var oe *net.OpError
+		a.NotSent = errors.As(err, &oe) && oe.Op == "dial"
+	}
+	return a
+}
