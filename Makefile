@@ -31,5 +31,6 @@ bench:
 	go test ./api -run '^$$' -bench IngestVsCopyFrom -benchtime 1x
 	go test ./exporter -run '^$$' -bench DeliverUnlimited -benchtime 1x
 	go test ./exporter -run '^$$' -bench DeliverAtStripeLimit -benchtime 1x
+	go test ./exporter -run '^$$' -bench DeliverStreamVsV1 -benchtime 1x
 	go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x
 	go test ./cmd/tally -run '^$$' -bench NodeMemory -benchtime 1x

@@ -128,6 +128,7 @@ func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 		name = exporter.StripeMeterEventStream
 	}
 	pool, store := benchOutboxOf(b, r.items, name)
+
 	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: apiBase, MeterEventsBase: apiBase})
 	if err != nil {
 		b.Fatal(err)
@@ -394,15 +395,18 @@ func BenchmarkDeliverStreamVsV1(b *testing.B) {
 		b.ReportMetric(streamItems/el.Seconds(), fmt.Sprintf("stream_w%d_items/s", w))
 	}
 	_, base = benchSim(b, stripesim.Limits{})
+	rows = append(rows, row{"v1 exporter alone, 64 goroutines, no database", benchItems, sendDirect(b, base, 64)})
+	_, base = benchSim(b, stripesim.Limits{})
 	el := deliver(b, base, deliverRun{workers: 4, batch: 50, inflight: 64, rate: 1e6, items: v1Items})
 	rows = append(rows, row{"v1 deliverer 4 × 50, 64 in flight (the default)", v1Items, el})
 	b.ReportMetric(v1Items/el.Seconds(), "v1_items/s")
-	fmt.Printf("\nitems over %d customers, one meter; simulator without limits on loopback\n", benchCustomers)
-	fmt.Printf("%-66s %8s %8s %10s %8s\n", "", "items", "seconds", "items/s", "vs v1")
+	b.ReportMetric(streamItems/rows[0].el.Seconds(), "stream_exporter_events/s")
+	fmt.Printf("\nitems over %d customers, one meter; simulator without limits on loopback; each item is one meter event\n", benchCustomers)
+	fmt.Printf("%-66s %8s %8s %10s %12s\n", "", "items", "seconds", "items/s", "vs v1 deliv.")
 	v1 := float64(v1Items) / el.Seconds()
 	for _, r := range rows {
 		rate := float64(r.items) / r.el.Seconds()
-		fmt.Printf("%-66s %8d %8.1f %10.0f %7.1fx\n", r.name, r.items, r.el.Seconds(), rate, rate/v1)
+		fmt.Printf("%-66s %8d %8.1f %10.0f %11.1fx\n", r.name, r.items, r.el.Seconds(), rate, rate/v1)
 	}
 	fmt.Println()
 }

@@ -190,13 +190,24 @@ func (d *Deliverer) work(ctx context.Context, owner string, slots chan struct{},
 			idle() // export is stalled; items stay pending
 			continue
 		}
-		// Reserve send slots: wait for the first, take what else is free.
+		// Reserve send slots: wait for the first (a batch exporter: for a
+		// full request's worth), take what else is free.
+		want := 1
+		if be, ok := d.exporter.(BatchExporter); ok {
+			want = min(be.MaxBatch(), d.cfg.Batch, d.cfg.InFlight)
+		}
 		n := 0
-		select {
-		case slots <- struct{}{}:
-			n = 1
-		case <-ctx.Done():
-			return
+		for n < want {
+			select {
+			case slots <- struct{}{}:
+				n++
+				continue
+			case <-ctx.Done():
+				for ; n > 0; n-- {
+					<-slots
+				}
+				return
+			}
 		}
 		for n < d.cfg.Batch {
 			select {

@@ -39,6 +39,7 @@ func TestDocsSQL(t *testing.T) {
 		{"T8 — recover", sqlT8Recover},
 		{"T9 — requeue", sqlT9Requeue},
 		{"T9r — supersede (after the successor's T0, in the same transaction)", sqlT9rSupersede},
+		{"T10 — fail accepted (the provider's error report)", sqlT10Fail},
 		{"The gauge", sqlGauge},
 	} {
 		sql := strings.ReplaceAll(s.sql, columns("o"), colsPrefix)

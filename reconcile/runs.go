@@ -66,7 +66,9 @@ type Discrepancy struct {
 	ExplainedBy    []int64 `json:"explained_by"`
 	Explanation    string  `json:"explanation"`
 	// ReportedItems are the expected items Stripe's meter error reports
-	// name: accepted, then failed at Stripe.
+	// name: accepted, then failed at Stripe. A report normally moves its
+	// items out of accepted when it arrives (T10), so this lists the ones
+	// it could not move then (an item still leased, say).
 	ReportedItems []int64 `json:"reported_items"`
 }
 
