@@ -73,7 +73,11 @@ func TestChaos(t *testing.T) {
 	}})
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(func() { sim.Close(); srv.Close() })
-	features := []struct{ name, formula string }{{"api_calls", "sum"}, {"seats", "last"}, {"logins", "count"}}
+	// logins, the per-event feature, goes through the v2 stream (its
+	// mapping names the exporter); the others through v1: both deliverers
+	// of every node work the same outbox.
+	features := []struct{ name, formula, exporter string }{{"api_calls", "sum", ""}, {"seats", "last", ""},
+		{"logins", "count", "stripe_meter_event_stream"}}
 	for _, f := range features {
 		sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: f.name, EventName: f.name, Formula: f.formula})
 	}
@@ -87,7 +91,7 @@ func TestChaos(t *testing.T) {
 		n := &node{t: t, addr: freeAddr(t)}
 		n.env = []string{
 			"TALLY_DATABASE_URL=" + url, "TALLY_LISTEN=" + n.addr, "TALLY_ADMIN_TOKEN=" + admin,
-			"STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + srv.URL,
+			"STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + srv.URL, "STRIPE_METER_EVENTS_BASE=" + srv.URL,
 			"TALLY_STAGE_INTERVAL=300ms", "TALLY_WINDOW_GRACE=1s", "TALLY_MAINTENANCE_INTERVAL=1s",
 			"TALLY_OUTBOX_BACKOFF_BASE=50ms", "TALLY_OUTBOX_BACKOFF_CAP=400ms", "TALLY_OUTBOX_RATE_LIMIT_DELAY=100ms",
 			"TALLY_OUTBOX_MAX_ATTEMPTS=200", "TALLY_OUTBOX_LEASE=2s", "TALLY_STRIPE_TIMEOUT=400ms",
@@ -112,7 +116,8 @@ func TestChaos(t *testing.T) {
 		return "http://" + nodes[rng.IntN(len(nodes))].addr
 	}
 	for _, f := range features {
-		code, body := post(t, http.MethodPut, live()+"/v1/mappings/features/"+f.name, admin, map[string]string{"event_name": f.name, "aggregation": f.formula})
+		code, body := post(t, http.MethodPut, live()+"/v1/mappings/features/"+f.name, admin,
+			map[string]string{"event_name": f.name, "aggregation": f.formula, "exporter": f.exporter})
 		require.Equal(t, http.StatusOK, code, body)
 	}
 	for i := 0; i < tenants; i++ {
@@ -223,6 +228,8 @@ func TestChaos(t *testing.T) {
 		n.start()
 		nodesMu.Unlock()
 		kills++
+		// Stripe's sessions may end at any moment too.
+		sim.ExpireSessions(stripesim.DefaultAccount)
 	}
 	close(stopped)
 	wg.Wait()
@@ -272,16 +279,27 @@ func TestChaos(t *testing.T) {
 	checkAggregates(t, ctx, pool, sim)
 
 	// The faults the simulator injected, by what the calls were answered.
-	answered := map[int]int{}
-	calls := 0
+	answered, streamed := map[int]int{}, map[int]int{}
+	calls, streamCalls := 0, 0
 	for _, r := range sim.Requests() {
-		if r.Path == "/v1/billing/meter_events" {
+		switch r.Path {
+		case "/v1/billing/meter_events":
 			answered[r.Status]++
 			calls++
+		case "/v2/billing/meter_event_stream":
+			streamed[r.Status]++
+			streamCalls++
 		}
 	}
 	t.Logf("chaos: %d meter-event calls: %d accepted (200), %d duplicates (400), %d failed before recording or hung (500), %d lost replies (502), %d rate-limited (429)",
 		calls, answered[200], answered[400], answered[500], answered[502], answered[429])
+	t.Logf("chaos: %d stream requests: %d accepted (200), %d failed before recording or hung (500), %d lost replies (502), %d rate-limited (429), %d expired sessions (401)",
+		streamCalls, streamed[200], streamed[500], streamed[502], streamed[429], streamed[401])
+	require.Positive(t, streamed[200], "the stream exported the count feature")
+	var wrongRoute int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items
+		WHERE (payload ->> 'feature' = 'logins') <> (exporter = 'stripe_meter_event_stream')`).Scan(&wrongRoute))
+	require.Zero(t, wrongRoute, "every logins item, and only those, went to the stream")
 	var items, supplements int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE subject_ref LIKE '%#%') FROM outbox_items`).Scan(&items, &supplements))
 	t.Logf("chaos: %d events in the ledger, %d items (%d supplements of late usage)", ledger, items, supplements)
