@@ -150,6 +150,9 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	go d.listen(lctx, wake)
 
 	slots := make(chan struct{}, d.cfg.InFlight)
+	// gather lets one worker at a time wait for several slots: workers that
+	// each held part of what they wait for would wait for ever.
+	gather := make(chan struct{}, 1)
 	outcomes := make(chan outbox.Outcome, d.cfg.InFlight)
 	recorded := make(chan struct{})
 	go func() {
@@ -162,7 +165,7 @@ func (d *Deliverer) Run(ctx context.Context) error {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			d.work(ctx, fmt.Sprintf("%s:%d", d.cfg.Owner, i), slots, outcomes, &sends, wake)
+			d.work(ctx, fmt.Sprintf("%s:%d", d.cfg.Owner, i), slots, gather, outcomes, &sends, wake)
 		}()
 	}
 	workers.Wait()
@@ -173,7 +176,7 @@ func (d *Deliverer) Run(ctx context.Context) error {
 }
 
 // work is one claim loop.
-func (d *Deliverer) work(ctx context.Context, owner string, slots chan struct{}, outcomes chan<- outbox.Outcome,
+func (d *Deliverer) work(ctx context.Context, owner string, slots, gather chan struct{}, outcomes chan<- outbox.Outcome,
 	sends *sync.WaitGroup, wake <-chan struct{}) {
 	idle := func() {
 		t := time.NewTimer(d.cfg.PollInterval)
@@ -191,23 +194,15 @@ func (d *Deliverer) work(ctx context.Context, owner string, slots chan struct{},
 			continue
 		}
 		// Reserve send slots: wait for the first (a batch exporter: for a
-		// full request's worth), take what else is free.
+		// full request's worth, one worker at a time), take what else is
+		// free.
 		want := 1
 		if be, ok := d.exporter.(BatchExporter); ok {
 			want = min(be.MaxBatch(), d.cfg.Batch, d.cfg.InFlight)
 		}
-		n := 0
-		for n < want {
-			select {
-			case slots <- struct{}{}:
-				n++
-				continue
-			case <-ctx.Done():
-				for ; n > 0; n-- {
-					<-slots
-				}
-				return
-			}
+		n, ok := d.reserve(ctx, slots, gather, want)
+		if !ok {
+			return
 		}
 		for n < d.cfg.Batch {
 			select {
@@ -267,6 +262,33 @@ func (d *Deliverer) work(ctx context.Context, owner string, slots chan struct{},
 			}()
 		}
 	}
+}
+
+// reserve waits until it holds want send slots, or ctx ends (then it holds
+// none and says so). Waiting for more than one, it first takes gather, so
+// that only one worker at a time holds part of what it waits for: the
+// slots freed by the sends in flight then all reach it.
+func (d *Deliverer) reserve(ctx context.Context, slots, gather chan struct{}, want int) (int, bool) {
+	if want > 1 {
+		select {
+		case gather <- struct{}{}:
+			defer func() { <-gather }()
+		case <-ctx.Done():
+			return 0, false
+		}
+	}
+	for n := 0; n < want; {
+		select {
+		case slots <- struct{}{}:
+			n++
+		case <-ctx.Done():
+			for ; n > 0; n-- {
+				<-slots
+			}
+			return 0, false
+		}
+	}
+	return want, true
 }
 
 // sendBatches checks the leases against this node (T6) and sends the rest
@@ -422,6 +444,7 @@ func (d *Deliverer) record(outcomes <-chan outbox.Outcome) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		batch = d.latestPerItem(batch)
 		res, err := d.store.Record(ctx, d.pool, batch)
 		if err != nil {
 			// The items stay leased until their leases expire; the resend
@@ -450,6 +473,30 @@ func (d *Deliverer) record(outcomes <-chan outbox.Outcome) {
 			flush()
 		}
 	}
+}
+
+// latestPerItem keeps, of several outcomes for one item in a batch, the
+// one of its latest lease: the item was claimed again while an outcome of
+// its earlier lease still waited here, and that one would be fenced out
+// anyway (outbox.Record refuses a batch naming an item twice, which would
+// lose the whole batch).
+func (d *Deliverer) latestPerItem(batch []outbox.Outcome) []outbox.Outcome {
+	at := make(map[int64]int, len(batch))
+	out := batch[:0]
+	for _, o := range batch {
+		i, seen := at[o.Lease.ID]
+		switch {
+		case !seen:
+			at[o.Lease.ID] = len(out)
+			out = append(out, o)
+		case o.Lease.LeaseToken > out[i].Lease.LeaseToken:
+			d.logger.Warn("a delivery outcome was fenced out: the item was claimed again meanwhile", "item", o.Lease.ID)
+			out[i] = o
+		default:
+			d.logger.Warn("a delivery outcome was fenced out: the item was claimed again meanwhile", "item", o.Lease.ID)
+		}
+	}
+	return out
 }
 
 // listen wakes workers on each notification; it reconnects after errors.

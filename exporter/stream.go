@@ -139,8 +139,8 @@ func (e *StripeStream) SendBatch(ctx context.Context, items []outbox.Lease, wait
 
 // send posts items and writes their outcomes into out.
 func (e *StripeStream) send(ctx context.Context, items []outbox.Lease, out []outbox.Outcome, wait func(context.Context) error) {
-	o := e.post(ctx, items, wait)
-	if len(items) > 1 && refusedWhole(o) {
+	o, status := e.post(ctx, items, wait)
+	if len(items) > 1 && refusedWhole(status) {
 		// Nothing of the request was processed: find the refused events.
 		mid := len(items) / 2
 		e.send(ctx, items[:mid], out[:mid], wait)
@@ -152,14 +152,23 @@ func (e *StripeStream) send(ctx context.Context, items []outbox.Lease, out []out
 	}
 }
 
-// refusedWhole reports whether an outcome is Stripe refusing a request for
-// what it carries: a 4xx classified as rejected or quarantined.
-func refusedWhole(o outbox.Outcome) bool {
-	return (o.Kind == outbox.Rejected || o.Kind == outbox.Quarantined) && o.Error.Status >= 400 && o.Error.Status < 500
+// refusedWhole reports whether a stream request's status is Stripe refusing
+// it for what it carries — any 4xx but the key's (401, 403), the endpoint's
+// (404), a conflict (409) or the rate limit (429) — which processed none of
+// its events, whatever the message says (even v1's duplicate-identifier
+// 400, which would otherwise read as success for every event of it).
+func refusedWhole(status int) bool {
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusConflict, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 400 && status < 500
 }
 
-// post makes one stream request for items and classifies its answer.
-func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func(context.Context) error) outbox.Outcome {
+// post makes one stream request for items and classifies its answer; it
+// also returns the request's status (0 when none came back or nothing was
+// sent).
+func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func(context.Context) error) (outbox.Outcome, int) {
 	params := &stripe.V2BillingMeterEventStreamCreateParams{Events: make([]*stripe.V2BillingMeterEventStreamCreateEventParams, len(items))}
 	for i, l := range items {
 		params.Events[i] = StreamEvent(l.Payload)
@@ -173,26 +182,29 @@ func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func
 			if o.Kind != outbox.RateLimited && o.Error.Code != codeAuth {
 				o.Kind, o.Error.Code = outbox.Retry, "stream_session"
 			}
-			return o
+			return o, 0
 		}
 		if wait != nil {
 			if err := wait(ctx); err != nil {
 				return outbox.Outcome{Kind: outbox.Retry, Refused: true,
-					Error: outbox.ErrorInfo{Code: "limiter", Message: "the rate limiter gave no slot before the deadline"}}
+					Error: outbox.ErrorInfo{Code: "limiter", Message: "the rate limiter gave no slot before the deadline"}}, 0
 			}
 		}
 		rctx, resp := stripeapi.WithResponse(ctx)
 		err = sess.sc.V2BillingMeterEventStreams.Create(rctx, params)
-		if sessionExpired(err, resp) {
-			// The stream refused the token, so it processed nothing.
+		if sessionExpired(err, resp) || resp.Status == http.StatusUnauthorized {
+			// The stream refused the token, so it processed nothing: renew
+			// the session. (A key Stripe refuses shows when the session is
+			// created; a 401 of the stream itself is the session's, never
+			// reported as the key's.)
 			e.forget(sess)
 			if try < sessionTries {
 				continue
 			}
 			return outbox.Outcome{Kind: outbox.Retry, Refused: true, Error: outbox.ErrorInfo{Code: "stream_session", Status: resp.Status,
-				Message: "the meter event session expired again right after it was renewed"}}
+				Message: "the stream refused the meter event session again right after it was renewed"}}, resp.Status
 		}
-		return Classify(answerOfError(resp, err))
+		return Classify(answerOfError(resp, err)), resp.Status
 	}
 }
 

@@ -25,11 +25,14 @@ import (
 // own limiter) and the outbox's maintenance, as tally serve does, until
 // stop is called.
 func (r *rig) runStream(t *testing.T, timeout time.Duration) (exp *exporter.StripeStream, stop func()) {
+	return r.runStreamWith(t, timeout, exporter.DelivererConfig{Workers: 3, Batch: 500, InFlight: 1000})
+}
+
+func (r *rig) runStreamWith(t *testing.T, timeout time.Duration, cfg exporter.DelivererConfig) (exp *exporter.StripeStream, stop func()) {
 	t.Helper()
 	exp = exporter.NewStripeStream(r.resolver.Client(), timeout)
-	d, err := exporter.NewDeliverer(exporter.DelivererConfig{Workers: 3, Batch: 500, InFlight: 1000, RecordBatch: 1000,
-		Policy: outbox.BestEffort, PollInterval: 50 * time.Millisecond},
-		r.Outbox, r.Pool, exp, timeout, r.resolver.Destination, exporter.NewLimiter(2000), nil, nil)
+	cfg.RecordBatch, cfg.Policy, cfg.PollInterval = 1000, outbox.BestEffort, 50*time.Millisecond
+	d, err := exporter.NewDeliverer(cfg, r.Outbox, r.Pool, exp, timeout, r.resolver.Destination, exporter.NewLimiter(2000), nil, nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -120,6 +123,11 @@ func TestStreamSessionExpiryMidRunLosesAndDuplicatesNothing(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		// From the first session on, for a second: the events are still
+		// flowing then.
+		for start := time.Now(); testutil.ToFloat64(exp.Collector()) < 1 && time.Since(start) < 30*time.Second; {
+			time.Sleep(time.Millisecond)
+		}
 		for i := 0; i < 200; i++ {
 			expired.Add(int64(r.sim.ExpireSessions(stripesim.DefaultAccount)))
 			time.Sleep(5 * time.Millisecond)
@@ -244,4 +252,17 @@ func TestStreamRefusedKey(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, out[0].Error.Status)
 	require.Equal(t, "stripe_auth", out[0].Error.Code)
 	require.Empty(t, streamCalls(r.sim), "nothing reached the stream")
+}
+
+// More workers than the send slots hold full requests: each worker waits
+// for a request's worth of slots, one at a time, so that slots freed by the
+// sends in flight are never spread over workers that each hold too few to
+// send and wait for ever.
+func TestStreamDelivererWithFewSlotsForItsWorkers(t *testing.T) {
+	t.Parallel()
+	r := streamRig(t, outbox.Config{Lease: 10 * time.Second})
+	_, stop := r.runStreamWith(t, 2*time.Second, exporter.DelivererConfig{Workers: 6, Batch: 1000, InFlight: 150})
+	defer stop()
+	sums, counts := r.ingestMany(t, "", 1500)
+	r.checkSim(t, sums, counts)
 }

@@ -74,15 +74,17 @@ func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi
 		}
 		res.Recorded = true
 		// The evidence's foreign key share-locks the named items, and T10
-		// then locks them for update: take the first in ascending id order,
-		// the order every waiting writer of the outbox uses, so that a
-		// report and a batch of outcomes or confirmations over the same
-		// items never deadlock.
+		// then locks them for update: lock them for update first, in
+		// ascending id order, the order every waiting writer of the outbox
+		// uses, so that a report and a batch of outcomes or confirmations
+		// over the same items — or two reports naming one item — never
+		// deadlock (two share locks each waiting to become an update lock
+		// would).
 		identifiers := make([]string, len(rep.Samples))
 		for i, s := range rep.Samples {
 			identifiers[i] = s.Identifier
 		}
-		if _, err := tx.Exec(ctx, `SELECT id FROM outbox_items WHERE identifier = ANY($1) ORDER BY id FOR KEY SHARE`,
+		if _, err := tx.Exec(ctx, `SELECT id FROM outbox_items WHERE identifier = ANY($1) ORDER BY id FOR NO KEY UPDATE`,
 			identifiers); err != nil {
 			return fmt.Errorf("reconcile: locking the items event %s names: %w", rep.ID, err)
 		}

@@ -195,7 +195,7 @@ func settings() []setting {
 			float(func(c *Config) *float64 { return &c.StreamRateTest })},
 		{"TALLY_STREAM_INFLIGHT", "stream-inflight", "the most v2 stream events in flight on this node", "2000",
 			integer(func(c *Config) *int { return &c.StreamInFlight })},
-		{"TALLY_DELIVERY_WORKERS", "delivery-workers", "the deliverer's claim loops on this node", "4",
+		{"TALLY_DELIVERY_WORKERS", "delivery-workers", "each deliverer's claim loops on this node (v1's and the stream's)", "4",
 			integer(func(c *Config) *int { return &c.DeliveryWorkers })},
 		{"TALLY_DELIVERY_BATCH", "delivery-batch", "the most items one claim takes", "50",
 			integer(func(c *Config) *int { return &c.DeliveryBatch })},

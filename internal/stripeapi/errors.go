@@ -194,8 +194,11 @@ func Describe(err error) (code string, status int, message string) {
 
 var (
 	stripeKeyRE = regexp.MustCompile(`\b((?:sk|rk|pk)_(?:live|test)_)([0-9A-Za-z]+)`)
-	otherKeyRE  = regexp.MustCompile(`\b(whsec_|ek_(?:live|test)_|mesk_(?:test_)?)[0-9A-Za-z]+`)
-	authRE      = regexp.MustCompile(`(?i)\b(bearer|basic)\s+[^\s'",]+`)
+	otherKeyRE  = regexp.MustCompile(`\b(whsec_|ek_(?:live|test)_)[0-9A-Za-z]+`)
+	// A meter event session token (mesk_…) is masked whole, whatever its
+	// mode part or alphabet.
+	sessionTokenRE = regexp.MustCompile(`\bmesk_[0-9A-Za-z_\-]+`)
+	authRE         = regexp.MustCompile(`(?i)\b(bearer|basic)\s+[^\s'",]+`)
 )
 
 // fromStripe reports whether err is one of the errors stripe-go returns
@@ -231,6 +234,7 @@ func sanitize(s string) string {
 		return prefix + "****" + rest[len(rest)-4:]
 	})
 	s = otherKeyRE.ReplaceAllString(s, "${1}****")
+	s = sessionTokenRE.ReplaceAllString(s, "mesk_****")
 	s = authRE.ReplaceAllString(s, "${1} ****")
 	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool {
 		return unicode.IsSpace(r) || unicode.IsControl(r)

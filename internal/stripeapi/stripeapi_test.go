@@ -343,4 +343,11 @@ func TestDescribe(t *testing.T) {
 	assert.True(t, strings.HasPrefix(msg, "Bad thing with sk_live_****QRST and rk_test_****, Bearer **** and whsec_**** xxx"), msg)
 	assert.NotContains(t, msg, "\n")
 	assert.NotContains(t, msg, "Abcdefghijklmnop")
+
+	// Meter event session tokens are masked whole, whatever their mode part
+	// or alphabet.
+	for _, tok := range []string{"mesk_test_Ab12Cd34Ef56", "mesk_live_AbCd-Ef_Gh12", "mesk_Zz99Yy88"} {
+		_, _, msg = stripeapi.Describe(&stripe.Error{HTTPStatusCode: 401, Type: stripe.ErrorTypeInvalidRequest, Msg: "token " + tok + " expired"})
+		assert.Equal(t, "token mesk_**** expired", msg, tok)
+	}
 }
