@@ -432,6 +432,17 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		if cfg.Port == 0 && errors.As(err, &be) && attempt < portAttempts {
 			continue // lost the race for the free port; pick another
 		}
+		var se *shmBusyError
+		if errors.As(err, &se) && attempt < shmAttempts {
+			// The backends of a postmaster killed a moment ago still hold
+			// its shared memory while they exit.
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-time.After(shmRetryDelay):
+			}
+			continue
+		}
 		return nil, err
 	}
 }
@@ -615,6 +626,21 @@ func checkRunningPostmaster(pgdata string, logger *slog.Logger) error {
 	return fmt.Errorf("embeddedpg: another PostgreSQL server (pid %d) is already running on data directory %s; stop it first", pid, pgdata)
 }
 
+// shmBusyError reports that the server found the shared memory of an
+// earlier server on the data directory still attached: the backends of a
+// killed postmaster that have not exited yet.
+type shmBusyError struct{ err error }
+
+func (e *shmBusyError) Error() string { return e.err.Error() }
+func (e *shmBusyError) Unwrap() error { return e.err }
+
+// How often, and how far apart, a start is tried again while an earlier
+// server's shared memory is still attached (5 s in all).
+const (
+	shmAttempts   = 25
+	shmRetryDelay = 200 * time.Millisecond
+)
+
 // bindError reports that the server could not bind its port.
 type bindError struct{ err error }
 
@@ -701,8 +727,11 @@ func launch(ctx context.Context, cfg Config, binDir, dataDir, pgdata string, por
 	tail := logTail(logFile.Name(), offset)
 	if errors.Is(err, errExited) {
 		err = fmt.Errorf("embeddedpg: postgres exited during startup (%v); last lines of %s:\n%s", c.waitErr, logFile.Name(), tail)
-		if strings.Contains(tail, "could not bind") || strings.Contains(tail, "could not create any TCP/IP sockets") {
+		switch {
+		case strings.Contains(tail, "could not bind") || strings.Contains(tail, "could not create any TCP/IP sockets"):
 			err = &bindError{err}
+		case strings.Contains(tail, "pre-existing shared memory block") && strings.Contains(tail, "still in use"):
+			err = &shmBusyError{err}
 		}
 		return nil, "", err
 	}
