@@ -121,10 +121,16 @@ func runExport(t *testing.T, exporter string, kills int) {
 		tenants = 50
 		admin   = "e2e-admin-token-0123456789abcdef"
 	)
+	latency, jitter := 2*time.Millisecond, 8*time.Millisecond
+	if stream {
+		// A stream request carries up to 100 events: a longer one, so that
+		// the kills find batches in flight.
+		latency, jitter = 20*time.Millisecond, 30*time.Millisecond
+	}
 	sim := stripesim.New(stripesim.Options{Seed: uint64(1 + kills), Limits: stripesim.Limits{
 		OneCallPerCustomerMeter: true,
 		Faults: stripesim.Faults{FailBeforeRecord: 0.10, LoseReply: 0.05, RateLimitFault: 0.05,
-			Latency: 2 * time.Millisecond, LatencyJitter: 8 * time.Millisecond},
+			Latency: latency, LatencyJitter: jitter},
 	}})
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(func() { sim.Close(); srv.Close() })
@@ -224,6 +230,16 @@ func runExport(t *testing.T, exporter string, kills int) {
 			}
 			for i := 0; i < kills; i++ {
 				time.Sleep(time.Duration(200+rng.IntN(1000)) * time.Millisecond)
+				if stream {
+					// The stream drains fast: kill while a batch is leased.
+					for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+						var leased bool
+						_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM outbox_items WHERE state = 'leased')`).Scan(&leased)
+						if leased {
+							break
+						}
+					}
+				}
 				var open int
 				_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')`).Scan(&open)
 				t.Logf("kill %d: %d items open", i+1, open)
