@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -81,21 +82,24 @@ const withinBudget = `o.attempts - o.attempts_base < @max
     AND ` + exporterMarker
 
 // exporterMarker stands in every claim statement for the exporter filter:
-// o.exporter = @exporter when ClaimOptions.Exporter is set, else true.
+// o.exporter = '<name>' when ClaimOptions.Exporter is set, else true.
 const exporterMarker = "/*exporter*/ true"
 
-// forExporter returns the variant of a claim statement that claims only
-// one exporter's items (served by the exporter-leading partial indexes), or
-// every item.
-func forExporter(sql string, filtered bool) string {
-	if !filtered {
+// exporterName is what an exporter's name may be (the identity's check):
+// safe to write into a statement as a literal.
+var exporterName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// forExporter returns the variant of a claim statement that claims only one
+// exporter's items, or every item (exporter empty). The name is written as
+// a literal, not a parameter, so that even a cached statement's generic plan
+// can use the partial indexes of one exporter's items (migration 11).
+func forExporter(sql, exporter string) string {
+	if exporter == "" {
 		return sql
 	}
-	return strings.ReplaceAll(sql, exporterMarker, "o.exporter = @exporter")
+	return strings.ReplaceAll(sql, exporterMarker, "o.exporter = '"+exporter+"'")
 }
 
-// claimable is the whole T1 predicate, re-checked by the UPDATE on the
-// locked row.
 const claimable = `((o.state = 'pending' AND o.next_attempt_at <= clock_timestamp())
       OR (o.state = 'leased' AND o.lease_expires_at < clock_timestamp()))
     AND ` + withinBudget
@@ -276,9 +280,11 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 		"horizon":       s.cfg.Horizon,
 		"accept_past":   unbounded(opts.AcceptPast),
 		"accept_future": unbounded(opts.AcceptFuture),
-		"exporter":      opts.Exporter,
 	}
-	filtered := opts.Exporter != ""
+	if opts.Exporter != "" && !exporterName.MatchString(opts.Exporter) {
+		return nil, fmt.Errorf("outbox: claim: %q is not an exporter name", opts.Exporter)
+	}
+	filtered := opts.Exporter
 
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -334,7 +340,7 @@ const perKeyRounds = 3
 // concurrent claimers that committed meanwhile) is followed by another over
 // keys not yet tried, so contention does not make a claim return empty while
 // work is due.
-func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, limit int, filtered bool) ([]Lease, error) {
+func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, limit int, filtered string) ([]Lease, error) {
 	var (
 		leases []Lease
 		tried  = []string{}
@@ -376,7 +382,7 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 // candidateKeys returns the keys a PerKey round may try, oldest first: from
 // the scan of the oldest claimable items, and, when that scan was cut off
 // before it found want keys, from the loose scan over all keys.
-func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered bool) ([]string, error) {
+func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered string) ([]string, error) {
 	var (
 		cand      []string
 		key       string
