@@ -211,13 +211,10 @@ func runExport(t *testing.T, exporter string, kills int) {
 			require.Equal(t, http.StatusAccepted, code, body)
 		}
 	}
-	if !stream {
-		postAll()
-	}
-
-	// The killer: once staging has begun, SIGKILL at random moments, then
-	// a restart. The stream drains a backlog in well under a second, so
-	// there the kills come while usage is still being posted.
+	// The killer: once staging has begun, SIGKILL at random moments, each
+	// once an item is leased, then a restart. Export keeps up with the
+	// posting (per-event items are staged as they arrive), so the kills
+	// come while usage is still being posted.
 	killed := make(chan struct{}) // closed once every kill and restart happened
 	if kills == 0 {
 		close(killed)
@@ -230,14 +227,11 @@ func runExport(t *testing.T, exporter string, kills int) {
 			}
 			for i := 0; i < kills; i++ {
 				time.Sleep(time.Duration(200+rng.IntN(1000)) * time.Millisecond)
-				if stream {
-					// The stream drains fast: kill while a batch is leased.
-					for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
-						var leased bool
-						_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM outbox_items WHERE state = 'leased')`).Scan(&leased)
-						if leased {
-							break
-						}
+				for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+					var leased bool
+					_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM outbox_items WHERE state = 'leased')`).Scan(&leased)
+					if leased {
+						break
 					}
 				}
 				var open int
@@ -249,9 +243,7 @@ func runExport(t *testing.T, exporter string, kills int) {
 		}()
 	}
 
-	if stream {
-		postAll()
-	}
+	postAll()
 
 	drained := func() bool {
 		var open, unstaged int
