@@ -24,12 +24,11 @@ import (
 
 const webhookSecret = "whsec_test_0123456789abcdef"
 
-// Stripe's meter error reports arrive as signed thin events: a bad or stale
-// signature answers 400 and records nothing; a good one is fetched and
-// recorded once, however often it is delivered, as evidence on the item,
-// and the accepted item it names leaves accepted (T10) once.
-func TestStripeEventsWebhook(t *testing.T) {
-	t.Parallel()
+// webhookHarness is a simulator for acct_1 (meter logins, customer cus_1),
+// its URL, a client of it, and an API harness whose webhook fetches events
+// from it.
+func webhookHarness(t *testing.T) (*stripesim.Server, string, *stripeapi.Client, *harness) {
+	t.Helper()
 	sim := stripesim.New(stripesim.Options{Keys: map[string]string{stripesim.DefaultKey: "acct_1"}})
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(func() { sim.Close(); srv.Close() })
@@ -37,10 +36,19 @@ func TestStripeEventsWebhook(t *testing.T) {
 	sim.CreateCustomer("acct_1", "cus_1")
 	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
 	require.NoError(t, err)
-
 	h := newHarnessWith(t, true, func(d *api.Deps) {
 		d.Webhook = &api.WebhookDeps{Secret: webhookSecret, Fetch: client.MeterErrorEvent}
 	})
+	return sim, srv.URL, client, h
+}
+
+// Stripe's meter error reports arrive as signed thin events: a bad or stale
+// signature answers 400 and records nothing; a good one is fetched and
+// recorded once, however often it is delivered, as evidence on the item,
+// and the accepted item it names leaves accepted (T10) once.
+func TestStripeEventsWebhook(t *testing.T) {
+	t.Parallel()
+	sim, _, client, h := webhookHarness(t)
 	op := h.as(h.token("op", auth.RoleOperator))
 	ingest := h.as(h.token("svc", auth.RoleIngest))
 	require.Equal(t, http.StatusOK, h.request(http.MethodPut, "/v1/mappings/features/logins", op,
@@ -178,17 +186,7 @@ func streamToSim(t *testing.T, base string, events ...map[string]any) {
 // does not know is counted, conservation holds, and nothing moves twice.
 func TestStripeEventsReportsFailAcceptedItems(t *testing.T) {
 	t.Parallel()
-	sim := stripesim.New(stripesim.Options{Keys: map[string]string{stripesim.DefaultKey: "acct_1"}})
-	srv := httptest.NewServer(sim.Handler())
-	t.Cleanup(func() { sim.Close(); srv.Close() })
-	sim.CreateMeter("acct_1", stripesim.MeterSpec{DisplayName: "logins", EventName: "logins", Formula: "count"})
-	sim.CreateCustomer("acct_1", "cus_1")
-	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
-	require.NoError(t, err)
-
-	h := newHarnessWith(t, true, func(d *api.Deps) {
-		d.Webhook = &api.WebhookDeps{Secret: webhookSecret, Fetch: client.MeterErrorEvent}
-	})
+	sim, simURL, _, h := webhookHarness(t)
 	op := h.as(h.token("op", auth.RoleOperator))
 	ingest := h.as(h.token("svc", auth.RoleIngest))
 	for _, f := range []string{"logins", "exports"} { // no meter at Stripe has the event name exports
@@ -224,7 +222,7 @@ func TestStripeEventsReportsFailAcceptedItems(t *testing.T) {
 		return map[string]any{"event_name": l.Payload.EventName, "identifier": l.Identifier, "timestamp": ts,
 			"payload": map[string]any{"stripe_customer_id": l.Payload.Customer, "value": "1"}}
 	}
-	streamToSim(t, srv.URL,
+	streamToSim(t, simURL,
 		streamed(noMeter, rfc(at)), streamed(late, old), streamed(inFlight, old),
 		map[string]any{"event_name": "logins", "identifier": "another_senders_event", "timestamp": old,
 			"payload": map[string]any{"stripe_customer_id": "cus_1", "value": "1"}})

@@ -94,6 +94,7 @@ type Deliverer struct {
 	store    *outbox.Store
 	pool     *pgxpool.Pool
 	exporter Exporter
+	batch    BatchExporter // the exporter, when it sends in batches; else nil
 	dest     func() (Destination, error)
 	limiter  *Limiter
 	logger   *slog.Logger
@@ -130,12 +131,21 @@ func NewDeliverer(cfg DelivererConfig, store *outbox.Store, pool *pgxpool.Pool, 
 		}
 	}
 	return &Deliverer{cfg: cfg, store: store, pool: pool, exporter: exp, dest: dest, limiter: limiter,
-		logger: logger, metrics: m, timeout: timeout}, nil
+		logger: logger, metrics: m, timeout: timeout, batch: batchOf(exp)}, nil
+}
+
+// batchOf is exp as a BatchExporter sending more than one item a request,
+// or nil.
+func batchOf(exp Exporter) BatchExporter {
+	if be, ok := exp.(BatchExporter); ok && be.MaxBatch() > 1 {
+		return be
+	}
+	return nil
 }
 
 // requestsIn is how many requests n items in flight make with exp.
 func requestsIn(n int, exp Exporter) int {
-	if be, ok := exp.(BatchExporter); ok && be.MaxBatch() > 1 {
+	if be := batchOf(exp); be != nil {
 		return (n + be.MaxBatch() - 1) / be.MaxBatch()
 	}
 	return n
@@ -197,7 +207,7 @@ func (d *Deliverer) work(ctx context.Context, owner string, slots, gather chan s
 		// full request's worth, one worker at a time), take what else is
 		// free.
 		want := 1
-		if be, ok := d.exporter.(BatchExporter); ok {
+		if be := d.batch; be != nil {
 			want = min(be.MaxBatch(), d.cfg.Batch, d.cfg.InFlight)
 		}
 		n, ok := d.reserve(ctx, slots, gather, want)
@@ -214,7 +224,7 @@ func (d *Deliverer) work(ctx context.Context, owner string, slots, gather chan s
 			break
 		}
 		prepaid := 0
-		if be, ok := d.exporter.(BatchExporter); ok {
+		if be := d.batch; be != nil {
 			// Take the requests' slots at the limiter first, then claim no
 			// more items than they carry: leased items must not wait at the
 			// limiter (a slot unused because the claim found less is lost).
@@ -249,7 +259,7 @@ func (d *Deliverer) work(ctx context.Context, owner string, slots, gather chan s
 			idle()
 			continue
 		}
-		if be, ok := d.exporter.(BatchExporter); ok {
+		if be := d.batch; be != nil {
 			d.sendBatches(be, leases, dest, slots, outcomes, sends, prepaid)
 			continue
 		}

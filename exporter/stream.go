@@ -2,8 +2,6 @@ package exporter
 
 import (
 	"context"
-	"errors"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -177,7 +175,7 @@ func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func
 		sess, sresp, err := e.session(ctx)
 		if err != nil {
 			// Nothing was sent: the session could not be had.
-			o := Classify(answerOfError(sresp, err))
+			o := Classify(answerOf(sresp, err))
 			o.Refused = true
 			if o.Kind != outbox.RateLimited && o.Error.Code != codeAuth {
 				o.Kind, o.Error.Code = outbox.Retry, "stream_session"
@@ -192,11 +190,12 @@ func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func
 		}
 		rctx, resp := stripeapi.WithResponse(ctx)
 		err = sess.sc.V2BillingMeterEventStreams.Create(rctx, params)
-		if sessionExpired(err, resp) || resp.Status == http.StatusUnauthorized {
-			// The stream refused the token, so it processed nothing: renew
-			// the session. (A key Stripe refuses shows when the session is
-			// created; a 401 of the stream itself is the session's, never
-			// reported as the key's.)
+		if resp.Status == http.StatusUnauthorized {
+			// The stream refused the token — expired (Stripe's
+			// temporary_session_expired) or not — so it processed nothing:
+			// renew the session. (A key Stripe refuses shows when the
+			// session is created; a 401 of the stream itself is the
+			// session's, never reported as the key's.)
 			e.forget(sess)
 			if try < sessionTries {
 				continue
@@ -204,19 +203,8 @@ func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func
 			return outbox.Outcome{Kind: outbox.Retry, Refused: true, Error: outbox.ErrorInfo{Code: "stream_session", Status: resp.Status,
 				Message: "the stream refused the meter event session again right after it was renewed"}}, resp.Status
 		}
-		return Classify(answerOfError(resp, err)), resp.Status
+		return Classify(answerOf(resp, err)), resp.Status
 	}
-}
-
-// sessionExpired reports Stripe's answer to an expired or unknown session
-// token.
-func sessionExpired(err error, resp *stripeapi.Response) bool {
-	var tse *stripe.TemporarySessionExpiredError
-	if errors.As(err, &tse) {
-		return true
-	}
-	var w *stripeapi.Error
-	return resp.Status == http.StatusUnauthorized && errors.As(stripeapi.WrapError(err), &w) && w.Type == string(stripe.ErrorTypeTemporarySessionExpired)
 }
 
 // session returns the current session, creating one when there is none or
@@ -256,48 +244,4 @@ func (e *StripeStream) forget(s *streamSession) {
 	if e.sess == s {
 		e.sess = nil
 	}
-}
-
-// answerOfError reduces a stream call's result to an Answer: the status and
-// headers from the transport (stripe-go gives v2 errors without them), the
-// error's fields from stripe-go.
-func answerOfError(resp *stripeapi.Response, err error) Answer {
-	var a Answer
-	if resp != nil {
-		a.Status, a.RequestID = resp.Status, resp.RequestID
-		switch resp.ShouldRetry {
-		case "true":
-			a.ShouldRetry = ptr(true)
-		case "false":
-			a.ShouldRetry = ptr(false)
-		}
-		if secs, err := strconv.Atoi(resp.RetryAfter); err == nil && secs > 0 {
-			a.RetryAfter = time.Duration(secs) * time.Second
-		}
-	}
-	if err == nil || a.Status >= 200 && a.Status < 300 {
-		// A 2xx accepted the events, whether or not stripe-go could read
-		// its body.
-		if a.Status == 0 {
-			a.Status = http.StatusOK
-		}
-		return a
-	}
-	var w *stripeapi.Error
-	if errors.As(stripeapi.WrapError(err), &w) {
-		a.Type, a.Code, a.Param = w.Type, w.Code, w.Param
-		if a.Status == 0 {
-			a.Status = w.HTTPStatus
-		}
-		if a.RequestID == "" {
-			a.RequestID = w.RequestID
-		}
-	}
-	_, _, a.Message = stripeapi.Describe(err)
-	if a.Status == 0 {
-		a.Err, a.Message = err, ""
-		var oe *net.OpError
-		a.NotSent = errors.As(err, &oe) && oe.Op == "dial"
-	}
-	return a
 }

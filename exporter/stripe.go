@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -68,38 +69,41 @@ func Params(p outbox.Payload) *stripe.BillingMeterEventCreateParams {
 func (e *StripeV1) Send(ctx context.Context, item outbox.Lease) outbox.Outcome {
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
-	ev, err := e.client.Stripe().V1BillingMeterEvents.Create(ctx, Params(item.Payload))
-	return Classify(answerOf(ev, err))
+	ctx, resp := stripeapi.WithResponse(ctx)
+	_, err := e.client.Stripe().V1BillingMeterEvents.Create(ctx, Params(item.Payload))
+	return Classify(answerOf(resp, err))
 }
 
-// answerOf reduces stripe-go's result to an Answer.
-func answerOf(ev *stripe.BillingMeterEvent, err error) Answer {
-	if err == nil {
-		a := Answer{Status: 200}
-		if ev != nil && ev.LastResponse != nil {
-			a.Status, a.RequestID = ev.LastResponse.StatusCode, ev.LastResponse.RequestID
+// answerOf reduces a call's result to an Answer: the status and headers
+// from the transport (stripe-go gives v2 errors without them), the error's
+// fields from stripe-go. A 2xx is an answer whether or not stripe-go could
+// read its body.
+func answerOf(resp *stripeapi.Response, err error) Answer {
+	var a Answer
+	if resp != nil {
+		a.Status, a.RequestID = resp.Status, resp.RequestID
+		switch resp.ShouldRetry {
+		case "true":
+			a.ShouldRetry = ptr(true)
+		case "false":
+			a.ShouldRetry = ptr(false)
+		}
+		if secs, err := strconv.Atoi(resp.RetryAfter); err == nil && secs > 0 {
+			a.RetryAfter = time.Duration(secs) * time.Second
+		}
+	}
+	if err == nil || a.Status >= 200 && a.Status < 300 {
+		if a.Status == 0 {
+			a.Status = http.StatusOK
 		}
 		return a
 	}
-	var a Answer
-	var se *stripe.Error
-	if errors.As(err, &se) && se.LastResponse != nil {
-		a.RequestID = se.LastResponse.RequestID
-		if h := se.LastResponse.Header; h != nil {
-			switch h.Get("Stripe-Should-Retry") {
-			case "true":
-				a.ShouldRetry = ptr(true)
-			case "false":
-				a.ShouldRetry = ptr(false)
-			}
-			if secs, err := strconv.Atoi(h.Get("Retry-After")); err == nil && secs > 0 {
-				a.RetryAfter = time.Duration(secs) * time.Second
-			}
-		}
-	}
 	var w *stripeapi.Error
 	if errors.As(stripeapi.WrapError(err), &w) {
-		a.Status, a.Type, a.Code, a.Param = w.HTTPStatus, w.Type, w.Code, w.Param
+		a.Type, a.Code, a.Param = w.Type, w.Code, w.Param
+		if a.Status == 0 {
+			a.Status = w.HTTPStatus
+		}
 		if a.RequestID == "" {
 			a.RequestID = w.RequestID
 		}
