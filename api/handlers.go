@@ -258,7 +258,9 @@ func (h *handlers) putFeature(w http.ResponseWriter, r *http.Request) {
 	// like every other bad field, not a malformed body. The exporter is
 	// optional: absent or empty is the node's default (TALLY_EXPORTER); a
 	// PUT sets the whole mapping, so leaving it out of a mapping that named
-	// one goes back to the default.
+	// one goes back to the default. The payload keys are not part of the
+	// body (an unknown field): the mapping takes them from the Stripe meter
+	// with the event name (Stripe's defaults without a Stripe key).
 	var raw struct {
 		EventName   string               `json:"event_name"`
 		Aggregation mappings.Aggregation `json:"aggregation"`

@@ -120,8 +120,8 @@ func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.log.InfoContext(r.Context(), "Stripe meter error report recorded", "event", rep.ID, "type", rep.Type,
-		"failed", res.Failed, "evidence_only", res.EvidenceOnly, "unmatched", res.Unmatched)
-	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: "recorded", Failed: res.Failed,
+		"failed", res.Failed, "noted", res.Noted, "evidence_only", res.EvidenceOnly, "unmatched", res.Unmatched)
+	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: "recorded", Failed: res.Failed, Noted: res.Noted,
 		EvidenceOnly: res.EvidenceOnly, Unmatched: res.Unmatched})
 }
 
@@ -132,6 +132,7 @@ func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 type stripeEventAnswer struct {
 	Status       string `json:"status"`
 	Failed       int    `json:"failed"`
+	Noted        int    `json:"noted"`
 	EvidenceOnly int    `json:"evidence_only"`
 	Unmatched    int    `json:"unmatched"`
 }

@@ -98,10 +98,11 @@ func TestStripeEventsWebhook(t *testing.T) {
 
 	resp = post(body, sig)
 	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
-	require.JSONEq(t, `{"status":"recorded","failed":1,"evidence_only":0,"unmatched":0}`, string(resp.body))
+	require.JSONEq(t, `{"status":"recorded","failed":1,"noted":0,"evidence_only":0,"unmatched":0}`, string(resp.body))
 	failed, err := h.parts.Outbox.Get(h.ctx, h.pool, leases[0].ID)
 	require.NoError(t, err)
-	require.Equal(t, outbox.StateRejected, failed.State, "Stripe dropped it: no mapping fix cures that")
+	require.Equal(t, outbox.StateQuarantined, failed.State, "Stripe dropped it, with a code Tally does not know: a human looks")
+	require.Equal(t, outbox.ReasonProviderRefused, failed.QuarantineReason)
 	require.Equal(t, stripesim.CodeDropped, failed.LastError.Code)
 	resp = post(body, sig)
 	require.Equal(t, http.StatusOK, resp.status)
@@ -240,8 +241,8 @@ func TestStripeEventsReportsFailAcceptedItems(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
 		answers[rep.Code] = string(resp.body)
 	}
-	require.JSONEq(t, `{"status":"recorded","failed":1,"evidence_only":0,"unmatched":0}`, answers[stripesim.CodeNoMeter])
-	require.JSONEq(t, `{"status":"recorded","failed":1,"evidence_only":1,"unmatched":1}`, answers[stripesim.CodeTimestampTooFarInPast])
+	require.JSONEq(t, `{"status":"recorded","failed":1,"noted":0,"evidence_only":0,"unmatched":0}`, answers[stripesim.CodeNoMeter])
+	require.JSONEq(t, `{"status":"recorded","failed":1,"noted":1,"evidence_only":0,"unmatched":1}`, answers[stripesim.CodeTimestampTooFarInPast])
 
 	get := func(id int64) outbox.Item {
 		it, err := h.parts.Outbox.Get(h.ctx, h.pool, id)
@@ -256,7 +257,7 @@ func TestStripeEventsReportsFailAcceptedItems(t *testing.T) {
 	it = get(late.ID)
 	require.Equal(t, outbox.StateRejected, it.State)
 	require.Equal(t, "timestamp_too_far_in_past", it.LastError.Code)
-	require.Equal(t, outbox.StateLeased, get(inFlight.ID).State, "evidence only")
+	require.Equal(t, outbox.StateLeased, get(inFlight.ID).State, "noted: its accept lands where the report says")
 	require.Equal(t, before, h.count(`SELECT count(*) FROM outbox_attempts`), "T10 is not an attempt's outcome")
 
 	var view struct {
@@ -294,18 +295,26 @@ func TestStripeEventsReportsFailAcceptedItems(t *testing.T) {
 	}
 	require.Equal(t, [3]int64{1, 1, 1}, [3]int64{quarantined, rejected, pending})
 
-	// The meter is created at Stripe: the quarantined item is requeued in
-	// place (T9) and goes out again with its identifier.
+	// The meter is created at Stripe, no mapping changes, and the operator
+	// requeues. The report proved Stripe recorded nothing under the item's
+	// identifier, but Stripe may remember it (a replayed 200, or a failed
+	// event in its dedup window): a resend under it could read as accepted
+	// while nothing is counted. The requeue re-addresses it instead: a
+	// successor with a new identifier, the item superseded.
 	sim.CreateMeter("acct_1", stripesim.MeterSpec{DisplayName: "exports", EventName: "exports", Formula: "count"})
 	resp := h.request(http.MethodPost, "/v1/outbox/items/"+strconv.FormatInt(noMeter.ID, 10)+"/requeue", op,
 		map[string]any{"mapping_version": noMeter.MappingVersion})
 	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
 	var requeued struct {
-		Action string `json:"action"`
+		Action    string `json:"action"`
+		Successor int64  `json:"successor"`
 	}
 	resp.decode(t, &requeued)
-	require.Equal(t, "requeued", requeued.Action)
+	require.Equal(t, "readdressed", requeued.Action)
 	it = get(noMeter.ID)
-	require.Equal(t, outbox.StatePending, it.State)
-	require.Equal(t, noMeter.Identifier, it.Identifier)
+	require.Equal(t, outbox.StateSuperseded, it.State)
+	succ := get(requeued.Successor)
+	require.Equal(t, outbox.StatePending, succ.State)
+	require.NotEqual(t, noMeter.Identifier, succ.Identifier)
+	require.Equal(t, noMeter.MappingVersion, succ.MappingVersion, "no mapping changed")
 }

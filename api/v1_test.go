@@ -771,15 +771,17 @@ func TestTokensHashedAtRest(t *testing.T) {
 // 4. Mappings
 
 type featureView struct {
-	Feature        string        `json:"feature"`
-	EventName      string        `json:"event_name"`
-	Aggregation    string        `json:"aggregation"`
-	Window         string        `json:"window"`
-	Exporter       *string       `json:"exporter"`
-	MappingVersion int           `json:"mapping_version"`
-	UpdatedBy      string        `json:"updated_by"`
-	Changed        *bool         `json:"changed"`
-	History        []featureView `json:"history"`
+	Feature            string        `json:"feature"`
+	EventName          string        `json:"event_name"`
+	Aggregation        string        `json:"aggregation"`
+	Window             string        `json:"window"`
+	Exporter           *string       `json:"exporter"`
+	CustomerPayloadKey *string       `json:"customer_payload_key"`
+	ValuePayloadKey    *string       `json:"value_payload_key"`
+	MappingVersion     int           `json:"mapping_version"`
+	UpdatedBy          string        `json:"updated_by"`
+	Changed            *bool         `json:"changed"`
+	History            []featureView `json:"history"`
 }
 
 type tenantView struct {
@@ -823,6 +825,10 @@ func TestMappingsAPI(t *testing.T) {
 		require.Equal(t, "1h0m0s", v1.Window, "the default window")
 		require.NotNil(t, v1.Exporter, "the exporter is always shown")
 		require.Empty(t, *v1.Exporter, "empty: the node's default")
+		require.NotNil(t, v1.CustomerPayloadKey, "the payload keys are always shown")
+		require.NotNil(t, v1.ValuePayloadKey)
+		require.Equal(t, "stripe_customer_id", *v1.CustomerPayloadKey, "no Stripe key: Stripe's default keys")
+		require.Equal(t, "value", *v1.ValuePayloadKey)
 		require.Equal(t, "token:operator", v1.UpdatedBy)
 
 		// Identical (the default window spelled out): no change.
@@ -849,6 +855,10 @@ func TestMappingsAPI(t *testing.T) {
 		require.Equal(t, "1h0m0s", got.History[0].Window)
 		require.Equal(t, v2.MappingVersion, got.History[1].MappingVersion)
 		require.Equal(t, "15m0s", got.History[1].Window)
+		require.NotNil(t, got.CustomerPayloadKey)
+		require.Equal(t, "stripe_customer_id", *got.CustomerPayloadKey)
+		require.NotNil(t, got.History[0].ValuePayloadKey, "the history shows each version's keys")
+		require.Equal(t, "value", *got.History[0].ValuePayloadKey)
 
 		resp = h.request(http.MethodGet, "/v1/mappings/features", fin, nil)
 		var list struct {
@@ -891,6 +901,7 @@ func TestMappingsAPI(t *testing.T) {
 		require.Equal(t, "window", resp.problems(t)[0].Field)
 		for name, body := range map[string]string{
 			"unknown field":       `{"event_name":"a","aggregation":"sum","meter":"x"}`,
+			"payload key":         `{"event_name":"a","aggregation":"sum","customer_payload_key":"x"}`,
 			"not JSON":            `{"event_name":`,
 			"window not a string": `{"event_name":"a","aggregation":"sum","window":60}`,
 			"two values":          `{"event_name":"a","aggregation":"sum"}{}`,

@@ -320,6 +320,8 @@ func TestOperatorSetsFeatureExporter(t *testing.T) {
 	require.Equal(t, "Feature mapping saved.", text(t, ctx, `[data-testid=flash]`))
 	require.Equal(t, "stripe_meter_event_stream", text(t, ctx, `[data-testid=feature-gpu] [data-testid=exporter]`))
 	require.Contains(t, text(t, ctx, `[data-testid=feature-gpu]`), "1h0m0s", "the window as a duration")
+	require.Equal(t, "stripe_customer_id", text(t, ctx, `[data-testid=feature-gpu] [data-testid=customer-key]`), "no checker: Stripe's default keys")
+	require.Equal(t, "value", text(t, ctx, `[data-testid=feature-gpu] [data-testid=value-key]`))
 	require.Contains(t, text(t, ctx, `main`), "exporter stripe_meter_event_stream", "the history shows the exporter")
 	screenshot(t, ctx, "operator-feature-exporter")
 	gpu, err := s.env.Maps.GetFeature(s.env.Ctx, s.env.Pool, "gpu")

@@ -6,6 +6,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -379,13 +380,20 @@ func (c *Console) mappingsPage(w http.ResponseWriter, r *http.Request) {
 			history = append(history, e)
 		}
 	}
+	// A restricted key cannot use Stripe's v2 API: the stream is not
+	// offered (PutFeature would refuse it).
+	exporters := mappings.Exporters
+	if c.Mappings.RestrictedKey {
+		exporters = slices.DeleteFunc(slices.Clone(exporters), func(e string) bool { return e == mappings.ExporterStripeMeterEventStream })
+	}
 	c.render(w, r, "mappings", "Mappings", struct {
-		Features  []mappings.Feature
-		Tenants   []mappings.Tenant
-		Unmapped  []unmapped
-		History   []audit.Entry
-		Exporters []string
-	}{fs, ts, missing, history, mappings.Exporters})
+		Features      []mappings.Feature
+		Tenants       []mappings.Tenant
+		Unmapped      []unmapped
+		History       []audit.Entry
+		Exporters     []string
+		RestrictedKey bool
+	}{fs, ts, missing, history, exporters, c.Mappings.RestrictedKey})
 }
 
 func (c *Console) putFeature(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,7 @@
 package exporter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net"
@@ -24,6 +25,9 @@ type Answer struct {
 	ShouldRetry *bool
 	// RetryAfter is the Retry-After header, when present.
 	RetryAfter time.Duration
+	// RateLimitedReason is the Stripe-Rate-Limited-Reason header: present
+	// when one of Stripe's rate or concurrency limiters refused the call.
+	RateLimitedReason string
 	// Err is the transport error when no answer came back.
 	Err error
 	// NotSent says the request provably never left (the connection could not
@@ -39,27 +43,48 @@ const codeAuth = "stripe_auth"
 const duplicatePrefix = "An event already exists with identifier"
 
 // Classify turns a provider's answer into an outcome, per the brief's
-// "Provider answers (v1)":
+// "Provider answers (v1)" (README, "What Stripe's answers do"; the sources
+// are in docs/stripe.md):
 //
-//	200                                        accepted (provider_ref = Request-Id)
-//	400 duplicate identifier                   accepted
-//	400/404 naming no meter for the event name quarantined meter_not_found
-//	400/404 naming no such customer            quarantined customer_not_found
-//	any other 400 (or 402, 405, 413, 415, 422) rejected, terminal
-//	401/403                                    retry with backoff (refused; alerted)
-//	any other 404                              retry with backoff (refused: the endpoint, not the item)
-//	409                                        retry with backoff (refused)
-//	429                                        rate-limited (refused; after Retry-After if given)
-//	5xx                                        retry with backoff (may have reached Stripe)
-//	5xx with Stripe-Should-Retry: false        uncertain
-//	no answer: never sent                      retry with backoff (refused)
-//	no answer: timeout, reset, cancelled       retry with backoff (may have reached Stripe)
-//	any other status (1xx, 3xx, over 599)      retry with backoff (may have reached Stripe)
+//	2xx                                           accepted (provider_ref = Request-Id)
+//	400 duplicate identifier                      accepted
+//	400/404 naming no meter for the event name    quarantined meter_not_found
+//	400/404 naming no such customer               quarantined customer_not_found
+//	400 a payload key missing                     quarantined payload_keys
+//	400 meter_event_value_too_many_digits         quarantined value_digits
+//	400 naming the timestamp or the identifier,
+//	    or a value that is not a whole number     rejected, terminal
+//	any other 4xx but 401, 403, 404, 409, 429
+//	    (400, 402, 405, 413, 415, 422, …)         quarantined provider_refused: a human looks first
+//	401/403                                       retry with backoff (refused; alerted)
+//	any other 404                                 retry with backoff (refused: the endpoint, not the item)
+//	409                                           retry with backoff (refused)
+//	429 from a limiter (Stripe-Rate-Limited-Reason
+//	    or code rate_limit)                       rate-limited (refused; after Retry-After if given)
+//	any other 429 (lock_timeout, …)               retry with backoff (may have reached Stripe)
+//	5xx, with or without Stripe-Should-Retry      retry with backoff (may have reached Stripe)
+//	no answer: never sent                         retry with backoff (refused)
+//	no answer: timeout, reset, cancelled          retry with backoff (may have reached Stripe)
+//	any other status (1xx, 3xx, over 599)         retry with backoff (may have reached Stripe)
 //
-// A retry past the attempt cap or the horizon becomes uncertain in the
-// outbox itself (T3).
+// A 5xx is never uncertain by itself: Stripe sends Stripe-Should-Retry:
+// false with most 500s because its idempotency layer would replay the same
+// 500 to the same Idempotency-Key, and every attempt carries a key of its
+// own; the identifier deduplicates the resend. A retry past the attempt cap
+// or the horizon becomes uncertain in the outbox itself (T3).
+//
+// An unrecognised refusal is quarantined, not rejected: it proves the event
+// was not recorded, and a mapping fix may cure it, so a human decides; only
+// refusals Tally recognises as the item's own, which no mapping fix cures,
+// are terminal.
 func Classify(a Answer) outbox.Outcome {
 	info := outbox.ErrorInfo{Status: a.Status, Message: a.Message}
+	quarantine := func(r outbox.Reason, code string) outbox.Outcome {
+		info.Code = code
+		return outbox.Outcome{Kind: outbox.Quarantined, Reason: r, Error: info}
+	}
+	contentRefusal := a.Status == http.StatusBadRequest || a.Status == http.StatusNotFound
+	param := a.Param
 	switch {
 	case a.Status >= 200 && a.Status < 300:
 		return outbox.Outcome{Kind: outbox.Accepted, ProviderRef: a.RequestID}
@@ -76,13 +101,26 @@ func Classify(a Answer) outbox.Outcome {
 	case a.Status == http.StatusBadRequest && strings.HasPrefix(a.Message, duplicatePrefix):
 		return outbox.Outcome{Kind: outbox.Accepted, ProviderRef: a.RequestID}
 
-	case (a.Status == http.StatusBadRequest || a.Status == http.StatusNotFound) && names(a, "event_name", "No active meter"):
-		info.Code = "meter_not_found"
-		return outbox.Outcome{Kind: outbox.Quarantined, Reason: outbox.ReasonMeterNotFound, Error: info}
+	case contentRefusal && names(a, "event_name", "No active meter"):
+		return quarantine(outbox.ReasonMeterNotFound, "meter_not_found")
 
-	case (a.Status == http.StatusBadRequest || a.Status == http.StatusNotFound) && names(a, "payload[stripe_customer_id]", "No such customer"):
-		info.Code = "customer_not_found"
-		return outbox.Outcome{Kind: outbox.Quarantined, Reason: outbox.ReasonCustomerNotFound, Error: info}
+	case contentRefusal && (strings.Contains(a.Message, "No such customer") ||
+		(a.Code == "resource_missing" && strings.HasPrefix(param, "payload["))):
+		return quarantine(outbox.ReasonCustomerNotFound, "customer_not_found")
+
+	case a.Status == http.StatusBadRequest && a.Code == codeTooManyDigits:
+		return quarantine(outbox.ReasonValueDigits, codeTooManyDigits)
+
+	case a.Status == http.StatusBadRequest && a.Code == "parameter_missing" && strings.HasPrefix(param, "payload"):
+		return quarantine(outbox.ReasonPayloadKeys, "payload_keys")
+
+	case a.Status == http.StatusBadRequest && (param == "timestamp" || param == "identifier" ||
+		a.Code == "parameter_invalid_integer"):
+		info.Code = a.Code
+		if info.Code == "" {
+			info.Code = "invalid_" + param
+		}
+		return outbox.Outcome{Kind: outbox.Rejected, Error: info}
 
 	case a.Status == http.StatusUnauthorized || a.Status == http.StatusForbidden:
 		info.Code = codeAuth
@@ -96,15 +134,19 @@ func Classify(a Answer) outbox.Outcome {
 		info.Code = "stripe_conflict"
 		return outbox.Outcome{Kind: outbox.Retry, Error: info, Refused: true}
 
-	case a.Status == http.StatusTooManyRequests:
+	case a.Status == http.StatusTooManyRequests && (a.RateLimitedReason != "" || a.Code == "rate_limit"):
 		info.Code = "rate_limited"
 		return outbox.Outcome{Kind: outbox.RateLimited, Error: info, MinDelay: a.RetryAfter}
 
+	case a.Status == http.StatusTooManyRequests:
+		// Not a limiter's refusal (a lock timeout, say): Stripe's pages do
+		// not say that nothing was recorded, so it counts as an attempt
+		// that may have reached Stripe, and it slows no limiter.
+		info.Code = cmp.Or(a.Code, "stripe_429")
+		return outbox.Outcome{Kind: outbox.Retry, Error: info, MinDelay: a.RetryAfter}
+
 	case a.Status >= 500 && a.Status <= 599:
 		info.Code = "stripe_5xx"
-		if a.ShouldRetry != nil && !*a.ShouldRetry {
-			return outbox.Outcome{Kind: outbox.Uncertain, Error: info}
-		}
 		return outbox.Outcome{Kind: outbox.Retry, Error: info}
 
 	case a.Status < 400 || a.Status > 499:
@@ -114,48 +156,68 @@ func Classify(a Answer) outbox.Outcome {
 		info.Code = "unexpected_status"
 		return outbox.Outcome{Kind: outbox.Retry, Error: info}
 
-	default: // any other 4xx: the provider refused the item itself
-		info.Code = a.Code
-		if info.Code == "" {
-			info.Code = "invalid_request"
+	default: // any other 4xx: the provider refused the item, for a cause Tally does not know
+		code := a.Code
+		if code == "" {
+			code = "provider_refused"
 		}
-		return outbox.Outcome{Kind: outbox.Rejected, Error: info}
+		return quarantine(outbox.ReasonProviderRefused, code)
 	}
 }
 
-// Stripe's error codes for meter events that failed after they were accepted
-// (the error types of v1.billing.meter.error_report_triggered and
-// v1.billing.meter.no_meter_found). The ones a mapping fix can cure:
+// Stripe's error codes for meter events that failed after they were
+// accepted (the error types of v1.billing.meter.error_report_triggered and
+// v1.billing.meter.no_meter_found; docs/stripe.md has the source).
 const (
 	reportNoMeter           = "no_meter"                        // no active meter for the event name
 	reportArchivedMeter     = "archived_meter"                  // the meter for the event name is archived
 	reportCustomerNotFound  = "meter_event_customer_not_found"  // no such customer
 	reportNoCustomerDefined = "meter_event_no_customer_defined" // the payload lacks the meter's customer key
+	reportValueNotFound     = "meter_event_value_not_found"     // the payload lacks the meter's value key
+	reportInvalidValue      = "meter_event_invalid_value"       // the value is not a whole number
+	reportTooFarInPast      = "timestamp_too_far_in_past"
+	reportInFuture          = "timestamp_in_future"
+	reportDimensionCount    = "meter_event_dimension_count_too_high"
+	reportMissingDimensions = "missing_dimension_payload_keys"
+	// codeTooManyDigits is Stripe's code for a value with more than 15
+	// significant digits, as an answer's code and as a report's.
+	codeTooManyDigits = "meter_event_value_too_many_digits"
 )
 
 // ClassifyReport maps the error code of a failed event named by a Stripe
-// meter error report to where T10 moves the accepted item, by the brief's
-// rule for provider answers: a cause a mapping fix can cure is quarantined
-// with the matching reason, any other refusal is rejected (terminal,
-// visible):
+// meter error report to where T10 moves the accepted item, by the rule for
+// provider answers: a cause a mapping fix can cure is quarantined with the
+// matching reason, a refusal Tally recognises as the item's own is rejected
+// (terminal, visible), and a code Tally does not know is quarantined for a
+// human to look at first:
 //
-//	no_meter, archived_meter                         quarantined meter_not_found
-//	meter_event_customer_not_found,
-//	meter_event_no_customer_defined                  quarantined customer_not_found
-//	anything else (meter_event_invalid_value,
-//	timestamp_too_far_in_past, timestamp_in_future,
+//	no_meter, archived_meter                  quarantined meter_not_found
+//	meter_event_customer_not_found            quarantined customer_not_found
+//	meter_event_no_customer_defined,
+//	meter_event_value_not_found               quarantined payload_keys
+//	meter_event_value_too_many_digits         quarantined value_digits
+//	meter_event_invalid_value,
+//	timestamp_too_far_in_past,
+//	timestamp_in_future,
 //	meter_event_dimension_count_too_high,
-//	missing_dimension_payload_keys, a code unknown)  rejected
+//	missing_dimension_payload_keys            rejected
+//	any other code                            quarantined provider_refused
 //
 // The reason is empty for rejected.
 func ClassifyReport(code string) (outbox.State, outbox.Reason) {
 	switch code {
 	case reportNoMeter, reportArchivedMeter:
 		return outbox.StateQuarantined, outbox.ReasonMeterNotFound
-	case reportCustomerNotFound, reportNoCustomerDefined:
+	case reportCustomerNotFound:
 		return outbox.StateQuarantined, outbox.ReasonCustomerNotFound
-	default:
+	case reportNoCustomerDefined, reportValueNotFound:
+		return outbox.StateQuarantined, outbox.ReasonPayloadKeys
+	case codeTooManyDigits:
+		return outbox.StateQuarantined, outbox.ReasonValueDigits
+	case reportInvalidValue, reportTooFarInPast, reportInFuture, reportDimensionCount, reportMissingDimensions:
 		return outbox.StateRejected, ""
+	default:
+		return outbox.StateQuarantined, outbox.ReasonProviderRefused
 	}
 }
 

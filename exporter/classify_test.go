@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -36,19 +37,41 @@ func TestClassify(t *testing.T) {
 		{"no such customer", Answer{Status: 400, Code: "resource_missing", Param: "payload[stripe_customer_id]",
 			Message: "No such customer: 'cus_x'"}, outbox.Quarantined, "customer_not_found", false, outbox.ReasonCustomerNotFound},
 		{"no such customer, as a 404", Answer{Status: 404, Message: "No such customer: 'cus_x'"}, outbox.Quarantined, "customer_not_found", false, outbox.ReasonCustomerNotFound},
-		{"any other 400 is rejected", Answer{Status: 400, Code: "parameter_invalid_integer", Param: "payload[value]",
+		{"no such customer under the meter's own key", Answer{Status: 400, Code: "resource_missing", Param: "payload[customer]",
+			Message: "No such customer: 'cus_x'"}, outbox.Quarantined, "customer_not_found", false, outbox.ReasonCustomerNotFound},
+		{"a payload key missing: the meter's keys differ", Answer{Status: 400, Code: "parameter_missing", Param: "payload[stripe_customer_id]",
+			Message: "Missing required param: payload[stripe_customer_id]."}, outbox.Quarantined, "payload_keys", false, outbox.ReasonPayloadKeys},
+		{"too many digits", Answer{Status: 400, Code: "meter_event_value_too_many_digits", Param: "payload[value]",
+			Message: "The value has too many digits"}, outbox.Quarantined, "meter_event_value_too_many_digits", false, outbox.ReasonValueDigits},
+		{"a value that is not a whole number is rejected", Answer{Status: 400, Code: "parameter_invalid_integer", Param: "payload[value]",
 			Message: "Invalid integer"}, outbox.Rejected, "parameter_invalid_integer", false, ""},
-		{"a 400 without a code is rejected", Answer{Status: 400, Message: "Timestamp must be within the past 35 days"}, outbox.Rejected, "invalid_request", false, ""},
-		{"another 4xx is rejected", Answer{Status: 422}, outbox.Rejected, "invalid_request", false, ""},
+		{"a timestamp Stripe refuses is rejected", Answer{Status: 400, Param: "timestamp",
+			Message: "Timestamp must be within the past 35 days"}, outbox.Rejected, "invalid_timestamp", false, ""},
+		{"an identifier Stripe refuses is rejected", Answer{Status: 400, Code: "parameter_invalid_string_too_long", Param: "identifier",
+			Message: "Invalid identifier"}, outbox.Rejected, "parameter_invalid_string_too_long", false, ""},
+		{"an unrecognised 400 waits for a human", Answer{Status: 400, Code: "some_new_code", Message: "Something Tally does not know"},
+			outbox.Quarantined, "some_new_code", false, outbox.ReasonProviderRefused},
+		{"a 400 without a code or param waits for a human", Answer{Status: 400, Message: "Timestamp must be within the past 35 days"},
+			outbox.Quarantined, "provider_refused", false, outbox.ReasonProviderRefused},
+		{"another 4xx waits for a human", Answer{Status: 422}, outbox.Quarantined, "provider_refused", false, outbox.ReasonProviderRefused},
 		{"401 retries, never rejected", Answer{Status: 401, Message: "Invalid API Key provided"}, outbox.Retry, "stripe_auth", true, ""},
 		{"403 retries, never rejected", Answer{Status: 403}, outbox.Retry, "stripe_auth", true, ""},
 		{"another 404 retries", Answer{Status: 404, Message: "Unrecognized request URL"}, outbox.Retry, "stripe_not_found", true, ""},
 		{"409 retries", Answer{Status: 409, Code: "idempotency_key_in_use"}, outbox.Retry, "stripe_conflict", true, ""},
 		{"429 is rate-limited", Answer{Status: 429, Code: "rate_limit", RetryAfter: 2 * time.Second}, outbox.RateLimited, "rate_limited", false, ""},
+		{"429 from a limiter, by its header", Answer{Status: 429, RateLimitedReason: "endpoint-rate"}, outbox.RateLimited, "rate_limited", false, ""},
+		// A 429 without Stripe-Rate-Limited-Reason did not come from a
+		// limiter (docs.stripe.com/rate-limits, "Object lock timeouts"),
+		// and nothing says it recorded nothing.
+		{"a lock timeout may have reached Stripe", Answer{Status: 429, Code: "lock_timeout"}, outbox.Retry, "lock_timeout", false, ""},
+		{"a bare 429 may have reached Stripe", Answer{Status: 429}, outbox.Retry, "stripe_429", false, ""},
 		{"500 retries and may have reached Stripe", Answer{Status: 500}, outbox.Retry, "stripe_5xx", false, ""},
 		{"502 (a lost reply) retries", Answer{Status: 502}, outbox.Retry, "stripe_5xx", false, ""},
 		{"503 that says retry", Answer{Status: 503, ShouldRetry: &yes}, outbox.Retry, "stripe_5xx", false, ""},
-		{"5xx that says do not retry is uncertain", Answer{Status: 500, ShouldRetry: &no}, outbox.Uncertain, "stripe_5xx", false, ""},
+		// Stripe sends Stripe-Should-Retry: false with most 500s because its
+		// idempotency layer would replay the 500 to the same key
+		// (stripe-go's shouldRetry); every attempt has a key of its own.
+		{"5xx that says do not retry retries under a new key", Answer{Status: 500, ShouldRetry: &no}, outbox.Retry, "stripe_5xx", false, ""},
 		{"timeout may have reached Stripe", Answer{Err: context.DeadlineExceeded}, outbox.Retry, "timeout", false, ""},
 		{"reset may have reached Stripe", Answer{Err: readErr}, outbox.Retry, "network", false, ""},
 		{"cancelled may have reached Stripe", Answer{Err: context.Canceled}, outbox.Retry, "canceled", false, ""},
@@ -77,7 +100,8 @@ func TestClassify(t *testing.T) {
 // Every error code of Stripe's meter error reports (stripe-go v82's
 // V1BillingMeterErrorReportTriggeredEventDataReasonErrorTypeCode, and the
 // simulator's own "dropped"), and unknown ones: what a mapping fix can cure
-// is quarantined with its reason, anything else rejected.
+// is quarantined with its reason, a refusal of the item's own content
+// rejected, and a code Tally does not know quarantined for a human.
 func TestClassifyReport(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -88,17 +112,18 @@ func TestClassifyReport(t *testing.T) {
 		{"no_meter", outbox.StateQuarantined, outbox.ReasonMeterNotFound},
 		{"archived_meter", outbox.StateQuarantined, outbox.ReasonMeterNotFound},
 		{"meter_event_customer_not_found", outbox.StateQuarantined, outbox.ReasonCustomerNotFound},
-		{"meter_event_no_customer_defined", outbox.StateQuarantined, outbox.ReasonCustomerNotFound},
+		{"meter_event_no_customer_defined", outbox.StateQuarantined, outbox.ReasonPayloadKeys},
+		{"meter_event_value_not_found", outbox.StateQuarantined, outbox.ReasonPayloadKeys},
+		{"meter_event_value_too_many_digits", outbox.StateQuarantined, outbox.ReasonValueDigits},
 		{"meter_event_invalid_value", outbox.StateRejected, ""},
-		{"meter_event_value_not_found", outbox.StateRejected, ""},
 		{"meter_event_dimension_count_too_high", outbox.StateRejected, ""},
 		{"missing_dimension_payload_keys", outbox.StateRejected, ""},
 		{"timestamp_too_far_in_past", outbox.StateRejected, ""},
 		{"timestamp_in_future", outbox.StateRejected, ""},
-		{"dropped", outbox.StateRejected, ""},
-		{"", outbox.StateRejected, ""},
-		{"a_code_stripe_adds_later", outbox.StateRejected, ""},
-		{"NO_METER", outbox.StateRejected, ""},
+		{"dropped", outbox.StateQuarantined, outbox.ReasonProviderRefused},
+		{"", outbox.StateQuarantined, outbox.ReasonProviderRefused},
+		{"a_code_stripe_adds_later", outbox.StateQuarantined, outbox.ReasonProviderRefused},
+		{"NO_METER", outbox.StateQuarantined, outbox.ReasonProviderRefused},
 	}
 	for _, tc := range cases {
 		t.Run(tc.code, func(t *testing.T) {
@@ -110,24 +135,24 @@ func TestClassifyReport(t *testing.T) {
 }
 
 // FuzzClassifyReport: every code lands on quarantined with a known reason
-// or on rejected with none, and only the four curable codes quarantine.
+// or on rejected with none, and only the codes Tally recognises as the
+// item's own refusal are rejected: anything else waits for a human.
 func FuzzClassifyReport(f *testing.F) {
 	for _, c := range []string{"no_meter", "archived_meter", "meter_event_customer_not_found",
 		"meter_event_no_customer_defined", "meter_event_invalid_value", "timestamp_in_future", "dropped", ""} {
 		f.Add(c)
 	}
-	curable := map[string]outbox.Reason{
-		reportNoMeter: outbox.ReasonMeterNotFound, reportArchivedMeter: outbox.ReasonMeterNotFound,
-		reportCustomerNotFound: outbox.ReasonCustomerNotFound, reportNoCustomerDefined: outbox.ReasonCustomerNotFound,
+	terminal := map[string]bool{
+		reportInvalidValue: true, reportTooFarInPast: true, reportInFuture: true,
+		reportDimensionCount: true, reportMissingDimensions: true,
 	}
 	f.Fuzz(func(t *testing.T, code string) {
 		state, reason := ClassifyReport(code)
-		want, ok := curable[code]
 		switch {
-		case ok && (state != outbox.StateQuarantined || reason != want):
-			t.Fatalf("%q classified %s %s, want quarantined %s", code, state, reason, want)
-		case !ok && (state != outbox.StateRejected || reason != ""):
+		case terminal[code] && (state != outbox.StateRejected || reason != ""):
 			t.Fatalf("%q classified %s %q, want rejected", code, state, reason)
+		case !terminal[code] && (state != outbox.StateQuarantined || !slices.Contains(outbox.Reasons, reason)):
+			t.Fatalf("%q classified %s %q, want quarantined with a known reason", code, state, reason)
 		}
 	})
 }

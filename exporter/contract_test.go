@@ -1,6 +1,7 @@
 package exporter_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -95,24 +96,33 @@ func TestContractMeters(t *testing.T) {
 	}
 }
 
-// The export itself: POST /v1/billing/meter_events with the identifier as
-// both the event's identifier and the Idempotency-Key, for the key's account
-// and for a connected account, for a usage and for a correction.
+// The export itself: POST /v1/billing/meter_events with the item's
+// identifier as the event's identifier and an Idempotency-Key of the
+// attempt's own, for the key's account and for a connected account, for a
+// usage and for a correction, under Stripe's default payload keys and under
+// a meter's own.
 func TestContractMeterEvent(t *testing.T) {
 	t.Parallel()
 	m := stripemock.Start(t)
 	for _, tc := range []struct {
-		account string
-		value   int64
-	}{{"", 42}, {"acct_1Connected", 7}, {"", -3}} {
-		t.Run(fmt.Sprintf("account=%s,value=%d", tc.account, tc.value), func(t *testing.T) {
+		account               string
+		value                 int64
+		attempt               int
+		customerKey, valueKey string
+	}{
+		{"", 42, 1, "", ""},
+		{"acct_1Connected", 7, 2, "", ""},
+		{"", -3, 17, "", ""},
+		{"", 5, 1, "account_ref", "units"},
+	} {
+		t.Run(fmt.Sprintf("account=%s,value=%d,keys=%s/%s", tc.account, tc.value, tc.customerKey, tc.valueKey), func(t *testing.T) {
 			c, err := stripeapi.New(stripeapi.Config{Key: mockKey, APIBase: m.URL, Account: tc.account})
 			require.NoError(t, err)
 			ts := time.Now().Add(-time.Hour).Unix()
 			id := "tly_" + strings.Repeat(strconv.FormatInt(tc.value&0xf, 16), 64)
-			item := outbox.Lease{Item: outbox.Item{Payload: outbox.Payload{
+			item := outbox.Lease{Item: outbox.Item{Attempts: tc.attempt, Payload: outbox.Payload{
 				Customer: "cus_Contract", EventName: "api_calls", Value: tc.value, Timestamp: ts, Identifier: id,
-				Feature: "api_calls", Period: "2026-11-01T00:00:00Z",
+				Feature: "api_calls", Period: "2026-11-01T00:00:00Z", CustomerKey: tc.customerKey, ValueKey: tc.valueKey,
 			}}}
 			o := exporter.NewStripeV1(c, 5*time.Second).Send(context.Background(), item)
 			require.Equal(t, outbox.Accepted, o.Kind, "%+v", o.Error)
@@ -120,14 +130,16 @@ func TestContractMeterEvent(t *testing.T) {
 			r := lastRequest(t, m, http.MethodPost, "/v1/billing/meter_events")
 			require.Equal(t, http.StatusOK, r.Status, r.Body)
 			requireCommonHeaders(t, r)
-			require.Equal(t, id, r.Header.Get("Idempotency-Key"))
+			require.Equal(t, fmt.Sprintf("%s-a%d", id, tc.attempt), r.Header.Get("Idempotency-Key"),
+				"a key per attempt: Stripe replays a key's first answer, 500s included, for 24 hours")
 			require.Equal(t, tc.account, r.Header.Get("Stripe-Account"))
+			customerKey, valueKey := cmp.Or(tc.customerKey, "stripe_customer_id"), cmp.Or(tc.valueKey, "value")
 			require.Equal(t, map[string][]string{
-				"event_name":                  {"api_calls"},
-				"identifier":                  {id},
-				"timestamp":                   {strconv.FormatInt(ts, 10)},
-				"payload[stripe_customer_id]": {"cus_Contract"},
-				"payload[value]":              {strconv.FormatInt(tc.value, 10)},
+				"event_name":                   {"api_calls"},
+				"identifier":                   {id},
+				"timestamp":                    {strconv.FormatInt(ts, 10)},
+				"payload[" + customerKey + "]": {"cus_Contract"},
+				"payload[" + valueKey + "]":    {strconv.FormatInt(tc.value, 10)},
 			}, map[string][]string(r.Form), "exactly these parameters: Tally's feature and period never reach Stripe")
 		})
 	}
@@ -143,7 +155,7 @@ func TestContractValidationIsLive(t *testing.T) {
 	c, err := stripeapi.New(stripeapi.Config{Key: mockKey, APIBase: m.URL})
 	require.NoError(t, err)
 	params := exporter.Params(outbox.Payload{Customer: "cus_Contract", EventName: "api_calls", Value: 1,
-		Timestamp: time.Now().Unix(), Identifier: "tly_" + strings.Repeat("0", 64)})
+		Timestamp: time.Now().Unix(), Identifier: "tly_" + strings.Repeat("0", 64)}, 1)
 	params.EventName = nil
 	_, err = c.Stripe().V1BillingMeterEvents.Create(context.Background(), params)
 	require.Error(t, err)

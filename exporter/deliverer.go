@@ -434,6 +434,8 @@ func claimCheck(l outbox.Lease, dest Destination, exporter string) (outbox.Outco
 		return q(outbox.ReasonNoCustomer, "no Stripe customer")
 	case l.TimestampOutside:
 		return q(outbox.ReasonTimestampWindow, "the timestamp is outside what Stripe accepts")
+	case !ValueFits(l.Payload.Value):
+		return q(outbox.ReasonValueDigits, "the value has more digits than Stripe accepts (15); it is never sent or truncated")
 	case l.Exporter != exporter:
 		// Not a mapping problem: another node's exporter sends it. Put it back
 		// without an attempt's refusal being its fault.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,7 +32,36 @@ const (
 	// timestamp: within the past 35 days, at most 5 minutes ahead.
 	StripeAcceptPast   = 35 * 24 * time.Hour
 	StripeAcceptFuture = 5 * time.Minute
+	// StripeMaxValueDigits is the most digits Stripe accepts in a meter
+	// event's value ("15 significant digits", meter_event_value_too_many_digits).
+	// Whether Stripe counts a whole number's trailing zeros is not
+	// documented; Tally assumes the worst and counts every digit, so the
+	// largest value it sends is 999,999,999,999,999 (docs/stripe.md).
+	StripeMaxValueDigits = 15
+	// Stripe's default meter payload keys: the customer's and the value's.
+	StripeDefaultCustomerKey = "stripe_customer_id"
+	StripeDefaultValueKey    = "value"
 )
+
+// maxValue is the largest magnitude of a value Stripe accepts.
+const maxValue = 999_999_999_999_999
+
+// ValueFits reports whether Stripe accepts v's digits (StripeMaxValueDigits).
+func ValueFits(v int64) bool { return v >= -maxValue && v <= maxValue }
+
+// payloadOf is the meter event payload of an item: the customer and the
+// value under the meter's keys as the item carries them, Stripe's defaults
+// when it carries none.
+func payloadOf(p outbox.Payload) map[string]string {
+	ck, vk := p.CustomerKey, p.ValueKey
+	if ck == "" {
+		ck = StripeDefaultCustomerKey
+	}
+	if vk == "" {
+		vk = StripeDefaultValueKey
+	}
+	return map[string]string{ck: p.Customer, vk: strconv.FormatInt(p.Value, 10)}
+}
 
 // Settings are the Stripe settings of a node.
 type Settings struct {
@@ -49,6 +79,9 @@ type Settings struct {
 	HTTPClient *http.Client
 	// Metrics counts the client's calls; nil counts nothing.
 	Metrics *stripeapi.RequestMetrics
+	// Rates are the destination's budget (Budget); zero fields take their
+	// defaults for the key's mode.
+	Rates Rates
 }
 
 // Destination is where this node exports.
@@ -68,6 +101,7 @@ var ErrNoKey = errors.New("export stalled: STRIPE_API_KEY is unset")
 type Resolver struct {
 	settings Settings
 	client   *stripeapi.Client
+	budget   *Budget
 
 	mu       sync.Mutex
 	resolved *Destination
@@ -95,8 +129,13 @@ func NewResolver(s Settings) (*Resolver, error) {
 	if s.Key == "" {
 		return r, nil
 	}
+	mode, err := stripeapi.ModeOfKey(s.Key)
+	if err != nil {
+		return nil, err
+	}
+	r.budget = NewBudget(mode, s.Account != "", s.Rates)
 	c, err := stripeapi.New(stripeapi.Config{Key: s.Key, APIBase: s.APIBase, MeterEventsBase: s.MeterEventsBase, Account: s.Account,
-		HTTPClient: s.HTTPClient, Metrics: s.Metrics})
+		HTTPClient: s.HTTPClient, Metrics: s.Metrics, Pace: r.budget.pace})
 	if err != nil {
 		return nil, err
 	}
@@ -104,8 +143,13 @@ func NewResolver(s Settings) (*Resolver, error) {
 	return r, nil
 }
 
-// Client is the Stripe client, nil without a key.
+// Client is the Stripe client, nil without a key. Every call made with it
+// but v1 meter events and stream requests waits for the budget's Other
+// class; those two are paced by their deliverers.
 func (r *Resolver) Client() *stripeapi.Client { return r.client }
+
+// Budget is the destination account's budget, nil without a key.
+func (r *Resolver) Budget() *Budget { return r.budget }
 
 // errUnresolved says the destination has not been looked up yet.
 var errUnresolved = errors.New("export stalled: the destination account is not resolved yet")

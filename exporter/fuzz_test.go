@@ -14,8 +14,9 @@ import (
 // FuzzClassify feeds the classifier every kind of answer: nothing panics,
 // and the brief's rules hold whatever the fields say — a 2xx is accepted,
 // an answer that cannot be the item's fault (no answer, 401, 403, 409,
-// 429, 5xx) is never rejected or quarantined, only a 4xx is rejected, and
-// what an outcome would store is sanitised.
+// 429, 5xx) is never rejected or quarantined, no answer is ever uncertain
+// by itself (only the cap or the horizon makes an item uncertain), only a
+// 400 is rejected, and what an outcome would store is sanitised.
 func FuzzClassify(f *testing.F) {
 	f.Add(200, "", "", "", "", int8(-1), 0, false, false)
 	f.Add(400, "An event already exists with identifier tly_1", "", "", "invalid_request_error", int8(0), 0, false, false)
@@ -48,8 +49,11 @@ func FuzzClassify(f *testing.F) {
 				t.Fatalf("%d (%q) classified %v: the item is not at fault", status, message, o.Kind)
 			}
 		}
-		if o.Kind == outbox.Rejected && (status < 400 || status >= 500) {
+		if o.Kind == outbox.Rejected && status != 400 {
 			t.Fatalf("rejected on %d", status)
+		}
+		if o.Kind == outbox.Uncertain {
+			t.Fatalf("%d classified uncertain: only the cap or the horizon makes an item uncertain", status)
 		}
 		if status == 0 && o.Kind != outbox.Retry {
 			t.Fatalf("no answer classified %v", o.Kind)

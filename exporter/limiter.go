@@ -25,32 +25,56 @@ const (
 // nothing about the new one, so their 429s do not halve it again. Without
 // that, the in-flight calls of one burst would each halve it and a single
 // overload would drive it to the floor.
+//
+// A limiter of a Budget also takes every call from a bucket it shares with
+// the account's other classes (Stripe's basic limit), which is not
+// adaptive: a 429 slows the class whose call it answered, never the others.
 type Limiter struct {
 	mu       sync.Mutex
 	lim      *rate.Limiter
+	shared   *rate.Limiter // the account's basic limit; nil when the class has none
 	max      rate.Limit
 	cur      rate.Limit
 	lastSlow time.Time
 }
 
 // NewLimiter makes a limiter of perSecond calls, with a burst of a tenth of
-// a second's worth (at least one).
-func NewLimiter(perSecond float64) *Limiter {
-	burst := max(1, int(perSecond/10))
-	return &Limiter{lim: rate.NewLimiter(rate.Limit(perSecond), burst), max: rate.Limit(perSecond), cur: rate.Limit(perSecond)}
+// a second's worth (at least one), that shares no bucket.
+func NewLimiter(perSecond float64) *Limiter { return newLimiter(perSecond, nil) }
+
+func newLimiter(perSecond float64, shared *rate.Limiter) *Limiter {
+	return &Limiter{lim: newBucket(perSecond), shared: shared, max: rate.Limit(perSecond), cur: rate.Limit(perSecond)}
 }
 
-// Wait blocks until a call may go out, or ctx ends.
-func (l *Limiter) Wait(ctx context.Context) error { return l.lim.Wait(ctx) }
+// Wait blocks until a call may go out — a slot of the class and, when it
+// has one, of the shared bucket — or ctx ends.
+func (l *Limiter) Wait(ctx context.Context) error {
+	if err := l.lim.Wait(ctx); err != nil {
+		return err
+	}
+	if l.shared != nil {
+		return l.shared.Wait(ctx)
+	}
+	return nil
+}
 
 // Take waits until up to n calls may go out and takes them: n, or the
-// bucket's burst when n is larger. It returns how many it took. A batch
-// deliverer takes its requests' slots before it claims the items they will
-// carry, so that leased items never queue at the limiter.
+// bucket's burst (and the shared bucket's) when n is larger. It returns how
+// many it took. A batch deliverer takes its requests' slots before it
+// claims the items they will carry, so that leased items never queue at the
+// limiter.
 func (l *Limiter) Take(ctx context.Context, n int) (int, error) {
 	n = max(1, min(n, l.lim.Burst()))
+	if l.shared != nil {
+		n = min(n, max(1, l.shared.Burst()))
+	}
 	if err := l.lim.WaitN(ctx, n); err != nil {
 		return 0, err
+	}
+	if l.shared != nil {
+		if err := l.shared.WaitN(ctx, n); err != nil {
+			return 0, err
+		}
 	}
 	return n, nil
 }

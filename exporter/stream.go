@@ -3,7 +3,6 @@ package exporter
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -117,11 +116,8 @@ func StreamEvent(p outbox.Payload) *stripe.V2BillingMeterEventStreamCreateEventP
 	return &stripe.V2BillingMeterEventStreamCreateEventParams{
 		EventName:  stripe.String(p.EventName),
 		Identifier: stripe.String(p.Identifier),
-		Payload: map[string]string{
-			"stripe_customer_id": p.Customer,
-			"value":              strconv.FormatInt(p.Value, 10),
-		},
-		Timestamp: stripe.Time(time.Unix(p.Timestamp, 0).UTC()),
+		Payload:    payloadOf(p),
+		Timestamp:  stripe.Time(time.Unix(p.Timestamp, 0).UTC()),
 	}
 }
 

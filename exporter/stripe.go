@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/stripe/stripe-go/v82"
@@ -18,10 +19,18 @@ import (
 const DefaultRequestTimeout = 10 * time.Second
 
 // StripeV1 is the v1 meter-events exporter: one POST /v1/billing/meter_events
-// per item, through stripe-go with no retries of its own, the identifier as
-// both the event's identifier and the Idempotency-Key, Stripe-Account when
-// the destination is a connected account (set on the client), and a request
-// timeout. Every resend of an item is the same request.
+// per item, through stripe-go with no retries of its own, the item's
+// identifier as the event's identifier, an Idempotency-Key of its own for
+// every attempt (IdempotencyKey), Stripe-Account when the destination is a
+// connected account (set on the client), and a request timeout. Every
+// resend of an item carries the same parameters; only the key differs.
+//
+// Why a key per attempt: Stripe saves the first answer to a key once the
+// endpoint has started executing — 500s included — and replays it to every
+// request with that key for 24 hours. A key shared by the attempts would
+// freeze a 500 until the horizon. The meter event's identifier is what
+// deduplicates across attempts: a resend of a recorded event is answered
+// with the duplicate-identifier 400, which is success.
 type StripeV1 struct {
 	client  *stripeapi.Client
 	timeout time.Duration
@@ -50,19 +59,43 @@ func (e *StripeV1) Accepts() (past, future time.Duration) {
 // Timeout is the request timeout.
 func (e *StripeV1) Timeout() time.Duration { return e.timeout }
 
-// Params is the request for an item, the same on every attempt.
-func Params(p outbox.Payload) *stripe.BillingMeterEventCreateParams {
+// Params is the request for an attempt of an item: the same parameters on
+// every attempt — event name, identifier, the payload under the meter's
+// keys, timestamp — and the attempt's own Idempotency-Key.
+func Params(p outbox.Payload, attempt int) *stripe.BillingMeterEventCreateParams {
 	params := &stripe.BillingMeterEventCreateParams{
 		EventName:  stripe.String(p.EventName),
 		Identifier: stripe.String(p.Identifier),
-		Payload: map[string]string{
-			"stripe_customer_id": p.Customer,
-			"value":              strconv.FormatInt(p.Value, 10),
-		},
-		Timestamp: stripe.Int64(p.Timestamp),
+		Payload:    payloadOf(p),
+		Timestamp:  stripe.Int64(p.Timestamp),
 	}
-	params.IdempotencyKey = stripe.String(p.Identifier)
+	params.IdempotencyKey = stripe.String(IdempotencyKey(p.Identifier, attempt))
 	return params
+}
+
+// IdempotencyKey is the Idempotency-Key of an attempt: the item's identifier
+// and the attempt's number ("tly_…-a3"), unique to the claim that sends it,
+// since attempts are counted at claim and never go back. 73 characters at
+// most for a billion attempts, within Stripe's 255.
+func IdempotencyKey(identifier string, attempt int) string {
+	return identifier + "-a" + strconv.Itoa(attempt)
+}
+
+// IdentifierOf returns the meter event identifier a Stripe error report's
+// sample names: the sample's request identifier as it is, or, when it is
+// one of Tally's per-attempt Idempotency-Keys ("tly_…-a3"), the identifier
+// it was made from. stripe-go documents the sample's request.identifier as
+// the request's idempotency key, and Stripe's examples show either, so
+// Tally matches both (docs/stripe.md).
+func IdentifierOf(sample string) string {
+	base, attempt, ok := strings.Cut(sample, "-a")
+	if !ok || len(base) != outbox.IdentifierLength || !strings.HasPrefix(base, outbox.IdentifierPrefix) || attempt == "" {
+		return sample
+	}
+	if n, err := strconv.Atoi(attempt); err != nil || n < 1 || strconv.Itoa(n) != attempt {
+		return sample
+	}
+	return base
 }
 
 // Send posts the item's meter event and classifies the answer.
@@ -70,7 +103,7 @@ func (e *StripeV1) Send(ctx context.Context, item outbox.Lease) outbox.Outcome {
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	ctx, resp := stripeapi.WithResponse(ctx)
-	_, err := e.client.Stripe().V1BillingMeterEvents.Create(ctx, Params(item.Payload))
+	_, err := e.client.Stripe().V1BillingMeterEvents.Create(ctx, Params(item.Payload, item.Attempts))
 	return Classify(answerOf(resp, err))
 }
 
@@ -81,7 +114,7 @@ func (e *StripeV1) Send(ctx context.Context, item outbox.Lease) outbox.Outcome {
 func answerOf(resp *stripeapi.Response, err error) Answer {
 	var a Answer
 	if resp != nil {
-		a.Status, a.RequestID = resp.Status, resp.RequestID
+		a.Status, a.RequestID, a.RateLimitedReason = resp.Status, resp.RequestID, resp.RateLimitedReason
 		switch resp.ShouldRetry {
 		case "true":
 			a.ShouldRetry = ptr(true)

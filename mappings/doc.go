@@ -1,7 +1,9 @@
 // Package mappings owns what operators maintain: feature mappings (a feature
-// to a Stripe meter's event name, its aggregation, its window and, when it
-// is not the node's default, the exporter of its items) and tenant
-// mappings (a tenant to its Stripe customer and billing-period anchor).
+// to a Stripe meter's event name, its aggregation, its window, the meter's
+// payload keys of the customer and the value — read from the meter when
+// the mapping is set — and, when it is not the node's default, the exporter
+// of its items) and tenant mappings (a tenant to its Stripe customer and
+// billing-period anchor).
 // Every change takes the next number of one sequence shared by both kinds
 // and keeps the previous versions, so that an item built from them carries
 // the greater of its feature's and tenant's versions, and any change that

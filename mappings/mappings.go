@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -61,6 +63,63 @@ func ValidExporter(exporter string) bool {
 	return exporter == ExporterDefault || slices.Contains(Exporters, exporter)
 }
 
+// The payload keys of a Stripe meter that names none: Stripe's defaults of
+// customer_mapping.event_payload_key and value_settings.event_payload_key
+// (stripe-go v82, BillingMeterEventParams.Payload; "Payload key overrides",
+// https://docs.stripe.com/billing/subscriptions/usage-based/recording-usage#payload-key-overrides).
+// Migration 12 gave them to the mappings set before mappings carried keys.
+const (
+	DefaultCustomerPayloadKey = "stripe_customer_id"
+	DefaultValuePayloadKey    = "value"
+)
+
+// MaxPayloadKeyLength is the longest payload key a feature mapping takes,
+// in characters: the most Stripe takes when a meter is created (max length
+// 100 for both event_payload_keys in Stripe's API specification).
+const MaxPayloadKeyLength = 100
+
+// PayloadKeys are the meter event payload keys a meter reads: the key of the
+// Stripe customer id and the key of the value.
+type PayloadKeys struct {
+	Customer string
+	Value    string
+}
+
+// DefaultPayloadKeys are Stripe's default keys, DefaultCustomerPayloadKey
+// and DefaultValuePayloadKey.
+func DefaultPayloadKeys() PayloadKeys {
+	return PayloadKeys{Customer: DefaultCustomerPayloadKey, Value: DefaultValuePayloadKey}
+}
+
+// String renders the keys as the audit log shows them:
+// "customer=stripe_customer_id value=value".
+func (k PayloadKeys) String() string { return "customer=" + k.Customer + " value=" + k.Value }
+
+// check returns a *MeterError unless both keys are plausible payload keys
+// (1 to MaxPayloadKeyLength characters of valid UTF-8, no control
+// character) and differ. eventName says whose meter it is.
+func (k PayloadKeys) check(eventName string) error {
+	for _, key := range []struct{ which, key string }{{"customer", k.Customer}, {"value", k.Value}} {
+		if !plausiblePayloadKey(key.key) {
+			return &MeterError{Code: "meter_payload_key_invalid", Message: fmt.Sprintf(
+				"Stripe's meter for %q names a %s payload key that Tally cannot send: want 1 to %d characters, no control characters",
+				eventName, key.which, MaxPayloadKeyLength)}
+		}
+	}
+	if k.Customer == k.Value {
+		return &MeterError{Code: "meter_payload_key_invalid", Message: fmt.Sprintf(
+			"Stripe's meter for %q names the same payload key for the customer and the value", eventName)}
+	}
+	return nil
+}
+
+func plausiblePayloadKey(key string) bool {
+	if key == "" || !utf8.ValidString(key) || utf8.RuneCountInString(key) > MaxPayloadKeyLength {
+		return false
+	}
+	return !strings.ContainsFunc(key, unicode.IsControl)
+}
+
 // Feature is the current (or a past) mapping of a feature.
 type Feature struct {
 	Feature     string      `json:"feature"`
@@ -69,10 +128,21 @@ type Feature struct {
 	Window      Duration    `json:"window"`
 	// Exporter is the exporter of the feature's items; empty is the node's
 	// default (TALLY_EXPORTER).
-	Exporter  string    `json:"exporter"`
-	Version   int       `json:"mapping_version"`
-	UpdatedAt time.Time `json:"updated_at"`
-	UpdatedBy string    `json:"updated_by"`
+	Exporter string `json:"exporter"`
+	// CustomerPayloadKey and ValuePayloadKey are the meter event payload
+	// keys of the customer id and the value that the feature's items send:
+	// the keys of the Stripe meter with EventName when the mapping was set
+	// (Stripe's defaults when no Stripe key was configured).
+	CustomerPayloadKey string    `json:"customer_payload_key"`
+	ValuePayloadKey    string    `json:"value_payload_key"`
+	Version            int       `json:"mapping_version"`
+	UpdatedAt          time.Time `json:"updated_at"`
+	UpdatedBy          string    `json:"updated_by"`
+}
+
+// PayloadKeys are the feature's payload keys.
+func (f *Feature) PayloadKeys() PayloadKeys {
+	return PayloadKeys{Customer: f.CustomerPayloadKey, Value: f.ValuePayloadKey}
 }
 
 // ExporterOr is the exporter of the feature's items: its own when the
@@ -217,24 +287,37 @@ func (in *TenantInput) validate(tenant string) error {
 
 // MeterChecker verifies a feature mapping against the provider's meters.
 type MeterChecker interface {
-	// CheckMeter returns nil when an active meter has the event name and its
-	// formula matches the aggregation, and a *MeterError otherwise.
-	CheckMeter(ctx context.Context, eventName string, aggregation Aggregation) error
+	// CheckMeter returns the payload keys of the active meter with the
+	// event name when its formula matches the aggregation, with a key the
+	// provider leaves empty as its default (DefaultCustomerPayloadKey,
+	// DefaultValuePayloadKey), and a *MeterError when no meter fits.
+	CheckMeter(ctx context.Context, eventName string, aggregation Aggregation) (PayloadKeys, error)
 }
 
 // MeterError says why the provider's meters do not fit a feature mapping.
 type MeterError struct {
-	// Code is "meter_not_found" or "meter_formula_mismatch".
+	// Code is "meter_not_found", "meter_formula_mismatch" or
+	// "meter_payload_key_invalid".
 	Code    string
 	Message string
 }
 
 func (e *MeterError) Error() string { return "mappings: " + e.Message }
 
-// Store reads and writes mappings. Checker, when set, is asked before a
-// feature mapping is written.
+// Store reads and writes mappings.
 type Store struct {
+	// Checker, when set, is asked before a feature mapping is written, and
+	// gives the mapping its meter's payload keys. Unset (no Stripe key),
+	// mappings take Stripe's default keys, and `tally doctor` compares them
+	// with the meters once a key is configured.
 	Checker MeterChecker
+	// RestrictedKey says the node's Stripe key is a restricted key (rk_…).
+	// Stripe's v2 API takes only secret keys ("You can only access APIs in
+	// the /v2 namespace with secret keys", https://docs.stripe.com/api-v2-overview),
+	// so a feature mapping that names ExporterStripeMeterEventStream is
+	// refused: none of its items could be sent. The wiring sets it from
+	// STRIPE_API_KEY (config.RestrictedKey).
+	RestrictedKey bool
 }
 
 // Querier runs SQL.
@@ -250,7 +333,7 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-const featureColumns = `feature, event_name, aggregation, window_seconds, exporter, version, updated_at, updated_by`
+const featureColumns = `feature, event_name, aggregation, window_seconds, exporter, customer_payload_key, value_payload_key, version, updated_at, updated_by`
 
 func scanFeature(row pgx.Row) (Feature, error) {
 	var (
@@ -258,22 +341,40 @@ func scanFeature(row pgx.Row) (Feature, error) {
 		agg    string
 		window int
 	)
-	if err := row.Scan(&f.Feature, &f.EventName, &agg, &window, &f.Exporter, &f.Version, &f.UpdatedAt, &f.UpdatedBy); err != nil {
+	if err := row.Scan(&f.Feature, &f.EventName, &agg, &window, &f.Exporter, &f.CustomerPayloadKey, &f.ValuePayloadKey,
+		&f.Version, &f.UpdatedAt, &f.UpdatedBy); err != nil {
 		return Feature{}, err
 	}
 	f.Aggregation, f.Window = Aggregation(agg), Duration(time.Duration(window)*time.Second)
 	return f, nil
 }
 
-// PutFeature sets a feature's mapping. An identical mapping is no change:
-// the current version is returned and changed is false. A change takes the
-// next mapping version and is kept in the history. by names who changed it.
+// PutFeature sets a feature's mapping. With a Checker, the account's
+// active meter with the event name must have the aggregation as its
+// formula, and the mapping takes that meter's payload keys; without one it
+// takes Stripe's default keys, which `tally doctor` checks against the
+// meters later. An identical mapping — the same input and the same keys —
+// is no change: the current version is returned and changed is false. A
+// change, including keys that changed at Stripe, takes the next mapping
+// version and is kept in the history and the audit log. by names who
+// changed it. A ValidationError lists bad input (and the stream exporter
+// on a node whose key is restricted); a *MeterError says the meter does
+// not fit.
 func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, in FeatureInput, by string) (f Feature, changed bool, err error) {
 	if err := in.validate(feature); err != nil {
 		return Feature{}, false, err
 	}
+	if s.RestrictedKey && in.Exporter == ExporterStripeMeterEventStream {
+		return Feature{}, false, &ValidationError{Fields: []FieldError{{"exporter", ExporterStripeMeterEventStream +
+			" sends through Stripe's v2 API, which takes only secret keys (sk_…), and this node's STRIPE_API_KEY is a restricted key (rk_…): " +
+			"name " + ExporterStripeMeterEvents + " or the node's default, or configure a secret key"}}}
+	}
+	keys := DefaultPayloadKeys()
 	if s.Checker != nil {
-		if err := s.Checker.CheckMeter(ctx, in.EventName, in.Aggregation); err != nil {
+		if keys, err = s.Checker.CheckMeter(ctx, in.EventName, in.Aggregation); err != nil {
+			return Feature{}, false, err
+		}
+		if err := keys.check(in.EventName); err != nil {
 			return Feature{}, false, err
 		}
 	}
@@ -282,7 +383,7 @@ func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, i
 		cur, err := scanFeature(tx.QueryRow(ctx, "SELECT "+featureColumns+" FROM feature_mappings WHERE feature = $1 FOR UPDATE", feature))
 		switch {
 		case err == nil && cur.EventName == in.EventName && cur.Aggregation == in.Aggregation && cur.Window == in.Window &&
-			cur.Exporter == in.Exporter:
+			cur.Exporter == in.Exporter && cur.PayloadKeys() == keys:
 			f = cur
 			return nil
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
@@ -296,16 +397,19 @@ func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, i
 		f, err = scanFeature(tx.QueryRow(ctx, `
 			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
 			hist AS (
-				INSERT INTO feature_mapping_versions (version, feature, event_name, aggregation, window_seconds, exporter, changed_by)
-				SELECT version, $1, $2, $3, $4, $6, $5 FROM v
+				INSERT INTO feature_mapping_versions (version, feature, event_name, aggregation, window_seconds, exporter,
+					customer_payload_key, value_payload_key, changed_by)
+				SELECT version, $1, $2, $3, $4, $6, $7, $8, $5 FROM v
 			)
-			INSERT INTO feature_mappings (feature, event_name, aggregation, window_seconds, exporter, version, updated_by)
-			SELECT $1, $2, $3, $4, $6, version, $5 FROM v
+			INSERT INTO feature_mappings (feature, event_name, aggregation, window_seconds, exporter,
+				customer_payload_key, value_payload_key, version, updated_by)
+			SELECT $1, $2, $3, $4, $6, $7, $8, version, $5 FROM v
 			ON CONFLICT (feature) DO UPDATE SET event_name = EXCLUDED.event_name, aggregation = EXCLUDED.aggregation,
-				window_seconds = EXCLUDED.window_seconds, exporter = EXCLUDED.exporter, version = EXCLUDED.version,
-				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
+				window_seconds = EXCLUDED.window_seconds, exporter = EXCLUDED.exporter,
+				customer_payload_key = EXCLUDED.customer_payload_key, value_payload_key = EXCLUDED.value_payload_key,
+				version = EXCLUDED.version, updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
 			RETURNING `+featureColumns,
-			feature, in.EventName, string(in.Aggregation), windowSeconds, by, in.Exporter))
+			feature, in.EventName, string(in.Aggregation), windowSeconds, by, in.Exporter, keys.Customer, keys.Value))
 		if err != nil {
 			return err
 		}
@@ -319,14 +423,15 @@ func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, i
 }
 
 // featureState is a feature mapping as the audit log shows it, e.g.
-// "v3 api_calls sum 1h0m0s exporter stripe_meter_event_stream" ("exporter
-// node default" when it names none).
+// "v3 api_calls sum 1h0m0s exporter stripe_meter_event_stream keys
+// customer=stripe_customer_id value=value" ("exporter node default" when it
+// names none).
 func featureState(f Feature) string {
 	exp := f.Exporter
 	if exp == ExporterDefault {
 		exp = "node default"
 	}
-	return fmt.Sprintf("v%d %s %s %s exporter %s", f.Version, f.EventName, f.Aggregation, time.Duration(f.Window), exp)
+	return fmt.Sprintf("v%d %s %s %s exporter %s keys %s", f.Version, f.EventName, f.Aggregation, time.Duration(f.Window), exp, f.PayloadKeys())
 }
 
 // GetFeature reads a feature's current mapping.
@@ -349,12 +454,29 @@ func (s *Store) Features(ctx context.Context, q Querier) ([]Feature, error) {
 
 // FeatureHistory lists every version of a feature's mapping, oldest first.
 func (s *Store) FeatureHistory(ctx context.Context, q Querier, feature string) ([]Feature, error) {
-	rows, err := q.Query(ctx, `SELECT feature, event_name, aggregation, window_seconds, exporter, version, changed_at, changed_by
+	rows, err := q.Query(ctx, `SELECT feature, event_name, aggregation, window_seconds, exporter,
+		customer_payload_key, value_payload_key, version, changed_at, changed_by
 		FROM feature_mapping_versions WHERE feature = $1 ORDER BY version`, feature)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Feature, error) { return scanFeature(r) })
+}
+
+// FeaturesWithExporter lists, by name, the features whose current mapping
+// names exporter (ExporterDefault: those that name none). A node with a
+// restricted key uses it to refuse to start when a feature names
+// ExporterStripeMeterEventStream.
+func FeaturesWithExporter(ctx context.Context, q Querier, exporter string) ([]string, error) {
+	rows, err := q.Query(ctx, "SELECT feature FROM feature_mappings WHERE exporter = $1 ORDER BY feature", exporter)
+	if err != nil {
+		return nil, fmt.Errorf("mappings: listing the features of exporter %s: %w", exporter, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("mappings: listing the features of exporter %s: %w", exporter, err)
+	}
+	return names, nil
 }
 
 const tenantColumns = `tenant, stripe_customer_id, period_anchor, version, updated_at, updated_by`
@@ -489,22 +611,25 @@ func (s *Store) Lookup(ctx context.Context, q Querier, tenant, feature string) (
 		agg           *string
 		window        *int
 		ev, exp, cust *string
+		ckey, vkey    *string
 		fby, tby      *string
 		fat, tat      *time.Time
 	)
 	err := q.QueryRow(ctx, `
-		SELECT f.event_name, f.aggregation, f.window_seconds, f.exporter, f.version, f.updated_at, f.updated_by,
+		SELECT f.event_name, f.aggregation, f.window_seconds, f.exporter, f.customer_payload_key, f.value_payload_key,
+		       f.version, f.updated_at, f.updated_by,
 		       t.stripe_customer_id, t.period_anchor, t.version, t.updated_at, t.updated_by
 		FROM (SELECT 1) one
 		LEFT JOIN feature_mappings f ON f.feature = $2
 		LEFT JOIN tenant_mappings t ON t.tenant = $1`, tenant, feature).
-		Scan(&ev, &agg, &window, &exp, &fv, &fat, &fby, &cust, &te.PeriodAnchor, &tv, &tat, &tby)
+		Scan(&ev, &agg, &window, &exp, &ckey, &vkey, &fv, &fat, &fby, &cust, &te.PeriodAnchor, &tv, &tat, &tby)
 	if err != nil {
 		return Pair{}, fmt.Errorf("mappings: looking up %s/%s: %w", tenant, feature, err)
 	}
 	if fv != nil {
 		*fe = Feature{Feature: feature, EventName: *ev, Aggregation: Aggregation(*agg),
-			Window: Duration(time.Duration(*window) * time.Second), Exporter: *exp, Version: *fv, UpdatedAt: *fat, UpdatedBy: *fby}
+			Window: Duration(time.Duration(*window) * time.Second), Exporter: *exp,
+			CustomerPayloadKey: *ckey, ValuePayloadKey: *vkey, Version: *fv, UpdatedAt: *fat, UpdatedBy: *fby}
 		p.Feature = fe
 	}
 	if tv != nil {
@@ -516,4 +641,53 @@ func (s *Store) Lookup(ctx context.Context, q Querier, tenant, feature string) (
 		p.Tenant = te
 	}
 	return p, nil
+}
+
+// LookupMany reads the current mappings of every (tenant, feature) pair in
+// pairs in one query, as Lookup reads one; the staging path of a batch of
+// per-event usage uses it.
+func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]bool) (map[[2]string]Pair, error) {
+	out := make(map[[2]string]Pair, len(pairs))
+	var tenants, features []string
+	for p := range pairs {
+		tenants, features = append(tenants, p[0]), append(features, p[1])
+	}
+	rows, err := q.Query(ctx, `
+		SELECT u.t, u.f,
+		       f.event_name, f.aggregation, f.window_seconds, f.exporter, f.customer_payload_key, f.value_payload_key, f.version,
+		       t.stripe_customer_id, t.period_anchor, t.version
+		FROM unnest($1::text[], $2::text[]) AS u(t, f)
+		LEFT JOIN feature_mappings f ON f.feature = u.f
+		LEFT JOIN tenant_mappings t ON t.tenant = u.t`, tenants, features)
+	if err != nil {
+		return nil, fmt.Errorf("mappings: reading mappings: %w", err)
+	}
+	var (
+		tenant, feature      string
+		ev, agg, exp, ck, vk *string
+		cust                 *string
+		window, fv, tv       *int
+		anchor               *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &ev, &agg, &window, &exp, &ck, &vk, &fv, &cust, &anchor, &tv}, func() error {
+		var p Pair
+		if fv != nil {
+			p.Feature = &Feature{Feature: feature, EventName: *ev, Aggregation: Aggregation(*agg),
+				Window: Duration(time.Duration(*window) * time.Second), Exporter: *exp,
+				CustomerPayloadKey: *ck, ValuePayloadKey: *vk, Version: *fv}
+		}
+		if tv != nil {
+			p.Tenant = &Tenant{Tenant: tenant, StripeCustomerID: *cust, Version: *tv}
+			if anchor != nil {
+				a := anchor.UTC()
+				p.Tenant.PeriodAnchor = &a
+			}
+		}
+		out[[2]string{tenant, feature}] = p
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mappings: reading mappings: %w", err)
+	}
+	return out, nil
 }

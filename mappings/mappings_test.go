@@ -2,11 +2,16 @@ package mappings_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/exporter"
@@ -220,10 +225,10 @@ func TestFeatureExporter(t *testing.T) {
 	entries, err := audit.List(ctx, pool, "feature:api", 10)
 	require.NoError(t, err)
 	require.Len(t, entries, 5, "one entry per change, none for the identical PUT")
-	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter node default", f1.Version), entries[4].To)
+	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter node default keys customer=stripe_customer_id value=value", f1.Version), entries[4].To)
 	require.Equal(t, entries[4].To, entries[3].From)
-	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter stripe_meter_event_stream", f2.Version), entries[3].To)
-	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter stripe_meter_events", f3.Version), entries[2].To)
+	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter stripe_meter_event_stream keys customer=stripe_customer_id value=value", f2.Version), entries[3].To)
+	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter stripe_meter_events keys customer=stripe_customer_id value=value", f3.Version), entries[2].To)
 
 	_, err = pool.Exec(ctx, "UPDATE feature_mappings SET exporter = 'stripe_v3'")
 	require.ErrorContains(t, err, "feature_mappings_exporter_check", "the database refuses other names too")
@@ -237,4 +242,224 @@ func TestExportersMirrorPackageExporter(t *testing.T) {
 	require.Equal(t, []string{exporter.StripeMeterEvents, exporter.StripeMeterEventStream}, mappings.Exporters)
 	require.True(t, mappings.ValidExporter(""))
 	require.False(t, mappings.ValidExporter("stripe"))
+}
+
+// simMeters is a simulator with the account's meters, and a Store that
+// checks feature mappings against them through stripe-go.
+func simMeters(t *testing.T) (*stripesim.Server, *mappings.Store) {
+	t.Helper()
+	sim := stripesim.New(stripesim.Options{})
+	srv := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() { sim.Close(); srv.Close() })
+	c, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
+	require.NoError(t, err)
+	return sim, &mappings.Store{Checker: mappings.StripeMeters{Client: c}}
+}
+
+// A feature mapping carries the payload keys of the meter it was set
+// against: shown by GetFeature, Features, FeatureHistory and Lookup. When
+// the meter with that event name reads other keys (Stripe's meters cannot
+// change their keys: a new meter takes the event name), the same PUT is a
+// change: a new version, in the history and the audit log.
+func TestFeatureCarriesTheMetersPayloadKeys(t *testing.T) {
+	t.Parallel()
+	sim, s := simMeters(t)
+	ctx, pool := context.Background(), testdb.New(t)
+	old := sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: "api_calls", Formula: "sum",
+		CustomerPayloadKey: "account", ValuePayloadKey: "calls"})
+	in := mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum}
+
+	f1, changed, err := s.PutFeature(ctx, pool, "api", in, "alice")
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.Equal(t, "account", f1.CustomerPayloadKey)
+	require.Equal(t, "calls", f1.ValuePayloadKey)
+	require.Equal(t, mappings.PayloadKeys{Customer: "account", Value: "calls"}, f1.PayloadKeys())
+	same, changed, err := s.PutFeature(ctx, pool, "api", in, "bob")
+	require.NoError(t, err)
+	require.False(t, changed, "the same meter again is no change")
+	require.Equal(t, f1.Version, same.Version)
+
+	require.NoError(t, sim.DeactivateMeter(stripesim.DefaultAccount, old.ID))
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: "api_calls", Formula: "sum"})
+	f2, changed, err := s.PutFeature(ctx, pool, "api", in, "carol")
+	require.NoError(t, err)
+	require.True(t, changed, "the meter's keys changed at Stripe: a change")
+	require.Greater(t, f2.Version, f1.Version)
+	require.Equal(t, mappings.DefaultCustomerPayloadKey, f2.CustomerPayloadKey)
+	require.Equal(t, mappings.DefaultValuePayloadKey, f2.ValuePayloadKey)
+
+	got, err := s.GetFeature(ctx, pool, "api")
+	require.NoError(t, err)
+	require.Equal(t, f2, got)
+	list, err := s.Features(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, []mappings.Feature{f2}, list)
+	pair, err := s.Lookup(ctx, pool, "acme", "api")
+	require.NoError(t, err)
+	require.Equal(t, mappings.PayloadKeys{Customer: "stripe_customer_id", Value: "value"}, pair.Feature.PayloadKeys())
+	hist, err := s.FeatureHistory(ctx, pool, "api")
+	require.NoError(t, err)
+	require.Len(t, hist, 2)
+	require.Equal(t, mappings.PayloadKeys{Customer: "account", Value: "calls"}, hist[0].PayloadKeys())
+	require.Equal(t, mappings.PayloadKeys{Customer: "stripe_customer_id", Value: "value"}, hist[1].PayloadKeys())
+
+	entries, err := audit.List(ctx, pool, "feature:api", 10)
+	require.NoError(t, err)
+	require.Len(t, entries, 2, "one entry per change")
+	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter node default keys customer=account value=calls", f1.Version), entries[1].To)
+	require.Equal(t, entries[1].To, entries[0].From)
+	require.Equal(t, fmt.Sprintf("v%d api_calls sum 1h0m0s exporter node default keys customer=stripe_customer_id value=value", f2.Version), entries[0].To)
+
+	b, err := json.Marshal(f1)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"customer_payload_key":"account","value_payload_key":"calls"`)
+}
+
+// Without a checker (no Stripe key) a feature mapping takes Stripe's
+// default keys.
+func TestFeatureWithoutCheckerTakesTheDefaultKeys(t *testing.T) {
+	t.Parallel()
+	ctx, pool, s := context.Background(), testdb.New(t), &mappings.Store{}
+	f, _, err := s.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum}, "alice")
+	require.NoError(t, err)
+	require.Equal(t, "stripe_customer_id", f.CustomerPayloadKey)
+	require.Equal(t, "value", f.ValuePayloadKey)
+	require.Equal(t, mappings.DefaultPayloadKeys(), f.PayloadKeys())
+}
+
+// A meter whose keys are no plausible payload keys is refused, and nothing
+// is written.
+func TestImplausiblePayloadKeysAreRefused(t *testing.T) {
+	t.Parallel()
+	sim, s := simMeters(t)
+	ctx, pool := context.Background(), testdb.New(t)
+	for i, keys := range []mappings.PayloadKeys{
+		{Customer: strings.Repeat("k", 101), Value: "value"},
+		{Customer: "stripe_customer_id", Value: strings.Repeat("v", 101)},
+		{Customer: "cust\tomer", Value: "value"},
+		{Customer: "stripe_customer_id", Value: "val\u0085ue"},
+		{Customer: "same", Value: "same"},
+	} {
+		name := fmt.Sprintf("meter_%d", i)
+		sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: name, CustomerPayloadKey: keys.Customer, ValuePayloadKey: keys.Value})
+		_, _, err := s.PutFeature(ctx, pool, name, mappings.FeatureInput{EventName: name, Aggregation: mappings.Sum}, "x")
+		var me *mappings.MeterError
+		require.ErrorAs(t, err, &me, "%+v", keys)
+		require.Equal(t, "meter_payload_key_invalid", me.Code)
+		require.NotContains(t, me.Message, "\t", "the message does not echo a control character")
+	}
+	// 100 characters is still a key.
+	long := mappings.PayloadKeys{Customer: strings.Repeat("k", 100), Value: "v"}
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: "long", CustomerPayloadKey: long.Customer, ValuePayloadKey: long.Value})
+	f, _, err := s.PutFeature(ctx, pool, "long", mappings.FeatureInput{EventName: "long", Aggregation: mappings.Sum}, "x")
+	require.NoError(t, err)
+	require.Equal(t, long, f.PayloadKeys())
+
+	fs, err := s.Features(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, fs, 1, "only the plausible one is written")
+	_, err = pool.Exec(ctx, "UPDATE feature_mappings SET value_payload_key = customer_payload_key")
+	require.ErrorContains(t, err, "feature_mappings_payload_keys_check", "the database refuses them too")
+	_, err = pool.Exec(ctx, "UPDATE feature_mappings SET value_payload_key = E'a\\x01'")
+	require.ErrorContains(t, err, "feature_mappings_value_payload_key_check")
+	_, err = pool.Exec(ctx, "UPDATE feature_mappings SET customer_payload_key = ''")
+	require.ErrorContains(t, err, "feature_mappings_customer_payload_key_check")
+}
+
+// With a restricted key (rk_…) the node cannot use Stripe's v2 API, so a
+// feature mapping that names the stream exporter is refused as a field
+// problem; v1 and the node's default stay allowed.
+func TestRestrictedKeyRefusesTheStreamExporter(t *testing.T) {
+	t.Parallel()
+	ctx, pool, s := context.Background(), testdb.New(t), &mappings.Store{RestrictedKey: true}
+	in := mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum, Exporter: mappings.ExporterStripeMeterEventStream}
+	_, _, err := s.PutFeature(ctx, pool, "api", in, "x")
+	var ve *mappings.ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Len(t, ve.Fields, 1)
+	require.Equal(t, "exporter", ve.Fields[0].Field)
+	require.Contains(t, ve.Fields[0].Reason, "restricted")
+	_, err = s.GetFeature(ctx, pool, "api")
+	require.ErrorIs(t, err, mappings.ErrNotFound, "nothing written")
+
+	for _, exp := range []string{mappings.ExporterDefault, mappings.ExporterStripeMeterEvents} {
+		in.Exporter = exp
+		_, _, err := s.PutFeature(ctx, pool, "api", in, "x")
+		require.NoError(t, err, exp)
+	}
+}
+
+// FeaturesWithExporter lists the features whose mapping names an exporter,
+// by name; the node's default is named by none.
+func TestFeaturesWithExporter(t *testing.T) {
+	t.Parallel()
+	ctx, pool, s := context.Background(), testdb.New(t), &mappings.Store{}
+	for name, exp := range map[string]string{"b": mappings.ExporterStripeMeterEventStream, "a": mappings.ExporterStripeMeterEventStream,
+		"c": mappings.ExporterStripeMeterEvents, "d": mappings.ExporterDefault} {
+		_, _, err := s.PutFeature(ctx, pool, name, mappings.FeatureInput{EventName: name, Aggregation: mappings.Sum, Exporter: exp}, "x")
+		require.NoError(t, err)
+	}
+	got, err := mappings.FeaturesWithExporter(ctx, pool, mappings.ExporterStripeMeterEventStream)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b"}, got)
+	got, err = mappings.FeaturesWithExporter(ctx, pool, mappings.ExporterStripeMeterEvents)
+	require.NoError(t, err)
+	require.Equal(t, []string{"c"}, got)
+	got, err = mappings.FeaturesWithExporter(ctx, pool, "nothing")
+	require.NoError(t, err)
+	require.Empty(t, got)
+}
+
+// Migration 12 gives the mappings that existed before it, and their
+// history, Stripe's default keys.
+func TestMigrationGivesExistingMappingsTheDefaultKeys(t *testing.T) {
+	t.Parallel()
+	ctx, pool := context.Background(), testdb.New(t)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { db.Close() })
+	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("../migrations"), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	_, err = p.ApplyVersion(ctx, 12, false)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `
+		WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
+		hist AS (INSERT INTO feature_mapping_versions (version, feature, event_name, aggregation, window_seconds, changed_by)
+			SELECT version, 'api', 'api_calls', 'sum', 3600, 'before' FROM v)
+		INSERT INTO feature_mappings (feature, event_name, aggregation, window_seconds, version, updated_by)
+		SELECT 'api', 'api_calls', 'sum', 3600, version, 'before' FROM v`)
+	require.NoError(t, err)
+	_, err = p.ApplyVersion(ctx, 12, true)
+	require.NoError(t, err)
+
+	s := &mappings.Store{}
+	f, err := s.GetFeature(ctx, pool, "api")
+	require.NoError(t, err)
+	require.Equal(t, mappings.DefaultPayloadKeys(), f.PayloadKeys())
+	hist, err := s.FeatureHistory(ctx, pool, "api")
+	require.NoError(t, err)
+	require.Equal(t, mappings.DefaultPayloadKeys(), hist[0].PayloadKeys())
+	_, changed, err := s.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum}, "after")
+	require.NoError(t, err)
+	require.False(t, changed, "the same mapping with the default keys is no change")
+	_, err = pool.Exec(ctx, "INSERT INTO feature_mappings (feature, event_name, aggregation, window_seconds, version, updated_by) VALUES ('b', 'b', 'sum', 3600, 999999, 'x')")
+	require.ErrorContains(t, err, "customer_payload_key", "no default in the database: every writer names the keys")
+}
+
+// A pre-aggregated meter keeps only the latest event of each customer and
+// window ("a newer event overwrites the previous one",
+// docs.stripe.com/billing/subscriptions/usage-based/meters/configure): a
+// supplement or a correction would replace what was sent before it. The
+// mapping refuses such a meter.
+func TestPreAggregatedMeterIsRefused(t *testing.T) {
+	t.Parallel()
+	sim, s := simMeters(t)
+	ctx, pool := context.Background(), testdb.New(t)
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: "api_calls", Formula: "sum", EventTimeWindow: "hour"})
+	_, _, err := s.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum}, "alice")
+	var me *mappings.MeterError
+	require.ErrorAs(t, err, &me)
+	require.Equal(t, "meter_pre_aggregated", me.Code)
+	_, err = s.GetFeature(ctx, pool, "api")
+	require.Error(t, err, "nothing was saved")
 }

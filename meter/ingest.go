@@ -196,52 +196,6 @@ func sameContent(a, b Event) bool {
 	return a.Timestamp == nil || a.Timestamp.Equal(*b.Timestamp)
 }
 
-// lookupMany reads the mappings of every (tenant, feature) pair in one query.
-func lookupMany(ctx context.Context, q mappings.Querier, pairs map[[2]string]bool) (map[[2]string]mappings.Pair, error) {
-	out := make(map[[2]string]mappings.Pair, len(pairs))
-	var tenants, features []string
-	for p := range pairs {
-		tenants, features = append(tenants, p[0]), append(features, p[1])
-	}
-	rows, err := q.Query(ctx, `
-		SELECT u.t, u.f,
-		       f.event_name, f.aggregation, f.window_seconds, f.exporter, f.version,
-		       t.stripe_customer_id, t.period_anchor, t.version
-		FROM unnest($1::text[], $2::text[]) AS u(t, f)
-		LEFT JOIN feature_mappings f ON f.feature = u.f
-		LEFT JOIN tenant_mappings t ON t.tenant = u.t`, tenants, features)
-	if err != nil {
-		return nil, fmt.Errorf("meter: reading mappings: %w", err)
-	}
-	var (
-		tenant, feature string
-		ev, agg, exp    *string
-		cust            *string
-		window, fv, tv  *int
-		anchor          *time.Time
-	)
-	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &ev, &agg, &window, &exp, &fv, &cust, &anchor, &tv}, func() error {
-		var p mappings.Pair
-		if fv != nil {
-			p.Feature = &mappings.Feature{Feature: feature, EventName: *ev, Aggregation: mappings.Aggregation(*agg),
-				Window: mappings.Duration(time.Duration(*window) * time.Second), Exporter: *exp, Version: *fv}
-		}
-		if tv != nil {
-			p.Tenant = &mappings.Tenant{Tenant: tenant, StripeCustomerID: *cust, Version: *tv}
-			if anchor != nil {
-				a := anchor.UTC()
-				p.Tenant.PeriodAnchor = &a
-			}
-		}
-		out[[2]string{tenant, feature}] = p
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("meter: reading mappings: %w", err)
-	}
-	return out, nil
-}
-
 // anchorOf is a tenant's period anchor (calendar months when unmapped or
 // unset).
 func anchorOf(p mappings.Pair) time.Time {

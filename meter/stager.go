@@ -32,6 +32,30 @@ type Target struct {
 	// days back, 5 minutes ahead). Outside them an item is quarantined as
 	// timestamp_window.
 	AcceptPast, AcceptFuture time.Duration
+	// MaxDigits is the most decimal digits a value the provider accepts may
+	// have (Stripe: 15), 1 to 18; 0 means a signed 64-bit value's own range.
+	// A sum window is split into supplements whose values fit; an item whose
+	// value still does not fit (one event alone, or a last value) is
+	// quarantined as value_digits, never truncated.
+	MaxDigits int
+}
+
+// maxValue is the largest magnitude a value may have.
+func (t Target) maxValue() int64 {
+	if t.MaxDigits <= 0 || t.MaxDigits > 18 {
+		return math.MaxInt64
+	}
+	m := int64(1)
+	for range t.MaxDigits {
+		m *= 10
+	}
+	return m - 1
+}
+
+// valueFits reports whether v has at most MaxDigits digits.
+func (t Target) valueFits(v int64) bool {
+	m := t.maxValue()
+	return v >= -m && v <= m
 }
 
 func (t Target) validate() error {
@@ -247,7 +271,7 @@ func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, 
 			// staged row change nothing Stripe should see: they join the item
 			// that carries that row. A supplement would re-send an older
 			// value as the window's last.
-			absorbed, err := absorbLate(ctx, tx, tenant, feature, w, ids)
+			absorbed, err := absorbLate(ctx, tx, tenant, feature, w, w.SubjectRef(feature, 0), ids)
 			if err != nil || absorbed {
 				if err == nil {
 					res.Events = len(ids)
@@ -255,22 +279,26 @@ func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, 
 				return err
 			}
 		}
-		// One item carries the window, unless its sum does not fit a signed
-		// 64-bit value: then its rows are split, in time order, into as few
-		// items (supplements) as keep every partial sum in range.
+		// One item carries the window, unless its sum does not fit what
+		// the provider accepts (Target.MaxDigits; a signed 64-bit value at
+		// most): then its rows are split, in time order, into as few items
+		// (supplements) as keep every partial sum in range.
 		chunks := []chunk{{ids: ids, value: *last, at: *ts}}
 		if pair.Feature.Aggregation == mappings.Sum {
-			if v, ok := numericToInt64(sum); ok {
+			if v, ok := numericToInt64(sum); ok && target.valueFits(v) {
 				chunks[0].value = v
-			} else if chunks, err = splitWindow(ctx, tx, ids); err != nil {
+			} else if chunks, err = splitWindow(ctx, tx, ids, target.maxValue()); err != nil {
 				return err
 			}
 		}
 		base := w.SubjectRef(feature, 0)
 		var n int
 		// One number per ref: a re-addressed item's successor keeps its ref.
+		// A re-addressed item's successor ("%r<n>") carries its
+		// predecessor's number.
 		if err := tx.QueryRow(ctx, `SELECT count(DISTINCT subject_ref) FROM outbox_items WHERE tenant_key = $1 AND subject_kind = $2
-			AND (subject_ref = $3 OR starts_with(subject_ref, $3 || '#'))`, tenant, outbox.SubjectUsageWindow, base).Scan(&n); err != nil {
+			AND (subject_ref = $3 OR starts_with(subject_ref, $3 || '#')) AND strpos(subject_ref, '%r') = 0`,
+			tenant, outbox.SubjectUsageWindow, base).Scan(&n); err != nil {
 			return fmt.Errorf("counting the window's items: %w", err)
 		}
 		for k, c := range chunks {
@@ -420,7 +448,8 @@ func (s *Stager) stageNewEvents(ctx context.Context, tx pgx.Tx, events []Event, 
 	for _, i := range unique {
 		pairs[[2]string{events[i].Tenant, events[i].Feature}] = true
 	}
-	maps, err := lookupMany(ctx, tx, pairs)
+	var st mappings.Store
+	maps, err := st.LookupMany(ctx, tx, pairs)
 	if err != nil {
 		return err
 	}
@@ -478,6 +507,14 @@ func (s *Stager) item(pair mappings.Pair, target Target, tenant, feature, kind, 
 	}
 	if pair.Feature != nil {
 		it.Payload.EventName = pair.Feature.EventName
+		// The meter's payload keys, when they are not Stripe's defaults
+		// (an item without them is sent with the defaults).
+		if k := pair.Feature.CustomerPayloadKey; k != mappings.DefaultCustomerPayloadKey {
+			it.Payload.CustomerKey = k
+		}
+		if k := pair.Feature.ValuePayloadKey; k != mappings.DefaultValuePayloadKey {
+			it.Payload.ValueKey = k
+		}
 	}
 	if pair.Tenant != nil {
 		it.Payload.Customer = pair.Tenant.StripeCustomerID
@@ -491,6 +528,8 @@ func (s *Stager) item(pair mappings.Pair, target Target, tenant, feature, kind, 
 		it.Quarantine = outbox.ReasonNoAccount
 	case kind == outbox.SubjectUsageEvent && pair.Feature.Aggregation.PerEvent() && value != 1:
 		it.Quarantine = outbox.ReasonCountValue
+	case !target.valueFits(value):
+		it.Quarantine = outbox.ReasonValueDigits
 	}
 	return it
 }
@@ -565,21 +604,26 @@ func markRows(ctx context.Context, tx pgx.Tx, rows, items []int64) error {
 	return nil
 }
 
-// absorbLate marks the late rows ids of a last window with the item of the
-// window's latest staged row, when every one of them is older than it (by
-// occurred_at, then id); absorbed says it did.
-func absorbLate(ctx context.Context, tx pgx.Tx, tenant, feature string, w Window, ids []int64) (absorbed bool, err error) {
+// absorbLate marks the late rows ids of a last window with the window item
+// of the window's latest row staged in one (its own ref base or a
+// supplement of it), when every one of them is older than that row (by
+// occurred_at, then id); absorbed says it did. Rows staged in any other item
+// — a per-event item quarantined before the feature was mapped as last,
+// say — are not the window's: joining one would make its value, when it is
+// rebuilt, the older row's.
+func absorbLate(ctx context.Context, tx pgx.Tx, tenant, feature string, w Window, base string, ids []int64) (absorbed bool, err error) {
 	var item *int64
 	err = tx.QueryRow(ctx, `
 		WITH latest AS (
-		    SELECT item_id, occurred_at, id FROM usage_events
-		    WHERE tenant = $1 AND feature = $2 AND item_id IS NOT NULL AND occurred_at >= $3 AND occurred_at < $4
-		    ORDER BY occurred_at DESC, id DESC LIMIT 1
+		    SELECT u.item_id, u.occurred_at, u.id FROM usage_events u JOIN outbox_items o ON o.id = u.item_id
+		    WHERE u.tenant = $1 AND u.feature = $2 AND u.item_id IS NOT NULL AND u.occurred_at >= $3 AND u.occurred_at < $4
+		      AND o.subject_kind = $6 AND (o.subject_ref = $7 OR starts_with(o.subject_ref, $7 || '#'))
+		    ORDER BY u.occurred_at DESC, u.id DESC LIMIT 1
 		)
 		SELECT l.item_id FROM latest l
 		WHERE NOT EXISTS (SELECT 1 FROM usage_events u WHERE u.id = ANY($5::bigint[])
 		                  AND (u.occurred_at, u.id) > (l.occurred_at, l.id))`,
-		tenant, feature, w.From, w.To, ids).Scan(&item)
+		tenant, feature, w.From, w.To, ids, outbox.SubjectUsageWindow, base).Scan(&item)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && item == nil) {
 		return false, nil
 	}
@@ -613,10 +657,11 @@ type chunk struct {
 }
 
 // splitWindow splits a window's rows (ids, in time order) into chunks whose
-// sums fit a signed 64-bit integer: a new chunk starts when the next value
-// would take the running sum out of range. Each value fits on its own, so
-// every chunk holds at least one row.
-func splitWindow(ctx context.Context, tx pgx.Tx, ids []int64) ([]chunk, error) {
+// sums stay within ±limit (at most a signed 64-bit integer's range): a new
+// chunk starts when the next value would take the running sum out of range.
+// A value out of range on its own makes a chunk of its own, which the
+// stager quarantines (value_digits); every chunk holds at least one row.
+func splitWindow(ctx context.Context, tx pgx.Tx, ids []int64, limit int64) ([]chunk, error) {
 	rows, err := tx.Query(ctx, `SELECT u.id, u.value, u.occurred_at FROM usage_events u
 		JOIN unnest($1::bigint[]) WITH ORDINALITY AS w(id, n) ON u.id = w.id ORDER BY w.n`, ids)
 	if err != nil {
@@ -630,7 +675,7 @@ func splitWindow(ctx context.Context, tx pgx.Tx, ids []int64) ([]chunk, error) {
 		at  time.Time
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&id, &v, &at}, func() error {
-		if len(cur.ids) > 0 && ((v > 0 && cur.value > math.MaxInt64-v) || (v < 0 && cur.value < math.MinInt64-v)) {
+		if len(cur.ids) > 0 && !sumFits(cur.value, v, limit) {
 			out = append(out, cur)
 			cur = chunk{}
 		}
@@ -640,4 +685,16 @@ func splitWindow(ctx context.Context, tx pgx.Tx, ids []int64) ([]chunk, error) {
 		return nil, fmt.Errorf("reading the window's rows: %w", err)
 	}
 	return append(out, cur), nil
+}
+
+// sumFits reports whether cur and cur+v are both within ±limit (limit ≤
+// math.MaxInt64), without overflowing.
+func sumFits(cur, v, limit int64) bool {
+	if cur < -limit || cur > limit {
+		return false
+	}
+	if (v > 0 && cur > limit-v) || (v < 0 && cur < -limit-v) {
+		return false
+	}
+	return true
 }

@@ -40,6 +40,7 @@ func TestDocsSQL(t *testing.T) {
 		{"T9 — requeue", sqlT9Requeue},
 		{"T9r — supersede (after the successor's T0, in the same transaction)", sqlT9rSupersede},
 		{"T10 — fail accepted (the provider's error report)", sqlT10Fail},
+		{"The provider's error report on an item in flight — a note for its next T2", sqlNoteFailures},
 		{"The gauge", sqlGauge},
 	} {
 		sql := strings.ReplaceAll(s.sql, columns("o"), colsPrefix)

@@ -111,3 +111,40 @@ func (id Identity) Validate() error {
 	}
 	return nil
 }
+
+// readdressMark joins a subject ref and its re-address generation. A "%"
+// never stands for itself in a ref — an event id's is percent-encoded, and a
+// feature name has none — and a percent-encoding is followed by two hex
+// digits, never "r": the mark cannot be mistaken for part of the ref.
+const readdressMark = "%r"
+
+// ReaddressRef returns the subject ref for re-addressing an item of ref
+// under a new identifier while nothing else of its identity changes: ref
+// with its re-address generation raised by one ("<ref>%r1", then
+// "<ref>%r2"). An item gets one only when the provider is proven not to
+// have recorded any attempt of it (every attempt refused, or failed by the
+// provider's error report): a new identifier then cannot bill twice, and it
+// cannot collide with whatever the provider remembers of the old one.
+func ReaddressRef(ref string) string {
+	base, gen := splitReaddress(ref)
+	return base + readdressMark + strconv.Itoa(gen+1)
+}
+
+// BaseRef returns ref without its re-address generation: the usage it names.
+func BaseRef(ref string) string {
+	base, _ := splitReaddress(ref)
+	return base
+}
+
+func splitReaddress(ref string) (base string, gen int) {
+	i := strings.LastIndex(ref, readdressMark)
+	if i < 0 {
+		return ref, 0
+	}
+	digits := ref[i+len(readdressMark):]
+	n, err := strconv.Atoi(digits)
+	if err != nil || n < 1 || strconv.Itoa(n) != digits {
+		return ref, 0
+	}
+	return ref[:i], n
+}

@@ -39,9 +39,11 @@ var States = []State{
 type Reason string
 
 // Quarantine reasons. The first six are decided at staging (T0q) and again at
-// claim (T6); meter_not_found and customer_not_found come from the
-// provider's answer (T6) or its asynchronous error report (T10); count_value
-// is decided at staging.
+// claim (T6); meter_not_found, customer_not_found, payload_keys and
+// provider_refused come from the provider's answer (T6) or its asynchronous
+// error report (T10, or T2 when the report came while the item was in
+// flight); count_value is decided at staging, value_digits at staging and
+// at claim.
 const (
 	ReasonFeatureUnmapped  Reason = "feature_unmapped"   // the feature has no mapping
 	ReasonNoCustomer       Reason = "no_customer"        // the tenant has no Stripe customer
@@ -56,12 +58,25 @@ const (
 	// so it cannot be billed as posted; a correction is a meter event
 	// adjustment (cancel) of the event it corrects.
 	ReasonCountValue Reason = "count_value"
+	// ReasonValueDigits: the value has more digits than the provider
+	// accepts (Stripe: 15 significant digits). It is never sent and never
+	// truncated; decided at staging and again at claim.
+	ReasonValueDigits Reason = "value_digits"
+	// ReasonPayloadKeys: the provider found no customer or value under the
+	// payload keys the item carries — the meter's keys differ from the
+	// mapping's. Setting the feature mapping again reads the meter's keys.
+	ReasonPayloadKeys Reason = "payload_keys"
+	// ReasonProviderRefused: the provider refused the item with an answer
+	// (or an error report code) Tally does not recognise. A human looks
+	// before anything is decided: a mapping fix may cure it.
+	ReasonProviderRefused Reason = "provider_refused"
 )
 
 // Reasons lists every quarantine reason.
 var Reasons = []Reason{
 	ReasonFeatureUnmapped, ReasonNoCustomer, ReasonNoAccount, ReasonAccountMismatch,
 	ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound, ReasonCountValue,
+	ReasonValueDigits, ReasonPayloadKeys, ReasonProviderRefused,
 }
 
 func (r Reason) valid() bool {
@@ -90,6 +105,13 @@ type Payload struct {
 	Feature string `json:"feature"`
 	// Period is the start of the billing period, RFC 3339 UTC.
 	Period string `json:"period"`
+	// CustomerKey and ValueKey are the payload keys the provider's meter
+	// reads the customer and the value from, as the feature mapping had
+	// them when the item was built; empty means the provider's defaults
+	// (Stripe: stripe_customer_id and value). Items staged before the
+	// mapping carried keys have neither.
+	CustomerKey string `json:"customer_key,omitempty"`
+	ValueKey    string `json:"value_key,omitempty"`
 }
 
 // Item is an outbox row as read back.

@@ -77,8 +77,12 @@ type Outcome struct {
 type Result struct {
 	// ID is the item.
 	ID int64
-	// State is the state the item landed in; empty when Err is set.
+	// State is the state the item landed in; empty when Err is set. An
+	// Accepted outcome lands in quarantined or rejected when the provider's
+	// error report named the item while it was in flight (NoteFailures).
 	State State
+	// Reason is the quarantine reason when State is quarantined.
+	Reason Reason
 	// Err is ErrStaleLease when the write was fenced out.
 	Err error
 }
@@ -94,6 +98,13 @@ type Result struct {
 // so that two batches over overlapping items (a stale writer's and the
 // sweep's, say) can wait for each other but never deadlock. Claims never
 // wait: they skip locked rows.
+//
+// T2 takes the provider's error report into account: when a report named
+// the item while it was in flight (NoteFailures), the accept lands where the
+// report says — quarantined with its reason, or rejected — with the report's
+// error, as T10 would have moved it a moment later, and the note is cleared.
+// As in T10, refused_attempts := attempts only when the accepted attempt was
+// the only one that may have reached the provider.
 const (
 	sqlT2Accept = `
 WITH b AS (SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @refs::text[]) AS b(id, token, ref)),
@@ -102,17 +113,24 @@ locked AS MATERIALIZED (
 ),
 t AS (
     UPDATE outbox_items o SET
-        state = 'accepted', provider_ref = nullif(b.ref, ''), accepted_at = clock_timestamp(),
+        state = coalesce(o.reported_state, 'accepted'), quarantine_reason = o.reported_reason,
+        refused_attempts = CASE WHEN o.reported_state IS NOT NULL AND o.attempts - o.refused_attempts <= 1
+                                THEN o.attempts ELSE o.refused_attempts END,
+        last_error_code   = CASE WHEN o.reported_state IS NULL THEN o.last_error_code ELSE o.reported_code END,
+        last_error_status = CASE WHEN o.reported_state IS NULL THEN o.last_error_status END,
+        last_error        = CASE WHEN o.reported_state IS NULL THEN o.last_error ELSE o.reported_message END,
+        reported_state = NULL, reported_reason = NULL, reported_code = NULL, reported_message = NULL,
+        provider_ref = nullif(b.ref, ''), accepted_at = clock_timestamp(),
         lease_expires_at = NULL, updated_at = clock_timestamp()
     FROM b
     WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked) AND o.lease_token = b.token AND o.state = 'leased'
-    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.provider_ref
+    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.provider_ref, o.quarantine_reason
 ),
 log AS (
     INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused, provider_ref)
     SELECT id, lease_token, lease_owner, leased_at, 'accepted', state, false, provider_ref FROM t
 )
-SELECT id, state FROM t`
+SELECT id, state, coalesce(quarantine_reason, '') FROM t`
 
 	// T3 becomes T4 in the same statement when the retry is past the cap, or
 	// would happen past the horizon (measured from first_attempt_at). Both
@@ -147,7 +165,7 @@ log AS (
     SELECT id, lease_token, lease_owner, leased_at, kind, state, refused, code, nullif(status, 0), nullif(message, '')
     FROM t
 )
-SELECT id, state FROM t`
+SELECT id, state, ''::text FROM t`
 
 	// sqlT4T5T6 is T4 (uncertain), T5 (rejected) and T6 (quarantined): the
 	// same predicate, a target state per row.
@@ -168,7 +186,7 @@ t AS (
         lease_expires_at = NULL, updated_at = clock_timestamp()
     FROM b
     WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked) AND o.lease_token = b.token AND o.state = 'leased'
-    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, b.refused, b.code, b.status, b.message
+    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.quarantine_reason, b.refused, b.code, b.status, b.message
 ),
 log AS (
     INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused,
@@ -176,7 +194,7 @@ log AS (
     SELECT id, lease_token, lease_owner, leased_at, state, state, refused, code, nullif(status, 0), nullif(message, '')
     FROM t
 )
-SELECT id, state FROM t`
+SELECT id, state, coalesce(quarantine_reason, '') FROM t`
 )
 
 // oneShot runs a batch statement as an unnamed statement, planned for the
@@ -284,11 +302,12 @@ func (s *Store) recordBatch(ctx context.Context, db TxBeginner, outcomes []Outco
 			return nil, fmt.Errorf("outbox: %s: %w", st.name, err)
 		}
 		var (
-			id    int64
-			state State
+			id     int64
+			state  State
+			reason Reason
 		)
-		if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
-			results[index[id]] = Result{ID: id, State: state}
+		if _, err := pgx.ForEachRow(rows, []any{&id, &state, &reason}, func() error {
+			results[index[id]] = Result{ID: id, State: state, Reason: reason}
 			return nil
 		}); err != nil {
 			return nil, fmt.Errorf("outbox: %s: %w", st.name, err)
@@ -306,10 +325,17 @@ func (s *Store) recordBatch(ctx context.Context, db TxBeginner, outcomes []Outco
 			s.metrics.staleWrites(transition, 1)
 		case r.State == StateUncertain:
 			s.metrics.moved("T4", r.State)
+		case outcomes[i].Kind == Accepted && r.State != StateAccepted:
+			// An error report came while the item was in flight: the
+			// accept lands where the report says, T10's way.
+			s.metrics.moved("T10", r.State)
+			if r.State == StateQuarantined {
+				s.metrics.quarantinedFor(r.Reason)
+			}
 		default:
 			s.metrics.moved(transition, r.State)
 			if r.State == StateQuarantined {
-				s.metrics.quarantinedFor(outcomes[i].Reason)
+				s.metrics.quarantinedFor(r.Reason)
 			}
 		}
 	}
@@ -558,13 +584,8 @@ func (s *Store) failAccepted(ctx context.Context, q Querier, fs []ProviderFailur
 			return nil, nil, fmt.Errorf("outbox: T10: item %d appears twice in one batch", f.ID)
 		}
 		byID[f.ID] = f
-		switch {
-		case f.To == StateQuarantined && !f.Reason.valid():
-			return nil, nil, fmt.Errorf("outbox: T10: item %d: quarantine needs a known reason, got %q", f.ID, f.Reason)
-		case f.To == StateRejected && f.Reason != "":
-			return nil, nil, fmt.Errorf("outbox: T10: item %d: a rejection carries no quarantine reason", f.ID)
-		case f.To != StateQuarantined && f.To != StateRejected:
-			return nil, nil, fmt.Errorf("outbox: T10: item %d: to %q: only quarantined or rejected", f.ID, f.To)
+		if err := f.check(); err != nil {
+			return nil, nil, fmt.Errorf("outbox: T10: %w", err)
 		}
 		e := f.Error.Sanitized()
 		ids[i], states[i], reasons[i] = f.ID, string(f.To), string(f.Reason)
@@ -722,7 +743,8 @@ func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) er
 const sqlT9Requeue = `
 UPDATE outbox_items SET
     state = 'pending', quarantine_reason = NULL, next_attempt_at = clock_timestamp(),
-    attempts_base = attempts, updated_at = clock_timestamp()
+    attempts_base = attempts, updated_at = clock_timestamp(),
+    reported_state = NULL, reported_reason = NULL, reported_code = NULL, reported_message = NULL
 WHERE id = @id AND state = 'quarantined' AND mapping_version = @version
   AND destination_account <> '' AND mapping_version > 0
   AND coalesce(payload ->> 'customer', '') <> '' AND coalesce(payload ->> 'event_name', '') <> ''`
@@ -795,7 +817,9 @@ var ErrSuccessorExists = errors.New("outbox: the successor identity exists alrea
 // closes the quarantined item id (built from mappingVersion) as superseded,
 // pointing to the successor, so its usage is counted once. The successor must
 // name the same tenant and subject under a different identity (a new mapping
-// version, account, mode or exporter). Only an item proven not to have reached
+// version, account, mode or exporter, or — when nothing else changed — the
+// next re-address generation of its subject ref, ReaddressRef; BaseRef of
+// both must agree). Only an item proven not to have reached
 // the provider may be re-addressed: otherwise ErrMayHaveReached, and the item
 // keeps its identifier for good. On any error the caller must roll back.
 func (s *Store) Supersede(ctx context.Context, tx pgx.Tx, id int64, mappingVersion int, successor NewItem) (Enqueued, error) {
@@ -803,7 +827,7 @@ func (s *Store) Supersede(ctx context.Context, tx pgx.Tx, id int64, mappingVersi
 	if err != nil {
 		return Enqueued{}, err
 	}
-	if successor.TenantKey != old.TenantKey || successor.SubjectKind != old.SubjectKind || successor.SubjectRef != old.SubjectRef {
+	if successor.TenantKey != old.TenantKey || successor.SubjectKind != old.SubjectKind || BaseRef(successor.SubjectRef) != BaseRef(old.SubjectRef) {
 		return Enqueued{}, fmt.Errorf("outbox: T9r: the successor of item %d must carry the same tenant and subject", id)
 	}
 	if successor.Identity == old.Identity {

@@ -112,17 +112,28 @@ func TestRequeueReaddressesAfterMappingFix(t *testing.T) {
 	require.ErrorAs(t, err, &se, "a superseded item is not quarantined")
 }
 
+// An item one attempt of which may have reached Stripe keeps its
+// identifier for good: after a timeout and then Stripe's "no meter" at the
+// next attempt, the operator creates the meter and requeues it in place
+// (T9), and the resend carries the same identifier, which Stripe
+// deduplicates if the first attempt was recorded after all.
 func TestRequeueInPlaceKeepsIdentifier(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupWith(t, outbox.Config{BackoffBase: time.Millisecond, BackoffCap: time.Millisecond})
 	f := b.Feature(t, "api", mappings.Sum, time.Hour)
 	tn := b.Tenant(t, "acme", nil)
 	b.MustIngest(t, ev("a", "acme", "api", 5, ago(3*time.Hour)))
 	b.Pass(t)
-	// Stripe had no meter at send time (what the deliverer records, T6).
 	leases, err := b.Outbox.Claim(b.Ctx, b.Pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, leases, 1)
+	_, err = b.Outbox.Retry(b.Ctx, b.Pool, leases[0], outbox.ErrorInfo{Code: "timeout"}, false)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		leases, err = b.Outbox.Claim(b.Ctx, b.Pool, outbox.ClaimOptions{Owner: "t", Limit: 1})
+		return err == nil && len(leases) == 1
+	}, 5*time.Second, 5*time.Millisecond)
+	// Stripe had no meter at send time (what the deliverer records, T6).
 	require.NoError(t, b.Outbox.Quarantine(b.Ctx, b.Pool, leases[0], outbox.ReasonMeterNotFound, outbox.ErrorInfo{Code: "meter_not_found", Status: 400}))
 
 	version := max(f.Version, tn.Version)

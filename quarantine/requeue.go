@@ -70,8 +70,12 @@ func (e *StillIneligibleError) Error() string {
 // it goes back to pending (T9); if the fix changed what it must carry, a
 // successor is enqueued and the item closed as superseded (T9r) — only when
 // no attempt of it may have reached Stripe (outbox.ErrMayHaveReached
-// otherwise). Both happen in one transaction, with the audit log's entry
-// naming by, the operator.
+// otherwise). An item that was sent and that Stripe is proven to have
+// recorded no attempt of — every attempt refused, or failed by an error
+// report (T10) — is re-addressed even when the rebuild is the item itself:
+// its successor's subject ref is the next re-address generation
+// (outbox.ReaddressRef), so it carries a new identifier. Both happen in one
+// transaction, with the audit log's entry naming by, the operator.
 func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int, by string) (RequeueResult, error) {
 	var res RequeueResult
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
@@ -103,6 +107,15 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 		entry := audit.Entry{Actor: by, Subject: audit.Item(id), From: string(outbox.StateQuarantined),
 			Reason:  "quarantined: " + string(it.QuarantineReason),
 			Details: map[string]any{"mapping_version": mappingVersion, "item_mapping_version": it.MappingVersion}}
+		if successor.Identity == it.Identity && provenUnrecorded(it) {
+			// Sent, and every attempt refused or failed by the provider's
+			// error report: Stripe recorded nothing under the identifier,
+			// but it may remember it (a saved answer, a failed event in its
+			// dedup window), so a resend under it could read as accepted
+			// while nothing is counted. A new identifier cannot bill twice.
+			successor.SubjectRef = outbox.ReaddressRef(it.SubjectRef)
+			entry.Details["readdressed_because"] = "every attempt was refused or reported failed by Stripe"
+		}
 		if successor.Identity == it.Identity {
 			res.Action = ActionRequeued
 			if err := r.Outbox.Requeue(ctx, tx, id, it.MappingVersion); err != nil {
@@ -124,6 +137,14 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 		return RequeueResult{}, err
 	}
 	return res, nil
+}
+
+// provenUnrecorded reports whether the item was sent and the provider is
+// proven to have recorded none of its attempts: each was refused outright,
+// or the provider's error report failed the only one that may have reached
+// it (T10 then counts every attempt refused).
+func provenUnrecorded(it outbox.Item) bool {
+	return it.Attempts > 0 && it.RefusedAttempts == it.Attempts
 }
 
 // IsConflict reports whether err is a requeue refusal the caller should see

@@ -56,25 +56,9 @@ const maxSubset = 20
 // the meter's formula.
 func compareHour(formula string, items []held, summary float64, found bool) verdict {
 	var v verdict
-	var accepted, counted, uncertain []held
-	for _, it := range items {
-		switch it.state {
-		case outbox.StatePending, outbox.StateLeased:
-			return verdict{skip: skipInFlight}
-		case outbox.StateAccepted:
-			if !it.settled {
-				return verdict{skip: skipUnsettled}
-			}
-			accepted = append(accepted, it)
-			counted = append(counted, it)
-		case outbox.StateConfirmed:
-			counted = append(counted, it)
-		case outbox.StateUncertain:
-			uncertain = append(uncertain, it)
-		}
-	}
-	if len(accepted) == 0 && len(uncertain) == 0 {
-		return verdict{skip: skipNothing}
+	skip, accepted, counted, uncertain := classify(items)
+	if skip != "" {
+		return verdict{skip: skip}
 	}
 	for _, it := range counted {
 		v.counted = append(v.counted, it.id)
@@ -93,26 +77,7 @@ func compareHour(formula string, items []held, summary float64, found bool) verd
 	}
 
 	var last held
-	switch formula {
-	case "sum":
-		v.expected = new(big.Int)
-		for _, it := range counted {
-			v.expected.Add(v.expected, big.NewInt(it.value))
-		}
-	case "count":
-		v.expected = big.NewInt(int64(len(counted)))
-	case "last":
-		last = held{ts: math.MinInt64}
-		v.expected = new(big.Int) // nothing expected when only uncertain items are
-		for i, it := range counted {
-			if i == 0 || later(it, last) {
-				last = it
-			}
-		}
-		if len(counted) > 0 {
-			v.expected = big.NewInt(last.value)
-		}
-	}
+	v.expected, last = expectedOf(formula, counted)
 
 	if formula == "last" && len(counted) == 0 {
 		// Only uncertain items: a match is no event at all.
@@ -167,6 +132,102 @@ func compareHour(formula string, items []held, summary float64, found bool) verd
 		}
 	}
 	return v
+}
+
+// classify sorts one hour's items for a comparison: the settled accepted
+// ones (which a match confirms), the accepted and confirmed ones (which
+// Tally counts) and the uncertain ones; or says why the hour is skipped.
+func classify(items []held) (skip string, accepted, counted, uncertain []held) {
+	for _, it := range items {
+		switch it.state {
+		case outbox.StatePending, outbox.StateLeased:
+			return skipInFlight, nil, nil, nil
+		case outbox.StateAccepted:
+			if !it.settled {
+				return skipUnsettled, nil, nil, nil
+			}
+			accepted = append(accepted, it)
+			counted = append(counted, it)
+		case outbox.StateConfirmed:
+			counted = append(counted, it)
+		case outbox.StateUncertain:
+			uncertain = append(uncertain, it)
+		}
+	}
+	if len(accepted) == 0 && len(uncertain) == 0 {
+		return skipNothing, nil, nil, nil
+	}
+	return "", accepted, counted, uncertain
+}
+
+// expectedOf is what Stripe should hold for the counted items by the
+// meter's formula, and for last the item that gives it (ts MinInt64 when
+// none: nothing is expected when only uncertain items are).
+func expectedOf(formula string, counted []held) (*big.Int, held) {
+	last := held{ts: math.MinInt64}
+	switch formula {
+	case "count":
+		return big.NewInt(int64(len(counted))), last
+	case "last":
+		for i, it := range counted {
+			if i == 0 || later(it, last) {
+				last = it
+			}
+		}
+		if len(counted) > 0 {
+			return big.NewInt(last.value), last
+		}
+		return new(big.Int), last
+	}
+	sum := new(big.Int)
+	for _, it := range counted {
+		sum.Add(sum, big.NewInt(it.value))
+	}
+	return sum, last
+}
+
+// uncompared is what Tally holds over the hours of a key whose summaries
+// Stripe refused: the hours that would have been compared, their items,
+// and the value expected over them all by the meter's formula (for last,
+// the latest item's); and how many hours would have been skipped anyway.
+type uncompared struct {
+	hours, skipped     int
+	expected           *big.Int
+	counted, uncertain []int64 // ascending
+}
+
+// holdOver sums up the given hours of a key (each with its items) as a
+// run that could read no summary of the key sees them: the hours a
+// comparison would skip (an item in flight or unsettled) are left out,
+// and the rest give the items involved and what Tally expects.
+func holdOver(formula string, byHour map[int64][]held, hours []int64) uncompared {
+	var (
+		u       uncompared
+		counted []held
+	)
+	u.counted, u.uncertain = []int64{}, []int64{}
+	for _, h := range hours {
+		if !worthComparing(byHour[h]) {
+			continue // nothing this run would confirm or learn
+		}
+		skip, _, c, unc := classify(byHour[h])
+		if skip != "" {
+			u.skipped++
+			continue
+		}
+		u.hours++
+		counted = append(counted, c...)
+		for _, it := range c {
+			u.counted = append(u.counted, it.id)
+		}
+		for _, it := range unc {
+			u.uncertain = append(u.uncertain, it.id)
+		}
+	}
+	u.expected, _ = expectedOf(formula, counted)
+	slices.Sort(u.counted)
+	slices.Sort(u.uncertain)
+	return u
 }
 
 // difference is provider - expected, and whether it is a whole number; nil

@@ -33,10 +33,15 @@ type ReportResult struct {
 	// Failed counts the named items that were accepted and moved by T10,
 	// to quarantined or rejected by their error code.
 	Failed int `json:"failed"`
-	// EvidenceOnly counts the named items in any other state (pending,
-	// leased, uncertain, confirmed, quarantined, …, or an accepted item of
-	// the other mode): they keep their state, and the evidence stays for the
-	// reconciler and the operator.
+	// Noted counts the named items still in flight (pending, leased or
+	// uncertain): the report is noted on them, and the accept recorded for
+	// each afterwards lands where the report says (outbox.NoteFailures).
+	Noted int `json:"noted"`
+	// EvidenceOnly counts the named items in any other state (confirmed,
+	// quarantined, rejected, …, an accepted item of the other mode, or an
+	// in-flight one already noted with an equal or stronger verdict): they
+	// keep their state, and the evidence stays for the reconciler and the
+	// operator.
 	EvidenceOnly int `json:"evidence_only"`
 	// Unmatched counts the identifiers named that no item has (another
 	// sender's events: Tally must be the only sender for its meters).
@@ -45,13 +50,16 @@ type ReportResult struct {
 
 // RecordReport records a meter error report once and acts on it, in one
 // transaction: the event; per failed event it names, the evidence against
-// the item with that identifier; and T10 (store.FailAccepted) for every
-// named item still accepted, to quarantined or rejected as
-// exporter.ClassifyReport says of its code. An item named with several
-// codes is rejected if any of them is not curable by a mapping fix. A named
-// item in another state keeps it. An event recorded before changes nothing
-// (Recorded false). A report's samples are a sample: items it does not name
-// stay accepted, and the reconciler finds them.
+// the item with that identifier; T10 (store.FailAccepted) for every named
+// item still accepted, to quarantined or rejected as
+// exporter.ClassifyReport says of its code; and a note on every named item
+// still in flight (store.NoteFailures) — the report overtook the answer to
+// the request it is about, and the accept recorded afterwards lands where
+// the report says. An item named with several codes is rejected if any of
+// them is not curable by a mapping fix. A named item in another state keeps
+// it. An event recorded before changes nothing (Recorded false). A report's
+// samples are a sample: items it does not name stay accepted, and the
+// reconciler finds them.
 func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi.MeterErrorReport) (ReportResult, error) {
 	if store == nil {
 		return ReportResult{}, errors.New("reconcile: recording a report needs the outbox")
@@ -80,19 +88,21 @@ func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi
 		// over the same items — or two reports naming one item — never
 		// deadlock (two share locks each waiting to become an update lock
 		// would).
+		// A sample names the event's identifier, or the request's
+		// Idempotency-Key, which for v1 is the identifier and the attempt.
 		identifiers := make([]string, len(rep.Samples))
 		for i, s := range rep.Samples {
-			identifiers[i] = s.Identifier
+			identifiers[i] = exporter.IdentifierOf(s.Identifier)
 		}
 		if _, err := tx.Exec(ctx, `SELECT id FROM outbox_items WHERE identifier = ANY($1) ORDER BY id FOR NO KEY UPDATE`,
 			identifiers); err != nil {
 			return fmt.Errorf("reconcile: locking the items event %s names: %w", rep.ID, err)
 		}
-		for _, s := range rep.Samples {
+		for i, s := range rep.Samples {
 			msg := outbox.ErrorInfo{Code: "x", Message: s.Message}.Sanitized().Message
 			if _, err := tx.Exec(ctx, `INSERT INTO meter_error_evidence (event_id, identifier, item_id, code, message)
 				VALUES ($1, $2, (SELECT id FROM outbox_items WHERE identifier = $2), $3, nullif($4, ''))
-				ON CONFLICT DO NOTHING`, rep.ID, s.Identifier, s.Code, msg); err != nil {
+				ON CONFLICT DO NOTHING`, rep.ID, identifiers[i], s.Code, msg); err != nil {
 				return fmt.Errorf("reconcile: recording evidence of event %s: %w", rep.ID, err)
 			}
 		}
@@ -111,7 +121,8 @@ func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeap
 		mode = outbox.ModeLive
 	}
 	rows, err := tx.Query(ctx, `SELECT e.identifier, e.item_id, e.code, coalesce(e.message, ''),
-		    coalesce(o.state = 'accepted' AND o.mode = $2, false)
+		    coalesce(o.state = 'accepted' AND o.mode = $2, false),
+		    coalesce(o.state IN ('pending', 'leased', 'uncertain') AND o.mode = $2, false)
 		FROM meter_error_evidence e LEFT JOIN outbox_items o ON o.id = e.item_id
 		WHERE e.event_id = $1 ORDER BY e.identifier, e.code`, rep.ID, string(mode))
 	if err != nil {
@@ -120,13 +131,14 @@ func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeap
 	var (
 		identifier, code, msg string
 		item                  *int64
-		accepted              bool
+		accepted, inFlight    bool
 		order                 []int64
 		named                 = map[int64]bool{}
 		unmatched             = map[string]bool{}
+		flying                = map[int64]bool{}
 		failures              = map[int64]outbox.ProviderFailure{}
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&identifier, &item, &code, &msg, &accepted}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&identifier, &item, &code, &msg, &accepted, &inFlight}, func() error {
 		if item == nil {
 			unmatched[identifier] = true
 			return nil
@@ -136,9 +148,10 @@ func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeap
 			named[id] = true
 			order = append(order, id)
 		}
-		if !accepted {
+		if !accepted && !inFlight {
 			return nil
 		}
+		flying[id] = inFlight
 		to, reason := exporter.ClassifyReport(code)
 		f, seen := failures[id]
 		// The first code decides, unless a later one is not curable: a
@@ -151,12 +164,21 @@ func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeap
 		return fmt.Errorf("reconcile: reading the evidence of event %s: %w", rep.ID, err)
 	}
 	res.Unmatched = len(unmatched)
-	fs := make([]outbox.ProviderFailure, 0, len(failures))
+	var fs, notes []outbox.ProviderFailure
 	for _, id := range order {
 		if f, ok := failures[id]; ok {
-			fs = append(fs, f)
+			if flying[id] {
+				notes = append(notes, f)
+			} else {
+				fs = append(fs, f)
+			}
 		}
 	}
+	noted, err := store.NoteFailures(ctx, tx, notes)
+	if err != nil {
+		return fmt.Errorf("reconcile: noting the failures event %s names: %w", rep.ID, err)
+	}
+	res.Noted = len(noted)
 	failed, refused, err := store.FailAccepted(ctx, tx, fs)
 	if err != nil {
 		return fmt.Errorf("reconcile: failing the items event %s names: %w", rep.ID, err)
@@ -169,7 +191,7 @@ func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeap
 		}
 	}
 	res.Failed = len(failed)
-	res.EvidenceOnly = len(named) - res.Failed
+	res.EvidenceOnly = len(named) - res.Failed - res.Noted
 	return nil
 }
 

@@ -101,7 +101,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		discrepancies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tally_reconcile_discrepancies_total",
-			Help: "Discrepancies found: hours where Stripe's summary and Tally's accepted items differ. A rerun finds an unresolved one again.",
+			Help: "Discrepancies found: hours where Stripe's summary and Tally's accepted items differ, and keys whose summaries Stripe refused (a customer or meter it does not know). A rerun finds an unresolved one again.",
 		}),
 	}
 	for _, s := range []string{"succeeded", "failed", "interrupted"} {
@@ -391,7 +391,10 @@ ORDER BY 1`, pgx.NamedArgs{"account": dest.Account, "mode": string(dest.Mode), "
 }
 
 // reconcileKey compares one key's hours and commits, in one transaction,
-// its confirmations, its discrepancies and the run's cursor past it.
+// its confirmations, its discrepancies and the run's cursor past it. A key
+// whose summaries Stripe refuses with a 4xx about the key is one
+// discrepancy (ReasonSummariesRefused) committed the same way, and no
+// error: the run goes on to the next key.
 func (r *Reconciler) reconcileKey(ctx context.Context, db DB, id int64, dest exporter.Destination,
 	byEvent map[string]stripeapi.Meter, k key, settle time.Duration, sinceTS int64) error {
 	start := r.calls.Load()
@@ -433,7 +436,16 @@ ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(dest.Mode), "
 		found                      []Discrepancy
 	)
 	m, ok := byEvent[k.eventName]
-	if !ok {
+	var summaries []stripeapi.Summary
+	if ok {
+		err = r.read(ctx, func() (err error) {
+			summaries, err = r.client.EventSummaries(ctx, m.ID, k.customer, from, to, stripeapi.Hour)
+			return err
+		})
+	}
+	refusal, refused := refusedKey(ctx, err)
+	switch {
+	case !ok:
 		// No meter has the event name any more: nothing to read evidence
 		// from. The hours are skipped, visibly in the run's totals.
 		r.cfg.Logger.Warn("reconcile: no meter for an event name with accepted items", "event_name", k.eventName)
@@ -442,14 +454,22 @@ ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(dest.Mode), "
 				skipped++
 			}
 		}
-	} else {
-		var summaries []stripeapi.Summary
-		if err := r.read(ctx, func() (err error) {
-			summaries, err = r.client.EventSummaries(ctx, m.ID, k.customer, from, to, stripeapi.Hour)
-			return err
-		}); err != nil {
-			return err
-		}
+	case refused:
+		// Stripe refused this key alone (a customer or a meter it does not
+		// know): nothing of the key is compared; the key is a discrepancy
+		// of its own, with the items it holds, and the run goes on.
+		u := holdOver(m.Formula, byHour, hours)
+		skipped += u.skipped
+		found = append(found, Discrepancy{Account: dest.Account, Mode: string(dest.Mode), EventName: k.eventName, Meter: m.ID,
+			Customer: k.customer, Reason: ReasonSummariesRefused, ErrorCode: refusal.Code, ErrorStatus: refusal.Status,
+			Hour: time.Unix(from, 0).UTC(), Formula: m.Formula, Expected: u.expected.String(),
+			ExpectedItems: u.counted, UncertainItems: u.uncertain, ExplainedBy: []int64{}, Explanation: ExplanationNotCompared})
+		r.cfg.Logger.Warn("reconcile: Stripe refused a key's summaries; the key is recorded as a discrepancy and the run goes on",
+			"run", id, "event_name", k.eventName, "meter", m.ID, "error", refusal.String(), "hours", u.hours,
+			"items", len(u.counted)+len(u.uncertain))
+	case err != nil:
+		return err
+	default:
 		provider := map[int64]float64{}
 		for _, s := range summaries {
 			provider[s.Start] = s.Value
@@ -470,9 +490,9 @@ ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(dest.Mode), "
 			default:
 				compared++
 				d := Discrepancy{Account: dest.Account, Mode: string(dest.Mode), EventName: k.eventName, Meter: m.ID,
-					Customer: k.customer, Hour: time.Unix(h, 0).UTC(), Formula: m.Formula, Expected: v.expected.String(),
-					ExpectedItems: nonNil(v.counted), UncertainItems: nonNil(v.uncertain), ExplainedBy: nonNil(v.explainedBy),
-					Explanation: v.explanation}
+					Customer: k.customer, Reason: ReasonMismatch, Hour: time.Unix(h, 0).UTC(), Formula: m.Formula,
+					Expected: v.expected.String(), ExpectedItems: nonNil(v.counted), UncertainItems: nonNil(v.uncertain),
+					ExplainedBy: nonNil(v.explainedBy), Explanation: v.explanation}
 				if v.provider != nil {
 					p, diff := v.providerText, v.differenceText()
 					d.Provider, d.Difference = &p, &diff
@@ -516,13 +536,21 @@ ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(dest.Mode), "
 		if d.Provider != nil {
 			provider, diff = d.Provider, d.Difference
 		}
+		var errCode *string
+		var errStatus *int
+		if d.Reason != ReasonMismatch {
+			errCode, errStatus = &d.ErrorCode, &d.ErrorStatus
+		}
 		if _, err := tx.Exec(ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name, meter, customer,
-				hour, formula, expected, provider, difference, expected_items, uncertain_items, explained_by, explanation, reported_items)
-			VALUES (@run, @account, @mode, @event, @meter, @customer, @hour, @formula, @expected::numeric, @provider::numeric,
-				@diff::numeric, @expected_items, @uncertain_items, @explained_by, @explanation, @reported)
+				reason, error_code, error_status, hour, formula, expected, provider, difference, expected_items, uncertain_items,
+				explained_by, explanation, reported_items)
+			VALUES (@run, @account, @mode, @event, @meter, @customer, @reason, @error_code, @error_status, @hour, @formula,
+				@expected::numeric, @provider::numeric, @diff::numeric, @expected_items, @uncertain_items, @explained_by,
+				@explanation, @reported)
 			ON CONFLICT DO NOTHING`,
 			pgx.NamedArgs{"run": id, "account": d.Account, "mode": d.Mode, "event": d.EventName, "meter": d.Meter,
-				"customer": d.Customer, "hour": d.Hour, "formula": d.Formula, "expected": d.Expected, "provider": provider,
+				"customer": d.Customer, "reason": d.Reason, "error_code": errCode, "error_status": errStatus,
+				"hour": d.Hour, "formula": d.Formula, "expected": d.Expected, "provider": provider,
 				"diff": diff, "expected_items": d.ExpectedItems, "uncertain_items": d.UncertainItems,
 				"explained_by": d.ExplainedBy, "explanation": d.Explanation, "reported": d.ReportedItems}); err != nil {
 			return fmt.Errorf("reconcile: recording a discrepancy: %w", err)
@@ -546,8 +574,9 @@ ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(dest.Mode), "
 }
 
 // read runs a Stripe read, again with exponential backoff and jitter after
-// a transient failure (429 — which also slows the account's limiter — 5xx,
-// no answer), until it succeeds, fails for good, or RetryMax has passed.
+// a transient failure (429 — which also slows the account's limiter — 409,
+// 5xx, no answer), until it succeeds, fails for good, or RetryMax has
+// passed.
 func (r *Reconciler) read(ctx context.Context, f func() error) error {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxElapsedTime = r.cfg.RetryInitial, r.cfg.RetryMax
@@ -561,13 +590,35 @@ func (r *Reconciler) read(ctx context.Context, f func() error) error {
 		switch {
 		case status == http.StatusTooManyRequests:
 			r.cfg.Limiter.Slow(sent)
-		case status >= 500, code == stripeapi.CodeNetwork, code == stripeapi.CodeTimeout:
+		case status >= 500, status == http.StatusConflict, code == stripeapi.CodeNetwork, code == stripeapi.CodeTimeout:
 		default:
 			return backoff.Permanent(err)
 		}
 		r.cfg.Logger.Debug("reconcile: a Stripe read failed; trying again", "status", status)
 		return err
 	}, backoff.WithContext(b, ctx))
+}
+
+// refusedKey says whether err, the end of a key's summaries read, is
+// Stripe refusing that key alone — a 4xx about the request (400, 404: a
+// customer Stripe does not know or deleted, a meter it no longer has; 402,
+// …) — and gives the refusal, content-free: Stripe's code (else its error
+// type) and the status. 401 and 403 refuse the key Tally calls with, so
+// every key (the run fails); 409 and 429 are transient (read retries them);
+// a cancelled run is not a refusal.
+func refusedKey(ctx context.Context, err error) (outbox.ErrorInfo, bool) {
+	if err == nil || ctx.Err() != nil {
+		return outbox.ErrorInfo{}, false
+	}
+	code, status, _ := stripeapi.Describe(err)
+	switch {
+	case status < 400 || status > 499:
+		return outbox.ErrorInfo{}, false
+	case status == http.StatusUnauthorized, status == http.StatusForbidden,
+		status == http.StatusConflict, status == http.StatusTooManyRequests:
+		return outbox.ErrorInfo{}, false
+	}
+	return outbox.ErrorInfo{Code: code, Status: status}.Sanitized(), true
 }
 
 // worthComparing: an hour with a settled accepted item (to confirm) or an

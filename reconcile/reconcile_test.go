@@ -316,8 +316,9 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 	require.Equal(t, before, r.states(t))
 
 	// Stripe's reports of the drops arrive: the items they name leave
-	// accepted (T10; "dropped" is no mapping problem, so rejected), and the
-	// next run confirms the rest of those hours.
+	// accepted (T10; "dropped" is no code Tally knows, so quarantined
+	// provider_refused for a human), and the next run confirms the rest of
+	// those hours.
 	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: r.base})
 	require.NoError(t, err)
 	reported := map[int64]bool{}
@@ -338,7 +339,7 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 	require.Empty(t, ds3)
 	for id, state := range r.states(t) {
 		if reported[id] {
-			require.Equal(t, outbox.StateRejected, state, "item %d", id)
+			require.Equal(t, outbox.StateQuarantined, state, "item %d", id)
 		} else {
 			require.Equal(t, outbox.StateConfirmed, state, "item %d", id)
 		}

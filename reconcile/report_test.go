@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/outbox"
@@ -124,9 +125,10 @@ func TestRecordReportOfAnotherModeIsEvidenceOnly(t *testing.T) {
 }
 
 // A report's samples are a sample. The item it names leaves accepted (the
-// "dropped" code is no mapping problem: rejected), so its hour reconciles
-// on the rest; an event Stripe dropped that no report names stays accepted,
-// and the reconciler finds its hour as a discrepancy.
+// simulator's "dropped" is no code Tally knows: quarantined
+// provider_refused, for a human), so its hour reconciles on the rest; an
+// event Stripe dropped that no report names stays accepted, and the
+// reconciler finds its hour as a discrepancy.
 func TestReportedDropsAreRejectedAndUnreportedOnesAreDiscrepancies(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, outbox.Config{})
@@ -158,7 +160,8 @@ func TestReportedDropsAreRejectedAndUnreportedOnesAreDiscrepancies(t *testing.T)
 		require.Equal(t, reconcile.ReportResult{Recorded: true, Failed: 1}, res)
 	}
 	it := r.item(t, reported.id)
-	require.Equal(t, outbox.StateRejected, it.State)
+	require.Equal(t, outbox.StateQuarantined, it.State)
+	require.Equal(t, outbox.ReasonProviderRefused, it.QuarantineReason)
 	require.Equal(t, stripesim.CodeDropped, it.LastError.Code)
 
 	_, ds := r.run(t, reconcile.Options{Settle: settled})
@@ -169,7 +172,7 @@ func TestReportedDropsAreRejectedAndUnreportedOnesAreDiscrepancies(t *testing.T)
 	require.Empty(t, ds[0].ReportedItems)
 	states := r.states(t)
 	require.Equal(t, outbox.StateAccepted, states[unreported.id])
-	require.Equal(t, outbox.StateRejected, states[reported.id])
+	require.Equal(t, outbox.StateQuarantined, states[reported.id])
 	for _, x := range r.items(t, outbox.StateAccepted) {
 		require.True(t, x.cust == unreported.cust && x.event == unreported.event && x.hour.Equal(unreported.hour),
 			"only the unreported drop's hour stays accepted: %+v", x)
@@ -214,6 +217,56 @@ func TestRecordReportConcurrentDeliveriesMoveOnce(t *testing.T) {
 		got := r.item(t, it.id)
 		require.Equal(t, outbox.StateQuarantined, got.State)
 		require.Equal(t, outbox.ReasonCustomerNotFound, got.QuarantineReason)
+	}
+	r.holds(t)
+}
+
+// A report that overtakes the answer to its request — it names items that
+// are still leased, once by the event identifier and once by the request's
+// per-attempt Idempotency-Key, as Stripe's samples may — is recorded as
+// evidence and noted, and the accept recorded afterwards lands where the
+// report says. Before, the accept ignored it and the items stayed accepted
+// for good with nothing counted at Stripe.
+func TestReportWhileLeasedTakesEffectAtTheAccept(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{})
+	r.ingestMix(t, 1)
+	r.Pass(t)
+	leases, err := r.Outbox.Claim(r.Ctx, r.Pool, outbox.ClaimOptions{Owner: "test", Limit: 3})
+	require.NoError(t, err)
+	require.Len(t, leases, 3)
+	byKey, byIdentifier, untouched := leases[0], leases[1], leases[2]
+
+	rep := stripeapi.MeterErrorReport{ID: "evt_overtaken", Type: stripeapi.EventMeterErrorReport, Created: time.Now(), ErrorCount: 2,
+		Samples: []stripeapi.MeterErrorSample{
+			{Identifier: exporter.IdempotencyKey(byKey.Identifier, byKey.Attempts), Code: "meter_event_customer_not_found", Message: "No such customer"},
+			{Identifier: byIdentifier.Identifier, Code: "meter_event_invalid_value", Message: "Invalid value"},
+		}}
+	res, err := reconcile.RecordReport(r.Ctx, r.Pool, r.Outbox, rep)
+	require.NoError(t, err)
+	require.Equal(t, reconcile.ReportResult{Recorded: true, Noted: 2}, res)
+	require.Equal(t, outbox.StateLeased, r.item(t, byKey.ID).State, "the report does not take the lease away")
+
+	outcomes := make([]outbox.Outcome, len(leases))
+	for i, l := range leases {
+		outcomes[i] = outbox.Outcome{Lease: l, Kind: outbox.Accepted, ProviderRef: "req_x"}
+	}
+	_, err = r.Outbox.Record(r.Ctx, r.Pool, outcomes)
+	require.NoError(t, err)
+
+	it := r.item(t, byKey.ID)
+	require.Equal(t, outbox.StateQuarantined, it.State)
+	require.Equal(t, outbox.ReasonCustomerNotFound, it.QuarantineReason)
+	require.Equal(t, it.Attempts, it.RefusedAttempts, "proven unrecorded: a requeue re-addresses it")
+	it = r.item(t, byIdentifier.ID)
+	require.Equal(t, outbox.StateRejected, it.State)
+	require.Equal(t, "meter_event_invalid_value", it.LastError.Code)
+	require.Equal(t, outbox.StateAccepted, r.item(t, untouched.ID).State)
+	ev, err := reconcile.EvidenceOf(r.Ctx, r.Pool, []int64{byKey.ID, byIdentifier.ID})
+	require.NoError(t, err)
+	require.Len(t, ev, 2, "the evidence names the items by their identifiers")
+	for _, e := range ev {
+		require.Contains(t, []string{byKey.Identifier, byIdentifier.Identifier}, e.Identifier)
 	}
 	r.holds(t)
 }

@@ -39,28 +39,41 @@ type Run struct {
 	FinishedAt  *time.Time `json:"finished_at"`
 }
 
-// Discrepancy is one hour of one (customer, meter) where Stripe's summary
-// and what Tally holds as accepted or confirmed differ. Its items stay
+// Discrepancy is what a run could not confirm, with its reason: one hour of
+// one (customer, meter) where Stripe's summary and what Tally holds as
+// accepted or confirmed differ (ReasonMismatch), or a whole key whose
+// summaries Stripe refused (ReasonSummariesRefused). Its items stay
 // accepted.
 type Discrepancy struct {
-	Account   string    `json:"destination_account"`
-	Mode      string    `json:"mode"`
-	EventName string    `json:"event_name"`
-	Meter     string    `json:"meter"`
-	Customer  string    `json:"customer"`
-	Hour      time.Time `json:"hour"`
-	Formula   string    `json:"formula"`
+	Account   string `json:"destination_account"`
+	Mode      string `json:"mode"`
+	EventName string `json:"event_name"`
+	Meter     string `json:"meter"`
+	Customer  string `json:"customer"`
+	// Reason is ReasonMismatch or ReasonSummariesRefused.
+	Reason string `json:"reason"`
+	// ErrorCode and ErrorStatus are, for ReasonSummariesRefused, Stripe's
+	// error code (else its error type) and HTTP status; empty and 0 for a
+	// mismatch.
+	ErrorCode   string `json:"error_code,omitempty"`
+	ErrorStatus int    `json:"error_status,omitempty"`
+	// Hour is the hour compared; for a refused key, the first hour of the
+	// key's compared range (its items may span many hours).
+	Hour    time.Time `json:"hour"`
+	Formula string    `json:"formula"`
 	// Expected is Tally's value, Provider Stripe's (nil: a last meter with
-	// no event in the hour), Difference = Provider - Expected. Decimal
-	// strings: they are exact.
+	// no event in the hour, or a refused key), Difference = Provider -
+	// Expected. Decimal strings: they are exact. For a refused key Expected
+	// is what Tally holds over the range's comparable hours, by the formula
+	// (for last, the latest item's value).
 	Expected   string  `json:"expected"`
 	Provider   *string `json:"provider"`
 	Difference *string `json:"difference"`
 	// ExpectedItems are the accepted and confirmed items Tally counts;
-	// UncertainItems the hour's uncertain ones; ExplainedBy the uncertain
-	// items whose landing explains the difference exactly, when exactly one
-	// such set exists (Explanation "explained"; else "ambiguous" or
-	// "unexplained").
+	// UncertainItems the hour's (the range's) uncertain ones; ExplainedBy
+	// the uncertain items whose landing explains the difference exactly,
+	// when exactly one such set exists (Explanation "explained"; else
+	// "ambiguous" or "unexplained"; "not_compared" for a refused key).
 	ExpectedItems  []int64 `json:"expected_items"`
 	UncertainItems []int64 `json:"uncertain_items"`
 	ExplainedBy    []int64 `json:"explained_by"`
@@ -71,6 +84,25 @@ type Discrepancy struct {
 	// it could not move then (an item still leased, say).
 	ReportedItems []int64 `json:"reported_items"`
 }
+
+// Discrepancy reasons.
+const (
+	// ReasonMismatch is an hour where Stripe's summary and what Tally holds
+	// differ.
+	ReasonMismatch = "mismatch"
+	// ReasonSummariesRefused is a key whose summaries Stripe refused with a
+	// 4xx about that key (a customer or meter Stripe does not know): none
+	// of its hours was compared.
+	ReasonSummariesRefused = "summaries_refused"
+)
+
+// Refused says whether d is a whole key whose summaries Stripe refused
+// rather than one hour's mismatch.
+func (d Discrepancy) Refused() bool { return d.Reason == ReasonSummariesRefused }
+
+// ExplanationNotCompared is the explanation of a refused key's
+// discrepancy: there was no number of Stripe's to explain.
+const ExplanationNotCompared = "not_compared"
 
 const runColumns = `id, status, trigger, requested_by, settle::text, since, coalesce(destination_account, ''), coalesce(mode, ''),
 	keys_total, keys_done, hours_compared, hours_matched, hours_skipped, items_confirmed, discrepancies, stripe_calls,
@@ -109,9 +141,11 @@ func List(ctx context.Context, q outbox.Querier, limit int) ([]Run, error) {
 	return runs, nil
 }
 
-// Discrepancies reads a run's discrepancies, by meter, customer and hour.
+// Discrepancies reads a run's discrepancies, by meter, customer and hour (a
+// refused key at the first hour of its range).
 func Discrepancies(ctx context.Context, q outbox.Querier, runID int64) ([]Discrepancy, error) {
-	rows, err := q.Query(ctx, `SELECT destination_account, mode, event_name, meter, customer, hour, formula,
+	rows, err := q.Query(ctx, `SELECT destination_account, mode, event_name, meter, customer, reason,
+			coalesce(error_code, ''), coalesce(error_status, 0), hour, formula,
 			expected::text, provider::text, difference::text, expected_items, uncertain_items, explained_by, explanation,
 			reported_items
 		FROM reconcile_discrepancies WHERE run_id = $1 ORDER BY event_name, customer, hour`, runID)
@@ -120,7 +154,8 @@ func Discrepancies(ctx context.Context, q outbox.Querier, runID int64) ([]Discre
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Discrepancy, error) {
 		var d Discrepancy
-		err := row.Scan(&d.Account, &d.Mode, &d.EventName, &d.Meter, &d.Customer, &d.Hour, &d.Formula, &d.Expected,
+		err := row.Scan(&d.Account, &d.Mode, &d.EventName, &d.Meter, &d.Customer, &d.Reason, &d.ErrorCode, &d.ErrorStatus,
+			&d.Hour, &d.Formula, &d.Expected,
 			&d.Provider, &d.Difference, &d.ExpectedItems, &d.UncertainItems, &d.ExplainedBy, &d.Explanation, &d.ReportedItems)
 		d.Hour = d.Hour.UTC()
 		return d, err

@@ -66,7 +66,7 @@ func BenchmarkNodeMemory(b *testing.B) {
 	n := &node{t: b, addr: freeAddrB(b)}
 	n.env = []string{"TALLY_DATABASE_URL=" + url, "TALLY_LISTEN=" + n.addr, "TALLY_ADMIN_TOKEN=" + admin,
 		"STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + srv.URL, "TALLY_STAGE_INTERVAL=500ms",
-		"TALLY_WINDOW_GRACE=1s", "TALLY_RATE_TEST=2000", "TALLY_LOG_LEVEL=error"}
+		"TALLY_WINDOW_GRACE=1s", "TALLY_RATE_TEST=2000", "TALLY_BASIC_RATE_TEST=4000", "TALLY_LOG_LEVEL=error"}
 	n.start()
 	defer n.stop()
 	base := "http://" + n.addr

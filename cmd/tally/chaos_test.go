@@ -68,7 +68,7 @@ func TestChaos(t *testing.T) {
 	const tenants = 20
 	sim := stripesim.New(stripesim.Options{Seed: rng.Uint64(), Limits: stripesim.Limits{
 		OneCallPerCustomerMeter: true,
-		Faults: stripesim.Faults{FailBeforeRecord: 0.08, LoseReply: 0.05, RateLimitFault: 0.05, Hang: 0.005,
+		Faults: stripesim.Faults{FailBeforeRecord: 0.08, FailAfterRecord: 0.04, LoseReply: 0.05, RateLimitFault: 0.05, Hang: 0.005,
 			Latency: time.Millisecond, LatencyJitter: 15 * time.Millisecond},
 	}})
 	srv := httptest.NewServer(sim.Handler())
@@ -95,7 +95,7 @@ func TestChaos(t *testing.T) {
 			"TALLY_STAGE_INTERVAL=300ms", "TALLY_WINDOW_GRACE=1s", "TALLY_MAINTENANCE_INTERVAL=1s",
 			"TALLY_OUTBOX_BACKOFF_BASE=50ms", "TALLY_OUTBOX_BACKOFF_CAP=400ms", "TALLY_OUTBOX_RATE_LIMIT_DELAY=100ms",
 			"TALLY_OUTBOX_MAX_ATTEMPTS=200", "TALLY_OUTBOX_LEASE=2s", "TALLY_STRIPE_TIMEOUT=400ms",
-			"TALLY_RATE_TEST=1000", "TALLY_STREAM_RATE_TEST=1000", "TALLY_POLL_INTERVAL=100ms", "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=error",
+			"TALLY_RATE_TEST=1000", "TALLY_STREAM_RATE_TEST=1000", "TALLY_BASIC_RATE_TEST=3000", "TALLY_POLL_INTERVAL=100ms", "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=error",
 			"TALLY_DELIVERY_INFLIGHT=32",
 		}
 		nodes[i] = n

@@ -122,7 +122,7 @@ func commands() []command {
 			return nil
 		}},
 		{name: "mappings features", flags: func(fs *flag.FlagSet, o *opts) {
-			fs.StringVar(&o.eventName, "event-name", "", "set: the Stripe meter's event_name")
+			fs.StringVar(&o.eventName, "event-name", "", "set: the Stripe meter's event_name (the mapping takes that meter's payload keys, shown as customer_payload_key and value_payload_key)")
 			fs.StringVar(&o.aggregation, "aggregation", "", "set: sum, last or count (the meter's formula)")
 			fs.StringVar(&o.window, "window", "", "set: the window, dividing a day (default 1h)")
 			featureExporterFlag(fs, o)
@@ -150,7 +150,11 @@ func commands() []command {
 			fs.Float64Var(&o.simLimits.RatePerSecond, "rate", 0, "v1 meter-event calls a second before 429 (0: no limit)")
 			fs.Float64Var(&o.simLimits.StreamRatePerSecond, "stream-rate", 0, "v2 meter event stream requests a second before 429 (0: no limit)")
 			fs.BoolVar(&o.simLimits.OneCallPerCustomerMeter, "one-call-per-key", true, "answer 429 to a second concurrent call for one customer and meter, as Stripe does")
-			fs.Float64Var(&o.simLimits.Faults.FailBeforeRecord, "fail-before-record", 0, "probability of a 500 before recording")
+			fs.Float64Var(&o.simLimits.BasicRatePerSecond, "basic-rate", 0, "calls a second, every kind together, before 429: Stripe's basic limit (0: no limit)")
+			fs.Float64Var(&o.simLimits.EndpointRatePerSecond, "endpoint-rate", 0, "calls a second per endpoint before 429, meter events aside (Stripe: 25; 0: no limit)")
+			fs.BoolVar(&o.simLimits.AsyncValidation, "async-validation", false, "v1 answers 200 to an event that fails validation Stripe may make later (unknown customer, …) and reports it")
+			fs.Float64Var(&o.simLimits.Faults.FailBeforeRecord, "fail-before-record", 0, "probability of a 500 before recording (kept for its Idempotency-Key)")
+			fs.Float64Var(&o.simLimits.Faults.FailAfterRecord, "fail-after-record", 0, "probability of recording, then answering 500 (kept for its Idempotency-Key)")
 			fs.Float64Var(&o.simLimits.Faults.LoseReply, "lose-reply", 0, "probability of recording, then answering 502 (a lost reply)")
 			fs.Float64Var(&o.simLimits.Faults.RateLimitFault, "rate-limit-fault", 0, "probability of a 429 without recording")
 			fs.Float64Var(&o.simLimits.Faults.Hang, "hang", 0, "probability of not answering until the client gives up")

@@ -175,6 +175,11 @@ func TestConfigurationErrorsStopBeforeAnythingStarts(t *testing.T) {
 			[]string{"TALLY_LOG_FORMAT must be text or json", "backoff base 1h0m0s is above the cap 15m0s"}},
 		{[]string{"serve", "extra"}, nil, []string{"unexpected arguments"}},
 		{[]string{"frobnicate"}, nil, []string{`unknown command "frobnicate"`}},
+		// Stripe's v2 API takes only secret keys (docs.stripe.com/api-v2-overview).
+		{[]string{"serve"}, []string{"STRIPE_API_KEY=rk_test_restricted", "TALLY_EXPORTER=stripe_meter_event_stream"},
+			[]string{"restricted"}},
+		{[]string{"serve"}, []string{"STRIPE_API_KEY=rk_test_restricted", "STRIPE_WEBHOOK_SECRET=whsec_x"},
+			[]string{"restricted"}},
 	}
 	for _, tc := range cases {
 		cmd := exec.Command(binary, tc.args...)
@@ -189,6 +194,28 @@ func TestConfigurationErrorsStopBeforeAnythingStarts(t *testing.T) {
 		entries, _ := os.ReadDir(dataDir)
 		require.Empty(t, entries, "nothing started: no cluster was created")
 	}
+}
+
+// A restricted key meets a feature mapping that names the v2 stream: serve
+// refuses to start, naming the feature, before it starts anything — the
+// stream's items could never be sent.
+func TestRestrictedKeyWithAStreamFeatureRefusesToStart(t *testing.T) {
+	t.Parallel()
+	url := testdb.URL(t)
+	code, _, errs := tally(t, url, "mappings", "features", "set", "logins", "--event-name", "logins", "--aggregation", "count",
+		"--exporter", "stripe_meter_event_stream")
+	require.Equal(t, 0, code, errs)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "serve", "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "TALLY_DATABASE_URL="+url, "STRIPE_API_KEY=rk_test_restricted",
+		"STRIPE_API_BASE=http://127.0.0.1:1", "TALLY_LOG_LEVEL=error")
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.NoError(t, ctx.Err(), "it stopped by itself")
+	require.Contains(t, string(out), "restricted key")
+	require.Contains(t, string(out), "logins")
+	require.NotContains(t, string(out), "rk_test_restricted", "the key is never printed")
 }
 
 // tally runs the binary against url and returns its exit code, stdout and

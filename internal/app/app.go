@@ -170,11 +170,13 @@ type Parts struct {
 	Requeuer *quarantine.Requeuer
 	Resolver *exporter.Resolver
 	API      *api.Metrics
-	// Limiter paces every call to the destination account (deliveries and
-	// reconciliation); nil without a key.
+	// Limiter paces v1 meter events to the destination account, the
+	// Events class of its budget (exporter.Budget, which Resolver keeps:
+	// reconciliation's reads and every other call have classes of their
+	// own); nil without a key.
 	Limiter *exporter.Limiter
-	// StreamLimiter paces the v2 meter event stream's requests, a budget
-	// of their own on Stripe's meter-events host; nil without a key.
+	// StreamLimiter paces the v2 meter event stream's requests, the Stream
+	// class of the budget; nil without a key.
 	StreamLimiter *exporter.Limiter
 	// Reconciler is nil without a key.
 	Reconciler *reconcile.Reconciler
@@ -192,12 +194,17 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
+	rates := exporter.Rates{Events: cfg.RateTest, Stream: cfg.StreamRateTest, Basic: cfg.BasicRateTest}
+	if mode, err := stripeapi.ModeOfKey(cfg.StripeAPIKey); err == nil && mode == stripeapi.ModeLive {
+		rates = exporter.Rates{Events: cfg.RateLive, Stream: cfg.StreamRateLive, Basic: cfg.BasicRateLive}
+	}
 	res, err := exporter.NewResolver(exporter.Settings{Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
-		MeterEventsBase: cfg.StripeMeterEventsBase, Account: cfg.StripeAccount, Exporter: cfg.Exporter, Metrics: stripeMetrics})
+		MeterEventsBase: cfg.StripeMeterEventsBase, Account: cfg.StripeAccount, Exporter: cfg.Exporter, Metrics: stripeMetrics,
+		Rates: rates})
 	if err != nil {
 		return nil, err
 	}
-	maps := &mappings.Store{}
+	maps := &mappings.Store{RestrictedKey: config.RestrictedKey(cfg.StripeAPIKey)}
 	if c := res.Client(); c != nil {
 		maps.Checker = mappings.StripeMeters{Client: c}
 	}
@@ -209,24 +216,21 @@ func Build(cfg config.Config) (*Parts, error) {
 			return meter.Target{}, false
 		}
 		return meter.Target{Exporter: d.Exporter, Account: d.Account, Mode: d.Mode,
-			AcceptPast: exporter.StripeAcceptPast, AcceptFuture: exporter.StripeAcceptFuture}, true
+			AcceptPast: exporter.StripeAcceptPast, AcceptFuture: exporter.StripeAcceptFuture,
+			MaxDigits: exporter.StripeMaxValueDigits}, true
 	}}
 	apiMetrics, err := api.NewMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
 	var limiter, streamLimiter *exporter.Limiter
-	if c := res.Client(); c != nil {
-		rate, streamRate := cfg.RateTest, cfg.StreamRateTest
-		if c.Mode() == stripeapi.ModeLive {
-			rate, streamRate = cfg.RateLive, cfg.StreamRateLive
-		}
-		limiter, streamLimiter = exporter.NewLimiter(rate), exporter.NewLimiter(streamRate)
-	}
 	var rec *reconcile.Reconciler
-	if limiter != nil {
+	if b := res.Budget(); b != nil {
+		limiter, streamLimiter = b.Events(), b.Stream()
+		// Reconciliation's reads have a class of their own in the
+		// account's budget: its 429s slow its reads, never export.
 		if rec, err = reconcile.New(reconcile.Config{Outbox: ob, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
-			Account: cfg.StripeAccount, Destination: res.Destination, Limiter: limiter,
+			Account: cfg.StripeAccount, Destination: res.Destination, Limiter: b.Reads(),
 			Metrics: stripeMetrics, Registry: reg}); err != nil {
 			return nil, err
 		}
@@ -252,6 +256,9 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	}
 	if cfg.StripeAPIKey == "" {
 		logger.Error("STRIPE_API_KEY is unset: export is stalled; usage is kept in the ledger as pending until a key is configured")
+	}
+	if err := refuseRestrictedStream(ctx, cfg, db.Pool); err != nil {
+		return err
 	}
 	go p.Resolver.Run(ctx)
 	if err := p.Registry.Register(newHeartbeats(db.Pool, p.Outbox)); err != nil {
@@ -443,6 +450,26 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	}
 	if err != nil {
 		return fmt.Errorf("shutting down: %w", err)
+	}
+	return nil
+}
+
+// refuseRestrictedStream refuses to start with a restricted key (rk_) when
+// a feature mapping names the v2 stream: Stripe's v2 API takes only secret
+// keys (docs/stripe.md), so its items could never be sent. (TALLY_EXPORTER
+// and STRIPE_WEBHOOK_SECRET are refused with one by the configuration.)
+func refuseRestrictedStream(ctx context.Context, cfg config.Config, q mappings.Querier) error {
+	if !config.RestrictedKey(cfg.StripeAPIKey) {
+		return nil
+	}
+	names, err := mappings.FeaturesWithExporter(ctx, q, mappings.ExporterStripeMeterEventStream)
+	if err != nil {
+		return err
+	}
+	if len(names) > 0 {
+		return fmt.Errorf("STRIPE_API_KEY is a restricted key (rk_…) and Stripe's v2 API takes only secret keys, "+
+			"but features %s name %s: use a secret key (sk_…), or map them to %s",
+			strings.Join(names, ", "), mappings.ExporterStripeMeterEventStream, mappings.ExporterStripeMeterEvents)
 	}
 	return nil
 }

@@ -76,6 +76,12 @@ type Config struct {
 	// second (each up to 100 events) in live and test mode. Default to
 	// 9,000 and 20.
 	StreamRateLive, StreamRateTest float64
+	// BasicRateLive and BasicRateTest are Tally's share of Stripe's basic
+	// rate limit of the destination account (100 and 25 operations a
+	// second), which every call counts toward: in test mode meter events
+	// and stream requests too, in live mode everything else (and meter
+	// events of a connected account). Default to 90 and 20.
+	BasicRateLive, BasicRateTest float64
 	// StreamInFlight bounds the stream's events in flight on a node.
 	// Defaults to 2,000 (20 requests of 100).
 	StreamInFlight int
@@ -165,7 +171,7 @@ func settings() []setting {
 		{"TALLY_OUTBOX_HORIZON", "outbox-horizon", "how long after the first attempt an item may still be sent; below the provider's dedup window",
 			outbox.DefaultHorizon.String(),
 			dur(func(c *Config) *time.Duration { return &c.Outbox.Horizon })},
-		{"STRIPE_API_KEY", "stripe-api-key", "Stripe secret or restricted key; its prefix gives the mode; unset: export stalls visibly (prefer the variable: a flag shows in the process list)", "",
+		{"STRIPE_API_KEY", "stripe-api-key", "Stripe secret or restricted key; its prefix gives the mode; a restricted key (rk_…) cannot use the v2 stream exporter or error reports; unset: export stalls visibly (prefer the variable: a flag shows in the process list)", "",
 			str(func(c *Config) *string { return &c.StripeAPIKey })},
 		{"STRIPE_API_BASE", "stripe-api-base", "Stripe API base URL (stripe-mock or the simulator in tests)", "https://api.stripe.com",
 			str(func(c *Config) *string { return &c.StripeAPIBase })},
@@ -193,6 +199,10 @@ func settings() []setting {
 			float(func(c *Config) *float64 { return &c.StreamRateLive })},
 		{"TALLY_STREAM_RATE_TEST", "stream-rate-test", "v2 stream requests a second to a test-mode destination", "20",
 			float(func(c *Config) *float64 { return &c.StreamRateTest })},
+		{"TALLY_BASIC_RATE_LIVE", "basic-rate-live", "calls a second, all kinds together, to a live-mode account's basic limit (Stripe allows 100; live meter events of the key's own account do not count)", "90",
+			float(func(c *Config) *float64 { return &c.BasicRateLive })},
+		{"TALLY_BASIC_RATE_TEST", "basic-rate-test", "calls a second, all kinds together, meter events included, to a test-mode account (Stripe allows 25)", "20",
+			float(func(c *Config) *float64 { return &c.BasicRateTest })},
 		{"TALLY_STREAM_INFLIGHT", "stream-inflight", "the most v2 stream events in flight on this node", "2000",
 			integer(func(c *Config) *int { return &c.StreamInFlight })},
 		{"TALLY_DELIVERY_WORKERS", "delivery-workers", "each deliverer's claim loops on this node (v1's and the stream's)", "4",
@@ -256,6 +266,34 @@ func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) 
 	}
 }
 
+// RestrictedKey reports whether key is a Stripe restricted key (rk_…).
+// Stripe's v2 API takes only secret keys (sk_…): "You can only access APIs
+// in the /v2 namespace with secret keys"
+// (https://docs.stripe.com/api-v2-overview, "Key differences between the v1
+// and v2 namespace"). With a restricted key, stream sessions (POST
+// /v2/billing/meter_event_session) and error reports (GET
+// /v2/core/events/{id}) fail.
+func RestrictedKey(key string) bool { return strings.HasPrefix(key, "rk_") }
+
+// restrictedKeyProblems are the settings that need Stripe's v2 API while
+// STRIPE_API_KEY is a restricted key: none when it is not.
+func (c *Config) restrictedKeyProblems() []error {
+	if !RestrictedKey(c.StripeAPIKey) {
+		return nil
+	}
+	const why = "STRIPE_API_KEY is a restricted key (rk_…) and Stripe's v2 API takes only secret keys (sk_…): "
+	var errs []error
+	if c.Exporter == "stripe_meter_event_stream" {
+		errs = append(errs, errors.New(why+"TALLY_EXPORTER=stripe_meter_event_stream sends through the v2 meter event stream; "+
+			"use a secret key, or TALLY_EXPORTER=stripe_meter_events"))
+	}
+	if c.StripeWebhookSecret != "" {
+		errs = append(errs, errors.New(why+"with STRIPE_WEBHOOK_SECRET set, Stripe's meter error reports are read with GET /v2/core/events; "+
+			"use a secret key, or unset STRIPE_WEBHOOK_SECRET (error reports are then not received)"))
+	}
+	return errs
+}
+
 func (c *Config) validate() error {
 	var errs []error
 	if c.DatabaseURL == "" && c.DataDir == "" {
@@ -304,6 +342,7 @@ func (c *Config) validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("TALLY_EXPORTER must be stripe_meter_events or stripe_meter_event_stream, got %q", c.Exporter))
 	}
+	errs = append(errs, c.restrictedKeyProblems()...)
 	if c.AdminToken != "" && len(c.AdminToken) < auth.MinAdminTokenLength {
 		errs = append(errs, fmt.Errorf("TALLY_ADMIN_TOKEN must be at least %d characters", auth.MinAdminTokenLength))
 	}
@@ -318,6 +357,9 @@ func (c *Config) validate() error {
 	}
 	if c.RateLive <= 0 || c.RateTest <= 0 {
 		errs = append(errs, errors.New("TALLY_RATE_LIVE and TALLY_RATE_TEST must be positive"))
+	}
+	if c.BasicRateLive <= 0 || c.BasicRateTest <= 0 {
+		errs = append(errs, errors.New("TALLY_BASIC_RATE_LIVE and TALLY_BASIC_RATE_TEST must be positive"))
 	}
 	if c.StreamRateLive <= 0 || c.StreamRateTest <= 0 || c.StreamInFlight < 1 {
 		errs = append(errs, errors.New("TALLY_STREAM_RATE_LIVE and TALLY_STREAM_RATE_TEST must be positive, TALLY_STREAM_INFLIGHT at least 1"))

@@ -94,3 +94,41 @@ func TestExporterChoice(t *testing.T) {
 		}
 	}
 }
+
+// Stripe's v2 API takes only secret keys: a restricted key with the stream
+// exporter or with error reports (the webhook secret) is refused at start,
+// with the other problems; a restricted key without them, and a secret key
+// with them, are fine.
+func TestRestrictedKeyRefusedWhereV2IsNeeded(t *testing.T) {
+	t.Parallel()
+	const rk, sk = "rk_test_abc123", "sk_test_abc123"
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		wantErr []string
+	}{
+		{"restricted key, stream exporter", map[string]string{"STRIPE_API_KEY": rk, "TALLY_EXPORTER": "stripe_meter_event_stream"},
+			[]string{"STRIPE_API_KEY is a restricted key (rk_…)", "only secret keys", "TALLY_EXPORTER=stripe_meter_event_stream"}},
+		{"restricted key, webhook secret", map[string]string{"STRIPE_API_KEY": rk, "STRIPE_WEBHOOK_SECRET": "whsec_x"},
+			[]string{"STRIPE_API_KEY is a restricted key (rk_…)", "STRIPE_WEBHOOK_SECRET", "GET /v2/core/events"}},
+		{"restricted live key, both, and another problem", map[string]string{"STRIPE_API_KEY": "rk_live_abc123",
+			"TALLY_EXPORTER": "stripe_meter_event_stream", "STRIPE_WEBHOOK_SECRET": "whsec_x", "TALLY_LISTEN": "nowhere"},
+			[]string{"TALLY_EXPORTER=stripe_meter_event_stream", "GET /v2/core/events", "TALLY_LISTEN must be host:port"}},
+		{"restricted key, v1 only", map[string]string{"STRIPE_API_KEY": rk, "TALLY_EXPORTER": "stripe_meter_events"}, nil},
+		{"secret key, stream and webhook", map[string]string{"STRIPE_API_KEY": sk, "TALLY_EXPORTER": "stripe_meter_event_stream",
+			"STRIPE_WEBHOOK_SECRET": "whsec_x"}, nil},
+	} {
+		_, err := load(t, tc.env)
+		if tc.wantErr == nil {
+			require.NoError(t, err, tc.name)
+			continue
+		}
+		for _, want := range tc.wantErr {
+			require.ErrorContains(t, err, want, tc.name)
+		}
+		require.NotContains(t, err.Error(), "abc123", "%s: the key is never echoed", tc.name)
+	}
+	require.True(t, config.RestrictedKey("rk_live_x"))
+	require.False(t, config.RestrictedKey("sk_live_x"))
+	require.False(t, config.RestrictedKey(""))
+}

@@ -1,8 +1,9 @@
 // Package doctor diagnoses a Tally installation for `tally doctor`: the
 // configuration, the database and its migrations, Stripe (reachable, the
-// key's mode and account, the mapped meters), the mappings' coverage of
-// recent usage, and the clock skew between the node and the database. Each
-// check says what is wrong and how to fix it.
+// key's mode and account, a restricted key where the v2 API is needed, the
+// mapped meters and their payload keys), the mappings' coverage of recent
+// usage, and the clock skew between the node and the database. Each check
+// says what is wrong and how to fix it.
 //
 // It only reads: it never migrates, stages, sends or changes a row, and it
 // never prints a secret.
@@ -91,6 +92,9 @@ func Run(ctx context.Context, d Deps) []Result {
 		out = append(out, *r)
 		stripeOK = r.Status == OK
 	}
+	if r := v2Access(ctx, d); r != nil {
+		out = append(out, *r)
+	}
 	if dbOK {
 		out = append(out, coverage(ctx, d, stripeOK)...)
 	}
@@ -114,7 +118,11 @@ func configuration(c config.Config) Result {
 		status, fix = Problem, "set STRIPE_API_KEY to a secret or restricted key (sk_… or rk_…); until then usage waits in the ledger"
 		notes = append(notes, "STRIPE_API_KEY is unset: export is stalled")
 	} else if mode, err := stripeapi.ModeOfKey(c.StripeAPIKey); err == nil {
-		notes = append(notes, fmt.Sprintf("Stripe key: %s mode", mode))
+		kind := "secret"
+		if config.RestrictedKey(c.StripeAPIKey) {
+			kind = "restricted"
+		}
+		notes = append(notes, fmt.Sprintf("Stripe key: %s mode, %s key", mode, kind))
 	}
 	if c.StripeAccount != "" {
 		notes = append(notes, "destination account "+c.StripeAccount+" (Connect)")
@@ -124,6 +132,9 @@ func configuration(c config.Config) Result {
 		if status == OK {
 			status = Warning
 			fix = "set STRIPE_WEBHOOK_SECRET to the signing secret of an event destination posting to /v1/stripe/events, to receive meter error reports"
+			if config.RestrictedKey(c.StripeAPIKey) {
+				fix = "to receive meter error reports, use a secret key (sk_…: they are read with Stripe's v2 API, which refuses restricted keys) and set STRIPE_WEBHOOK_SECRET to the signing secret of an event destination posting to /v1/stripe/events"
+			}
 		}
 		notes = append(notes, "STRIPE_WEBHOOK_SECRET is unset: Stripe's meter error reports are not received")
 	}
@@ -205,9 +216,50 @@ func stripeCheck(ctx context.Context, d Deps) *Result {
 	return &Result{Check: "stripe", Status: OK, Detail: fmt.Sprintf("reachable; account %s, %s mode", account, dest.Mode)}
 }
 
+// v2Access checks that a restricted key (rk_…) is not asked to use Stripe's
+// v2 API, which takes only secret keys (https://docs.stripe.com/api-v2-overview):
+// the stream exporter, by TALLY_EXPORTER or by a feature mapping, and error
+// reports, read with GET /v2/core/events when STRIPE_WEBHOOK_SECRET is set.
+// Without a key it says nothing (the configuration check did).
+func v2Access(ctx context.Context, d Deps) *Result {
+	c := d.Config
+	if c.StripeAPIKey == "" {
+		return nil
+	}
+	if !config.RestrictedKey(c.StripeAPIKey) {
+		return &Result{Check: "stripe v2", Status: OK, Detail: "a secret key: Stripe's v2 API (the stream exporter, error reports) takes it"}
+	}
+	var uses []string
+	if c.Exporter == mappings.ExporterStripeMeterEventStream {
+		uses = append(uses, "TALLY_EXPORTER=stripe_meter_event_stream")
+	}
+	if d.Pool != nil {
+		fs, err := mappings.FeaturesWithExporter(ctx, d.Pool, mappings.ExporterStripeMeterEventStream)
+		if err != nil {
+			return &Result{Check: "stripe v2", Status: Problem, Detail: "a restricted key (rk_…), and the feature mappings could not be read: " + describe(err),
+				Fix: "fix the database first (see the database and migrations checks)"}
+		}
+		if len(fs) > 0 {
+			uses = append(uses, "feature mappings name stripe_meter_event_stream: "+list(fs))
+		}
+	}
+	if c.StripeWebhookSecret != "" {
+		uses = append(uses, "STRIPE_WEBHOOK_SECRET is set: error reports are read with GET /v2/core/events")
+	}
+	if len(uses) == 0 {
+		return &Result{Check: "stripe v2", Status: OK,
+			Detail: "a restricted key (rk_…): nothing configured needs Stripe's v2 API, which takes only secret keys"}
+	}
+	return &Result{Check: "stripe v2", Status: Problem,
+		Detail: "STRIPE_API_KEY is a restricted key (rk_…), which Stripe's v2 API refuses (it takes only secret keys), but these need v2: " + strings.Join(uses, "; "),
+		Fix: "use a secret key (sk_…) for STRIPE_API_KEY; or keep to v1: TALLY_EXPORTER=stripe_meter_events, those features' exporter " +
+			"stripe_meter_events or the node's default (tally mappings features set F … --exporter stripe_meter_events), and STRIPE_WEBHOOK_SECRET unset " +
+			"(error reports are then not received)"}
+}
+
 // coverage checks that recent usage's features and tenants are mapped, and
 // (when Stripe answered) that every mapped feature has an active meter
-// with its formula.
+// with its formula and sends the payload keys that meter reads.
 func coverage(ctx context.Context, d Deps, stripeOK bool) []Result {
 	var out []Result
 	rows, err := d.Pool.Query(ctx, `
@@ -259,18 +311,34 @@ func coverage(ctx context.Context, d Deps, stripeOK bool) []Result {
 		return append(out, Result{Check: "meters", Status: Problem, Detail: "the mappings could not be read: " + describe(err)})
 	}
 	checker := mappings.StripeMeters{Client: d.Resolver.Client()}
-	var bad []string
+	var bad, stale []string
 	for _, f := range fs {
-		if err := checker.CheckMeter(ctx, f.EventName, f.Aggregation); err != nil {
+		keys, err := checker.CheckMeter(ctx, f.EventName, f.Aggregation)
+		if err != nil {
 			bad = append(bad, fmt.Sprintf("%s (%s %s: %s)", f.Feature, f.EventName, f.Aggregation, describe(err)))
+			continue
+		}
+		if mine := f.PayloadKeys(); mine != keys {
+			stale = append(stale, fmt.Sprintf("%s (mapping v%d sends %q and %q; Stripe's meter for %s reads %q and %q)",
+				f.Feature, f.Version, mine.Customer, mine.Value, f.EventName, keys.Customer, keys.Value))
 		}
 	}
 	if len(bad) > 0 {
-		return append(out, Result{Check: "meters", Status: Problem,
+		out = append(out, Result{Check: "meters", Status: Problem,
 			Detail: "mapped features without an active Stripe meter of their formula: " + list(bad),
 			Fix:    "create or reactivate the meter at Stripe with that event name and formula, or change the mapping"})
+	} else {
+		out = append(out, Result{Check: "meters", Status: OK, Detail: fmt.Sprintf("all %d mapped features have an active meter with their formula", len(fs))})
 	}
-	return append(out, Result{Check: "meters", Status: OK, Detail: fmt.Sprintf("all %d mapped features have an active meter with their formula", len(fs))})
+	if len(stale) > 0 {
+		return append(out, Result{Check: "payload keys", Status: Problem,
+			Detail: "mapped features whose Stripe meter reads other payload keys (customer, value) than their mapping sends: " + list(stale),
+			Fix: "set each feature's mapping again, with its current values (tally mappings features set F …, or PUT /v1/mappings/features/F): " +
+				"the new version takes the meter's keys, and the items staged from then on carry them; items staged before keep the keys they were built with"})
+	}
+	checked := len(fs) - len(bad)
+	return append(out, Result{Check: "payload keys", Status: OK,
+		Detail: fmt.Sprintf("all %d mapped features with a meter send the payload keys it reads", checked)})
 }
 
 func list(names []string) string {

@@ -15,6 +15,7 @@ import (
 	"github.com/tallymeter/tally/internal/config"
 	"github.com/tallymeter/tally/internal/doctor"
 	"github.com/tallymeter/tally/internal/stagetest"
+	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testdb"
 	"github.com/tallymeter/tally/mappings"
@@ -22,6 +23,10 @@ import (
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
+
+// restrictedKey is a restricted test key (the simulator is still reached
+// with the secret key of each setup's Resolver).
+const restrictedKey = "rk_test_doctor0123456789"
 
 type setup struct {
 	env  *stagetest.Env
@@ -60,6 +65,7 @@ func (s *setup) run(t *testing.T, mutate func(*doctor.Deps)) map[string]doctor.R
 	for _, r := range doctor.Run(context.Background(), d) {
 		out[r.Check] = r
 		require.NotContains(t, r.Detail+r.Fix, stripesim.DefaultKey, "no secret in the output")
+		require.NotContains(t, r.Detail+r.Fix, restrictedKey, "no key in the output")
 		require.NotContains(t, r.Detail+r.Fix, "s3cret", "no password in the output")
 	}
 	return out
@@ -69,7 +75,7 @@ func TestHealthy(t *testing.T) {
 	t.Parallel()
 	s := healthy(t)
 	rs := s.run(t, nil)
-	for _, check := range []string{"configuration", "database", "migrations", "clock", "stripe", "mappings", "meters"} {
+	for _, check := range []string{"configuration", "database", "migrations", "clock", "stripe", "stripe v2", "mappings", "meters", "payload keys"} {
 		require.Equal(t, doctor.OK, rs[check].Status, "%s: %+v", check, rs[check])
 	}
 	require.Contains(t, rs["stripe"].Detail, "account acct_sim, test mode")
@@ -111,6 +117,28 @@ func TestEachFailure(t *testing.T) {
 		}, check: "meters", status: doctor.Problem, says: "seats (seats last"},
 		{name: "clock skew", mutate: func(d *doctor.Deps) { d.Now = func() time.Time { return time.Now().Add(-5 * time.Second) } },
 			check: "clock", status: doctor.Problem, says: "differ by 5"},
+		{name: "a meter whose payload keys changed", prepare: func(t *testing.T, s *setup) {
+			// Stripe's meters cannot change their keys: a new meter takes the
+			// event name, and the mapping still sends the old one's.
+			for _, m := range s.sim.Meters(stripesim.DefaultAccount) {
+				require.NoError(t, s.sim.DeactivateMeter(stripesim.DefaultAccount, m.ID))
+			}
+			s.sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: "api", Formula: "sum", CustomerPayloadKey: "account"})
+		}, check: "payload keys", status: doctor.Problem, says: `api (mapping v`},
+		{name: "a restricted key with the stream exporter", mutate: func(d *doctor.Deps) {
+			d.Config.StripeAPIKey, d.Config.StripeWebhookSecret = restrictedKey, ""
+			d.Config.Exporter = exporter.StripeMeterEventStream
+		}, check: "stripe v2", status: doctor.Problem, says: "TALLY_EXPORTER=stripe_meter_event_stream"},
+		{name: "a restricted key with a feature that names the stream", prepare: func(t *testing.T, s *setup) {
+			s.env.FeatureWith(t, "clicks", mappings.FeatureInput{EventName: "clicks", Aggregation: mappings.Count,
+				Exporter: mappings.ExporterStripeMeterEventStream})
+		}, mutate: func(d *doctor.Deps) { d.Config.StripeAPIKey, d.Config.StripeWebhookSecret = restrictedKey, "" },
+			check: "stripe v2", status: doctor.Problem, says: "feature mappings name stripe_meter_event_stream: clicks"},
+		{name: "a restricted key with the webhook secret", mutate: func(d *doctor.Deps) { d.Config.StripeAPIKey = restrictedKey },
+			check: "stripe v2", status: doctor.Problem, says: "STRIPE_WEBHOOK_SECRET is set"},
+		{name: "a restricted key without error reports is a warning", mutate: func(d *doctor.Deps) {
+			d.Config.StripeAPIKey, d.Config.StripeWebhookSecret = restrictedKey, ""
+		}, check: "configuration", status: doctor.Warning, says: "restricted key"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -158,4 +186,25 @@ func emptyDatabase(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
 		_, _ = pool.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	})
 	return empty
+}
+
+// A restricted key that nothing asks to use Stripe's v2 API passes the v2
+// check; the feature mappings whose meter reads their keys pass the keys
+// check, custom keys included.
+func TestRestrictedKeyWithoutV2AndCustomKeys(t *testing.T) {
+	t.Parallel()
+	s := healthy(t)
+	s.sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: "tokens", Formula: "sum", CustomerPayloadKey: "account", ValuePayloadKey: "n"})
+	c, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: s.base})
+	require.NoError(t, err)
+	checked := &mappings.Store{Checker: mappings.StripeMeters{Client: c}}
+	f, _, err := checked.PutFeature(context.Background(), s.env.Pool, "tokens", mappings.FeatureInput{EventName: "tokens", Aggregation: mappings.Sum}, "test")
+	require.NoError(t, err)
+	require.Equal(t, mappings.PayloadKeys{Customer: "account", Value: "n"}, f.PayloadKeys())
+
+	rs := s.run(t, func(d *doctor.Deps) { d.Config.StripeAPIKey = restrictedKey; d.Config.StripeWebhookSecret = "" })
+	require.Equal(t, doctor.OK, rs["stripe v2"].Status, "%+v", rs["stripe v2"])
+	require.Contains(t, rs["stripe v2"].Detail, "restricted key")
+	require.Equal(t, doctor.OK, rs["payload keys"].Status, "%+v", rs["payload keys"])
+	require.Contains(t, rs["payload keys"].Detail, "all 2 mapped features")
 }

@@ -34,14 +34,15 @@ type Env struct {
 }
 
 // New returns an Env on a fresh database with the outbox config cfg, a
-// grace of one minute and a test-mode destination acct_1.
+// grace of one minute and a test-mode destination acct_1 that takes
+// values of at most 15 digits, as Stripe does.
 func New(t testing.TB, cfg outbox.Config) *Env {
 	t.Helper()
 	ob, err := outbox.New(cfg, nil)
 	require.NoError(t, err)
 	e := &Env{Ctx: context.Background(), Pool: testdb.New(t), Outbox: ob, Maps: &mappings.Store{},
 		Target: meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
-			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute}}
+			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute, MaxDigits: 15}}
 	e.Stager = &meter.Stager{Outbox: ob, Grace: time.Minute, Target: func(context.Context) (meter.Target, bool) { return e.Target, true }}
 	e.Ingester = &meter.Ingester{Stager: e.Stager}
 	return e

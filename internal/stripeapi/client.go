@@ -45,6 +45,11 @@ type Config struct {
 	// error stops the request. The reconciler waits on the account's rate
 	// limiter and counts its calls here.
 	BeforeRequest func(ctx context.Context) error
+	// Pace, when set, runs before every HTTP request the client sends,
+	// before BeforeRequest, with the request's context, method and path:
+	// the destination's budget waits there for the calls no deliverer
+	// paced. An error stops the request.
+	Pace func(ctx context.Context, method, path string) error
 	// Metrics, when set, counts every call by endpoint and status class.
 	Metrics *RequestMetrics
 }
@@ -119,7 +124,7 @@ func New(cfg Config) (*Client, error) {
 	// (when set), the BeforeRequest hook, the metrics and the span —
 	// including the requests later packages make through Stripe().
 	wrapped := *hc
-	wrapped.Transport = accountTransport{base: hc.Transport, account: cfg.Account, before: cfg.BeforeRequest, metrics: cfg.Metrics}
+	wrapped.Transport = accountTransport{base: hc.Transport, account: cfg.Account, pace: cfg.Pace, before: cfg.BeforeRequest, metrics: cfg.Metrics}
 	hc = &wrapped
 	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
 		URL:               stripe.String(base),
@@ -186,6 +191,7 @@ func (c *Client) AccountID(ctx context.Context) (string, error) {
 type accountTransport struct {
 	base    http.RoundTripper
 	account string
+	pace    func(ctx context.Context, method, path string) error
 	before  func(context.Context) error
 	metrics *RequestMetrics
 }
@@ -195,12 +201,20 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
+	stop := func(err error) (*http.Response, error) {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		return nil, err
+	}
+	if t.pace != nil {
+		if err := t.pace(r.Context(), r.Method, r.URL.Path); err != nil {
+			return stop(err)
+		}
+	}
 	if t.before != nil {
 		if err := t.before(r.Context()); err != nil {
-			if r.Body != nil {
-				_ = r.Body.Close()
-			}
-			return nil, err
+			return stop(err)
 		}
 	}
 	// The stream's session fixed the account; the header is for API-key
@@ -223,6 +237,7 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		if m, _ := r.Context().Value(responseKey{}).(*Response); m != nil {
 			m.Status, m.RequestID = status, sanitize(resp.Header.Get("Request-Id"))
 			m.ShouldRetry, m.RetryAfter = resp.Header.Get("Stripe-Should-Retry"), resp.Header.Get("Retry-After")
+			m.RateLimitedReason = sanitize(resp.Header.Get("Stripe-Rate-Limited-Reason"))
 		}
 		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
 		if status >= 400 {
@@ -250,6 +265,10 @@ type Response struct {
 	// ShouldRetry and RetryAfter are the Stripe-Should-Retry and
 	// Retry-After headers as sent.
 	ShouldRetry, RetryAfter string
+	// RateLimitedReason is the Stripe-Rate-Limited-Reason header, sanitised:
+	// which of Stripe's limiters refused the call (a 429 without it did not
+	// come from a limiter).
+	RateLimitedReason string
 }
 
 type responseKey struct{}

@@ -17,10 +17,15 @@ type Meter struct {
 	// keys of the customer id and the value.
 	CustomerPayloadKey string
 	ValuePayloadKey    string
+	// EventTimeWindow is "hour" or "day" for a pre-aggregated meter, which
+	// keeps only the latest event of each customer and window; empty for a
+	// raw meter.
+	EventTimeWindow string
 }
 
 func meterOf(m *stripe.BillingMeter) Meter {
-	out := Meter{ID: m.ID, DisplayName: m.DisplayName, EventName: m.EventName, Status: string(m.Status)}
+	out := Meter{ID: m.ID, DisplayName: m.DisplayName, EventName: m.EventName, Status: string(m.Status),
+		EventTimeWindow: string(m.EventTimeWindow)}
 	if m.DefaultAggregation != nil {
 		out.Formula = string(m.DefaultAggregation.Formula)
 	}

@@ -34,7 +34,7 @@ func (s *Server) createAdjustment(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errMissingParam("type"))
 		return
 	case typ != "cancel":
-		writeError(w, errInvalid(http.StatusBadRequest, "", "type", "Invalid type: must be cancel"))
+		writeError(w, errValidation("", "type", "Invalid type: must be cancel"))
 		return
 	case ident == "":
 		writeError(w, errMissingParam("cancel[identifier]"))

@@ -7,8 +7,12 @@
 // envelopes and Stripe's error envelope with the matching HTTP status — and
 // sets a Request-Id header on every response. It reads what stripe-go sends:
 // form-encoded bodies with nested keys, Bearer (or Basic) auth, the
-// Stripe-Account header for Connect and the Idempotency-Key header on POSTs,
-// whose successful responses it replays like Stripe does.
+// Stripe-Account header for Connect and the Idempotency-Key header on POSTs.
+// Like Stripe, it keeps the first answer for a key once the endpoint has
+// started executing — 2xx, 5xx and the 4xx found while executing — and
+// replays it with Idempotent-Replayed: true for 24 hours; a validation
+// error of the parameters, a 429 or a 409 for a key in use leaves the key
+// free.
 //
 // State lives per account (the Stripe-Account header when present, else the
 // key's own account) and per mode: objects carry the livemode of the key that
@@ -21,18 +25,22 @@
 // `dev` commands.
 //
 // Meter events (v1 and the v2 session and stream) are validated like Stripe
-// does — an active meter, a known customer, a whole-number value, the
-// timestamp window and the 24-hour identifier dedup — and recorded, so that
-// event summaries, adjustments and the test readbacks ([Server.Events],
-// [Server.Aggregate], [Server.RecordedTwice], [Server.ErrorReports]) see
-// them. [Limits] add Stripe's rate limits and injected faults (failures
-// before recording, lost replies, latency, hangs, asynchronous drops) per
-// account to the meter-event calls — v1 calls and v2 stream requests alike,
-// each with its own token bucket — changeable while running with
-// [Server.Configure]. A successful stream request is answered 200 with an
-// empty object, as Stripe does; [Server.ExpireSessions] ends stream
-// sessions before their 15 minutes. Time is the [Options.Now] clock, which
-// tests move.
+// does — an active meter, a known customer, a whole-number value of at most
+// 15 digits, the timestamp window and the 24-hour identifier dedup — and
+// recorded, so that event summaries, adjustments and the test readbacks
+// ([Server.Events], [Server.Aggregate], [Server.RecordedTwice],
+// [Server.ErrorReports], [Server.RateLimited]) see them. The stream
+// validates asynchronously and reports invalid events in error reports; v1
+// does too with [Limits.AsyncValidation], and refuses them at once
+// without. [Limits] add Stripe's rate limits — the basic limit of every
+// API-key call, each endpoint's default limit, and the meter events' own
+// limits (v1 calls and v2 stream requests alike, each with its own token
+// bucket) — and injected faults (failures before and after recording,
+// lost replies, latency, hangs, asynchronous drops, read failures) per
+// account, changeable while running with [Server.Configure]. A successful
+// stream request is answered 200 with an empty object, as Stripe does;
+// [Server.ExpireSessions] ends stream sessions before their 15 minutes.
+// Time is the [Options.Now] clock, which tests move.
 //
 // Errors of /v2 paths keep Stripe's {"error":{"type","code","message"}}
 // shape; stripe-go v82 parses them by type into a
@@ -41,11 +49,13 @@
 // never a *stripe.Error.
 //
 // Layout, for extension: one [Server] holding all state behind one mutex
-// (server.go), one chi router built in [New], request ids, recording and
-// auth in middleware.go, limits and faults of meter-event calls in
-// limits.go (a middleware before the idempotency layer), idempotent replay
-// in idempotency.go, Stripe's error envelope in errors.go, list pagination
-// in list.go, and one file per resource (account.go, meters.go,
-// customers.go, meterevents.go, summaries.go, adjustments.go, stream.go for
-// the v2 session and stream, reports.go for error reports).
+// (server.go), one chi router built in [New] whose middleware chain is, in
+// order, request ids, recording and auth (middleware.go), the gate — rate
+// limits, the rate-limit, read and lose-reply faults — (limits.go),
+// idempotent replay (idempotency.go), and the execute layer — latency,
+// hangs and the failures of an executing endpoint — (limits.go); Stripe's
+// error envelope in errors.go, list pagination in list.go, and one file per
+// resource (account.go, meters.go, customers.go, meterevents.go,
+// summaries.go, adjustments.go, events.go for v2 events, stream.go for the
+// v2 session and stream, reports.go for error reports).
 package stripesim

@@ -25,26 +25,36 @@ type idemEntry struct {
 	done        bool
 	status      int
 	contentType string
+	shouldRetry string // the kept answer's Stripe-Should-Retry header, if any
 	body        []byte
 	requestID   string
 	created     time.Time // simulator clock; the key expires DedupWindow later
 }
 
-// teeWriter keeps a copy of the body written through it.
-type teeWriter struct {
+// recorder passes a response through and keeps a copy of its status and
+// body, and whether an error written through it is one the idempotency
+// layer must not keep.
+type recorder struct {
 	http.ResponseWriter
 	status int
 	body   bytes.Buffer
+	unkept bool
 }
 
-func (w *teeWriter) WriteHeader(code int) {
+func (w *recorder) noteError(e *apiError) {
+	if !e.kept() {
+		w.unkept = true
+	}
+}
+
+func (w *recorder) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *teeWriter) Write(b []byte) (int, error) {
+func (w *recorder) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -52,16 +62,23 @@ func (w *teeWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-// idempotent replays the response of an earlier successful POST or DELETE
-// with the same Idempotency-Key and parameters, rejects the key's reuse with
-// other parameters (400 idempotency_error) and while the first request is
-// still running (409). Only 2xx responses are kept: a failed request may be
-// retried with its key. Like Stripe, a key is forgotten DedupWindow (24 h on
-// the simulator clock) after its first use: a request with it is then new.
+// idempotent is Stripe's idempotency layer for POSTs (Stripe ignores the
+// key on GET and DELETE). The first request with a key is executed and its
+// response kept once the endpoint started executing — 2xx, 5xx (the
+// faults of the execute layer included) and the 4xx the endpoint found
+// while executing (no such customer, no active meter, a duplicate
+// identifier) — and replayed, with Idempotent-Replayed: true and the first
+// request's id in Original-Request, to every later request with the key and
+// the same parameters. Nothing is kept for a validation error of the
+// parameters (apiError.Validation), a 429 or a request held until the
+// client gave up: a later request with the key is executed anew. The key
+// reused with other parameters is refused (400 idempotency_error), and
+// while its first request runs (409). Like Stripe, a key is forgotten
+// DedupWindow (24 h on the simulator clock) after its first use.
 func (s *Server) idempotent(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
-		if key == "" || (r.Method != http.MethodPost && r.Method != http.MethodDelete) {
+		if key == "" || r.Method != http.MethodPost {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -100,7 +117,7 @@ func (s *Server) idempotent(next http.Handler) http.Handler {
 				Message: "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '" + key + "' if you meant to execute a different request."})
 			return
 		case !snapshot.done:
-			writeError(w, &apiError{Status: http.StatusConflict, Type: typeIdempotency, Code: "idempotency_key_in_use",
+			writeError(w, &apiError{Status: http.StatusConflict, Type: typeIdempotency, Code: "idempotency_key_in_use", notExecuted: true,
 				Message: "There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): " + key + ". Please try again later."})
 			return
 		default:
@@ -108,22 +125,26 @@ func (s *Server) idempotent(next http.Handler) http.Handler {
 			w.Header().Set("Idempotent-Replayed", "true")
 			w.Header().Set("Original-Request", snapshot.requestID)
 			w.Header().Set("Content-Type", snapshot.contentType)
+			if snapshot.shouldRetry != "" {
+				w.Header().Set("Stripe-Should-Retry", snapshot.shouldRetry)
+			}
 			w.WriteHeader(snapshot.status)
 			_, _ = w.Write(snapshot.body)
 			return
 		}
 
-		tw := &teeWriter{ResponseWriter: w}
+		rw := &recorder{ResponseWriter: w}
 		defer func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			if tw.status >= 200 && tw.status < 300 {
-				e.done, e.status, e.body = true, tw.status, tw.body.Bytes()
-				e.contentType = tw.Header().Get("Content-Type")
+			if rw.status != 0 && !rw.unkept {
+				e.done, e.status, e.body = true, rw.status, rw.body.Bytes()
+				e.contentType = rw.Header().Get("Content-Type")
+				e.shouldRetry = rw.Header().Get("Stripe-Should-Retry")
 			} else if s.idem[k] == e {
 				delete(s.idem, k)
 			}
 		}()
-		next.ServeHTTP(tw, r)
+		next.ServeHTTP(rw, r)
 	})
 }

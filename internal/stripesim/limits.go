@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/go-chi/chi/v5"
 )
 
 // Faults are injected into meter-event calls: v1 POST
@@ -15,24 +17,47 @@ import (
 // stream, whose requests carry up to 100 events each. Each probability is in
 // [0, 1] and is drawn per call — per stream request — from the simulator's
 // seedable random source ([Options.Seed]), except AsyncDrop, which the
-// stream draws per event. They act in this order, after the rate limits:
-// rate-limit fault, latency, hang, fail before record, then the call is
-// processed with lose reply and async drop. ReadFault applies to GETs.
+// stream draws per event.
+//
+// They act where their real counterparts would. RateLimitFault acts with
+// the rate limits, in front of Stripe's idempotency layer, so nothing is
+// kept for the call's Idempotency-Key. Latency, Hang, FailBeforeRecord,
+// FailAfterRecord and AsyncDrop act inside it, on a call that is executed
+// (not on a replay): a 500 they answer is kept for the key and replayed to
+// every later request with it, as Stripe keeps the result of every request
+// whose endpoint started executing. LoseReply acts outside everything, as
+// a proxy between the client and Stripe would: it can lose a replay's
+// reply too. ReadFault applies to GETs. Every call that passes the rate
+// limits draws, in this order, the latency jitter, Hang,
+// FailBeforeRecord, LoseReply, FailAfterRecord and (v1) AsyncDrop — a
+// replay too, though only LoseReply acts on it — so that one seed gives
+// one sequence of outcomes whatever the keys.
 type Faults struct {
-	// FailBeforeRecord answers 500 api_error without processing the call:
-	// nothing is recorded or reported and no response is kept for its
-	// Idempotency-Key.
+	// FailBeforeRecord answers 500 api_error with Stripe-Should-Retry:
+	// false without processing the call: nothing is recorded or reported.
+	// The endpoint had started executing, so the 500 is kept for the call's
+	// Idempotency-Key and replayed to every later request with that key;
+	// only a request with another key (or none) is processed.
 	FailBeforeRecord float64
-	// LoseReply processes the call — the events are recorded (and the
-	// stream's invalid ones reported) and a 2xx answer kept for its
-	// Idempotency-Key — then answers 502 api_error instead, as if the reply
-	// was lost on the way back. A retry with the same key gets the kept
-	// answer (unless its reply is lost too).
+	// FailAfterRecord processes the call — the events are recorded (and the
+	// stream's invalid ones reported) — then answers 500 api_error with
+	// Stripe-Should-Retry: false instead of the result; the 500 is kept
+	// for the key and replayed like FailBeforeRecord's. A resend of the
+	// events with another key meets the identifiers' dedup.
+	FailAfterRecord float64
+	// LoseReply lets the call through — processed, and its answer (a 2xx
+	// or any other) kept for its Idempotency-Key as usual — then answers
+	// 502 api_error instead, as if a proxy lost the reply on the way back.
+	// A retry with the same key gets the kept answer (unless its reply is
+	// lost too).
 	LoseReply float64
-	// RateLimitFault answers 429 rate_limit without processing the call.
+	// RateLimitFault answers 429 rate_limit without processing the call;
+	// nothing is kept for its key.
 	RateLimitFault float64
-	// Hang never answers: the call waits until the client gives up (its
-	// request context ends) or [Server.Close]. Nothing is recorded.
+	// Hang holds the call before it executes until the client gives up
+	// (its request context ends) or [Server.Close], then answers 500.
+	// Nothing is recorded and nothing is kept for its key; while held, a
+	// request with the same key is answered 409.
 	Hang float64
 	// AsyncDrop processes and answers success, but marks a recorded event
 	// EventDropped: it leaves the summaries and aggregates, and an
@@ -40,24 +65,54 @@ type Faults struct {
 	// stream per valid event; the stream's drops of one request are grouped
 	// into reports like its validation failures.
 	AsyncDrop float64
-	// ReadFault answers a GET (meters, event summaries, the account) with
-	// 500 half the time and 429 the other half, without reading anything:
-	// the reconciler's reads meet transient failures too.
+	// ReadFault answers a GET (meters, event summaries, the account,
+	// customers, v2 events) with 500 half the time and 429 the other half,
+	// without reading anything: the reconciler's reads meet transient
+	// failures too.
 	ReadFault float64
-	// Latency delays every meter-event call that passed the rate limits by
-	// Latency plus a random extra in [0, LatencyJitter), on the real clock.
+	// Latency delays every meter-event call that passed the rate limits,
+	// before it executes, by Latency plus a random extra in
+	// [0, LatencyJitter), on the real clock. A client that gives up
+	// meanwhile leaves nothing executed or kept.
 	Latency       time.Duration
 	LatencyJitter time.Duration
 }
 
-// Limits are the rate limits and faults of one account for meter-event
-// calls (v1 and the v2 stream). The zero value has none. Other calls,
-// creating a stream session among them, are never limited.
+// Limits are the rate limits and faults of one account, and how it
+// validates v1 meter events. The zero value has none and validates v1
+// synchronously.
 type Limits struct {
+	// BasicRatePerSecond is Stripe's basic rate limit: a token bucket per
+	// account and mode that every API-key call takes from — reads (the
+	// account, meters, event summaries, customers, v2 events) and writes
+	// (meters, customers, adjustments, meter event sessions) — and v1 meter
+	// events and v2 stream requests too in test mode, or when made for a
+	// connected account (the Stripe-Account header, or a session created
+	// with it); a platform's own live-mode meter events and stream requests
+	// have only their own limits. A call without a token is answered 429
+	// rate_limit, and nothing is kept for its Idempotency-Key. On the real
+	// clock; 0 means no limit. (Stripe: 100 operations/s live, 25 in a
+	// sandbox or test mode.)
+	BasicRatePerSecond float64
+	// BasicBurst is the basic bucket's size. Default: BasicRatePerSecond
+	// rounded down, at least 1.
+	BasicBurst int
+	// EndpointRatePerSecond is Stripe's default limit of each endpoint: a
+	// token bucket per account, mode and endpoint (method and route, so
+	// GET /v1/billing/meters/{id}/event_summaries is one endpoint whatever
+	// the meter) for every API-key call other than meter events, which
+	// have RatePerSecond and StreamRatePerSecond. A call takes its basic
+	// token first. On the real clock; 0 means no limit. (Stripe: 25
+	// requests/s unless an endpoint's limit is noted otherwise.)
+	EndpointRatePerSecond float64
+	// EndpointBurst is each endpoint bucket's size. Default:
+	// EndpointRatePerSecond rounded down, at least 1.
+	EndpointBurst int
 	// RatePerSecond is a token bucket of v1 meter-event calls per second
 	// for the account (both modes), on the real clock; a call without a
 	// token is answered 429 rate_limit. 0 means no limit. (Stripe: 1,000
-	// calls/s live; test mode counts toward the basic 25 ops/s.)
+	// calls/s live; in test mode the calls count toward the basic limit,
+	// see BasicRatePerSecond.)
 	RatePerSecond float64
 	// Burst is the bucket's size. Default: RatePerSecond rounded down, at
 	// least 1.
@@ -65,8 +120,9 @@ type Limits struct {
 	// StreamRatePerSecond is a separate token bucket of v2 stream requests
 	// per second for the account (both modes), on the real clock; a request
 	// without a token is answered 429 rate_limit and nothing in it is
-	// processed. 0 means no limit. (Stripe: up to 10,000 requests/s live.)
-	// Stream requests never take v1 tokens, nor v1 calls stream tokens.
+	// processed. 0 means no limit. (Stripe: up to 10,000 requests/s live;
+	// in test mode they count toward the basic limit.) Stream requests
+	// never take v1 tokens, nor v1 calls stream tokens.
 	StreamRatePerSecond float64
 	// StreamBurst is the stream bucket's size. Default:
 	// StreamRatePerSecond rounded down, at least 1.
@@ -77,16 +133,30 @@ type Limits struct {
 	// stream does not have. [Server.MaxConcurrentPerKey] tracks the overlap
 	// whether or not this is set.
 	OneCallPerCustomerMeter bool
-	Faults                  Faults
+	// AsyncValidation makes POST /v1/billing/meter_events validate like
+	// Stripe may after answering: an event for an unknown customer, a
+	// payload without the meter's customer or value key, an invalid value
+	// or one of more than 15 digits, no active meter for the event name, or
+	// a timestamp outside the window is answered 200 with the usual
+	// billing.meter_event, not recorded, and reported in an [ErrorReport]
+	// as the stream reports it. The shape of the request (unknown or
+	// missing parameters, an identifier too long, a timestamp that is not
+	// an integer) and a duplicate identifier are still refused at once.
+	AsyncValidation bool
+	Faults          Faults
 }
 
 func (l Limits) validate() error {
-	if l.RatePerSecond < 0 || math.IsNaN(l.RatePerSecond) || l.Burst < 0 ||
-		l.StreamRatePerSecond < 0 || math.IsNaN(l.StreamRatePerSecond) || l.StreamBurst < 0 {
-		return fmt.Errorf("negative rate or burst")
+	for _, r := range []float64{l.RatePerSecond, l.StreamRatePerSecond, l.BasicRatePerSecond, l.EndpointRatePerSecond} {
+		if r < 0 || math.IsNaN(r) {
+			return fmt.Errorf("negative rate")
+		}
+	}
+	if l.Burst < 0 || l.StreamBurst < 0 || l.BasicBurst < 0 || l.EndpointBurst < 0 {
+		return fmt.Errorf("negative burst")
 	}
 	f := l.Faults
-	for _, p := range []float64{f.FailBeforeRecord, f.LoseReply, f.RateLimitFault, f.Hang, f.AsyncDrop, f.ReadFault} {
+	for _, p := range []float64{f.FailBeforeRecord, f.FailAfterRecord, f.LoseReply, f.RateLimitFault, f.Hang, f.AsyncDrop, f.ReadFault} {
 		if !(p >= 0 && p <= 1) {
 			return fmt.Errorf("fault probability %v is outside [0, 1]", p)
 		}
@@ -97,15 +167,41 @@ func (l Limits) validate() error {
 	return nil
 }
 
+// Limiters a 429 rate_limit comes from, as [Server.RateLimited] counts them.
+const (
+	LimiterBasic       = "basic"        // Limits.BasicRatePerSecond
+	LimiterEndpoint    = "endpoint"     // Limits.EndpointRatePerSecond
+	LimiterMeterEvents = "meter_events" // Limits.RatePerSecond
+	LimiterStream      = "stream"       // Limits.StreamRatePerSecond
+	LimiterConcurrency = "concurrency"  // Limits.OneCallPerCustomerMeter
+	LimiterFault       = "fault"        // Faults.RateLimitFault and ReadFault
+)
+
+// RateLimitKey is what [Server.RateLimited] counts 429s by: the limiter and
+// the endpoint, its method and route ("GET /v1/billing/meters/{id}").
+type RateLimitKey struct {
+	Limiter  string
+	Endpoint string
+}
+
 // limiter is the state of limits and faults; guarded by Server.mu.
 type limiter struct {
 	defaults   Limits
 	perAccount map[string]Limits
-	buckets    map[string]*bucket // v1 meter-event calls, per account
-	streamBkts map[string]*bucket // v2 stream requests, per account
+	buckets    map[bucketKey]*bucket
 	inflight   map[flightKey]int
 	maxFlight  int
+	limited    map[string]map[RateLimitKey]int // account -> 429s
 	rng        *rand.Rand
+}
+
+// bucketKey names one token bucket: a limiter's, for an account, and for
+// the basic and endpoint limiters a mode and an endpoint.
+type bucketKey struct {
+	limiter  string
+	account  string
+	livemode bool
+	endpoint string
 }
 
 // flightKey is what Stripe allows one concurrent meter-event call for.
@@ -125,9 +221,9 @@ func (l *limiter) init(defaults Limits, seed uint64) {
 	}
 	l.defaults = defaults
 	l.perAccount = map[string]Limits{}
-	l.buckets = map[string]*bucket{}
-	l.streamBkts = map[string]*bucket{}
+	l.buckets = map[bucketKey]*bucket{}
 	l.inflight = map[flightKey]int{}
+	l.limited = map[string]map[RateLimitKey]int{}
 	l.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
 
@@ -165,6 +261,18 @@ func (s *Server) MaxConcurrentPerKey() int {
 	return s.lim.maxFlight
 }
 
+// RateLimited returns how many calls of account (both modes) were answered
+// 429 rate_limit so far, by limiter (the Limiter constants) and endpoint.
+func (s *Server) RateLimited(account string) map[RateLimitKey]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[RateLimitKey]int{}
+	for k, n := range s.lim.limited[account] {
+		out[k] = n
+	}
+	return out
+}
+
 func (l *limiter) limitsOf(account string) Limits {
 	if lim, ok := l.perAccount[account]; ok {
 		return lim
@@ -172,10 +280,10 @@ func (l *limiter) limitsOf(account string) Limits {
 	return l.defaults
 }
 
-// take takes a token at now from the account's bucket in buckets, which
-// fills at rate per second up to burst (0: rate rounded down, at least 1).
-// A rate of 0 means no limit.
-func take(buckets map[string]*bucket, account string, rate float64, burst int, now time.Time) bool {
+// take takes a token at now from the bucket k, which fills at rate per
+// second up to burst (0: rate rounded down, at least 1). A rate of 0 means
+// no limit.
+func (l *limiter) take(k bucketKey, rate float64, burst int, now time.Time) bool {
 	if rate <= 0 {
 		return true
 	}
@@ -183,10 +291,10 @@ func take(buckets map[string]*bucket, account string, rate float64, burst int, n
 	if size == 0 {
 		size = max(1, math.Floor(rate))
 	}
-	b := buckets[account]
+	b := l.buckets[k]
 	if b == nil {
 		b = &bucket{tokens: size, last: now}
-		buckets[account] = b
+		l.buckets[k] = b
 	}
 	b.tokens = min(size, b.tokens+now.Sub(b.last).Seconds()*rate)
 	b.last = now
@@ -202,50 +310,80 @@ func (l *limiter) roll(p float64) bool {
 	return p > 0 && l.rng.Float64() < p
 }
 
-// decision is what the gate does with one meter-event call.
+// limit returns the 429 of limiter for a call of account to endpoint and
+// counts it.
+func (l *limiter) limit(account, limiter, endpoint string) *apiError {
+	m := l.limited[account]
+	if m == nil {
+		m = map[RateLimitKey]int{}
+		l.limited[account] = m
+	}
+	m[RateLimitKey{Limiter: limiter, Endpoint: endpoint}]++
+	return errRateLimit()
+}
+
+// decision is what the gate does with one call: err is answered at once;
+// the rest is the fate of a meter-event call that passed, carried out by
+// the gate (lose) and the execute layer (the others).
 type decision struct {
-	err                    *apiError // answer this at once
-	delay                  time.Duration
-	hang, fail, lose, drop bool
-	dropP                  float64 // the stream's per-event AsyncDrop
+	err                               *apiError
+	delay                             time.Duration
+	hang, fail, failAfter, lose, drop bool
+	dropP                             float64 // the stream's per-event AsyncDrop
 }
 
-// plan is what the meter-event handlers must know of the gate's decision:
-// whether v1 drops its event, with what probability the stream drops each
-// valid event.
-type plan struct {
-	asyncDrop  bool
-	streamDrop float64
-}
-
-func planOf(r *http.Request) plan {
-	p, _ := r.Context().Value(planKey).(plan)
-	return p
+// decisionOf returns the gate's decision on a meter-event call, and
+// whether there is one (other calls have none).
+func decisionOf(r *http.Request) (decision, bool) {
+	d, ok := r.Context().Value(planKey).(decision)
+	return d, ok
 }
 
 func errRateLimit() *apiError {
-	return errInvalid(http.StatusTooManyRequests, "rate_limit", "",
+	e := errInvalid(http.StatusTooManyRequests, "rate_limit", "",
 		"Request rate limit exceeded. You can learn more about rate limits here https://stripe.com/docs/rate-limits.")
+	e.notExecuted = true
+	return e
 }
 
-// readFault decides whether a read fails (Faults.ReadFault).
-func (s *Server) readFault(c caller) *apiError {
+// basicLocked takes a token of the account's basic bucket for the mode,
+// and for endpoint from its endpoint bucket unless it is a meter-event
+// endpoint; it returns the 429 when one is missing.
+func (l *limiter) basicLocked(c caller, lim Limits, endpoint string, meterEvents bool, now time.Time) *apiError {
+	if !l.take(bucketKey{limiter: LimiterBasic, account: c.account, livemode: c.livemode}, lim.BasicRatePerSecond, lim.BasicBurst, now) {
+		return l.limit(c.account, LimiterBasic, endpoint)
+	}
+	if !meterEvents && !l.take(bucketKey{limiter: LimiterEndpoint, account: c.account, livemode: c.livemode, endpoint: endpoint},
+		lim.EndpointRatePerSecond, lim.EndpointBurst, now) {
+		return l.limit(c.account, LimiterEndpoint, endpoint)
+	}
+	return nil
+}
+
+// admitCall applies the basic and endpoint limits to a call other than a
+// meter event, and the read fault to a GET.
+func (s *Server) admitCall(c caller, method, endpoint string) *apiError {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := &s.lim
-	if !l.roll(l.limitsOf(c.account).Faults.ReadFault) {
+	lim := l.limitsOf(c.account)
+	if e := l.basicLocked(c, lim, endpoint, false, time.Now()); e != nil {
+		return e
+	}
+	if method != http.MethodGet || !l.roll(lim.Faults.ReadFault) {
 		return nil
 	}
 	if l.roll(0.5) {
-		return errRateLimit()
+		return l.limit(c.account, LimiterFault, endpoint)
 	}
-	return &apiError{Status: http.StatusInternalServerError, Type: typeAPI,
-		Message: "An unknown error occurred. (stripesim: Faults.ReadFault)"}
+	return errServer("An unknown error occurred. (stripesim: Faults.ReadFault)")
 }
 
-// admit counts the call in flight and decides its fate. The caller must
+// admit counts a v1 meter-event call in flight and decides its fate: the
+// basic limit in test mode or for a connected account, the v1 bucket, the one-call-per-customer rule
+// and the rate-limit fault, then the other faults. The caller must
 // release the key.
-func (s *Server) admit(c caller, form url.Values) (decision, flightKey) {
+func (s *Server) admit(c caller, form url.Values, endpoint string) (decision, flightKey) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := &s.lim
@@ -263,15 +401,22 @@ func (s *Server) admit(c caller, form url.Values) (decision, flightKey) {
 	l.maxFlight = max(l.maxFlight, n)
 
 	var d decision
+	now := time.Now()
+	if !c.livemode || c.connect {
+		d.err = l.basicLocked(c, lim, endpoint, true, now)
+	}
 	switch {
-	case !take(l.buckets, c.account, lim.RatePerSecond, lim.Burst, time.Now()):
-		d.err = errRateLimit()
+	case d.err != nil:
+	case !l.take(bucketKey{limiter: LimiterMeterEvents, account: c.account}, lim.RatePerSecond, lim.Burst, now):
+		d.err = l.limit(c.account, LimiterMeterEvents, endpoint)
 	case lim.OneCallPerCustomerMeter && n > 1:
+		l.limit(c.account, LimiterConcurrency, endpoint)
 		d.err = errInvalid(http.StatusTooManyRequests, "rate_limit", "",
 			"Too many concurrent requests for customer '%s' and event_name '%s': send one meter event at a time for each customer and meter.",
 			key.customer, key.eventName)
+		d.err.notExecuted = true
 	case l.roll(lim.Faults.RateLimitFault):
-		d.err = errRateLimit()
+		d.err = l.limit(c.account, LimiterFault, endpoint)
 	}
 	if d.err != nil {
 		return d, key
@@ -281,8 +426,8 @@ func (s *Server) admit(c caller, form url.Values) (decision, flightKey) {
 	return d, key
 }
 
-// rollFaults draws the latency and the hang, fail and lose faults of one
-// call that passed the rate limits, in this order.
+// rollFaults draws the latency and the hang, fail, lose and fail-after
+// faults of one call that passed the rate limits, in this order.
 func (l *limiter) rollFaults(d *decision, f Faults) {
 	d.delay = f.Latency
 	if f.LatencyJitter > 0 {
@@ -290,23 +435,30 @@ func (l *limiter) rollFaults(d *decision, f Faults) {
 	}
 	d.hang, d.fail = l.roll(f.Hang), l.roll(f.FailBeforeRecord)
 	d.lose = l.roll(f.LoseReply)
+	d.failAfter = l.roll(f.FailAfterRecord)
 }
 
-// admitStream decides the fate of one v2 stream request: its own token
-// bucket and the faults of the account, drawn like v1's but for the whole
-// request; AsyncDrop is left to the handler, per event. The stream has no
-// one-call-per-customer rule and is not counted in flight.
-func (s *Server) admitStream(c caller) decision {
+// admitStream decides the fate of one v2 stream request: the basic limit
+// in test mode or for a connected account, its own token bucket and the faults of the account, drawn
+// like v1's but for the whole request; AsyncDrop is left to the handler,
+// per event. The stream has no one-call-per-customer rule and is not
+// counted in flight.
+func (s *Server) admitStream(c caller, endpoint string) decision {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := &s.lim
 	lim := l.limitsOf(c.account)
 	var d decision
+	now := time.Now()
+	if !c.livemode || c.connect {
+		d.err = l.basicLocked(c, lim, endpoint, true, now)
+	}
 	switch {
-	case !take(l.streamBkts, c.account, lim.StreamRatePerSecond, lim.StreamBurst, time.Now()):
-		d.err = errRateLimit()
+	case d.err != nil:
+	case !l.take(bucketKey{limiter: LimiterStream, account: c.account}, lim.StreamRatePerSecond, lim.StreamBurst, now):
+		d.err = l.limit(c.account, LimiterStream, endpoint)
 	case l.roll(lim.Faults.RateLimitFault):
-		d.err = errRateLimit()
+		d.err = l.limit(c.account, LimiterFault, endpoint)
 	}
 	if d.err != nil {
 		return d
@@ -324,79 +476,105 @@ func (s *Server) release(key flightKey) {
 	}
 }
 
-// discardWriter swallows a response whose reply is "lost".
+// discardWriter swallows a response whose reply is lost or replaced.
 type discardWriter struct{ header http.Header }
 
 func (w *discardWriter) Header() http.Header         { return w.header }
 func (w *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (w *discardWriter) WriteHeader(int)             {}
 
-// gate applies the account's limits and faults to meter-event calls (v1
-// and the v2 stream) and the read fault to GETs. It runs before the
-// idempotency layer, so that a rate-limited or failed call keeps nothing
-// for its key, and a lost reply's answer is kept for it.
+// endpointOf names the endpoint of r as Stripe counts endpoints for rate
+// limits: its method and route pattern, or its path when no route matches.
+func (s *Server) endpointOf(r *http.Request) string {
+	if p := s.mux.Find(chi.NewRouteContext(), r.Method, r.URL.Path); p != "" {
+		return r.Method + " " + p
+	}
+	return r.Method + " " + r.URL.Path
+}
+
+// gate applies the account's rate limits to every authenticated call, the
+// read fault to GETs, and to meter-event calls (v1 and the v2 stream) their
+// own limits and the rate-limit and lose-reply faults. It runs in front of
+// the idempotency layer, so that a rate-limited call keeps nothing for its
+// key, and a lost reply's answer is kept for it. The other faults it draws
+// are carried out by the execute layer, behind the idempotency layer.
 func (s *Server) gate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet {
-			if e := s.readFault(callerOf(r)); e != nil {
-				writeError(w, e)
-				return
-			}
-		}
+		c, endpoint := callerOf(r), s.endpointOf(r)
 		var d decision
 		switch {
 		case r.Method == http.MethodPost && r.URL.Path == meterEventsPath:
 			var key flightKey
-			d, key = s.admit(callerOf(r), r.Form)
+			d, key = s.admit(c, r.Form, endpoint)
 			defer s.release(key)
 		case r.Method == http.MethodPost && r.URL.Path == streamPath:
-			d = s.admitStream(callerOf(r))
+			d = s.admitStream(c, endpoint)
 		default:
+			if e := s.admitCall(c, r.Method, endpoint); e != nil {
+				writeError(w, e)
+				return
+			}
 			next.ServeHTTP(w, r)
 			return
 		}
-		s.serveGated(w, r, d, next)
+		if d.err != nil {
+			writeError(w, d.err)
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), planKey, d))
+		if d.lose {
+			next.ServeHTTP(&discardWriter{header: http.Header{}}, r)
+			writeError(w, &apiError{Status: http.StatusBadGateway, Type: typeAPI,
+				Message: "Bad gateway. (stripesim: Faults.LoseReply)"})
+			return
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 
-// serveGated carries out the gate's decision d on one meter-event call.
-func (s *Server) serveGated(w http.ResponseWriter, r *http.Request, d decision, next http.Handler) {
-	if d.err != nil {
-		writeError(w, d.err)
-		return
-	}
-	ctx := r.Context()
-	if d.delay > 0 {
-		t := time.NewTimer(d.delay)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			writeError(w, &apiError{Status: http.StatusInternalServerError, Type: typeAPI,
-				Message: "stripesim: the client gave up during the simulated latency."})
+// execute carries out, behind the idempotency layer, the faults the gate
+// drew for a meter-event call that is executed (a replay never gets here):
+// latency and the hang before it executes, whose 500 to a client that gave
+// up is not kept; FailBeforeRecord, a kept 500 instead of executing; and
+// FailAfterRecord, a kept 500 after executing. Both 500s carry
+// Stripe-Should-Retry: false, as Stripe's do when its idempotency layer
+// would replay them.
+func (s *Server) execute(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, ok := decisionOf(r)
+		if !ok {
+			next.ServeHTTP(w, r)
 			return
 		}
-	}
-	if d.hang {
-		select {
-		case <-ctx.Done():
-		case <-s.closed:
+		ctx := r.Context()
+		if d.delay > 0 {
+			t := time.NewTimer(d.delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				writeError(w, errHeld("stripesim: the client gave up during the simulated latency."))
+				return
+			}
 		}
-		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: typeAPI,
-			Message: "stripesim: the request was held until the client gave up (Faults.Hang)."})
-		return
-	}
-	if d.fail {
-		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: typeAPI,
-			Message: "An unknown error occurred. (stripesim: Faults.FailBeforeRecord)"})
-		return
-	}
-	r = r.WithContext(context.WithValue(ctx, planKey, plan{asyncDrop: d.drop, streamDrop: d.dropP}))
-	if d.lose {
-		next.ServeHTTP(&discardWriter{header: http.Header{}}, r)
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: typeAPI,
-			Message: "Bad gateway. (stripesim: Faults.LoseReply)"})
-		return
-	}
-	next.ServeHTTP(w, r)
+		if d.hang {
+			select {
+			case <-ctx.Done():
+			case <-s.closed:
+			}
+			writeError(w, errHeld("stripesim: the request was held until the client gave up (Faults.Hang)."))
+			return
+		}
+		switch {
+		case d.fail:
+			w.Header().Set("Stripe-Should-Retry", "false")
+			writeError(w, errServer("An unknown error occurred. (stripesim: Faults.FailBeforeRecord)"))
+		case d.failAfter:
+			next.ServeHTTP(&discardWriter{header: http.Header{}}, r)
+			w.Header().Set("Stripe-Should-Retry", "false")
+			writeError(w, errServer("An unknown error occurred. (stripesim: Faults.FailAfterRecord)"))
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
 }

@@ -30,15 +30,15 @@ func parseListParams(form url.Values) (listParams, *apiError) {
 	if v := form.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			return p, errInvalid(http.StatusBadRequest, "parameter_invalid_integer", "limit", "Invalid integer: %s", v)
+			return p, errValidation("parameter_invalid_integer", "limit", "Invalid integer: %s", v)
 		}
 		if n < 1 || n > 100 {
-			return p, errInvalid(http.StatusBadRequest, "", "limit", "Invalid limit: must be between 1 and 100")
+			return p, errValidation("", "limit", "Invalid limit: must be between 1 and 100")
 		}
 		p.limit = n
 	}
 	if p.startingAfter != "" && p.endingBefore != "" {
-		return p, errInvalid(http.StatusBadRequest, "parameters_exclusive", "ending_before",
+		return p, errValidation("parameters_exclusive", "ending_before",
 			"You may only specify one of these parameters: starting_after, ending_before.")
 	}
 	return p, nil

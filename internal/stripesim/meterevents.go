@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -90,10 +91,11 @@ type eventInput struct {
 	stream     bool
 }
 
-// eventProblem is why an event is not recorded: err is the v1 answer, code
-// the error report code of the stream (codeDuplicate for a duplicate, which
-// the stream ignores silently), meter the meter when one was found, note
-// the error report's message when it is not err's.
+// eventProblem is why an event is not recorded: err is the synchronous v1
+// answer, code the error report code of an asynchronous failure
+// (codeDuplicate for a duplicate, which the stream ignores silently and v1
+// always refuses at once), meter the meter when one was found, note the
+// error report's message when it is not err's.
 type eventProblem struct {
 	err   *apiError
 	code  string
@@ -109,7 +111,35 @@ func (p *eventProblem) reportMessage() string {
 	return p.err.Message
 }
 
+// failure is the problem of in as an error report names it.
+func (p *eventProblem) failure(in eventInput) streamFailure {
+	return streamFailure{identifier: in.identifier, eventName: in.eventName, meter: p.meter, code: p.code, message: p.reportMessage()}
+}
+
 const codeDuplicate = "duplicate"
+
+// maxValueDigits is how many significant digits Stripe accepts in a meter
+// event value.
+const maxValueDigits = 15
+
+// tooManyDigits reports whether raw is an integer (an optional sign, then
+// ASCII digits) with more than maxValueDigits digits once its leading zeros
+// are dropped: every other digit counts as significant, trailing zeros too,
+// so 10^15 is refused (the strictest reading of Stripe's rule).
+func tooManyDigits(raw string) bool {
+	if raw != "" && (raw[0] == '+' || raw[0] == '-') {
+		raw = raw[1:]
+	}
+	if raw == "" {
+		return false
+	}
+	for _, r := range raw {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return len(strings.TrimLeft(raw, "0")) > maxValueDigits
+}
 
 // checkEventLocked validates in against a at now, like Stripe in this order:
 // an active meter, the customer and value payload keys, the value, the
@@ -122,13 +152,18 @@ func (s *Server) checkEventLocked(a *account, in eventInput, now time.Time) (*ev
 }
 
 // checkEventMeterLocked is checkEventLocked with m, the active meter of
-// in's mode and event name (nil if none), already looked up. Every other
-// check is a map lookup: the work per event does not grow with the
+// in's mode and event name (nil if none), already looked up. Every check of
+// a valid event is a map lookup: the work per event does not grow with the
 // account's events. s.mu must be held.
 func (s *Server) checkEventMeterLocked(a *account, m *Meter, in eventInput, now time.Time) (*event, *eventProblem) {
 	if m == nil {
-		return nil, &eventProblem{code: CodeNoMeter, err: errInvalid(http.StatusBadRequest, "resource_missing", "event_name",
+		p := &eventProblem{code: CodeNoMeter, err: errInvalid(http.StatusBadRequest, "resource_missing", "event_name",
 			"No active meter found for event_name '%s'", in.eventName)}
+		if old := a.inactiveMeterLocked(in.livemode, in.eventName); old != nil {
+			p.code, p.meter = CodeArchivedMeter, old
+			p.note = "The meter for event_name '" + in.eventName + "' is archived."
+		}
+		return nil, p
 	}
 	custParam, valueParam := "payload["+m.CustomerPayloadKey+"]", "payload["+m.ValuePayloadKey+"]"
 	cust, ok := in.payload[m.CustomerPayloadKey]
@@ -141,9 +176,13 @@ func (s *Server) checkEventMeterLocked(a *account, m *Meter, in eventInput, now 
 		return nil, &eventProblem{code: CodeInvalidValue, meter: m, err: errMissingParam(valueParam),
 			note: "Value key " + m.ValuePayloadKey + " not found in payload."}
 	}
+	if tooManyDigits(raw) {
+		return nil, &eventProblem{code: CodeValueTooManyDigits, meter: m, err: errValidation(CodeValueTooManyDigits, valueParam,
+			"The value in the event payload can have at most %d digits. Received %s.", maxValueDigits, raw)}
+	}
 	value, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil {
-		return nil, &eventProblem{code: CodeInvalidValue, meter: m, err: errInvalid(http.StatusBadRequest,
+		return nil, &eventProblem{code: CodeInvalidValue, meter: m, err: errValidation(
 			"parameter_invalid_integer", valueParam, "Invalid integer: %s. The value of %s must be a whole number.", raw, valueParam)}
 	}
 	if a.customers[modeID{in.livemode, cust}] == nil {
@@ -152,15 +191,15 @@ func (s *Server) checkEventMeterLocked(a *account, m *Meter, in eventInput, now 
 	}
 	if in.timestamp.Before(now.Add(-maxEventAge)) {
 		return nil, &eventProblem{code: CodeTimestampTooFarInPast, meter: m,
-			err: errInvalid(http.StatusBadRequest, "", "timestamp", msgTimestampWindow)}
+			err: errValidation("", "timestamp", msgTimestampWindow)}
 	}
 	if in.timestamp.After(now.Add(maxEventFuture)) {
 		return nil, &eventProblem{code: CodeTimestampInFuture, meter: m,
-			err: errInvalid(http.StatusBadRequest, "", "timestamp", msgTimestampWindow)}
+			err: errValidation("", "timestamp", msgTimestampWindow)}
 	}
-	if st := a.idents[modeID{in.livemode, in.identifier}]; st != nil && now.Sub(st.latest.received) < DedupWindow {
-		return nil, &eventProblem{code: codeDuplicate, meter: m,
-			err: errInvalid(http.StatusBadRequest, "", "", "An event already exists with identifier %s.", in.identifier)}
+	if p := s.duplicateLocked(a, in, now); p != nil {
+		p.meter = m
+		return nil, p
 	}
 	payload := in.payload
 	if in.stream {
@@ -171,6 +210,18 @@ func (s *Server) checkEventMeterLocked(a *account, m *Meter, in eventInput, now 
 		timestamp: in.timestamp, received: now, status: EventRecorded, livemode: in.livemode,
 		stream: in.stream, payload: payload,
 	}, nil
+}
+
+// duplicateLocked returns the duplicate problem when in's identifier was
+// recorded less than DedupWindow before now in its mode, else nil. The
+// duplicate is found while executing: a kept answer, with
+// Stripe-Should-Retry: false. s.mu must be held.
+func (s *Server) duplicateLocked(a *account, in eventInput, now time.Time) *eventProblem {
+	if st := a.idents[modeID{in.livemode, in.identifier}]; st != nil && now.Sub(st.latest.received) < DedupWindow {
+		return &eventProblem{code: codeDuplicate,
+			err: errInvalid(http.StatusBadRequest, "", "", "An event already exists with identifier %s.", in.identifier)}
+	}
+	return nil
 }
 
 // recordLocked appends ev to a. s.mu must be held.
@@ -214,7 +265,12 @@ func (s *Server) DropEvent(account, identifier string) bool {
 // newIdentifier is the identifier Stripe generates when none is sent.
 func newIdentifier() string { return randomID("sim_", 24) }
 
-// createMeterEvent is POST /v1/billing/meter_events.
+// createMeterEvent is POST /v1/billing/meter_events. The shape of the
+// request is checked first (validation errors, nothing kept for the key);
+// then the event is checked against the account's meters and customers and
+// recorded. With Limits.AsyncValidation an event that fails those checks is
+// answered 200 as if accepted and reported in an ErrorReport, except a
+// duplicate identifier, which is always refused at once.
 func (s *Server) createMeterEvent(w http.ResponseWriter, r *http.Request) {
 	rest, payload := splitNested(r.Form, "payload")
 	if e := checkParams(rest, "event_name", "identifier", "timestamp"); e != nil {
@@ -232,8 +288,7 @@ func (s *Server) createMeterEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(in.identifier) > maxIdentifierLen {
-		writeError(w, errInvalid(http.StatusBadRequest, "", "identifier",
-			"Invalid identifier: must be at most %d characters", maxIdentifierLen))
+		writeError(w, errValidation("", "identifier", "Invalid identifier: must be at most %d characters", maxIdentifierLen))
 		return
 	}
 	if in.identifier == "" {
@@ -245,25 +300,50 @@ func (s *Server) createMeterEvent(w http.ResponseWriter, r *http.Request) {
 		v := f.Get("timestamp")
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			writeError(w, errInvalid(http.StatusBadRequest, "parameter_invalid_integer", "timestamp", "Invalid integer: %s", v))
+			writeError(w, errValidation("parameter_invalid_integer", "timestamp", "Invalid integer: %s", v))
 			return
 		}
 		in.timestamp = time.Unix(n, 0)
 	}
-	drop := planOf(r).asyncDrop
+	d, _ := decisionOf(r)
 	c := callerOf(r)
+	// A v1 error report's sample names the request by its idempotency key:
+	// stripe-go documents the sample's request.identifier as "The request
+	// idempotency key" (V1BillingMeterErrorReportTriggeredEventDataReason
+	// ErrorTypeSampleErrorRequest), while Stripe's examples show the event's
+	// identifier too. The simulator takes the documented field's meaning
+	// when the request had a key, the worst case for a client that matches
+	// samples to its events; the stream's samples name the event.
+	sampleID := func(f streamFailure) streamFailure {
+		if k := r.Header.Get("Idempotency-Key"); k != "" {
+			f.identifier = k
+		}
+		return f
+	}
 
 	s.mu.Lock()
 	a := s.accountLocked(c.account)
-	ev, p := s.checkEventLocked(a, in, now)
+	async := s.lim.limitsOf(c.account).AsyncValidation
+	var ev *event
+	var p *eventProblem
+	if async {
+		p = s.duplicateLocked(a, in, now)
+	}
 	if p == nil {
+		ev, p = s.checkEventLocked(a, in, now)
+	}
+	switch {
+	case p == nil:
 		s.recordLocked(a, ev)
-		if drop {
+		if d.drop {
 			ev.status = EventDropped
 			m := a.findMeterLocked(ev.livemode, ev.meter)
-			s.reportLocked(a, now, ev.livemode, []streamFailure{{identifier: ev.identifier, eventName: ev.eventName, meter: m,
-				code: CodeDropped, message: "The event was accepted and then dropped (stripesim AsyncDrop fault)."}})
+			s.reportLocked(a, now, ev.livemode, []streamFailure{sampleID(streamFailure{identifier: ev.identifier, eventName: ev.eventName, meter: m,
+				code: CodeDropped, message: "The event was accepted and then dropped (stripesim AsyncDrop fault)."})})
 		}
+	case async && p.code != codeDuplicate:
+		s.reportLocked(a, now, in.livemode, []streamFailure{sampleID(p.failure(in))})
+		p = nil
 	}
 	s.mu.Unlock()
 	if p != nil {
@@ -274,8 +354,8 @@ func (s *Server) createMeterEvent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, meterEventJSON{
-		Object: "billing.meter_event", Created: now.Unix(), EventName: ev.eventName, Identifier: ev.identifier,
-		Livemode: ev.livemode, Payload: ev.payload, Timestamp: ev.timestamp.Unix(),
+		Object: "billing.meter_event", Created: now.Unix(), EventName: in.eventName, Identifier: in.identifier,
+		Livemode: in.livemode, Payload: in.payload, Timestamp: in.timestamp.Unix(),
 	})
 }
 

@@ -378,6 +378,11 @@ func TestFaults(t *testing.T) {
 
 	t.Run("FailBeforeRecord", func(t *testing.T) {
 		t.Parallel()
+		// Stripe keeps a 500 for its Idempotency-Key like any result of an
+		// executing endpoint (https://docs.stripe.com/api/idempotent_requests:
+		// "Subsequent requests with the same key return the same result,
+		// including 500 errors"), and sets Stripe-Should-Retry: false on it
+		// (stripe-go v82 stripe.go, BackendImplementation.shouldRetry).
 		sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{FailBeforeRecord: 1}})
 		sc := client(ts, testKey)
 		p := eventParams("api_calls", "cus_acme", "ev-1", 1, base)
@@ -385,16 +390,26 @@ func TestFaults(t *testing.T) {
 		se := stripeErr(t, err)
 		assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
 		assert.Equal(t, stripe.ErrorTypeAPI, se.Type)
+		assert.Equal(t, "false", se.LastResponse.Header.Get("Stripe-Should-Retry"))
 		assert.Empty(t, sim.Events(acct))
 
 		// Only meter events fail.
 		_, err = sc.V1Accounts.Retrieve(ctx, nil)
 		require.NoError(t, err)
 
+		// The same key gets the kept 500 even without the fault; another
+		// key is executed.
 		sim.Configure(acct, stripesim.Limits{})
+		_, err = send(t, sc, p)
+		se = stripeErr(t, err)
+		assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
+		assert.Equal(t, "true", se.LastResponse.Header.Get("Idempotent-Replayed"))
+		assert.Equal(t, "false", se.LastResponse.Header.Get("Stripe-Should-Retry"))
+		assert.Empty(t, sim.Events(acct))
+		p.SetIdempotencyKey("ev-1-attempt-2")
 		ev, err := send(t, sc, p)
 		require.NoError(t, err)
-		assert.Empty(t, ev.LastResponse.Header.Get("Idempotent-Replayed"), "nothing was kept for the key")
+		assert.Empty(t, ev.LastResponse.Header.Get("Idempotent-Replayed"))
 		assert.Len(t, sim.Events(acct), 1)
 	})
 
@@ -499,12 +514,16 @@ func TestFaults(t *testing.T) {
 		_, err = send(t, sc, p)
 		assert.Equal(t, http.StatusInternalServerError, stripeErr(t, err).HTTPStatusCode)
 
-		// Defaults apply to accounts without their own; Configure wins.
+		// Defaults apply to accounts without their own; Configure wins. (A
+		// new key: the first one's 500 is kept and would be replayed.)
 		sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{RateLimitFault: 1}})
 		_, err = send(t, sc, eventParams("api_calls", "cus_acme", "ev-3", 1, base))
 		assert.Equal(t, http.StatusTooManyRequests, stripeErr(t, err).HTTPStatusCode)
+		p.SetIdempotencyKey("ev-2-attempt-2")
 		_, err = send(t, sc, p)
-		assert.Equal(t, http.StatusInternalServerError, stripeErr(t, err).HTTPStatusCode)
+		se := stripeErr(t, err)
+		assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
+		assert.Empty(t, se.LastResponse.Header.Get("Idempotent-Replayed"))
 
 		assert.Panics(t, func() { sim.Configure(acct, stripesim.Limits{Faults: stripesim.Faults{LoseReply: 1.5}}) })
 		assert.Panics(t, func() { sim.ConfigureDefault(stripesim.Limits{RatePerSecond: -1}) })

@@ -117,6 +117,17 @@ func (a *account) activeMeterLocked(livemode bool, eventName string, except *Met
 	return nil
 }
 
+// inactiveMeterLocked returns the latest created inactive meter of the
+// mode with the event name, or nil.
+func (a *account) inactiveMeterLocked(livemode bool, eventName string) *Meter {
+	for i := len(a.meters) - 1; i >= 0; i-- {
+		if m := a.meters[i]; m.Livemode == livemode && m.Status == MeterInactive && m.EventName == eventName {
+			return m
+		}
+	}
+	return nil
+}
+
 func errDuplicateEventName(name string) *apiError {
 	return errInvalid(http.StatusBadRequest, "resource_already_exists", "event_name",
 		"An active meter with event_name '%s' already exists. Deactivate it or choose another event_name.", name)
@@ -126,11 +137,11 @@ func errDuplicateEventName(name string) *apiError {
 // the meter to a.
 func (s *Server) addMeterLocked(a *account, spec MeterSpec) (*Meter, *apiError) {
 	if !slices.Contains([]string{"sum", "count", "last"}, spec.Formula) {
-		return nil, errInvalid(http.StatusBadRequest, "", "default_aggregation[formula]",
+		return nil, errValidation("", "default_aggregation[formula]",
 			"Invalid default_aggregation[formula]: must be one of sum, count, or last")
 	}
 	if !slices.Contains([]string{"", "day", "hour"}, spec.EventTimeWindow) {
-		return nil, errInvalid(http.StatusBadRequest, "", "event_time_window",
+		return nil, errValidation("", "event_time_window",
 			"Invalid event_time_window: must be one of day or hour")
 	}
 	if a.activeMeterLocked(spec.Livemode, spec.EventName, nil) != nil {
@@ -224,7 +235,7 @@ func (s *Server) listMeters(w http.ResponseWriter, r *http.Request) {
 	}
 	status := r.Form.Get("status")
 	if status != "" && status != MeterActive && status != MeterInactive {
-		writeError(w, errInvalid(http.StatusBadRequest, "", "status", "Invalid status: must be one of active or inactive"))
+		writeError(w, errValidation("", "status", "Invalid status: must be one of active or inactive"))
 		return
 	}
 	c := callerOf(r)
@@ -311,7 +322,7 @@ func (s *Server) createMeter(w http.ResponseWriter, r *http.Request) {
 			return
 		case "by_id":
 		default:
-			writeError(w, errInvalid(http.StatusBadRequest, "", "customer_mapping[type]",
+			writeError(w, errValidation("", "customer_mapping[type]",
 				"Invalid customer_mapping[type]: must be by_id"))
 			return
 		}

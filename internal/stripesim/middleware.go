@@ -31,6 +31,7 @@ type reqState struct {
 type caller struct {
 	account  string // the account the request acts on
 	livemode bool   // the key's mode
+	connect  bool   // acting on a connected account (the Stripe-Account header)
 }
 
 // callerOf returns the authenticated caller of r. Only handlers behind
@@ -113,14 +114,14 @@ func (s *Server) begin(next http.Handler) http.Handler {
 		}()
 		body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 		if err != nil || len(body) > maxBody {
-			writeError(sw, errInvalid(http.StatusBadRequest, "", "", "Invalid request: the body could not be read or is larger than %d bytes.", maxBody))
+			writeError(sw, errValidation("", "", "Invalid request: the body could not be read or is larger than %d bytes.", maxBody))
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		err = r.ParseForm()
 		rec.Form = cloneValues(r.Form)
 		if err != nil {
-			writeError(sw, errInvalid(http.StatusBadRequest, "", "", "Invalid request: the body could not be parsed as form values."))
+			writeError(sw, errValidation("", "", "Invalid request: the body could not be parsed as form values."))
 			return
 		}
 		st := &reqState{rec: rec, body: body}
@@ -180,7 +181,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			}
 			target = connect
 		}
-		c := caller{account: target, livemode: isLiveKey(key)}
+		c := caller{account: target, livemode: isLiveKey(key), connect: connect != ""}
 		rec := recordOf(r)
 		rec.Account, rec.Livemode = c.account, c.livemode
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey, c)))

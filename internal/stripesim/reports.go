@@ -16,17 +16,22 @@ const (
 // accepted and then dropped (the AsyncDrop fault).
 const (
 	CodeNoMeter               = "no_meter"
+	CodeArchivedMeter         = "archived_meter"
 	CodeNoCustomerDefined     = "meter_event_no_customer_defined"
 	CodeCustomerNotFound      = "meter_event_customer_not_found"
 	CodeInvalidValue          = "meter_event_invalid_value"
+	CodeValueTooManyDigits    = "meter_event_value_too_many_digits"
 	CodeTimestampTooFarInPast = "timestamp_too_far_in_past"
 	CodeTimestampInFuture     = "timestamp_in_future"
 	CodeDropped               = "dropped"
 )
 
 // ErrorReport is one thin event Stripe would send about meter events that
-// failed after they were accepted: invalid events on the v2 stream and
-// events lost by the AsyncDrop fault. The simulator only stores them; see
+// failed after they were accepted: invalid events on the v2 stream, on v1
+// with Limits.AsyncValidation, and events lost by the AsyncDrop fault. An
+// event for an event name without any meter of its mode is reported with
+// ReportNoMeterFound and CodeNoMeter; one whose meter is inactive with
+// ReportErrorTriggered, CodeArchivedMeter and that meter. The simulator only stores them; see
 // [Server.ErrorReports].
 type ErrorReport struct {
 	ID       string // evt_…

@@ -42,6 +42,7 @@ type Options struct {
 type Server struct {
 	now     func() time.Time
 	handler http.Handler
+	mux     *chi.Mux // the routes, to name a request's endpoint
 
 	mu       sync.Mutex
 	keys     map[string]string   // API key -> account id
@@ -123,7 +124,8 @@ func New(opts Options) *Server {
 
 func (s *Server) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.begin, s.authenticate, s.gate, s.idempotent)
+	s.mux = r
+	r.Use(s.begin, s.authenticate, s.gate, s.idempotent, s.execute)
 	r.NotFound(s.unrecognized)
 	r.MethodNotAllowed(s.unrecognized)
 

@@ -19,6 +19,7 @@ const (
 type session struct {
 	account  string
 	livemode bool
+	connect  bool // created for a connected account (the Stripe-Account header)
 	expires  time.Time
 }
 
@@ -58,7 +59,7 @@ func isJSONObject(body []byte) bool {
 // account and mode the request acts on.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !isJSONObject(bodyOf(r)) {
-		writeError(w, errInvalid(http.StatusBadRequest, "", "", "Invalid request: the body is not a JSON object."))
+		writeError(w, errValidation("", "", "Invalid request: the body is not a JSON object."))
 		return
 	}
 	c := callerOf(r)
@@ -78,7 +79,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			delete(s.sessions, tok)
 		}
 	}
-	s.sessions[out.AuthenticationToken] = &session{account: c.account, livemode: c.livemode, expires: out.ExpiresAt}
+	s.sessions[out.AuthenticationToken] = &session{account: c.account, livemode: c.livemode, connect: c.connect, expires: out.ExpiresAt}
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, out)
 }
@@ -117,7 +118,7 @@ func (s *Server) authenticateSession(next http.Handler, w http.ResponseWriter, r
 		writeError(w, errSessionExpired())
 		return
 	}
-	c := caller{account: sess.account, livemode: sess.livemode}
+	c := caller{account: sess.account, livemode: sess.livemode, connect: sess.connect}
 	rec := recordOf(r)
 	rec.Account, rec.Livemode = c.account, c.livemode
 	next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey, c)))
@@ -139,8 +140,8 @@ type streamEvent struct {
 // inside the dedup window are ignored silently, and every other invalid
 // event is left out and reported in an [ErrorReport]. A recorded event the
 // AsyncDrop fault hits (drawn per event) is marked dropped and reported
-// with CodeDropped. The gate applied the rate limit and the other faults
-// to the request as a whole.
+// with CodeDropped. The gate and the execute layer applied the rate limits
+// and the other faults to the request as a whole.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Events []streamEvent `json:"events"`
@@ -148,7 +149,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(bytes.NewReader(bodyOf(r)))
 	dec.UseNumber()
 	if err := dec.Decode(&req); err != nil {
-		writeError(w, errInvalid(http.StatusBadRequest, "", "", "Invalid JSON body: %v", err))
+		writeError(w, errValidation("", "", "Invalid JSON body: %v", err))
 		return
 	}
 	switch n := len(req.Events); {
@@ -156,7 +157,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errMissingParam("events"))
 		return
 	case n > maxStreamEvents:
-		writeError(w, errInvalid(http.StatusBadRequest, "", "events",
+		writeError(w, errValidation("", "events",
 			"Too many events: a request may contain at most %d events, this one has %d.", maxStreamEvents, n))
 		return
 	}
@@ -182,12 +183,12 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 			case json.Number:
 				in.payload[k] = v.String()
 			default:
-				writeError(w, errInvalid(http.StatusBadRequest, "", at("payload"), "Invalid %s[%s]: must be a string", at("payload"), k))
+				writeError(w, errValidation("", at("payload"), "Invalid %s[%s]: must be a string", at("payload"), k))
 				return
 			}
 		}
 		if len(in.identifier) > maxIdentifierLen {
-			writeError(w, errInvalid(http.StatusBadRequest, "", at("identifier"),
+			writeError(w, errValidation("", at("identifier"),
 				"Invalid %s: must be at most %d characters", at("identifier"), maxIdentifierLen))
 			return
 		}
@@ -197,7 +198,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 		if ev.Timestamp != nil {
 			t, err := time.Parse(time.RFC3339Nano, *ev.Timestamp)
 			if err != nil {
-				writeError(w, errInvalid(http.StatusBadRequest, "", at("timestamp"),
+				writeError(w, errValidation("", at("timestamp"),
 					"Invalid %s: must be an RFC 3339 date-time", at("timestamp")))
 				return
 			}
@@ -206,7 +207,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 		ins[i] = in
 	}
 
-	dropP := planOf(r).streamDrop
+	d, _ := decisionOf(r)
+	dropP := d.dropP
 	s.mu.Lock()
 	a := s.accountLocked(c.account)
 	var failures []streamFailure

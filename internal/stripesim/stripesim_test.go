@@ -518,7 +518,8 @@ func TestIdempotentReplay(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, c.status)
 	assert.Equal(t, "idempotency_error", c.errField("type"))
 
-	// A failed request keeps no result: the key can be retried.
+	// A request that fails validation keeps no result: the key can be
+	// retried (https://docs.stripe.com/api/idempotent_requests).
 	bad := url.Values{"event_name": {"x"}}
 	d := do(t, ts, http.MethodPost, "/v1/billing/meters", testKey, bad, map[string]string{"Idempotency-Key": "key-2"})
 	assert.Equal(t, http.StatusBadRequest, d.status)

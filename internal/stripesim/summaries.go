@@ -44,7 +44,7 @@ func intParam(f url.Values, name string) (int64, *apiError) {
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		return 0, errInvalid(http.StatusBadRequest, "parameter_invalid_integer", name, "Invalid integer: %s", v)
+		return 0, errValidation("parameter_invalid_integer", name, "Invalid integer: %s", v)
 	}
 	return n, nil
 }
@@ -121,7 +121,7 @@ func (s *Server) listEventSummaries(w http.ResponseWriter, r *http.Request) {
 	case "day":
 		size, unit = 86400, "day (00:00 UTC)"
 	default:
-		writeError(w, errInvalid(http.StatusBadRequest, "", "value_grouping_window",
+		writeError(w, errValidation("", "value_grouping_window",
 			"Invalid value_grouping_window: must be one of day or hour"))
 		return
 	}
@@ -130,13 +130,13 @@ func (s *Server) listEventSummaries(w http.ResponseWriter, r *http.Request) {
 		v    int64
 	}{{"start_time", start}, {"end_time", end}} {
 		if b.v%size != 0 {
-			writeError(w, errInvalid(http.StatusBadRequest, "", b.name,
+			writeError(w, errValidation("", b.name,
 				"Invalid %s: %d must be aligned with %s boundaries", b.name, b.v, unit))
 			return
 		}
 	}
 	if end <= start {
-		writeError(w, errInvalid(http.StatusBadRequest, "", "end_time", "Invalid end_time: must be after start_time"))
+		writeError(w, errValidation("", "end_time", "Invalid end_time: must be after start_time"))
 		return
 	}
 

@@ -1,0 +1,86 @@
+package console_test
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/api"
+	"github.com/tallymeter/tally/console"
+	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/mappings"
+)
+
+// The mappings page shows each feature's payload keys. On a node whose
+// Stripe key is restricted (rk_…) the feature form does not offer the v2
+// stream, says why, and a forged form that names it saves nothing. (Plain
+// HTTP: this runs without a browser.)
+func TestMappingsPageShowsPayloadKeysAndHidesTheStreamForARestrictedKey(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	sim := stripesim.New(stripesim.Options{})
+	simSrv := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() { sim.Close(); simSrv.Close() })
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: "tokens", Formula: "sum", CustomerPayloadKey: "account", ValuePayloadKey: "n"})
+	c, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: simSrv.URL})
+	require.NoError(t, err)
+	store := &mappings.Store{Checker: mappings.StripeMeters{Client: c}, RestrictedKey: true}
+	con, err := console.New(console.Deps{Pool: s.env.Pool, Outbox: s.env.Outbox, Mappings: store, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	srv := httptest.NewServer(api.New(api.Options{Console: con.Handler(), Logger: slog.New(slog.DiscardHandler)}))
+	t.Cleanup(srv.Close)
+
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar}
+	get := func(path string) string {
+		t.Helper()
+		resp, err := client.Get(srv.URL + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return string(b)
+	}
+	resp, err := client.PostForm(srv.URL+"/console/login", url.Values{"token": {s.token(t, "olive", auth.RoleOperator)}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	page := get("/console/mappings")
+	m := csrfPattern.FindStringSubmatch(page)
+	require.NotNil(t, m)
+	csrf := m[1]
+
+	require.Contains(t, page, `<td data-testid="customer-key">stripe_customer_id</td><td data-testid="value-key">value</td>`,
+		"api, mapped without a checker, shows Stripe's default keys")
+	require.Contains(t, page, `data-testid="restricted-key"`)
+	form := page[strings.Index(page, `data-testid="feature-form"`):]
+	form = form[:strings.Index(form, "</form>")]
+	require.Contains(t, form, `<option value="stripe_meter_events">`)
+	require.NotContains(t, form, "stripe_meter_event_stream", "the stream is not offered")
+
+	save := func(exporter string) string {
+		t.Helper()
+		resp, err := client.PostForm(srv.URL+"/console/mappings/features", url.Values{"csrf": {csrf}, "feature": {"tokens"},
+			"event_name": {"tokens"}, "aggregation": {"sum"}, "exporter": {exporter}})
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.Request.URL.Query().Get("flash")
+	}
+	require.Equal(t, "invalid_mapping", save(mappings.ExporterStripeMeterEventStream), "a forged form naming the stream")
+	_, err = store.GetFeature(s.env.Ctx, s.env.Pool, "tokens")
+	require.ErrorIs(t, err, mappings.ErrNotFound, "nothing saved")
+
+	require.Equal(t, "feature_saved", save(""))
+	page = get("/console/mappings")
+	require.Contains(t, page, `<td data-testid="customer-key">account</td><td data-testid="value-key">n</td>`, "the meter's own keys")
+	require.Contains(t, page, "keys customer=account value=n", "the history shows the keys")
+}

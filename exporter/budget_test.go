@@ -1,0 +1,89 @@
+package exporter
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/stripeapi"
+)
+
+// soon is a context that lets a limiter wait at most a few milliseconds:
+// rate.Limiter refuses at once a wait that would pass its deadline.
+func soon(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// One budget per account (docs/stripe.md, "Rate limits"): in test mode
+// every call counts toward Stripe's basic limit of 25 operations a second,
+// meter events and the stream included; in live mode meter events and the
+// stream have limits of their own, unless the destination is a connected
+// account, whose calls count toward the basic limit.
+func TestBudgetSharesTheBasicLimit(t *testing.T) {
+	t.Parallel()
+	tiny := Rates{Events: 100, Stream: 100, Reads: 100, Other: 100, Basic: 1} // a burst of one basic call
+	for _, tc := range []struct {
+		name          string
+		mode          stripeapi.Mode
+		connected     bool
+		eventsShareIt bool
+	}{
+		{"test mode: everything shares the basic limit", stripeapi.ModeTest, false, true},
+		{"live mode: meter events have limits of their own", stripeapi.ModeLive, false, false},
+		{"live mode, connected account: meter events count toward the basic limit", stripeapi.ModeLive, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := NewBudget(tc.mode, tc.connected, tiny)
+			require.NoError(t, b.Reads().Wait(soon(t)), "the one basic slot")
+			require.Error(t, b.Other().Wait(soon(t)), "reads and other calls always share the basic limit")
+			err := b.Events().Wait(soon(t))
+			_, serr := b.Stream().Take(soon(t), 1)
+			if tc.eventsShareIt {
+				require.Error(t, err)
+				require.Error(t, serr)
+			} else {
+				require.NoError(t, err)
+				require.NoError(t, serr)
+			}
+		})
+	}
+}
+
+// A 429 slows the class whose call it answered, and no other: a reconcile
+// run that Stripe rate-limits never halves export's rate.
+func TestBudgetClassesSlowAlone(t *testing.T) {
+	t.Parallel()
+	b := NewBudget(stripeapi.ModeLive, false, Rates{})
+	events, stream, other := b.Events().Rate(), b.Stream().Rate(), b.Other().Rate()
+	reads := b.Reads().Rate()
+	b.Reads().Slow(time.Now())
+	require.Equal(t, reads/2, b.Reads().Rate())
+	require.Equal(t, events, b.Events().Rate())
+	require.Equal(t, stream, b.Stream().Rate())
+	require.Equal(t, other, b.Other().Rate())
+	require.Equal(t, float64(DefaultLiveRate), events)
+	require.Equal(t, float64(DefaultReadsLiveRate), reads, "below Stripe's 25 requests a second per endpoint")
+
+	test := NewBudget(stripeapi.ModeTest, false, Rates{})
+	require.Equal(t, float64(DefaultTestRate), test.Events().Rate())
+	require.Equal(t, float64(DefaultReadsTestRate), test.Reads().Rate())
+}
+
+// The client's pace hook waits for the Other class for every call no
+// deliverer paced, and lets v1 meter events and stream requests through
+// (their deliverers took their slots before claiming).
+func TestBudgetPacesEveryOtherCall(t *testing.T) {
+	t.Parallel()
+	b := NewBudget(stripeapi.ModeTest, false, Rates{Other: 1, Basic: 100})
+	require.NoError(t, b.pace(soon(t), http.MethodGet, "/v1/account"))
+	require.Error(t, b.pace(soon(t), http.MethodPost, "/v2/billing/meter_event_session"), "the one Other slot is gone")
+	require.NoError(t, b.pace(soon(t), http.MethodPost, "/v1/billing/meter_events"))
+	require.NoError(t, b.pace(soon(t), http.MethodPost, stripeapi.StreamPath))
+	require.Error(t, b.pace(soon(t), http.MethodGet, "/v2/core/events/evt_1"))
+}
