@@ -28,6 +28,12 @@
 //	                  +---------------T9 requeue--------------------+
 //	                  +---------------T8 recovery------- uncertain (to pending, accepted or rejected)
 //
+// T2 lands in quarantined or rejected instead of accepted when the
+// provider's error report named the item while it was in flight
+// (NoteFailures): the report overtook the answer to its request. A
+// re-addressed item's successor (T9r) has a new mapping version, or the next
+// re-address generation of its subject ref (ReaddressRef).
+//
 // The lease and the fence are different things. Who gets an item is decided by
 // SELECT ... FOR UPDATE SKIP LOCKED in the claiming transaction; whose write
 // wins is decided by lease_token, incremented on every claim and carried by

@@ -5,11 +5,18 @@
 //
 // A run works through every (account, customer, meter) with accepted items
 // older than the settle delay, one key at a time: it reads the key's hourly
-// summaries (through the account's rate limiter), compares each hour by the
-// meter's formula, and commits the hour's confirmations, its discrepancies
-// and the run's progress in one transaction per key, so that a run killed
-// mid-way resumes after its last key, and a rerun ends where an
-// uninterrupted run would have.
+// summaries (through its own class of the account's budget, so that its
+// 429s never slow export), compares each hour by the meter's formula, and
+// commits the hour's confirmations, its discrepancies and the run's
+// progress in one transaction per key, so that a run killed mid-way resumes
+// after its last key, and a rerun ends where an uninterrupted run would
+// have. A key whose summaries Stripe refuses with a 4xx about that key (a
+// customer or meter it does not know) is recorded as one discrepancy of
+// its own and the run goes on.
+//
+// It also records Stripe's meter error reports (RecordReport): evidence,
+// T10 on the accepted items they name, and a note on the items still in
+// flight that their next accept honours.
 //
 // It must never confirm on a mismatch, never move an item other than
 // through package outbox, never resend anything, and never compare an hour

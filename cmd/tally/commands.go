@@ -695,13 +695,18 @@ func runReconcile(ctx context.Context, e *env, _ []string) error {
 	if len(ds) > 0 {
 		fmt.Fprintln(e.stdout)
 		w = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "METER\tCUSTOMER\tHOUR\tFORMULA\tEXPECTED\tSTRIPE\tDIFFERENCE\tEXPLANATION\tUNCERTAIN ITEMS")
+		fmt.Fprintln(w, "REASON\tMETER\tCUSTOMER\tHOUR\tFORMULA\tEXPECTED\tSTRIPE\tDIFFERENCE\tEXPLANATION\tUNCERTAIN ITEMS")
 		for _, d := range ds {
 			provider, diff := "(none)", ""
 			if d.Provider != nil {
 				provider, diff = *d.Provider, *d.Difference
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", d.EventName, d.Customer, d.Hour.Format(time.RFC3339),
+			hour := d.Hour.Format(time.RFC3339)
+			if d.Refused() {
+				// Stripe refused the key's summaries: nothing was compared.
+				hour, provider = "from "+hour, fmt.Sprintf("refused: %s (%d)", d.ErrorCode, d.ErrorStatus)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", d.Reason, d.EventName, d.Customer, hour,
 				d.Formula, d.Expected, provider, diff, d.Explanation, d.UncertainItems)
 		}
 		if ferr := w.Flush(); ferr != nil {
