@@ -156,8 +156,17 @@ func (c *Console) quarantine(w http.ResponseWriter, r *http.Request) {
 		Report  quarantine.Report
 		Items   []quarantinedItem
 		CSVHref string
-	}{f, []string{"feature_unmapped", "no_customer", "no_account", "account_mismatch", "mode_mismatch", "timestamp_window",
-		"meter_not_found", "customer_not_found", "count_value"}, rep, items, "/console/quarantine.csv?" + csv.Encode()})
+	}{f, reasonNames(), rep, items, "/console/quarantine.csv?" + csv.Encode()})
+}
+
+// reasonNames lists every quarantine reason, the outbox's list, for the
+// filter.
+func reasonNames() []string {
+	out := make([]string, len(outbox.Reasons))
+	for i, r := range outbox.Reasons {
+		out[i] = string(r)
+	}
+	return out
 }
 
 // quarantineCSV is the report as CSV, safe to open in a spreadsheet.
