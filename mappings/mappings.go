@@ -381,6 +381,12 @@ func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, i
 	windowSeconds := int(time.Duration(in.Window) / time.Second)
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		cur, err := scanFeature(tx.QueryRow(ctx, "SELECT "+featureColumns+" FROM feature_mappings WHERE feature = $1 FOR UPDATE", feature))
+		if err == nil && s.Checker == nil && cur.EventName == in.EventName {
+			// Without Stripe to ask, the keys read from the meter before
+			// stay: nothing here knows better, and the defaults could be
+			// wrong for it.
+			keys = cur.PayloadKeys()
+		}
 		switch {
 		case err == nil && cur.EventName == in.EventName && cur.Aggregation == in.Aggregation && cur.Window == in.Window &&
 			cur.Exporter == in.Exporter && cur.PayloadKeys() == keys:

@@ -328,6 +328,32 @@ func TestFeatureWithoutCheckerTakesTheDefaultKeys(t *testing.T) {
 	require.Equal(t, mappings.DefaultPayloadKeys(), f.PayloadKeys())
 }
 
+// A mapping set where Stripe cannot be asked (a CLI without STRIPE_API_KEY)
+// keeps the keys read from the meter before, as long as it names the same
+// meter: resetting them to the defaults would send the next items under
+// keys the meter does not read. Naming another meter takes the defaults,
+// and doctor checks them.
+func TestFeatureWithoutCheckerKeepsTheMetersKeys(t *testing.T) {
+	t.Parallel()
+	sim, checked := simMeters(t)
+	ctx, pool := context.Background(), testdb.New(t)
+	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: "api_calls", Formula: "sum",
+		CustomerPayloadKey: "account", ValuePayloadKey: "calls"})
+	f1, _, err := checked.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum}, "alice")
+	require.NoError(t, err)
+
+	blind := &mappings.Store{}
+	f2, changed, err := blind.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum,
+		Window: mappings.Duration(30 * time.Minute)}, "bob")
+	require.NoError(t, err)
+	require.True(t, changed, "the window changed")
+	require.Equal(t, f1.PayloadKeys(), f2.PayloadKeys(), "the meter's keys stay")
+
+	f3, _, err := blind.PutFeature(ctx, pool, "api", mappings.FeatureInput{EventName: "other", Aggregation: mappings.Sum}, "bob")
+	require.NoError(t, err)
+	require.Equal(t, mappings.DefaultPayloadKeys(), f3.PayloadKeys(), "another meter: the defaults, until doctor says otherwise")
+}
+
 // A meter whose keys are no plausible payload keys is refused, and nothing
 // is written.
 func TestImplausiblePayloadKeysAreRefused(t *testing.T) {
