@@ -111,14 +111,11 @@ func (b *Budget) Other() *Limiter { return b.other }
 // meter events and stream requests (paced before their items were claimed)
 // waits for a slot of the Other class.
 func (b *Budget) pace(ctx context.Context, method, path string) error {
-	if method == http.MethodPost && (path == meterEventsPath || strings.HasSuffix(path, stripeapi.StreamPath)) {
+	if method == http.MethodPost && (path == stripeapi.MeterEventsPath || strings.HasSuffix(path, stripeapi.StreamPath)) {
 		return nil
 	}
 	return b.other.Wait(ctx)
 }
-
-// meterEventsPath is v1's meter-event endpoint.
-const meterEventsPath = "/v1/billing/meter_events"
 
 // newBucket is a plain token bucket of perSecond with a burst of a tenth of
 // a second's worth (at least one).

@@ -32,22 +32,10 @@ const (
 	// timestamp: within the past 35 days, at most 5 minutes ahead.
 	StripeAcceptPast   = 35 * 24 * time.Hour
 	StripeAcceptFuture = 5 * time.Minute
-	// StripeMaxValueDigits is the most digits Stripe accepts in a meter
-	// event's value ("15 significant digits", meter_event_value_too_many_digits).
-	// Whether Stripe counts a whole number's trailing zeros is not
-	// documented; Tally assumes the worst and counts every digit, so the
-	// largest value it sends is 999,999,999,999,999 (docs/stripe.md).
-	StripeMaxValueDigits = 15
-	// Stripe's default meter payload keys: the customer's and the value's.
-	StripeDefaultCustomerKey = "stripe_customer_id"
-	StripeDefaultValueKey    = "value"
 )
 
-// maxValue is the largest magnitude of a value Stripe accepts.
-const maxValue = 999_999_999_999_999
-
-// ValueFits reports whether Stripe accepts v's digits (StripeMaxValueDigits).
-func ValueFits(v int64) bool { return v >= -maxValue && v <= maxValue }
+// ValueFits reports whether Stripe takes v's digits (stripeapi.MaxValue).
+func ValueFits(v int64) bool { return v >= -stripeapi.MaxValue && v <= stripeapi.MaxValue }
 
 // payloadOf is the meter event payload of an item: the customer and the
 // value under the meter's keys as the item carries them, Stripe's defaults
@@ -55,10 +43,10 @@ func ValueFits(v int64) bool { return v >= -maxValue && v <= maxValue }
 func payloadOf(p outbox.Payload) map[string]string {
 	ck, vk := p.CustomerKey, p.ValueKey
 	if ck == "" {
-		ck = StripeDefaultCustomerKey
+		ck = stripeapi.DefaultCustomerPayloadKey
 	}
 	if vk == "" {
-		vk = StripeDefaultValueKey
+		vk = stripeapi.DefaultValuePayloadKey
 	}
 	return map[string]string{ck: p.Customer, vk: strconv.FormatInt(p.Value, 10)}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/stripeapi"
 )
 
 // Aggregation is how a feature's usage is reduced, matching the Stripe
@@ -69,8 +70,8 @@ func ValidExporter(exporter string) bool {
 // https://docs.stripe.com/billing/subscriptions/usage-based/recording-usage#payload-key-overrides).
 // Migration 12 gave them to the mappings set before mappings carried keys.
 const (
-	DefaultCustomerPayloadKey = "stripe_customer_id"
-	DefaultValuePayloadKey    = "value"
+	DefaultCustomerPayloadKey = stripeapi.DefaultCustomerPayloadKey
+	DefaultValuePayloadKey    = stripeapi.DefaultValuePayloadKey
 )
 
 // MaxPayloadKeyLength is the longest payload key a feature mapping takes,
@@ -132,7 +133,8 @@ type Feature struct {
 	// CustomerPayloadKey and ValuePayloadKey are the meter event payload
 	// keys of the customer id and the value that the feature's items send:
 	// the keys of the Stripe meter with EventName when the mapping was set
-	// (Stripe's defaults when no Stripe key was configured).
+	// (without a Stripe key: the keys it had for the same event name, else
+	// Stripe's defaults).
 	CustomerPayloadKey string    `json:"customer_payload_key"`
 	ValuePayloadKey    string    `json:"value_payload_key"`
 	Version            int       `json:"mapping_version"`
@@ -307,9 +309,10 @@ func (e *MeterError) Error() string { return "mappings: " + e.Message }
 // Store reads and writes mappings.
 type Store struct {
 	// Checker, when set, is asked before a feature mapping is written, and
-	// gives the mapping its meter's payload keys. Unset (no Stripe key),
-	// mappings take Stripe's default keys, and `tally doctor` compares them
-	// with the meters once a key is configured.
+	// gives the mapping its meter's payload keys. Unset (no Stripe key), a
+	// mapping that names the same meter keeps the keys read before, and one
+	// that names another takes Stripe's defaults; `tally doctor` compares
+	// them with the meters once a key is configured.
 	Checker MeterChecker
 	// RestrictedKey says the node's Stripe key is a restricted key (rk_…).
 	// Stripe's v2 API takes only secret keys ("You can only access APIs in
@@ -352,12 +355,12 @@ func scanFeature(row pgx.Row) (Feature, error) {
 // PutFeature sets a feature's mapping. With a Checker, the account's
 // active meter with the event name must have the aggregation as its
 // formula, and the mapping takes that meter's payload keys; without one it
-// takes Stripe's default keys, which `tally doctor` checks against the
-// meters later. An identical mapping — the same input and the same keys —
-// is no change: the current version is returned and changed is false. A
-// change, including keys that changed at Stripe, takes the next mapping
-// version and is kept in the history and the audit log. by names who
-// changed it. A ValidationError lists bad input (and the stream exporter
+// keeps the keys it had for the same event name, or takes Stripe's
+// defaults, which `tally doctor` checks against the meters later. An
+// identical mapping — the same input and the same keys — is no change:
+// the current version is returned and changed is false. A change,
+// including keys that changed at Stripe, takes the next mapping version
+// and is kept in the history and the audit log. by names who changed it. A ValidationError lists bad input (and the stream exporter
 // on a node whose key is restricted); a *MeterError says the meter does
 // not fit.
 func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, in FeatureInput, by string) (f Feature, changed bool, err error) {
@@ -609,49 +612,17 @@ func (p Pair) Version() int {
 
 // Lookup reads the current mappings of a tenant and a feature in one query.
 func (s *Store) Lookup(ctx context.Context, q Querier, tenant, feature string) (Pair, error) {
-	var (
-		p             Pair
-		fe            = new(Feature)
-		te            = new(Tenant)
-		fv, tv        *int
-		agg           *string
-		window        *int
-		ev, exp, cust *string
-		ckey, vkey    *string
-		fby, tby      *string
-		fat, tat      *time.Time
-	)
-	err := q.QueryRow(ctx, `
-		SELECT f.event_name, f.aggregation, f.window_seconds, f.exporter, f.customer_payload_key, f.value_payload_key,
-		       f.version, f.updated_at, f.updated_by,
-		       t.stripe_customer_id, t.period_anchor, t.version, t.updated_at, t.updated_by
-		FROM (SELECT 1) one
-		LEFT JOIN feature_mappings f ON f.feature = $2
-		LEFT JOIN tenant_mappings t ON t.tenant = $1`, tenant, feature).
-		Scan(&ev, &agg, &window, &exp, &ckey, &vkey, &fv, &fat, &fby, &cust, &te.PeriodAnchor, &tv, &tat, &tby)
+	key := [2]string{tenant, feature}
+	pairs, err := s.LookupMany(ctx, q, map[[2]string]bool{key: true})
 	if err != nil {
 		return Pair{}, fmt.Errorf("mappings: looking up %s/%s: %w", tenant, feature, err)
 	}
-	if fv != nil {
-		*fe = Feature{Feature: feature, EventName: *ev, Aggregation: Aggregation(*agg),
-			Window: Duration(time.Duration(*window) * time.Second), Exporter: *exp,
-			CustomerPayloadKey: *ckey, ValuePayloadKey: *vkey, Version: *fv, UpdatedAt: *fat, UpdatedBy: *fby}
-		p.Feature = fe
-	}
-	if tv != nil {
-		te.Tenant, te.StripeCustomerID, te.Version, te.UpdatedAt, te.UpdatedBy = tenant, *cust, *tv, *tat, *tby
-		if te.PeriodAnchor != nil {
-			a := te.PeriodAnchor.UTC()
-			te.PeriodAnchor = &a
-		}
-		p.Tenant = te
-	}
-	return p, nil
+	return pairs[key], nil
 }
 
 // LookupMany reads the current mappings of every (tenant, feature) pair in
-// pairs in one query, as Lookup reads one; the staging path of a batch of
-// per-event usage uses it.
+// pairs in one query; the staging path of a batch of per-event usage uses
+// it, and Lookup for one pair.
 func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]bool) (map[[2]string]Pair, error) {
 	out := make(map[[2]string]Pair, len(pairs))
 	var tenants, features []string
@@ -660,8 +631,9 @@ func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]b
 	}
 	rows, err := q.Query(ctx, `
 		SELECT u.t, u.f,
-		       f.event_name, f.aggregation, f.window_seconds, f.exporter, f.customer_payload_key, f.value_payload_key, f.version,
-		       t.stripe_customer_id, t.period_anchor, t.version
+		       f.event_name, f.aggregation, f.window_seconds, f.exporter, f.customer_payload_key, f.value_payload_key,
+		       f.version, f.updated_at, f.updated_by,
+		       t.stripe_customer_id, t.period_anchor, t.version, t.updated_at, t.updated_by
 		FROM unnest($1::text[], $2::text[]) AS u(t, f)
 		LEFT JOIN feature_mappings f ON f.feature = u.f
 		LEFT JOIN tenant_mappings t ON t.tenant = u.t`, tenants, features)
@@ -671,19 +643,20 @@ func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]b
 	var (
 		tenant, feature      string
 		ev, agg, exp, ck, vk *string
-		cust                 *string
+		cust, fby, tby       *string
 		window, fv, tv       *int
-		anchor               *time.Time
+		anchor, fat, tat     *time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &ev, &agg, &window, &exp, &ck, &vk, &fv, &cust, &anchor, &tv}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &ev, &agg, &window, &exp, &ck, &vk, &fv, &fat, &fby,
+		&cust, &anchor, &tv, &tat, &tby}, func() error {
 		var p Pair
 		if fv != nil {
 			p.Feature = &Feature{Feature: feature, EventName: *ev, Aggregation: Aggregation(*agg),
 				Window: Duration(time.Duration(*window) * time.Second), Exporter: *exp,
-				CustomerPayloadKey: *ck, ValuePayloadKey: *vk, Version: *fv}
+				CustomerPayloadKey: *ck, ValuePayloadKey: *vk, Version: *fv, UpdatedAt: *fat, UpdatedBy: *fby}
 		}
 		if tv != nil {
-			p.Tenant = &Tenant{Tenant: tenant, StripeCustomerID: *cust, Version: *tv}
+			p.Tenant = &Tenant{Tenant: tenant, StripeCustomerID: *cust, Version: *tv, UpdatedAt: *tat, UpdatedBy: *tby}
 			if anchor != nil {
 				a := anchor.UTC()
 				p.Tenant.PeriodAnchor = &a

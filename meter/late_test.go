@@ -51,7 +51,7 @@ func TestLastLateRowNeverJoinsAPerEventItem(t *testing.T) {
 func TestValuesBeyondFifteenDigitsAreSplitOrQuarantined(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.Target.MaxDigits = 15
+	b.Target.MaxValue = 999_999_999_999_999
 	const big = 999_999_999_999_999 // 15 digits
 	b.Tenant(t, "acme", nil)
 	b.Feature(t, "bytes", mappings.Sum, time.Hour)

@@ -32,27 +32,23 @@ type Target struct {
 	// days back, 5 minutes ahead). Outside them an item is quarantined as
 	// timestamp_window.
 	AcceptPast, AcceptFuture time.Duration
-	// MaxDigits is the most decimal digits a value the provider accepts may
-	// have (Stripe: 15), 1 to 18; 0 means a signed 64-bit value's own range.
-	// A sum window is split into supplements whose values fit; an item whose
-	// value still does not fit (one event alone, or a last value) is
-	// quarantined as value_digits, never truncated.
-	MaxDigits int
+	// MaxValue is the largest magnitude of a value the provider takes
+	// (Stripe: 15 digits, stripeapi.MaxValue); 0 means a signed 64-bit
+	// value's own range. A sum window is split into supplements whose values
+	// fit; an item whose value still does not fit (one event alone, or a
+	// last value) is quarantined as value_digits, never truncated.
+	MaxValue int64
 }
 
 // maxValue is the largest magnitude a value may have.
 func (t Target) maxValue() int64 {
-	if t.MaxDigits <= 0 || t.MaxDigits > 18 {
+	if t.MaxValue <= 0 {
 		return math.MaxInt64
 	}
-	m := int64(1)
-	for range t.MaxDigits {
-		m *= 10
-	}
-	return m - 1
+	return t.MaxValue
 }
 
-// valueFits reports whether v has at most MaxDigits digits.
+// valueFits reports whether v is within ±maxValue.
 func (t Target) valueFits(v int64) bool {
 	m := t.maxValue()
 	return v >= -m && v <= m
@@ -280,7 +276,7 @@ func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, 
 			}
 		}
 		// One item carries the window, unless its sum does not fit what
-		// the provider accepts (Target.MaxDigits; a signed 64-bit value at
+		// the provider accepts (Target.MaxValue; a signed 64-bit value at
 		// most): then its rows are split, in time order, into as few items
 		// (supplements) as keep every partial sum in range.
 		chunks := []chunk{{ids: ids, value: *last, at: *ts}}

@@ -120,9 +120,9 @@ func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeap
 	if rep.Livemode {
 		mode = outbox.ModeLive
 	}
+	// The item's state, when it is of the report's mode (else empty).
 	rows, err := tx.Query(ctx, `SELECT e.identifier, e.item_id, e.code, coalesce(e.message, ''),
-		    coalesce(o.state = 'accepted' AND o.mode = $2, false),
-		    coalesce(o.state IN ('pending', 'leased', 'uncertain') AND o.mode = $2, false)
+		    coalesce(CASE WHEN o.mode = $2 THEN o.state END, '')
 		FROM meter_error_evidence e LEFT JOIN outbox_items o ON o.id = e.item_id
 		WHERE e.event_id = $1 ORDER BY e.identifier, e.code`, rep.ID, string(mode))
 	if err != nil {
@@ -131,14 +131,14 @@ func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeap
 	var (
 		identifier, code, msg string
 		item                  *int64
-		accepted, inFlight    bool
+		state                 outbox.State
 		order                 []int64
 		named                 = map[int64]bool{}
 		unmatched             = map[string]bool{}
-		flying                = map[int64]bool{}
+		flying                = map[int64]bool{} // in flight: noted, not failed
 		failures              = map[int64]outbox.ProviderFailure{}
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&identifier, &item, &code, &msg, &accepted, &inFlight}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&identifier, &item, &code, &msg, &state}, func() error {
 		if item == nil {
 			unmatched[identifier] = true
 			return nil
@@ -148,10 +148,13 @@ func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeap
 			named[id] = true
 			order = append(order, id)
 		}
-		if !accepted && !inFlight {
-			return nil
+		switch state {
+		case outbox.StateAccepted:
+		case outbox.StatePending, outbox.StateLeased, outbox.StateUncertain:
+			flying[id] = true
+		default:
+			return nil // evidence only
 		}
-		flying[id] = inFlight
 		to, reason := exporter.ClassifyReport(code)
 		f, seen := failures[id]
 		// The first code decides, unless a later one is not curable: a

@@ -217,7 +217,7 @@ func Build(cfg config.Config) (*Parts, error) {
 		}
 		return meter.Target{Exporter: d.Exporter, Account: d.Account, Mode: d.Mode,
 			AcceptPast: exporter.StripeAcceptPast, AcceptFuture: exporter.StripeAcceptFuture,
-			MaxDigits: exporter.StripeMaxValueDigits}, true
+			MaxValue: stripeapi.MaxValue}, true
 	}}
 	apiMetrics, err := api.NewMetrics(reg)
 	if err != nil {

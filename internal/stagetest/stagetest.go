@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/testdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
@@ -42,7 +43,7 @@ func New(t testing.TB, cfg outbox.Config) *Env {
 	require.NoError(t, err)
 	e := &Env{Ctx: context.Background(), Pool: testdb.New(t), Outbox: ob, Maps: &mappings.Store{},
 		Target: meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
-			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute, MaxDigits: 15}}
+			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute, MaxValue: stripeapi.MaxValue}}
 	e.Stager = &meter.Stager{Outbox: ob, Grace: time.Minute, Target: func(context.Context) (meter.Target, bool) { return e.Target, true }}
 	e.Ingester = &meter.Ingester{Stager: e.Stager}
 	return e

@@ -6,6 +6,23 @@ import (
 	"github.com/stripe/stripe-go/v82"
 )
 
+// Stripe's facts about meter events that more than one package relies on
+// (docs/stripe.md has the sources).
+const (
+	// DefaultCustomerPayloadKey and DefaultValuePayloadKey are the payload
+	// keys of a meter that names none (customer_mapping.event_payload_key,
+	// value_settings.event_payload_key).
+	DefaultCustomerPayloadKey = "stripe_customer_id"
+	DefaultValuePayloadKey    = "value"
+	// MaxValue is the largest magnitude of a meter event value Stripe takes:
+	// 15 significant digits (meter_event_value_too_many_digits). Whether
+	// Stripe counts a whole number's trailing zeros is not documented; Tally
+	// assumes the worst and counts every digit.
+	MaxValue int64 = 999_999_999_999_999
+	// MeterEventsPath is v1's meter-event endpoint.
+	MeterEventsPath = "/v1/billing/meter_events"
+)
+
 // Meter is a Stripe billing meter, as Tally needs it.
 type Meter struct {
 	ID          string

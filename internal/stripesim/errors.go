@@ -32,6 +32,10 @@ type apiError struct {
 	// executing for another reason: a rate limit (429) or a request held
 	// until the client gave up. It is not kept for the key either.
 	notExecuted bool
+	// rateLimitedReason is the Stripe-Rate-Limited-Reason header of a 429
+	// from a rate or concurrency limiter: which limiter refused the call
+	// (https://docs.stripe.com/rate-limits, "Rate limited requests").
+	rateLimitedReason string
 }
 
 // kept reports whether the idempotency layer keeps e as the answer to its
@@ -57,6 +61,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, e *apiError) {
 	if n, ok := w.(errorNoter); ok {
 		n.noteError(e)
+	}
+	if e.rateLimitedReason != "" {
+		w.Header().Set("Stripe-Rate-Limited-Reason", e.rateLimitedReason)
 	}
 	writeJSON(w, e.Status, map[string]*apiError{"error": e})
 }

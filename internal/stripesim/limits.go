@@ -319,7 +319,24 @@ func (l *limiter) limit(account, limiter, endpoint string) *apiError {
 		l.limited[account] = m
 	}
 	m[RateLimitKey{Limiter: limiter, Endpoint: endpoint}]++
-	return errRateLimit()
+	e := errRateLimit()
+	e.rateLimitedReason = rateLimitedReasons[limiter]
+	return e
+}
+
+// rateLimitedReasons are the Stripe-Rate-Limited-Reason values Stripe
+// documents (https://docs.stripe.com/rate-limits, "Rate limited requests":
+// global-concurrency, global-rate, endpoint-concurrency, endpoint-rate,
+// resource-specific) for the simulator's limiters. Which one Stripe gives
+// for the meter-event limits is not documented; the nearest is taken. An
+// injected rate-limit fault stands for a limiter too.
+var rateLimitedReasons = map[string]string{
+	LimiterBasic:       "global-rate",
+	LimiterEndpoint:    "endpoint-rate",
+	LimiterMeterEvents: "endpoint-rate",
+	LimiterStream:      "endpoint-rate",
+	LimiterConcurrency: "resource-specific",
+	LimiterFault:       "global-rate",
 }
 
 // decision is what the gate does with one call: err is answered at once;
@@ -410,11 +427,9 @@ func (s *Server) admit(c caller, form url.Values, endpoint string) (decision, fl
 	case !l.take(bucketKey{limiter: LimiterMeterEvents, account: c.account}, lim.RatePerSecond, lim.Burst, now):
 		d.err = l.limit(c.account, LimiterMeterEvents, endpoint)
 	case lim.OneCallPerCustomerMeter && n > 1:
-		l.limit(c.account, LimiterConcurrency, endpoint)
-		d.err = errInvalid(http.StatusTooManyRequests, "rate_limit", "",
-			"Too many concurrent requests for customer '%s' and event_name '%s': send one meter event at a time for each customer and meter.",
+		d.err = l.limit(c.account, LimiterConcurrency, endpoint)
+		d.err.Message = fmt.Sprintf("Too many concurrent requests for customer '%s' and event_name '%s': send one meter event at a time for each customer and meter.",
 			key.customer, key.eventName)
-		d.err.notExecuted = true
 	case l.roll(lim.Faults.RateLimitFault):
 		d.err = l.limit(c.account, LimiterFault, endpoint)
 	}

@@ -91,6 +91,9 @@ func TestBasicRateLimit(t *testing.T) {
 		assert.Equal(t, http.StatusTooManyRequests, r.status, c.endpoint)
 		assert.Equal(t, "rate_limit", r.errField("code"), c.endpoint)
 		assert.Equal(t, "invalid_request_error", r.errField("type"), c.endpoint)
+		// "Stripe-Rate-Limited-Reason" names the limiter (same page, "Rate
+		// limited requests"); the basic limiter is the global rate.
+		assert.Equal(t, "global-rate", r.header.Get("Stripe-Rate-Limited-Reason"), c.endpoint)
 	}
 	limited := sim.RateLimited(acct)
 	for _, c := range testCalls {
