@@ -22,9 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tallymeter/tally/api"
-	"github.com/tallymeter/tally/internal/app"
+	"github.com/tallymeter/tally/cmd/tally/app"
+	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/auth"
-	"github.com/tallymeter/tally/internal/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
 )
 

@@ -3,7 +3,7 @@ package api_test
 import (
 	"testing"
 
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

@@ -26,10 +26,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/api"
-	"github.com/tallymeter/tally/internal/app"
+	"github.com/tallymeter/tally/cmd/tally/app"
+	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/auth"
-	"github.com/tallymeter/tally/internal/config"
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"

@@ -15,7 +15,7 @@ import (
 
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
-	"github.com/tallymeter/tally/internal/stripemock"
+	"github.com/tallymeter/tally/internal/testkit/stripemock"
 	"github.com/tallymeter/tally/outbox"
 )
 

@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/exporter"
-	"github.com/tallymeter/tally/internal/stagetest"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/exporter"
-	"github.com/tallymeter/tally/internal/stagetest"
 	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 )

@@ -12,8 +12,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/tallymeter/tally/internal/stagetest"
 	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/outbox"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
 // A pass whose process was killed stays 'running' in river_job. It must

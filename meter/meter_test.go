@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/tallymeter/tally/internal/stagetest"
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"

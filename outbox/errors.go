@@ -3,10 +3,8 @@ package outbox
 import (
 	"errors"
 	"fmt"
-	"regexp"
-	"strings"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/tallymeter/tally/internal/redact"
 )
 
 // ErrStaleLease is the answer to a transition out of leased (T2-T6) that
@@ -56,7 +54,7 @@ func (e *StateError) Error() string {
 func (e *StateError) Is(target error) bool { return target == ErrStateMismatch }
 
 // MaxErrorMessage is the most characters of message an item keeps.
-const MaxErrorMessage = 200
+const MaxErrorMessage = redact.MaxMessage
 
 // ErrorInfo is a content-free description of a failure: a stable code, the
 // provider's HTTP status (0 when there was no answer) and a short message.
@@ -71,45 +69,17 @@ type ErrorInfo struct {
 	Message string `json:"message,omitempty"`
 }
 
-var (
-	codeInvalid = regexp.MustCompile(`[^a-z0-9_.:-]+`)
-	// secretish matches tokens that look like credentials: Stripe keys and
-	// webhook secrets, bearer tokens, Tally tokens, long base64/hex runs.
-	secretish = regexp.MustCompile(`(?i)(?:sk|rk|pk)_(?:live|test)_[a-z0-9_*]*|\b(?:sk|rk|pk|whsec|tly_tok)_[a-z0-9_*]+|\bbearer\s+\S+|\b[a-z0-9+/=_-]{32,}\b`)
-	spaces    = regexp.MustCompile(`\s+`)
-)
-
 // Sanitized returns e fit for last_error: the code folded to a token of at
 // most 64 characters ("error" when empty), the status clamped to 0..999, and
 // the message stripped of control characters, of anything that looks like a
-// secret, of runs of whitespace, and cut to MaxErrorMessage characters.
+// secret, of runs of whitespace, and cut to MaxErrorMessage characters
+// (internal/redact does both).
 func (e ErrorInfo) Sanitized() ErrorInfo {
-	code := secretish.ReplaceAllString(e.Code, "redacted")
-	code = codeInvalid.ReplaceAllString(strings.ToLower(strings.TrimSpace(code)), "_")
-	code = strings.Trim(code, "_.:-")
-	if code == "" {
-		code = "error"
-	}
-	if len(code) > 64 {
-		code = code[:64]
-	}
 	status := e.Status
 	if status < 0 || status > 999 {
 		status = 0
 	}
-	msg := strings.Map(func(r rune) rune {
-		if r == utf8.RuneError || (unicode.IsControl(r) && !unicode.IsSpace(r)) {
-			return -1
-		}
-		return r
-	}, e.Message)
-	msg = secretish.ReplaceAllString(msg, "[redacted]")
-	msg = strings.TrimSpace(spaces.ReplaceAllString(msg, " "))
-	if utf8.RuneCountInString(msg) > MaxErrorMessage {
-		r := []rune(msg)
-		msg = string(r[:MaxErrorMessage-1]) + "…"
-	}
-	return ErrorInfo{Code: code, Status: status, Message: msg}
+	return ErrorInfo{Code: redact.Code(e.Code), Status: status, Message: redact.Message(e.Message)}
 }
 
 // String renders e as "code (status): message".

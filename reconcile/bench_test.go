@@ -14,7 +14,7 @@ import (
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/reconcile"
 )

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -99,7 +100,7 @@ func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi
 			return fmt.Errorf("reconcile: locking the items event %s names: %w", rep.ID, err)
 		}
 		for i, s := range rep.Samples {
-			msg := outbox.ErrorInfo{Code: "x", Message: s.Message}.Sanitized().Message
+			msg := redact.Message(s.Message)
 			if _, err := tx.Exec(ctx, `INSERT INTO meter_error_evidence (event_id, identifier, item_id, code, message)
 				VALUES ($1, $2, (SELECT id FROM outbox_items WHERE identifier = $2), $3, nullif($4, ''))
 				ON CONFLICT DO NOTHING`, rep.ID, identifiers[i], s.Code, msg); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -239,7 +240,7 @@ func (r *Reconciler) RunNow(ctx context.Context, db DB, trigger Trigger, by stri
 		// Nothing was done under this run: it ends failed, visibly.
 		_, _ = db.Exec(context.WithoutCancel(ctx), `UPDATE reconcile_runs SET status = 'failed', finished_at = clock_timestamp(),
 			error_code = 'not_started', error = @msg WHERE id = @id AND status = 'queued'`,
-			pgx.NamedArgs{"id": id, "msg": outbox.ErrorInfo{Code: "x", Message: err.Error()}.Sanitized().Message})
+			pgx.NamedArgs{"id": id, "msg": redact.Message(err.Error())})
 		return Run{ID: id}, err
 	}
 	return r.work(ctx, db, id)

@@ -13,10 +13,10 @@ import (
 
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/audit"
-	"github.com/tallymeter/tally/internal/stagetest"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/stripesim"
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/quarantine"
 )
 

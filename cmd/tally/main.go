@@ -13,8 +13,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/tallymeter/tally/internal/app"
-	"github.com/tallymeter/tally/internal/config"
+	"github.com/tallymeter/tally/cmd/tally/app"
+	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
 	"github.com/tallymeter/tally/internal/telemetry"
 )

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/stripesim"
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -401,7 +401,7 @@ func TestStripeSimCommand(t *testing.T) {
 
 // TestDoctorCommand: on a healthy setup tally doctor exits 0 with every
 // check ok; without a key, or with a database it cannot reach, it exits 1
-// and says how to fix it. (internal/doctor tests each check's failures.)
+// and says how to fix it. (cmd/tally/doctor tests each check's failures.)
 func TestDoctorCommand(t *testing.T) {
 	t.Parallel()
 	sim := stripesim.New(stripesim.Options{})

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/internal/redact"
 )
 
 // Actions.
@@ -64,7 +64,7 @@ func Record(ctx context.Context, q Execer, e Entry) error {
 	if err != nil {
 		return fmt.Errorf("audit: details: %w", err)
 	}
-	reason := outbox.ErrorInfo{Code: "x", Message: e.Reason}.Sanitized().Message
+	reason := redact.Message(e.Reason)
 	_, err = q.Exec(ctx, `INSERT INTO audit_log (actor, action, subject, from_state, to_state, reason, details)
 		VALUES ($1, $2, $3, nullif($4, ''), nullif($5, ''), nullif($6, ''), $7)`,
 		e.Actor, e.Action, e.Subject, e.From, e.To, reason, b)

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/auth"
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

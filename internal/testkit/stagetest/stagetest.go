@@ -1,5 +1,5 @@
 // Package stagetest is the test harness of the staging path: a fresh,
-// migrated database (from internal/testdb), an outbox, mappings, a stager
+// migrated database (from internal/testkit/testdb), an outbox, mappings, a stager
 // addressed to a fixed test destination and an ingester, with helpers to
 // map, ingest and stage. It is for tests only, and the package using it must
 // call testdb.Main from its TestMain.
@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/stripeapi"
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"

@@ -11,13 +11,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/cmd/tally/config"
+	"github.com/tallymeter/tally/cmd/tally/doctor"
 	"github.com/tallymeter/tally/exporter"
-	"github.com/tallymeter/tally/internal/config"
-	"github.com/tallymeter/tally/internal/doctor"
-	"github.com/tallymeter/tally/internal/stagetest"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
-	"github.com/tallymeter/tally/internal/testdb"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )

@@ -21,12 +21,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/exporter"
-	"github.com/tallymeter/tally/internal/config"
+	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/migrations"
-	"github.com/tallymeter/tally/outbox"
 )
 
 // Status of a check.
@@ -365,5 +365,5 @@ var urlCredentials = regexp.MustCompile(`://[^/\s@]+@`)
 
 func sanitize(s string) string {
 	s = urlCredentials.ReplaceAllString(s, "://[redacted]@")
-	return outbox.ErrorInfo{Code: "x", Message: s}.Sanitized().Message
+	return redact.Message(s)
 }

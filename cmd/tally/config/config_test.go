@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tallymeter/tally/internal/config"
+	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/outbox"
 )
 

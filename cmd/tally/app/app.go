@@ -29,10 +29,10 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/tallymeter/tally/api"
+	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/console"
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/auth"
-	"github.com/tallymeter/tally/internal/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/mappings"
