@@ -1,5 +1,4 @@
--- The export outbox: one table and one state machine (docs/outbox.md,
--- seed 000). Nothing in Tally deletes a row of outbox_items or
+-- The export outbox: one table and one state machine (docs/outbox.md). Nothing in Tally deletes a row of outbox_items or
 -- outbox_attempts; triggers below refuse it at the database, too.
 
 -- +goose Up
