@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
@@ -27,16 +28,12 @@ import (
 //
 //	go test ./reconcile -run '^$' -bench Reconcile100k -benchtime 1x
 func BenchmarkReconcile100k(b *testing.B) {
-	const (
-		customers = 1000
-		perKey    = 100
-	)
 	ctx := context.Background()
 	sim := stripesim.New(stripesim.Options{Seed: 3})
 	srv := httptest.NewServer(sim.Handler())
 	b.Cleanup(func() { sim.Close(); srv.Close() })
 	meter := sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: "api", EventName: "api", Formula: "sum"})
-	for c := 0; c < customers; c++ {
+	for c := 0; c < benchCustomers; c++ {
 		sim.CreateCustomer(stripesim.DefaultAccount, fmt.Sprintf("cus_r%04d", c))
 	}
 	pool := testdb.New(b)
@@ -48,15 +45,59 @@ func BenchmarkReconcile100k(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	exp := exporter.NewStripeV1(client, 5*time.Second)
 
 	// 100,000 items, one per customer and hour of the last 100 hours,
 	// sent to the simulator and accepted, as the deliverer would.
 	start := time.Now()
-	hour0 := time.Now().Add(-time.Duration(perKey+2) * time.Hour).Truncate(time.Hour)
+	hour0 := time.Now().Add(-time.Duration(benchPerKey+2) * time.Hour).Truncate(time.Hour)
+	enqueueBenchItems(ctx, b, pool, store, hour0)
+	deliverBenchItems(ctx, b, pool, store, exporter.NewStripeV1(client, 5*time.Second))
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_items"); err != nil {
+		b.Fatal(err)
+	}
+	setup := time.Since(start)
+
+	floor, floorCalls := summariesFloor(ctx, b, client, meter.ID, hour0)
+
+	rec, err := reconcile.New(reconcile.Config{Outbox: store, Key: stripesim.DefaultKey, APIBase: srv.URL,
+		Destination: func() (exporter.Destination, error) {
+			return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
+		}, Limiter: exporter.NewLimiter(100000)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	runStart := time.Now()
+	run, err := rec.RunNow(ctx, pool, reconcile.TriggerCommand, "bench", reconcile.Options{})
+	elapsed := time.Since(runStart)
+	b.StopTimer()
+	if err != nil || run.ItemsConfirmed != benchCustomers*benchPerKey || run.Discrepancies != 0 {
+		b.Fatalf("run %+v: %v", run, err)
+	}
+	fmt.Printf("\n%d accepted items over %d customers (one meter, %d hours each); setup (enqueue, send, accept) took %s\n",
+		benchCustomers*benchPerKey, benchCustomers, benchPerKey, setup.Round(time.Second))
+	fmt.Printf("%-48s %10s %12s %12s\n", "", "seconds", "Stripe calls", "items/s")
+	fmt.Printf("%-48s %10.1f %12d %12s\n", "summaries alone, sequential, no database (floor)", floor.Seconds(), floorCalls, "")
+	fmt.Printf("%-48s %10.1f %12d %12.0f\n", "reconcile run: compare and confirm all (T7)", elapsed.Seconds(), run.StripeCalls,
+		float64(run.ItemsConfirmed)/elapsed.Seconds())
+	fmt.Printf("%-48s %10.2fx\n\n", "run / floor", elapsed.Seconds()/floor.Seconds())
+	b.ReportMetric(elapsed.Seconds(), "run_s")
+	b.ReportMetric(float64(run.StripeCalls), "stripe_calls")
+	b.ReportMetric(floor.Seconds(), "floor_s")
+}
+
+// The benchmark's size: its customers, and the hourly items of each.
+const (
+	benchCustomers = 1000
+	benchPerKey    = 100
+)
+
+// enqueueBenchItems enqueues one item per customer and hour from hour0, in
+// batches of 10,000.
+func enqueueBenchItems(ctx context.Context, b *testing.B, pool *pgxpool.Pool, store *outbox.Store, hour0 time.Time) {
 	items := make([]outbox.NewItem, 0, 10000)
-	for h := 0; h < perKey; h++ {
-		for c := 0; c < customers; c++ {
+	for h := 0; h < benchPerKey; h++ {
+		for c := 0; c < benchCustomers; c++ {
 			items = append(items, outbox.NewItem{
 				Identity: outbox.Identity{TenantKey: fmt.Sprintf("r%04d", c), SubjectKind: outbox.SubjectUsageWindow,
 					SubjectRef: fmt.Sprintf("usage:api:bench:%d", h), Exporter: exporter.StripeMeterEvents,
@@ -72,6 +113,12 @@ func BenchmarkReconcile100k(b *testing.B) {
 			}
 		}
 	}
+}
+
+// deliverBenchItems sends every pending item through exp with four
+// workers and records the outcomes, as the deliverer would; every send
+// must be accepted.
+func deliverBenchItems(ctx context.Context, b *testing.B, pool *pgxpool.Pool, store *outbox.Store, exp *exporter.StripeV1) {
 	var wg sync.WaitGroup
 	var failed atomic.Int64
 	for w := 0; w < 4; w++ {
@@ -106,47 +153,21 @@ func BenchmarkReconcile100k(b *testing.B) {
 	if failed.Load() > 0 {
 		b.Fatalf("%d sends were not accepted", failed.Load())
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_items"); err != nil {
-		b.Fatal(err)
-	}
-	setup := time.Since(start)
+}
 
-	// The floor: every customer's summaries, straight from the simulator.
-	from, to := hour0.Unix(), hour0.Add(time.Duration(perKey)*time.Hour).Unix()
+// summariesFloor reads every customer's summaries straight from the
+// simulator, with no database: what Stripe's reads cost alone, and how
+// many calls they take.
+func summariesFloor(ctx context.Context, b *testing.B, client *stripeapi.Client, meterID string, hour0 time.Time) (time.Duration, int) {
+	from, to := hour0.Unix(), hour0.Add(time.Duration(benchPerKey)*time.Hour).Unix()
 	floorStart := time.Now()
 	floorCalls := 0
-	for c := 0; c < customers; c++ {
-		s, err := client.EventSummaries(ctx, meter.ID, fmt.Sprintf("cus_r%04d", c), from, to, stripeapi.Hour)
-		if err != nil || len(s) != perKey {
+	for c := 0; c < benchCustomers; c++ {
+		s, err := client.EventSummaries(ctx, meterID, fmt.Sprintf("cus_r%04d", c), from, to, stripeapi.Hour)
+		if err != nil || len(s) != benchPerKey {
 			b.Fatalf("summaries of customer %d: %d, %v", c, len(s), err)
 		}
 		floorCalls += (len(s) + 99) / 100
 	}
-	floor := time.Since(floorStart)
-
-	rec, err := reconcile.New(reconcile.Config{Outbox: store, Key: stripesim.DefaultKey, APIBase: srv.URL,
-		Destination: func() (exporter.Destination, error) {
-			return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
-		}, Limiter: exporter.NewLimiter(100000)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.ResetTimer()
-	runStart := time.Now()
-	run, err := rec.RunNow(ctx, pool, reconcile.TriggerCommand, "bench", reconcile.Options{})
-	elapsed := time.Since(runStart)
-	b.StopTimer()
-	if err != nil || run.ItemsConfirmed != customers*perKey || run.Discrepancies != 0 {
-		b.Fatalf("run %+v: %v", run, err)
-	}
-	fmt.Printf("\n%d accepted items over %d customers (one meter, %d hours each); setup (enqueue, send, accept) took %s\n",
-		customers*perKey, customers, perKey, setup.Round(time.Second))
-	fmt.Printf("%-48s %10s %12s %12s\n", "", "seconds", "Stripe calls", "items/s")
-	fmt.Printf("%-48s %10.1f %12d %12s\n", "summaries alone, sequential, no database (floor)", floor.Seconds(), floorCalls, "")
-	fmt.Printf("%-48s %10.1f %12d %12.0f\n", "reconcile run: compare and confirm all (T7)", elapsed.Seconds(), run.StripeCalls,
-		float64(run.ItemsConfirmed)/elapsed.Seconds())
-	fmt.Printf("%-48s %10.2fx\n\n", "run / floor", elapsed.Seconds()/floor.Seconds())
-	b.ReportMetric(elapsed.Seconds(), "run_s")
-	b.ReportMetric(float64(run.StripeCalls), "stripe_calls")
-	b.ReportMetric(floor.Seconds(), "floor_s")
+	return time.Since(floorStart), floorCalls
 }

@@ -297,3 +297,14 @@ func ids(items []held) []int64 {
 	slices.Sort(out)
 	return out
 }
+
+// worthComparing: an hour with a settled accepted item (to confirm) or an
+// uncertain one (to learn whether it landed).
+func worthComparing(items []held) bool {
+	for _, it := range items {
+		if (it.state == outbox.StateAccepted && it.settled) || it.state == outbox.StateUncertain {
+			return true
+		}
+	}
+	return false
+}

@@ -115,63 +115,18 @@ func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi
 	return res, nil
 }
 
-// failNamed applies T10 to the accepted items the event's evidence names.
+// failNamed applies T10 to the accepted items the event's evidence names,
+// and notes its failures on the named items still in flight.
 func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeapi.MeterErrorReport, res *ReportResult) error {
-	mode := outbox.ModeTest
-	if rep.Livemode {
-		mode = outbox.ModeLive
-	}
-	// The item's state, when it is of the report's mode (else empty).
-	rows, err := tx.Query(ctx, `SELECT e.identifier, e.item_id, e.code, coalesce(e.message, ''),
-		    coalesce(CASE WHEN o.mode = $2 THEN o.state END, '')
-		FROM meter_error_evidence e LEFT JOIN outbox_items o ON o.id = e.item_id
-		WHERE e.event_id = $1 ORDER BY e.identifier, e.code`, rep.ID, string(mode))
+	n, err := readNamed(ctx, tx, rep)
 	if err != nil {
-		return fmt.Errorf("reconcile: reading the evidence of event %s: %w", rep.ID, err)
+		return err
 	}
-	var (
-		identifier, code, msg string
-		item                  *int64
-		state                 outbox.State
-		order                 []int64
-		named                 = map[int64]bool{}
-		unmatched             = map[string]bool{}
-		flying                = map[int64]bool{} // in flight: noted, not failed
-		failures              = map[int64]outbox.ProviderFailure{}
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&identifier, &item, &code, &msg, &state}, func() error {
-		if item == nil {
-			unmatched[identifier] = true
-			return nil
-		}
-		id := *item
-		if !named[id] {
-			named[id] = true
-			order = append(order, id)
-		}
-		switch state {
-		case outbox.StateAccepted:
-		case outbox.StatePending, outbox.StateLeased, outbox.StateUncertain:
-			flying[id] = true
-		default:
-			return nil // evidence only
-		}
-		to, reason := exporter.ClassifyReport(code)
-		f, seen := failures[id]
-		// The first code decides, unless a later one is not curable: a
-		// mapping fix would not cure the item then.
-		if !seen || (f.To == outbox.StateQuarantined && to == outbox.StateRejected) {
-			failures[id] = outbox.ProviderFailure{ID: id, To: to, Reason: reason, Error: outbox.ErrorInfo{Code: code, Message: msg}}
-		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("reconcile: reading the evidence of event %s: %w", rep.ID, err)
-	}
-	res.Unmatched = len(unmatched)
+	res.Unmatched = n.unmatched
 	var fs, notes []outbox.ProviderFailure
-	for _, id := range order {
-		if f, ok := failures[id]; ok {
-			if flying[id] {
+	for _, id := range n.order {
+		if f, ok := n.failures[id]; ok {
+			if n.flying[id] {
 				notes = append(notes, f)
 			} else {
 				fs = append(fs, f)
@@ -195,8 +150,75 @@ func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeap
 		}
 	}
 	res.Failed = len(failed)
-	res.EvidenceOnly = len(named) - res.Failed - res.Noted
+	res.EvidenceOnly = len(n.order) - res.Failed - res.Noted
 	return nil
+}
+
+// named is what an event's recorded evidence names: its items, in the
+// order first named; how many identifiers name no item; the failure each
+// accepted or in-flight item comes to; and which of those are in flight
+// (noted, not failed).
+type named struct {
+	order     []int64
+	unmatched int
+	flying    map[int64]bool
+	failures  map[int64]outbox.ProviderFailure
+}
+
+// readNamed reads the evidence of event rep with the state of each item it
+// names (when the item is of the report's mode), and classifies each
+// accepted or in-flight item's failure by its error codes.
+func readNamed(ctx context.Context, tx pgx.Tx, rep stripeapi.MeterErrorReport) (named, error) {
+	mode := outbox.ModeTest
+	if rep.Livemode {
+		mode = outbox.ModeLive
+	}
+	// The item's state, when it is of the report's mode (else empty).
+	rows, err := tx.Query(ctx, `SELECT e.identifier, e.item_id, e.code, coalesce(e.message, ''),
+		    coalesce(CASE WHEN o.mode = $2 THEN o.state END, '')
+		FROM meter_error_evidence e LEFT JOIN outbox_items o ON o.id = e.item_id
+		WHERE e.event_id = $1 ORDER BY e.identifier, e.code`, rep.ID, string(mode))
+	if err != nil {
+		return named{}, fmt.Errorf("reconcile: reading the evidence of event %s: %w", rep.ID, err)
+	}
+	var (
+		identifier, code, msg string
+		item                  *int64
+		state                 outbox.State
+		seenItem              = map[int64]bool{}
+		unmatched             = map[string]bool{}
+		n                     = named{flying: map[int64]bool{}, failures: map[int64]outbox.ProviderFailure{}}
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&identifier, &item, &code, &msg, &state}, func() error {
+		if item == nil {
+			unmatched[identifier] = true
+			return nil
+		}
+		id := *item
+		if !seenItem[id] {
+			seenItem[id] = true
+			n.order = append(n.order, id)
+		}
+		switch state {
+		case outbox.StateAccepted:
+		case outbox.StatePending, outbox.StateLeased, outbox.StateUncertain:
+			n.flying[id] = true
+		default:
+			return nil // evidence only
+		}
+		to, reason := exporter.ClassifyReport(code)
+		f, seen := n.failures[id]
+		// The first code decides, unless a later one is not curable: a
+		// mapping fix would not cure the item then.
+		if !seen || (f.To == outbox.StateQuarantined && to == outbox.StateRejected) {
+			n.failures[id] = outbox.ProviderFailure{ID: id, To: to, Reason: reason, Error: outbox.ErrorInfo{Code: code, Message: msg}}
+		}
+		return nil
+	}); err != nil {
+		return named{}, fmt.Errorf("reconcile: reading the evidence of event %s: %w", rep.ID, err)
+	}
+	n.unmatched = len(unmatched)
+	return n, nil
 }
 
 // EvidenceOf lists the error reports that name any of the items.

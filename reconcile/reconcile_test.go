@@ -245,34 +245,15 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 	r.ingestMix(t, 3)
 	r.deliverAll(t)
 	all := r.items(t, outbox.StateAccepted)
-	// Drop one event of each formula, in different keys and hours.
-	type hourKey struct {
-		event, cust string
-		hour        time.Time
-	}
-	dropped := map[hourKey]bool{}
-	for _, pick := range []struct {
-		event string
-		nth   int
-	}{{"api", 3}, {"seats", 17}, {"logins", 40}, {"logins", 41}} {
-		var of []itemRef
-		for _, it := range all {
-			if it.event == pick.event {
-				of = append(of, it)
-			}
-		}
-		it := of[pick.nth]
-		require.True(t, r.sim.DropEvent(stripesim.DefaultAccount, it.identifier))
-		dropped[hourKey{it.event, it.cust, it.hour}] = true
-	}
+	dropped := r.dropOneOfEachFormula(t, all)
 
 	// Stripe's reports of the drops have not reached Tally yet (see the
 	// end): the reconciler finds the drops on its own.
 	run, ds := r.run(t, reconcile.Options{Settle: settled})
-	got := map[hourKey]bool{}
+	got := map[droppedHour]bool{}
 	for _, d := range ds {
 		require.Empty(t, d.ReportedItems, "no report recorded yet: %+v", d)
-		got[hourKey{d.EventName, d.Customer, d.Hour}] = true
+		got[droppedHour{d.EventName, d.Customer, d.Hour}] = true
 		require.Equal(t, stripesim.DefaultAccount, d.Account)
 		require.Equal(t, "unexplained", d.Explanation, "no uncertain item explains a drop")
 		if d.Formula != "last" {
@@ -284,7 +265,7 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 	// Nothing in those hours is confirmed; everything else is.
 	for _, it := range all {
 		state := r.states(t)[it.id]
-		if dropped[hourKey{it.event, it.cust, it.hour}] {
+		if dropped[droppedHour{it.event, it.cust, it.hour}] {
 			require.Equal(t, outbox.StateAccepted, state, "item %d in a discrepancy hour", it.id)
 		} else {
 			require.Equal(t, outbox.StateConfirmed, state, "item %d", it.id)
@@ -293,21 +274,11 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 	require.Equal(t, len(dropped), run.Discrepancies)
 
 	// The completeness report counts them on their lines, as of this run.
-	var total int64
 	months := map[string]bool{}
 	for _, it := range all {
 		months[it.hour.Format("2006-01")] = true
 	}
-	for m := range months {
-		rep, err := quarantine.CompletenessOf(r.Ctx, r.Pool, m, "")
-		require.NoError(t, err)
-		require.True(t, rep.Holds)
-		require.Equal(t, run.ID, *rep.ReconcileRun)
-		for _, l := range rep.Lines {
-			total += l.Discrepancies
-		}
-	}
-	require.Equal(t, int64(len(dropped)), total)
+	require.Equal(t, int64(len(dropped)), r.completenessDiscrepancies(t, months, run.ID))
 
 	// A second run reports the same hours again and changes nothing.
 	before := r.states(t)
@@ -319,21 +290,7 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 	// accepted (T10; "dropped" is no code Tally knows, so quarantined
 	// provider_refused for a human), and the next run confirms the rest of
 	// those hours.
-	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: r.base})
-	require.NoError(t, err)
-	reported := map[int64]bool{}
-	for _, rep := range r.sim.ErrorReports(stripesim.DefaultAccount) {
-		full, err := client.MeterErrorEvent(r.Ctx, rep.ID)
-		require.NoError(t, err)
-		res, err := reconcile.RecordReport(r.Ctx, r.Pool, r.Outbox, full)
-		require.NoError(t, err)
-		require.Equal(t, reconcile.ReportResult{Recorded: true, Failed: 1}, res)
-		for _, it := range all {
-			if slices.Contains(rep.Identifiers, it.identifier) {
-				reported[it.id] = true
-			}
-		}
-	}
+	reported := r.recordErrorReports(t, all)
 	require.Len(t, reported, 4)
 	_, ds3 := r.run(t, reconcile.Options{Settle: settled})
 	require.Empty(t, ds3)
@@ -349,6 +306,71 @@ func TestDroppedEventsAreDiscrepanciesForExactlyTheirHours(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, rep.Holds)
 	}
+}
+
+// droppedHour is one hour of one (event name, customer) key.
+type droppedHour struct {
+	event, cust string
+	hour        time.Time
+}
+
+// dropOneOfEachFormula drops, at the simulator, one event of each formula
+// (two of last), in different keys and hours, and returns their hours.
+func (r *rig) dropOneOfEachFormula(t *testing.T, all []itemRef) map[droppedHour]bool {
+	dropped := map[droppedHour]bool{}
+	for _, pick := range []struct {
+		event string
+		nth   int
+	}{{"api", 3}, {"seats", 17}, {"logins", 40}, {"logins", 41}} {
+		var of []itemRef
+		for _, it := range all {
+			if it.event == pick.event {
+				of = append(of, it)
+			}
+		}
+		it := of[pick.nth]
+		require.True(t, r.sim.DropEvent(stripesim.DefaultAccount, it.identifier))
+		dropped[droppedHour{it.event, it.cust, it.hour}] = true
+	}
+	return dropped
+}
+
+// completenessDiscrepancies sums the discrepancies the completeness
+// reports of months count on their lines, checking that each holds as of
+// run runID.
+func (r *rig) completenessDiscrepancies(t *testing.T, months map[string]bool, runID int64) int64 {
+	var total int64
+	for m := range months {
+		rep, err := quarantine.CompletenessOf(r.Ctx, r.Pool, m, "")
+		require.NoError(t, err)
+		require.True(t, rep.Holds)
+		require.Equal(t, runID, *rep.ReconcileRun)
+		for _, l := range rep.Lines {
+			total += l.Discrepancies
+		}
+	}
+	return total
+}
+
+// recordErrorReports records every meter error report the simulator has
+// made, each failing one item, and returns the items the reports name.
+func (r *rig) recordErrorReports(t *testing.T, all []itemRef) map[int64]bool {
+	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: r.base})
+	require.NoError(t, err)
+	reported := map[int64]bool{}
+	for _, rep := range r.sim.ErrorReports(stripesim.DefaultAccount) {
+		full, err := client.MeterErrorEvent(r.Ctx, rep.ID)
+		require.NoError(t, err)
+		res, err := reconcile.RecordReport(r.Ctx, r.Pool, r.Outbox, full)
+		require.NoError(t, err)
+		require.Equal(t, reconcile.ReportResult{Recorded: true, Failed: 1}, res)
+		for _, it := range all {
+			if slices.Contains(rep.Identifiers, it.identifier) {
+				reported[it.id] = true
+			}
+		}
+	}
+	return reported
 }
 
 // Items that became uncertain (every reply lost, so Tally could not know)

@@ -97,98 +97,13 @@ func (s *Server) listEventSummaries(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	cust := f.Get("customer")
-	if cust == "" {
-		writeError(w, errMissingParam("customer"))
-		return
-	}
-	start, e := intParam(f, "start_time")
+	q, e := parseSummaryQuery(f)
 	if e != nil {
 		writeError(w, e)
 		return
 	}
-	end, e := intParam(f, "end_time")
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	grouping := f.Get("value_grouping_window")
-	size, unit := int64(60), "minute"
-	switch grouping {
-	case "":
-	case "hour":
-		size, unit = 3600, "hour"
-	case "day":
-		size, unit = 86400, "day (00:00 UTC)"
-	default:
-		writeError(w, errValidation("", "value_grouping_window",
-			"Invalid value_grouping_window: must be one of day or hour"))
-		return
-	}
-	for _, b := range []struct {
-		name string
-		v    int64
-	}{{"start_time", start}, {"end_time", end}} {
-		if b.v%size != 0 {
-			writeError(w, errValidation("", b.name,
-				"Invalid %s: %d must be aligned with %s boundaries", b.name, b.v, unit))
-			return
-		}
-	}
-	if end <= start {
-		writeError(w, errValidation("", "end_time", "Invalid end_time: must be after start_time"))
-		return
-	}
-
-	c, id := callerOf(r), chi.URLParam(r, "id")
-	all, e := func() ([]summaryJSON, *apiError) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		a := s.accountLocked(c.account)
-		m := a.findMeterLocked(c.livemode, id)
-		if m == nil {
-			return nil, errNoSuch(http.StatusNotFound, meterObjectName, "id", id)
-		}
-		if a.customers[modeID{c.livemode, cust}] == nil {
-			return nil, errNoSuch(http.StatusBadRequest, customerObjectName, "customer", cust)
-		}
-		windows := map[int64]*window{}
-		if grouping == "" {
-			windows[start] = &window{start: start, end: end}
-		}
-		for _, ev := range a.events {
-			ts := ev.timestamp.Unix()
-			if ev.meter != m.ID || ev.customer != cust || ev.status != EventRecorded || ts < start || ts >= end {
-				continue
-			}
-			ws := start
-			if grouping != "" {
-				ws = ts - ts%size
-			}
-			win := windows[ws]
-			if win == nil {
-				win = &window{start: ws, end: ws + size}
-				windows[ws] = win
-			}
-			win.add(ev)
-		}
-		starts := make([]int64, 0, len(windows))
-		for ws := range windows {
-			starts = append(starts, ws)
-		}
-		slices.Sort(starts)
-		slices.Reverse(starts) // newest first
-		out := make([]summaryJSON, len(starts))
-		for i, ws := range starts {
-			win := windows[ws]
-			out[i] = summaryJSON{
-				ID: summaryID(m.Livemode, m.ID, cust, win.start, win.end), Object: "billing.meter_event_summary",
-				AggregatedValue: win.value(m.Formula), StartTime: win.start, EndTime: win.end,
-				Livemode: m.Livemode, Meter: m.ID,
-			}
-		}
-		return out, nil
-	}()
+	id := chi.URLParam(r, "id")
+	all, e := s.eventSummaries(callerOf(r), id, q)
 	if e != nil {
 		writeError(w, e)
 		return
@@ -204,4 +119,127 @@ func (s *Server) listEventSummaries(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, listEnvelope{Object: "list", Data: page, HasMore: more,
 		URL: "/v1/billing/meters/" + id + "/event_summaries"})
+}
+
+// summaryQuery is what a summaries request asks for: the customer, the
+// range [start, end), and the grouping window ("" for the whole range, else
+// "hour" or "day") with its size in seconds (60 without one: the bounds'
+// alignment).
+type summaryQuery struct {
+	customer   string
+	start, end int64
+	grouping   string
+	size       int64
+}
+
+// parseSummaryQuery reads and checks a summaries request's own parameters,
+// answering the first problem as Stripe does: a missing customer, a missing
+// or malformed bound, an unknown grouping window, a bound not aligned to it,
+// an empty range.
+func parseSummaryQuery(f url.Values) (summaryQuery, *apiError) {
+	q := summaryQuery{customer: f.Get("customer")}
+	if q.customer == "" {
+		return summaryQuery{}, errMissingParam("customer")
+	}
+	var e *apiError
+	if q.start, e = intParam(f, "start_time"); e != nil {
+		return summaryQuery{}, e
+	}
+	if q.end, e = intParam(f, "end_time"); e != nil {
+		return summaryQuery{}, e
+	}
+	q.grouping = f.Get("value_grouping_window")
+	size, unit, e := groupingWindow(q.grouping)
+	if e != nil {
+		return summaryQuery{}, e
+	}
+	q.size = size
+	for _, b := range []struct {
+		name string
+		v    int64
+	}{{"start_time", q.start}, {"end_time", q.end}} {
+		if b.v%size != 0 {
+			return summaryQuery{}, errValidation("", b.name,
+				"Invalid %s: %d must be aligned with %s boundaries", b.name, b.v, unit)
+		}
+	}
+	if q.end <= q.start {
+		return summaryQuery{}, errValidation("", "end_time", "Invalid end_time: must be after start_time")
+	}
+	return q, nil
+}
+
+// groupingWindow is the size in seconds of a value_grouping_window, and the
+// unit its bounds must be aligned to ("" groups nothing: minutes).
+func groupingWindow(grouping string) (size int64, unit string, e *apiError) {
+	switch grouping {
+	case "":
+		return 60, "minute", nil
+	case "hour":
+		return 3600, "hour", nil
+	case "day":
+		return 86400, "day (00:00 UTC)", nil
+	}
+	return 0, "", errValidation("", "value_grouping_window",
+		"Invalid value_grouping_window: must be one of day or hour")
+}
+
+// eventSummaries aggregates the summaries q asks for of the caller's meter
+// id, newest first; a meter or a customer the account does not have is an
+// error.
+func (s *Server) eventSummaries(c caller, id string, q summaryQuery) ([]summaryJSON, *apiError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.accountLocked(c.account)
+	m := a.findMeterLocked(c.livemode, id)
+	if m == nil {
+		return nil, errNoSuch(http.StatusNotFound, meterObjectName, "id", id)
+	}
+	if a.customers[modeID{c.livemode, q.customer}] == nil {
+		return nil, errNoSuch(http.StatusBadRequest, customerObjectName, "customer", q.customer)
+	}
+	windows := a.summaryWindowsLocked(m, q)
+	starts := make([]int64, 0, len(windows))
+	for ws := range windows {
+		starts = append(starts, ws)
+	}
+	slices.Sort(starts)
+	slices.Reverse(starts) // newest first
+	out := make([]summaryJSON, len(starts))
+	for i, ws := range starts {
+		win := windows[ws]
+		out[i] = summaryJSON{
+			ID: summaryID(m.Livemode, m.ID, q.customer, win.start, win.end), Object: "billing.meter_event_summary",
+			AggregatedValue: win.value(m.Formula), StartTime: win.start, EndTime: win.end,
+			Livemode: m.Livemode, Meter: m.ID,
+		}
+	}
+	return out, nil
+}
+
+// summaryWindowsLocked folds the customer's recorded events of meter m in
+// q's range into windows, by start: one per grouping window with events,
+// or, without grouping, one for the whole range even when empty.
+func (a *account) summaryWindowsLocked(m *Meter, q summaryQuery) map[int64]*window {
+	windows := map[int64]*window{}
+	if q.grouping == "" {
+		windows[q.start] = &window{start: q.start, end: q.end}
+	}
+	for _, ev := range a.events {
+		ts := ev.timestamp.Unix()
+		if ev.meter != m.ID || ev.customer != q.customer || ev.status != EventRecorded || ts < q.start || ts >= q.end {
+			continue
+		}
+		ws := q.start
+		if q.grouping != "" {
+			ws = ts - ts%q.size
+		}
+		win := windows[ws]
+		if win == nil {
+			win = &window{start: ws, end: ws + q.size}
+			windows[ws] = win
+		}
+		win.add(ev)
+	}
+	return windows
 }

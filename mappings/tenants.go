@@ -1,0 +1,150 @@
+package mappings
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/audit"
+)
+
+// Tenant is the current (or a past) mapping of a tenant.
+type Tenant struct {
+	Tenant           string     `json:"tenant"`
+	StripeCustomerID string     `json:"stripe_customer_id"`
+	PeriodAnchor     *time.Time `json:"period_anchor,omitempty"`
+	Version          int        `json:"mapping_version"`
+	UpdatedAt        time.Time  `json:"updated_at"`
+	UpdatedBy        string     `json:"updated_by"`
+}
+
+// TenantInput is what an operator sets for a tenant.
+type TenantInput struct {
+	StripeCustomerID string `json:"stripe_customer_id"`
+	// PeriodAnchor starts the tenant's monthly billing periods; nil means
+	// calendar months UTC.
+	PeriodAnchor *time.Time `json:"period_anchor"`
+}
+
+func (in *TenantInput) validate(tenant string) error {
+	var fe []FieldError
+	if !ValidName(tenant) {
+		fe = append(fe, FieldError{"tenant", "1 to 64 characters: letters, digits and _.:- (starting with a letter or digit)"})
+	}
+	if !customerPattern.MatchString(in.StripeCustomerID) {
+		fe = append(fe, FieldError{"stripe_customer_id", "a Stripe customer id (cus_…)"})
+	}
+	if in.PeriodAnchor != nil {
+		a := in.PeriodAnchor.UTC().Truncate(time.Second)
+		in.PeriodAnchor = &a
+	}
+	if len(fe) > 0 {
+		return &ValidationError{Fields: fe}
+	}
+	return nil
+}
+
+const tenantColumns = `tenant, stripe_customer_id, period_anchor, version, updated_at, updated_by`
+
+func scanTenant(row pgx.Row) (Tenant, error) {
+	var t Tenant
+	if err := row.Scan(&t.Tenant, &t.StripeCustomerID, &t.PeriodAnchor, &t.Version, &t.UpdatedAt, &t.UpdatedBy); err != nil {
+		return Tenant{}, err
+	}
+	if t.PeriodAnchor != nil {
+		a := t.PeriodAnchor.UTC()
+		t.PeriodAnchor = &a
+	}
+	return t, nil
+}
+
+func sameAnchor(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return a.Equal(*b)
+}
+
+// PutTenant sets a tenant's mapping, like PutFeature.
+func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in TenantInput, by string) (t Tenant, changed bool, err error) {
+	if err := in.validate(tenant); err != nil {
+		return Tenant{}, false, err
+	}
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		cur, err := scanTenant(tx.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1 FOR UPDATE", tenant))
+		switch {
+		case err == nil && cur.StripeCustomerID == in.StripeCustomerID && sameAnchor(cur.PeriodAnchor, in.PeriodAnchor):
+			t = cur
+			return nil
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		changed = true
+		from := ""
+		if err == nil {
+			from = tenantState(cur)
+		}
+		t, err = scanTenant(tx.QueryRow(ctx, `
+			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
+			hist AS (
+				INSERT INTO tenant_mapping_versions (version, tenant, stripe_customer_id, period_anchor, changed_by)
+				SELECT version, $1, $2, $3, $4 FROM v
+			)
+			INSERT INTO tenant_mappings (tenant, stripe_customer_id, period_anchor, version, updated_by)
+			SELECT $1, $2, $3, version, $4 FROM v
+			ON CONFLICT (tenant) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id,
+				period_anchor = EXCLUDED.period_anchor, version = EXCLUDED.version,
+				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
+			RETURNING `+tenantColumns,
+			tenant, in.StripeCustomerID, in.PeriodAnchor, by))
+		if err != nil {
+			return err
+		}
+		return audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionTenantMapping, Subject: "tenant:" + tenant,
+			From: from, To: tenantState(t)})
+	})
+	if err != nil {
+		return Tenant{}, false, fmt.Errorf("mappings: setting tenant %s: %w", tenant, err)
+	}
+	return t, changed, nil
+}
+
+// tenantState is a tenant mapping as the audit log shows it.
+func tenantState(t Tenant) string {
+	anchor := "calendar months"
+	if t.PeriodAnchor != nil {
+		anchor = "anchor " + t.PeriodAnchor.Format(time.RFC3339)
+	}
+	return fmt.Sprintf("v%d %s %s", t.Version, t.StripeCustomerID, anchor)
+}
+
+// GetTenant reads a tenant's current mapping.
+func (s *Store) GetTenant(ctx context.Context, q Querier, tenant string) (Tenant, error) {
+	t, err := scanTenant(q.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1", tenant))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Tenant{}, fmt.Errorf("%w: tenant %s", ErrNotFound, tenant)
+	}
+	return t, err
+}
+
+// Tenants lists every tenant's current mapping, by name.
+func (s *Store) Tenants(ctx context.Context, q Querier) ([]Tenant, error) {
+	rows, err := q.Query(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings ORDER BY tenant")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}
+
+// TenantHistory lists every version of a tenant's mapping, oldest first.
+func (s *Store) TenantHistory(ctx context.Context, q Querier, tenant string) ([]Tenant, error) {
+	rows, err := q.Query(ctx, `SELECT tenant, stripe_customer_id, period_anchor, version, changed_at, changed_by
+		FROM tenant_mapping_versions WHERE tenant = $1 ORDER BY version`, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}

@@ -1,0 +1,103 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// commitKey commits what the comparison of key k came to, in one
+// transaction: the confirmations (T7), the discrepancies, and the run's
+// progress past the key, with the Stripe calls made since start.
+func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, k key, out keyOutcome, start int64) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	confirmed, err := r.confirm(ctx, tx, out.confirm)
+	if err != nil {
+		return err
+	}
+	for i := range out.found {
+		if err := recordDiscrepancy(ctx, tx, id, &out.found[i]); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.Exec(ctx, `UPDATE reconcile_runs SET cursor = @cursor, keys_done = keys_done + 1,
+			hours_compared = hours_compared + @compared, hours_matched = hours_matched + @matched,
+			hours_skipped = hours_skipped + @skipped, items_confirmed = items_confirmed + @confirmed,
+			discrepancies = discrepancies + @found, stripe_calls = stripe_calls + @calls, heartbeat_at = clock_timestamp()
+		WHERE id = @id AND status = 'running'`,
+		pgx.NamedArgs{"id": id, "cursor": k.orderingKey, "compared": out.compared, "matched": out.matched, "skipped": out.skipped,
+			"confirmed": confirmed, "found": len(out.found), "calls": r.calls.Load() - start}); err != nil {
+		return fmt.Errorf("reconcile: recording progress: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	r.metrics.confirmed.Add(float64(confirmed))
+	r.metrics.discrepancies.Add(float64(len(out.found)))
+	return nil
+}
+
+// confirm moves the accepted items ids to confirmed (T7) through package
+// outbox, confirmBatch at a time, and counts those it moved. An item that
+// moved since it was read is left as it is.
+func (r *Reconciler) confirm(ctx context.Context, tx pgx.Tx, ids []int64) (int, error) {
+	confirmed := 0
+	for len(ids) > 0 {
+		n := min(len(ids), confirmBatch)
+		done, refused, err := r.cfg.Outbox.Confirm(ctx, tx, ids[:n])
+		if err != nil {
+			return 0, err
+		}
+		confirmed += len(done)
+		for itemID, rerr := range refused {
+			// The item moved since it was read (an operator recovered it,
+			// say): it is left as it is and the next run looks again.
+			r.cfg.Logger.Warn("reconcile: an item changed before it could be confirmed", "item", itemID, "error", rerr)
+		}
+		ids = ids[n:]
+	}
+	return confirmed, nil
+}
+
+// recordDiscrepancy records d as one of run id's discrepancies, with the
+// expected items that Stripe's meter error reports name (its
+// ReportedItems, set here).
+func recordDiscrepancy(ctx context.Context, tx pgx.Tx, id int64, d *Discrepancy) error {
+	rows, err := tx.Query(ctx, `SELECT DISTINCT item_id FROM meter_error_evidence WHERE item_id = ANY($1) ORDER BY 1`, d.ExpectedItems)
+	if err != nil {
+		return fmt.Errorf("reconcile: reading evidence: %w", err)
+	}
+	if d.ReportedItems, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+		return fmt.Errorf("reconcile: reading evidence: %w", err)
+	}
+	d.ReportedItems = nonNil(d.ReportedItems)
+	var provider, diff *string
+	if d.Provider != nil {
+		provider, diff = d.Provider, d.Difference
+	}
+	var errCode *string
+	var errStatus *int
+	if d.Reason != ReasonMismatch {
+		errCode, errStatus = &d.ErrorCode, &d.ErrorStatus
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name, meter, customer,
+			reason, error_code, error_status, hour, formula, expected, provider, difference, expected_items, uncertain_items,
+			explained_by, explanation, reported_items)
+		VALUES (@run, @account, @mode, @event, @meter, @customer, @reason, @error_code, @error_status, @hour, @formula,
+			@expected::numeric, @provider::numeric, @diff::numeric, @expected_items, @uncertain_items, @explained_by,
+			@explanation, @reported)
+		ON CONFLICT DO NOTHING`,
+		pgx.NamedArgs{"run": id, "account": d.Account, "mode": d.Mode, "event": d.EventName, "meter": d.Meter,
+			"customer": d.Customer, "reason": d.Reason, "error_code": errCode, "error_status": errStatus,
+			"hour": d.Hour, "formula": d.Formula, "expected": d.Expected, "provider": provider,
+			"diff": diff, "expected_items": d.ExpectedItems, "uncertain_items": d.UncertainItems,
+			"explained_by": d.ExplainedBy, "explanation": d.Explanation, "reported": d.ReportedItems}); err != nil {
+		return fmt.Errorf("reconcile: recording a discrepancy: %w", err)
+	}
+	return nil
+}
