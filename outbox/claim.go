@@ -11,7 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Policy is an ordering policy of the claim (seed 004).
+// Policy is an ordering policy of the claim (docs/outbox.md, "Ordering
+// policies").
 type Policy int
 
 // Policies.
@@ -66,7 +67,8 @@ type ClaimOptions struct {
 // one-key space River and the migrator use.
 const perKeyLockSpace int32 = 0x54414c59
 
-// The seed's T1 predicate: pending and due, or leased with an expired lease.
+// T1's predicate (docs/outbox.md, "The states"): pending and due, or leased
+// with an expired lease.
 // Each half also bounds its column by statement_timestamp(), a stable value
 // an index scan can stop at; the clock_timestamp() comparison is the rule.
 const (
@@ -104,11 +106,11 @@ const claimable = `((o.state = 'pending' AND o.next_attempt_at <= clock_timestam
       OR (o.state = 'leased' AND o.lease_expires_at < clock_timestamp()))
     AND ` + withinBudget
 
-// sqlT1Lease is the write half of T1, shared by both policies: the picked
+// sqlClaimLease is the write half of T1, shared by both policies: the picked
 // rows (already locked FOR UPDATE SKIP LOCKED by the CTE "picked") are leased
 // under a new token, consuming an attempt; a claim that takes over an expired
 // lease records the abandoned attempt.
-const sqlT1Lease = `
+const sqlClaimLease = `
 claimed AS (
     UPDATE outbox_items o SET
         state            = 'leased',
@@ -133,9 +135,9 @@ abandoned AS (
 )
 SELECT ` + "%s" + `, timestamp_outside FROM claimed ORDER BY id`
 
-// sqlT1BestEffort is T1 under BestEffort: the oldest expired leases, then the
-// oldest due pending items.
-var sqlT1BestEffort = fmt.Sprintf(`
+// sqlClaimBestEffort is T1 under BestEffort: the oldest expired leases, then
+// the oldest due pending items.
+var sqlClaimBestEffort = fmt.Sprintf(`
 WITH picked AS (
     SELECT id, state AS prev_state, lease_token AS prev_token, lease_owner AS prev_owner, leased_at AS prev_leased_at
     FROM (
@@ -150,14 +152,14 @@ WITH picked AS (
             ORDER BY o.next_attempt_at, o.id LIMIT @limit FOR UPDATE SKIP LOCKED) due
         LIMIT @limit
     ) c
-),`+sqlT1Lease, columns("o"), columns(""))
+),`+sqlClaimLease, columns("o"), columns(""))
 
-// sqlT1Keys is the first statement of a PerKey claim: the keys of the oldest
+// sqlClaimKeys is the first statement of a PerKey claim: the keys of the oldest
 // claimable items whose key holds no unexpired lease, oldest first, and
 // whether the scan of due pending items was cut off by its limit. Then a hot
-// key, leased or not, may hide the others in the scan, and sqlT1KeysLoose
+// key, leased or not, may hide the others in the scan, and sqlClaimKeysLoose
 // looks further.
-const sqlT1Keys = `
+const sqlClaimKeys = `
 WITH expired AS MATERIALIZED (
     SELECT o.ordering_key, o.lease_expires_at AS due_at FROM outbox_items o
     WHERE ` + leaseExpired + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
@@ -175,11 +177,11 @@ WHERE NOT EXISTS (SELECT 1 FROM outbox_items l WHERE l.state = 'leased'
 GROUP BY c.ordering_key
 ORDER BY min(c.due_at), c.ordering_key`
 
-// sqlT1KeysLoose finds the keys of due pending items by a loose index scan
+// sqlClaimKeysLoose finds the keys of due pending items by a loose index scan
 // over the distinct keys (one index probe per key with pending items, not
 // one per item), for when the oldest due items all belong to a few hot keys
 // that already hold leases or fill the batch: no key can crowd out the rest.
-const sqlT1KeysLoose = `
+const sqlClaimKeysLoose = `
 WITH RECURSIVE keys(ordering_key) AS (
     (SELECT o.ordering_key FROM outbox_items o WHERE o.state = 'pending' ORDER BY o.ordering_key LIMIT 1)
     UNION ALL
@@ -200,22 +202,22 @@ WHERE k.ordering_key IS NOT NULL AND k.ordering_key <> ALL(@tried::text[])
 ORDER BY h.due_at, k.ordering_key
 LIMIT @scan`
 
-// sqlT1LockKeys try-locks the candidate keys in order, for this transaction,
+// sqlClaimLockKeys try-locks the candidate keys in order, for this transaction,
 // until it holds @lockmax of them, so that concurrent PerKey claimers never
 // work on one key at once and never wait for each other. The locks are
 // released when the claim commits. It takes up to twice the keys it needs:
 // a key whose last holder committed since the candidates were read may turn
 // out to hold a lease.
-const sqlT1LockKeys = `
+const sqlClaimLockKeys = `
 SELECT k FROM unnest(@keys::text[]) AS k
 WHERE pg_try_advisory_xact_lock(@space::int4, hashtext(k))
 LIMIT @lockmax`
 
-// sqlT1PerKey is the second statement of a PerKey claim: for each key this
+// sqlClaimPerKey is the second statement of a PerKey claim: for each key this
 // transaction holds, if no item of it holds an unexpired lease, the oldest
 // claimable item of the key. It runs as its own statement so that its
 // snapshot, taken after the key locks, sees every claim committed before.
-var sqlT1PerKey = fmt.Sprintf(`
+var sqlClaimPerKey = fmt.Sprintf(`
 WITH picked AS (
     SELECT p.* FROM unnest(@keys::text[]) AS k(ordering_key)
     CROSS JOIN LATERAL (
@@ -236,7 +238,7 @@ WITH picked AS (
     WHERE NOT EXISTS (SELECT 1 FROM outbox_items l WHERE l.state = 'leased'
                       AND l.ordering_key = k.ordering_key AND l.lease_expires_at >= clock_timestamp())
     LIMIT @limit
-),`+sqlT1Lease, columns("o"), columns(""))
+),`+sqlClaimLease, columns("o"), columns(""))
 
 // Claim is T1: it claims up to opts.Limit items in one READ COMMITTED
 // transaction of its own, committed before it returns, and returns their
@@ -295,7 +297,7 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 	var leases []Lease
 	switch opts.Policy {
 	case BestEffort:
-		leases, err = collectLeases(ctx, tx, forExporter(sqlT1BestEffort, filtered), args)
+		leases, err = collectLeases(ctx, tx, forExporter(sqlClaimBestEffort, filtered), args)
 	case PerKey:
 		leases, err = s.claimPerKey(ctx, tx, args, opts.Limit, filtered)
 	default:
@@ -358,7 +360,7 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 		}
 		tried = append(tried, cand...)
 		args["keys"] = cand
-		rows, err := tx.Query(ctx, sqlT1LockKeys, args)
+		rows, err := tx.Query(ctx, sqlClaimLockKeys, args)
 		if err != nil {
 			return nil, fmt.Errorf("locking keys: %w", err)
 		}
@@ -370,7 +372,7 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 			continue
 		}
 		args["keys"] = locked
-		got, err := collectLeases(ctx, tx, forExporter(sqlT1PerKey, filtered), args)
+		got, err := collectLeases(ctx, tx, forExporter(sqlClaimPerKey, filtered), args)
 		if err != nil {
 			return nil, err
 		}
@@ -388,7 +390,7 @@ func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs
 		key       string
 		saturated bool
 	)
-	rows, err := tx.Query(ctx, forExporter(sqlT1Keys, filtered), args)
+	rows, err := tx.Query(ctx, forExporter(sqlClaimKeys, filtered), args)
 	if err != nil {
 		return nil, err
 	}
@@ -401,7 +403,7 @@ func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs
 	if !saturated || len(cand) >= want {
 		return cand, nil
 	}
-	rows, err = tx.Query(ctx, forExporter(sqlT1KeysLoose, filtered), args)
+	rows, err = tx.Query(ctx, forExporter(sqlClaimKeysLoose, filtered), args)
 	if err != nil {
 		return nil, err
 	}

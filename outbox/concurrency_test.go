@@ -65,6 +65,24 @@ func TestConcurrentClaimAndTransition(t *testing.T) {
 	}
 }
 
+// concurrentRun is one run of the concurrency test: what its goroutines
+// share and what they log.
+type concurrentRun struct {
+	t      *testing.T
+	b      *testBundle
+	policy outbox.Policy
+	lease  time.Duration
+	url    string
+	ctx    context.Context
+	// log is written by the workers and read after they are done.
+	log       eventLog
+	staleSeen atomic.Int64
+	// violations is written by every goroutine and read after all are done.
+	violations chan string
+	// stop is closed when the workers are done, to stop the watchers.
+	stop chan struct{}
+}
+
 func runConcurrent(t *testing.T, policy outbox.Policy) {
 	const (
 		items   = 2000
@@ -76,7 +94,6 @@ func runConcurrent(t *testing.T, policy outbox.Policy) {
 		Lease: lease, BackoffBase: 2 * time.Millisecond, BackoffCap: 10 * time.Millisecond, MaxAttempts: 6,
 		RateLimitDelay: 5 * time.Millisecond,
 	})
-	url := testdb.URLOf(t, b.pool)
 	var all []outbox.NewItem
 	for i := 0; i < items; i++ {
 		it := newItem(i)
@@ -87,173 +104,214 @@ func runConcurrent(t *testing.T, policy outbox.Policy) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var (
-		log        eventLog
-		staleSeen  atomic.Int64
-		violations = make(chan string, 100)
-		wg         sync.WaitGroup
-		stop       = make(chan struct{})
-	)
-
-	// Under PerKey, no key may ever hold two unexpired leases: sampled from
-	// the database throughout the run.
+	r := &concurrentRun{
+		t: t, b: b, policy: policy, lease: lease, url: testdb.URLOf(t, b.pool), ctx: ctx,
+		violations: make(chan string, 100), stop: make(chan struct{}),
+	}
+	var wg sync.WaitGroup
 	if policy == outbox.PerKey {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conn, err := pgx.Connect(ctx, url)
-			if err != nil {
-				violations <- err.Error()
-				return
-			}
-			defer conn.Close(context.Background())
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				var key string
-				err := conn.QueryRow(ctx, `SELECT ordering_key FROM outbox_items
-					WHERE state = 'leased' AND lease_expires_at >= clock_timestamp()
-					GROUP BY ordering_key HAVING count(*) > 1 LIMIT 1`).Scan(&key)
-				if err == nil {
-					violations <- "two live leases on key " + key
-					return
-				}
-				time.Sleep(2 * time.Millisecond)
-			}
+			r.watchKeys()
 		}()
 	}
-
-	// The maintenance pass sweeps items whose cap is spent by dead workers.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			violations <- err.Error()
-			return
-		}
-		defer conn.Close(context.Background())
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if _, err := b.store.Sweep(ctx, conn); err != nil && ctx.Err() == nil {
-				violations <- err.Error()
-				return
-			}
-		}
+		r.sweep()
 	}()
-
 	var workerWG sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		workerWG.Add(1)
 		go func() {
 			defer workerWG.Done()
-			owner := fmt.Sprintf("w%d", w)
-			conn, err := pgx.Connect(ctx, url)
-			if err != nil {
-				violations <- err.Error()
-				return
-			}
-			defer conn.Close(context.Background())
-			rng := rand.New(rand.NewPCG(uint64(w), 42))
-			idle := 0
-			for ctx.Err() == nil {
-				leases, err := b.store.Claim(ctx, conn, outbox.ClaimOptions{Owner: owner, Limit: 1 + rng.IntN(10), Policy: policy})
-				if err != nil {
-					violations <- "claim: " + err.Error()
-					return
-				}
-				at := log.seq.Add(1)
-				for _, l := range leases {
-					log.add(event{item: l.ID, token: l.LeaseToken, owner: owner, claim: true, seq: at,
-						leasedAt: *l.LeasedAt, expiresAt: *l.LeaseExpiresAt})
-				}
-				if len(leases) == 0 {
-					// Done when nothing is pending or leased any more.
-					var open int
-					if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')`).Scan(&open); err != nil {
-						violations <- err.Error()
-						return
-					}
-					if open == 0 {
-						return
-					}
-					idle++
-					time.Sleep(time.Duration(1+rng.IntN(5)) * time.Millisecond)
-					continue
-				}
-				var outcomes []outbox.Outcome
-				for _, l := range leases {
-					o := outbox.Outcome{Lease: l}
-					switch p := rng.IntN(100); {
-					case p < 70:
-						o.Kind, o.ProviderRef = outbox.Accepted, fmt.Sprintf("req_%d_%d", l.ID, l.LeaseToken)
-					case p < 82:
-						o.Kind, o.Error = outbox.Retry, outbox.ErrorInfo{Code: "stripe_5xx", Status: 503}
-					case p < 85:
-						o.Kind, o.Error = outbox.RateLimited, outbox.ErrorInfo{Code: "rate_limited", Status: 429}
-					case p < 87:
-						o.Kind = outbox.Uncertain
-					case p < 89:
-						o.Kind, o.Error = outbox.Rejected, outbox.ErrorInfo{Code: "invalid_request", Status: 400}
-					case p < 90:
-						o.Kind, o.Reason = outbox.Quarantined, outbox.ReasonCustomerNotFound
-					default:
-						continue // the worker dies holding this lease
-					}
-					o.MinDelay = 0
-					outcomes = append(outcomes, o)
-				}
-				// Some batches answer late: their leases have expired and may
-				// have been claimed by somebody else.
-				if rng.IntN(10) == 0 {
-					time.Sleep(lease + time.Duration(rng.IntN(40))*time.Millisecond)
-				}
-				if len(outcomes) == 0 {
-					continue
-				}
-				before := log.seq.Add(1)
-				res, err := b.store.Record(ctx, conn, outcomes)
-				after := log.seq.Add(1)
-				if err != nil {
-					violations <- "record: " + err.Error()
-					return
-				}
-				for i, r := range res {
-					e := event{item: r.ID, token: outcomes[i].Lease.LeaseToken, owner: owner, seq: before, done: after}
-					switch {
-					case r.Err == nil:
-						e.ok, e.landed = true, r.State
-					case errors.Is(r.Err, outbox.ErrStaleLease):
-						staleSeen.Add(1)
-					default:
-						violations <- "record: " + r.Err.Error()
-					}
-					log.add(e)
-				}
-			}
+			r.work(w)
 		}()
 	}
 	workerWG.Wait()
-	close(stop)
+	close(r.stop)
 	wg.Wait()
-	close(violations)
-	for v := range violations {
+	close(r.violations)
+	for v := range r.violations {
 		t.Error(v)
 	}
 	require.NoError(t, ctx.Err(), "the run did not finish")
 
-	// The log, per item.
 	byItem := map[int64][]event{}
-	for _, e := range log.evs {
+	for _, e := range r.log.evs {
 		byItem[e.item] = append(byItem[e.item], e)
 	}
+	r.checkFencing(byItem)
+	r.checkNoOverlap(byItem)
+	r.checkStates(byItem, items)
+}
+
+// connect opens a connection of the goroutine's own, or reports why not.
+func (r *concurrentRun) connect() *pgx.Conn {
+	conn, err := pgx.Connect(r.ctx, r.url)
+	if err != nil {
+		r.violations <- err.Error()
+		return nil
+	}
+	return conn
+}
+
+// watchKeys samples the database throughout the run: under PerKey, no key
+// may ever hold two unexpired leases.
+func (r *concurrentRun) watchKeys() {
+	conn := r.connect()
+	if conn == nil {
+		return
+	}
+	defer conn.Close(context.Background())
+	for {
+		select {
+		case <-r.stop:
+			return
+		default:
+		}
+		var key string
+		err := conn.QueryRow(r.ctx, `SELECT ordering_key FROM outbox_items
+			WHERE state = 'leased' AND lease_expires_at >= clock_timestamp()
+			GROUP BY ordering_key HAVING count(*) > 1 LIMIT 1`).Scan(&key)
+		if err == nil {
+			r.violations <- "two live leases on key " + key
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// sweep runs the maintenance pass, which sweeps items whose cap is spent by
+// dead workers.
+func (r *concurrentRun) sweep() {
+	conn := r.connect()
+	if conn == nil {
+		return
+	}
+	defer conn.Close(context.Background())
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+		if _, err := r.b.store.Sweep(r.ctx, conn); err != nil && r.ctx.Err() == nil {
+			r.violations <- err.Error()
+			return
+		}
+	}
+}
+
+// work is worker w: it claims, answers most leases (some late, some never)
+// and logs every claim and write, until nothing is pending or leased.
+func (r *concurrentRun) work(w int) {
+	owner := fmt.Sprintf("w%d", w)
+	conn := r.connect()
+	if conn == nil {
+		return
+	}
+	defer conn.Close(context.Background())
+	rng := rand.New(rand.NewPCG(uint64(w), 42))
+	for r.ctx.Err() == nil {
+		leases, err := r.b.store.Claim(r.ctx, conn, outbox.ClaimOptions{Owner: owner, Limit: 1 + rng.IntN(10), Policy: r.policy})
+		if err != nil {
+			r.violations <- "claim: " + err.Error()
+			return
+		}
+		at := r.log.seq.Add(1)
+		for _, l := range leases {
+			r.log.add(event{item: l.ID, token: l.LeaseToken, owner: owner, claim: true, seq: at,
+				leasedAt: *l.LeasedAt, expiresAt: *l.LeaseExpiresAt})
+		}
+		if len(leases) == 0 {
+			// Done when nothing is pending or leased any more.
+			var open int
+			if err := conn.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')`).Scan(&open); err != nil {
+				r.violations <- err.Error()
+				return
+			}
+			if open == 0 {
+				return
+			}
+			time.Sleep(time.Duration(1+rng.IntN(5)) * time.Millisecond)
+			continue
+		}
+		outcomes := randomOutcomes(rng, leases)
+		// Some batches answer late: their leases have expired and may
+		// have been claimed by somebody else.
+		if rng.IntN(10) == 0 {
+			time.Sleep(r.lease + time.Duration(rng.IntN(40))*time.Millisecond)
+		}
+		if len(outcomes) == 0 {
+			continue
+		}
+		if !r.record(conn, owner, outcomes) {
+			return
+		}
+	}
+}
+
+// randomOutcomes draws an outcome for most leases; the worker dies holding
+// the others.
+func randomOutcomes(rng *rand.Rand, leases []outbox.Lease) []outbox.Outcome {
+	var outcomes []outbox.Outcome
+	for _, l := range leases {
+		o := outbox.Outcome{Lease: l}
+		switch p := rng.IntN(100); {
+		case p < 70:
+			o.Kind, o.ProviderRef = outbox.Accepted, fmt.Sprintf("req_%d_%d", l.ID, l.LeaseToken)
+		case p < 82:
+			o.Kind, o.Error = outbox.Retry, outbox.ErrorInfo{Code: "stripe_5xx", Status: 503}
+		case p < 85:
+			o.Kind, o.Error = outbox.RateLimited, outbox.ErrorInfo{Code: "rate_limited", Status: 429}
+		case p < 87:
+			o.Kind = outbox.Uncertain
+		case p < 89:
+			o.Kind, o.Error = outbox.Rejected, outbox.ErrorInfo{Code: "invalid_request", Status: 400}
+		case p < 90:
+			o.Kind, o.Reason = outbox.Quarantined, outbox.ReasonCustomerNotFound
+		default:
+			continue // the worker dies holding this lease
+		}
+		o.MinDelay = 0
+		outcomes = append(outcomes, o)
+	}
+	return outcomes
+}
+
+// record records a batch of outcomes and logs each write; false when the
+// run must stop.
+func (r *concurrentRun) record(conn *pgx.Conn, owner string, outcomes []outbox.Outcome) bool {
+	before := r.log.seq.Add(1)
+	res, err := r.b.store.Record(r.ctx, conn, outcomes)
+	after := r.log.seq.Add(1)
+	if err != nil {
+		r.violations <- "record: " + err.Error()
+		return false
+	}
+	for i, got := range res {
+		e := event{item: got.ID, token: outcomes[i].Lease.LeaseToken, owner: owner, seq: before, done: after}
+		switch {
+		case got.Err == nil:
+			e.ok, e.landed = true, got.State
+		case errors.Is(got.Err, outbox.ErrStaleLease):
+			r.staleSeen.Add(1)
+		default:
+			r.violations <- "record: " + got.Err.Error()
+		}
+		r.log.add(e)
+	}
+	return true
+}
+
+// checkFencing proves from the per-item log that every lease token was
+// handed out once, that at most one write landed per token, and that a
+// write landed only for the newest claim; every other write was refused and
+// counted.
+func (r *concurrentRun) checkFencing(byItem map[int64][]event) {
+	t := r.t
 	var claims, writes, stale int
 	for id, evs := range byItem {
 		sort.SliceStable(evs, func(i, j int) bool { return evs[i].seq < evs[j].seq })
@@ -288,15 +346,20 @@ func runConcurrent(t *testing.T, policy outbox.Policy) {
 		// Tokens are unique and gap-free: every claim of the item is in the log.
 		require.Equal(t, int64(len(claimSeq)), maxToken, "item %d: claims %v", id, claimSeq)
 	}
-	require.Equal(t, staleSeen.Load(), int64(stale))
+	b := r.b
+	require.Equal(t, r.staleSeen.Load(), int64(stale))
 	require.Equal(t, float64(stale), b.stale("T2")+b.stale("T3")+b.stale("T4")+b.stale("T5")+b.stale("T6"),
 		"every stale write was refused and counted")
-	t.Logf("%s: %d claims, %d writes, %d stale writes refused", policy, claims, writes, stale)
+	t.Logf("%s: %d claims, %d writes, %d stale writes refused", r.policy, claims, writes, stale)
 	require.Positive(t, stale, "leases must expire mid-run for this test to mean anything")
+}
 
-	// No item was ever held by two owners at once: claim k+1 of an item began
-	// only after lease k had expired or its holder's answer had landed
-	// (outbox_attempts.recorded_at), all by the database clock.
+// checkNoOverlap proves that no item was ever held by two owners at once:
+// claim k+1 of an item began only after lease k had expired or its holder's
+// answer had landed (outbox_attempts.recorded_at), all by the database
+// clock.
+func (r *concurrentRun) checkNoOverlap(byItem map[int64][]event) {
+	t, b := r.t, r.b
 	answered := map[[2]int64]time.Time{} // (item, token) -> when a holder's answer landed
 	rows, err := b.pool.Query(b.ctx, `SELECT item_id, lease_token, recorded_at FROM outbox_attempts WHERE outcome <> 'abandoned'`)
 	require.NoError(t, err)
@@ -330,8 +393,12 @@ func runConcurrent(t *testing.T, policy outbox.Policy) {
 		}
 	}
 	require.Positive(t, overlapsChecked)
+}
 
-	// Every item is in exactly one state, and the database agrees with the log.
+// checkStates proves that every item is in exactly one state, and that the
+// database agrees with the log.
+func (r *concurrentRun) checkStates(byItem map[int64][]event, items int) {
+	t, b := r.t, r.b
 	g, err := b.store.ReadGauge(b.ctx, b.pool)
 	require.NoError(t, err)
 	var total int64
@@ -340,7 +407,7 @@ func runConcurrent(t *testing.T, policy outbox.Policy) {
 	}
 	require.Equal(t, int64(items), total)
 	require.Zero(t, g.Counts[outbox.StatePending]+g.Counts[outbox.StateLeased])
-	rows, err = b.pool.Query(b.ctx, `SELECT id, state, lease_token, attempts,
+	rows, err := b.pool.Query(b.ctx, `SELECT id, state, lease_token, attempts,
 		(SELECT count(*) FROM outbox_attempts a WHERE a.item_id = o.id) FROM outbox_items o`)
 	require.NoError(t, err)
 	var (

@@ -1,15 +1,26 @@
 // Package outbox owns Tally's export outbox: the outbox_items table and the
-// state machine of seed 000, which every unit of usage passes through on its
-// way to Stripe.
+// state machine docs/outbox.md describes, which every unit of usage passes
+// through on its way to Stripe.
 //
 // It is the only code that changes an item's state. Every transition is one
-// conditional UPDATE carrying the seed's predicate; a write that affects zero
-// rows is reported to the caller (ErrStaleLease, *StateError,
-// ErrMappingChanged) and counted by the stale-writer metric, never retried.
-// It never deletes a row, never reads the time into Go to decide anything
-// (every duration is compared with clock_timestamp() inside one statement),
-// never stores a response body or a secret, and never calls a provider:
-// exporters send, and report outcomes here.
+// conditional UPDATE carrying its predicate (docs/outbox.md lists each, with
+// its SQL); a write that affects zero rows is reported to the caller
+// (ErrStaleLease, *StateError, ErrMappingChanged) and counted by the
+// stale-writer metric, never retried. It never deletes a row, never reads the
+// time into Go to decide anything (every duration is compared with
+// clock_timestamp() inside one statement), never stores a response body or a
+// secret, and never calls a provider: exporters send, and report outcomes
+// here.
+//
+// Each actor has its own methods of Store: callers that stage usage enqueue
+// (Enqueue, EnqueueBatch: T0, T0q); deliverers claim (Claim: T1) and settle
+// the outcome of each attempt (Record, or Accept, Retry, RetryRateLimited,
+// MarkUncertain, Reject and Quarantine for one lease: T2-T6); the provider's
+// evidence confirms or fails accepted items (Confirm: T7; FailAccepted: T10)
+// and is noted on items still in flight (NoteFailures); operators decide
+// about uncertain and quarantined items (Recover: T8; Requeue: T9;
+// Supersede: T9r); the maintenance pass sweeps what no deliverer may send
+// any more (Sweep: T4).
 //
 // The states and transitions (docs/outbox.md has the SQL of each):
 //

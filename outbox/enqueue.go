@@ -78,9 +78,9 @@ func (it *NewItem) validate() error {
 	return nil
 }
 
-// sqlT0Enqueue is T0 (state pending) and T0q (state quarantined, with a
+// sqlEnqueue is T0 (state pending) and T0q (state quarantined, with a
 // reason): an insert that collapses into an existing row of the same identity.
-const sqlT0Enqueue = `
+const sqlEnqueue = `
 INSERT INTO outbox_items
     (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
      payload, state, quarantine_reason)
@@ -88,10 +88,10 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($10, ''))
 ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
 RETURNING id, identifier, state`
 
-// sqlT0Existing reads the row an enqueue collided with. It runs as its own
-// statement so that, under READ COMMITTED, it sees a row a concurrent
+// sqlEnqueueExisting reads the row an enqueue collided with. It runs as its
+// own statement so that, under READ COMMITTED, it sees a row a concurrent
 // transaction committed while the insert waited on it.
-const sqlT0Existing = `
+const sqlEnqueueExisting = `
 SELECT id, identifier, state, payload = $8::jsonb
 FROM outbox_items
 WHERE tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3 AND exporter = $4
@@ -113,10 +113,10 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 		string(id.Mode), id.MappingVersion, item.Payload, string(state), string(item.Quarantine)}
 
 	res := Enqueued{Inserted: true, SamePayload: true}
-	err := tx.QueryRow(ctx, sqlT0Enqueue, args...).Scan(&res.ID, &res.Identifier, &res.State)
+	err := tx.QueryRow(ctx, sqlEnqueue, args...).Scan(&res.ID, &res.Identifier, &res.State)
 	if errors.Is(err, pgx.ErrNoRows) {
 		res.Inserted = false
-		err = tx.QueryRow(ctx, sqlT0Existing, args[:8]...).Scan(&res.ID, &res.Identifier, &res.State, &res.SamePayload)
+		err = tx.QueryRow(ctx, sqlEnqueueExisting, args[:8]...).Scan(&res.ID, &res.Identifier, &res.State, &res.SamePayload)
 	}
 	if err != nil {
 		return Enqueued{}, fmt.Errorf("outbox: enqueueing %s %s: %w", id.SubjectKind, id.SubjectRef, err)
@@ -128,8 +128,8 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 	return res, nil
 }
 
-// sqlT0EnqueueBatch is T0 and T0q for many items in one statement.
-const sqlT0EnqueueBatch = `
+// sqlEnqueueBatch is T0 and T0q for many items in one statement.
+const sqlEnqueueBatch = `
 INSERT INTO outbox_items
     (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
      payload, state, quarantine_reason)
@@ -176,7 +176,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 			reasons[i] = &r
 		}
 	}
-	rows, err := tx.Query(ctx, sqlT0EnqueueBatch, pgx.NamedArgs{
+	rows, err := tx.Query(ctx, sqlEnqueueBatch, pgx.NamedArgs{
 		"tenants": tenants, "kinds": kinds, "refs": refs, "exporters": exporters, "accounts": accounts,
 		"modes": modes, "versions": versions, "payloads": payloads, "states": states, "reasons": reasons,
 	})
@@ -203,7 +203,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 			continue
 		}
 		id := items[i].Identity
-		err := tx.QueryRow(ctx, sqlT0Existing, id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter,
+		err := tx.QueryRow(ctx, sqlEnqueueExisting, id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter,
 			id.DestinationAccount, string(id.Mode), id.MappingVersion, items[i].Payload).
 			Scan(&out[i].ID, &out[i].Identifier, &out[i].State, &out[i].SamePayload)
 		if err != nil {

@@ -1,8 +1,11 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/redact"
 )
@@ -26,6 +29,20 @@ var ErrMappingChanged = errors.New("outbox: mapping changed")
 // ErrMayHaveReached refuses to re-address an item some attempt of which may
 // have reached the provider: it keeps its identity and identifier for good.
 var ErrMayHaveReached = errors.New("outbox: an attempt may have reached the provider; the item keeps its identifier")
+
+// ErrPastHorizon refuses a recovery to pending of an item past its horizon
+// when an attempt may have reached the provider: a resend could double-bill.
+var ErrPastHorizon = errors.New("outbox: past the horizon, a resend could double-bill; recover to pending only with evidence that no attempt reached the provider")
+
+// ErrNotSendable refuses to requeue in place an item staged without a
+// customer, a meter event name or an account: nothing could send it. Fix the
+// mapping and re-address it (Supersede).
+var ErrNotSendable = errors.New("outbox: the item was staged without a customer, meter or account; re-address it under a mapping that supplies them")
+
+// ErrSuccessorExists refuses a Supersede whose successor identity is already
+// an item: re-addressing must create the successor, or usage could be
+// counted twice.
+var ErrSuccessorExists = errors.New("outbox: the successor identity exists already")
 
 // StateError is the answer to a transition whose expected state did not
 // hold (T7, T8, T9, T9r, T10). It carries what the item is now.
@@ -52,6 +69,23 @@ func (e *StateError) Error() string {
 
 // Is makes errors.Is(err, ErrStateMismatch) true.
 func (e *StateError) Is(target error) bool { return target == ErrStateMismatch }
+
+// mismatch re-reads an item after a conditional write found nothing and says
+// why: ErrNotFound or a *StateError.
+func (s *Store) mismatch(ctx context.Context, q Querier, id int64, transition string, expected State) error {
+	var (
+		state State
+		token int64
+	)
+	err := q.QueryRow(ctx, "SELECT state, lease_token FROM outbox_items WHERE id = $1", id).Scan(&state, &token)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: %s: re-reading item %d: %w", transition, id, err)
+	}
+	return &StateError{ID: id, Transition: transition, Expected: expected, Current: state, CurrentLeaseToken: token}
+}
 
 // MaxErrorMessage is the most characters of message an item keeps.
 const MaxErrorMessage = redact.MaxMessage

@@ -92,9 +92,10 @@ func TestBackoffKnownAnswers(t *testing.T) {
 	for attempts, w := range want {
 		require.Equal(t, w, outbox.Backoff(attempts, base, cap), "attempts %d", attempts)
 	}
-	// The seed's arithmetic: 5+10+...+640 s, then eleven waits of 900 s, put
-	// the twentieth attempt 3 h 6 m 15 s after the first before jitter (at
-	// most a quarter more: under four hours), well inside the 20 h horizon.
+	// The arithmetic of docs/outbox.md ("Retry and backoff"): 5+10+...+640 s,
+	// then eleven waits of 900 s, put the twentieth attempt 3 h 6 m 15 s
+	// after the first before jitter (at most a quarter more: under four
+	// hours), well inside the 20 h horizon.
 	var total time.Duration
 	for a := 1; a < 20; a++ {
 		total += outbox.Backoff(a, base, cap)

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sqlT4Sweep is T4 applied by the maintenance pass to items no deliverer may
+// sqlSweep is T4 applied by the maintenance pass to items no deliverer may
 // send again: pending, or leased with an expired lease, and past the attempt
 // cap (a crash loop that never reached an answer) or past the horizon while
 // some attempt may have reached the provider. The claim (T1) already refuses
@@ -17,7 +17,7 @@ import (
 // its attempt as abandoned. "due" locks the rows in id order and reads their
 // state as locked; rows another transaction holds are skipped until the next
 // pass.
-const sqlT4Sweep = `
+const sqlSweep = `
 WITH due AS MATERIALIZED (
     SELECT o.id, o.state AS prev_state FROM outbox_items o
     WHERE (o.state = 'pending' OR (o.state = 'leased' AND o.lease_expires_at < clock_timestamp()))
@@ -55,7 +55,7 @@ SELECT id FROM t`
 // holds, and returns the ids it made uncertain. Safe to run on every node at
 // once: each row moves at most once.
 func (s *Store) Sweep(ctx context.Context, q Querier) ([]int64, error) {
-	rows, err := q.Query(ctx, sqlT4Sweep, pgx.NamedArgs{"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon})
+	rows, err := q.Query(ctx, sqlSweep, pgx.NamedArgs{"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: T4 sweep: %w", err)
 	}

@@ -15,8 +15,9 @@ import (
 // State is an item's state.
 type State string
 
-// The states of seed 000, plus superseded (an item an operator re-addressed
-// under a new identity, T9r; its successor carries its usage).
+// The states (docs/outbox.md, "The states"), superseded among them: an item
+// an operator re-addressed under a new identity (T9r), whose successor
+// carries its usage.
 const (
 	StatePending     State = "pending"
 	StateLeased      State = "leased"

@@ -114,7 +114,7 @@ func (b *testBundle) stale(transition string) float64 {
 	return 0
 }
 
-func TestEnqueueT0(t *testing.T) {
+func TestEnqueueInsertsOncePerIdentity(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
 
@@ -203,7 +203,7 @@ func TestEnqueueConcurrentSameIdentity(t *testing.T) {
 	require.Equal(t, r1.ID, r2.ID)
 }
 
-func TestEnqueueT0qAndValidation(t *testing.T) {
+func TestEnqueueQuarantinedAndValidation(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
 
@@ -245,7 +245,7 @@ func TestEnqueueT0qAndValidation(t *testing.T) {
 	}
 }
 
-func TestClaimT1(t *testing.T) {
+func TestClaimLeasesDueItems(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
 	ids := b.enqueue(t, newItem(1), newItem(2), newItem(3))
@@ -534,7 +534,7 @@ func TestHorizonEndsUncertainByDatabaseClock(t *testing.T) {
 	require.Equal(t, outbox.StateUncertain, attempts[0].StateAfter)
 }
 
-func TestHorizonT3BecomesT4(t *testing.T) {
+func TestRetryPastHorizonBecomesUncertain(t *testing.T) {
 	t.Parallel()
 	// The backoff (5s) reaches past a 1s horizon: the retry becomes uncertain.
 	b := setup(t, outbox.Config{Horizon: time.Second, Lease: 100 * time.Millisecond})
@@ -545,8 +545,8 @@ func TestHorizonT3BecomesT4(t *testing.T) {
 	require.Equal(t, outbox.StateUncertain, st)
 	require.Equal(t, outbox.StateUncertain, b.get(t, ids[0]).State)
 
-	// The brief's rule is literal: a retry past the horizon is uncertain even
-	// when this answer was a refusal.
+	// The rule is literal (docs/outbox.md, "Where Tally differs"): a retry
+	// past the horizon is uncertain even when this answer was a refusal.
 	ids = b.enqueue(t, newItem(2))
 	l = b.claimOne(t)
 	require.Equal(t, ids[0], l.ID)
@@ -585,7 +585,7 @@ func TestNothingAutomaticLeavesRejected(t *testing.T) {
 	require.ErrorContains(t, err, "not an edge of the state machine")
 }
 
-func TestConfirmT7(t *testing.T) {
+func TestConfirm(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
 	ids := b.enqueue(t, newItem(1), newItem(2), newItem(3))
@@ -613,7 +613,7 @@ func TestConfirmT7(t *testing.T) {
 	require.Len(t, ids, 3)
 }
 
-func TestRecoverT8(t *testing.T) {
+func TestRecover(t *testing.T) {
 	t.Parallel()
 	for _, to := range []outbox.State{outbox.StateAccepted, outbox.StatePending, outbox.StateRejected} {
 		t.Run(string(to), func(t *testing.T) {
@@ -685,7 +685,7 @@ func TestRecoverRefusesOtherTargets(t *testing.T) {
 	}
 }
 
-func TestRequeueT9(t *testing.T) {
+func TestRequeue(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{Horizon: 300 * time.Millisecond, Lease: 100 * time.Millisecond})
 
@@ -729,7 +729,7 @@ func TestRequeueT9(t *testing.T) {
 	}
 }
 
-func TestSupersedeT9r(t *testing.T) {
+func TestSupersede(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{BackoffBase: time.Millisecond, BackoffCap: time.Millisecond})
 

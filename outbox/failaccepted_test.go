@@ -55,7 +55,7 @@ func (b *testBundle) attemptRows(t *testing.T) int {
 // T10 moves accepted items to quarantined with the reason, or to rejected,
 // with the provider's code and sanitised message; the provider's reference
 // stays, and the attempt log is not written (T10 is no claim's outcome).
-func TestFailAcceptedT10(t *testing.T) {
+func TestFailAcceptedQuarantinesOrRejects(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
 	q := b.accepted(t, 1)
@@ -317,7 +317,7 @@ func TestFailAcceptedThenRequeueOrReaddress(t *testing.T) {
 
 // The database guard knows T10's two edges and still refuses the others out
 // of accepted.
-func TestDatabaseGuardsT10Edges(t *testing.T) {
+func TestDatabaseGuardsFailAcceptedEdges(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
 	l := b.accepted(t, 1)

@@ -1,0 +1,274 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// sqlConfirm is T7: accepted to confirmed on provider evidence.
+const sqlConfirm = `
+WITH locked AS MATERIALIZED (
+    SELECT o.id FROM outbox_items o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+)
+UPDATE outbox_items o SET state = 'confirmed', confirmed_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
+RETURNING o.id`
+
+// Confirm is T7 for a batch: it moves the given accepted items to confirmed.
+// It returns the ids confirmed; for every other id it re-reads the item and
+// reports a *StateError (or ErrNotFound) in the map, and counts it stale.
+func (s *Store) Confirm(ctx context.Context, q Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
+	ctx, span := batchSpan(ctx, "confirm", "T7")
+	confirmed, refused, err = s.confirm(ctx, q, ids)
+	endBatch(span, len(ids), err)
+	return confirmed, refused, err
+}
+
+func (s *Store) confirm(ctx context.Context, q Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
+	if len(ids) == 0 {
+		return nil, nil, nil
+	}
+	rows, err := q.Query(ctx, sqlConfirm, pgx.NamedArgs{"ids": ids})
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: T7 confirm: %w", err)
+	}
+	confirmed, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: T7 confirm: %w", err)
+	}
+	done := make(map[int64]bool, len(confirmed))
+	for _, id := range confirmed {
+		done[id] = true
+		s.metrics.moved("T7", StateConfirmed)
+	}
+	return confirmed, s.refuseMissing(ctx, q, ids, done, "T7", StateAccepted), nil
+}
+
+// refuseMissing says why a batch write moved none of ids that are not done:
+// it re-reads each such item (mismatch) and counts it as a stale write of
+// transition. It returns nil when every id is done.
+func (s *Store) refuseMissing(ctx context.Context, q Querier, ids []int64, done map[int64]bool, transition string, expected State) map[int64]error {
+	var missing []int64
+	for _, id := range ids {
+		if !done[id] {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	refused := make(map[int64]error, len(missing))
+	for _, id := range missing {
+		refused[id] = s.mismatch(ctx, q, id, transition, expected)
+	}
+	s.metrics.staleWrites(transition, len(missing))
+	return refused
+}
+
+// ProviderFailure is the provider's asynchronous word that it failed an item
+// it had accepted (T10): a Stripe meter error report naming the item's
+// identifier. The mapping from the provider's error code to To and Reason is
+// the exporter's (exporter.ClassifyReport).
+type ProviderFailure struct {
+	// ID is the item.
+	ID int64
+	// To is StateQuarantined, for a cause a mapping fix can cure (Reason
+	// says which), or StateRejected, for any other refusal: terminal.
+	To State
+	// Reason is the quarantine reason when To is StateQuarantined, and
+	// empty otherwise.
+	Reason Reason
+	// Error is the provider's error code and message; it is sanitised before
+	// it is written. A report answers no request, so it has no HTTP status.
+	Error ErrorInfo
+}
+
+// check validates a failure's target: quarantined with a known reason, or
+// rejected without one.
+func (f ProviderFailure) check() error {
+	switch {
+	case f.To == StateQuarantined && !f.Reason.valid():
+		return fmt.Errorf("item %d: quarantine needs a known reason, got %q", f.ID, f.Reason)
+	case f.To == StateRejected && f.Reason != "":
+		return fmt.Errorf("item %d: a rejection carries no quarantine reason", f.ID)
+	case f.To != StateQuarantined && f.To != StateRejected:
+		return fmt.Errorf("item %d: to %q: only quarantined or rejected", f.ID, f.To)
+	}
+	return nil
+}
+
+// failureBatch is a checked batch of provider failures as the parallel
+// arrays the statements unnest, their errors sanitised.
+type failureBatch struct {
+	ids                              []int64
+	states, reasons, codes, messages []string
+	statuses                         []int32
+	byID                             map[int64]ProviderFailure
+}
+
+// newFailureBatch checks every failure (check) and that no item appears
+// twice, and lays the batch out for its statement.
+func newFailureBatch(fs []ProviderFailure) (failureBatch, error) {
+	n := len(fs)
+	b := failureBatch{
+		ids: make([]int64, n), states: make([]string, n), reasons: make([]string, n),
+		codes: make([]string, n), statuses: make([]int32, n), messages: make([]string, n),
+		byID: make(map[int64]ProviderFailure, n),
+	}
+	for i, f := range fs {
+		if _, dup := b.byID[f.ID]; dup {
+			return failureBatch{}, fmt.Errorf("item %d appears twice in one batch", f.ID)
+		}
+		b.byID[f.ID] = f
+		if err := f.check(); err != nil {
+			return failureBatch{}, err
+		}
+		e := f.Error.Sanitized()
+		b.ids[i], b.states[i], b.reasons[i] = f.ID, string(f.To), string(f.Reason)
+		b.codes[i], b.statuses[i], b.messages[i] = e.Code, int32(e.Status), e.Message
+	}
+	return b, nil
+}
+
+// sqlFailAccepted is T10: accepted to quarantined or rejected on the provider's
+// asynchronous error report. The report proves that the event the provider
+// received under the item's identifier was not recorded. When at most one
+// attempt of the item may have reached the provider (the accepted one), no send
+// of it was recorded at all, so refused_attempts := attempts: the item may then
+// be re-addressed (T9r). Otherwise another send carried the same identifier and
+// may have been recorded, so refused_attempts stays and the item keeps its
+// identifier for good (a requeue in place, T9, resends the same identifier,
+// which the provider deduplicates). provider_ref and accepted_at stay, for the
+// record. No outbox_attempts row: that log holds one outcome per claim, and the
+// accepting claim has its outcome already; the report itself is kept by the
+// caller (meter_error_evidence).
+const sqlFailAccepted = `
+WITH b AS (
+    SELECT * FROM unnest(@ids::bigint[], @states::text[], @reasons::text[],
+                         @codes::text[], @statuses::int[], @messages::text[])
+        AS b(id, target, reason, code, status, message)
+),
+locked AS MATERIALIZED (
+    SELECT o.id FROM outbox_items o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+)
+UPDATE outbox_items o SET
+    state = b.target, quarantine_reason = nullif(b.reason, ''),
+    refused_attempts = CASE WHEN o.attempts - o.refused_attempts <= 1 THEN o.attempts ELSE o.refused_attempts END,
+    last_error_code = b.code, last_error_status = nullif(b.status, 0), last_error = nullif(b.message, ''),
+    updated_at = clock_timestamp()
+FROM b
+WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
+RETURNING o.id, o.state`
+
+// FailAccepted is T10 for a batch: the provider reported, after accepting
+// them, that it failed the given items. Each accepted item moves to its
+// failure's To (quarantined with its Reason, or rejected) with the
+// sanitised error as its last error, in one statement that locks the rows in
+// id order. It returns the ids moved; for every other id it re-reads the
+// item and reports a *StateError (or ErrNotFound) in the map, counted as a
+// stale write, and changes nothing. The error return is for failures of the
+// database or of the input (a target other than quarantined or rejected, a
+// quarantine without a known reason, one item twice); then nothing was
+// written. It runs on q, so a caller can make it part of its transaction.
+func (s *Store) FailAccepted(ctx context.Context, q Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
+	ctx, span := batchSpan(ctx, "fail_accepted", "T10")
+	failed, refused, err = s.failAccepted(ctx, q, fs)
+	endBatch(span, len(fs), err)
+	return failed, refused, err
+}
+
+func (s *Store) failAccepted(ctx context.Context, q Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
+	if len(fs) == 0 {
+		return nil, nil, nil
+	}
+	b, err := newFailureBatch(fs)
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: T10: %w", err)
+	}
+	rows, err := q.Query(ctx, sqlFailAccepted, pgx.NamedArgs{
+		"ids": b.ids, "states": b.states, "reasons": b.reasons,
+		"codes": b.codes, "statuses": b.statuses, "messages": b.messages,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("outbox: T10 fail accepted: %w", err)
+	}
+	var (
+		id    int64
+		state State
+	)
+	done := make(map[int64]bool, len(fs))
+	if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
+		failed = append(failed, id)
+		done[id] = true
+		return nil
+	}); err != nil {
+		return nil, nil, fmt.Errorf("outbox: T10 fail accepted: %w", err)
+	}
+	for _, id := range failed {
+		f := b.byID[id]
+		s.metrics.moved("T10", f.To)
+		if f.To == StateQuarantined {
+			s.metrics.quarantinedFor(f.Reason)
+		}
+	}
+	return failed, s.refuseMissing(ctx, q, b.ids, done, "T10", StateAccepted), nil
+}
+
+// sqlNoteFailures notes the provider's error report on items still in
+// flight — pending (a retry after an attempt that may have reached the
+// provider), leased (the report overtook the answer) or uncertain — so that
+// the accept recorded for them afterwards (T2) lands where the report says.
+// It changes no state: the item's next transition does. Of two reports, a
+// rejection outranks a quarantine (a mapping fix would not cure the item);
+// otherwise the first note stays. Rows are locked in ascending id order, the
+// order of every waiting writer of this package.
+const sqlNoteFailures = `
+WITH b AS (
+    SELECT * FROM unnest(@ids::bigint[], @states::text[], @reasons::text[], @codes::text[], @messages::text[])
+        AS b(id, target, reason, code, message)
+),
+locked AS MATERIALIZED (
+    SELECT o.id FROM outbox_items o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+)
+UPDATE outbox_items o SET
+    reported_state   = b.target,
+    reported_reason  = nullif(b.reason, ''),
+    reported_code    = b.code,
+    reported_message = nullif(b.message, '')
+FROM b
+WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked)
+  AND o.state IN ('pending', 'leased', 'uncertain')
+  AND (o.reported_state IS NULL OR (o.reported_state = 'quarantined' AND b.target = 'rejected'))
+RETURNING o.id`
+
+// NoteFailures records the provider's asynchronous word that it failed the
+// given items while they are still in flight (pending, leased or
+// uncertain): the next accept of each (T2) lands in the failure's To with
+// its reason and error instead of accepted. Without the note, a report that
+// overtakes the answer to the request it is about would be lost, and the
+// item would sit accepted with nothing counted. It returns the ids noted;
+// an item in another state, or already noted with an equal or stronger
+// verdict, is left as it is. The input is checked as FailAccepted's. It runs
+// on q, so a caller can make it part of its transaction.
+func (s *Store) NoteFailures(ctx context.Context, q Querier, fs []ProviderFailure) ([]int64, error) {
+	if len(fs) == 0 {
+		return nil, nil
+	}
+	b, err := newFailureBatch(fs)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: noting a failure: %w", err)
+	}
+	rows, err := q.Query(ctx, sqlNoteFailures, pgx.NamedArgs{
+		"ids": b.ids, "states": b.states, "reasons": b.reasons, "codes": b.codes, "messages": b.messages,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: noting failures: %w", err)
+	}
+	noted, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: noting failures: %w", err)
+	}
+	return noted, nil
+}

@@ -1,0 +1,196 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Recovery is what an operator decided about an uncertain item (T8).
+type Recovery struct {
+	// To is StateAccepted (the provider has it), StatePending (send it again
+	// with the same identifier) or StateRejected (abandon it).
+	To State
+	// ExpectLeaseToken is the lease token of the item as the operator
+	// reviewed it; the recovery is refused if the item moved since.
+	ExpectLeaseToken int64
+	// NotReached, with To = pending, records the operator's finding, from
+	// evidence such as reconciliation, that no attempt of the item reached
+	// the provider. Only then may it be sent past the horizon, or later be
+	// re-addressed; without it, recovery to pending is refused past the
+	// horizon (ErrPastHorizon). It needs a Reason.
+	NotReached bool
+	// ProviderRef is the provider's evidence for To = accepted (optional).
+	ProviderRef string
+	// Reason explains the decision; it is sanitised and kept as the item's
+	// last_error message for rejected and for a NotReached recovery.
+	Reason string
+}
+
+// sqlRecover is T8: an operator's decision about an uncertain item. To
+// pending it grants a fresh attempt budget (attempts_base := attempts;
+// attempts and first_attempt_at do not move), and it is refused past the
+// horizon unless no attempt may have reached the provider or the operator
+// records that none did (refused_attempts := attempts).
+const sqlRecover = `
+UPDATE outbox_items SET
+    state             = @to,
+    accepted_at       = CASE WHEN @to = 'accepted' THEN clock_timestamp() ELSE accepted_at END,
+    provider_ref      = CASE WHEN @to = 'accepted' THEN coalesce(nullif(@ref, ''), provider_ref) ELSE provider_ref END,
+    next_attempt_at   = CASE WHEN @to = 'pending' THEN clock_timestamp() ELSE next_attempt_at END,
+    refused_attempts  = CASE WHEN @to = 'pending' AND @not_reached THEN attempts ELSE refused_attempts END,
+    attempts_base     = CASE WHEN @to = 'pending' THEN attempts ELSE attempts_base END,
+    last_error_code   = CASE WHEN @to = 'rejected' THEN 'operator_rejected'
+                             WHEN @not_reached THEN 'operator_not_reached' ELSE last_error_code END,
+    last_error_status = CASE WHEN @to = 'rejected' OR @not_reached THEN NULL ELSE last_error_status END,
+    last_error        = CASE WHEN @to = 'rejected' OR @not_reached THEN nullif(@reason, '') ELSE last_error END,
+    updated_at        = clock_timestamp()
+WHERE id = @id AND state = 'uncertain' AND lease_token = @token
+  AND (@to <> 'pending' OR @not_reached OR refused_attempts = attempts
+       OR first_attempt_at + @horizon::interval > clock_timestamp())`
+
+// Recover is T8. Zero rows affected gives a *StateError carrying the item's
+// current state and lease token, ErrNotFound, or ErrPastHorizon; nothing is
+// retried.
+func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) error {
+	switch r.To {
+	case StateAccepted, StatePending, StateRejected:
+	default:
+		return fmt.Errorf("outbox: recovery to %q: only accepted, pending or rejected", r.To)
+	}
+	if r.NotReached && r.To != StatePending {
+		return errors.New("outbox: recovery: not-reached goes with a recovery to pending only")
+	}
+	reason := ErrorInfo{Code: "operator", Message: r.Reason}.Sanitized().Message
+	if r.NotReached && reason == "" {
+		return errors.New("outbox: recovery: a not-reached finding needs a reason")
+	}
+	tag, err := q.Exec(ctx, sqlRecover, pgx.NamedArgs{
+		"id": id, "token": r.ExpectLeaseToken, "to": string(r.To), "ref": r.ProviderRef, "reason": reason,
+		"not_reached": r.NotReached, "horizon": s.cfg.Horizon,
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: T8 recover item %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 1 {
+		s.metrics.moved("T8", r.To)
+		return nil
+	}
+	s.metrics.staleWrites("T8", 1)
+	err = s.mismatch(ctx, q, id, "T8", StateUncertain)
+	var se *StateError
+	if errors.As(err, &se) && se.Current == StateUncertain && se.CurrentLeaseToken == r.ExpectLeaseToken {
+		return fmt.Errorf("%w: item %d", ErrPastHorizon, id)
+	}
+	return err
+}
+
+// sqlRequeue is T9: an operator requeues a quarantined item after fixing
+// the cause without changing the mapping it was built from (a meter created
+// at Stripe, the node's account corrected). It keeps its identity and
+// identifier, and gets a fresh attempt budget. Only an item whose payload is
+// sendable as it stands may go back: one staged without a customer, a meter
+// or an account must be re-addressed (T9r) under a mapping that supplies it.
+const sqlRequeue = `
+UPDATE outbox_items SET
+    state = 'pending', quarantine_reason = NULL, next_attempt_at = clock_timestamp(),
+    attempts_base = attempts, updated_at = clock_timestamp(),
+    reported_state = NULL, reported_reason = NULL, reported_code = NULL, reported_message = NULL
+WHERE id = @id AND state = 'quarantined' AND mapping_version = @version
+  AND destination_account <> '' AND mapping_version > 0
+  AND coalesce(payload ->> 'customer', '') <> '' AND coalesce(payload ->> 'event_name', '') <> ''`
+
+// Requeue is T9. It answers ErrMappingChanged when the item was built from
+// another mapping version than the one given, ErrNotSendable when its
+// payload lacks what a send needs, a *StateError when it is not quarantined,
+// ErrNotFound when there is no such item.
+func (s *Store) Requeue(ctx context.Context, q Querier, id int64, mappingVersion int) error {
+	tag, err := q.Exec(ctx, sqlRequeue, pgx.NamedArgs{"id": id, "version": mappingVersion})
+	if err != nil {
+		return fmt.Errorf("outbox: T9 requeue item %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 1 {
+		s.metrics.moved("T9", StatePending)
+		return nil
+	}
+	s.metrics.staleWrites("T9", 1)
+	return s.requeueRefusal(ctx, q, id, "T9", mappingVersion)
+}
+
+func (s *Store) requeueRefusal(ctx context.Context, q Querier, id int64, transition string, mappingVersion int) error {
+	var (
+		state             State
+		version           int
+		token             int64
+		refused, attempts int
+		sendable          bool
+	)
+	err := q.QueryRow(ctx, `SELECT state, mapping_version, lease_token, refused_attempts, attempts,
+		    destination_account <> '' AND mapping_version > 0
+		    AND coalesce(payload ->> 'customer', '') <> '' AND coalesce(payload ->> 'event_name', '') <> ''
+		FROM outbox_items WHERE id = $1`, id).Scan(&state, &version, &token, &refused, &attempts, &sendable)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: %d", ErrNotFound, id)
+	case err != nil:
+		return fmt.Errorf("outbox: %s: re-reading item %d: %w", transition, id, err)
+	case state != StateQuarantined:
+		return &StateError{ID: id, Transition: transition, Expected: StateQuarantined, Current: state, CurrentLeaseToken: token}
+	case version != mappingVersion:
+		return fmt.Errorf("%w: item %d was built from mapping version %d, not %d", ErrMappingChanged, id, version, mappingVersion)
+	case transition == "T9" && !sendable:
+		return fmt.Errorf("%w: item %d", ErrNotSendable, id)
+	case transition == "T9r" && refused != attempts:
+		return fmt.Errorf("%w: item %d", ErrMayHaveReached, id)
+	}
+	return fmt.Errorf("outbox: %s: item %d changed concurrently; read it again", transition, id)
+}
+
+// sqlSupersede closes a quarantined item that an operator re-addressed:
+// only an item no attempt of which may have reached the provider, in the same
+// transaction as its successor's insert.
+const sqlSupersede = `
+UPDATE outbox_items SET state = 'superseded', superseded_by = @successor, updated_at = clock_timestamp()
+WHERE id = @id AND state = 'quarantined' AND mapping_version = @version AND refused_attempts = attempts`
+
+// Supersede is T9r, the requeue that re-addresses: inside the caller's
+// transaction it enqueues successor (T0 or T0q) under its new identity and
+// closes the quarantined item id (built from mappingVersion) as superseded,
+// pointing to the successor, so its usage is counted once. The successor must
+// name the same tenant and subject under a different identity (a new mapping
+// version, account, mode or exporter, or — when nothing else changed — the
+// next re-address generation of its subject ref, ReaddressRef; BaseRef of
+// both must agree). Only an item proven not to have reached
+// the provider may be re-addressed: otherwise ErrMayHaveReached, and the item
+// keeps its identifier for good. On any error the caller must roll back.
+func (s *Store) Supersede(ctx context.Context, tx pgx.Tx, id int64, mappingVersion int, successor NewItem) (Enqueued, error) {
+	old, err := s.Get(ctx, tx, id)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	if successor.TenantKey != old.TenantKey || successor.SubjectKind != old.SubjectKind || BaseRef(successor.SubjectRef) != BaseRef(old.SubjectRef) {
+		return Enqueued{}, fmt.Errorf("outbox: T9r: the successor of item %d must carry the same tenant and subject", id)
+	}
+	if successor.Identity == old.Identity {
+		return Enqueued{}, fmt.Errorf("outbox: T9r: the successor of item %d has the same identity; requeue it (T9) instead", id)
+	}
+	enq, err := s.Enqueue(ctx, tx, successor)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	if !enq.Inserted {
+		return Enqueued{}, fmt.Errorf("%w: item %d", ErrSuccessorExists, enq.ID)
+	}
+	tag, err := tx.Exec(ctx, sqlSupersede, pgx.NamedArgs{"id": id, "version": mappingVersion, "successor": enq.ID})
+	if err != nil {
+		return Enqueued{}, fmt.Errorf("outbox: T9r supersede item %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		s.metrics.staleWrites("T9r", 1)
+		return Enqueued{}, s.requeueRefusal(ctx, tx, id, "T9r", mappingVersion)
+	}
+	s.metrics.moved("T9r", StateSuperseded)
+	return enq, nil
+}
