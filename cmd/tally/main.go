@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -53,28 +54,8 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
-// command is one runnable command: its name as typed, its own flags, and
-// what it does once the configuration is loaded and the database open.
-type command struct {
-	name string
-	// flags registers the command's own flags.
-	flags func(fs *flag.FlagSet, o *opts)
-	// args checks the positional arguments.
-	args func(args []string) error
-	// service commands start a cluster of their own; the others attach to
-	// a running one when there is one.
-	service bool
-	// noDB commands need no database opened for them.
-	noDB bool
-	// settings: a noDB command that takes every service setting as a flag
-	// too (doctor diagnoses them).
-	settings bool
-	// prepare, if set, runs after the configuration is loaded and before
-	// anything is built from it; what it returns is closed at exit.
-	prepare func(ctx context.Context, cfg *config.Config, o *opts, stdout io.Writer) (io.Closer, error)
-	run     func(ctx context.Context, env *env, args []string) error
-}
-
+// run is the whole of tally: it runs the command args name and returns the
+// process's exit status (0 done, 1 failed, 2 called wrongly).
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -89,57 +70,13 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "tally: unknown command %q\n\n%s", strings.Join(args[:min(2, len(args))], " "), usage)
 		return 2
 	}
-
-	fs := flag.NewFlagSet("tally "+cmd.name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	// A command without a database takes the service's settings from the
-	// environment only (its logging, say): its -h lists its own flags.
-	cfgFlags := fs
-	if cmd.noDB && !cmd.settings {
-		cfgFlags = flag.NewFlagSet("", flag.ContinueOnError)
+	line, status := parse(cmd, rest, getenv, stderr)
+	if line == nil {
+		return status
 	}
-	load := config.Flags(cfgFlags, getenv)
-	o := &opts{}
-	if cmd.flags != nil {
-		cmd.flags(fs, o)
-	}
-	if err := fs.Parse(interspersed(fs, rest)); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if cmd.args != nil {
-		if err := cmd.args(fs.Args()); err != nil {
-			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
-			return 2
-		}
-	} else if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tally %s: unexpected arguments %q\n", cmd.name, fs.Args())
-		return 2
-	}
-	cfg, err := load()
-	if err != nil {
-		fmt.Fprintf(stderr, "tally %s: invalid configuration:\n%v\n", cmd.name, err)
-		return 2
-	}
-	if cmd.name != "serve" && !settingSet(cfgFlags, getenv, "log-format", "TALLY_LOG_FORMAT") {
-		cfg.LogFormat = "text" // JSON is for production, where serve runs; people read the rest
-	}
-	if !cmd.service && cfg.LogLevel == "info" {
-		cfg.LogLevel = "warn" // operator commands print results, not progress
-	}
-	logger := app.NewLogger(cfg)
-	if (!cmd.noDB || cmd.settings) && cfg.DatabaseURL == "" && !dataDirSet(cfgFlags, getenv) && embeddedpg.Unreachable(cfg.DataDir, "") {
-		// Run as root from a checkout the server user cannot reach (under
-		// /root, say): the default data directory moves to one it can, the
-		// same for every command of this checkout.
-		moved := embeddedpg.Fallback(cfg.DataDir)
-		if cmd.service {
-			logger.Warn("the default data directory is not reachable by the unprivileged user that runs PostgreSQL; using another",
-				"default", cfg.DataDir, "using", moved, "hint", "set TALLY_DATA_DIR to choose")
-		}
-		cfg.DataDir = moved
+	cfg, logger, status := configure(line, getenv, stderr)
+	if logger == nil {
+		return status
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -157,7 +94,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	followGoRun()
 
 	if cmd.prepare != nil {
-		closer, err := cmd.prepare(ctx, &cfg, o, stdout)
+		closer, err := cmd.prepare(ctx, &cfg, stdout)
 		if err != nil {
 			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
 			return 1
@@ -166,53 +103,86 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 			defer closer.Close()
 		}
 	}
-	if cmd.noDB {
-		return exitStatus(cmd, stderr, cmd.run(ctx, &env{cfg: cfg, logger: logger, stdout: stdout, stderr: stderr, opts: o}, fs.Args()))
+	return execute(ctx, cmd, &env{cfg: cfg, logger: logger, stdout: stdout, stderr: stderr}, line.args)
+}
+
+// commandLine is a command line parsed: the command, its positional
+// arguments, and the service settings given to it.
+type commandLine struct {
+	cmd  command
+	args []string
+	// settings is the flag set the service settings were registered on:
+	// the command's own, or a hidden one for a command without a database.
+	settings *flag.FlagSet
+	// load reads the configuration from those flags and the environment.
+	load func() (config.Config, error)
+}
+
+// parse parses the flags and checks the positional arguments of cmd. With
+// -h, or a mistake (reported on stderr), it returns nil and the exit status.
+func parse(cmd command, rest []string, getenv func(string) string, stderr io.Writer) (*commandLine, int) {
+	fs := flag.NewFlagSet("tally "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	// A command without a database takes the service's settings from the
+	// environment only (its logging, say): its -h lists its own flags.
+	cfgFlags := fs
+	if cmd.noDB && !cmd.settings {
+		cfgFlags = flag.NewFlagSet("", flag.ContinueOnError)
 	}
-	parts, err := app.Build(cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
-		return 2
+	load := config.Flags(cfgFlags, getenv)
+	if cmd.flags != nil {
+		cmd.flags(fs)
 	}
-	db, err := app.Open(ctx, cfg, logger, !cmd.service)
-	if err != nil {
-		if errors.Is(err, embeddedpg.ErrNoBinaries) {
-			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
-			return 1
+	if err := fs.Parse(interspersed(fs, rest)); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, 0
 		}
-		logger.Error("opening the database failed", "error", err)
-		fmt.Fprintf(stderr, "tally %s: opening the database failed: %v\n", cmd.name, err)
-		return 1
+		return nil, 2
 	}
-	defer db.Close()
-
-	if !cmd.service {
-		// An operator command (a requeue, say) needs the destination now;
-		// without one it reports export as stalled.
-		_, _ = parts.Resolver.Resolve(ctx)
+	if cmd.args != nil {
+		if err := cmd.args(fs.Args()); err != nil {
+			fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
+			return nil, 2
+		}
+	} else if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "tally %s: unexpected arguments %q\n", cmd.name, fs.Args())
+		return nil, 2
 	}
-	e := &env{cfg: cfg, db: db, parts: parts, logger: logger, stdout: stdout, stderr: stderr, opts: o}
-	return exitStatus(cmd, stderr, cmd.run(ctx, e, fs.Args()))
+	return &commandLine{cmd: cmd, args: fs.Args(), settings: cfgFlags, load: load}, 0
 }
 
-// exitStatus reports a command's error: 2 for a mistake in how it was
-// called, 1 for a failure.
-func exitStatus(cmd command, stderr io.Writer, err error) int {
-	if err == nil {
-		return 0
+// configure loads the configuration of a command line and fits it to the
+// command: people read the logs of every command but serve, operator
+// commands print results rather than progress, and a default data directory
+// the server user cannot reach moves. With an invalid configuration
+// (reported on stderr) it returns a nil logger and the exit status.
+func configure(line *commandLine, getenv func(string) string, stderr io.Writer) (config.Config, *slog.Logger, int) {
+	cmd := line.cmd
+	cfg, err := line.load()
+	if err != nil {
+		fmt.Fprintf(stderr, "tally %s: invalid configuration:\n%v\n", cmd.name, err)
+		return cfg, nil, 2
 	}
-	fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
-	var ue usageError
-	if errors.As(err, &ue) {
-		return 2
+	if cmd.name != "serve" && !settingSet(line.settings, getenv, "log-format", "TALLY_LOG_FORMAT") {
+		cfg.LogFormat = "text" // JSON is for production, where serve runs; people read the rest
 	}
-	return 1
+	if !cmd.service && cfg.LogLevel == "info" {
+		cfg.LogLevel = "warn" // operator commands print results, not progress
+	}
+	logger := app.NewLogger(cfg)
+	if (!cmd.noDB || cmd.settings) && cfg.DatabaseURL == "" && !dataDirSet(line.settings, getenv) && embeddedpg.Unreachable(cfg.DataDir, "") {
+		// Run as root from a checkout the server user cannot reach (under
+		// /root, say): the default data directory moves to one it can, the
+		// same for every command of this checkout.
+		moved := embeddedpg.Fallback(cfg.DataDir)
+		if cmd.service {
+			logger.Warn("the default data directory is not reachable by the unprivileged user that runs PostgreSQL; using another",
+				"default", cfg.DataDir, "using", moved, "hint", "set TALLY_DATA_DIR to choose")
+		}
+		cfg.DataDir = moved
+	}
+	return cfg, logger, 0
 }
-
-// usageError is a mistake in how a command was called (exit status 2).
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
 
 // interspersed lets flags follow positional arguments ("requeue 42
 // --mapping-version 3"), which the flag package alone does not.

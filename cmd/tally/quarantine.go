@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"strconv"
+
+	"github.com/tallymeter/tally/quarantine"
+)
+
+// quarantineFlags are the flags of tally quarantine.
+type quarantineFlags struct {
+	format, reason, tenant, feature, period string
+}
+
+// quarantineCommand is tally quarantine: the quarantine report.
+func quarantineCommand() command {
+	f := &quarantineFlags{}
+	return command{name: "quarantine", flags: f.register, run: f.run}
+}
+
+func (f *quarantineFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.format, "format", "table", "table, csv or json")
+	fs.StringVar(&f.reason, "reason", "", "only this quarantine reason")
+	fs.StringVar(&f.tenant, "tenant", "", "only this tenant")
+	fs.StringVar(&f.feature, "feature", "", "only this feature")
+	fs.StringVar(&f.period, "period", "", "only billing periods starting in this month (YYYY-MM)")
+}
+
+func (f *quarantineFlags) run(ctx context.Context, e *env, _ []string) error {
+	if f.period != "" {
+		if _, _, err := quarantine.ParsePeriod(f.period); err != nil {
+			return usageError{err.Error()}
+		}
+	}
+	rep, err := quarantine.Quarantined(ctx, e.db.Pool, quarantine.Filter{Reason: f.reason, Tenant: f.tenant, Feature: f.feature, Period: f.period})
+	if err != nil {
+		return err
+	}
+	switch f.format {
+	case "table":
+		return rep.Table(e.stdout)
+	case "csv":
+		return rep.CSV(e.stdout)
+	case "json":
+		return printJSON(e.stdout, rep)
+	}
+	return usageError{"--format must be table, csv or json"}
+}
+
+// requeueFlags are the flags of tally requeue.
+type requeueFlags struct {
+	mappingVersion int
+}
+
+// requeueCommand is tally requeue ID: a quarantined item back to export,
+// under its tenant's and feature's current mapping.
+func requeueCommand() command {
+	f := &requeueFlags{}
+	return command{name: "requeue", flags: f.register, args: exactly(1, "an item id"), run: f.run}
+}
+
+func (f *requeueFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.mappingVersion, "mapping-version", -1, "the current mapping version of the item's tenant and feature (required)")
+}
+
+func (f *requeueFlags) run(ctx context.Context, e *env, args []string) error {
+	id, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || id < 1 {
+		return usageError{"the item id must be a positive number"}
+	}
+	if f.mappingVersion < 0 {
+		return usageError{"--mapping-version is required: the current mapping version of the item's tenant and feature"}
+	}
+	res, err := e.parts.Requeuer.Requeue(ctx, e.db.Pool, id, f.mappingVersion, who())
+	if err != nil {
+		return err
+	}
+	return printJSON(e.stdout, res)
+}
+
+// completenessFlags are the flags of tally report completeness.
+type completenessFlags struct {
+	period, tenant, format string
+}
+
+// completenessCommand is tally report completeness: the usage of a month's
+// billing periods by the state of the items that carry it; it fails when
+// the conservation identity does not hold.
+func completenessCommand() command {
+	f := &completenessFlags{}
+	return command{name: "report completeness", flags: f.register, run: f.run}
+}
+
+func (f *completenessFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.period, "period", "", "billing periods starting in this month, YYYY-MM (required)")
+	fs.StringVar(&f.tenant, "tenant", "", "only this tenant")
+	fs.StringVar(&f.format, "format", "table", "table or json")
+}
+
+func (f *completenessFlags) run(ctx context.Context, e *env, _ []string) error {
+	if _, _, err := quarantine.ParsePeriod(f.period); err != nil {
+		return usageError{"--period is required, as YYYY-MM"}
+	}
+	c, err := quarantine.CompletenessOf(ctx, e.db.Pool, f.period, f.tenant)
+	if err != nil {
+		return err
+	}
+	switch f.format {
+	case "table":
+		if err := c.Table(e.stdout); err != nil {
+			return err
+		}
+	case "json":
+		if err := printJSON(e.stdout, c); err != nil {
+			return err
+		}
+	default:
+		return usageError{"--format must be table or json"}
+	}
+	if !c.Holds {
+		return errors.New("the conservation identity does not hold for every line")
+	}
+	return nil
+}

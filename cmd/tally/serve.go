@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tallymeter/tally/cmd/tally/app"
+	"github.com/tallymeter/tally/cmd/tally/config"
+	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/mappings"
+)
+
+// serveCommand is tally serve: the service, configured by its settings alone.
+func serveCommand() command {
+	return command{name: "serve", service: true, run: func(ctx context.Context, e *env, _ []string) error {
+		return app.Serve(ctx, e.cfg, e.db, e.parts, e.logger, nil)
+	}}
+}
+
+// devFlags are the flags of tally dev.
+type devFlags struct {
+	// simListen is the simulator's address: as asked for, then as bound.
+	simListen string
+}
+
+// devCommand is tally dev: the service on embedded defaults, with the
+// built-in Stripe simulator and a demo mapped, for local development.
+func devCommand() command {
+	f := &devFlags{}
+	return command{name: "dev", service: true, prepare: f.prepare, flags: f.register, run: f.run}
+}
+
+func (f *devFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.simListen, "sim-listen", "127.0.0.1:12111", "the built-in Stripe simulator's address (when STRIPE_API_KEY is unset)")
+}
+
+// The demo of tally dev: features mapped to the simulator's meters, and
+// tenants to its customers.
+var (
+	demoFeatures = []struct {
+		name  string
+		agg   mappings.Aggregation
+		win   time.Duration
+		event string
+	}{
+		{"api_calls", mappings.Sum, time.Minute, "api_calls"},
+		{"seats", mappings.Last, time.Minute, "seats"},
+		{"logins", mappings.Count, time.Hour, "logins"},
+	}
+	demoTenants = []struct{ tenant, customer string }{{"acme", "cus_acme"}, {"globex", "cus_globex"}}
+)
+
+// devSim is the simulator tally dev runs; closing it stops it.
+type devSim struct {
+	srv  *http.Server
+	sim  *stripesim.Server
+	stop chan struct{}
+}
+
+func (d *devSim) Close() error {
+	close(d.stop)
+	d.sim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return d.srv.Shutdown(ctx)
+}
+
+// prepare starts the built-in Stripe simulator on loopback with the demo's
+// meters and customers, and points this node at it, unless STRIPE_API_KEY
+// is set; and it shortens the stage interval and the window grace left at
+// their defaults, so that usage lands within a minute.
+func (f *devFlags) prepare(_ context.Context, cfg *config.Config, _ io.Writer) (io.Closer, error) {
+	if cfg.StageInterval == 10*time.Second {
+		cfg.StageInterval = 2 * time.Second
+	}
+	if cfg.WindowGrace == 2*time.Minute {
+		cfg.WindowGrace = 5 * time.Second
+	}
+	if cfg.StripeAPIKey != "" {
+		return nil, nil
+	}
+	sim := stripesim.New(stripesim.Options{})
+	for _, d := range demoFeatures {
+		sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: d.name, EventName: d.event, Formula: string(d.agg)})
+	}
+	for _, t := range demoTenants {
+		sim.CreateCustomer(stripesim.DefaultAccount, t.customer)
+	}
+	ln, err := net.Listen("tcp", f.simListen)
+	if err != nil {
+		return nil, fmt.Errorf("starting the Stripe simulator: %w", err)
+	}
+	srv := &http.Server{Handler: sim.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	// The simulator serves the v2 meter event stream on the same address.
+	cfg.StripeAPIKey, cfg.StripeAPIBase = stripesim.DefaultKey, "http://"+ln.Addr().String()
+	cfg.StripeMeterEventsBase = cfg.StripeAPIBase
+	f.simListen = ln.Addr().String()
+	// The simulator is the event destination's sender too: its meter error
+	// reports reach POST /v1/stripe/events, signed with the dev secret.
+	if cfg.StripeWebhookSecret == "" {
+		cfg.StripeWebhookSecret = devWebhookSecret
+	}
+	d := &devSim{srv: srv, sim: sim, stop: make(chan struct{})}
+	go deliverReports(sim, stripesim.DefaultAccount, "http://"+cfg.Listen+"/v1/stripe/events", cfg.StripeWebhookSecret, d.stop)
+	return d, nil
+}
+
+// devToken returns the token kept in the data directory under name,
+// making one the first time.
+func devToken(dataDir, name string) (string, error) {
+	path := filepath.Join(dataDir, name)
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	token := auth.TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	return token, os.WriteFile(path, []byte(token+"\n"), 0o600)
+}
+
+// run makes the dev tokens and maps the demo, then serves; once the service
+// listens it says where everything is.
+func (f *devFlags) run(ctx context.Context, e *env, _ []string) error {
+	admin, ingest, err := devTokens(ctx, e)
+	if err != nil {
+		return err
+	}
+	if f.simulated(e) {
+		if err := mapDemo(ctx, e); err != nil {
+			return err
+		}
+	}
+	ready := func(addr string) { f.printReady(e, addr, admin, ingest) }
+	return app.Serve(ctx, e.cfg, e.db, e.parts, e.logger, ready)
+}
+
+// simulated reports whether this node sends to the simulator tally dev
+// started.
+func (f *devFlags) simulated(e *env) bool {
+	return e.cfg.StripeAPIBase == "http://"+f.simListen
+}
+
+// devTokens returns the admin token (the configured one, or one kept in the
+// data directory) and a live ingest token kept there, on the embedded
+// database only; on TALLY_DATABASE_URL only a configured admin token.
+func devTokens(ctx context.Context, e *env) (admin, ingest string, err error) {
+	admin = e.cfg.AdminToken
+	if e.cfg.DatabaseURL != "" {
+		return admin, "", nil
+	}
+	if admin == "" {
+		if admin, err = devToken(e.cfg.DataDir, "dev-admin-token"); err != nil {
+			return "", "", err
+		}
+		e.cfg.AdminToken = admin
+	}
+	if ingest, err = devToken(e.cfg.DataDir, "dev-ingest-token"); err != nil {
+		return "", "", err
+	}
+	if err := ensureIngestToken(ctx, e, ingest); err != nil {
+		return "", "", err
+	}
+	return admin, ingest, nil
+}
+
+// ensureIngestToken makes token a live ingest token named "dev ingest".
+func ensureIngestToken(ctx context.Context, e *env, token string) error {
+	if _, err := auth.Verify(ctx, e.db.Pool, token); err == nil {
+		return nil
+	}
+	return auth.EnsureToken(ctx, e.db.Pool, "dev ingest", auth.RoleIngest, token)
+}
+
+// mapDemo maps the demo: the simulator's meters and customers.
+func mapDemo(ctx context.Context, e *env) error {
+	for _, d := range demoFeatures {
+		in := mappings.FeatureInput{EventName: d.event, Aggregation: d.agg, Window: mappings.Duration(d.win)}
+		if _, _, err := e.parts.Mappings.PutFeature(ctx, e.db.Pool, d.name, in, "tally dev"); err != nil {
+			return fmt.Errorf("mapping the demo feature %s: %w", d.name, err)
+		}
+	}
+	for _, t := range demoTenants {
+		if _, _, err := e.parts.Mappings.PutTenant(ctx, e.db.Pool, t.tenant, mappings.TenantInput{StripeCustomerID: t.customer}, "tally dev"); err != nil {
+			return fmt.Errorf("mapping the demo tenant %s: %w", t.tenant, err)
+		}
+	}
+	return nil
+}
+
+// printReady says where the service listening at addr, its console, the
+// simulator and the data are, and how to post usage.
+func (f *devFlags) printReady(e *env, addr, admin, ingest string) {
+	w := e.stdout
+	fmt.Fprintf(w, "\nTally is running at http://%s (API /v1, health /healthz, readiness /readyz, metrics /metrics)\n", addr)
+	if admin != "" {
+		fmt.Fprintf(w, "Admin token:  %s\n", admin)
+		fmt.Fprintf(w, "Console:      http://%s/console/ (sign in with the admin token)\n", addr)
+	}
+	if f.simulated(e) {
+		fmt.Fprintf(w, "Stripe:       the built-in simulator at http://%s (recorded events: http://%s/_sim/events)\n", f.simListen, f.simListen)
+		fmt.Fprintf(w, "Demo:         tenants acme and globex; features api_calls (sum, 1m windows), seats (last, 1m), logins (count, sent per event)\n")
+	}
+	if ingest != "" {
+		fmt.Fprintf(w, "\nPost usage:\n  curl -sS -X POST http://%s/v1/usage -H 'Authorization: Bearer %s' \\\n", addr, ingest)
+		fmt.Fprintf(w, "    -d '{\"events\":[{\"id\":\"demo-'$(date +%%s%%N)'\",\"tenant\":\"acme\",\"feature\":\"logins\",\"value\":1},\n")
+		fmt.Fprintf(w, "                   {\"id\":\"demo-'$(date +%%s%%N)'-b\",\"tenant\":\"acme\",\"feature\":\"api_calls\",\"value\":5}]}'\n")
+		fmt.Fprintf(w, "See it reach Stripe (logins at once, api_calls when its minute closes):\n")
+		fmt.Fprintf(w, "  curl -sS http://%s/_sim/events\n", f.simListen)
+		fmt.Fprintf(w, "  curl -sS http://%s/v1/outbox/summary -H 'Authorization: Bearer %s'\n", addr, admin)
+	}
+	where := "embedded PostgreSQL in " + e.cfg.DataDir
+	if e.cfg.DatabaseURL != "" {
+		where = "TALLY_DATABASE_URL"
+	}
+	fmt.Fprintf(w, "\nData: %s. Stop with Ctrl-C.\n", where)
+}
