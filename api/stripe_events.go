@@ -93,8 +93,8 @@ func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ignored"})
 		return
 	}
-	var seen bool
-	if err := h.Pool.QueryRow(r.Context(), `SELECT EXISTS (SELECT 1 FROM stripe_events WHERE id = $1)`, thin.ID).Scan(&seen); err != nil {
+	seen, err := reconcile.EventRecorded(r.Context(), h.Pool, thin.ID)
+	if err != nil {
 		h.internal(w, r, err)
 		return
 	}

@@ -4,12 +4,14 @@
 // evidence and audit trail, uncertain and rejected items, mappings,
 // reconciliation and completeness — with the actions an operator takes.
 //
-// Sign-in exchanges an API token (finance or above) for a session: a
-// random id in an HttpOnly, SameSite=Strict cookie, only its hash stored.
-// Every action is a POST carrying the session's CSRF token; what a page
-// shows and allows follows the role. It changes nothing itself: every
-// action goes through the package that owns it (quarantine, reconcile,
-// mappings), which audits it. It reads with plain queries for its lists.
+// Sign-in exchanges an API token (finance or above) for a session, kept by
+// package auth: a random id in an HttpOnly, SameSite=Strict cookie, only
+// its hash stored. Every action is a POST carrying the session's CSRF
+// token; what a page shows and allows follows the role. It changes nothing
+// itself: every action goes through the package that owns it (quarantine,
+// reconcile, mappings), which audits it. It runs no SQL of its own either:
+// every page reads through the read functions of the packages that own the
+// tables (outbox, quarantine, meter, mappings, reconcile, audit, auth).
 // It must never show a token, a key or a provider body.
 package console
 
@@ -224,7 +226,7 @@ type flash struct {
 type page struct {
 	Title   string
 	Nav     []navItem
-	Session session
+	Session auth.Session
 	CanAct  bool
 	Flash   *flash
 	Data    any

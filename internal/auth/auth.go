@@ -1,10 +1,12 @@
 // Package auth owns API tokens: creating them (the secret is shown once and
 // only its SHA-256 is stored), checking a presented token in constant time,
-// and the roles, which nest: ingest < finance < operator < admin. An ingest
-// token may be scoped to tenants.
+// listing them, and the roles, which nest: ingest < finance < operator <
+// admin. An ingest token may be scoped to tenants. It also owns the web
+// console's sign-in sessions (the console_sessions table), opened with a
+// token: the browser holds a random id, only its SHA-256 is stored.
 //
-// It never stores, logs or returns a token after creation, and never
-// compares secrets with ==.
+// It never stores, logs or returns a token after creation, never stores a
+// session id, and never compares secrets with ==.
 package auth
 
 import (
@@ -17,6 +19,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -72,6 +75,7 @@ var ErrUnknownToken = errors.New("auth: unknown or revoked token")
 // Querier runs SQL: a pool, a connection or a transaction.
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
@@ -189,4 +193,36 @@ func Revoke(ctx context.Context, q Querier, name string) error {
 		return fmt.Errorf("auth: no live token named %q", name)
 	}
 	return nil
+}
+
+// Token is a token as listed: never its secret nor its hash.
+type Token struct {
+	Name string
+	Role Role
+	// Tenants scopes an ingest token; nil means every tenant.
+	Tenants   []string
+	CreatedAt time.Time
+	// RevokedAt is nil while the token is live.
+	RevokedAt *time.Time
+}
+
+// ListTokens lists every token, the revoked ones too, oldest first.
+func ListTokens(ctx context.Context, q Querier) ([]Token, error) {
+	rows, err := q.Query(ctx, `SELECT name, role, tenants, created_at, revoked_at FROM api_tokens ORDER BY created_at`)
+	if err != nil {
+		return nil, fmt.Errorf("auth: listing tokens: %w", err)
+	}
+	tokens, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Token, error) {
+		var (
+			t    Token
+			role string
+		)
+		err := row.Scan(&t.Name, &role, &t.Tenants, &t.CreatedAt, &t.RevokedAt)
+		t.Role = Role(role)
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("auth: listing tokens: %w", err)
+	}
+	return tokens, nil
 }

@@ -81,3 +81,28 @@ func TestEnsureAdminToken(t *testing.T) {
 	_, err = auth.Verify(ctx, pool, second)
 	require.NoError(t, err)
 }
+
+// The list is every token, oldest first, revoked ones too, with its scope
+// (nil: every tenant) and never a secret.
+func TestListTokens(t *testing.T) {
+	t.Parallel()
+	ctx, pool := context.Background(), testdb.New(t)
+	_, err := auth.CreateToken(ctx, pool, "svc", auth.RoleIngest, []string{"acme", "beta"})
+	require.NoError(t, err)
+	_, err = auth.CreateToken(ctx, pool, "fin", auth.RoleFinance, nil)
+	require.NoError(t, err)
+	require.NoError(t, auth.Revoke(ctx, pool, "svc"))
+
+	tokens, err := auth.ListTokens(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, tokens, 2)
+	require.Equal(t, "svc", tokens[0].Name)
+	require.Equal(t, auth.RoleIngest, tokens[0].Role)
+	require.Equal(t, []string{"acme", "beta"}, tokens[0].Tenants)
+	require.NotNil(t, tokens[0].RevokedAt)
+	require.Equal(t, "fin", tokens[1].Name)
+	require.Equal(t, auth.RoleFinance, tokens[1].Role)
+	require.Nil(t, tokens[1].Tenants, "every tenant")
+	require.Nil(t, tokens[1].RevokedAt)
+	require.False(t, tokens[1].CreatedAt.Before(tokens[0].CreatedAt))
+}

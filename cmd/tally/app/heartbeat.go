@@ -7,15 +7,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/reconcile"
 )
 
 // heartbeats is tally_job_last_success_age_seconds{job}: how long ago each
 // periodic job last completed. Staging and reconciliation run on whichever
 // node River gives them, so their heartbeat is read from the database at
-// scrape time (River's completed jobs, the reconcile runs); the outbox
-// maintenance runs on every node, so its heartbeat is this node's. A job
-// that never completed has no series (alert on its absence too).
+// scrape time (River's completed staging jobs through package meter, the
+// reconcile runs through package reconcile); the outbox maintenance runs
+// on every node, so its heartbeat is this node's. A job that never
+// completed has no series (alert on its absence too).
 type heartbeats struct {
 	pool   *pgxpool.Pool
 	outbox *outbox.Store
@@ -36,19 +39,20 @@ func (h *heartbeats) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var stage, rec *float64
-	err := h.pool.QueryRow(ctx, `SELECT
-		(SELECT extract(epoch FROM clock_timestamp() - max(finalized_at))::float8 FROM river_job
-			WHERE kind = 'tally_stage' AND state = 'completed'),
-		(SELECT extract(epoch FROM clock_timestamp() - max(finished_at))::float8 FROM reconcile_runs
-			WHERE status = 'succeeded')`).Scan(&stage, &rec)
+	// The database's own health is /readyz's: on an error the series are
+	// absent meanwhile, both of them, as one failed reading.
+	stage, staged, err := meter.SinceLastStage(ctx, h.pool)
 	if err != nil {
-		return // the database's own health is /readyz's; the series are absent meanwhile
+		return
 	}
-	if stage != nil {
-		ch <- prometheus.MustNewConstMetric(h.desc, prometheus.GaugeValue, *stage, "stage")
+	rec, reconciled, err := reconcile.SinceLastSuccess(ctx, h.pool)
+	if err != nil {
+		return
 	}
-	if rec != nil {
-		ch <- prometheus.MustNewConstMetric(h.desc, prometheus.GaugeValue, *rec, "reconcile")
+	if staged {
+		ch <- prometheus.MustNewConstMetric(h.desc, prometheus.GaugeValue, stage.Seconds(), "stage")
+	}
+	if reconciled {
+		ch <- prometheus.MustNewConstMetric(h.desc, prometheus.GaugeValue, rec.Seconds(), "reconcile")
 	}
 }

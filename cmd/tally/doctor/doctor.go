@@ -5,8 +5,9 @@
 // usage, and the clock skew between the node and the database. Each check
 // says what is wrong and how to fix it.
 //
-// It only reads: it never migrates, stages, sends or changes a row, and it
-// never prints a secret.
+// It only reads, and only through the packages that own what it reads
+// (migrations, meter, mappings): it runs no SQL of its own, never migrates,
+// stages, sends or changes a row, and never prints a secret.
 package doctor
 
 import (
@@ -18,7 +19,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tallymeter/tally/cmd/tally/config"
@@ -26,6 +26,7 @@ import (
 	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/migrations"
 )
 
@@ -168,8 +169,8 @@ func schema(ctx context.Context, pool *pgxpool.Pool) Result {
 
 func clock(ctx context.Context, d Deps) Result {
 	before := d.Now()
-	var db time.Time
-	if err := d.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&db); err != nil {
+	db, err := migrations.DatabaseTime(ctx, d.Pool)
+	if err != nil {
 		return Result{Check: "clock", Status: Problem, Detail: "the database's clock could not be read: " + describe(err)}
 	}
 	after := d.Now()
@@ -261,50 +262,49 @@ func v2Access(ctx context.Context, d Deps) *Result {
 // (when Stripe answered) that every mapped feature has an active meter
 // with its formula and sends the payload keys that meter reads.
 func coverage(ctx context.Context, d Deps, stripeOK bool) []Result {
-	var out []Result
-	rows, err := d.Pool.Query(ctx, `
-		SELECT 'feature', feature FROM (SELECT DISTINCT feature FROM usage_events
-			WHERE received_at > clock_timestamp() - @recent::interval) f
-		WHERE NOT EXISTS (SELECT 1 FROM feature_mappings m WHERE m.feature = f.feature)
-		UNION ALL
-		SELECT 'tenant', tenant FROM (SELECT DISTINCT tenant FROM usage_events
-			WHERE received_at > clock_timestamp() - @recent::interval) t
-		WHERE NOT EXISTS (SELECT 1 FROM tenant_mappings m WHERE m.tenant = t.tenant)
-		ORDER BY 1, 2`, pgx.NamedArgs{"recent": d.RecentUsage})
+	r, read := mapped(ctx, d)
+	if !read || !stripeOK {
+		return []Result{r}
+	}
+	return append([]Result{r}, meters(ctx, d)...)
+}
+
+// mapped checks that every feature and tenant with usage in the last
+// RecentUsage has a mapping; false when the usage could not be read.
+func mapped(ctx context.Context, d Deps) (Result, bool) {
+	unmapped, err := meter.UnmappedUsage(ctx, d.Pool, d.RecentUsage)
 	if err != nil {
-		return append(out, Result{Check: "mappings", Status: Problem, Detail: "the usage could not be read: " + describe(err)})
+		return Result{Check: "mappings", Status: Problem, Detail: "the usage could not be read: " + describe(err)}, false
 	}
 	var features, tenants []string
-	var kind, name string
-	if _, err := pgx.ForEachRow(rows, []any{&kind, &name}, func() error {
-		if kind == "feature" {
-			features = append(features, name)
+	for _, u := range unmapped {
+		if u.Kind == meter.UnmappedFeature {
+			features = append(features, u.Name)
 		} else {
-			tenants = append(tenants, name)
+			tenants = append(tenants, u.Name)
 		}
-		return nil
-	}); err != nil {
-		return append(out, Result{Check: "mappings", Status: Problem, Detail: "the usage could not be read: " + describe(err)})
 	}
 	days := int(d.RecentUsage.Hours() / 24)
-	if len(features)+len(tenants) > 0 {
-		var parts []string
-		if len(features) > 0 {
-			parts = append(parts, "features "+list(features))
-		}
-		if len(tenants) > 0 {
-			parts = append(parts, "tenants "+list(tenants))
-		}
-		out = append(out, Result{Check: "mappings", Status: Problem,
-			Detail: fmt.Sprintf("usage of the last %d days has no mapping: %s (it is quarantined)", days, strings.Join(parts, "; ")),
-			Fix:    "map them (tally mappings features set …, tally mappings tenants set …), then requeue their items"})
-	} else {
-		out = append(out, Result{Check: "mappings", Status: OK, Detail: fmt.Sprintf("every feature and tenant with usage in the last %d days is mapped", days)})
+	if len(features)+len(tenants) == 0 {
+		return Result{Check: "mappings", Status: OK, Detail: fmt.Sprintf("every feature and tenant with usage in the last %d days is mapped", days)}, true
 	}
+	var parts []string
+	if len(features) > 0 {
+		parts = append(parts, "features "+list(features))
+	}
+	if len(tenants) > 0 {
+		parts = append(parts, "tenants "+list(tenants))
+	}
+	return Result{Check: "mappings", Status: Problem,
+		Detail: fmt.Sprintf("usage of the last %d days has no mapping: %s (it is quarantined)", days, strings.Join(parts, "; ")),
+		Fix:    "map them (tally mappings features set …, tally mappings tenants set …), then requeue their items"}, true
+}
 
-	if !stripeOK {
-		return out
-	}
+// meters checks, at Stripe, that every mapped feature has an active meter
+// with its formula, and that the meter reads the payload keys the mapping
+// sends.
+func meters(ctx context.Context, d Deps) []Result {
+	var out []Result
 	var st mappings.Store
 	fs, err := st.Features(ctx, d.Pool)
 	if err != nil {

@@ -1,0 +1,152 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/tallymeter/tally/mappings"
+)
+
+func (h *handlers) mappingError(w http.ResponseWriter, r *http.Request, err error) {
+	var (
+		ve *mappings.ValidationError
+		me *mappings.MeterError
+		pu *mappings.ErrProviderUnavailable
+	)
+	switch {
+	case errors.As(err, &pu):
+		WriteError(w, http.StatusServiceUnavailable, "stripe_unavailable",
+			fmt.Sprintf("the mapping could not be checked against Stripe's meters (%s, status %d); try again", pu.Code, pu.Status))
+	case errors.As(err, &ve):
+		writeProblems(w, "invalid_mapping", ve.Error()[len("mappings: "):], ve.Fields)
+	case errors.As(err, &me):
+		WriteError(w, http.StatusUnprocessableEntity, me.Code, me.Message)
+	case errors.Is(err, mappings.ErrNotFound):
+		WriteError(w, http.StatusNotFound, "not_found", "no such mapping")
+	default:
+		h.internal(w, r, err)
+	}
+}
+
+type featureView struct {
+	mappings.Feature
+	History []mappings.Feature `json:"history,omitempty"`
+	Changed *bool              `json:"changed,omitempty"`
+}
+
+func (h *handlers) listFeatures(w http.ResponseWriter, r *http.Request) {
+	fs, err := h.Mappings.Features(r.Context(), h.Pool)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"features": fs})
+}
+
+func (h *handlers) getFeature(w http.ResponseWriter, r *http.Request) {
+	name := chi.URLParam(r, "feature")
+	f, err := h.Mappings.GetFeature(r.Context(), h.Pool, name)
+	if err != nil {
+		h.mappingError(w, r, err)
+		return
+	}
+	hist, err := h.Mappings.FeatureHistory(r.Context(), h.Pool, name)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, featureView{Feature: f, History: hist})
+}
+
+func (h *handlers) putFeature(w http.ResponseWriter, r *http.Request) {
+	// The window arrives as text so that a bad one is a field problem (422),
+	// like every other bad field, not a malformed body. The exporter is
+	// optional: absent or empty is the node's default (TALLY_EXPORTER); a
+	// PUT sets the whole mapping, so leaving it out of a mapping that named
+	// one goes back to the default. The payload keys are not part of the
+	// body (an unknown field): the mapping takes them from the Stripe meter
+	// with the event name (Stripe's defaults without a Stripe key).
+	var raw struct {
+		EventName   string               `json:"event_name"`
+		Aggregation mappings.Aggregation `json:"aggregation"`
+		Window      *string              `json:"window"`
+		Exporter    string               `json:"exporter"`
+	}
+	if !decodeJSON(w, r, &raw) {
+		return
+	}
+	in := mappings.FeatureInput{EventName: raw.EventName, Aggregation: raw.Aggregation, Exporter: raw.Exporter}
+	if raw.Window != nil {
+		if err := in.Window.UnmarshalText([]byte(*raw.Window)); err != nil {
+			writeProblems(w, "invalid_mapping", "window: not a duration",
+				[]mappings.FieldError{{Field: "window", Reason: "a duration dividing a day, e.g. 15m, 1h, 24h"}})
+			return
+		}
+	}
+	f, changed, err := h.Mappings.PutFeature(r.Context(), h.Pool, chi.URLParam(r, "feature"), in, by(r))
+	if err != nil {
+		h.mappingError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, featureView{Feature: f, Changed: &changed})
+}
+
+type tenantView struct {
+	mappings.Tenant
+	History []mappings.Tenant `json:"history,omitempty"`
+	Changed *bool             `json:"changed,omitempty"`
+}
+
+func (h *handlers) listTenants(w http.ResponseWriter, r *http.Request) {
+	ts, err := h.Mappings.Tenants(r.Context(), h.Pool)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tenants": ts})
+}
+
+func (h *handlers) getTenant(w http.ResponseWriter, r *http.Request) {
+	name := chi.URLParam(r, "tenant")
+	t, err := h.Mappings.GetTenant(r.Context(), h.Pool, name)
+	if err != nil {
+		h.mappingError(w, r, err)
+		return
+	}
+	hist, err := h.Mappings.TenantHistory(r.Context(), h.Pool, name)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, tenantView{Tenant: t, History: hist})
+}
+
+func (h *handlers) putTenant(w http.ResponseWriter, r *http.Request) {
+	var raw struct {
+		StripeCustomerID string  `json:"stripe_customer_id"`
+		PeriodAnchor     *string `json:"period_anchor"`
+	}
+	if !decodeJSON(w, r, &raw) {
+		return
+	}
+	in := mappings.TenantInput{StripeCustomerID: raw.StripeCustomerID}
+	if raw.PeriodAnchor != nil {
+		a, err := time.Parse(time.RFC3339, *raw.PeriodAnchor)
+		if err != nil {
+			writeProblems(w, "invalid_mapping", "period_anchor: not RFC 3339",
+				[]mappings.FieldError{{Field: "period_anchor", Reason: "an RFC 3339 time, e.g. 2026-01-15T00:00:00Z"}})
+			return
+		}
+		in.PeriodAnchor = &a
+	}
+	t, changed, err := h.Mappings.PutTenant(r.Context(), h.Pool, chi.URLParam(r, "tenant"), in, by(r))
+	if err != nil {
+		h.mappingError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, tenantView{Tenant: t, Changed: &changed})
+}
