@@ -1,7 +1,9 @@
 // Package migrations owns Tally's database schema: the embedded SQL files in
 // this directory, applied in order by goose, and River's own schema, applied
 // by rivermigrate in the same step. Both run under one Postgres advisory lock
-// so that nodes starting together migrate one at a time.
+// so that nodes starting together migrate one at a time. It also answers
+// questions about the database itself rather than a table (DatabaseTime, the
+// server's clock, for tally doctor).
 //
 // It must never hold data logic: no function here reads or writes an outbox
 // or ledger row, and a down migration is for development only.

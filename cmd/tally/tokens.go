@@ -9,8 +9,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/tallymeter/tally/internal/auth"
 )
 
@@ -67,50 +65,24 @@ func tokensListCommand() command {
 }
 
 func runTokensList(ctx context.Context, e *env, _ []string) error {
-	tokens, err := listTokens(ctx, e.db.Pool)
+	tokens, err := auth.ListTokens(ctx, e.db.Pool)
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tROLE\tTENANTS\tCREATED\tREVOKED")
 	for _, t := range tokens {
-		rev := ""
-		if t.revoked != nil {
-			rev = t.revoked.UTC().Format(time.RFC3339)
+		tenants := "(all)"
+		if t.Tenants != nil {
+			tenants = strings.Join(t.Tenants, ",")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.name, t.role, t.tenants, t.created.UTC().Format(time.RFC3339), rev)
+		rev := ""
+		if t.RevokedAt != nil {
+			rev = t.RevokedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Name, t.Role, tenants, t.CreatedAt.UTC().Format(time.RFC3339), rev)
 	}
 	return tw.Flush()
-}
-
-// listedToken is one line of tokens list.
-type listedToken struct {
-	name, role string
-	// tenants is the token's scope, comma-separated, or "(all)".
-	tenants string
-	created time.Time
-	revoked *time.Time
-}
-
-// listTokens reads every token, oldest first. It is the one place the
-// command reads api_tokens itself; the table is auth's, and this query is
-// meant to give way to a read method of auth.
-func listTokens(ctx context.Context, pool *pgxpool.Pool) ([]listedToken, error) {
-	rows, err := pool.Query(ctx, `SELECT name, role, coalesce(array_to_string(tenants, ','), '(all)'), created_at, revoked_at
-		FROM api_tokens ORDER BY created_at`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var tokens []listedToken
-	for rows.Next() {
-		var t listedToken
-		if err := rows.Scan(&t.name, &t.role, &t.tenants, &t.created, &t.revoked); err != nil {
-			return nil, err
-		}
-		tokens = append(tokens, t)
-	}
-	return tokens, rows.Err()
 }
 
 // tokensRevokeCommand is tally tokens revoke NAME.
