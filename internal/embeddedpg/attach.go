@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 )
 
 // Attach returns the URL of database on the cluster that another process
@@ -28,7 +27,7 @@ func Attach(dataDir, database string) (dbURL string, ok bool, err error) {
 	if err != nil {
 		return "", false, err
 	}
-	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+	if !processExists(pid) {
 		return "", false, nil // stale: whoever starts next cleans it up
 	}
 	pw, err := os.ReadFile(filepath.Join(dataDir, passwordName))

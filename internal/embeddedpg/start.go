@@ -1,0 +1,100 @@
+package embeddedpg
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Start finds the binaries, runs initdb into DataDir/pgdata if there is no
+// PG_VERSION there (superuser "tally", scram-sha-256 authentication, the
+// password from DataDir/password, UTF8, locale C), otherwise reuses the
+// existing cluster, then starts postgres as a child process listening only on
+// 127.0.0.1 with Unix sockets disabled. It returns once the server accepts a
+// connection, waiting at most StartTimeout and no longer than ctx allows. If
+// the server exits during startup the error includes the last lines of
+// DataDir/postgres.log. On Windows it returns an error matching
+// errors.ErrUnsupported that points at TALLY_DATABASE_URL.
+func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkPlatform(); err != nil {
+		return nil, err
+	}
+	s := &starter{cfg: cfg, pgdata: filepath.Join(cfg.DataDir, pgdataName)}
+	if s.binDir, err = FindBinaries(); err != nil {
+		return nil, err
+	}
+	if s.as, err = prepareDataDir(cfg); err != nil {
+		return nil, err
+	}
+	if s.logFile, err = openServerLog(cfg.DataDir, s.as); err != nil {
+		return nil, err
+	}
+	defer s.logFile.Close() // the children keep their own descriptors
+
+	password, err := s.ensureCluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.as != nil {
+		if err := checkOwner(s.pgdata, s.as); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkRunningPostmaster(s.pgdata, cfg.Logger); err != nil {
+		return nil, err
+	}
+	return s.run(ctx, password)
+}
+
+// starter carries what the steps of Start share.
+type starter struct {
+	cfg     Config   // with defaults; DataDir is absolute
+	binDir  string   // holds initdb and postgres
+	pgdata  string   // DataDir/pgdata, the cluster
+	logFile *os.File // DataDir/postgres.log, the children's output
+	as      *runAs   // the unprivileged user when tally is root, else nil
+}
+
+// run launches the server on the cluster, trying again on another free
+// port when the picked one was taken in the meantime, and for a while when
+// the shared memory of a server killed a moment ago is still attached.
+func (s *starter) run(ctx context.Context, password string) (*Cluster, error) {
+	for attempt := 1; ; attempt++ {
+		port := s.cfg.Port
+		if port == 0 {
+			var err error
+			if port, err = freePort(); err != nil {
+				return nil, err
+			}
+		}
+		c, version, err := s.launch(ctx, port, password)
+		if err == nil {
+			c.ready.Store(true)
+			s.cfg.Logger.Info("postgres started", "dir", s.cfg.DataDir, "port", port, "version", version)
+			go c.watch()
+			return c, nil
+		}
+		var be *bindError
+		if s.cfg.Port == 0 && errors.As(err, &be) && attempt < portAttempts {
+			continue // lost the race for the free port; pick another
+		}
+		var se *shmBusyError
+		if errors.As(err, &se) && attempt < shmAttempts {
+			// The backends of a postmaster killed a moment ago still hold
+			// its shared memory while they exit.
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-time.After(shmRetryDelay):
+			}
+			continue
+		}
+		return nil, err
+	}
+}

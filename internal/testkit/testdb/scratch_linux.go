@@ -1,0 +1,20 @@
+package testdb
+
+import (
+	"os"
+	"syscall"
+)
+
+// scratchRoot is where the throwaway cluster lives: /dev/shm when it is a
+// memory file system with room to spare (creating a database there takes
+// about 10 ms instead of about 450 ms on this project's CI disks), otherwise
+// the temporary directory.
+func scratchRoot() string {
+	const tmpfsMagic = 0x01021994
+	var st syscall.Statfs_t
+	if err := syscall.Statfs("/dev/shm", &st); err == nil && st.Type == tmpfsMagic &&
+		st.Bavail*uint64(st.Bsize) >= 2<<30 && syscall.Access("/dev/shm", 0o2|0o1) == nil {
+		return "/dev/shm"
+	}
+	return os.TempDir()
+}
