@@ -117,7 +117,7 @@ func execute(ctx context.Context, cmd command, e *env, args []string) int {
 	}
 	db, err := app.Open(ctx, e.cfg, e.logger, !cmd.service)
 	if err != nil {
-		if errors.Is(err, embeddedpg.ErrNoBinaries) {
+		if errors.Is(err, embeddedpg.ErrNoBinaries) || errors.Is(err, errors.ErrUnsupported) {
 			fmt.Fprintf(e.stderr, "tally %s: %v\n", cmd.name, err)
 			return 1
 		}
