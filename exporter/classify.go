@@ -42,9 +42,8 @@ const codeAuth = "stripe_auth"
 // the provider has the event already, which is success.
 const duplicatePrefix = "An event already exists with identifier"
 
-// Classify turns a provider's answer into an outcome, per the brief's
-// "Provider answers (v1)" (README, "What Stripe's answers do"; the sources
-// are in docs/stripe.md):
+// Classify turns a provider's answer into an outcome, per README's "What
+// Stripe's answers do" (the sources are in docs/stripe.md):
 //
 //	2xx                                           accepted (provider_ref = Request-Id)
 //	400 duplicate identifier                      accepted
@@ -78,19 +77,12 @@ const duplicatePrefix = "An event already exists with identifier"
 // refusals Tally recognises as the item's own, which no mapping fix cures,
 // are terminal.
 func Classify(a Answer) outbox.Outcome {
-	info := outbox.ErrorInfo{Status: a.Status, Message: a.Message}
-	quarantine := func(r outbox.Reason, code string) outbox.Outcome {
-		info.Code = code
-		return outbox.Outcome{Kind: outbox.Quarantined, Reason: r, Error: info}
-	}
-	contentRefusal := a.Status == http.StatusBadRequest || a.Status == http.StatusNotFound
-	param := a.Param
 	switch {
 	case a.Status >= 200 && a.Status < 300:
 		return outbox.Outcome{Kind: outbox.Accepted, ProviderRef: a.RequestID}
 
 	case a.Status == 0:
-		info.Code, info.Message = "network", describeTransport(a.Err)
+		info := outbox.ErrorInfo{Status: a.Status, Code: "network", Message: describeTransport(a.Err)}
 		if isTimeout(a.Err) {
 			info.Code = "timeout"
 		} else if errors.Is(a.Err, context.Canceled) {
@@ -100,28 +92,56 @@ func Classify(a Answer) outbox.Outcome {
 
 	case a.Status == http.StatusBadRequest && strings.HasPrefix(a.Message, duplicatePrefix):
 		return outbox.Outcome{Kind: outbox.Accepted, ProviderRef: a.RequestID}
+	}
+	if o, ok := itemRefusal(a); ok {
+		return o
+	}
+	return statusOutcome(a)
+}
 
+// quarantined is the outcome that quarantines the item of answer a for
+// reason r, with code.
+func quarantined(a Answer, r outbox.Reason, code string) outbox.Outcome {
+	return outbox.Outcome{Kind: outbox.Quarantined, Reason: r,
+		Error: outbox.ErrorInfo{Status: a.Status, Code: code, Message: a.Message}}
+}
+
+// itemRefusal is Classify's rows of the refusals Tally recognises as the
+// item's own (a 400 or 404 naming the meter, the customer, the value, the
+// payload, the timestamp or the identifier); false for any other answer.
+func itemRefusal(a Answer) (outbox.Outcome, bool) {
+	contentRefusal := a.Status == http.StatusBadRequest || a.Status == http.StatusNotFound
+	param := a.Param
+	switch {
 	case contentRefusal && names(a, "event_name", "No active meter"):
-		return quarantine(outbox.ReasonMeterNotFound, "meter_not_found")
+		return quarantined(a, outbox.ReasonMeterNotFound, "meter_not_found"), true
 
 	case contentRefusal && (strings.Contains(a.Message, "No such customer") ||
 		(a.Code == "resource_missing" && strings.HasPrefix(param, "payload["))):
-		return quarantine(outbox.ReasonCustomerNotFound, "customer_not_found")
+		return quarantined(a, outbox.ReasonCustomerNotFound, "customer_not_found"), true
 
 	case a.Status == http.StatusBadRequest && a.Code == codeTooManyDigits:
-		return quarantine(outbox.ReasonValueDigits, codeTooManyDigits)
+		return quarantined(a, outbox.ReasonValueDigits, codeTooManyDigits), true
 
 	case a.Status == http.StatusBadRequest && a.Code == "parameter_missing" && strings.HasPrefix(param, "payload"):
-		return quarantine(outbox.ReasonPayloadKeys, "payload_keys")
+		return quarantined(a, outbox.ReasonPayloadKeys, "payload_keys"), true
 
 	case a.Status == http.StatusBadRequest && (param == "timestamp" || param == "identifier" ||
 		a.Code == "parameter_invalid_integer"):
-		info.Code = a.Code
+		info := outbox.ErrorInfo{Status: a.Status, Code: a.Code, Message: a.Message}
 		if info.Code == "" {
 			info.Code = "invalid_" + param
 		}
-		return outbox.Outcome{Kind: outbox.Rejected, Error: info}
+		return outbox.Outcome{Kind: outbox.Rejected, Error: info}, true
+	}
+	return outbox.Outcome{}, false
+}
 
+// statusOutcome is Classify's rows decided by the status alone, once the
+// item's own refusals are ruled out.
+func statusOutcome(a Answer) outbox.Outcome {
+	info := outbox.ErrorInfo{Status: a.Status, Message: a.Message}
+	switch {
 	case a.Status == http.StatusUnauthorized || a.Status == http.StatusForbidden:
 		info.Code = codeAuth
 		return outbox.Outcome{Kind: outbox.Retry, Error: info, Refused: true}
@@ -157,11 +177,7 @@ func Classify(a Answer) outbox.Outcome {
 		return outbox.Outcome{Kind: outbox.Retry, Error: info}
 
 	default: // any other 4xx: the provider refused the item, for a cause Tally does not know
-		code := a.Code
-		if code == "" {
-			code = "provider_refused"
-		}
-		return quarantine(outbox.ReasonProviderRefused, code)
+		return quarantined(a, outbox.ReasonProviderRefused, cmp.Or(a.Code, "provider_refused"))
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// Every row of the brief's "Provider answers (v1)".
+// Every row of Classify's table (README, "What Stripe's answers do").
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	no := false

@@ -2,13 +2,14 @@
 // BatchExporter interfaces, the Stripe v1 meter-events exporter and the v2
 // meter event stream exporter (StripeStream: sessions, batches of 100; both
 // on stripe-go, no retries inside the client), the classification of
-// provider answers into outcomes (Classify, the brief's table in one
-// function) and of Stripe's asynchronous error reports (ClassifyReport),
-// flow control (an adaptive token bucket per destination and exporter,
-// Limiter), the Deliverer that claims one exporter's outbox items, sends
-// them and hands every outcome back to package outbox, and where this node
-// exports to — the destination account and mode, from configuration or from
-// Stripe's GET /v1/account (Resolver).
+// provider answers into outcomes (Classify: README's "What Stripe's answers
+// do", with its sources in docs/stripe.md, in one function) and of Stripe's
+// asynchronous error reports (ClassifyReport), flow control (an adaptive
+// token bucket per destination and exporter, Limiter), the Deliverer that
+// claims one exporter's outbox items, sends them and hands every outcome
+// back to package outbox, and where this node exports to — the destination
+// account and mode, from configuration or from Stripe's GET /v1/account
+// (Resolver).
 //
 // It must never change an outbox item's state itself (it reports outcomes to
 // package outbox), never resend an event with a different identifier or body,

@@ -12,7 +12,7 @@ import (
 )
 
 // FuzzClassify feeds the classifier every kind of answer: nothing panics,
-// and the brief's rules hold whatever the fields say — a 2xx is accepted,
+// and Classify's rules hold whatever the fields say — a 2xx is accepted,
 // an answer that cannot be the item's fault (no answer, 401, 403, 409,
 // 429, 5xx) is never rejected or quarantined, no answer is ever uncertain
 // by itself (only the cap or the horizon makes an item uncertain), only a

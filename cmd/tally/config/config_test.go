@@ -4,13 +4,18 @@ import (
 	"flag"
 	"io"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/cmd/tally/config"
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/reconcile"
 )
 
 func load(t *testing.T, env map[string]string, args ...string) (config.Config, error) {
@@ -37,6 +42,53 @@ func TestDefaults(t *testing.T) {
 	}, c.Outbox)
 	require.Equal(t, "0 2 * * *", c.ReconcileSchedule)
 	require.Equal(t, 2*time.Hour, c.ReconcileSettle)
+}
+
+// Every default is its owner's constant, written once: config's table
+// refers to it.
+func TestDefaultsAreTheOwnersConstants(t *testing.T) {
+	t.Parallel()
+	c, err := load(t, nil)
+	require.NoError(t, err)
+	abs, _ := filepath.Abs(config.DefaultDataDir)
+	require.Equal(t, config.Config{
+		DataDir: abs, Listen: config.DefaultListen, LogFormat: config.DefaultLogFormat, LogLevel: config.DefaultLogLevel,
+		MaintenanceInterval: config.DefaultMaintenanceInterval, ShutdownTimeout: config.DefaultShutdownTimeout,
+		Outbox: outbox.Config{Lease: outbox.DefaultLease, BackoffBase: outbox.DefaultBackoffBase, BackoffCap: outbox.DefaultBackoffCap,
+			MaxAttempts: outbox.DefaultMaxAttempts, RateLimitDelay: outbox.DefaultRateLimitDelay, Horizon: outbox.DefaultHorizon,
+			ClaimScan: outbox.DefaultClaimScan},
+		StripeAPIBase: stripeapi.DefaultAPIBase, StripeMeterEventsBase: stripeapi.DefaultMeterEventsBase,
+		Exporter: exporter.StripeMeterEvents, StageInterval: meter.DefaultStageInterval, WindowGrace: meter.DefaultGrace,
+		StripeTimeout: exporter.DefaultRequestTimeout,
+		RateLive:      exporter.DefaultLiveRate, RateTest: exporter.DefaultTestRate,
+		StreamRateLive: exporter.DefaultStreamLiveRate, StreamRateTest: exporter.DefaultStreamTestRate,
+		BasicRateLive: exporter.DefaultBasicLiveRate, BasicRateTest: exporter.DefaultBasicTestRate,
+		StreamInFlight: exporter.DefaultStreamInFlight, DeliveryWorkers: exporter.DefaultWorkers,
+		DeliveryBatch: exporter.DefaultBatch, DeliveryInFlight: exporter.DefaultInFlight, PollInterval: exporter.DefaultPollInterval,
+		ReconcileSchedule: reconcile.DefaultSchedule, ReconcileSettle: reconcile.DefaultSettle,
+	}, c)
+}
+
+// The help prints a default as an operator writes it (2m, 2h), as it always
+// has; the outbox's print in full (2m0s).
+func TestHelpPrintsTheDefaults(t *testing.T) {
+	t.Parallel()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	var help strings.Builder
+	fs.SetOutput(&help)
+	config.Flags(fs, func(string) string { return "" })
+	fs.PrintDefaults()
+	for _, want := range []string{
+		`(env TALLY_WINDOW_GRACE) (default "2m")`, `(env TALLY_RECONCILE_SETTLE) (default "2h")`,
+		`(env TALLY_STAGE_INTERVAL) (default "10s")`, `(env TALLY_POLL_INTERVAL) (default "1s")`,
+		`(env TALLY_STRIPE_TIMEOUT) (default "10s")`, `(env TALLY_MAINTENANCE_INTERVAL) (default "15s")`,
+		`(env TALLY_SHUTDOWN_TIMEOUT) (default "30s")`, `(env TALLY_OUTBOX_LEASE) (default "2m0s")`,
+		`(env TALLY_OUTBOX_HORIZON) (default "20h0m0s")`, `(env TALLY_STREAM_RATE_LIVE) (default "9000")`,
+		`(env TALLY_STREAM_INFLIGHT) (default "2000")`, `(env TALLY_DELIVERY_INFLIGHT) (default "64")`,
+		`(env TALLY_RECONCILE_SCHEDULE) (default "0 2 * * *")`, `(env TALLY_LISTEN) (default "127.0.0.1:8080")`,
+	} {
+		require.Contains(t, help.String(), want)
+	}
 }
 
 func TestReconcileSchedule(t *testing.T) {

@@ -1,0 +1,207 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/tallymeter/tally/cmd/tally/config"
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
+	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/reconcile"
+)
+
+// claimLimit is the most items one outbox claim takes (outbox.Claim's
+// bound): the stream's claims and outcome batches use it whole.
+const claimLimit = 1000
+
+// Serve runs the service on db until ctx ends: the HTTP API on cfg.Listen,
+// the outbox maintenance loop, a deliverer per exporter, and River with the
+// periodic staging job (inserted by River's leader alone). Its services
+// start in this order and stop in reverse:
+//
+//	destination lookup → embedded cluster watch → outbox maintenance →
+//	deliverers (v1, stream) → River → HTTP
+//
+// It shuts down gracefully, bounded by cfg.ShutdownTimeout (the HTTP
+// server's and River's stops; the loops end when their sends and passes
+// do). ready, if not nil, receives the bound address once the listener is
+// open.
+func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slog.Logger, ready func(addr string)) error {
+	if err := checkStart(ctx, cfg, db, logger); err != nil {
+		return err
+	}
+	if err := p.Registry.Register(newHeartbeats(db.Pool, p.Outbox)); err != nil {
+		return err
+	}
+	deliverers, err := newDeliverers(cfg, db, p, logger)
+	if err != nil {
+		return err
+	}
+	rc, err := newRiver(cfg, db, p, logger)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	node := newServices(cancel)
+	list := []service{newLoop(p.Resolver.Run)}
+	if watch := clusterWatch(db, node, logger); watch != nil {
+		list = append(list, watch)
+	}
+	list = append(list, newLoop(func(ctx context.Context) {
+		_ = p.Outbox.RunMaintenance(ctx, db.Pool, cfg.MaintenanceInterval, logger)
+	}))
+	for _, d := range deliverers {
+		// A deliverer stops claiming when ctx ends, lets the sends in
+		// flight finish and records their outcomes before it returns.
+		list = append(list, newLoop(func(ctx context.Context) { _ = d.Run(ctx) }))
+	}
+	web := &webServer{cfg: cfg, db: db, parts: p, logger: logger, ready: ready,
+		enqueue: func(ctx context.Context, tx pgx.Tx, runID int64) error {
+			_, err := rc.InsertTx(ctx, tx, reconcile.Args{RunID: runID}, nil)
+			return err
+		}}
+	list = append(list, riverService{rc}, web)
+	if err := node.start(ctx, list...); err != nil {
+		return err
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-web.failed:
+		node.abort(ctx, web)
+		return fmt.Errorf("http server: %w", err)
+	}
+	logger.Info("shutting down")
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer scancel()
+	return node.stop(sctx)
+}
+
+// checkStart does what comes before any service starts: it ensures the
+// configured admin token, says once that export is stalled without a key,
+// and refuses a restricted key that could not send a feature's items.
+func checkStart(ctx context.Context, cfg config.Config, db *DB, logger *slog.Logger) error {
+	if cfg.AdminToken != "" {
+		if err := auth.EnsureAdminToken(ctx, db.Pool, cfg.AdminToken); err != nil {
+			return err
+		}
+	}
+	if cfg.StripeAPIKey == "" {
+		logger.Error("STRIPE_API_KEY is unset: export is stalled; usage is kept in the ledger as pending until a key is configured")
+	}
+	return refuseRestrictedStream(ctx, cfg, db.Pool)
+}
+
+// clusterWatch is the service that halts the node when the embedded
+// cluster stops unexpectedly; nil for an external database.
+func clusterWatch(db *DB, node *services, logger *slog.Logger) service {
+	done := db.Done()
+	if done == nil {
+		return nil
+	}
+	return newLoop(func(ctx context.Context) {
+		select {
+		case <-done:
+			err := errors.New("the embedded postgres stopped unexpectedly")
+			logger.Error(err.Error())
+			node.halt(err)
+		case <-ctx.Done():
+		}
+	})
+}
+
+// newDeliverers makes one deliverer per exporter, each claiming only its
+// own items: v1 one item per call and per key at a time, the v2 stream in
+// batches of 100 regardless of key (the stream has no per-key concurrency
+// rule), each under its own limiter. Both run whatever TALLY_EXPORTER says,
+// since a feature mapping may name either. None without a key.
+func newDeliverers(cfg config.Config, db *DB, p *Parts, logger *slog.Logger) ([]*exporter.Deliverer, error) {
+	client := p.Resolver.Client()
+	if client == nil {
+		return nil, nil
+	}
+	v1, err := exporter.NewDeliverer(exporter.DelivererConfig{
+		Workers: cfg.DeliveryWorkers, Batch: cfg.DeliveryBatch, InFlight: cfg.DeliveryInFlight,
+		PollInterval: cfg.PollInterval, Keys: p.Resolver,
+	}, p.Outbox, db.Pool, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
+		p.Resolver.Destination, p.Limiter, logger, p.Registry)
+	if err != nil {
+		return nil, err
+	}
+	stream := exporter.NewStripeStream(client, cfg.StripeTimeout)
+	if err := p.Registry.Register(stream.Collector()); err != nil {
+		return nil, err
+	}
+	v2, err := exporter.NewDeliverer(exporter.DelivererConfig{
+		Workers: cfg.DeliveryWorkers, Batch: min(cfg.StreamInFlight, claimLimit), InFlight: cfg.StreamInFlight,
+		RecordBatch: claimLimit, Policy: outbox.BestEffort, PollInterval: cfg.PollInterval, Keys: p.Resolver,
+	}, p.Outbox, db.Pool, stream, cfg.StripeTimeout, p.Resolver.Destination, p.StreamLimiter, logger, p.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return []*exporter.Deliverer{v1, v2}, nil
+}
+
+// newRiver makes the River client: the staging worker and its periodic
+// job, and the reconcile worker with its periodic job when there is a
+// reconciler and a schedule.
+func newRiver(cfg config.Config, db *DB, p *Parts, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
+	riverLevel := slog.LevelWarn // River's own progress only when debugging
+	if cfg.LogLevel == "debug" {
+		riverLevel = slog.LevelDebug
+	}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: db.Pool, Logger: logger})
+	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: db.Pool, Settle: cfg.ReconcileSettle, Logger: logger})
+	periodic := []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)}
+	if job, err := reconcile.Periodic(cfg.ReconcileSchedule); err != nil {
+		return nil, err
+	} else if job != nil && p.Reconciler != nil {
+		periodic = append(periodic, job)
+	}
+	rc, err := river.NewClient(riverpgxv5.New(db.Pool), &river.Config{
+		Queues: map[string]river.QueueConfig{
+			river.QueueDefault:  {MaxWorkers: 2},
+			reconcile.QueueName: {MaxWorkers: 1}, // a run takes long; it must not hold up staging
+		},
+		Workers:      workers,
+		PeriodicJobs: periodic,
+		Logger:       slog.New(quieter{logger.Handler(), riverLevel}).With("component", "river"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting River: %w", err)
+	}
+	return rc, nil
+}
+
+// refuseRestrictedStream refuses to start with a restricted key (rk_) when
+// a feature mapping names the v2 stream: Stripe's v2 API takes only secret
+// keys (docs/stripe.md), so its items could never be sent. (TALLY_EXPORTER
+// and STRIPE_WEBHOOK_SECRET are refused with one by the configuration.)
+func refuseRestrictedStream(ctx context.Context, cfg config.Config, q mappings.Querier) error {
+	if !config.RestrictedKey(cfg.StripeAPIKey) {
+		return nil
+	}
+	names, err := mappings.FeaturesWithExporter(ctx, q, mappings.ExporterStripeMeterEventStream)
+	if err != nil {
+		return err
+	}
+	if len(names) > 0 {
+		return fmt.Errorf("STRIPE_API_KEY is a restricted key (rk_…) and Stripe's v2 API takes only secret keys, "+
+			"but features %s name %s: use a secret key (sk_…), or map them to %s",
+			strings.Join(names, ", "), mappings.ExporterStripeMeterEventStream, mappings.ExporterStripeMeterEvents)
+	}
+	return nil
+}

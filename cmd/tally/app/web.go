@@ -1,0 +1,137 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tallymeter/tally/api"
+	"github.com/tallymeter/tally/cmd/tally/config"
+	"github.com/tallymeter/tally/console"
+	"github.com/tallymeter/tally/migrations"
+)
+
+// The HTTP server's bounds on slow or idle clients.
+const (
+	readHeaderTimeout = 10 * time.Second
+	readTimeout       = 30 * time.Second
+	writeTimeout      = 60 * time.Second
+	idleTimeout       = 120 * time.Second
+	maxHeaderBytes    = 64 << 10
+)
+
+// webServer is the service of the HTTP API on cfg.Listen, with the console,
+// health, readiness and metrics. Start opens the listener, says so (the log
+// line and ready) and serves; Stop shuts the server down gracefully, bounded
+// by its ctx.
+type webServer struct {
+	cfg    config.Config
+	db     *DB
+	parts  *Parts
+	logger *slog.Logger
+	// enqueue inserts a reconcile run's job in the caller's transaction.
+	enqueue func(ctx context.Context, tx pgx.Tx, runID int64) error
+	// ready, if not nil, receives the bound address once the listener is
+	// open.
+	ready func(addr string)
+
+	srv *http.Server
+	// failed receives the error the server ended with by itself; written
+	// once by the serve goroutine, read by Serve.
+	failed chan error
+}
+
+func (w *webServer) Start(context.Context) error {
+	handler, err := w.handler()
+	if err != nil {
+		return err
+	}
+	w.srv = &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+	}
+	ln, err := net.Listen("tcp", w.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", w.cfg.Listen, err)
+	}
+	w.logger.Info("tally listening", "addr", "http://"+ln.Addr().String())
+	if w.ready != nil {
+		w.ready(ln.Addr().String())
+	}
+	w.failed = make(chan error, 1)
+	go func() { w.failed <- w.srv.Serve(ln) }()
+	return nil
+}
+
+func (w *webServer) Stop(ctx context.Context) error { return w.srv.Shutdown(ctx) }
+
+// handler is the node's routes: the API, the console, health, readiness
+// and metrics.
+func (w *webServer) handler() (http.Handler, error) {
+	cfg, db, p := w.cfg, w.db, w.parts
+	// The console offers a reconcile run only when there is a reconciler.
+	var consoleEnqueue func(ctx context.Context, tx pgx.Tx, runID int64) error
+	if p.Reconciler != nil {
+		consoleEnqueue = w.enqueue
+	}
+	con, err := console.New(console.Deps{Pool: db.Pool, Outbox: p.Outbox, Mappings: p.Mappings, Requeuer: p.Requeuer,
+		Reconcile: consoleEnqueue, Settle: cfg.ReconcileSettle, Logger: w.logger})
+	if err != nil {
+		return nil, err
+	}
+	return api.New(api.Options{
+		Console: con.Handler(),
+		Logger:  w.logger,
+		Ready:   readiness(db, p),
+		Metrics: promhttp.HandlerFor(p.Registry, promhttp.HandlerOpts{}),
+		V1: &api.Deps{Pool: db.Pool, Outbox: p.Outbox, Mappings: p.Mappings, Ingester: p.Ingester,
+			Requeuer: p.Requeuer, Metrics: p.API, Reconcile: &api.ReconcileDeps{
+				Enabled: p.Reconciler != nil, Settle: cfg.ReconcileSettle, Enqueue: w.enqueue},
+			Webhook: webhookDeps(cfg, p)},
+	}), nil
+}
+
+// readiness are /readyz's checks: the database, its schema, and export.
+func readiness(db *DB, p *Parts) []api.Check {
+	return []api.Check{
+		{Name: "database", Func: func(ctx context.Context) error {
+			if err := db.Pool.Ping(ctx); err != nil {
+				return errors.New("unreachable")
+			}
+			return nil
+		}},
+		{Name: "schema", Func: func(ctx context.Context) error {
+			if err := migrations.Check(ctx, db.Pool); err != nil {
+				if errors.Is(err, migrations.ErrBehind) {
+					return err
+				}
+				return errors.New("unreadable")
+			}
+			return nil
+		}},
+		// Export stalls visibly but does not take the node out of
+		// service: ingest and the reports go on.
+		{Name: "export", Func: p.Resolver.Check, Degraded: true},
+	}
+}
+
+// webhookDeps are the event destination's: the secret, and Stripe to read
+// full events from (none without a key).
+func webhookDeps(cfg config.Config, p *Parts) *api.WebhookDeps {
+	d := &api.WebhookDeps{Secret: cfg.StripeWebhookSecret}
+	if c := p.Resolver.Client(); c != nil {
+		d.Fetch = c.MeterErrorEvent
+	}
+	return d
+}

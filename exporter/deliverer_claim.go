@@ -1,0 +1,148 @@
+package exporter
+
+import (
+	"context"
+	"time"
+
+	"github.com/tallymeter/tally/outbox"
+)
+
+// work is one claim loop: it reserves send slots, claims at most as many
+// items (T1) and hands them to the sends, until ctx ends.
+func (r *delivery) work(ctx context.Context, owner string) {
+	for ctx.Err() == nil {
+		dest, err := r.dest()
+		if err != nil {
+			r.idle(ctx) // export is stalled; items stay pending
+			continue
+		}
+		n, ok := r.reserveSlots(ctx)
+		if !ok {
+			return
+		}
+		n, prepaid, ok := r.prepay(ctx, n)
+		if !ok {
+			return
+		}
+		leases, err := r.claim(ctx, owner, n)
+		if err != nil || len(leases) == 0 {
+			r.idle(ctx)
+			continue
+		}
+		if be := r.batch; be != nil {
+			r.sendBatches(be, leases, dest, prepaid)
+			continue
+		}
+		for _, l := range leases {
+			r.sends.Add(1)
+			go func() {
+				defer r.sends.Done()
+				defer func() { <-r.slots }()
+				r.outcomes <- r.deliver(l, dest)
+			}()
+		}
+	}
+}
+
+// idle waits for a notification, the poll interval or the end of ctx.
+func (r *delivery) idle(ctx context.Context) {
+	t := time.NewTimer(r.cfg.PollInterval)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-r.wake:
+	case <-t.C:
+	}
+}
+
+// reserveSlots reserves the send slots of one claim: it waits for the first
+// (a batch exporter: for a full request's worth, one loop at a time), then
+// takes what else is free, up to Batch. Without ok, ctx ended and it holds
+// none.
+func (r *delivery) reserveSlots(ctx context.Context) (n int, ok bool) {
+	want := 1
+	if be := r.batch; be != nil {
+		want = min(be.MaxBatch(), r.cfg.Batch, r.cfg.InFlight)
+	}
+	n, ok = r.reserve(ctx, want)
+	if !ok {
+		return 0, false
+	}
+	for n < r.cfg.Batch {
+		select {
+		case r.slots <- struct{}{}:
+			n++
+			continue
+		default:
+		}
+		break
+	}
+	return n, true
+}
+
+// prepay, for a batch exporter, takes the requests' slots at the limiter
+// for n items first, then gives back the send slots of the items they
+// cannot carry: leased items must not wait at the limiter (a slot unused
+// because the claim finds less is lost). It returns the items to claim and
+// the requests paid for. Without ok, ctx ended and it holds no send slot.
+func (r *delivery) prepay(ctx context.Context, n int) (int, int, bool) {
+	be := r.batch
+	if be == nil {
+		return n, 0, true
+	}
+	calls, err := r.limiter.Take(ctx, (n+be.MaxBatch()-1)/be.MaxBatch())
+	if err != nil {
+		for ; n > 0; n-- {
+			<-r.slots
+		}
+		return 0, 0, false
+	}
+	for ; n > calls*be.MaxBatch(); n-- {
+		<-r.slots
+	}
+	return n, calls, true
+}
+
+// claim leases at most n items of this deliverer's exporter (T1) and gives
+// back the send slots of those it did not find.
+func (r *delivery) claim(ctx context.Context, owner string, n int) ([]outbox.Lease, error) {
+	past, future := r.exporter.Accepts()
+	leases, err := r.store.Claim(ctx, r.pool, outbox.ClaimOptions{
+		Owner: owner, Limit: n, Policy: r.cfg.Policy, AcceptPast: past, AcceptFuture: future,
+		Exporter: r.exporter.Name(),
+	})
+	for i := len(leases); i < n; i++ {
+		<-r.slots
+	}
+	if err != nil && ctx.Err() == nil {
+		r.logger.ErrorContext(ctx, "claiming outbox items failed", "error", err)
+	}
+	return leases, err
+}
+
+// reserve waits until it holds want send slots, or ctx ends (then it holds
+// none and says so). Waiting for more than one, it first takes gather, so
+// that only one loop at a time holds part of what it waits for: the slots
+// freed by the sends in flight then all reach it.
+func (r *delivery) reserve(ctx context.Context, want int) (int, bool) {
+	if want > 1 {
+		select {
+		case r.gather <- struct{}{}:
+			defer func() { <-r.gather }()
+		case <-ctx.Done():
+			return 0, false
+		}
+	}
+	for n := 0; n < want; {
+		select {
+		case r.slots <- struct{}{}:
+			n++
+		case <-ctx.Done():
+			for ; n > 0; n-- {
+				<-r.slots
+			}
+			return 0, false
+		}
+	}
+	return want, true
+}

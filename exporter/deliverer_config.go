@@ -1,0 +1,94 @@
+package exporter
+
+import (
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/tallymeter/tally/outbox"
+)
+
+// A deliverer's defaults, the one source of the service's settings
+// (TALLY_DELIVERY_WORKERS, TALLY_DELIVERY_BATCH, TALLY_DELIVERY_INFLIGHT,
+// TALLY_POLL_INTERVAL, TALLY_STREAM_INFLIGHT).
+const (
+	// DefaultWorkers is how many claim loops a deliverer runs.
+	DefaultWorkers = 4
+	// DefaultBatch is the most items one claim takes.
+	DefaultBatch = 50
+	// DefaultInFlight bounds a deliverer's sends in flight on a node.
+	DefaultInFlight = 64
+	// DefaultPollInterval is how often an idle claim loop looks for due
+	// work when no notification woke it.
+	DefaultPollInterval = time.Second
+	// DefaultFlushEvery is how long outcomes wait to be written together.
+	DefaultFlushEvery = 20 * time.Millisecond
+	// DefaultRecordBatch is the most outcomes written in one transaction.
+	DefaultRecordBatch = 100
+	// DefaultStreamInFlight bounds the v2 stream's events in flight on a
+	// node: 20 requests of StreamMaxEvents.
+	DefaultStreamInFlight = 20 * StreamMaxEvents
+)
+
+// DelivererConfig are a deliverer's knobs; zero values mean the defaults.
+type DelivererConfig struct {
+	// Workers is how many claim loops run. Defaults to DefaultWorkers.
+	Workers int
+	// Batch is the most items one claim takes. Defaults to DefaultBatch.
+	Batch int
+	// InFlight bounds the sends in flight on this node. Defaults to
+	// DefaultInFlight.
+	InFlight int
+	// PollInterval is how often an idle worker looks for due work when no
+	// notification woke it (retries fall due this way). Defaults to
+	// DefaultPollInterval.
+	PollInterval time.Duration
+	// FlushEvery is how long outcomes wait to be written together.
+	// Defaults to DefaultFlushEvery.
+	FlushEvery time.Duration
+	// Policy is the claim's ordering policy. Defaults to outbox.PerKey.
+	Policy outbox.Policy
+	// RecordBatch is the most outcomes written in one transaction.
+	// Defaults to DefaultRecordBatch.
+	RecordBatch int
+	// Owner prefixes the lease owner of every claim. Defaults to
+	// hostname:pid.
+	Owner string
+	// Keys, when set, hears whether the provider refuses this node's key
+	// (the Resolver: /readyz reports the stall).
+	Keys KeyHealth
+}
+
+// KeyHealth hears what deliveries say about the API key.
+type KeyHealth interface {
+	// KeyRefused: a 401 or 403; true when that is news.
+	KeyRefused(status int) bool
+	// KeyWorks: an accepted delivery; true when the key was refused until now.
+	KeyWorks() bool
+}
+
+func (c DelivererConfig) withDefaults() DelivererConfig {
+	if c.Workers <= 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.Batch <= 0 {
+		c.Batch = DefaultBatch
+	}
+	if c.InFlight <= 0 {
+		c.InFlight = DefaultInFlight
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.RecordBatch <= 0 {
+		c.RecordBatch = DefaultRecordBatch
+	}
+	if c.FlushEvery <= 0 {
+		c.FlushEvery = DefaultFlushEvery
+	}
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = host + ":" + strconv.Itoa(os.Getpid())
+	}
+	return c
+}

@@ -1,0 +1,153 @@
+package exporter
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/tallymeter/tally/outbox"
+)
+
+// sendBatches checks the leases against this node (T6) and sends the rest
+// in requests of up to MaxBatch items, each on its own goroutine; every item
+// holds its send slot until its outcome is out. The first prepaid requests
+// go on the limiter's slots taken before the claim.
+func (r *delivery) sendBatches(be BatchExporter, leases []outbox.Lease, dest Destination, prepaid int) {
+	ready := leases[:0:0]
+	for _, l := range leases {
+		if o, ok := claimCheck(l, dest, be.Name()); ok {
+			o.Lease = l
+			r.metrics.outcome(o)
+			r.outcomes <- o
+			<-r.slots
+			continue
+		}
+		ready = append(ready, l)
+	}
+	for batch := range slices.Chunk(ready, be.MaxBatch()) {
+		paid := prepaid > 0
+		prepaid--
+		r.sends.Add(1)
+		go func() {
+			defer r.sends.Done()
+			for _, o := range r.deliverBatch(be, batch, paid) {
+				r.outcomes <- o
+				<-r.slots
+			}
+		}()
+	}
+}
+
+// deliverBatch sends a batch of checked leases on a context of its own, like
+// deliver, and reads the flow-control and key signals of its outcomes.
+func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, paid bool) []outbox.Outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), d.timeout+d.cfg.PollInterval+
+		time.Duration(float64(requestsIn(d.cfg.InFlight, be))/d.limiter.Rate()*float64(time.Second)))
+	defer cancel()
+	start := time.Now()
+	// The first request goes on the slot taken before the claim; any more
+	// (a split, a renewed session) wait for their own.
+	wait := func(ctx context.Context) error {
+		if paid {
+			paid = false
+			return nil
+		}
+		return d.limiter.Wait(ctx)
+	}
+	out := be.SendBatch(ctx, batch, wait)
+	d.metrics.sent(outbox.Outcome{}, time.Since(start))
+	slowed, ok := false, false
+	for i := range out {
+		o := &out[i]
+		o.Lease = batch[i]
+		switch {
+		case o.Kind == outbox.RateLimited && !slowed:
+			d.limiter.Slow(start)
+			slowed = true
+		case (o.Error.Status != 0 || o.Kind == outbox.Accepted) && !ok:
+			d.limiter.Ok()
+			ok = true
+		}
+		d.metrics.outcome(*o)
+	}
+	if len(out) > 0 {
+		d.keySignal(out[0])
+	}
+	return out
+}
+
+// keySignal tells KeyHealth what an outcome says about the API key.
+func (d *Deliverer) keySignal(o outbox.Outcome) {
+	k := d.cfg.Keys
+	if k == nil {
+		return
+	}
+	switch {
+	case o.Error.Code == codeAuth && k.KeyRefused(o.Error.Status):
+		d.logger.Error("Stripe refused the API key: export is stalled until the key is fixed; items are retried with backoff",
+			"status", o.Error.Status)
+	case o.Kind == outbox.Accepted && k.KeyWorks():
+		d.logger.Info("Stripe accepts the API key again: export resumed")
+	}
+}
+
+// deliver checks a leased item against this node (T6) and sends it. The send
+// runs on a context of its own, bounded by the request timeout, so that a
+// shutdown lets it finish and records its outcome.
+func (d *Deliverer) deliver(l outbox.Lease, dest Destination) outbox.Outcome {
+	if o, ok := claimCheck(l, dest, d.exporter.Name()); ok {
+		o.Lease = l
+		d.metrics.outcome(o)
+		return o
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d.timeout+d.cfg.PollInterval+
+		time.Duration(float64(d.cfg.InFlight)/d.limiter.Rate()*float64(time.Second)))
+	defer cancel()
+	if err := d.limiter.Wait(ctx); err != nil {
+		return outbox.Outcome{Lease: l, Kind: outbox.Retry, Refused: true,
+			Error: outbox.ErrorInfo{Code: "limiter", Message: "the rate limiter gave no slot before the deadline"}}
+	}
+	start := time.Now()
+	o := d.exporter.Send(ctx, l)
+	o.Lease = l
+	d.metrics.sent(o, time.Since(start))
+	if o.Kind == outbox.RateLimited {
+		d.limiter.Slow(start)
+	} else if o.Error.Status != 0 || o.Kind == outbox.Accepted {
+		d.limiter.Ok()
+	}
+	d.keySignal(o)
+	d.metrics.outcome(o)
+	return o
+}
+
+// claimCheck is T6: an item staged for another account, mode or exporter
+// than this node's, or one that cannot be sent as it stands, is quarantined
+// without being sent.
+func claimCheck(l outbox.Lease, dest Destination, exporter string) (outbox.Outcome, bool) {
+	q := func(r outbox.Reason, msg string) (outbox.Outcome, bool) {
+		return outbox.Outcome{Kind: outbox.Quarantined, Reason: r, Error: outbox.ErrorInfo{Code: string(r), Message: msg}}, true
+	}
+	switch {
+	case dest.Account == "":
+		return q(outbox.ReasonNoAccount, "this node has no destination account (STRIPE_ACCOUNT)")
+	case l.DestinationAccount != dest.Account:
+		return q(outbox.ReasonAccountMismatch, "staged for another account than this node exports to")
+	case l.Mode != dest.Mode:
+		return q(outbox.ReasonModeMismatch, "staged for another mode than this node exports to")
+	case l.Payload.EventName == "":
+		return q(outbox.ReasonFeatureUnmapped, "no meter event name")
+	case l.Payload.Customer == "":
+		return q(outbox.ReasonNoCustomer, "no Stripe customer")
+	case l.TimestampOutside:
+		return q(outbox.ReasonTimestampWindow, "the timestamp is outside what Stripe accepts")
+	case !ValueFits(l.Payload.Value):
+		return q(outbox.ReasonValueDigits, "the value has more digits than Stripe accepts (15); it is never sent or truncated")
+	case l.Exporter != exporter:
+		// Not a mapping problem: another node's exporter sends it. Put it back
+		// without an attempt's refusal being its fault.
+		return outbox.Outcome{Kind: outbox.Retry, Refused: true,
+			Error: outbox.ErrorInfo{Code: "exporter_mismatch", Message: "staged for another exporter than this node runs"}}, true
+	}
+	return outbox.Outcome{}, false
+}
