@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -83,7 +82,7 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 			return nil, err
 		}
 		d.cluster = c
-		if err := ensureDatabase(ctx, c); err != nil {
+		if err := c.EnsureDatabase(ctx, embeddedDatabase); err != nil {
 			d.stopCluster()
 			return nil, err
 		}
@@ -123,26 +122,6 @@ func (d *DB) stopCluster() {
 		defer cancel()
 		_ = d.cluster.Stop(ctx)
 	}
-}
-
-// ensureDatabase creates Tally's database in the embedded cluster unless it
-// exists.
-func ensureDatabase(ctx context.Context, c *embeddedpg.Cluster) error {
-	conn, err := pgx.Connect(ctx, c.URL("postgres"))
-	if err != nil {
-		return fmt.Errorf("connecting to the embedded postgres: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", embeddedDatabase).Scan(&exists); err != nil {
-		return fmt.Errorf("reading the embedded postgres' databases: %w", err)
-	}
-	if !exists {
-		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{embeddedDatabase}.Sanitize()); err != nil {
-			return fmt.Errorf("creating database %s: %w", embeddedDatabase, err)
-		}
-	}
-	return nil
 }
 
 // ErrNoEmbedded says no embedded cluster runs in the data directory.

@@ -4,6 +4,6 @@
 // service until its context ends — a list of services that share one
 // start/stop contract, started in order and stopped in reverse.
 //
-// It owns process lifecycle only: no SQL of its own beyond creating the
-// embedded cluster's database, no domain logic.
+// It owns process lifecycle only: no SQL of its own (the embedded cluster
+// creates its database, the owners read their tables), no domain logic.
 package app
