@@ -38,12 +38,16 @@ func (p Policy) String() string {
 	return fmt.Sprintf("Policy(%d)", int(p))
 }
 
+// MaxClaim is the most items one claim may take; Claim refuses a larger
+// Limit, and the configuration refuses a larger TALLY_DELIVERY_BATCH.
+const MaxClaim = 1000
+
 // ClaimOptions says who claims how much, how.
 type ClaimOptions struct {
 	// Owner names the claimer in lease_owner (e.g. "host:pid:worker-3").
 	// Required.
 	Owner string
-	// Limit is the most items to claim. Required, 1 to 1000.
+	// Limit is the most items to claim. Required, 1 to MaxClaim.
 	Limit int
 	// Policy is the ordering policy. Defaults to PerKey.
 	Policy Policy
@@ -258,8 +262,8 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 	if opts.Owner == "" {
 		return nil, errors.New("outbox: claim needs an owner")
 	}
-	if opts.Limit < 1 || opts.Limit > 1000 {
-		return nil, fmt.Errorf("outbox: claim limit %d is outside 1..1000", opts.Limit)
+	if opts.Limit < 1 || opts.Limit > MaxClaim {
+		return nil, fmt.Errorf("outbox: claim limit %d is outside 1..%d", opts.Limit, MaxClaim)
 	}
 	lease := s.cfg.Lease
 	if opts.Lease > 0 {

@@ -166,7 +166,7 @@ func configure(line *commandLine, getenv func(string) string, stderr io.Writer) 
 	if cmd.name != "serve" && !settingSet(line.settings, getenv, "log-format", "TALLY_LOG_FORMAT") {
 		cfg.LogFormat = "text" // JSON is for production, where serve runs; people read the rest
 	}
-	if !cmd.service && cfg.LogLevel == "info" {
+	if !cmd.service && cfg.LogLevel == config.DefaultLogLevel {
 		cfg.LogLevel = "warn" // operator commands print results, not progress
 	}
 	logger := app.NewLogger(cfg)

@@ -20,10 +20,6 @@ import (
 	"github.com/tallymeter/tally/reconcile"
 )
 
-// claimLimit is the most items one outbox claim takes (outbox.Claim's
-// bound): the stream's claims and outcome batches use it whole.
-const claimLimit = 1000
-
 // Serve runs the service on db until ctx ends: the HTTP API on cfg.Listen,
 // the outbox maintenance loop, a deliverer per exporter, and River with the
 // periodic staging job (inserted by River's leader alone). Its services
@@ -145,8 +141,8 @@ func newDeliverers(cfg config.Config, db *DB, p *Parts, logger *slog.Logger) ([]
 		return nil, err
 	}
 	v2, err := exporter.NewDeliverer(exporter.DelivererConfig{
-		Workers: cfg.DeliveryWorkers, Batch: min(cfg.StreamInFlight, claimLimit), InFlight: cfg.StreamInFlight,
-		RecordBatch: claimLimit, Policy: outbox.BestEffort, PollInterval: cfg.PollInterval, Keys: p.Resolver,
+		Workers: cfg.DeliveryWorkers, Batch: min(cfg.StreamInFlight, outbox.MaxClaim), InFlight: cfg.StreamInFlight,
+		RecordBatch: outbox.MaxClaim, Policy: outbox.BestEffort, PollInterval: cfg.PollInterval, Keys: p.Resolver,
 	}, p.Outbox, db.Pool, stream, cfg.StripeTimeout, p.Resolver.Destination, p.StreamLimiter, logger, p.Registry)
 	if err != nil {
 		return nil, err

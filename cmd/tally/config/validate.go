@@ -12,6 +12,7 @@ import (
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/outbox"
 )
 
 // restrictedKeyProblems are the settings that need Stripe's v2 API while
@@ -138,8 +139,8 @@ func (c *Config) deliveryProblems() []error {
 	if c.StreamRateLive <= 0 || c.StreamRateTest <= 0 || c.StreamInFlight < 1 {
 		errs = append(errs, errors.New("TALLY_STREAM_RATE_LIVE and TALLY_STREAM_RATE_TEST must be positive, TALLY_STREAM_INFLIGHT at least 1"))
 	}
-	if c.DeliveryWorkers < 1 || c.DeliveryBatch < 1 || c.DeliveryBatch > 1000 || c.DeliveryInFlight < 1 {
-		errs = append(errs, errors.New("TALLY_DELIVERY_WORKERS and TALLY_DELIVERY_INFLIGHT must be at least 1, TALLY_DELIVERY_BATCH 1 to 1000"))
+	if c.DeliveryWorkers < 1 || c.DeliveryBatch < 1 || c.DeliveryBatch > outbox.MaxClaim || c.DeliveryInFlight < 1 {
+		errs = append(errs, fmt.Errorf("TALLY_DELIVERY_WORKERS and TALLY_DELIVERY_INFLIGHT must be at least 1, TALLY_DELIVERY_BATCH 1 to %d", outbox.MaxClaim))
 	}
 	return errs
 }
