@@ -15,21 +15,25 @@ import (
 // line on it means tally saw the postmaster exit: the watchdog exits. End of
 // file without a line means tally died without stopping the server: the
 // watchdog asks for a fast shutdown (SIGINT), then an immediate one (SIGQUIT)
-// after $3 ticks, and kills the server's process group after $3 more. It
-// leaves alone a pid that postmaster.pid no longer names, so that a recycled
-// pid is never signalled. It ignores the hang-up and interrupt signals a
-// terminal sends, which are tally's to handle.
+// after $3 ticks, and kills the server's process group after $3 more. Before
+// every signal it checks that postmaster.pid still names the pid (the server
+// writes the file before it accepts connections and removes it when it
+// exits), so that a recycled pid is never signalled. It ignores the hang-up
+// and interrupt signals a terminal sends, which are tally's to handle.
 const watchdogScript = `trap '' HUP INT
 if read -r _; then exit 0; fi
-if [ -r "$2" ]; then
-	IFS= read -r named < "$2" || named=
-	[ "$named" = "$1" ] || exit 0
-fi
+ours() {
+	[ -r "$2" ] || return 1
+	IFS= read -r named < "$2" || return 1
+	[ "$named" = "$1" ]
+}
+ours "$1" "$2" || exit 0
 echo "embeddedpg watchdog: tally exited without stopping postgres; stopping postgres (pid $1)" >&2
 kill -s INT "$1" 2>/dev/null || exit 0
 n=0
 while kill -s 0 "$1" 2>/dev/null; do
 	n=$((n + 1))
+	ours "$1" "$2" || exit 0
 	if [ "$n" -eq "$3" ]; then kill -s QUIT "$1" 2>/dev/null; fi
 	if [ "$n" -ge $(($3 * 2)) ]; then kill -s KILL -- "-$1" 2>/dev/null; exit 0; fi
 	sleep 0.1

@@ -125,8 +125,23 @@ func TestWatchdogReleased(t *testing.T) {
 // than the one watched, the watched pid may belong to someone else by now,
 // and the watchdog leaves it alone.
 func TestWatchdogSparesRecycledPid(t *testing.T) {
+	for name, spoil := range map[string]func(t *testing.T, tg *target){
+		"another pid": func(t *testing.T, tg *target) { tg.writePidFile(t, tg.cmd.Process.Pid+1) },
+		// The server removes its pid file when it exits: a pid without one
+		// is no longer the server's.
+		"no pid file": func(t *testing.T, tg *target) {
+			if err := os.Remove(tg.pidFile); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) { watchdogSpares(t, spoil) })
+	}
+}
+
+func watchdogSpares(t *testing.T, spoil func(*testing.T, *target)) {
 	tg := startTarget(t)
-	tg.writePidFile(t, tg.cmd.Process.Pid+1)
+	spoil(t, tg)
 	var log bytes.Buffer
 	w, err := startWatchdog(tg.cmd.Process.Pid, tg.pidFile, nil, &log)
 	if err != nil {
