@@ -113,14 +113,11 @@ func windowChunks(ctx context.Context, tx pgx.Tx, agg mappings.Aggregation, targ
 func (s *Stager) enqueueChunks(ctx context.Context, tx pgx.Tx, pair mappings.Pair, target Target, tenant, feature string,
 	w Window, chunks []chunk) (res PassResult, err error) {
 	base := w.SubjectRef(feature, 0)
-	var n int
-	// One number per ref: a re-addressed item's successor keeps its ref.
-	// A re-addressed item's successor ("%r<n>") carries its
-	// predecessor's number.
-	if err := tx.QueryRow(ctx, `SELECT count(DISTINCT subject_ref) FROM outbox_items WHERE tenant_key = $1 AND subject_kind = $2
-		AND (subject_ref = $3 OR starts_with(subject_ref, $3 || '#')) AND strpos(subject_ref, '%r') = 0`,
-		tenant, outbox.SubjectUsageWindow, base).Scan(&n); err != nil {
-		return PassResult{}, fmt.Errorf("counting the window's items: %w", err)
+	// One number per ref: a re-addressed item's successor ("%r<n>")
+	// carries its predecessor's number.
+	n, err := s.Outbox.WindowItemCount(ctx, tx, tenant, base)
+	if err != nil {
+		return PassResult{}, err
 	}
 	for k, c := range chunks {
 		item := s.item(pair, target, tenant, feature, outbox.SubjectUsageWindow, w.SubjectRef(feature, n+k), c.value, c.at, w.PeriodStart)

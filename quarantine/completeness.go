@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/reconcile"
 )
 
 // Bucket is the usage of one state: how many ledger events, and their value.
@@ -178,46 +180,22 @@ func CompletenessOf(ctx context.Context, q Querier, period, tenant string) (Comp
 	return c, nil
 }
 
-// sqlDiscrepancies counts, per tenant, feature and period, the discrepancy
-// hours of the latest succeeded reconcile run that involve their items.
-const sqlDiscrepancies = `
-WITH latest AS (SELECT max(id) AS id FROM reconcile_runs WHERE status = 'succeeded')
-SELECT latest.id, o.tenant_key, o.payload ->> 'feature', (o.payload ->> 'period')::timestamptz,
-       count(DISTINCT (d.event_name, d.customer, d.hour))
-FROM latest
-JOIN reconcile_discrepancies d ON d.run_id = latest.id
-JOIN outbox_items o ON o.id = ANY(d.expected_items || d.uncertain_items)
-WHERE (o.payload ->> 'period')::timestamptz >= @from AND (o.payload ->> 'period')::timestamptz < @to
-  AND (@tenant = '' OR o.tenant_key = @tenant)
-GROUP BY 1, 2, 3, 4`
-
+// addDiscrepancies counts on each line the discrepancy hours of the latest
+// succeeded reconcile run that involve its items, and names the run.
 func (c *Completeness) addDiscrepancies(ctx context.Context, q Querier, from, to time.Time, tenant string, index map[[3]string]int) error {
-	var run *int64
-	if err := q.QueryRow(ctx, `SELECT max(id) FROM reconcile_runs WHERE status = 'succeeded'`).Scan(&run); err != nil {
-		return fmt.Errorf("quarantine: reading reconcile runs: %w", err)
+	run, ok, err := reconcile.LatestSucceeded(ctx, q)
+	if err != nil || !ok {
+		return err
 	}
-	c.ReconcileRun = run
-	if run == nil {
-		return nil
-	}
-	rows, err := q.Query(ctx, sqlDiscrepancies, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
+	c.ReconcileRun = &run
+	per, err := reconcile.DiscrepanciesByPeriod(ctx, q, from, to, tenant)
 	if err != nil {
-		return fmt.Errorf("quarantine: reading discrepancies: %w", err)
+		return err
 	}
-	var (
-		id              int64
-		tenantName, ftr string
-		per             time.Time
-		n               int64
-	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &tenantName, &ftr, &per, &n}, func() error {
-		if i, ok := index[[3]string{tenantName, ftr, per.UTC().Format(time.RFC3339)}]; ok {
-			c.Lines[i].Discrepancies += n
+	for _, d := range per {
+		if i, ok := index[[3]string{d.Tenant, d.Feature, d.Period.UTC().Format(time.RFC3339)}]; ok {
+			c.Lines[i].Discrepancies += d.Hours
 		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("quarantine: reading discrepancies: %w", err)
 	}
 	return nil
 }

@@ -95,15 +95,20 @@ func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi
 		for i, s := range rep.Samples {
 			identifiers[i] = exporter.IdentifierOf(s.Identifier)
 		}
-		if _, err := tx.Exec(ctx, `SELECT id FROM outbox_items WHERE identifier = ANY($1) ORDER BY id FOR NO KEY UPDATE`,
-			identifiers); err != nil {
+		itemOf, err := store.LockIdentified(ctx, tx, identifiers)
+		if err != nil {
 			return fmt.Errorf("reconcile: locking the items event %s names: %w", rep.ID, err)
 		}
 		for i, s := range rep.Samples {
+			// The item with the identifier; none (NULL) when Tally has none.
+			var item *int64
+			if id, ok := itemOf[identifiers[i]]; ok {
+				item = &id
+			}
 			msg := redact.Message(s.Message)
 			if _, err := tx.Exec(ctx, `INSERT INTO meter_error_evidence (event_id, identifier, item_id, code, message)
-				VALUES ($1, $2, (SELECT id FROM outbox_items WHERE identifier = $2), $3, nullif($4, ''))
-				ON CONFLICT DO NOTHING`, rep.ID, identifiers[i], s.Code, msg); err != nil {
+				VALUES ($1, $2, $3, $4, nullif($5, ''))
+				ON CONFLICT DO NOTHING`, rep.ID, identifiers[i], item, s.Code, msg); err != nil {
 				return fmt.Errorf("reconcile: recording evidence of event %s: %w", rep.ID, err)
 			}
 		}

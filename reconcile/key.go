@@ -2,10 +2,7 @@ package reconcile
 
 import (
 	"context"
-	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
@@ -18,9 +15,9 @@ import (
 // discrepancy (ReasonSummariesRefused) committed the same way, and no
 // error: the run goes on to the next key.
 func (r *Reconciler) reconcileKey(ctx context.Context, db DB, id int64, dest exporter.Destination,
-	byEvent map[string]stripeapi.Meter, k key, settle time.Duration, sinceTS int64) error {
+	byEvent map[string]stripeapi.Meter, k outbox.SettledKey, settle time.Duration, sinceTS int64) error {
 	start := r.calls.Load()
-	kh, err := readKeyHours(ctx, db, dest.Mode, k, settle, sinceTS)
+	kh, err := r.readKeyHours(ctx, db, dest.Mode, k, settle, sinceTS)
 	if err != nil {
 		return err
 	}
@@ -43,33 +40,20 @@ type keyHours struct {
 // accepted, confirmed and uncertain ones, and the pending and leased ones
 // that hold their hour back — from its first hour (not before sinceTS) to
 // the end of its last.
-func readKeyHours(ctx context.Context, db DB, mode outbox.Mode, k key, settle time.Duration, sinceTS int64) (keyHours, error) {
-	kh := keyHours{from: max(k.minTS-k.minTS%hour, sinceTS), to: k.maxTS - k.maxTS%hour + hour, byHour: map[int64][]held{}}
-	rows, err := db.Query(ctx, `
-SELECT id, state, (payload ->> 'value')::bigint, (payload ->> 'timestamp')::bigint,
-       state = 'accepted' AND accepted_at < clock_timestamp() - @settle::interval
-FROM outbox_items
-WHERE ordering_key = @key AND mode = @mode
-  AND (payload ->> 'timestamp')::bigint >= @from AND (payload ->> 'timestamp')::bigint < @to
-  AND state IN ('accepted', 'confirmed', 'uncertain', 'pending', 'leased')
-ORDER BY 4, 1`, pgx.NamedArgs{"key": k.orderingKey, "mode": string(mode), "settle": settle, "from": kh.from, "to": kh.to})
+func (r *Reconciler) readKeyHours(ctx context.Context, db DB, mode outbox.Mode, k outbox.SettledKey,
+	settle time.Duration, sinceTS int64) (keyHours, error) {
+	kh := keyHours{from: max(k.Earliest-k.Earliest%hour, sinceTS), to: k.Latest - k.Latest%hour + hour, byHour: map[int64][]held{}}
+	items, err := r.cfg.Outbox.KeyItems(ctx, db, outbox.KeyRange{OrderingKey: k.OrderingKey, Mode: mode, From: kh.from, To: kh.to,
+		Settle: settle})
 	if err != nil {
-		return keyHours{}, fmt.Errorf("reconcile: reading key items: %w", err)
-	}
-	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (held, error) {
-		var h held
-		err := row.Scan(&h.id, &h.state, &h.value, &h.ts, &h.settled)
-		return h, err
-	})
-	if err != nil {
-		return keyHours{}, fmt.Errorf("reconcile: reading key items: %w", err)
+		return keyHours{}, err
 	}
 	for _, it := range items {
-		h := it.ts - it.ts%hour
+		h := it.Timestamp - it.Timestamp%hour
 		if _, ok := kh.byHour[h]; !ok {
 			kh.hours = append(kh.hours, h)
 		}
-		kh.byHour[h] = append(kh.byHour[h], it)
+		kh.byHour[h] = append(kh.byHour[h], held{id: it.ID, state: it.State, value: it.Value, ts: it.Timestamp, settled: it.Settled})
 	}
 	return kh, nil
 }
@@ -87,12 +71,12 @@ type keyOutcome struct {
 // has its hours skipped; a key whose summaries Stripe refuses is one
 // discrepancy; any other failed read is the run's error.
 func (r *Reconciler) compareKey(ctx context.Context, id int64, dest exporter.Destination,
-	byEvent map[string]stripeapi.Meter, k key, kh keyHours) (keyOutcome, error) {
-	m, ok := byEvent[k.eventName]
+	byEvent map[string]stripeapi.Meter, k outbox.SettledKey, kh keyHours) (keyOutcome, error) {
+	m, ok := byEvent[k.EventName]
 	if !ok {
 		// No meter has the event name any more: nothing to read evidence
 		// from. The hours are skipped, visibly in the run's totals.
-		r.cfg.Logger.Warn("reconcile: no meter for an event name with accepted items", "event_name", k.eventName)
+		r.cfg.Logger.Warn("reconcile: no meter for an event name with accepted items", "event_name", k.EventName)
 		var out keyOutcome
 		for _, h := range kh.hours {
 			if worthComparing(kh.byHour[h]) {
@@ -103,7 +87,7 @@ func (r *Reconciler) compareKey(ctx context.Context, id int64, dest exporter.Des
 	}
 	var summaries []stripeapi.Summary
 	err := r.read(ctx, func() (err error) {
-		summaries, err = r.client.EventSummaries(ctx, m.ID, k.customer, kh.from, kh.to, stripeapi.Hour)
+		summaries, err = r.client.EventSummaries(ctx, m.ID, k.Customer, kh.from, kh.to, stripeapi.Hour)
 		return err
 	})
 	if refusal, refused := refusedKey(ctx, err); refused {
@@ -118,7 +102,7 @@ func (r *Reconciler) compareKey(ctx context.Context, id int64, dest exporter.Des
 // refusedKeyOutcome is a key whose summaries Stripe refused (a customer or
 // a meter it does not know): nothing of the key is compared; the key is a
 // discrepancy of its own, with the items it holds, and the run goes on.
-func (r *Reconciler) refusedKeyOutcome(id int64, dest exporter.Destination, m stripeapi.Meter, k key, kh keyHours,
+func (r *Reconciler) refusedKeyOutcome(id int64, dest exporter.Destination, m stripeapi.Meter, k outbox.SettledKey, kh keyHours,
 	refusal outbox.ErrorInfo) keyOutcome {
 	u := holdOver(m.Formula, kh.byHour, kh.hours)
 	d := keyDiscrepancy(dest, m, k)
@@ -126,7 +110,7 @@ func (r *Reconciler) refusedKeyOutcome(id int64, dest exporter.Destination, m st
 	d.Hour, d.Expected = time.Unix(kh.from, 0).UTC(), u.expected.String()
 	d.ExpectedItems, d.UncertainItems, d.ExplainedBy, d.Explanation = u.counted, u.uncertain, []int64{}, ExplanationNotCompared
 	r.cfg.Logger.Warn("reconcile: Stripe refused a key's summaries; the key is recorded as a discrepancy and the run goes on",
-		"run", id, "event_name", k.eventName, "meter", m.ID, "error", refusal.String(), "hours", u.hours,
+		"run", id, "event_name", k.EventName, "meter", m.ID, "error", refusal.String(), "hours", u.hours,
 		"items", len(u.counted)+len(u.uncertain))
 	return keyOutcome{skipped: u.skipped, found: []Discrepancy{d}}
 }
@@ -135,7 +119,7 @@ func (r *Reconciler) refusedKeyOutcome(id int64, dest exporter.Destination, m st
 // Stripe's summary of it: a match confirms the hour's accepted items, a
 // mismatch is a discrepancy, and an hour with an item in flight or
 // unsettled is skipped.
-func compareSummaries(dest exporter.Destination, m stripeapi.Meter, k key, kh keyHours, summaries []stripeapi.Summary) keyOutcome {
+func compareSummaries(dest exporter.Destination, m stripeapi.Meter, k outbox.SettledKey, kh keyHours, summaries []stripeapi.Summary) keyOutcome {
 	var out keyOutcome
 	provider := map[int64]float64{}
 	for _, s := range summaries {
@@ -164,7 +148,7 @@ func compareSummaries(dest exporter.Destination, m stripeapi.Meter, k key, kh ke
 
 // mismatch is the discrepancy of hour h of key k, whose verdict v is not a
 // match.
-func mismatch(dest exporter.Destination, m stripeapi.Meter, k key, h int64, v verdict) Discrepancy {
+func mismatch(dest exporter.Destination, m stripeapi.Meter, k outbox.SettledKey, h int64, v verdict) Discrepancy {
 	d := keyDiscrepancy(dest, m, k)
 	d.Reason, d.Hour, d.Expected = ReasonMismatch, time.Unix(h, 0).UTC(), v.expected.String()
 	d.ExpectedItems, d.UncertainItems = nonNil(v.counted), nonNil(v.uncertain)
@@ -178,9 +162,9 @@ func mismatch(dest exporter.Destination, m stripeapi.Meter, k key, h int64, v ve
 
 // keyDiscrepancy is a discrepancy of key k at meter m, with what names
 // them filled in.
-func keyDiscrepancy(dest exporter.Destination, m stripeapi.Meter, k key) Discrepancy {
-	return Discrepancy{Account: dest.Account, Mode: string(dest.Mode), EventName: k.eventName, Meter: m.ID,
-		Customer: k.customer, Formula: m.Formula}
+func keyDiscrepancy(dest exporter.Destination, m stripeapi.Meter, k outbox.SettledKey) Discrepancy {
+	return Discrepancy{Account: dest.Account, Mode: string(dest.Mode), EventName: k.EventName, Meter: m.ID,
+		Customer: k.Customer, Formula: m.Formula}
 }
 
 func nonNil(s []int64) []int64 {

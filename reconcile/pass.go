@@ -7,16 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/outbox"
 )
-
-// key is one (customer, meter) of the destination with settled accepted
-// or uncertain items.
-type key struct {
-	orderingKey, customer, eventName string
-	minTS, maxTS                     int64
-}
 
 // runScope is what a run compares, as recorded when it was queued, and
 // where it stands: the settle delay, the first hour compared (0: all) and
@@ -42,7 +35,10 @@ func (r *Reconciler) pass(ctx context.Context, db DB, id int64) error {
 	if err != nil {
 		return err
 	}
-	keys, err := listKeys(ctx, db, dest, scope)
+	// The keys with settled accepted or uncertain items in the run's
+	// scope, after its cursor, in order.
+	keys, err := r.cfg.Outbox.SettledKeys(ctx, db, outbox.KeyFilter{Account: dest.Account, Mode: dest.Mode,
+		Settle: scope.settle, Since: scope.sinceTS, After: scope.cursor})
 	if err != nil {
 		return err
 	}
@@ -96,31 +92,4 @@ func (r *Reconciler) metersByEvent(ctx context.Context) (map[string]stripeapi.Me
 		}
 	}
 	return byEvent, nil
-}
-
-// listKeys lists the keys of the destination with settled accepted or
-// uncertain items in the run's scope, after its cursor, in order.
-func listKeys(ctx context.Context, db DB, dest exporter.Destination, scope runScope) ([]key, error) {
-	rows, err := db.Query(ctx, `
-SELECT ordering_key, payload ->> 'customer', payload ->> 'event_name',
-       min((payload ->> 'timestamp')::bigint), max((payload ->> 'timestamp')::bigint)
-FROM outbox_items
-WHERE destination_account = @account AND mode = @mode
-  AND ((state = 'accepted' AND accepted_at < clock_timestamp() - @settle::interval) OR state = 'uncertain')
-  AND (payload ->> 'timestamp')::bigint >= @since
-  AND ordering_key > @cursor
-GROUP BY 1, 2, 3
-ORDER BY 1`, pgx.NamedArgs{"account": dest.Account, "mode": string(dest.Mode), "settle": scope.settle, "since": scope.sinceTS, "cursor": scope.cursor})
-	if err != nil {
-		return nil, fmt.Errorf("reconcile: listing keys: %w", err)
-	}
-	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (key, error) {
-		var k key
-		err := row.Scan(&k.orderingKey, &k.customer, &k.eventName, &k.minTS, &k.maxTS)
-		return k, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reconcile: listing keys: %w", err)
-	}
-	return keys, nil
 }

@@ -5,12 +5,13 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/tallymeter/tally/outbox"
 )
 
 // commitKey commits what the comparison of key k came to, in one
 // transaction: the confirmations (T7), the discrepancies, and the run's
 // progress past the key, with the Stripe calls made since start.
-func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, k key, out keyOutcome, start int64) error {
+func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, k outbox.SettledKey, out keyOutcome, start int64) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -30,7 +31,7 @@ func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, k key, out 
 			hours_skipped = hours_skipped + @skipped, items_confirmed = items_confirmed + @confirmed,
 			discrepancies = discrepancies + @found, stripe_calls = stripe_calls + @calls, heartbeat_at = clock_timestamp()
 		WHERE id = @id AND status = 'running'`,
-		pgx.NamedArgs{"id": id, "cursor": k.orderingKey, "compared": out.compared, "matched": out.matched, "skipped": out.skipped,
+		pgx.NamedArgs{"id": id, "cursor": k.OrderingKey, "compared": out.compared, "matched": out.matched, "skipped": out.skipped,
 			"confirmed": confirmed, "found": len(out.found), "calls": r.calls.Load() - start}); err != nil {
 		return fmt.Errorf("reconcile: recording progress: %w", err)
 	}

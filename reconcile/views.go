@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -46,4 +47,55 @@ func EventRecorded(ctx context.Context, q outbox.Querier, id string) (bool, erro
 		return false, fmt.Errorf("reconcile: reading Stripe event %s: %w", id, err)
 	}
 	return seen, nil
+}
+
+// PeriodDiscrepancies is how many discrepancy hours of one reconcile run
+// involve the items of one tenant, feature and billing period.
+type PeriodDiscrepancies struct {
+	// Run is the run whose discrepancies these are.
+	Run     int64
+	Tenant  string
+	Feature string
+	// Period is the start of the billing period the items carry.
+	Period time.Time
+	// Hours counts the run's discrepancies (event name, customer and hour)
+	// that name any of these items as expected or uncertain.
+	Hours int64
+}
+
+// sqlDiscrepanciesByPeriod counts, per tenant, feature and period, the
+// discrepancy hours of the latest succeeded reconcile run that involve
+// their items.
+const sqlDiscrepanciesByPeriod = `
+WITH latest AS (SELECT max(id) AS id FROM reconcile_runs WHERE status = 'succeeded')
+SELECT latest.id, o.tenant_key, o.payload ->> 'feature', (o.payload ->> 'period')::timestamptz,
+       count(DISTINCT (d.event_name, d.customer, d.hour))
+FROM latest
+JOIN reconcile_discrepancies d ON d.run_id = latest.id
+JOIN outbox_items o ON o.id = ANY(d.expected_items || d.uncertain_items)
+WHERE (o.payload ->> 'period')::timestamptz >= @from AND (o.payload ->> 'period')::timestamptz < @to
+  AND (@tenant = '' OR o.tenant_key = @tenant)
+GROUP BY 1, 2, 3, 4`
+
+// DiscrepanciesByPeriod counts the discrepancy hours of the latest run
+// that succeeded which involve the items (expected or uncertain) of each
+// tenant, feature and billing period starting in [from, to), for one
+// tenant or all (""), in no particular order: the completeness report's
+// column of what finance still has to resolve. A period whose items no
+// discrepancy names is absent, and so is every period before the first
+// run succeeds.
+func DiscrepanciesByPeriod(ctx context.Context, q outbox.Querier, from, to time.Time, tenant string) ([]PeriodDiscrepancies, error) {
+	rows, err := q.Query(ctx, sqlDiscrepanciesByPeriod, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: counting discrepancies by period: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (PeriodDiscrepancies, error) {
+		var p PeriodDiscrepancies
+		err := row.Scan(&p.Run, &p.Tenant, &p.Feature, &p.Period, &p.Hours)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: counting discrepancies by period: %w", err)
+	}
+	return out, nil
 }

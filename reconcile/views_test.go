@@ -2,6 +2,8 @@ package reconcile_test
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,4 +70,74 @@ func TestEventRecorded(t *testing.T) {
 	seen, err = reconcile.EventRecorded(ctx, pool, "evt_2")
 	require.NoError(t, err)
 	require.False(t, seen)
+}
+
+// The completeness report's discrepancies: per tenant, feature and billing
+// period, the hours of the latest succeeded run's discrepancies that name
+// any of their items, expected or uncertain; none before a run succeeds.
+func TestDiscrepanciesByPeriod(t *testing.T) {
+	t.Parallel()
+	ctx, pool := context.Background(), testdb.New(t)
+	store, err := outbox.New(outbox.Config{}, nil)
+	require.NoError(t, err)
+	item := func(tenant, ref, period string) int64 {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		res, err := store.Enqueue(ctx, tx, outbox.NewItem{
+			Identity: outbox.Identity{TenantKey: tenant, SubjectKind: outbox.SubjectUsageEvent, SubjectRef: ref,
+				Exporter: "stripe_meter_events", DestinationAccount: "acct_123", Mode: outbox.ModeTest, MappingVersion: 1},
+			Payload: outbox.Payload{Customer: "cus_" + tenant, EventName: "api_calls", Value: 1, Timestamp: 1796000000,
+				Feature: "api_calls", Period: period},
+		})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		return res.ID
+	}
+	nov, dec := "2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z"
+	a1, a2, g1, late := item("acme", "a1", nov), item("acme", "a2", nov), item("globex", "g1", nov), item("acme", "a3", dec)
+
+	var runs []int64
+	for i := 0; i < 3; i++ {
+		id, err := reconcile.Queue(ctx, pool, reconcile.TriggerAPI, "test", reconcile.Options{})
+		require.NoError(t, err)
+		runs = append(runs, id)
+	}
+	discrepancy := func(run int64, customer string, hour int, expected, uncertain []int64) {
+		_, err := pool.Exec(ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name, meter,
+			customer, hour, formula, expected, expected_items, uncertain_items, explained_by, explanation)
+			VALUES ($1, 'acct_123', 'test', 'api_calls', 'mtr_1', $2, $3, 'sum', 1, $4, $5, '{}', 'unexplained')`,
+			run, customer, time.Date(2026, 11, 30, hour, 0, 0, 0, time.UTC), expected, uncertain)
+		require.NoError(t, err)
+	}
+	for _, run := range runs { // every run found the first hour
+		discrepancy(run, "cus_acme", 1, []int64{a1, a2}, []int64{})
+	}
+	discrepancy(runs[1], "cus_acme", 2, []int64{}, []int64{a1})
+	discrepancy(runs[1], "cus_globex", 1, []int64{g1, late}, []int64{})
+
+	from, to := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	got, err := reconcile.DiscrepanciesByPeriod(ctx, pool, from, to, "")
+	require.NoError(t, err)
+	require.Empty(t, got, "no run succeeded yet")
+
+	// The first two succeeded, the third failed.
+	_, err = pool.Exec(ctx, `UPDATE reconcile_runs SET status = CASE WHEN id = $1 THEN 'failed' ELSE 'succeeded' END,
+		finished_at = clock_timestamp()`, runs[2])
+	require.NoError(t, err)
+	got, err = reconcile.DiscrepanciesByPeriod(ctx, pool, from, to, "")
+	require.NoError(t, err)
+	slices.SortFunc(got, func(a, b reconcile.PeriodDiscrepancies) int { return strings.Compare(a.Tenant, b.Tenant) })
+	for i := range got {
+		got[i].Period = got[i].Period.UTC()
+	}
+	require.Equal(t, []reconcile.PeriodDiscrepancies{
+		{Run: runs[1], Tenant: "acme", Feature: "api_calls", Period: from, Hours: 2},
+		{Run: runs[1], Tenant: "globex", Feature: "api_calls", Period: from, Hours: 1},
+	}, got, "an hour counts once however many of a line's items it names; December's item is out of range")
+
+	got, err = reconcile.DiscrepanciesByPeriod(ctx, pool, from, to, "globex")
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "globex", got[0].Tenant)
 }

@@ -1,0 +1,179 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The reads in this file find items by one of their keys — the ordering
+// key, the identifier, the subject ref — for the packages that compare,
+// name or number items: reconciliation lists the keys it compares and reads
+// each key's items, a provider's error report locks the items it names, and
+// staging numbers a window's next item. Each is one statement, run on the
+// caller's Querier, so that it joins the caller's transaction.
+
+// KeyFilter selects the ordering keys SettledKeys lists.
+type KeyFilter struct {
+	// Account and Mode are the destination the items were staged for.
+	Account string
+	Mode    Mode
+	// Settle is how long an accepted item must have been accepted, by the
+	// database's clock, to count as settled.
+	Settle time.Duration
+	// Since is the earliest payload timestamp (Unix seconds) of the items
+	// considered.
+	Since int64
+	// After is the ordering key to list after; "" lists from the first.
+	After string
+}
+
+// SettledKey is an ordering key with settled items: the customer and the
+// event name its items carry, and the earliest and latest payload
+// timestamps (Unix seconds) of those items.
+type SettledKey struct {
+	OrderingKey, Customer, EventName string
+	Earliest, Latest                 int64
+}
+
+// sqlSettledKeys lists the ordering keys of a destination with settled
+// accepted or uncertain items from a timestamp on, after a key, in order.
+const sqlSettledKeys = `
+SELECT ordering_key, payload ->> 'customer', payload ->> 'event_name',
+       min((payload ->> 'timestamp')::bigint), max((payload ->> 'timestamp')::bigint)
+FROM outbox_items
+WHERE destination_account = @account AND mode = @mode
+  AND ((state = 'accepted' AND accepted_at < clock_timestamp() - @settle::interval) OR state = 'uncertain')
+  AND (payload ->> 'timestamp')::bigint >= @since
+  AND ordering_key > @cursor
+GROUP BY 1, 2, 3
+ORDER BY 1`
+
+// SettledKeys lists the ordering keys of f's destination that have items
+// accepted longer ago than f.Settle or uncertain, with payload timestamps
+// from f.Since on, after f.After, in key order: the keys reconciliation
+// compares with the provider's numbers, one at a time, resuming after the
+// last key it finished. The timestamps of each are those of these items.
+func (s *Store) SettledKeys(ctx context.Context, q Querier, f KeyFilter) ([]SettledKey, error) {
+	rows, err := q.Query(ctx, sqlSettledKeys, pgx.NamedArgs{"account": f.Account, "mode": string(f.Mode), "settle": f.Settle,
+		"since": f.Since, "cursor": f.After})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing settled keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (SettledKey, error) {
+		var k SettledKey
+		err := row.Scan(&k.OrderingKey, &k.Customer, &k.EventName, &k.Earliest, &k.Latest)
+		return k, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: listing settled keys: %w", err)
+	}
+	return keys, nil
+}
+
+// KeyRange selects the items KeyItems reads: those of one ordering key and
+// mode with payload timestamps in [From, To) (Unix seconds).
+type KeyRange struct {
+	OrderingKey string
+	Mode        Mode
+	From, To    int64
+	// Settle is how long an accepted item must have been accepted, by the
+	// database's clock, to count as settled (KeyItem.Settled).
+	Settle time.Duration
+}
+
+// KeyItem is an item of a key as KeyItems reads it.
+type KeyItem struct {
+	ID    int64
+	State State
+	// Value and Timestamp are the payload's.
+	Value, Timestamp int64
+	// Settled is true for an item accepted longer ago than the range's
+	// Settle.
+	Settled bool
+}
+
+// sqlKeyItems reads the accepted, confirmed, uncertain, pending and leased
+// items of one key and mode in a range of timestamps, by timestamp and id.
+const sqlKeyItems = `
+SELECT id, state, (payload ->> 'value')::bigint, (payload ->> 'timestamp')::bigint,
+       state = 'accepted' AND accepted_at < clock_timestamp() - @settle::interval
+FROM outbox_items
+WHERE ordering_key = @key AND mode = @mode
+  AND (payload ->> 'timestamp')::bigint >= @from AND (payload ->> 'timestamp')::bigint < @to
+  AND state IN ('accepted', 'confirmed', 'uncertain', 'pending', 'leased')
+ORDER BY 4, 1`
+
+// KeyItems reads the items of r's key and mode with payload timestamps in
+// r's range that are accepted, confirmed or uncertain — what the provider
+// should have counted — or pending or leased — still in flight — in
+// timestamp order, then by id: what reconciliation compares with the
+// provider's hourly numbers of the key, and the items in flight that hold
+// an hour back from the comparison.
+func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem, error) {
+	rows, err := q.Query(ctx, sqlKeyItems, pgx.NamedArgs{"key": r.OrderingKey, "mode": string(r.Mode), "settle": r.Settle,
+		"from": r.From, "to": r.To})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: reading the items of a key: %w", err)
+	}
+	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyItem, error) {
+		var it KeyItem
+		err := row.Scan(&it.ID, &it.State, &it.Value, &it.Timestamp, &it.Settled)
+		return it, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: reading the items of a key: %w", err)
+	}
+	return items, nil
+}
+
+// sqlLockIdentified locks the items with any of the identifiers for an
+// update that keeps their keys, in ascending id order.
+const sqlLockIdentified = `SELECT identifier, id FROM outbox_items WHERE identifier = ANY($1) ORDER BY id FOR NO KEY UPDATE`
+
+// LockIdentified locks the items with the given identifiers, FOR NO KEY
+// UPDATE in ascending id order — the order every waiting writer of the
+// outbox uses — until q's transaction ends, and returns the id of each by
+// its identifier; an identifier no item has is absent. A provider's error
+// report locks the items it names so before it records evidence against
+// them (whose foreign key share-locks them) and fails them: two share locks
+// each waiting to become an update lock would deadlock.
+func (s *Store) LockIdentified(ctx context.Context, q Querier, identifiers []string) (map[string]int64, error) {
+	rows, err := q.Query(ctx, sqlLockIdentified, identifiers)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: locking the identified items: %w", err)
+	}
+	ids := map[string]int64{}
+	var (
+		identifier string
+		id         int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&identifier, &id}, func() error {
+		ids[identifier] = id
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("outbox: locking the identified items: %w", err)
+	}
+	return ids, nil
+}
+
+// sqlWindowItemCount counts the distinct subject refs of a tenant's window
+// items whose ref is the base or one of its supplements ("<base>#n"),
+// re-address generations ("%r<n>") left out.
+const sqlWindowItemCount = `SELECT count(DISTINCT subject_ref) FROM outbox_items WHERE tenant_key = $1 AND subject_kind = $2
+		AND (subject_ref = $3 OR starts_with(subject_ref, $3 || '#')) AND strpos(subject_ref, '%r') = 0`
+
+// WindowItemCount counts a tenant's window items (SubjectUsageWindow) of
+// the window whose subject ref is base: the item with that ref and its
+// supplements ("<base>#n"), one per ref. A re-addressed item's successor
+// (ReaddressRef) carries its predecessor's usage and is not counted again.
+// Staging numbers the window's next item with the count.
+func (s *Store) WindowItemCount(ctx context.Context, q Querier, tenant, base string) (int, error) {
+	var n int
+	if err := q.QueryRow(ctx, sqlWindowItemCount, tenant, SubjectUsageWindow, base).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: counting the window's items: %w", err)
+	}
+	return n, nil
+}
