@@ -7,7 +7,8 @@
 // when the item can be sent as it stands, re-addressed (T9r) when the fix
 // changed what it must carry and no attempt of it may have reached Stripe.
 //
-// It reads the ledger and the outbox; it changes an item only through package
+// It reads the ledger, the outbox and the mappings in one snapshot per
+// report, and the last reconcile run through package reconcile; it changes an item only through package
 // outbox, builds items only through package meter, and never hides an item
 // from a total.
 package quarantine

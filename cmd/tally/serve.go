@@ -20,6 +20,7 @@ import (
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
 )
 
 // serveCommand is tally serve: the service, configured by its settings alone.
@@ -82,10 +83,10 @@ func (d *devSim) Close() error {
 // is set; and it shortens the stage interval and the window grace left at
 // their defaults, so that usage lands within a minute.
 func (f *devFlags) prepare(_ context.Context, cfg *config.Config, _ io.Writer) (io.Closer, error) {
-	if cfg.StageInterval == 10*time.Second {
+	if cfg.StageInterval == meter.DefaultStageInterval {
 		cfg.StageInterval = 2 * time.Second
 	}
-	if cfg.WindowGrace == 2*time.Minute {
+	if cfg.WindowGrace == meter.DefaultGrace {
 		cfg.WindowGrace = 5 * time.Second
 	}
 	if cfg.StripeAPIKey != "" {
