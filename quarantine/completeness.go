@@ -188,7 +188,7 @@ func (c *Completeness) addDiscrepancies(ctx context.Context, q Querier, from, to
 		return err
 	}
 	c.ReconcileRun = &run
-	per, err := reconcile.DiscrepanciesByPeriod(ctx, q, from, to, tenant)
+	per, err := reconcile.DiscrepanciesByPeriod(ctx, q, run, from, to, tenant)
 	if err != nil {
 		return err
 	}

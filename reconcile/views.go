@@ -52,8 +52,6 @@ func EventRecorded(ctx context.Context, q outbox.Querier, id string) (bool, erro
 // PeriodDiscrepancies is how many discrepancy hours of one reconcile run
 // involve the items of one tenant, feature and billing period.
 type PeriodDiscrepancies struct {
-	// Run is the run whose discrepancies these are.
-	Run     int64
 	Tenant  string
 	Feature string
 	// Period is the start of the billing period the items carry.
@@ -64,34 +62,33 @@ type PeriodDiscrepancies struct {
 }
 
 // sqlDiscrepanciesByPeriod counts, per tenant, feature and period, the
-// discrepancy hours of the latest succeeded reconcile run that involve
-// their items.
+// discrepancy hours of one reconcile run that involve their items.
 const sqlDiscrepanciesByPeriod = `
-WITH latest AS (SELECT max(id) AS id FROM reconcile_runs WHERE status = 'succeeded')
-SELECT latest.id, o.tenant_key, o.payload ->> 'feature', (o.payload ->> 'period')::timestamptz,
+SELECT o.tenant_key, o.payload ->> 'feature', (o.payload ->> 'period')::timestamptz,
        count(DISTINCT (d.event_name, d.customer, d.hour))
-FROM latest
-JOIN reconcile_discrepancies d ON d.run_id = latest.id
+FROM reconcile_discrepancies d
 JOIN outbox_items o ON o.id = ANY(d.expected_items || d.uncertain_items)
-WHERE (o.payload ->> 'period')::timestamptz >= @from AND (o.payload ->> 'period')::timestamptz < @to
+WHERE d.run_id = @run
+  AND (o.payload ->> 'period')::timestamptz >= @from AND (o.payload ->> 'period')::timestamptz < @to
   AND (@tenant = '' OR o.tenant_key = @tenant)
-GROUP BY 1, 2, 3, 4`
+GROUP BY 1, 2, 3`
 
-// DiscrepanciesByPeriod counts the discrepancy hours of the latest run
-// that succeeded which involve the items (expected or uncertain) of each
-// tenant, feature and billing period starting in [from, to), for one
-// tenant or all (""), in no particular order: the completeness report's
-// column of what finance still has to resolve. A period whose items no
-// discrepancy names is absent, and so is every period before the first
-// run succeeds.
-func DiscrepanciesByPeriod(ctx context.Context, q outbox.Querier, from, to time.Time, tenant string) ([]PeriodDiscrepancies, error) {
-	rows, err := q.Query(ctx, sqlDiscrepanciesByPeriod, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
+// DiscrepanciesByPeriod counts the discrepancy hours of the reconcile run
+// which involve the items (expected or uncertain) of each tenant, feature
+// and billing period starting in [from, to), for one tenant or all (""), in
+// no particular order: with the latest succeeded run (LatestSucceeded), the
+// completeness report's column of what finance still has to resolve. The
+// caller names the run, so that the counts and the run it shows are the
+// same one even when another run finishes in between. A period whose items
+// no discrepancy names is absent.
+func DiscrepanciesByPeriod(ctx context.Context, q outbox.Querier, run int64, from, to time.Time, tenant string) ([]PeriodDiscrepancies, error) {
+	rows, err := q.Query(ctx, sqlDiscrepanciesByPeriod, pgx.NamedArgs{"run": run, "from": from, "to": to, "tenant": tenant})
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: counting discrepancies by period: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (PeriodDiscrepancies, error) {
 		var p PeriodDiscrepancies
-		err := row.Scan(&p.Run, &p.Tenant, &p.Feature, &p.Period, &p.Hours)
+		err := row.Scan(&p.Tenant, &p.Feature, &p.Period, &p.Hours)
 		return p, err
 	})
 	if err != nil {

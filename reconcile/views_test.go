@@ -117,26 +117,36 @@ func TestDiscrepanciesByPeriod(t *testing.T) {
 	discrepancy(runs[1], "cus_globex", 1, []int64{g1, late}, []int64{})
 
 	from, to := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	got, err := reconcile.DiscrepanciesByPeriod(ctx, pool, from, to, "")
+	_, ok, err := reconcile.LatestSucceeded(ctx, pool)
 	require.NoError(t, err)
-	require.Empty(t, got, "no run succeeded yet")
+	require.False(t, ok, "no run succeeded yet")
 
-	// The first two succeeded, the third failed.
+	// The first two succeeded, the third failed: the second is the one the
+	// completeness report shows.
 	_, err = pool.Exec(ctx, `UPDATE reconcile_runs SET status = CASE WHEN id = $1 THEN 'failed' ELSE 'succeeded' END,
 		finished_at = clock_timestamp()`, runs[2])
 	require.NoError(t, err)
-	got, err = reconcile.DiscrepanciesByPeriod(ctx, pool, from, to, "")
+	latest, ok, err := reconcile.LatestSucceeded(ctx, pool)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, runs[1], latest)
+	got, err := reconcile.DiscrepanciesByPeriod(ctx, pool, latest, from, to, "")
 	require.NoError(t, err)
 	slices.SortFunc(got, func(a, b reconcile.PeriodDiscrepancies) int { return strings.Compare(a.Tenant, b.Tenant) })
 	for i := range got {
 		got[i].Period = got[i].Period.UTC()
 	}
 	require.Equal(t, []reconcile.PeriodDiscrepancies{
-		{Run: runs[1], Tenant: "acme", Feature: "api_calls", Period: from, Hours: 2},
-		{Run: runs[1], Tenant: "globex", Feature: "api_calls", Period: from, Hours: 1},
+		{Tenant: "acme", Feature: "api_calls", Period: from, Hours: 2},
+		{Tenant: "globex", Feature: "api_calls", Period: from, Hours: 1},
 	}, got, "an hour counts once however many of a line's items it names; December's item is out of range")
 
-	got, err = reconcile.DiscrepanciesByPeriod(ctx, pool, from, to, "globex")
+	got, err = reconcile.DiscrepanciesByPeriod(ctx, pool, runs[0], from, to, "")
+	require.NoError(t, err)
+	require.Len(t, got, 1, "only the named run's discrepancies count")
+	require.Equal(t, int64(1), got[0].Hours)
+
+	got, err = reconcile.DiscrepanciesByPeriod(ctx, pool, latest, from, to, "globex")
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	require.Equal(t, "globex", got[0].Tenant)
