@@ -252,9 +252,87 @@ func TestConservationProperty(t *testing.T) {
 	}
 }
 
+// postedKey names a posted event.
+type postedKey struct{ tenant, id string }
+
+// workload makes the random events of one conservation run from its seeded
+// source and remembers every event posted, by tenant and identifier.
+type workload struct {
+	rng      *rand.Rand
+	tenants  []string
+	features []string
+	posted   map[postedKey]meter.Event
+	next     int
+}
+
+// event is a new random event: a random tenant and feature (mapped or
+// not), a random value (a tenth of them corrections), a timestamp in a
+// closed window.
+func (w *workload) event() meter.Event {
+	w.next++
+	// Between 2h10m and 40 days ago: every window is closed, some rows
+	// fall in last month, some outside Stripe's 35 days.
+	age := 130*time.Minute + time.Duration(w.rng.Int64N(int64(40*24*time.Hour)))
+	if w.rng.IntN(3) > 0 {
+		age = 130*time.Minute + time.Duration(w.rng.Int64N(int64(12*time.Hour)))
+	}
+	v := int64(w.rng.IntN(50))
+	if w.rng.IntN(10) == 0 {
+		v = -v // a correction
+	}
+	return ev(fmt.Sprintf("e%d", w.next), w.tenants[w.rng.IntN(len(w.tenants))], w.features[w.rng.IntN(len(w.features))], v, ago(age))
+}
+
+// batch is 150 new events and, again and unchanged, about one in forty of
+// the events posted before; it remembers the new ones as posted.
+func (w *workload) batch() []meter.Event {
+	var batch []meter.Event
+	for i := 0; i < 150; i++ {
+		e := w.event()
+		batch = append(batch, e)
+		w.posted[postedKey{e.Tenant, e.ID}] = e
+	}
+	// Duplicates: earlier events posted again, unchanged.
+	for _, e := range w.posted {
+		if w.rng.IntN(40) == 0 {
+			batch = append(batch, e)
+		}
+	}
+	return batch
+}
+
+// stageConcurrently runs three stager passes at once, each on its own
+// connection.
+func stageConcurrently(t *testing.T, b *bundle) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for w := 0; w < 3; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := pgx.Connect(b.Ctx, testdb.URLOf(t, b.Pool))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close(b.Ctx)
+			_, err = b.Stager.Pass(b.Ctx, conn)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// runConservation is one run of TestConservationProperty, its workload
+// drawn from seed.
 func runConservation(t *testing.T, seed uint64) {
 	b := setup(t)
-	rng := rand.New(rand.NewPCG(seed, 99))
+	w := &workload{rng: rand.New(rand.NewPCG(seed, 99)), posted: map[postedKey]meter.Event{}}
 	b.Feature(t, "calls", mappings.Sum, time.Hour)
 	b.Feature(t, "minutes", mappings.Sum, 15*time.Minute)
 	b.Feature(t, "seats", mappings.Last, time.Hour)
@@ -262,73 +340,26 @@ func runConservation(t *testing.T, seed uint64) {
 	anchor := time.Now().UTC().AddDate(0, -2, 0).Truncate(time.Hour).Add(30 * time.Minute)
 	b.Tenant(t, "acme", nil)
 	b.Tenant(t, "beta", &anchor)
-	tenants := []string{"acme", "beta", "gamma"} // gamma has no mapping
-	features := []string{"calls", "minutes", "seats", "logins", "unmapped"}
+	w.tenants = []string{"acme", "beta", "gamma"} // gamma has no mapping
+	w.features = []string{"calls", "minutes", "seats", "logins", "unmapped"}
 
-	type key struct{ tenant, id string }
-	posted := map[key]meter.Event{}
-	var next int
-	randomEvent := func() meter.Event {
-		next++
-		// Between 2h10m and 40 days ago: every window is closed, some rows
-		// fall in last month, some outside Stripe's 35 days.
-		age := 130*time.Minute + time.Duration(rng.Int64N(int64(40*24*time.Hour)))
-		if rng.IntN(3) > 0 {
-			age = 130*time.Minute + time.Duration(rng.Int64N(int64(12*time.Hour)))
-		}
-		v := int64(rng.IntN(50))
-		if rng.IntN(10) == 0 {
-			v = -v // a correction
-		}
-		return ev(fmt.Sprintf("e%d", next), tenants[rng.IntN(len(tenants))], features[rng.IntN(len(features))], v, ago(age))
-	}
-	stagers := func() {
-		var wg sync.WaitGroup
-		errs := make(chan error, 3)
-		for w := 0; w < 3; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				conn, err := pgx.Connect(b.Ctx, testdb.URLOf(t, b.Pool))
-				if err != nil {
-					errs <- err
-					return
-				}
-				defer conn.Close(b.Ctx)
-				_, err = b.Stager.Pass(b.Ctx, conn)
-				errs <- err
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			require.NoError(t, err)
-		}
-	}
 	for round := 0; round < 8; round++ {
-		var batch []meter.Event
-		for i := 0; i < 150; i++ {
-			e := randomEvent()
-			batch = append(batch, e)
-			posted[key{e.Tenant, e.ID}] = e
-		}
-		// Duplicates: earlier events posted again, unchanged.
-		for k, e := range posted {
-			if rng.IntN(40) == 0 {
-				batch = append(batch, e)
-			}
-			_ = k
-		}
-		b.MustIngest(t, batch...)
+		b.MustIngest(t, w.batch()...)
 		if round == 4 {
 			b.Feature(t, "calls", mappings.Sum, 15*time.Minute) // a mapping change half-way
 		}
-		stagers()
+		stageConcurrently(t, b)
 	}
 	b.Pass(t)
+	want := checkLedgerHoldsPosted(t, b, w.posted)
+	checkConservation(t, b, w.posted, want)
+}
 
-	// Every ledger row is in exactly one item, and the ledger holds exactly
-	// what was posted, once.
+// checkLedgerHoldsPosted checks that every ledger row is in exactly one
+// item and that the ledger holds exactly what was posted, once; it returns
+// the sum of the posted values.
+func checkLedgerHoldsPosted(t *testing.T, b *bundle, posted map[postedKey]meter.Event) int64 {
+	t.Helper()
 	var rows, unstaged int
 	var total int64
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*), count(*) FILTER (WHERE item_id IS NULL), coalesce(sum(value), 0) FROM usage_events`).
@@ -340,8 +371,14 @@ func runConservation(t *testing.T, seed uint64) {
 	require.Equal(t, len(posted), rows)
 	require.Equal(t, want, total)
 	require.Zero(t, unstaged, "every closed window and every unmapped event older than its default window is staged")
+	return want
+}
 
-	// Conservation for every tenant, feature and period.
+// checkConservation checks the conservation identity for every tenant,
+// feature and period the posted events touch, and that the periods
+// together ingested want, the sum of the posted values.
+func checkConservation(t *testing.T, b *bundle, posted map[postedKey]meter.Event, want int64) {
+	t.Helper()
 	months := map[string]bool{}
 	for _, e := range posted {
 		months[e.Timestamp.Format("2006-01")] = true

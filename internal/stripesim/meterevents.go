@@ -272,24 +272,44 @@ func newIdentifier() string { return randomID("sim_", 24) }
 // answered 200 as if accepted and reported in an ErrorReport, except a
 // duplicate identifier, which is always refused at once.
 func (s *Server) createMeterEvent(w http.ResponseWriter, r *http.Request) {
-	rest, payload := splitNested(r.Form, "payload")
-	if e := checkParams(rest, "event_name", "identifier", "timestamp"); e != nil {
+	in, now, e := s.meterEventInput(r)
+	if e != nil {
 		writeError(w, e)
 		return
+	}
+	d, _ := decisionOf(r)
+	if p := s.recordMeterEvent(r, in, now, d.drop); p != nil {
+		if p.code == codeDuplicate {
+			w.Header().Set("Stripe-Should-Retry", "false")
+		}
+		writeError(w, p.err)
+		return
+	}
+	writeJSON(w, http.StatusOK, meterEventJSON{
+		Object: "billing.meter_event", Created: now.Unix(), EventName: in.eventName, Identifier: in.identifier,
+		Livemode: in.livemode, Payload: in.payload, Timestamp: in.timestamp.Unix(),
+	})
+}
+
+// meterEventInput checks the shape of a POST /v1/billing/meter_events
+// request and returns its event, with an identifier generated when none was
+// sent and the timestamp now (to the second) when none was sent, and the
+// simulator's time of the request.
+func (s *Server) meterEventInput(r *http.Request) (eventInput, time.Time, *apiError) {
+	rest, payload := splitNested(r.Form, "payload")
+	if e := checkParams(rest, "event_name", "identifier", "timestamp"); e != nil {
+		return eventInput{}, time.Time{}, e
 	}
 	f := r.Form
 	in := eventInput{livemode: callerOf(r).livemode, eventName: f.Get("event_name"), identifier: f.Get("identifier"), payload: payload}
 	if in.eventName == "" {
-		writeError(w, errMissingParam("event_name"))
-		return
+		return in, time.Time{}, errMissingParam("event_name")
 	}
 	if len(payload) == 0 {
-		writeError(w, errMissingParam("payload"))
-		return
+		return in, time.Time{}, errMissingParam("payload")
 	}
 	if len(in.identifier) > maxIdentifierLen {
-		writeError(w, errValidation("", "identifier", "Invalid identifier: must be at most %d characters", maxIdentifierLen))
-		return
+		return in, time.Time{}, errValidation("", "identifier", "Invalid identifier: must be at most %d characters", maxIdentifierLen)
 	}
 	if in.identifier == "" {
 		in.identifier = newIdentifier()
@@ -300,28 +320,22 @@ func (s *Server) createMeterEvent(w http.ResponseWriter, r *http.Request) {
 		v := f.Get("timestamp")
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			writeError(w, errValidation("parameter_invalid_integer", "timestamp", "Invalid integer: %s", v))
-			return
+			return in, now, errValidation("parameter_invalid_integer", "timestamp", "Invalid integer: %s", v)
 		}
 		in.timestamp = time.Unix(n, 0)
 	}
-	d, _ := decisionOf(r)
-	c := callerOf(r)
-	// A v1 error report's sample names the request by its idempotency key:
-	// stripe-go documents the sample's request.identifier as "The request
-	// idempotency key" (V1BillingMeterErrorReportTriggeredEventDataReason
-	// ErrorTypeSampleErrorRequest), while Stripe's examples show the event's
-	// identifier too. The simulator takes the documented field's meaning
-	// when the request had a key, the worst case for a client that matches
-	// samples to its events; the stream's samples name the event.
-	sampleID := func(f streamFailure) streamFailure {
-		if k := r.Header.Get("Idempotency-Key"); k != "" {
-			f.identifier = k
-		}
-		return f
-	}
+	return in, now, nil
+}
 
+// recordMeterEvent checks in against the account's meters and customers
+// and records it, marking it dropped and reporting it when the request
+// drew the AsyncDrop fault (drop). It returns the problem to answer, or
+// nil for 200: with Limits.AsyncValidation an invalid event other than a
+// duplicate is reported instead of refused.
+func (s *Server) recordMeterEvent(r *http.Request, in eventInput, now time.Time, drop bool) *eventProblem {
+	c := callerOf(r)
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	a := s.accountLocked(c.account)
 	async := s.lim.limitsOf(c.account).AsyncValidation
 	var ev *event
@@ -335,28 +349,32 @@ func (s *Server) createMeterEvent(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case p == nil:
 		s.recordLocked(a, ev)
-		if d.drop {
+		if drop {
 			ev.status = EventDropped
 			m := a.findMeterLocked(ev.livemode, ev.meter)
-			s.reportLocked(a, now, ev.livemode, []streamFailure{sampleID(streamFailure{identifier: ev.identifier, eventName: ev.eventName, meter: m,
+			s.reportLocked(a, now, ev.livemode, []streamFailure{sampleOf(r, streamFailure{identifier: ev.identifier, eventName: ev.eventName, meter: m,
 				code: CodeDropped, message: "The event was accepted and then dropped (stripesim AsyncDrop fault)."})})
 		}
 	case async && p.code != codeDuplicate:
-		s.reportLocked(a, now, in.livemode, []streamFailure{sampleID(p.failure(in))})
+		s.reportLocked(a, now, in.livemode, []streamFailure{sampleOf(r, p.failure(in))})
 		p = nil
 	}
-	s.mu.Unlock()
-	if p != nil {
-		if p.code == codeDuplicate {
-			w.Header().Set("Stripe-Should-Retry", "false")
-		}
-		writeError(w, p.err)
-		return
+	return p
+}
+
+// sampleOf is f as the sample of a v1 error report names it: by the
+// request's idempotency key when it had one. stripe-go documents the
+// sample's request.identifier as "The request idempotency key"
+// (V1BillingMeterErrorReportTriggeredEventDataReason
+// ErrorTypeSampleErrorRequest), while Stripe's examples show the event's
+// identifier too. The simulator takes the documented field's meaning when
+// the request had a key, the worst case for a client that matches samples
+// to its events; the stream's samples name the event.
+func sampleOf(r *http.Request, f streamFailure) streamFailure {
+	if k := r.Header.Get("Idempotency-Key"); k != "" {
+		f.identifier = k
 	}
-	writeJSON(w, http.StatusOK, meterEventJSON{
-		Object: "billing.meter_event", Created: now.Unix(), EventName: in.eventName, Identifier: in.identifier,
-		Livemode: in.livemode, Payload: in.payload, Timestamp: in.timestamp.Unix(),
-	})
+	return f
 }
 
 // Events returns every recording of a meter event in account, both modes,

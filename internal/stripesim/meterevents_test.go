@@ -374,160 +374,181 @@ func TestLoseReplyThenReplay(t *testing.T) {
 
 func TestFaults(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"FailBeforeRecord", faultFailBeforeRecord},
+		{"RateLimitFault", faultRateLimit},
+		{"Latency", faultLatency},
+		{"Hang", faultHang},
+		{"AsyncDrop", faultAsyncDrop},
+		{"PerAccount", faultsPerAccount},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t)
+		})
+	}
+}
 
-	t.Run("FailBeforeRecord", func(t *testing.T) {
-		t.Parallel()
-		// Stripe keeps a 500 for its Idempotency-Key like any result of an
-		// executing endpoint (https://docs.stripe.com/api/idempotent_requests:
-		// "Subsequent requests with the same key return the same result,
-		// including 500 errors"), and sets Stripe-Should-Retry: false on it
-		// (stripe-go v82 stripe.go, BackendImplementation.shouldRetry).
-		sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{FailBeforeRecord: 1}})
-		sc := client(ts, testKey)
-		p := eventParams("api_calls", "cus_acme", "ev-1", 1, base)
-		_, err := send(t, sc, p)
-		se := stripeErr(t, err)
-		assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
-		assert.Equal(t, stripe.ErrorTypeAPI, se.Type)
-		assert.Equal(t, "false", se.LastResponse.Header.Get("Stripe-Should-Retry"))
-		assert.Empty(t, sim.Events(acct))
+// faultFailBeforeRecord checks Faults.FailBeforeRecord: a 500 before the
+// event is recorded, kept for its Idempotency-Key.
+func faultFailBeforeRecord(t *testing.T) {
+	// Stripe keeps a 500 for its Idempotency-Key like any result of an
+	// executing endpoint (https://docs.stripe.com/api/idempotent_requests:
+	// "Subsequent requests with the same key return the same result,
+	// including 500 errors"), and sets Stripe-Should-Retry: false on it
+	// (stripe-go v82 stripe.go, BackendImplementation.shouldRetry).
+	sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{FailBeforeRecord: 1}})
+	sc := client(ts, testKey)
+	p := eventParams("api_calls", "cus_acme", "ev-1", 1, base)
+	_, err := send(t, sc, p)
+	se := stripeErr(t, err)
+	assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
+	assert.Equal(t, stripe.ErrorTypeAPI, se.Type)
+	assert.Equal(t, "false", se.LastResponse.Header.Get("Stripe-Should-Retry"))
+	assert.Empty(t, sim.Events(acct))
 
-		// Only meter events fail.
-		_, err = sc.V1Accounts.Retrieve(ctx, nil)
-		require.NoError(t, err)
+	// Only meter events fail.
+	_, err = sc.V1Accounts.Retrieve(context.Background(), nil)
+	require.NoError(t, err)
 
-		// The same key gets the kept 500 even without the fault; another
-		// key is executed.
-		sim.Configure(acct, stripesim.Limits{})
-		_, err = send(t, sc, p)
-		se = stripeErr(t, err)
-		assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
-		assert.Equal(t, "true", se.LastResponse.Header.Get("Idempotent-Replayed"))
-		assert.Equal(t, "false", se.LastResponse.Header.Get("Stripe-Should-Retry"))
-		assert.Empty(t, sim.Events(acct))
-		p.SetIdempotencyKey("ev-1-attempt-2")
-		ev, err := send(t, sc, p)
-		require.NoError(t, err)
-		assert.Empty(t, ev.LastResponse.Header.Get("Idempotent-Replayed"))
-		assert.Len(t, sim.Events(acct), 1)
-	})
+	// The same key gets the kept 500 even without the fault; another
+	// key is executed.
+	sim.Configure(acct, stripesim.Limits{})
+	_, err = send(t, sc, p)
+	se = stripeErr(t, err)
+	assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
+	assert.Equal(t, "true", se.LastResponse.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "false", se.LastResponse.Header.Get("Stripe-Should-Retry"))
+	assert.Empty(t, sim.Events(acct))
+	p.SetIdempotencyKey("ev-1-attempt-2")
+	ev, err := send(t, sc, p)
+	require.NoError(t, err)
+	assert.Empty(t, ev.LastResponse.Header.Get("Idempotent-Replayed"))
+	assert.Len(t, sim.Events(acct), 1)
+}
 
-	t.Run("RateLimitFault", func(t *testing.T) {
-		t.Parallel()
-		sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{RateLimitFault: 1}})
-		_, err := send(t, client(ts, testKey), eventParams("api_calls", "cus_acme", "ev-1", 1, base))
-		se := stripeErr(t, err)
-		assert.Equal(t, http.StatusTooManyRequests, se.HTTPStatusCode)
-		assert.Equal(t, stripe.ErrorTypeInvalidRequest, se.Type)
-		assert.Equal(t, stripe.ErrorCode("rate_limit"), se.Code)
-		assert.Empty(t, sim.Events(acct))
-	})
+// faultRateLimit checks Faults.RateLimitFault: a 429 rate_limit, nothing
+// recorded.
+func faultRateLimit(t *testing.T) {
+	sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{RateLimitFault: 1}})
+	_, err := send(t, client(ts, testKey), eventParams("api_calls", "cus_acme", "ev-1", 1, base))
+	se := stripeErr(t, err)
+	assert.Equal(t, http.StatusTooManyRequests, se.HTTPStatusCode)
+	assert.Equal(t, stripe.ErrorTypeInvalidRequest, se.Type)
+	assert.Equal(t, stripe.ErrorCode("rate_limit"), se.Code)
+	assert.Empty(t, sim.Events(acct))
+}
 
-	t.Run("Latency", func(t *testing.T) {
-		t.Parallel()
-		sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{Latency: 100 * time.Millisecond, LatencyJitter: 50 * time.Millisecond}})
-		start := time.Now()
-		_, err := send(t, client(ts, testKey), eventParams("api_calls", "cus_acme", "ev-1", 1, base))
-		require.NoError(t, err)
-		assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond)
-		assert.Len(t, sim.Events(acct), 1)
-	})
+// faultLatency checks Faults.Latency and LatencyJitter: the answer comes
+// late, the event is recorded.
+func faultLatency(t *testing.T) {
+	sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{Latency: 100 * time.Millisecond, LatencyJitter: 50 * time.Millisecond}})
+	start := time.Now()
+	_, err := send(t, client(ts, testKey), eventParams("api_calls", "cus_acme", "ev-1", 1, base))
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond)
+	assert.Len(t, sim.Events(acct), 1)
+}
 
-	t.Run("Hang", func(t *testing.T) {
-		t.Parallel()
-		sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{Hang: 1}})
-		sc := client(ts, testKey)
-		p := eventParams("api_calls", "cus_acme", "ev-1", 1, base)
-		cctx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		_, err := sc.V1BillingMeterEvents.Create(cctx, p)
-		require.Error(t, err)
-		assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
-		assert.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond)
-		assert.Empty(t, sim.Events(acct))
+// faultHang checks Faults.Hang: the request is never answered until the
+// client gives up or the simulator closes.
+func faultHang(t *testing.T) {
+	sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{Hang: 1}})
+	sc := client(ts, testKey)
+	p := eventParams("api_calls", "cus_acme", "ev-1", 1, base)
+	cctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := sc.V1BillingMeterEvents.Create(cctx, p)
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
+	assert.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond)
+	assert.Empty(t, sim.Events(acct))
 
-		// Close releases a request whose client would wait for ever.
-		done := make(chan error, 1)
-		go func() {
-			_, err := send(t, sc, eventParams("api_calls", "cus_acme", "ev-2", 1, base))
-			done <- err
-		}()
-		time.Sleep(50 * time.Millisecond)
-		select {
-		case <-done:
-			t.Fatal("answered while hanging")
-		default:
-		}
-		sim.Close()
-		assert.Equal(t, http.StatusInternalServerError, stripeErr(t, <-done).HTTPStatusCode)
-		assert.Empty(t, sim.Events(acct))
-	})
+	// Close releases a request whose client would wait for ever.
+	done := make(chan error, 1)
+	go func() {
+		_, err := send(t, sc, eventParams("api_calls", "cus_acme", "ev-2", 1, base))
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case <-done:
+		t.Fatal("answered while hanging")
+	default:
+	}
+	sim.Close()
+	assert.Equal(t, http.StatusInternalServerError, stripeErr(t, <-done).HTTPStatusCode)
+	assert.Empty(t, sim.Events(acct))
+}
 
-	t.Run("AsyncDrop", func(t *testing.T) {
-		t.Parallel()
-		sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{AsyncDrop: 1}})
-		sc := client(ts, testKey)
-		ev, err := send(t, sc, eventParams("api_calls", "cus_acme", "ev-drop", 4, base.Add(-time.Hour)))
-		require.NoError(t, err)
-		assert.Equal(t, "ev-drop", ev.Identifier)
+// faultAsyncDrop checks Faults.AsyncDrop on a v1 meter event: answered
+// 200, then dropped and reported.
+func faultAsyncDrop(t *testing.T) {
+	sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{AsyncDrop: 1}})
+	sc := client(ts, testKey)
+	ev, err := send(t, sc, eventParams("api_calls", "cus_acme", "ev-drop", 4, base.Add(-time.Hour)))
+	require.NoError(t, err)
+	assert.Equal(t, "ev-drop", ev.Identifier)
 
-		evs := sim.Events(acct)
-		require.Len(t, evs, 1)
-		assert.Equal(t, stripesim.EventDropped, evs[0].Status)
-		_, count, _ := sim.Aggregate(acct, "api_calls", "cus_acme")
-		assert.Zero(t, count)
-		m := sim.Meters(acct)[0]
-		sums := summaries(t, sc, m.ID, "cus_acme", base.Add(-2*time.Hour), base, "hour")
-		assert.Empty(t, sums, "a dropped event leaves the summaries")
+	evs := sim.Events(acct)
+	require.Len(t, evs, 1)
+	assert.Equal(t, stripesim.EventDropped, evs[0].Status)
+	_, count, _ := sim.Aggregate(acct, "api_calls", "cus_acme")
+	assert.Zero(t, count)
+	m := sim.Meters(acct)[0]
+	sums := summaries(t, sc, m.ID, "cus_acme", base.Add(-2*time.Hour), base, "hour")
+	assert.Empty(t, sums, "a dropped event leaves the summaries")
 
-		reps := sim.ErrorReports(acct)
-		require.Len(t, reps, 1)
-		rep := reps[0]
-		assert.Equal(t, stripesim.ReportErrorTriggered, rep.Type)
-		assert.Equal(t, "v1.billing.meter.error_report_triggered", rep.Type)
-		assert.Equal(t, m.ID, rep.Meter)
-		assert.Equal(t, stripesim.CodeDropped, rep.Code)
-		assert.Equal(t, []string{"ev-drop"}, rep.Identifiers)
-		assert.Equal(t, 1, rep.ErrorCount)
-		assert.Equal(t, base, rep.Created)
-		assert.Regexp(t, `^evt_test_`, rep.ID)
+	reps := sim.ErrorReports(acct)
+	require.Len(t, reps, 1)
+	rep := reps[0]
+	assert.Equal(t, stripesim.ReportErrorTriggered, rep.Type)
+	assert.Equal(t, "v1.billing.meter.error_report_triggered", rep.Type)
+	assert.Equal(t, m.ID, rep.Meter)
+	assert.Equal(t, stripesim.CodeDropped, rep.Code)
+	assert.Equal(t, []string{"ev-drop"}, rep.Identifiers)
+	assert.Equal(t, 1, rep.ErrorCount)
+	assert.Equal(t, base, rep.Created)
+	assert.Regexp(t, `^evt_test_`, rep.ID)
 
-		// The identifier is taken: a resend is a duplicate.
-		r := do(t, ts, http.MethodPost, "/v1/billing/meter_events", testKey, eventForm("api_calls", "cus_acme", "ev-drop", "4", base), nil)
-		assert.Equal(t, http.StatusBadRequest, r.status)
-	})
+	// The identifier is taken: a resend is a duplicate.
+	r := do(t, ts, http.MethodPost, "/v1/billing/meter_events", testKey, eventForm("api_calls", "cus_acme", "ev-drop", "4", base), nil)
+	assert.Equal(t, http.StatusBadRequest, r.status)
+}
 
-	t.Run("PerAccount", func(t *testing.T) {
-		t.Parallel()
-		sim, ts, _ := newMeterSim(t, stripesim.Limits{})
-		sim.AddAccount("acct_conn")
-		sim.CreateMeter("acct_conn", stripesim.MeterSpec{EventName: "api_calls"})
-		sim.CreateCustomer("acct_conn", "cus_acme")
-		sim.Configure("acct_conn", stripesim.Limits{Faults: stripesim.Faults{FailBeforeRecord: 1}})
-		sc := client(ts, testKey)
-		_, err := send(t, sc, eventParams("api_calls", "cus_acme", "ev-1", 1, base))
-		require.NoError(t, err)
-		p := eventParams("api_calls", "cus_acme", "ev-2", 1, base)
-		p.SetStripeAccount("acct_conn")
-		_, err = send(t, sc, p)
-		assert.Equal(t, http.StatusInternalServerError, stripeErr(t, err).HTTPStatusCode)
+// faultsPerAccount checks that faults are configured per account, with
+// defaults for accounts without their own.
+func faultsPerAccount(t *testing.T) {
+	sim, ts, _ := newMeterSim(t, stripesim.Limits{})
+	sim.AddAccount("acct_conn")
+	sim.CreateMeter("acct_conn", stripesim.MeterSpec{EventName: "api_calls"})
+	sim.CreateCustomer("acct_conn", "cus_acme")
+	sim.Configure("acct_conn", stripesim.Limits{Faults: stripesim.Faults{FailBeforeRecord: 1}})
+	sc := client(ts, testKey)
+	_, err := send(t, sc, eventParams("api_calls", "cus_acme", "ev-1", 1, base))
+	require.NoError(t, err)
+	p := eventParams("api_calls", "cus_acme", "ev-2", 1, base)
+	p.SetStripeAccount("acct_conn")
+	_, err = send(t, sc, p)
+	assert.Equal(t, http.StatusInternalServerError, stripeErr(t, err).HTTPStatusCode)
 
-		// Defaults apply to accounts without their own; Configure wins. (A
-		// new key: the first one's 500 is kept and would be replayed.)
-		sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{RateLimitFault: 1}})
-		_, err = send(t, sc, eventParams("api_calls", "cus_acme", "ev-3", 1, base))
-		assert.Equal(t, http.StatusTooManyRequests, stripeErr(t, err).HTTPStatusCode)
-		p.SetIdempotencyKey("ev-2-attempt-2")
-		_, err = send(t, sc, p)
-		se := stripeErr(t, err)
-		assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
-		assert.Empty(t, se.LastResponse.Header.Get("Idempotent-Replayed"))
+	// Defaults apply to accounts without their own; Configure wins. (A
+	// new key: the first one's 500 is kept and would be replayed.)
+	sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{RateLimitFault: 1}})
+	_, err = send(t, sc, eventParams("api_calls", "cus_acme", "ev-3", 1, base))
+	assert.Equal(t, http.StatusTooManyRequests, stripeErr(t, err).HTTPStatusCode)
+	p.SetIdempotencyKey("ev-2-attempt-2")
+	_, err = send(t, sc, p)
+	se := stripeErr(t, err)
+	assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
+	assert.Empty(t, se.LastResponse.Header.Get("Idempotent-Replayed"))
 
-		assert.Panics(t, func() { sim.Configure(acct, stripesim.Limits{Faults: stripesim.Faults{LoseReply: 1.5}}) })
-		assert.Panics(t, func() { sim.ConfigureDefault(stripesim.Limits{RatePerSecond: -1}) })
-	})
+	assert.Panics(t, func() { sim.Configure(acct, stripesim.Limits{Faults: stripesim.Faults{LoseReply: 1.5}}) })
+	assert.Panics(t, func() { sim.ConfigureDefault(stripesim.Limits{RatePerSecond: -1}) })
 }
 
 // burst sends n meter events at once, event i for customer cust(i), after
@@ -695,6 +716,56 @@ func TestEventSummaries(t *testing.T) {
 	sim, ts, clk := newMeterSim(t, stripesim.Limits{})
 	sc := client(ts, testKey)
 	day := time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC) // two days before base
+	sendSummaryEvents(t, sc, clk, day)
+	meters := map[string]string{}
+	for _, m := range sim.Meters(acct) {
+		meters[m.EventName] = m.ID
+	}
+	h := func(n int) time.Time { return day.Add(time.Duration(n) * time.Hour) }
+
+	t.Run("Windows", func(t *testing.T) {
+		for _, c := range []struct {
+			meter  string
+			window string
+			start  time.Time
+			end    time.Time
+			want   []windowValue
+		}{
+			{"api_calls", "hour", h(0), h(48), []windowValue{{h(30), h(31), 10}, {h(11), h(12), 1}, {h(10), h(11), 12}}},
+			{"seats", "hour", h(0), h(48), []windowValue{{h(30), h(31), 42}, {h(11), h(12), -1}, {h(10), h(11), 7}}},
+			{"logins", "hour", h(0), h(48), []windowValue{{h(30), h(31), 1}, {h(11), h(12), 2}, {h(10), h(11), 2}}},
+			{"api_calls", "day", h(0), h(48), []windowValue{{h(24), h(48), 10}, {h(0), h(24), 13}}},
+			{"seats", "day", h(0), h(48), []windowValue{{h(24), h(48), 42}, {h(0), h(24), -1}}},
+			{"logins", "day", h(0), h(48), []windowValue{{h(24), h(48), 1}, {h(0), h(24), 4}}},
+			{"api_calls", "", h(0), h(48), []windowValue{{h(0), h(48), 23}}},
+			{"api_calls", "", h(10), h(11).Add(30 * time.Minute), []windowValue{{h(10), h(11).Add(30 * time.Minute), 14}}},
+			{"seats", "", h(0), h(12), []windowValue{{h(0), h(12), -1}}},
+			{"api_calls", "", h(40), h(41), []windowValue{{h(40), h(41), 0}}},
+			{"api_calls", "hour", h(40), h(41), []windowValue{}},
+		} {
+			got := windows(summaries(t, sc, meters[c.meter], "cus_acme", c.start, c.end, c.window))
+			assert.Equal(t, c.want, got, "%s %s %v..%v", c.meter, c.window, c.start, c.end)
+		}
+	})
+
+	t.Run("Object", func(t *testing.T) {
+		ss := summaries(t, sc, meters["api_calls"], "cus_acme", h(0), h(48), "hour")
+		require.NotEmpty(t, ss)
+		assert.Equal(t, "billing.meter_event_summary", ss[0].Object)
+		assert.Equal(t, meters["api_calls"], ss[0].Meter)
+		assert.Regexp(t, `^mtrusg_test_`, ss[0].ID)
+		assert.False(t, ss[0].Livemode)
+	})
+
+	t.Run("Validation", func(t *testing.T) { checkSummaryValidation(t, ts, meters["api_calls"], day) })
+}
+
+// sendSummaryEvents sends the events TestEventSummaries lists: the same
+// values for api_calls, seats and logins of cus_acme, one api_calls event
+// of cus_beta, and a second seats event at the last timestamp, received a
+// second later.
+func sendSummaryEvents(t *testing.T, sc *stripe.Client, clk *clock, day time.Time) {
+	t.Helper()
 	type ev struct {
 		at    time.Duration // after day
 		value int64
@@ -716,43 +787,14 @@ func TestEventSummaries(t *testing.T) {
 	clk.Add(time.Second)
 	_, err = send(t, sc, eventParams("seats", "cus_acme", "seats-tie", 42, day.Add(30*time.Hour)))
 	require.NoError(t, err)
+}
 
-	meters := map[string]string{}
-	for _, m := range sim.Meters(acct) {
-		meters[m.EventName] = m.ID
-	}
+// checkSummaryValidation checks the answers to invalid summary requests
+// for meter over the two days from day, and for an unknown meter.
+func checkSummaryValidation(t *testing.T, ts *httptest.Server, meter string, day time.Time) {
+	t.Helper()
 	h := func(n int) time.Time { return day.Add(time.Duration(n) * time.Hour) }
-	for _, c := range []struct {
-		meter  string
-		window string
-		start  time.Time
-		end    time.Time
-		want   []windowValue
-	}{
-		{"api_calls", "hour", h(0), h(48), []windowValue{{h(30), h(31), 10}, {h(11), h(12), 1}, {h(10), h(11), 12}}},
-		{"seats", "hour", h(0), h(48), []windowValue{{h(30), h(31), 42}, {h(11), h(12), -1}, {h(10), h(11), 7}}},
-		{"logins", "hour", h(0), h(48), []windowValue{{h(30), h(31), 1}, {h(11), h(12), 2}, {h(10), h(11), 2}}},
-		{"api_calls", "day", h(0), h(48), []windowValue{{h(24), h(48), 10}, {h(0), h(24), 13}}},
-		{"seats", "day", h(0), h(48), []windowValue{{h(24), h(48), 42}, {h(0), h(24), -1}}},
-		{"logins", "day", h(0), h(48), []windowValue{{h(24), h(48), 1}, {h(0), h(24), 4}}},
-		{"api_calls", "", h(0), h(48), []windowValue{{h(0), h(48), 23}}},
-		{"api_calls", "", h(10), h(11).Add(30 * time.Minute), []windowValue{{h(10), h(11).Add(30 * time.Minute), 14}}},
-		{"seats", "", h(0), h(12), []windowValue{{h(0), h(12), -1}}},
-		{"api_calls", "", h(40), h(41), []windowValue{{h(40), h(41), 0}}},
-		{"api_calls", "hour", h(40), h(41), []windowValue{}},
-	} {
-		got := windows(summaries(t, sc, meters[c.meter], "cus_acme", c.start, c.end, c.window))
-		assert.Equal(t, c.want, got, "%s %s %v..%v", c.meter, c.window, c.start, c.end)
-	}
-
-	ss := summaries(t, sc, meters["api_calls"], "cus_acme", h(0), h(48), "hour")
-	require.NotEmpty(t, ss)
-	assert.Equal(t, "billing.meter_event_summary", ss[0].Object)
-	assert.Equal(t, meters["api_calls"], ss[0].Meter)
-	assert.Regexp(t, `^mtrusg_test_`, ss[0].ID)
-	assert.False(t, ss[0].Livemode)
-
-	path := "/v1/billing/meters/" + meters["api_calls"] + "/event_summaries"
+	path := "/v1/billing/meters/" + meter + "/event_summaries"
 	unix := func(t time.Time) string { return strconv.FormatInt(t.Unix(), 10) }
 	valid := func() url.Values {
 		return url.Values{"customer": {"cus_acme"}, "start_time": {unix(h(0))}, "end_time": {unix(h(48))}, "value_grouping_window": {"day"}}
@@ -946,12 +988,41 @@ func streamEvent(name, cust, ident, value string, at time.Time) *stripe.V2Billin
 	}
 }
 
+// v2StreamRun is the state TestV2Stream's steps share: a simulator, one
+// session of its test mode and a client with that session's token.
+type v2StreamRun struct {
+	sim  *stripesim.Server
+	ts   *httptest.Server
+	clk  *clock
+	sess *stripe.V2BillingMeterEventSession
+	sc   *stripe.Client // with the session's token
+	at   time.Time      // the events' timestamp
+	many []*stripe.V2BillingMeterEventStreamCreateEventParams
+}
+
 func TestV2Stream(t *testing.T) {
 	t.Parallel()
 	sim, ts, clk := newMeterSim(t, stripesim.Limits{})
-	ctx := context.Background()
+	run := &v2StreamRun{sim: sim, ts: ts, clk: clk, at: base.Add(-time.Hour)}
+	step(t, "CreateSession", run.createSession)
+	step(t, "ValidatesAsynchronously", run.validatesAsynchronously)
+	step(t, "SharesIdentifiersWithV1", func(t *testing.T) {
+		_, err := send(t, client(ts, testKey), eventParams("api_calls", "cus_acme", "s-1", 5, run.at))
+		assert.Equal(t, "An event already exists with identifier s-1.", stripeErr(t, err).Msg)
+	})
+	step(t, "OneToHundredEvents", run.oneToHundredEvents)
+	step(t, "UnknownAndExpiredTokens", run.unknownAndExpiredTokens)
+	step(t, "ConnectedAccount", run.connectedAccount)
+	step(t, "TokenNotRecorded", func(t *testing.T) {
+		for _, rec := range sim.Requests() {
+			assert.NotContains(t, fmt.Sprintf("%#v", rec), run.sess.AuthenticationToken)
+		}
+	})
+}
 
-	sess, err := client(ts, testKey).V2BillingMeterEventSessions.Create(ctx, nil)
+// createSession creates the session of the run and checks it.
+func (run *v2StreamRun) createSession(t *testing.T) {
+	sess, err := client(run.ts, testKey).V2BillingMeterEventSessions.Create(context.Background(), nil)
 	require.NoError(t, err)
 	assert.Equal(t, "v2.billing.meter_event_session", sess.Object)
 	assert.NotEmpty(t, sess.ID)
@@ -959,10 +1030,16 @@ func TestV2Stream(t *testing.T) {
 	assert.True(t, sess.Created.Equal(base))
 	assert.True(t, sess.ExpiresAt.Equal(base.Add(15*time.Minute)))
 	assert.False(t, sess.Livemode)
+	run.sess = sess
+	run.sc = client(run.ts, sess.AuthenticationToken)
+}
 
-	stream := client(ts, sess.AuthenticationToken).V2BillingMeterEventStreams
-	at := base.Add(-time.Hour)
-	err = stream.Create(ctx, &stripe.V2BillingMeterEventStreamCreateParams{Events: []*stripe.V2BillingMeterEventStreamCreateEventParams{
+// validatesAsynchronously streams valid, duplicate and invalid events: the
+// request is answered 200, the valid events are recorded and the invalid
+// ones reported.
+func (run *v2StreamRun) validatesAsynchronously(t *testing.T) {
+	sim, at := run.sim, run.at
+	err := run.sc.V2BillingMeterEventStreams.Create(context.Background(), &stripe.V2BillingMeterEventStreamCreateParams{Events: []*stripe.V2BillingMeterEventStreamCreateEventParams{
 		streamEvent("api_calls", "cus_acme", "s-1", "5", at),
 		streamEvent("api_calls", "cus_acme", "s-2", "6", at),
 		streamEvent("api_calls", "cus_acme", "s-1", "5", at), // duplicate: ignored
@@ -1002,61 +1079,64 @@ func TestV2Stream(t *testing.T) {
 		{stripesim.ReportErrorTriggered, meter, "api_calls", "timestamp_in_future", []string{"s-8"}},
 		{stripesim.ReportErrorTriggered, meter, "api_calls", "meter_event_no_customer_defined", []string{"s-9"}},
 	}, got)
+}
 
-	// The v1 endpoint shares the identifiers.
-	_, err = send(t, client(ts, testKey), eventParams("api_calls", "cus_acme", "s-1", 5, at))
-	assert.Equal(t, "An event already exists with identifier s-1.", stripeErr(t, err).Msg)
-
-	// At most 100 events a request, at least one.
-	many := make([]*stripe.V2BillingMeterEventStreamCreateEventParams, 101)
-	for i := range many {
-		many[i] = streamEvent("api_calls", "cus_acme", fmt.Sprint("m-", i), "1", at)
+// oneToHundredEvents checks that a request carries at most 100 events and
+// at least one, and that a JSON number is a valid value.
+func (run *v2StreamRun) oneToHundredEvents(t *testing.T) {
+	ctx, tok := context.Background(), run.sess.AuthenticationToken
+	run.many = make([]*stripe.V2BillingMeterEventStreamCreateEventParams, 101)
+	for i := range run.many {
+		run.many[i] = streamEvent("api_calls", "cus_acme", fmt.Sprint("m-", i), "1", run.at)
 	}
-	err = stream.Create(ctx, &stripe.V2BillingMeterEventStreamCreateParams{Events: many})
+	err := run.sc.V2BillingMeterEventStreams.Create(ctx, &stripe.V2BillingMeterEventStreamCreateParams{Events: run.many})
 	var raw *stripe.V2RawError
 	require.ErrorAs(t, err, &raw)
 	assert.Equal(t, stripe.ErrorTypeInvalidRequest, *raw.Type)
 	assert.Contains(t, raw.Message, "at most 100 events")
-	err = stream.Create(ctx, &stripe.V2BillingMeterEventStreamCreateParams{Events: many[:100]})
+	err = run.sc.V2BillingMeterEventStreams.Create(ctx, &stripe.V2BillingMeterEventStreamCreateParams{Events: run.many[:100]})
 	require.NoError(t, err)
-	assert.Len(t, sim.Events(acct), 102)
-	r := doJSON(t, ts, "/v2/billing/meter_event_stream", sess.AuthenticationToken, map[string]any{"events": []any{}})
+	assert.Len(t, run.sim.Events(acct), 102)
+	r := doJSON(t, run.ts, "/v2/billing/meter_event_stream", tok, map[string]any{"events": []any{}})
 	assert.Equal(t, http.StatusBadRequest, r.status)
 	assert.Equal(t, "parameter_missing", r.errField("code"))
-	r = doJSON(t, ts, "/v2/billing/meter_event_stream", sess.AuthenticationToken,
+	r = doJSON(t, run.ts, "/v2/billing/meter_event_stream", tok,
 		map[string]any{"events": []any{map[string]any{"event_name": "api_calls", "payload": map[string]any{"stripe_customer_id": "cus_acme", "value": 3}}}})
 	assert.Equal(t, http.StatusOK, r.status, "a JSON number value is accepted; Stripe answers 200 {}")
 	assert.Equal(t, map[string]any{}, r.body)
+}
 
-	// Unknown tokens, API keys and expired sessions: 401.
+// unknownAndExpiredTokens checks that unknown tokens, API keys and expired
+// sessions are answered 401.
+func (run *v2StreamRun) unknownAndExpiredTokens(t *testing.T) {
 	for _, tok := range []string{"mesk_test_unknown", testKey} {
-		r := doJSON(t, ts, "/v2/billing/meter_event_stream", tok, map[string]any{"events": []any{}})
+		r := doJSON(t, run.ts, "/v2/billing/meter_event_stream", tok, map[string]any{"events": []any{}})
 		assert.Equal(t, http.StatusUnauthorized, r.status)
 		assert.Equal(t, "billing_meter_event_session_expired", r.errField("code"))
 	}
-	clk.Add(15 * time.Minute)
-	err = stream.Create(ctx, &stripe.V2BillingMeterEventStreamCreateParams{Events: many[:1]})
+	run.clk.Add(15 * time.Minute)
+	err := run.sc.V2BillingMeterEventStreams.Create(context.Background(), &stripe.V2BillingMeterEventStreamCreateParams{Events: run.many[:1]})
 	var expired *stripe.TemporarySessionExpiredError
 	require.ErrorAs(t, err, &expired)
 	assert.Equal(t, "billing_meter_event_session_expired", expired.Code)
 	assert.Equal(t, http.StatusUnauthorized, expired.LastResponse.StatusCode)
+}
 
-	// A session made with Stripe-Account streams into that account.
+// connectedAccount checks that a session made with Stripe-Account streams
+// into that account.
+func (run *v2StreamRun) connectedAccount(t *testing.T) {
+	ctx, sim := context.Background(), run.sim
 	sim.AddAccount("acct_conn")
 	sim.CreateMeter("acct_conn", stripesim.MeterSpec{EventName: "api_calls"})
 	sim.CreateCustomer("acct_conn", "cus_acme")
 	sp := &stripe.V2BillingMeterEventSessionCreateParams{}
 	sp.SetStripeAccount("acct_conn")
-	cs, err := client(ts, testKey).V2BillingMeterEventSessions.Create(ctx, sp)
+	cs, err := client(run.ts, testKey).V2BillingMeterEventSessions.Create(ctx, sp)
 	require.NoError(t, err)
-	err = client(ts, cs.AuthenticationToken).V2BillingMeterEventStreams.Create(ctx, &stripe.V2BillingMeterEventStreamCreateParams{
+	err = client(run.ts, cs.AuthenticationToken).V2BillingMeterEventStreams.Create(ctx, &stripe.V2BillingMeterEventStreamCreateParams{
 		Events: []*stripe.V2BillingMeterEventStreamCreateEventParams{streamEvent("api_calls", "cus_acme", "c-1", "2", base)},
 	})
 	require.NoError(t, err)
 	require.Len(t, sim.Events("acct_conn"), 1)
 	assert.Equal(t, "acct_conn", sim.Requests()[len(sim.Requests())-1].Account)
-
-	for _, rec := range sim.Requests() {
-		assert.NotContains(t, fmt.Sprintf("%#v", rec), sess.AuthenticationToken)
-	}
 }

@@ -143,74 +143,100 @@ type streamEvent struct {
 // with CodeDropped. The gate and the execute layer applied the rate limits
 // and the other faults to the request as a whole.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
+	evs, e := decodeStream(r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	c := callerOf(r)
+	now := s.now()
+	ins := make([]eventInput, len(evs))
+	for i, ev := range evs {
+		in, e := streamInput(i, ev, c, now)
+		if e != nil {
+			writeError(w, e)
+			return
+		}
+		ins[i] = in
+	}
+
+	d, _ := decisionOf(r)
+	s.mu.Lock()
+	a := s.accountLocked(c.account)
+	failures := s.recordStreamLocked(a, c, ins, d.dropP, now)
+	s.reportLocked(a, now, c.livemode, failures)
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+// decodeStream reads the events of a stream request and checks their
+// number: at least one, at most maxStreamEvents.
+func decodeStream(r *http.Request) ([]streamEvent, *apiError) {
 	var req struct {
 		Events []streamEvent `json:"events"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(bodyOf(r)))
 	dec.UseNumber()
 	if err := dec.Decode(&req); err != nil {
-		writeError(w, errValidation("", "", "Invalid JSON body: %v", err))
-		return
+		return nil, errValidation("", "", "Invalid JSON body: %v", err)
 	}
 	switch n := len(req.Events); {
 	case n == 0:
-		writeError(w, errMissingParam("events"))
-		return
+		return nil, errMissingParam("events")
 	case n > maxStreamEvents:
-		writeError(w, errValidation("", "events",
-			"Too many events: a request may contain at most %d events, this one has %d.", maxStreamEvents, n))
-		return
+		return nil, errValidation("", "events",
+			"Too many events: a request may contain at most %d events, this one has %d.", maxStreamEvents, n)
 	}
-	c := callerOf(r)
-	now := s.now()
-	ins := make([]eventInput, len(req.Events))
-	for i, ev := range req.Events {
-		at := func(field string) string { return fmt.Sprintf("events[%d].%s", i, field) }
-		in := eventInput{livemode: c.livemode, eventName: ev.EventName, identifier: ev.Identifier,
-			payload: map[string]string{}, timestamp: now, stream: true}
-		if in.eventName == "" {
-			writeError(w, errMissingParam(at("event_name")))
-			return
-		}
-		if ev.Payload == nil {
-			writeError(w, errMissingParam(at("payload")))
-			return
-		}
-		for k, v := range ev.Payload {
-			switch v := v.(type) {
-			case string:
-				in.payload[k] = v
-			case json.Number:
-				in.payload[k] = v.String()
-			default:
-				writeError(w, errValidation("", at("payload"), "Invalid %s[%s]: must be a string", at("payload"), k))
-				return
-			}
-		}
-		if len(in.identifier) > maxIdentifierLen {
-			writeError(w, errValidation("", at("identifier"),
-				"Invalid %s: must be at most %d characters", at("identifier"), maxIdentifierLen))
-			return
-		}
-		if in.identifier == "" {
-			in.identifier = newIdentifier()
-		}
-		if ev.Timestamp != nil {
-			t, err := time.Parse(time.RFC3339Nano, *ev.Timestamp)
-			if err != nil {
-				writeError(w, errValidation("", at("timestamp"),
-					"Invalid %s: must be an RFC 3339 date-time", at("timestamp")))
-				return
-			}
-			in.timestamp = t
-		}
-		ins[i] = in
-	}
+	return req.Events, nil
+}
 
-	d, _ := decisionOf(r)
-	dropP := d.dropP
-	s.mu.Lock()
-	a := s.accountLocked(c.account)
+// streamInput checks the shape of the stream request's event i and returns
+// it as an eventInput: an identifier generated when none was sent, the
+// timestamp now when none was sent.
+func streamInput(i int, ev streamEvent, c caller, now time.Time) (eventInput, *apiError) {
+	at := func(field string) string { return fmt.Sprintf("events[%d].%s", i, field) }
+	in := eventInput{livemode: c.livemode, eventName: ev.EventName, identifier: ev.Identifier,
+		payload: map[string]string{}, timestamp: now, stream: true}
+	if in.eventName == "" {
+		return in, errMissingParam(at("event_name"))
+	}
+	if ev.Payload == nil {
+		return in, errMissingParam(at("payload"))
+	}
+	for k, v := range ev.Payload {
+		switch v := v.(type) {
+		case string:
+			in.payload[k] = v
+		case json.Number:
+			in.payload[k] = v.String()
+		default:
+			return in, errValidation("", at("payload"), "Invalid %s[%s]: must be a string", at("payload"), k)
+		}
+	}
+	if len(in.identifier) > maxIdentifierLen {
+		return in, errValidation("", at("identifier"),
+			"Invalid %s: must be at most %d characters", at("identifier"), maxIdentifierLen)
+	}
+	if in.identifier == "" {
+		in.identifier = newIdentifier()
+	}
+	if ev.Timestamp != nil {
+		t, err := time.Parse(time.RFC3339Nano, *ev.Timestamp)
+		if err != nil {
+			return in, errValidation("", at("timestamp"),
+				"Invalid %s: must be an RFC 3339 date-time", at("timestamp"))
+		}
+		in.timestamp = t
+	}
+	return in, nil
+}
+
+// recordStreamLocked checks the events of one stream request against a's
+// meters and customers in order, records the valid ones and draws the
+// AsyncDrop fault (probability dropP) for each recorded event. It returns
+// the failures to report: invalid events other than duplicates, and
+// dropped ones. s.mu must be held.
+func (s *Server) recordStreamLocked(a *account, c caller, ins []eventInput, dropP float64, now time.Time) []streamFailure {
 	var failures []streamFailure
 	meters := map[string]*Meter{} // event name -> active meter, for this request
 	for _, in := range ins {
@@ -233,7 +259,5 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 				meter: p.meter, code: p.code, message: p.reportMessage()})
 		}
 	}
-	s.reportLocked(a, now, c.livemode, failures)
-	s.mu.Unlock()
-	writeJSON(w, http.StatusOK, struct{}{})
+	return failures
 }

@@ -119,6 +119,20 @@ func statusesOf(evs []stripesim.RecordedEvent) map[string]string {
 	return out
 }
 
+// streamFaultCase is a fault TestStreamFaults applies to one stream
+// request, and what comes of it.
+type streamFaultCase struct {
+	name          string
+	faults        stripesim.Faults
+	status        int
+	errType       string // "" for success
+	errCode       string
+	events        map[string]string // identifier -> status
+	reports       []reportSummary
+	atLeast       time.Duration
+	replayOnRetry bool
+}
+
 func TestStreamFaults(t *testing.T) {
 	t.Parallel()
 	// Every request: three valid events, one for a meter that does not
@@ -130,17 +144,7 @@ func TestStreamFaults(t *testing.T) {
 	dropped := reportSummary{"api_calls", stripesim.CodeDropped, []string{"f-0", "f-1", "f-2"}}
 	recorded := map[string]string{"f-0": stripesim.EventRecorded, "f-1": stripesim.EventRecorded, "f-2": stripesim.EventRecorded}
 
-	cases := []struct {
-		name          string
-		faults        stripesim.Faults
-		status        int
-		errType       string // "" for success
-		errCode       string
-		events        map[string]string // identifier -> status
-		reports       []reportSummary
-		atLeast       time.Duration
-		replayOnRetry bool
-	}{
+	cases := []streamFaultCase{
 		{name: "RateLimitFault", faults: stripesim.Faults{RateLimitFault: 1},
 			status: http.StatusTooManyRequests, errType: "invalid_request_error", errCode: "rate_limit", events: map[string]string{}},
 		{name: "FailBeforeRecord", faults: stripesim.Faults{FailBeforeRecord: 1},
@@ -158,98 +162,114 @@ func TestStreamFaults(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: tc.faults})
-			sc, rec := streamClient(ts, newSession(t, ts, ""))
-			p := streamParams(events...)
-			p.SetIdempotencyKey("stream-req-1")
-
-			start := time.Now()
-			err := sc.V2BillingMeterEventStreams.Create(context.Background(), p)
-			status, header := rec.get()
-			assert.Equal(t, tc.status, status)
-			assert.GreaterOrEqual(t, time.Since(start), tc.atLeast)
-			if tc.errType == "" {
-				require.NoError(t, err)
-			} else {
-				raw := v2Raw(t, err)
-				require.NotNil(t, raw.Type)
-				assert.Equal(t, tc.errType, string(*raw.Type))
-				assert.Equal(t, tc.errCode, raw.Code)
-				assert.Regexp(t, `^req_`, header.Get("Request-Id"))
-			}
-			assert.Equal(t, tc.events, statusesOf(sim.Events(acct)))
-			assert.Equal(t, tc.reports, reportsOf(sim, acct))
-			if tc.replayOnRetry {
-				// The retry with the same key gets the kept 200; nothing is
-				// recorded or reported again.
-				sim.Configure(acct, stripesim.Limits{})
-				require.NoError(t, sc.V2BillingMeterEventStreams.Create(context.Background(), p))
-				status, header := rec.get()
-				assert.Equal(t, http.StatusOK, status)
-				assert.Equal(t, "true", header.Get("Idempotent-Replayed"))
-				assert.Equal(t, tc.events, statusesOf(sim.Events(acct)))
-				assert.Equal(t, tc.reports, reportsOf(sim, acct))
-				assert.Empty(t, sim.RecordedTwice())
-			}
+			tc.check(t, events)
 		})
 	}
-
 	t.Run("Hang", func(t *testing.T) {
 		t.Parallel()
-		sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{Hang: 1}})
-		sc, _ := streamClient(ts, newSession(t, ts, ""))
-		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		err := sc.V2BillingMeterEventStreams.Create(ctx, streamParams(events...))
-		require.Error(t, err)
-		assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
-		assert.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond)
-
-		// Close releases a request whose client would wait for ever.
-		done := make(chan error, 1)
-		go func() { done <- sc.V2BillingMeterEventStreams.Create(context.Background(), streamParams(events...)) }()
-		time.Sleep(50 * time.Millisecond)
-		select {
-		case <-done:
-			t.Fatal("answered while hanging")
-		default:
-		}
-		sim.Close()
-		assert.Equal(t, "api_error", string(*v2Raw(t, <-done).Type))
-		assert.Empty(t, sim.Events(acct))
-		assert.Empty(t, sim.ErrorReports(acct))
+		streamHang(t, events)
 	})
-
 	t.Run("AsyncDropPerEvent", func(t *testing.T) {
 		t.Parallel()
-		// Each valid event is drawn on its own, from the seeded source: the
-		// same seed drops the same events.
-		var runs [2]map[string]string
-		for i := range runs {
-			sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{AsyncDrop: 0.5}})
-			sc, _ := streamClient(ts, newSession(t, ts, ""))
-			require.NoError(t, sc.V2BillingMeterEventStreams.Create(context.Background(), streamParams(validEvents("d", 100)...)))
-			runs[i] = statusesOf(sim.Events(acct))
-			var drops []string
-			for j := range 100 {
-				if id := fmt.Sprint("d-", j); runs[i][id] == stripesim.EventDropped {
-					drops = append(drops, id)
-				}
-			}
-			assert.Greater(t, len(drops), 20)
-			assert.Less(t, len(drops), 80)
-			reps := sim.ErrorReports(acct)
-			require.Len(t, reps, 1, "one report per meter and code")
-			assert.Equal(t, stripesim.CodeDropped, reps[0].Code)
-			assert.Equal(t, sim.Meters(acct)[0].ID, reps[0].Meter)
-			assert.Equal(t, drops, reps[0].Identifiers)
-			assert.Equal(t, len(drops), reps[0].ErrorCount)
-			_, count, _ := sim.Aggregate(acct, "api_calls", "cus_acme")
-			assert.Equal(t, 100-len(drops), count)
-		}
-		assert.Equal(t, runs[0], runs[1])
+		streamAsyncDropPerEvent(t)
 	})
+}
+
+// check sends events in one stream request under the case's faults and
+// checks the answer, the recorded events and the error reports, and, when
+// the reply was lost, the replay of a retry.
+func (tc streamFaultCase) check(t *testing.T, events []*stripe.V2BillingMeterEventStreamCreateEventParams) {
+	sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: tc.faults})
+	sc, rec := streamClient(ts, newSession(t, ts, ""))
+	p := streamParams(events...)
+	p.SetIdempotencyKey("stream-req-1")
+
+	start := time.Now()
+	err := sc.V2BillingMeterEventStreams.Create(context.Background(), p)
+	status, header := rec.get()
+	assert.Equal(t, tc.status, status)
+	assert.GreaterOrEqual(t, time.Since(start), tc.atLeast)
+	if tc.errType == "" {
+		require.NoError(t, err)
+	} else {
+		raw := v2Raw(t, err)
+		require.NotNil(t, raw.Type)
+		assert.Equal(t, tc.errType, string(*raw.Type))
+		assert.Equal(t, tc.errCode, raw.Code)
+		assert.Regexp(t, `^req_`, header.Get("Request-Id"))
+	}
+	assert.Equal(t, tc.events, statusesOf(sim.Events(acct)))
+	assert.Equal(t, tc.reports, reportsOf(sim, acct))
+	if tc.replayOnRetry {
+		// The retry with the same key gets the kept 200; nothing is
+		// recorded or reported again.
+		sim.Configure(acct, stripesim.Limits{})
+		require.NoError(t, sc.V2BillingMeterEventStreams.Create(context.Background(), p))
+		status, header := rec.get()
+		assert.Equal(t, http.StatusOK, status)
+		assert.Equal(t, "true", header.Get("Idempotent-Replayed"))
+		assert.Equal(t, tc.events, statusesOf(sim.Events(acct)))
+		assert.Equal(t, tc.reports, reportsOf(sim, acct))
+		assert.Empty(t, sim.RecordedTwice())
+	}
+}
+
+// streamHang checks the Hang fault on a stream request of events: never
+// answered until the client gives up or the simulator closes.
+func streamHang(t *testing.T, events []*stripe.V2BillingMeterEventStreamCreateEventParams) {
+	sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{Hang: 1}})
+	sc, _ := streamClient(ts, newSession(t, ts, ""))
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := sc.V2BillingMeterEventStreams.Create(ctx, streamParams(events...))
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
+	assert.GreaterOrEqual(t, time.Since(start), 150*time.Millisecond)
+
+	// Close releases a request whose client would wait for ever.
+	done := make(chan error, 1)
+	go func() { done <- sc.V2BillingMeterEventStreams.Create(context.Background(), streamParams(events...)) }()
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case <-done:
+		t.Fatal("answered while hanging")
+	default:
+	}
+	sim.Close()
+	assert.Equal(t, "api_error", string(*v2Raw(t, <-done).Type))
+	assert.Empty(t, sim.Events(acct))
+	assert.Empty(t, sim.ErrorReports(acct))
+}
+
+// streamAsyncDropPerEvent checks that the AsyncDrop fault draws each valid
+// event of a stream request on its own, from the seeded source: the same
+// seed drops the same events.
+func streamAsyncDropPerEvent(t *testing.T) {
+	var runs [2]map[string]string
+	for i := range runs {
+		sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{AsyncDrop: 0.5}})
+		sc, _ := streamClient(ts, newSession(t, ts, ""))
+		require.NoError(t, sc.V2BillingMeterEventStreams.Create(context.Background(), streamParams(validEvents("d", 100)...)))
+		runs[i] = statusesOf(sim.Events(acct))
+		var drops []string
+		for j := range 100 {
+			if id := fmt.Sprint("d-", j); runs[i][id] == stripesim.EventDropped {
+				drops = append(drops, id)
+			}
+		}
+		assert.Greater(t, len(drops), 20)
+		assert.Less(t, len(drops), 80)
+		reps := sim.ErrorReports(acct)
+		require.Len(t, reps, 1, "one report per meter and code")
+		assert.Equal(t, stripesim.CodeDropped, reps[0].Code)
+		assert.Equal(t, sim.Meters(acct)[0].ID, reps[0].Meter)
+		assert.Equal(t, drops, reps[0].Identifiers)
+		assert.Equal(t, len(drops), reps[0].ErrorCount)
+		_, count, _ := sim.Aggregate(acct, "api_calls", "cus_acme")
+		assert.Equal(t, 100-len(drops), count)
+	}
+	assert.Equal(t, runs[0], runs[1])
 }
 
 // TestStreamDrawsLikeV1 checks that a stream request draws its faults from

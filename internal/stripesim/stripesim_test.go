@@ -98,6 +98,23 @@ func stripeErr(t *testing.T, err error) *stripe.Error {
 	return se
 }
 
+// step runs one named step of a test whose steps build on each other, as
+// a subtest, and stops the test when the step stopped (a failed require):
+// the later steps would only fail for its sake. A step whose assertions
+// failed without stopping it lets the later steps run, as one long test
+// would.
+func step(t *testing.T, name string, f func(t *testing.T)) {
+	t.Helper()
+	finished := false
+	t.Run(name, func(t *testing.T) {
+		f(t)
+		finished = true
+	})
+	if !finished {
+		t.FailNow()
+	}
+}
+
 func TestAccount(t *testing.T) {
 	t.Parallel()
 	sim, ts := newSim(t)

@@ -131,6 +131,20 @@ func Start(t testing.TB) *Mock {
 	if err != nil {
 		t.Fatal(err)
 	}
+	target := launch(t, bin)
+	m := &Mock{}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = m.record
+	srv := httptest.NewServer(keepForm(proxy))
+	t.Cleanup(srv.Close)
+	m.URL = srv.URL
+	return m
+}
+
+// launch starts stripe-mock at bin, stopped at the test's cleanup, and
+// returns the base URL of its HTTP listener.
+func launch(t testing.TB, bin string) *url.URL {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	// Both listeners on ports the system chooses: without -https-addr,
 	// stripe-mock also takes the fixed port 12112 and a second instance
@@ -146,9 +160,14 @@ func Start(t testing.TB) *Mock {
 		t.Fatalf("stripemock: starting %s: %v", bin, err)
 	}
 	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
+	return awaitListening(t, stdout)
+}
 
-	// stripe-mock prints the address the system chose; anything before it
-	// is kept for the failure message.
+// awaitListening reads stripe-mock's output until it prints the address the
+// system chose, and returns that address as a base URL; anything printed
+// before it is kept for the failure message.
+func awaitListening(t testing.TB, stdout io.Reader) *url.URL {
+	t.Helper()
 	type started struct{ addr, out string }
 	ready := make(chan started, 1)
 	go func() {
@@ -170,6 +189,7 @@ func Start(t testing.TB) *Mock {
 		if s.addr == "" {
 			t.Fatalf("stripemock: stripe-mock exited before listening:\n%s", s.out)
 		}
+		var err error
 		target, err = url.Parse("http://" + s.addr)
 		if err != nil {
 			t.Fatal(err)
@@ -177,24 +197,31 @@ func Start(t testing.TB) *Mock {
 	case <-time.After(30 * time.Second):
 		t.Fatal("stripemock: stripe-mock did not start listening within 30s")
 	}
+	return target
+}
 
-	m := &Mock{}
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	proxy.ModifyResponse = func(resp *http.Response) error {
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return err
-		}
-		resp.Body = io.NopCloser(bytes.NewReader(body))
-		req := resp.Request
-		form, _ := req.Context().Value(formKey{}).(url.Values)
-		m.mu.Lock()
-		m.requests = append(m.requests, Request{Method: req.Method, Path: req.URL.Path, Query: req.URL.Query(),
-			Header: req.Header.Clone(), Form: form, Status: resp.StatusCode, Body: string(body)})
-		m.mu.Unlock()
-		return nil
+// record is the proxy's ModifyResponse: it keeps the request, the form
+// keepForm parsed from it, and stripe-mock's answer.
+func (m *Mock) record(resp *http.Response) error {
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	req := resp.Request
+	form, _ := req.Context().Value(formKey{}).(url.Values)
+	m.mu.Lock()
+	m.requests = append(m.requests, Request{Method: req.Method, Path: req.URL.Path, Query: req.URL.Query(),
+		Header: req.Header.Clone(), Form: form, Status: resp.StatusCode, Body: string(body)})
+	m.mu.Unlock()
+	return nil
+}
+
+// keepForm reads each request's body, parses a form body into the
+// request's context (under formKey) for record, and passes the request on
+// to next with its body intact. A form that does not parse is answered 400.
+func keepForm(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -209,9 +236,6 @@ func Start(t testing.TB) *Mock {
 			}
 			r = r.WithContext(context.WithValue(r.Context(), formKey{}, form))
 		}
-		proxy.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	m.URL = srv.URL
-	return m
+		next.ServeHTTP(w, r)
+	})
 }
