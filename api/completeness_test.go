@@ -16,22 +16,55 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// ---------------------------------------------------------------------------
-// 6. Completeness and the outbox reads
+// Completeness: every ingested unit in exactly one state, per tenant,
+// feature and billing period; and the outbox reads over the same items.
+
+// completenessScenario is what the steps of TestCompletenessEndpoint share
+// besides the database.
+type completenessScenario struct {
+	op, fin, ing string
+	base         time.Time // the hour the usage falls in
+	period       time.Time // the calendar period of base
+	month        string    // period as a month, as the report takes it
+	gammaPeriod  time.Time // gamma's period of base (it bills from the 15th)
+	gammaMonth   string
+}
+
+// ts is the timestamp m minutes into the base hour.
+func (s *completenessScenario) ts(m int) string {
+	return rfc(s.base.Add(time.Duration(m) * time.Minute))
+}
 
 func TestCompletenessEndpoint(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, true)
-	op := h.as(h.token("operator", auth.RoleOperator))
-	fin := h.as(h.token("finance", auth.RoleFinance))
-	ing := h.as(h.token("ingest", auth.RoleIngest))
+	s := &completenessScenario{op: h.as(h.token("operator", auth.RoleOperator)),
+		fin: h.as(h.token("finance", auth.RoleFinance)), ing: h.as(h.token("ingest", auth.RoleIngest))}
+	// In order, on one database: each step reads the usage, items and
+	// periods the steps before it left.
+	runSteps(t, h,
+		step{"invalid period", s.invalidPeriod},
+		step{"usage ingested", s.ingest},
+		step{"before the stager's pass", s.beforePass},
+		step{"after the stager's pass", s.afterPass},
+		step{"late usage", s.lateUsage},
+		step{"one tenant, and a month without usage", s.filters},
+		step{"outbox summary", s.outboxSummary},
+		step{"outbox items", s.outboxItems},
+	)
+}
 
+func (s *completenessScenario) invalidPeriod(t *testing.T, h *harness) {
 	for _, q := range []string{"", "?period=", "?period=2026-13", "?period=2026-00", "?period=2026-1", "?period=26-11", "?period=2026-11-01", "?tenant=acme"} {
-		resp := h.request(http.MethodGet, "/v1/reports/completeness"+q, fin, nil)
+		resp := h.request(http.MethodGet, "/v1/reports/completeness"+q, s.fin, nil)
 		require.Equal(t, http.StatusBadRequest, resp.status, "%q: %s", q, resp)
 		require.Equal(t, "invalid_period", resp.errorCode(t), q)
 	}
+}
 
+// ingest maps acme, gamma and three features, and posts usage of mapped
+// and unmapped tenants and features.
+func (s *completenessScenario) ingest(t *testing.T, h *harness) {
 	for path, body := range map[string]map[string]any{
 		"/v1/mappings/tenants/acme":    {"stripe_customer_id": "cus_acme"},
 		"/v1/mappings/tenants/gamma":   {"stripe_customer_id": "cus_gamma", "period_anchor": "2026-01-15T10:30:00Z"},
@@ -39,34 +72,35 @@ func TestCompletenessEndpoint(t *testing.T) {
 		"/v1/mappings/features/seats":  {"event_name": "seats", "aggregation": "last"},
 		"/v1/mappings/features/logins": {"event_name": "logins", "aggregation": "count"},
 	} {
-		resp := h.request(http.MethodPut, path, op, body)
+		resp := h.request(http.MethodPut, path, s.op, body)
 		require.Equal(t, http.StatusOK, resp.status, "%s: %s", path, resp)
 	}
-	base := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour)
-	ts := func(m int) string { return rfc(base.Add(time.Duration(m) * time.Minute)) }
-	resp := h.request(http.MethodPost, "/v1/usage", ing, batch(
-		event{"id": "a1", "tenant": "acme", "feature": "api", "value": 5, "timestamp": ts(1)},
-		event{"id": "a2", "tenant": "acme", "feature": "api", "value": 10, "timestamp": ts(20)},
-		event{"id": "a3", "tenant": "acme", "feature": "api", "value": -3, "timestamp": ts(40)},
-		event{"id": "s1", "tenant": "acme", "feature": "seats", "value": 4, "timestamp": ts(5)},
-		event{"id": "s2", "tenant": "acme", "feature": "seats", "value": 9, "timestamp": ts(50)},
-		event{"id": "l1", "tenant": "acme", "feature": "logins", "value": 1, "timestamp": ts(2)},
-		event{"id": "l2", "tenant": "acme", "feature": "logins", "value": 1, "timestamp": ts(3)},
-		event{"id": "g1", "tenant": "acme", "feature": "gpu", "value": 2, "timestamp": ts(4)},
-		event{"id": "b1", "tenant": "beta", "feature": "api", "value": 8, "timestamp": ts(6)},
-		event{"id": "c1", "tenant": "gamma", "feature": "api", "value": 11, "timestamp": ts(7)},
+	s.base = time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour)
+	resp := h.request(http.MethodPost, "/v1/usage", s.ing, batch(
+		event{"id": "a1", "tenant": "acme", "feature": "api", "value": 5, "timestamp": s.ts(1)},
+		event{"id": "a2", "tenant": "acme", "feature": "api", "value": 10, "timestamp": s.ts(20)},
+		event{"id": "a3", "tenant": "acme", "feature": "api", "value": -3, "timestamp": s.ts(40)},
+		event{"id": "s1", "tenant": "acme", "feature": "seats", "value": 4, "timestamp": s.ts(5)},
+		event{"id": "s2", "tenant": "acme", "feature": "seats", "value": 9, "timestamp": s.ts(50)},
+		event{"id": "l1", "tenant": "acme", "feature": "logins", "value": 1, "timestamp": s.ts(2)},
+		event{"id": "l2", "tenant": "acme", "feature": "logins", "value": 1, "timestamp": s.ts(3)},
+		event{"id": "g1", "tenant": "acme", "feature": "gpu", "value": 2, "timestamp": s.ts(4)},
+		event{"id": "b1", "tenant": "beta", "feature": "api", "value": 8, "timestamp": s.ts(6)},
+		event{"id": "c1", "tenant": "gamma", "feature": "api", "value": 11, "timestamp": s.ts(7)},
 	))
 	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
 	require.EqualValues(t, 2, h.count("SELECT count(*) FROM usage_events WHERE item_id IS NOT NULL"),
 		"per-event usage is staged in the ingest transaction")
-	period := meter.PeriodStart(base, meter.CalendarAnchor)
-	month := period.Format("2006-01")
+	s.period = meter.PeriodStart(s.base, meter.CalendarAnchor)
+	s.month = s.period.Format("2006-01")
 	// gamma bills from the 15th, 10:30 UTC: its period may start in another
 	// month than the calendar one.
-	gammaPeriod := meter.PeriodStart(base, time.Date(2026, 1, 15, 10, 30, 0, 0, time.UTC))
-	gammaMonth := gammaPeriod.Format("2006-01")
+	s.gammaPeriod = meter.PeriodStart(s.base, time.Date(2026, 1, 15, 10, 30, 0, 0, time.UTC))
+	s.gammaMonth = s.gammaPeriod.Format("2006-01")
+}
 
-	before := completeness(t, h, fin, month)
+func (s *completenessScenario) beforePass(t *testing.T, h *harness) {
+	before := completeness(t, h, s.fin, s.month)
 	require.True(t, before.Holds, "%+v", before)
 	for _, l := range before.Lines {
 		if l.Feature != "logins" {
@@ -74,11 +108,13 @@ func TestCompletenessEndpoint(t *testing.T) {
 			require.Equal(t, l.Ingested, l.Pending, "%+v", l)
 		}
 	}
+}
 
+func (s *completenessScenario) afterPass(t *testing.T, h *harness) {
 	h.pass()
 	require.Zero(t, h.count("SELECT count(*) FROM usage_events WHERE item_id IS NULL"))
-	c := completeness(t, h, fin, month)
-	require.Equal(t, month, c.Period)
+	c := completeness(t, h, s.fin, s.month)
+	require.Equal(t, s.month, c.Period)
 	require.True(t, c.Holds, "%+v", c)
 	type key struct{ tenant, feature string }
 	lines := map[key]completenessLine{}
@@ -87,7 +123,7 @@ func TestCompletenessEndpoint(t *testing.T) {
 		if l.Tenant == "gamma" {
 			continue // read below, by its own period
 		}
-		require.Equal(t, period.Format(time.RFC3339), l.Period)
+		require.Equal(t, s.period.Format(time.RFC3339), l.Period)
 		sum := bucket{}
 		for _, b := range []bucket{l.Confirmed, l.Accepted, l.Pending, l.Quarantined, l.Uncertain, l.Rejected} {
 			sum.Events += b.Events
@@ -99,27 +135,29 @@ func TestCompletenessEndpoint(t *testing.T) {
 		lines[key{l.Tenant, l.Feature}] = l
 	}
 	require.Len(t, lines, 5)
-	g := completeness(t, h, fin, gammaMonth+"&tenant=gamma")
+	g := completeness(t, h, s.fin, s.gammaMonth+"&tenant=gamma")
 	require.True(t, g.Holds, "%+v", g)
 	require.Len(t, g.Lines, 1, "%+v", g)
-	require.Equal(t, gammaPeriod.Format(time.RFC3339), g.Lines[0].Period)
+	require.Equal(t, s.gammaPeriod.Format(time.RFC3339), g.Lines[0].Period)
 	require.Equal(t, bucket{1, 11}, g.Lines[0].Pending)
 	require.Equal(t, bucket{1, 11}, g.Lines[0].Ingested)
 	require.EqualValues(t, 1, h.count("SELECT count(*) FROM outbox_items WHERE tenant_key = 'gamma' AND payload->>'period' = $1",
-		gammaPeriod.Format(time.RFC3339)))
+		s.gammaPeriod.Format(time.RFC3339)))
 	require.Equal(t, bucket{3, 12}, lines[key{"acme", "api"}].Pending)
 	require.Equal(t, bucket{2, 13}, lines[key{"acme", "seats"}].Pending)
 	require.Equal(t, bucket{2, 2}, lines[key{"acme", "logins"}].Pending)
 	require.Equal(t, bucket{1, 2}, lines[key{"acme", "gpu"}].Quarantined)
 	require.Equal(t, bucket{1, 8}, lines[key{"beta", "api"}].Quarantined)
+}
 
-	// Late usage for a staged window becomes its supplement; the identity
-	// still holds.
-	resp = h.request(http.MethodPost, "/v1/usage", ing, batch(event{"id": "a4", "tenant": "acme", "feature": "api", "value": 100, "timestamp": ts(59)}))
+// lateUsage: late usage for a staged window becomes its supplement; the
+// identity still holds.
+func (s *completenessScenario) lateUsage(t *testing.T, h *harness) {
+	resp := h.request(http.MethodPost, "/v1/usage", s.ing, batch(event{"id": "a4", "tenant": "acme", "feature": "api", "value": 100, "timestamp": s.ts(59)}))
 	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
 	require.Equal(t, meter.PassResult{Items: 1, Events: 1}, h.pass())
 	require.EqualValues(t, 1, h.count("SELECT count(*) FROM outbox_items WHERE subject_ref LIKE 'usage:api:%#1'"))
-	c = completeness(t, h, fin, month+"&tenant=acme")
+	c := completeness(t, h, s.fin, s.month+"&tenant=acme")
 	require.True(t, c.Holds, "%+v", c)
 	for _, l := range c.Lines {
 		if l.Feature == "api" {
@@ -127,74 +165,80 @@ func TestCompletenessEndpoint(t *testing.T) {
 			require.Equal(t, bucket{4, 112}, l.Ingested)
 		}
 	}
+}
 
-	only := completeness(t, h, fin, month+"&tenant=beta")
+func (s *completenessScenario) filters(t *testing.T, h *harness) {
+	only := completeness(t, h, s.fin, s.month+"&tenant=beta")
 	require.Len(t, only.Lines, 1)
 	require.Equal(t, "beta", only.Lines[0].Tenant)
-	empty := completeness(t, h, fin, "2001-01")
+	empty := completeness(t, h, s.fin, "2001-01")
 	require.Equal(t, completenessReport{Period: "2001-01", Lines: []completenessLine{}, Holds: true}, empty)
+}
 
-	t.Run("outbox reads", func(t *testing.T) {
-		resp := h.request(http.MethodGet, "/v1/outbox/summary", fin, nil)
+func (s *completenessScenario) outboxSummary(t *testing.T, h *harness) {
+	resp := h.request(http.MethodGet, "/v1/outbox/summary", s.fin, nil)
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+	var summary struct {
+		Counts map[string]int64 `json:"counts"`
+		Oldest float64          `json:"oldest_pending_age_seconds"`
+	}
+	resp.decode(t, &summary)
+	want := map[string]int64{}
+	for _, st := range outbox.States {
+		want[string(st)] = 0
+	}
+	want["pending"], want["quarantined"] = 6, 2
+	require.Equal(t, want, summary.Counts)
+	require.GreaterOrEqual(t, summary.Oldest, 0.0)
+}
+
+// outboxItems: pages of items by state and tenant, by feature, refused
+// queries, and one item.
+func (s *completenessScenario) outboxItems(t *testing.T, h *harness) {
+	var ids []int64
+	after := int64(0)
+	for page := 0; page < 10; page++ {
+		resp := h.request(http.MethodGet, fmt.Sprintf("/v1/outbox/items?state=pending&tenant=acme&limit=3&after=%d", after), s.fin, nil)
 		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
-		var summary struct {
-			Counts map[string]int64 `json:"counts"`
-			Oldest float64          `json:"oldest_pending_age_seconds"`
-		}
-		resp.decode(t, &summary)
-		want := map[string]int64{}
-		for _, st := range outbox.States {
-			want[string(st)] = 0
-		}
-		want["pending"], want["quarantined"] = 6, 2
-		require.Equal(t, want, summary.Counts)
-		require.GreaterOrEqual(t, summary.Oldest, 0.0)
-
-		var ids []int64
-		after := int64(0)
-		for page := 0; page < 10; page++ {
-			resp := h.request(http.MethodGet, fmt.Sprintf("/v1/outbox/items?state=pending&tenant=acme&limit=3&after=%d", after), fin, nil)
-			require.Equal(t, http.StatusOK, resp.status, "%s", resp)
-			var l struct {
-				Items     []itemView `json:"items"`
-				NextAfter int64      `json:"next_after"`
-			}
-			resp.decode(t, &l)
-			if len(l.Items) == 0 {
-				break
-			}
-			for _, it := range l.Items {
-				require.Equal(t, "pending", it.State)
-				require.Equal(t, "acme", it.Tenant)
-				ids = append(ids, it.ID)
-			}
-			if l.NextAfter == 0 {
-				break // a partial page is the last
-			}
-			after = l.NextAfter
-		}
-		require.Len(t, ids, 5)
-		require.True(t, slices.IsSorted(ids))
-
-		resp = h.request(http.MethodGet, "/v1/outbox/items?feature=logins", fin, nil)
 		var l struct {
-			Items []itemView `json:"items"`
+			Items     []itemView `json:"items"`
+			NextAfter int64      `json:"next_after"`
 		}
 		resp.decode(t, &l)
-		require.Len(t, l.Items, 2)
+		if len(l.Items) == 0 {
+			break
+		}
 		for _, it := range l.Items {
-			require.Equal(t, "usage_event", it.SubjectKind)
-			require.Equal(t, "logins", it.Payload.Feature)
+			require.Equal(t, "pending", it.State)
+			require.Equal(t, "acme", it.Tenant)
+			ids = append(ids, it.ID)
 		}
-		for _, q := range []string{"state=nosuch", "limit=0", "limit=1001", "limit=x", "after=-1", "after=x"} {
-			resp := h.request(http.MethodGet, "/v1/outbox/items?"+q, fin, nil)
-			require.Equal(t, http.StatusBadRequest, resp.status, "%s: %s", q, resp)
+		if l.NextAfter == 0 {
+			break // a partial page is the last
 		}
-		resp = h.request(http.MethodGet, "/v1/outbox/items/"+url.PathEscape(strconv.FormatInt(ids[0], 10)), fin, nil)
-		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
-		var it itemView
-		resp.decode(t, &it)
-		require.Equal(t, ids[0], it.ID)
-		require.Len(t, it.Identifier, 68)
-	})
+		after = l.NextAfter
+	}
+	require.Len(t, ids, 5)
+	require.True(t, slices.IsSorted(ids))
+
+	resp := h.request(http.MethodGet, "/v1/outbox/items?feature=logins", s.fin, nil)
+	var l struct {
+		Items []itemView `json:"items"`
+	}
+	resp.decode(t, &l)
+	require.Len(t, l.Items, 2)
+	for _, it := range l.Items {
+		require.Equal(t, "usage_event", it.SubjectKind)
+		require.Equal(t, "logins", it.Payload.Feature)
+	}
+	for _, q := range []string{"state=nosuch", "limit=0", "limit=1001", "limit=x", "after=-1", "after=x"} {
+		resp := h.request(http.MethodGet, "/v1/outbox/items?"+q, s.fin, nil)
+		require.Equal(t, http.StatusBadRequest, resp.status, "%s: %s", q, resp)
+	}
+	resp = h.request(http.MethodGet, "/v1/outbox/items/"+url.PathEscape(strconv.FormatInt(ids[0], 10)), s.fin, nil)
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+	var it itemView
+	resp.decode(t, &it)
+	require.Equal(t, ids[0], it.ID)
+	require.Len(t, it.Identifier, 68)
 }
