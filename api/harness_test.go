@@ -31,8 +31,8 @@ import (
 // `tally serve` builds it, on a fresh database, served over real HTTP), the
 // runner of a scenario's steps, and the JSON views the tests decode.
 
-// syncBuffer collects the server's log lines; they are shown when a test
-// fails.
+// syncBuffer is a log sink safe for the server's goroutines: the harness
+// shows its lines when a test fails.
 type syncBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
