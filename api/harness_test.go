@@ -27,9 +27,12 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// The helpers every /v1 test shares: the harness (the /v1 handler built as
-// `tally serve` builds it, on a fresh database, served over real HTTP), the
-// runner of a scenario's steps, and the JSON views the tests decode.
+// The helpers every /v1 test shares: the harness, the runner of a
+// scenario's steps, and the JSON views several tests decode.
+
+// ---------------------------------------------------------------------------
+// Harness: the /v1 handler built as `tally serve` builds it, on a fresh
+// database, served over real HTTP.
 
 // syncBuffer is a log sink safe for the server's goroutines: the harness
 // shows its lines when a test fails.
