@@ -1,13 +1,11 @@
 package api_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -16,31 +14,13 @@ import (
 	"github.com/tallymeter/tally/internal/auth"
 )
 
-// lockedBuffer is a log sink safe for the server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // Every request is logged once, as JSON, with the request id it was
 // answered with, its route pattern and status — never the token, the
 // path's ids or the query.
 func TestAccessLogHasRequestIDAndNoSecret(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, false)
-	logs := &lockedBuffer{}
+	logs := &syncBuffer{}
 	srv := httptest.NewServer(api.New(api.Options{
 		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
 		V1:     &api.Deps{Pool: h.pool, Outbox: h.parts.Outbox, Mappings: h.parts.Mappings, Ingester: h.parts.Ingester, Requeuer: h.parts.Requeuer},

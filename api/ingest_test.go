@@ -1,0 +1,452 @@
+package api_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/meter"
+)
+
+// Ingest: POST /v1/usage validates a batch whole, stores it once, and keeps
+// to its size limits and the token's tenants.
+
+// TestUsageIngest runs each concern of POST /v1/usage on its own database.
+func TestUsageIngest(t *testing.T) {
+	t.Parallel()
+	t.Run("validation", testIngestValidation)
+	t.Run("duplicates and changed content", testIngestDuplicates)
+	t.Run("size limits", testIngestSizeLimits)
+	t.Run("tenant scope", testIngestTenantScope)
+}
+
+// eventTime is the timestamp of validEvent and of the first events the
+// duplicate checks post.
+const eventTime = "2026-01-30T12:00:00Z"
+
+// validEvent is an event every check accepts.
+func validEvent() event {
+	return event{"id": "ok-1", "tenant": "acme", "feature": "api", "value": 1, "timestamp": eventTime}
+}
+
+// eventWith is validEvent with another id and k set to v.
+func eventWith(k string, v any) event {
+	e := validEvent()
+	e["id"] = "bad-1"
+	e[k] = v
+	return e
+}
+
+// eventWithout is validEvent with another id and without k.
+func eventWithout(k string) event {
+	e := validEvent()
+	e["id"] = "bad-1"
+	delete(e, k)
+	return e
+}
+
+// ingestScenario holds what the steps of an ingest scenario share besides
+// the database: the Authorization header of an ingest token.
+type ingestScenario struct{ tok string }
+
+func testIngestValidation(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, false)
+	s := ingestScenario{tok: h.as(h.token("ingest", auth.RoleIngest))}
+	// In order, on one database: after the refusals, nothing is stored.
+	runSteps(t, h,
+		step{"one problem of one event", s.refusesEachEventProblem},
+		step{"every problem of every event at once", s.reportsEveryProblemInOrder},
+		step{"problems of the batch as a whole", s.refusesBatchProblems},
+		step{"bodies that are not a JSON object", s.refusesNonObjectBodies},
+		step{"an invalid batch stores nothing", func(t *testing.T, h *harness) {
+			require.Zero(t, h.count("SELECT count(*) FROM usage_events"), "an invalid batch stores nothing")
+		}},
+		step{"the valid edges", s.acceptsValidEdges},
+	)
+}
+
+func (s ingestScenario) refusesEachEventProblem(t *testing.T, h *harness) {
+	one := 1
+	cases := []struct {
+		name  string
+		bad   any // the second event of the batch
+		field string
+	}{
+		{"missing id", eventWithout("id"), "id"},
+		{"missing tenant", eventWithout("tenant"), "tenant"},
+		{"missing feature", eventWithout("feature"), "feature"},
+		{"missing value", eventWithout("value"), "value"},
+		{"unknown field", eventWith("extra", 1), "extra"},
+		{"empty id", eventWith("id", ""), "id"},
+		{"id of 129 characters", eventWith("id", strings.Repeat("x", 129)), "id"},
+		{"non-ASCII id", eventWith("id", "événement"), "id"},
+		{"control character in id", eventWith("id", "a\tb"), "id"},
+		{"id not a string", eventWith("id", 5), "id"},
+		{"tenant starting with a dash", eventWith("tenant", "-acme"), "tenant"},
+		{"tenant with a space", eventWith("tenant", "ac me"), "tenant"},
+		{"tenant of 65 characters", eventWith("tenant", strings.Repeat("a", 65)), "tenant"},
+		{"tenant not a string", eventWith("tenant", 7), "tenant"},
+		{"feature with a slash", eventWith("feature", "api/v2"), "feature"},
+		{"feature with a pipe", eventWith("feature", "a|b"), "feature"},
+		{"value as a string", eventWith("value", "5"), "value"},
+		{"value with a fraction", eventWith("value", json.Number("1.5")), "value"},
+		{"value with an exponent", eventWith("value", json.Number("1e3")), "value"},
+		{"value over int64", eventWith("value", json.Number("9223372036854775808")), "value"},
+		{"value under int64", eventWith("value", json.Number("-9223372036854775809")), "value"},
+		{"value null", eventWith("value", nil), "value"},
+		{"value a boolean", eventWith("value", true), "value"},
+		{"timestamp not RFC 3339", eventWith("timestamp", "2026-11-30 12:00:00"), "timestamp"},
+		{"timestamp a date", eventWith("timestamp", "2026-11-30"), "timestamp"},
+		{"timestamp a number", eventWith("timestamp", 1764504000), "timestamp"},
+		{"timestamp over 24h ahead", eventWith("timestamp", rfc(time.Now().Add(25*time.Hour))), "timestamp"},
+		{"timestamp before 2000", eventWith("timestamp", "1999-12-31T23:59:59Z"), "timestamp"},
+		{"event not an object", 5, ""},
+		{"event an array", []any{}, ""},
+	}
+	for _, tc := range cases {
+		resp := h.request(http.MethodPost, "/v1/usage", s.tok, map[string]any{"events": []any{validEvent(), tc.bad}})
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s: %s", tc.name, resp)
+		require.Equal(t, "invalid_batch", resp.errorCode(t), tc.name)
+		ps := resp.problems(t)
+		require.Len(t, ps, 1, "%s: %s", tc.name, resp)
+		require.Equal(t, &one, ps[0].Index, tc.name)
+		require.Equal(t, tc.field, ps[0].Field, tc.name)
+		require.NotEmpty(t, ps[0].Reason, tc.name)
+	}
+}
+
+// reportsEveryProblemInOrder: every problem of every event at once, in
+// index order.
+func (s ingestScenario) reportsEveryProblemInOrder(t *testing.T, h *harness) {
+	resp := h.request(http.MethodPost, "/v1/usage", s.tok, batch(eventWith("value", "x"), validEvent(), event{"id": "", "tenant": "-", "feature": "f", "value": 1.5}))
+	require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s", resp)
+	var where []string
+	for _, p := range resp.problems(t) {
+		require.NotNil(t, p.Index)
+		where = append(where, fmt.Sprintf("%d:%s", *p.Index, p.Field))
+	}
+	require.Equal(t, []string{"0:value", "2:id", "2:tenant", "2:value"}, where)
+}
+
+// refusesBatchProblems: problems of the batch as a whole have index null.
+func (s ingestScenario) refusesBatchProblems(t *testing.T, h *harness) {
+	for name, body := range map[string]string{
+		"empty events":               `{"events":[]}`,
+		"events an object":           `{"events":{}}`,
+		"events a string":            `{"events":"x"}`,
+		"events null":                `{"events":null}`,
+		"no events":                  `{}`,
+		"unknown top-level field":    `{"events":[{"id":"a","tenant":"acme","feature":"api","value":1}],"extra":1}`,
+		"unknown field, empty batch": `{"batch":[]}`,
+	} {
+		resp := h.request(http.MethodPost, "/v1/usage", s.tok, body)
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s: %s", name, resp)
+		require.Equal(t, "invalid_batch", resp.errorCode(t), name)
+		ps := resp.problems(t)
+		require.NotEmpty(t, ps, name)
+		require.Nil(t, ps[0].Index, "%s: %s", name, resp)
+	}
+}
+
+// refusesNonObjectBodies: bodies that are not a JSON object answer 400.
+func (s ingestScenario) refusesNonObjectBodies(t *testing.T, h *harness) {
+	for name, body := range map[string]string{
+		"truncated":     `{"events":[`,
+		"not JSON":      `events=1`,
+		"empty body":    ``,
+		"an array":      `[]`,
+		"null":          `null`,
+		"trailing data": `{"events":[{"id":"a","tenant":"acme","feature":"api","value":1}]} {}`,
+	} {
+		resp := h.request(http.MethodPost, "/v1/usage", s.tok, body)
+		require.Equal(t, http.StatusBadRequest, resp.status, "%s: %s", name, resp)
+		require.Equal(t, "invalid_json", resp.errorCode(t), name)
+	}
+}
+
+// acceptsValidEdges: the edges that are valid.
+func (s ingestScenario) acceptsValidEdges(t *testing.T, h *harness) {
+	resp := h.request(http.MethodPost, "/v1/usage", s.tok, batch(
+		event{"id": strings.Repeat("x", 128), "tenant": strings.Repeat("a", 64), "feature": "A0_.:-z", "value": json.Number("9223372036854775807")},
+		event{"id": " !~|%", "tenant": "acme", "feature": "api", "value": json.Number("-9223372036854775808")},
+		event{"id": "ts-null", "tenant": "acme", "feature": "api", "value": 0, "timestamp": nil},
+		event{"id": "ts-ahead", "tenant": "acme", "feature": "api", "value": -3, "timestamp": rfc(time.Now().Add(23 * time.Hour))},
+		event{"id": "ts-offset", "tenant": "acme", "feature": "api", "value": 2, "timestamp": "2026-01-30T13:00:00.123456789+01:00"},
+	))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	require.JSONEq(t, `{"accepted":5,"duplicates":0}`, string(resp.body))
+	var at time.Time
+	require.NoError(t, h.pool.QueryRow(h.ctx, "SELECT occurred_at FROM usage_events WHERE event_id = 'ts-offset'").Scan(&at))
+	require.True(t, at.Equal(time.Date(2026, 1, 30, 12, 0, 0, 123456000, time.UTC)), at)
+}
+
+func testIngestDuplicates(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, false)
+	s := ingestScenario{tok: h.as(h.token("ingest", auth.RoleIngest))}
+	// In order, on one database: each step counts the rows the ones before
+	// it stored.
+	runSteps(t, h,
+		step{"stored once", s.storesOnce},
+		step{"changed content", s.refusesChangedContent},
+		step{"metrics", s.countsInMetrics},
+	)
+}
+
+// storesOnce: a replayed batch, and the same instant in another offset, are
+// duplicates.
+func (s ingestScenario) storesOnce(t *testing.T, h *harness) {
+	first := batch(
+		event{"id": "e1", "tenant": "acme", "feature": "api", "value": 5, "timestamp": eventTime},
+		event{"id": "e2", "tenant": "acme", "feature": "api", "value": 6},
+		event{"id": "e1", "tenant": "beta", "feature": "api", "value": 7, "timestamp": eventTime},
+	)
+	resp := h.request(http.MethodPost, "/v1/usage", s.tok, first)
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	require.JSONEq(t, `{"accepted":3,"duplicates":0}`, string(resp.body))
+	require.Equal(t, "application/json", resp.header.Get("Content-Type"))
+
+	resp = h.request(http.MethodPost, "/v1/usage", s.tok, first)
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	require.JSONEq(t, `{"accepted":0,"duplicates":3}`, string(resp.body))
+
+	// The same instant in another offset is the same content.
+	resp = h.request(http.MethodPost, "/v1/usage", s.tok, batch(
+		event{"id": "e1", "tenant": "acme", "feature": "api", "value": 5, "timestamp": "2026-01-30T13:00:00+01:00"},
+		event{"id": "e3", "tenant": "acme", "feature": "api", "value": 1},
+		event{"id": "e3", "tenant": "acme", "feature": "api", "value": 1},
+	))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	require.JSONEq(t, `{"accepted":1,"duplicates":2}`, string(resp.body))
+	require.EqualValues(t, 4, h.count("SELECT count(*) FROM usage_events"))
+}
+
+// refusesChangedContent: same id, different content: the event is invalid
+// and nothing of the batch is stored.
+func (s ingestScenario) refusesChangedContent(t *testing.T, h *harness) {
+	for name, changed := range map[string]event{
+		"value":             {"id": "e1", "tenant": "acme", "feature": "api", "value": 50, "timestamp": eventTime},
+		"feature":           {"id": "e1", "tenant": "acme", "feature": "web", "value": 5, "timestamp": eventTime},
+		"timestamp":         {"id": "e1", "tenant": "acme", "feature": "api", "value": 5, "timestamp": "2026-01-30T12:00:01Z"},
+		"timestamp dropped": {"id": "e1", "tenant": "acme", "feature": "api", "value": 5},
+		"timestamp added":   {"id": "e2", "tenant": "acme", "feature": "api", "value": 6, "timestamp": eventTime},
+	} {
+		resp := h.request(http.MethodPost, "/v1/usage", s.tok, batch(
+			event{"id": "new-" + name, "tenant": "acme", "feature": "api", "value": 1},
+			changed,
+		))
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s: %s", name, resp)
+		require.Equal(t, "invalid_batch", resp.errorCode(t))
+		ps := resp.problems(t)
+		require.Len(t, ps, 1, "%s: %s", name, resp)
+		require.NotNil(t, ps[0].Index)
+		require.Equal(t, 1, *ps[0].Index, name)
+		require.Equal(t, "id", ps[0].Field, name)
+		require.NotEmpty(t, ps[0].Reason, name)
+	}
+	// Within one batch too.
+	resp := h.request(http.MethodPost, "/v1/usage", s.tok, batch(
+		event{"id": "w1", "tenant": "acme", "feature": "api", "value": 1},
+		event{"id": "w2", "tenant": "acme", "feature": "api", "value": 1},
+		event{"id": "w1", "tenant": "acme", "feature": "api", "value": 2},
+	))
+	require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s", resp)
+	ps := resp.problems(t)
+	require.Len(t, ps, 1, "%s", resp)
+	require.Equal(t, 2, *ps[0].Index)
+	require.Equal(t, "id", ps[0].Field)
+
+	require.EqualValues(t, 4, h.count("SELECT count(*) FROM usage_events"), "a batch with a changed event stores nothing")
+	require.EqualValues(t, 5, h.count("SELECT value FROM usage_events WHERE tenant = 'acme' AND event_id = 'e1'"))
+}
+
+// countsInMetrics: the API's metrics count what was stored and what was a
+// duplicate.
+func (s ingestScenario) countsInMetrics(t *testing.T, h *harness) {
+	mfs, err := h.parts.Registry.Gather()
+	require.NoError(t, err)
+	counts := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					counts[mf.GetName()+"/"+l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	require.Equal(t, 4.0, counts["tally_ingest_events_total/accepted"])
+	require.Equal(t, 5.0, counts["tally_ingest_events_total/duplicate"])
+	require.Equal(t, 3.0, counts["tally_ingest_requests_total/accepted"])
+	require.Equal(t, 6.0, counts["tally_ingest_requests_total/invalid"])
+}
+
+func testIngestSizeLimits(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, false)
+	tok := h.as(h.token("ingest", auth.RoleIngest))
+
+	// A valid batch padded with spaces to exactly n bytes.
+	padded := func(n int) []byte {
+		head := []byte(`{"events":[{"id":"big","tenant":"acme","feature":"api","value":1}]`)
+		b := append(head, bytes.Repeat([]byte(" "), n-len(head)-1)...)
+		return append(b, '}')
+	}
+	post := func(body []byte, chunked bool) response {
+		var rd io.Reader = bytes.NewReader(body)
+		if chunked {
+			rd = io.MultiReader(rd) // hides the length: sent chunked
+		}
+		req, err := http.NewRequestWithContext(h.ctx, http.MethodPost, h.url+"/v1/usage", rd)
+		require.NoError(t, err)
+		if chunked {
+			req.ContentLength = -1
+		}
+		req.Header.Set("Authorization", tok)
+		return h.send(req)
+	}
+	for _, chunked := range []bool{false, true} {
+		resp := post(padded(meter.MaxBodyBytes+1), chunked)
+		require.Equal(t, http.StatusRequestEntityTooLarge, resp.status, "chunked %v: %s", chunked, resp)
+		require.Equal(t, "batch_too_large", resp.errorCode(t))
+		resp = post(padded(meter.MaxBodyBytes+512<<10), chunked)
+		require.Equal(t, http.StatusRequestEntityTooLarge, resp.status, "chunked %v: %s", chunked, resp)
+	}
+	require.Zero(t, h.count("SELECT count(*) FROM usage_events"))
+	for _, chunked := range []bool{false, true} {
+		resp := post(padded(meter.MaxBodyBytes), chunked)
+		require.Equal(t, http.StatusAccepted, resp.status, "exactly 5 MiB is allowed (chunked %v): %s", chunked, resp)
+	}
+	require.EqualValues(t, 1, h.count("SELECT count(*) FROM usage_events"))
+
+	events := func(n int, prefix string) map[string]any {
+		evs := make([]event, n)
+		for i := range evs {
+			evs[i] = event{"id": fmt.Sprintf("%s-%d", prefix, i), "tenant": "acme", "feature": "api", "value": 1}
+		}
+		return batch(evs...)
+	}
+	resp := h.request(http.MethodPost, "/v1/usage", tok, events(meter.MaxEvents+1, "over"))
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.status, "%s", resp)
+	require.Equal(t, "batch_too_large", resp.errorCode(t))
+	require.EqualValues(t, 1, h.count("SELECT count(*) FROM usage_events"))
+	resp = h.request(http.MethodPost, "/v1/usage", tok, events(meter.MaxEvents, "max"))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	require.JSONEq(t, fmt.Sprintf(`{"accepted":%d,"duplicates":0}`, meter.MaxEvents), string(resp.body))
+}
+
+func testIngestTenantScope(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, false)
+	scoped := h.as(h.token("ingest-a", auth.RoleIngest, "tenant-a", "tenant-c"))
+	for name, b := range map[string]map[string]any{
+		"other tenant": batch(event{"id": "b1", "tenant": "tenant-b", "feature": "api", "value": 1}),
+		"mixed": batch(
+			event{"id": "a1", "tenant": "tenant-a", "feature": "api", "value": 1},
+			event{"id": "b1", "tenant": "tenant-b", "feature": "api", "value": 1},
+			event{"id": "c1", "tenant": "tenant-c", "feature": "api", "value": 1},
+		),
+	} {
+		resp := h.request(http.MethodPost, "/v1/usage", scoped, b)
+		require.Equal(t, http.StatusForbidden, resp.status, "%s: %s", name, resp)
+		require.Equal(t, "forbidden_tenant", resp.errorCode(t), name)
+		require.Zero(t, h.count("SELECT count(*) FROM usage_events"), name)
+	}
+	resp := h.request(http.MethodPost, "/v1/usage", scoped, batch(
+		event{"id": "a1", "tenant": "tenant-a", "feature": "api", "value": 1},
+		event{"id": "c1", "tenant": "tenant-c", "feature": "api", "value": 1},
+	))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	require.Zero(t, h.count("SELECT count(*) FROM usage_events WHERE tenant = 'tenant-b'"))
+
+	// An unscoped ingest token posts for anyone.
+	resp = h.request(http.MethodPost, "/v1/usage", h.as(h.token("ingest-all", auth.RoleIngest)),
+		batch(event{"id": "b1", "tenant": "tenant-b", "feature": "api", "value": 1}))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+}
+
+// ---------------------------------------------------------------------------
+// Values at the edges of int64: every event is valid on its own (the contract
+// says "an integer in int64"), so each must end staged or quarantined, and
+// the reports must still answer.
+
+func TestValueExtremes(t *testing.T) {
+	t.Parallel()
+	const (
+		maxInt = "9223372036854775807"
+		minInt = "-9223372036854775808"
+	)
+	setup := func(t *testing.T, tenantMapped bool) (*harness, string, string, time.Time) {
+		h := newHarness(t, true)
+		op := h.as(h.token("op", auth.RoleOperator))
+		if tenantMapped {
+			resp := h.request(http.MethodPut, "/v1/mappings/tenants/acme", op, map[string]any{"stripe_customer_id": "cus_acme"})
+			require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+		}
+		resp := h.request(http.MethodPut, "/v1/mappings/features/api", op, map[string]any{"event_name": "api_calls", "aggregation": "sum"})
+		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+		return h, h.as(h.token("ing", auth.RoleIngest)), h.as(h.token("fin", auth.RoleFinance)),
+			time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour)
+	}
+
+	t.Run("a window whose sum is the least int64", func(t *testing.T) {
+		t.Parallel()
+		h, ing, _, base := setup(t, true)
+		resp := h.request(http.MethodPost, "/v1/usage", ing, batch(
+			event{"id": "m1", "tenant": "acme", "feature": "api", "value": json.Number(minInt), "timestamp": rfc(base)},
+			event{"id": "m2", "tenant": "acme", "feature": "api", "value": 5, "timestamp": rfc(base.Add(time.Hour))},
+		))
+		require.Equal(t, http.StatusAccepted, resp.status, "the decoder accepts the least int64: %s", resp)
+		_, err := h.parts.Stager.Pass(h.ctx, h.pool)
+		require.NoError(t, err)
+		require.Zero(t, h.count("SELECT count(*) FROM usage_events WHERE item_id IS NULL"))
+	})
+
+	t.Run("a window whose sum overflows int64", func(t *testing.T) {
+		t.Parallel()
+		h, ing, fin, base := setup(t, true)
+		resp := h.request(http.MethodPost, "/v1/usage", ing, batch(
+			event{"id": "o1", "tenant": "acme", "feature": "api", "value": json.Number(maxInt), "timestamp": rfc(base)},
+			event{"id": "o2", "tenant": "acme", "feature": "api", "value": json.Number(maxInt), "timestamp": rfc(base.Add(time.Minute))},
+		))
+		require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+		res, err := h.parts.Stager.Pass(h.ctx, h.pool)
+		require.NoError(t, err)
+		require.Zero(t, h.count("SELECT count(*) FROM usage_events WHERE item_id IS NULL"))
+		require.Equal(t, 2, res.Items, "split into two items whose values fit int64")
+		comp := h.request(http.MethodGet, "/v1/reports/completeness?period="+base.Format("2006-01"), fin, nil)
+		require.Equal(t, http.StatusOK, comp.status, "%s", comp)
+		require.Contains(t, comp.String(), `"holds":true`)
+	})
+
+	t.Run("reports whose totals overflow int64", func(t *testing.T) {
+		t.Parallel()
+		h, ing, fin, base := setup(t, false)
+		resp := h.request(http.MethodPut, "/v1/mappings/features/api", h.as(h.token("op2", auth.RoleOperator)),
+			map[string]any{"event_name": "api_calls", "aggregation": "sum", "window": "15m"})
+		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+		// Two windows, each within int64, of a tenant without a customer:
+		// two quarantined items in one group of the report.
+		resp = h.request(http.MethodPost, "/v1/usage", ing, batch(
+			event{"id": "q1", "tenant": "acme", "feature": "api", "value": json.Number(maxInt), "timestamp": rfc(base)},
+			event{"id": "q2", "tenant": "acme", "feature": "api", "value": json.Number(maxInt), "timestamp": rfc(base.Add(20 * time.Minute))},
+		))
+		require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+		require.Equal(t, meter.PassResult{Items: 2, Quarantined: 2, Events: 2}, h.pass())
+		quar := h.request(http.MethodGet, "/v1/quarantine", fin, nil)
+		require.Equal(t, http.StatusOK, quar.status, "%s", quar)
+		require.Contains(t, quar.String(), `"value":18446744073709551614`, "the exact total, beyond int64")
+		comp := h.request(http.MethodGet, "/v1/reports/completeness?period="+base.Format("2006-01"), fin, nil)
+		require.Equal(t, http.StatusOK, comp.status, "%s", comp)
+		require.Contains(t, comp.String(), `"holds":true`)
+	})
+}
