@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -530,30 +528,3 @@ func (r *chaosRun) checkReconcile() {
 	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
 	require.Zero(r.t, left)
 }
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// postOnce sends one JSON request and reports the status (0: no answer).
-func postOnce(url, token string, body any) (int, string) {
-	b, _ := json.Marshal(body)
-	req, err := http.NewRequest(http.MethodPost, url, bytesReader(b))
-	if err != nil {
-		return 0, err.Error()
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	return resp.StatusCode, ""
-}
-
-func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
