@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -43,288 +41,456 @@ func TestChaos(t *testing.T) {
 		t.Skip("chaos is not short")
 	}
 	t.Parallel()
+	r := newChaosRun(t)
+	r.startPostgres()
+	r.startSimulator()
+	r.startNodes()
+	r.mapFeaturesAndTenants()
+	r.startPoster()
+	r.unleash()
+	r.stopPoster()
+
+	r.openPool()
+	r.waitDrained()
+	ledger := r.checkLedger()
+	r.checkFaultsAndRoutes(ledger)
+	r.checkConservation()
+	r.checkLeases()
+	r.checkReconcile()
+}
+
+const (
+	chaosTenants = 20
+	chaosAdmin   = "chaos-admin-token-0123456789abcdef"
+)
+
+// chaosFeature is a feature of the chaos run: its meter's formula and the
+// exporter its mapping names (empty: the default, v1).
+type chaosFeature struct{ name, formula, exporter string }
+
+// chaosRun is one run of TestChaos: the PostgreSQL it restarts, the
+// simulator, the nodes it kills, and the usage posted to them throughout.
+type chaosRun struct {
+	t        *testing.T
+	ctx      context.Context
+	duration time.Duration // how long the chaos lasts
+	rng      *rand.Rand
+	features []chaosFeature
+
+	dataDir string
+	port    int
+	pgMu    sync.Mutex // held while Postgres is stopped or started
+	pg      *embeddedpg.Cluster
+	url     string
+
+	sim     *stripesim.Server
+	simURL  string
+	nodes   []*node
+	nodesMu sync.Mutex // held while a node restarts or Postgres is down
+
+	// The poster's state: what it posted, and the channel that stops it.
+	now     time.Time
+	posted  atomic.Int64
+	seq     atomic.Int64
+	stopped chan struct{}
+	wg      sync.WaitGroup
+	sentMu  sync.Mutex
+	sent    [][]e2eEvent
+
+	kills, restarts int
+	pool            *pgxpool.Pool
+}
+
+func newChaosRun(t *testing.T) *chaosRun {
+	t.Helper()
 	duration := 20 * time.Second
 	if s := os.Getenv("TALLY_CHAOS_DURATION"); s != "" {
 		d, err := time.ParseDuration(s)
 		require.NoError(t, err)
 		duration = d
 	}
-	ctx := context.Background()
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	return &chaosRun{
+		t:        t,
+		ctx:      context.Background(),
+		duration: duration,
+		rng:      rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
+		// logins, the per-event feature, goes through the v2 stream (its
+		// mapping names the exporter); the others through v1: both
+		// deliverers of every node work the same outbox.
+		features: []chaosFeature{{"api_calls", "sum", ""}, {"seats", "last", ""},
+			{"logins", "count", "stripe_meter_event_stream"}},
+		stopped: make(chan struct{}),
+	}
+}
 
-	// PostgreSQL of its own, on a fixed port, so that it can be restarted
-	// under the nodes.
+// pgConfig is the configuration PostgreSQL starts and restarts with.
+func (r *chaosRun) pgConfig() embeddedpg.Config {
+	return embeddedpg.Config{DataDir: r.dataDir, Port: r.port,
+		Settings: map[string]string{"fsync": "off", "synchronous_commit": "off", "max_connections": "300"}}
+}
+
+// startPostgres starts a PostgreSQL of the run's own, on a fixed port, so
+// that it can be restarted under the nodes.
+func (r *chaosRun) startPostgres() {
+	r.t.Helper()
 	dataDir, err := os.MkdirTemp("", "tally-chaos-")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dataDir) })
-	port := freePort(t)
-	pg, err := embeddedpg.Start(ctx, embeddedpg.Config{DataDir: dataDir, Port: port,
-		Settings: map[string]string{"fsync": "off", "synchronous_commit": "off", "max_connections": "300"}})
-	require.NoError(t, err)
-	var pgMu sync.Mutex
-	t.Cleanup(func() { pgMu.Lock(); defer pgMu.Unlock(); _ = pg.Stop(context.Background()) })
-	url := pg.URL("postgres")
+	require.NoError(r.t, err)
+	r.t.Cleanup(func() { _ = os.RemoveAll(dataDir) })
+	r.dataDir = dataDir
+	r.port = freePort(r.t)
+	r.pg, err = embeddedpg.Start(r.ctx, r.pgConfig())
+	require.NoError(r.t, err)
+	r.t.Cleanup(func() { r.pgMu.Lock(); defer r.pgMu.Unlock(); _ = r.pg.Stop(context.Background()) })
+	r.url = r.pg.URL("postgres")
+}
 
-	const tenants = 20
-	sim := stripesim.New(stripesim.Options{Seed: rng.Uint64(), Limits: stripesim.Limits{
+// restartPostgres stops PostgreSQL under the nodes and starts it again
+// after a pause; no node restarts meanwhile.
+func (r *chaosRun) restartPostgres() {
+	r.t.Helper()
+	r.nodesMu.Lock()
+	r.pgMu.Lock()
+	require.NoError(r.t, r.pg.Stop(r.ctx))
+	time.Sleep(time.Duration(500+r.rng.IntN(1500)) * time.Millisecond)
+	var err error
+	r.pg, err = embeddedpg.Start(r.ctx, r.pgConfig())
+	r.pgMu.Unlock()
+	require.NoError(r.t, err)
+	r.nodesMu.Unlock()
+	r.restarts++
+}
+
+// startSimulator starts the simulator with every fault, one meter per
+// feature and one customer per tenant.
+func (r *chaosRun) startSimulator() {
+	r.t.Helper()
+	r.sim = stripesim.New(stripesim.Options{Seed: r.rng.Uint64(), Limits: stripesim.Limits{
 		OneCallPerCustomerMeter: true,
 		Faults: stripesim.Faults{FailBeforeRecord: 0.08, FailAfterRecord: 0.04, LoseReply: 0.05, RateLimitFault: 0.05, Hang: 0.005,
 			Latency: time.Millisecond, LatencyJitter: 15 * time.Millisecond},
 	}})
-	srv := httptest.NewServer(sim.Handler())
-	t.Cleanup(func() { sim.Close(); srv.Close() })
-	// logins, the per-event feature, goes through the v2 stream (its
-	// mapping names the exporter); the others through v1: both deliverers
-	// of every node work the same outbox.
-	features := []struct{ name, formula, exporter string }{{"api_calls", "sum", ""}, {"seats", "last", ""},
-		{"logins", "count", "stripe_meter_event_stream"}}
-	for _, f := range features {
-		sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: f.name, EventName: f.name, Formula: f.formula})
+	srv := httptest.NewServer(r.sim.Handler())
+	r.t.Cleanup(func() { r.sim.Close(); srv.Close() })
+	r.simURL = srv.URL
+	for _, f := range r.features {
+		r.sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: f.name, EventName: f.name, Formula: f.formula})
 	}
-	for i := 0; i < tenants; i++ {
-		sim.CreateCustomer(stripesim.DefaultAccount, fmt.Sprintf("cus_c%02d", i))
+	for i := 0; i < chaosTenants; i++ {
+		r.sim.CreateCustomer(stripesim.DefaultAccount, fmt.Sprintf("cus_c%02d", i))
 	}
+}
 
-	const admin = "chaos-admin-token-0123456789abcdef"
-	nodes := make([]*node, 3)
-	for i := range nodes {
-		n := &node{t: t, addr: freeAddr(t)}
+// startNodes starts three nodes on the one PostgreSQL, with leases short
+// enough to expire under load.
+func (r *chaosRun) startNodes() {
+	r.t.Helper()
+	r.nodes = make([]*node, 3)
+	for i := range r.nodes {
+		n := &node{t: r.t, addr: freeAddr(r.t)}
 		n.env = []string{
-			"TALLY_DATABASE_URL=" + url, "TALLY_LISTEN=" + n.addr, "TALLY_ADMIN_TOKEN=" + admin,
-			"STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + srv.URL, "STRIPE_METER_EVENTS_BASE=" + srv.URL,
+			"TALLY_DATABASE_URL=" + r.url, "TALLY_LISTEN=" + n.addr, "TALLY_ADMIN_TOKEN=" + chaosAdmin,
+			"STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + r.simURL, "STRIPE_METER_EVENTS_BASE=" + r.simURL,
 			"TALLY_STAGE_INTERVAL=300ms", "TALLY_WINDOW_GRACE=1s", "TALLY_MAINTENANCE_INTERVAL=1s",
 			"TALLY_OUTBOX_BACKOFF_BASE=50ms", "TALLY_OUTBOX_BACKOFF_CAP=400ms", "TALLY_OUTBOX_RATE_LIMIT_DELAY=100ms",
 			"TALLY_OUTBOX_MAX_ATTEMPTS=200", "TALLY_OUTBOX_LEASE=2s", "TALLY_STRIPE_TIMEOUT=400ms",
 			"TALLY_RATE_TEST=1000", "TALLY_STREAM_RATE_TEST=1000", "TALLY_BASIC_RATE_TEST=3000", "TALLY_POLL_INTERVAL=100ms", "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=error",
 			"TALLY_DELIVERY_INFLIGHT=32",
 		}
-		nodes[i] = n
+		r.nodes[i] = n
 	}
-	nodes[0].start() // migrates; the others then find the schema current
-	for _, n := range nodes[1:] {
+	r.nodes[0].start() // migrates; the others then find the schema current
+	for _, n := range r.nodes[1:] {
 		n.start()
 	}
-	t.Cleanup(func() {
-		for _, n := range nodes {
+	r.t.Cleanup(func() {
+		for _, n := range r.nodes {
 			n.stop()
 		}
 	})
-	var nodesMu sync.Mutex // held while a node restarts or Postgres is down
-	live := func() string {
-		nodesMu.Lock()
-		defer nodesMu.Unlock()
-		return "http://" + nodes[rng.IntN(len(nodes))].addr
-	}
-	for _, f := range features {
-		code, body := post(t, http.MethodPut, live()+"/v1/mappings/features/"+f.name, admin,
+}
+
+// live is the base URL of a node picked at random, once no node is
+// restarting and Postgres is up.
+func (r *chaosRun) live() string {
+	r.nodesMu.Lock()
+	defer r.nodesMu.Unlock()
+	return "http://" + r.nodes[r.rng.IntN(len(r.nodes))].addr
+}
+
+func (r *chaosRun) mapFeaturesAndTenants() {
+	r.t.Helper()
+	for _, f := range r.features {
+		code, body := post(r.t, http.MethodPut, r.live()+"/v1/mappings/features/"+f.name, chaosAdmin,
 			map[string]string{"event_name": f.name, "aggregation": f.formula, "exporter": f.exporter})
-		require.Equal(t, http.StatusOK, code, body)
+		require.Equal(r.t, http.StatusOK, code, body)
 	}
-	for i := 0; i < tenants; i++ {
-		code, body := post(t, http.MethodPut, fmt.Sprintf("%s/v1/mappings/tenants/c%02d", live(), i), admin,
+	for i := 0; i < chaosTenants; i++ {
+		code, body := post(r.t, http.MethodPut, fmt.Sprintf("%s/v1/mappings/tenants/c%02d", r.live(), i), chaosAdmin,
 			map[string]string{"stripe_customer_id": fmt.Sprintf("cus_c%02d", i)})
-		require.Equal(t, http.StatusOK, code, body)
+		require.Equal(r.t, http.StatusOK, code, body)
 	}
+}
 
-	// The poster: batches of usage to a random node, throughout. Some are
-	// late (their window was staged already), some are corrections, and
-	// some batches are posted again whole (duplicates).
-	var (
-		posted  atomic.Int64
-		seq     atomic.Int64
-		stopped = make(chan struct{})
-		wg      sync.WaitGroup
-	)
-	now := time.Now().UTC().Truncate(time.Second)
-	var sent [][]e2eEvent
-	var sentMu sync.Mutex
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		prng := rand.New(rand.NewPCG(rng.Uint64(), 1))
-		for {
-			select {
-			case <-stopped:
-				return
-			default:
-			}
-			var batch []e2eEvent
-			if prng.IntN(10) == 0 {
-				sentMu.Lock()
-				if len(sent) > 0 {
-					batch = sent[prng.IntN(len(sent))] // a duplicate delivery
-				}
-				sentMu.Unlock()
-			}
-			if batch == nil {
-				for k := 0; k < 50; k++ {
-					i := seq.Add(1)
-					f := features[prng.IntN(3)].name
-					v := int64(prng.IntN(20) + 1)
-					if f == "api_calls" && prng.IntN(8) == 0 {
-						v = -v // a correction
-					}
-					if f == "logins" {
-						v = 1
-					}
-					// Usage of the two hours before the current one: its
-					// hourly windows are closed, so they are staged at once,
-					// and every later event of them is late (a supplement).
-					age := time.Duration(prng.IntN(2*3600)) * time.Second
-					batch = append(batch, e2eEvent{ID: fmt.Sprintf("x%07d", i), Tenant: fmt.Sprintf("c%02d", prng.IntN(tenants)),
-						Feature: f, Value: v, Timestamp: now.Truncate(time.Hour).Add(-time.Second - age).Format(time.RFC3339)})
-				}
-				sentMu.Lock()
-				sent = append(sent, batch)
-				sentMu.Unlock()
-			}
-			for {
-				code, _ := postOnce(live()+"/v1/usage", admin, map[string]any{"events": batch})
-				if code == http.StatusAccepted {
-					break
-				}
-				select { // the node was down or Postgres was: try again
-				case <-stopped:
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
-			}
-			posted.Add(int64(len(batch)))
-			// About 1,000 events a second in the short run; a tenth of that
-			// in a long one, which the deliverers (held to 1,000 calls a
-			// second, one per count event) must keep up with.
-			pause := time.Duration(20+prng.IntN(80)) * time.Millisecond
-			if duration > time.Minute {
-				pause *= 10
-			}
-			time.Sleep(pause)
+// startPoster starts posting batches of usage to a random node,
+// throughout, until stopPoster. Some are late (their window was staged
+// already), some are corrections, and some batches are posted again whole
+// (duplicates).
+func (r *chaosRun) startPoster() {
+	r.now = time.Now().UTC().Truncate(time.Second)
+	r.wg.Add(1)
+	go r.post()
+}
+
+func (r *chaosRun) post() {
+	defer r.wg.Done()
+	prng := rand.New(rand.NewPCG(r.rng.Uint64(), 1))
+	for {
+		select {
+		case <-r.stopped:
+			return
+		default:
 		}
-	}()
+		batch := r.duplicate(prng)
+		if batch == nil {
+			batch = r.newBatch(prng)
+		}
+		if !r.deliver(batch) {
+			return
+		}
+		r.posted.Add(int64(len(batch)))
+		// About 1,000 events a second in the short run; a tenth of that
+		// in a long one, which the deliverers (held to 1,000 calls a
+		// second, one per count event) must keep up with.
+		pause := time.Duration(20+prng.IntN(80)) * time.Millisecond
+		if r.duration > time.Minute {
+			pause *= 10
+		}
+		time.Sleep(pause)
+	}
+}
 
-	// The chaos: a node killed and restarted every 1-3 s; Postgres
-	// restarted at a third and at two thirds of the run.
-	var kills, restarts int
-	deadline := time.Now().Add(duration)
-	pgAt := []time.Time{time.Now().Add(duration / 3), time.Now().Add(2 * duration / 3)}
+// duplicate picks, one time in ten, a batch posted before, to deliver
+// again (nil otherwise).
+func (r *chaosRun) duplicate(prng *rand.Rand) []e2eEvent {
+	if prng.IntN(10) != 0 {
+		return nil
+	}
+	r.sentMu.Lock()
+	defer r.sentMu.Unlock()
+	if len(r.sent) == 0 {
+		return nil
+	}
+	return r.sent[prng.IntN(len(r.sent))] // a duplicate delivery
+}
+
+// newBatch makes 50 new events, corrections among them, and remembers
+// them for duplicate deliveries.
+func (r *chaosRun) newBatch(prng *rand.Rand) []e2eEvent {
+	var batch []e2eEvent
+	for k := 0; k < 50; k++ {
+		i := r.seq.Add(1)
+		f := r.features[prng.IntN(3)].name
+		v := int64(prng.IntN(20) + 1)
+		if f == "api_calls" && prng.IntN(8) == 0 {
+			v = -v // a correction
+		}
+		if f == "logins" {
+			v = 1
+		}
+		// Usage of the two hours before the current one: its hourly
+		// windows are closed, so they are staged at once, and every later
+		// event of them is late (a supplement).
+		age := time.Duration(prng.IntN(2*3600)) * time.Second
+		batch = append(batch, e2eEvent{ID: fmt.Sprintf("x%07d", i), Tenant: fmt.Sprintf("c%02d", prng.IntN(chaosTenants)),
+			Feature: f, Value: v, Timestamp: r.now.Truncate(time.Hour).Add(-time.Second - age).Format(time.RFC3339)})
+	}
+	r.sentMu.Lock()
+	r.sent = append(r.sent, batch)
+	r.sentMu.Unlock()
+	return batch
+}
+
+// deliver posts a batch until a node accepts it; it reports false if the
+// poster was stopped first.
+func (r *chaosRun) deliver(batch []e2eEvent) bool {
+	for {
+		code, _ := postOnce(r.live()+"/v1/usage", chaosAdmin, map[string]any{"events": batch})
+		if code == http.StatusAccepted {
+			return true
+		}
+		select { // the node was down or Postgres was: try again
+		case <-r.stopped:
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// unleash is the chaos: a node killed and restarted every 1-3 s; Postgres
+// restarted at a third and at two thirds of the run.
+func (r *chaosRun) unleash() {
+	r.t.Helper()
+	deadline := time.Now().Add(r.duration)
+	pgAt := []time.Time{time.Now().Add(r.duration / 3), time.Now().Add(2 * r.duration / 3)}
 	for time.Now().Before(deadline) {
-		time.Sleep(time.Duration(1000+rng.IntN(2000)) * time.Millisecond)
+		time.Sleep(time.Duration(1000+r.rng.IntN(2000)) * time.Millisecond)
 		if len(pgAt) > 0 && time.Now().After(pgAt[0]) {
 			pgAt = pgAt[1:]
-			nodesMu.Lock()
-			pgMu.Lock()
-			require.NoError(t, pg.Stop(ctx))
-			time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
-			pg, err = embeddedpg.Start(ctx, embeddedpg.Config{DataDir: dataDir, Port: port,
-				Settings: map[string]string{"fsync": "off", "synchronous_commit": "off", "max_connections": "300"}})
-			pgMu.Unlock()
-			require.NoError(t, err)
-			nodesMu.Unlock()
-			restarts++
+			r.restartPostgres()
 			continue
 		}
-		nodesMu.Lock()
-		n := nodes[rng.IntN(len(nodes))]
+		r.nodesMu.Lock()
+		n := r.nodes[r.rng.IntN(len(r.nodes))]
 		n.kill()
 		n.start()
-		nodesMu.Unlock()
-		kills++
+		r.nodesMu.Unlock()
+		r.kills++
 		// Stripe's sessions may end at any moment too.
-		sim.ExpireSessions(stripesim.DefaultAccount)
+		r.sim.ExpireSessions(stripesim.DefaultAccount)
 	}
-	close(stopped)
-	wg.Wait()
-	t.Logf("chaos: %d events posted, %d kills, %d Postgres restarts", posted.Load(), kills, restarts)
+}
 
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	defer pool.Close()
-	drained := func() bool {
-		var open, unstaged int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')`).Scan(&open)
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged)
-		return open == 0 && unstaged == 0
-	}
-	for end := time.Now().Add(3*time.Minute + time.Duration(posted.Load()/300)*time.Second); !drained(); time.Sleep(200 * time.Millisecond) {
+func (r *chaosRun) stopPoster() {
+	r.t.Helper()
+	close(r.stopped)
+	r.wg.Wait()
+	r.t.Logf("chaos: %d events posted, %d kills, %d Postgres restarts", r.posted.Load(), r.kills, r.restarts)
+}
+
+func (r *chaosRun) openPool() {
+	r.t.Helper()
+	pool, err := pgxpool.New(r.ctx, r.url)
+	require.NoError(r.t, err)
+	r.t.Cleanup(pool.Close)
+	r.pool = pool
+}
+
+// drained reports whether every event is staged and no item is open.
+func (r *chaosRun) drained() bool {
+	var open, unstaged int
+	_ = r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')`).Scan(&open)
+	_ = r.pool.QueryRow(r.ctx, `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged)
+	return open == 0 && unstaged == 0
+}
+
+// waitDrained waits for the outbox to drain, three minutes and a second
+// per 300 events posted at most, and fails with the outbox, River's jobs,
+// its leader and the nodes' logs if it does not.
+func (r *chaosRun) waitDrained() {
+	r.t.Helper()
+	for end := time.Now().Add(3*time.Minute + time.Duration(r.posted.Load()/300)*time.Second); !r.drained(); time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(end) {
 			var logs string
-			for i, n := range nodes {
+			for i, n := range r.nodes {
 				logs += fmt.Sprintf("--- node %d ---\n%s\n", i, tail(n.out.String(), 3000))
 			}
-			jobs := ""
-			if rows, err := pool.Query(ctx, `SELECT kind || ' ' || state || ' ' || count(*) || ' newest ' || max(created_at)::text || ' ' || coalesce(max(attempted_by::text), '')
-				FROM river_job GROUP BY kind, state`); err == nil {
-				for rows.Next() {
-					var l string
-					_ = rows.Scan(&l)
-					jobs += l + "\n"
-				}
-			}
-			var leader string
-			_ = pool.QueryRow(ctx, `SELECT coalesce((SELECT leader_id || ' expires ' || expires_at::text FROM river_leader), 'no leader') || ' now ' || now()::text`).Scan(&leader)
-			t.Fatalf("the outbox never drained: %s\njobs:\n%sleader: %s\n%s", outboxSummary(ctx, pool), jobs, leader, logs)
+			r.t.Fatalf("the outbox never drained: %s\njobs:\n%sleader: %s\n%s", outboxSummary(r.ctx, r.pool), r.riverJobs(), r.riverLeader(), logs)
 		}
 	}
+}
 
+// riverJobs describes River's jobs by kind and state, for a failure message.
+func (r *chaosRun) riverJobs() string {
+	jobs := ""
+	if rows, err := r.pool.Query(r.ctx, `SELECT kind || ' ' || state || ' ' || count(*) || ' newest ' || max(created_at)::text || ' ' || coalesce(max(attempted_by::text), '')
+				FROM river_job GROUP BY kind, state`); err == nil {
+		for rows.Next() {
+			var l string
+			_ = rows.Scan(&l)
+			jobs += l + "\n"
+		}
+	}
+	return jobs
+}
+
+// riverLeader names River's leader and when its term ends, for a failure
+// message.
+func (r *chaosRun) riverLeader() string {
+	var leader string
+	_ = r.pool.QueryRow(r.ctx, `SELECT coalesce((SELECT leader_id || ' expires ' || expires_at::text FROM river_leader), 'no leader') || ' now ' || now()::text`).Scan(&leader)
+	return leader
+}
+
+// checkLedger checks that every item was accepted, that the ledger holds
+// exactly what was posted, once, and that Stripe's aggregates are the
+// ledger's; it returns the ledger's size.
+func (r *chaosRun) checkLedger() int64 {
+	r.t.Helper()
 	// Every item accepted.
 	var notAccepted int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state NOT IN ('accepted', 'superseded')`).Scan(&notAccepted))
-	require.Zero(t, notAccepted, outboxSummary(ctx, pool))
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE state NOT IN ('accepted', 'superseded')`).Scan(&notAccepted))
+	require.Zero(r.t, notAccepted, outboxSummary(r.ctx, r.pool))
 
 	// The ledger holds exactly what was posted, once (duplicates stored nothing).
 	var ledger int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM usage_events`).Scan(&ledger))
-	require.Equal(t, seq.Load(), ledger)
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM usage_events`).Scan(&ledger))
+	require.Equal(r.t, r.seq.Load(), ledger)
 
 	// Stripe's aggregate for every customer and meter is the ledger's.
-	checkAggregates(t, ctx, pool, sim)
+	checkAggregates(r.t, r.ctx, r.pool, r.sim)
+	return ledger
+}
 
-	// The faults the simulator injected, by what the calls were answered.
+// checkFaultsAndRoutes logs the faults the simulator injected, by what
+// the calls were answered, and checks that each feature went through its
+// exporter, that no identifier was recorded twice and that no two calls
+// for one customer and meter were ever in flight together.
+func (r *chaosRun) checkFaultsAndRoutes(ledger int64) {
+	r.t.Helper()
 	answered, streamed := map[int]int{}, map[int]int{}
 	calls, streamCalls := 0, 0
-	for _, r := range sim.Requests() {
-		switch r.Path {
+	for _, rq := range r.sim.Requests() {
+		switch rq.Path {
 		case "/v1/billing/meter_events":
-			answered[r.Status]++
+			answered[rq.Status]++
 			calls++
 		case "/v2/billing/meter_event_stream":
-			streamed[r.Status]++
+			streamed[rq.Status]++
 			streamCalls++
 		}
 	}
-	t.Logf("chaos: %d meter-event calls: %d accepted (200), %d duplicates (400), %d failed before recording or hung (500), %d lost replies (502), %d rate-limited (429)",
+	r.t.Logf("chaos: %d meter-event calls: %d accepted (200), %d duplicates (400), %d failed before recording or hung (500), %d lost replies (502), %d rate-limited (429)",
 		calls, answered[200], answered[400], answered[500], answered[502], answered[429])
-	t.Logf("chaos: %d stream requests: %d accepted (200), %d failed before recording or hung (500), %d lost replies (502), %d rate-limited (429), %d expired sessions (401)",
+	r.t.Logf("chaos: %d stream requests: %d accepted (200), %d failed before recording or hung (500), %d lost replies (502), %d rate-limited (429), %d expired sessions (401)",
 		streamCalls, streamed[200], streamed[500], streamed[502], streamed[429], streamed[401])
-	require.Positive(t, streamed[200], "the stream exported the count feature")
+	require.Positive(r.t, streamed[200], "the stream exported the count feature")
 	var wrongRoute int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items
 		WHERE (payload ->> 'feature' = 'logins') <> (exporter = 'stripe_meter_event_stream')`).Scan(&wrongRoute))
-	require.Zero(t, wrongRoute, "every logins item, and only those, went to the stream")
+	require.Zero(r.t, wrongRoute, "every logins item, and only those, went to the stream")
 	var items, supplements int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE subject_ref LIKE '%#%') FROM outbox_items`).Scan(&items, &supplements))
-	t.Logf("chaos: %d events in the ledger, %d items (%d supplements of late usage)", ledger, items, supplements)
-	require.Empty(t, sim.RecordedTwice(), "no identifier recorded twice")
-	require.LessOrEqual(t, sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*), count(*) FILTER (WHERE subject_ref LIKE '%#%') FROM outbox_items`).Scan(&items, &supplements))
+	r.t.Logf("chaos: %d events in the ledger, %d items (%d supplements of late usage)", ledger, items, supplements)
+	require.Empty(r.t, r.sim.RecordedTwice(), "no identifier recorded twice")
+	require.LessOrEqual(r.t, r.sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
+}
 
-	// Conservation for every tenant, feature and period.
-	for _, m := range []string{now.Format("2006-01"), now.Add(-3 * time.Hour).Format("2006-01")} {
-		rep, err := quarantine.CompletenessOf(ctx, pool, m, "")
-		require.NoError(t, err)
-		require.True(t, rep.Holds, "%+v", rep)
+// checkConservation checks conservation for every tenant, feature and
+// period.
+func (r *chaosRun) checkConservation() {
+	r.t.Helper()
+	for _, m := range []string{r.now.Format("2006-01"), r.now.Add(-3 * time.Hour).Format("2006-01")} {
+		rep, err := quarantine.CompletenessOf(r.ctx, r.pool, m, "")
+		require.NoError(r.t, err)
+		require.True(r.t, rep.Holds, "%+v", rep)
 	}
+}
 
-	// Leases expired under load and their late outcomes were fenced out:
-	// one outcome per lease (the attempt log's key), and each item's state
-	// is what its latest lease recorded. The surviving nodes counted the
-	// stale writes they refused (a killed node's count dies with it).
+// checkLeases checks that leases expired under load had their late
+// outcomes fenced out: one outcome per lease (the attempt log's key), and
+// each item's state is what its latest lease recorded. The surviving
+// nodes counted the stale writes they refused (a killed node's count dies
+// with it).
+func (r *chaosRun) checkLeases() {
+	r.t.Helper()
 	var abandoned, mismatched int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_attempts WHERE outcome = 'abandoned'`).Scan(&abandoned))
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items o
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_attempts WHERE outcome = 'abandoned'`).Scan(&abandoned))
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items o
 		JOIN LATERAL (SELECT state_after FROM outbox_attempts a WHERE a.item_id = o.id ORDER BY lease_token DESC LIMIT 1) last ON true
 		WHERE o.state IN ('accepted', 'confirmed') AND last.state_after <> 'accepted'`).Scan(&mismatched))
-	require.Zero(t, mismatched, "an item's state is its latest lease's outcome")
+	require.Zero(r.t, mismatched, "an item's state is its latest lease's outcome")
 	stale := 0.0
-	for _, n := range nodes {
+	for _, n := range r.nodes {
 		_, body := get("http://" + n.addr + "/metrics")
 		for _, line := range strings.Split(body, "\n") {
 			if strings.HasPrefix(line, "tally_outbox_stale_writes_total{") {
@@ -335,54 +501,30 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("chaos: %d leases taken over after their holder died or stalled; %.0f stale writes refused and counted by the surviving nodes", abandoned, stale)
+	r.t.Logf("chaos: %d leases taken over after their holder died or stalled; %.0f stale writes refused and counted by the surviving nodes", abandoned, stale)
+}
 
-	// Stripe's own numbers confirm every item.
-	code, body := post(t, http.MethodPost, live()+"/v1/reconcile/runs", admin, map[string]string{"settle": "0s"})
-	require.Equal(t, http.StatusAccepted, code, body)
+// checkReconcile checks that Stripe's own numbers confirm every item.
+func (r *chaosRun) checkReconcile() {
+	r.t.Helper()
+	code, body := post(r.t, http.MethodPost, r.live()+"/v1/reconcile/runs", chaosAdmin, map[string]string{"settle": "0s"})
+	require.Equal(r.t, http.StatusAccepted, code, body)
 	var run struct {
 		ID             int64  `json:"id"`
 		Status         string `json:"status"`
 		ItemsConfirmed int64  `json:"items_confirmed"`
 		Discrepancies  int    `json:"discrepancies"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(body), &run))
-	require.Eventually(t, func() bool {
-		code, body := post(t, http.MethodGet, live()+"/v1/reconcile/runs/"+strconv.FormatInt(run.ID, 10), admin, nil)
-		require.Equal(t, http.StatusOK, code, body)
-		require.NoError(t, json.Unmarshal([]byte(body), &run))
+	require.NoError(r.t, json.Unmarshal([]byte(body), &run))
+	require.Eventually(r.t, func() bool {
+		code, body := post(r.t, http.MethodGet, r.live()+"/v1/reconcile/runs/"+strconv.FormatInt(run.ID, 10), chaosAdmin, nil)
+		require.Equal(r.t, http.StatusOK, code, body)
+		require.NoError(r.t, json.Unmarshal([]byte(body), &run))
 		return run.Status != "queued" && run.Status != "running"
 	}, time.Minute, 200*time.Millisecond)
-	require.Equal(t, "succeeded", run.Status)
-	require.Zero(t, run.Discrepancies)
+	require.Equal(r.t, "succeeded", run.Status)
+	require.Zero(r.t, run.Discrepancies)
 	var left int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
-	require.Zero(t, left)
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
+	require.Zero(r.t, left)
 }
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// postOnce sends one JSON request and reports the status (0: no answer).
-func postOnce(url, token string, body any) (int, string) {
-	b, _ := json.Marshal(body)
-	req, err := http.NewRequest(http.MethodPost, url, bytesReader(b))
-	if err != nil {
-		return 0, err.Error()
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	return resp.StatusCode, ""
-}
-
-func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }

@@ -44,6 +44,41 @@ func (s *syncBuffer) String() string {
 // feature at once, the sum feature when its minute window closes.
 func TestDev(t *testing.T) {
 	t.Parallel()
+	d := startDev(t)
+	d.checkReady()
+
+	printed := d.out.String()
+	d.runCurlLine(printed)
+	require.Eventually(t, func() bool { return d.landed("logins") }, 30*time.Second, 200*time.Millisecond,
+		"the count event did not reach the simulator:\n%s", d.out)
+	require.Eventually(t, func() bool { return d.landed("api_calls") }, 90*time.Second, 500*time.Millisecond,
+		"the sum window did not reach the simulator within its minute:\n%s", d.out)
+
+	// As the README says: a reconcile run with no settle delay confirms
+	// what reached the simulator.
+	d.checkReconcile(printed)
+
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, d.cmd.Wait(), "%s", d.out)
+	require.NotContains(t, d.out.String(), "level=ERROR")
+}
+
+// devRun is one `tally dev` process of TestDev, run in a checkout of its
+// own with no settings.
+type devRun struct {
+	t        *testing.T
+	checkout string
+	addr     string // the API's address
+	simAddr  string // the simulator's address
+	cmd      *exec.Cmd
+	out      *syncBuffer // what it prints
+}
+
+// startDev starts `tally dev` in a checkout under a 0700 directory, with
+// no TALLY_ or STRIPE_ setting but the address to listen on, and waits
+// for it to say how to stop it.
+func startDev(t *testing.T) *devRun {
+	t.Helper()
 	home, err := os.MkdirTemp("", "tally-home-")
 	require.NoError(t, err)
 	require.NoError(t, os.Chmod(home, 0o700))
@@ -54,96 +89,102 @@ func TestDev(t *testing.T) {
 		_ = os.RemoveAll(embeddedpg.Fallback(filepath.Join(checkout, ".tally")))
 	})
 
-	addr, simAddr := freeAddr(t), freeAddr(t)
-	var out syncBuffer
-	cmd := exec.Command(binary, "dev", "--sim-listen", simAddr)
-	cmd.Dir = checkout
+	d := &devRun{t: t, checkout: checkout, addr: freeAddr(t), simAddr: freeAddr(t), out: new(syncBuffer)}
+	d.cmd = exec.Command(binary, "dev", "--sim-listen", d.simAddr)
+	d.cmd.Dir = checkout
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "TALLY_") && !strings.HasPrefix(kv, "STRIPE_") {
-			cmd.Env = append(cmd.Env, kv)
+			d.cmd.Env = append(d.cmd.Env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env, "TALLY_LISTEN="+addr)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	d.cmd.Env = append(d.cmd.Env, "TALLY_LISTEN="+d.addr)
+	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
+	require.NoError(t, d.cmd.Start())
+	t.Cleanup(func() { _ = d.cmd.Process.Kill() })
 
-	require.Eventually(t, func() bool { return strings.Contains(out.String(), "Stop with Ctrl-C") },
+	require.Eventually(t, func() bool { return strings.Contains(d.out.String(), "Stop with Ctrl-C") },
 		60*time.Second, 100*time.Millisecond, "dev did not start")
+	return d
+}
+
+// checkReady checks that, as root, the unreachable default data directory
+// moved and dev said so, and that the API is ready.
+func (d *devRun) checkReady() {
+	d.t.Helper()
 	if os.Geteuid() == 0 {
-		require.Contains(t, out.String(), "using="+embeddedpg.Fallback(filepath.Join(checkout, ".tally")),
+		require.Contains(d.t, d.out.String(), "using="+embeddedpg.Fallback(filepath.Join(d.checkout, ".tally")),
 			"as root, the unreachable default data directory moves, and says so")
 	}
-	code, body := get("http://" + addr + "/readyz")
-	require.Equal(t, http.StatusOK, code, body)
-	require.JSONEq(t, `{"status":"ready","checks":{"database":"ok","schema":"ok","export":"ok"}}`, body)
+	code, body := get("http://" + d.addr + "/readyz")
+	require.Equal(d.t, http.StatusOK, code, body)
+	require.JSONEq(d.t, `{"status":"ready","checks":{"database":"ok","schema":"ok","export":"ok"}}`, body)
+}
 
-	// The curl line, run as printed.
-	printed := out.String()
+// runCurlLine runs the curl line dev printed, as printed.
+func (d *devRun) runCurlLine(printed string) {
+	d.t.Helper()
 	start := strings.Index(printed, "Post usage:\n")
 	end := strings.Index(printed, "See it reach Stripe")
-	require.True(t, start >= 0 && end > start, "no curl line in:\n%s", printed)
+	require.True(d.t, start >= 0 && end > start, "no curl line in:\n%s", printed)
 	curl := printed[start+len("Post usage:\n") : end]
 	res, err := exec.Command("bash", "-c", curl).CombinedOutput()
-	require.NoError(t, err, "%s", res)
-	require.JSONEq(t, `{"accepted":2,"duplicates":0}`, string(res))
+	require.NoError(d.t, err, "%s", res)
+	require.JSONEq(d.t, `{"accepted":2,"duplicates":0}`, string(res))
+}
 
-	landed := func(feature string) bool {
-		code, body := get("http://" + simAddr + "/_sim/events")
-		if code != http.StatusOK {
-			return false
-		}
-		var got struct {
-			Events []struct {
-				EventName string `json:"event_name"`
-				Customer  string `json:"customer"`
-				Status    string `json:"status"`
-			}
-		}
-		if json.Unmarshal([]byte(body), &got) != nil {
-			return false
-		}
-		for _, e := range got.Events {
-			if e.EventName == feature && e.Customer == "cus_acme" && e.Status == "recorded" {
-				return true
-			}
-		}
+// landed reports whether the simulator recorded an event of the feature
+// for cus_acme.
+func (d *devRun) landed(feature string) bool {
+	code, body := get("http://" + d.simAddr + "/_sim/events")
+	if code != http.StatusOK {
 		return false
 	}
-	require.Eventually(t, func() bool { return landed("logins") }, 30*time.Second, 200*time.Millisecond,
-		"the count event did not reach the simulator:\n%s", &out)
-	require.Eventually(t, func() bool { return landed("api_calls") }, 90*time.Second, 500*time.Millisecond,
-		"the sum window did not reach the simulator within its minute:\n%s", &out)
+	var got struct {
+		Events []struct {
+			EventName string `json:"event_name"`
+			Customer  string `json:"customer"`
+			Status    string `json:"status"`
+		}
+	}
+	if json.Unmarshal([]byte(body), &got) != nil {
+		return false
+	}
+	for _, e := range got.Events {
+		if e.EventName == feature && e.Customer == "cus_acme" && e.Status == "recorded" {
+			return true
+		}
+	}
+	return false
+}
 
-	// As the README says: a reconcile run with no settle delay confirms
-	// what reached the simulator.
+// checkReconcile runs a reconcile run with no settle delay, with the
+// admin token dev printed, and checks that it confirms the logins event
+// and the api_calls window.
+func (d *devRun) checkReconcile(printed string) {
+	d.t.Helper()
 	var admin string
 	for _, line := range strings.Split(printed, "\n") {
 		if v, ok := strings.CutPrefix(line, "Admin token:"); ok {
 			admin = strings.TrimSpace(v)
 		}
 	}
-	require.NotEmpty(t, admin, printed)
-	code, body = post(t, http.MethodPost, "http://"+addr+"/v1/reconcile/runs", admin, map[string]string{"settle": "0s"})
-	require.Equal(t, http.StatusAccepted, code, body)
+	require.NotEmpty(d.t, admin, printed)
+	code, body := post(d.t, http.MethodPost, "http://"+d.addr+"/v1/reconcile/runs", admin, map[string]string{"settle": "0s"})
+	require.Equal(d.t, http.StatusAccepted, code, body)
 	var run struct {
 		ID             int64  `json:"id"`
 		Status         string `json:"status"`
 		ItemsConfirmed int64  `json:"items_confirmed"`
 		Discrepancies  int    `json:"discrepancies"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(body), &run))
-	require.Eventually(t, func() bool {
-		code, body := post(t, http.MethodGet, fmt.Sprintf("http://%s/v1/reconcile/runs/%d", addr, run.ID), admin, nil)
-		require.Equal(t, http.StatusOK, code, body)
-		require.NoError(t, json.Unmarshal([]byte(body), &run))
+	require.NoError(d.t, json.Unmarshal([]byte(body), &run))
+	require.Eventually(d.t, func() bool {
+		code, body := post(d.t, http.MethodGet, fmt.Sprintf("http://%s/v1/reconcile/runs/%d", d.addr, run.ID), admin, nil)
+		require.Equal(d.t, http.StatusOK, code, body)
+		require.NoError(d.t, json.Unmarshal([]byte(body), &run))
 		return run.Status == "succeeded" || run.Status == "failed"
 	}, 30*time.Second, 100*time.Millisecond)
-	require.Equal(t, "succeeded", run.Status)
-	require.Equal(t, int64(2), run.ItemsConfirmed, "the logins event and the api_calls window")
-	require.Zero(t, run.Discrepancies)
-
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, cmd.Wait(), "%s", &out)
-	require.NotContains(t, out.String(), "level=ERROR")
+	require.Equal(d.t, "succeeded", run.Status)
+	require.Equal(d.t, int64(2), run.ItemsConfirmed, "the logins event and the api_calls window")
+	require.Zero(d.t, run.Discrepancies)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,70 +22,6 @@ import (
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/quarantine"
 )
-
-// node is one `tally serve` process of the end-to-end tests.
-type node struct {
-	t    testing.TB
-	env  []string
-	addr string
-	cmd  *exec.Cmd
-	out  *bytes.Buffer
-}
-
-func (n *node) start() {
-	n.t.Helper()
-	n.out = new(bytes.Buffer)
-	n.cmd = exec.Command(binary, "serve")
-	n.cmd.Env = append(os.Environ(), n.env...)
-	n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
-	require.NoError(n.t, n.cmd.Start())
-	require.Eventually(n.t, func() bool {
-		code, _ := get("http://" + n.addr + "/healthz")
-		return code == http.StatusOK
-	}, 30*time.Second, 20*time.Millisecond, "tally serve starts")
-}
-
-func (n *node) kill() {
-	_ = n.cmd.Process.Signal(syscall.SIGKILL)
-	_ = n.cmd.Wait()
-}
-
-func (n *node) stop() {
-	_ = n.cmd.Process.Signal(syscall.SIGTERM)
-	_ = n.cmd.Wait()
-}
-
-// post sends a JSON body with a token until the node answers (it may be
-// down for a moment while it restarts) and returns the status and body.
-func post(t *testing.T, method, url, token string, body any) (int, string) {
-	t.Helper()
-	b, err := json.Marshal(body)
-	require.NoError(t, err)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		req, _ := http.NewRequest(method, url, bytes.NewReader(b))
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			var out bytes.Buffer
-			_, _ = out.ReadFrom(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode < 500 {
-				return resp.StatusCode, out.String()
-			}
-		}
-		require.True(t, time.Now().Before(deadline), "the node never answered %s", url)
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-type e2eEvent struct {
-	ID        string `json:"id"`
-	Tenant    string `json:"tenant"`
-	Feature   string `json:"feature"`
-	Value     int64  `json:"value"`
-	Timestamp string `json:"timestamp"`
-}
 
 // TestExportEndToEnd is issue 4's acceptance run: 10,000 usage events for
 // 50 tenants and three features (sum, last, count) through `tally serve`
@@ -123,181 +57,275 @@ func TestExportEndToEnd(t *testing.T) {
 }
 
 func runExport(t *testing.T, exporter string, kills int) {
-	stream := exporter == "stripe_meter_event_stream"
-	const (
-		events  = 10_000
-		tenants = 50
-		admin   = "e2e-admin-token-0123456789abcdef"
-	)
+	r := newExportRun(t, exporter, kills)
+	r.startSimulator()
+	r.startNode()
+	r.mapFeaturesAndTenants()
+	r.makeEvents()
+	r.startKiller()
+	r.postAll()
+	r.waitDrained()
+
+	r.checkAllAccepted()
+	r.checkAggregatesAndKeys()
+	r.checkTransport()
+	r.checkConservation()
+	r.checkReconcile()
+	if kills == 0 {
+		checkMetrics(t, r.base, r.stream)
+	}
+	r.checkNoSecretLeaks()
+	if kills > 0 {
+		r.checkKillsCaughtLeases()
+	}
+}
+
+const (
+	exportEvents  = 10_000
+	exportTenants = 50
+	exportAdmin   = "e2e-admin-token-0123456789abcdef"
+)
+
+// exportRun is one run of TestExportEndToEnd: a node exporting through
+// one exporter to the simulator, killed a number of times.
+type exportRun struct {
+	t        *testing.T
+	ctx      context.Context
+	exporter string
+	kills    int
+	stream   bool // the exporter is the v2 stream's
+	features []struct{ name, formula string }
+
+	sim    *stripesim.Server
+	simURL string
+	n      *node
+	base   string // the node's URL
+	pool   *pgxpool.Pool
+
+	all    []e2eEvent    // every event posted
+	killed chan struct{} // closed once every kill and restart happened
+}
+
+func newExportRun(t *testing.T, exporter string, kills int) *exportRun {
+	return &exportRun{t: t, ctx: context.Background(), exporter: exporter, kills: kills,
+		stream:   exporter == "stripe_meter_event_stream",
+		features: []struct{ name, formula string }{{"api_calls", "sum"}, {"seats", "last"}, {"logins", "count"}},
+	}
+}
+
+// startSimulator starts the simulator with Stripe's faults, one meter per
+// feature (seats naming its own payload keys) and one customer per tenant.
+func (r *exportRun) startSimulator() {
+	r.t.Helper()
 	latency, jitter := 2*time.Millisecond, 8*time.Millisecond
-	if stream {
+	if r.stream {
 		// A stream request carries up to 100 events: a longer one, so that
 		// the kills find batches in flight.
 		latency, jitter = 20*time.Millisecond, 30*time.Millisecond
 	}
-	sim := stripesim.New(stripesim.Options{Seed: uint64(1 + kills), Limits: stripesim.Limits{
+	r.sim = stripesim.New(stripesim.Options{Seed: uint64(1 + r.kills), Limits: stripesim.Limits{
 		OneCallPerCustomerMeter: true,
 		Faults: stripesim.Faults{FailBeforeRecord: 0.10, FailAfterRecord: 0.05, LoseReply: 0.03, RateLimitFault: 0.05,
 			Latency: latency, LatencyJitter: jitter},
 	}})
-	srv := httptest.NewServer(sim.Handler())
-	t.Cleanup(func() { sim.Close(); srv.Close() })
-	features := []struct{ name, formula string }{{"api_calls", "sum"}, {"seats", "last"}, {"logins", "count"}}
-	for _, f := range features {
+	srv := httptest.NewServer(r.sim.Handler())
+	r.t.Cleanup(func() { r.sim.Close(); srv.Close() })
+	r.simURL = srv.URL
+	for _, f := range r.features {
 		spec := stripesim.MeterSpec{DisplayName: f.name, EventName: f.name, Formula: f.formula}
 		if f.name == "seats" {
 			spec.CustomerPayloadKey, spec.ValuePayloadKey = "account", "seat_count"
 		}
-		sim.CreateMeter(stripesim.DefaultAccount, spec)
+		r.sim.CreateMeter(stripesim.DefaultAccount, spec)
 	}
-	for i := 0; i < tenants; i++ {
-		sim.CreateCustomer(stripesim.DefaultAccount, fmt.Sprintf("cus_t%02d", i))
+	for i := 0; i < exportTenants; i++ {
+		r.sim.CreateCustomer(stripesim.DefaultAccount, fmt.Sprintf("cus_t%02d", i))
 	}
+}
 
-	url := testdb.URL(t)
-	n := &node{t: t, addr: freeAddr(t)}
+// startNode starts the node on a database of its own, stopped when the
+// test ends, and opens a pool on that database.
+func (r *exportRun) startNode() {
+	r.t.Helper()
+	url := testdb.URL(r.t)
+	n := &node{t: r.t, addr: freeAddr(r.t)}
 	n.env = []string{
-		"TALLY_DATABASE_URL=" + url, "TALLY_LISTEN=" + n.addr, "TALLY_ADMIN_TOKEN=" + admin,
-		"STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + srv.URL,
+		"TALLY_DATABASE_URL=" + url, "TALLY_LISTEN=" + n.addr, "TALLY_ADMIN_TOKEN=" + exportAdmin,
+		"STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + r.simURL,
 		"TALLY_STAGE_INTERVAL=200ms", "TALLY_WINDOW_GRACE=1s", "TALLY_MAINTENANCE_INTERVAL=1s",
 		"TALLY_OUTBOX_BACKOFF_BASE=50ms", "TALLY_OUTBOX_BACKOFF_CAP=500ms", "TALLY_OUTBOX_RATE_LIMIT_DELAY=100ms",
 		"TALLY_OUTBOX_MAX_ATTEMPTS=60", "TALLY_OUTBOX_LEASE=4s", "TALLY_STRIPE_TIMEOUT=1s",
 		"TALLY_RATE_TEST=1000", "TALLY_POLL_INTERVAL=100ms", "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=warn",
-		"TALLY_EXPORTER=" + exporter, "STRIPE_METER_EVENTS_BASE=" + srv.URL,
+		"TALLY_EXPORTER=" + r.exporter, "STRIPE_METER_EVENTS_BASE=" + r.simURL,
 		"TALLY_STREAM_RATE_TEST=1000", "TALLY_STREAM_INFLIGHT=500", "TALLY_BASIC_RATE_TEST=3000",
 	}
-	if stream {
-		// Sessions expire mid-run, again and again, on top of the faults.
-		expiring := make(chan struct{})
-		go func() {
-			for {
-				select {
-				case <-expiring:
-					return
-				case <-time.After(300 * time.Millisecond):
-					sim.ExpireSessions(stripesim.DefaultAccount)
-				}
-			}
-		}()
-		t.Cleanup(func() { close(expiring) })
+	if r.stream {
+		r.expireSessions()
 	}
-	if kills == 0 {
+	if r.kills == 0 {
 		// Everything the node logs, down to River's debug lines, is checked
 		// for secrets at the end.
 		n.env = append(n.env, "TALLY_LOG_LEVEL=debug")
 	}
 	n.start()
-	defer n.stop()
-	base := "http://" + n.addr
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	defer pool.Close()
+	r.t.Cleanup(n.stop)
+	r.n, r.base = n, "http://"+n.addr
+	pool, err := pgxpool.New(r.ctx, url)
+	require.NoError(r.t, err)
+	r.t.Cleanup(pool.Close)
+	r.pool = pool
+}
 
-	for _, f := range features {
-		code, body := post(t, http.MethodPut, base+"/v1/mappings/features/"+f.name, admin, map[string]string{"event_name": f.name, "aggregation": f.formula})
-		require.Equal(t, http.StatusOK, code, body)
+// expireSessions expires the stream's sessions mid-run, again and again,
+// on top of the faults, until the test ends.
+func (r *exportRun) expireSessions() {
+	expiring := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-expiring:
+				return
+			case <-time.After(300 * time.Millisecond):
+				r.sim.ExpireSessions(stripesim.DefaultAccount)
+			}
+		}
+	}()
+	r.t.Cleanup(func() { close(expiring) })
+}
+
+func (r *exportRun) mapFeaturesAndTenants() {
+	r.t.Helper()
+	for _, f := range r.features {
+		code, body := post(r.t, http.MethodPut, r.base+"/v1/mappings/features/"+f.name, exportAdmin, map[string]string{"event_name": f.name, "aggregation": f.formula})
+		require.Equal(r.t, http.StatusOK, code, body)
 		if f.name == "seats" {
-			require.Contains(t, body, `"customer_payload_key":"account"`, "the mapping reads the meter's keys")
-			require.Contains(t, body, `"value_payload_key":"seat_count"`)
+			require.Contains(r.t, body, `"customer_payload_key":"account"`, "the mapping reads the meter's keys")
+			require.Contains(r.t, body, `"value_payload_key":"seat_count"`)
 		}
 	}
-	for i := 0; i < tenants; i++ {
-		code, body := post(t, http.MethodPut, fmt.Sprintf("%s/v1/mappings/tenants/t%02d", base, i), admin,
+	for i := 0; i < exportTenants; i++ {
+		code, body := post(r.t, http.MethodPut, fmt.Sprintf("%s/v1/mappings/tenants/t%02d", r.base, i), exportAdmin,
 			map[string]string{"stripe_customer_id": fmt.Sprintf("cus_t%02d", i)})
-		require.Equal(t, http.StatusOK, code, body)
+		require.Equal(r.t, http.StatusOK, code, body)
 	}
+}
 
-	// 10,000 events, posted in batches of 500; a batch the node did not
-	// answer (it was being killed) is posted again: ids make that safe.
+// makeEvents makes the 10,000 events of two hours ago and before, for
+// the three features in turn, corrections among them.
+func (r *exportRun) makeEvents() {
 	now := time.Now().UTC().Truncate(time.Second)
-	all := make([]e2eEvent, events)
-	for i := range all {
-		f := features[i%3].name
+	r.all = make([]e2eEvent, exportEvents)
+	for i := range r.all {
+		f := r.features[i%3].name
 		v := int64(1)
 		if f != "logins" {
 			v = int64(i%97) - 5 // corrections too
 		}
-		all[i] = e2eEvent{ID: fmt.Sprintf("e%05d", i), Tenant: fmt.Sprintf("t%02d", (i/3)%tenants), Feature: f, Value: v,
+		r.all[i] = e2eEvent{ID: fmt.Sprintf("e%05d", i), Tenant: fmt.Sprintf("t%02d", (i/3)%exportTenants), Feature: f, Value: v,
 			Timestamp: now.Add(-2*time.Hour - time.Duration(i)*time.Second).Format(time.RFC3339)}
 	}
-	postAll := func() {
-		for i := 0; i < events; i += 500 {
-			code, body := post(t, http.MethodPost, base+"/v1/usage", admin, map[string]any{"events": all[i : i+500]})
-			require.Equal(t, http.StatusAccepted, code, body)
+}
+
+// postAll posts the events in batches of 500; a batch the node did not
+// answer (it was being killed) is posted again: ids make that safe.
+func (r *exportRun) postAll() {
+	r.t.Helper()
+	for i := 0; i < exportEvents; i += 500 {
+		code, body := post(r.t, http.MethodPost, r.base+"/v1/usage", exportAdmin, map[string]any{"events": r.all[i : i+500]})
+		require.Equal(r.t, http.StatusAccepted, code, body)
+	}
+}
+
+// startKiller starts the killer: once staging has begun, SIGKILL at
+// random moments, each once an item is leased, then a restart. Export
+// keeps up with the posting (per-event items are staged as they arrive),
+// so the kills come while usage is still being posted.
+func (r *exportRun) startKiller() {
+	r.killed = make(chan struct{})
+	if r.kills == 0 {
+		close(r.killed)
+		return
+	}
+	go func() {
+		defer close(r.killed)
+		rng := rand.New(rand.NewPCG(uint64(r.kills), 3))
+		for staged := false; !staged; time.Sleep(20 * time.Millisecond) {
+			_ = r.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT FROM outbox_items)`).Scan(&staged)
+		}
+		for i := 0; i < r.kills; i++ {
+			time.Sleep(time.Duration(200+rng.IntN(1000)) * time.Millisecond)
+			r.awaitLease()
+			var open int
+			_ = r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')`).Scan(&open)
+			r.t.Logf("kill %d: %d items open", i+1, open)
+			r.n.kill()
+			r.n.start()
+		}
+	}()
+}
+
+// awaitLease waits up to two seconds for an item to be leased.
+func (r *exportRun) awaitLease() {
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+		var leased bool
+		_ = r.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT FROM outbox_items WHERE state = 'leased')`).Scan(&leased)
+		if leased {
+			return
 		}
 	}
-	// The killer: once staging has begun, SIGKILL at random moments, each
-	// once an item is leased, then a restart. Export keeps up with the
-	// posting (per-event items are staged as they arrive), so the kills
-	// come while usage is still being posted.
-	killed := make(chan struct{}) // closed once every kill and restart happened
-	if kills == 0 {
-		close(killed)
-	} else {
-		go func() {
-			defer close(killed)
-			rng := rand.New(rand.NewPCG(uint64(kills), 3))
-			for staged := false; !staged; time.Sleep(20 * time.Millisecond) {
-				_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM outbox_items)`).Scan(&staged)
-			}
-			for i := 0; i < kills; i++ {
-				time.Sleep(time.Duration(200+rng.IntN(1000)) * time.Millisecond)
-				for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
-					var leased bool
-					_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM outbox_items WHERE state = 'leased')`).Scan(&leased)
-					if leased {
-						break
-					}
-				}
-				var open int
-				_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')`).Scan(&open)
-				t.Logf("kill %d: %d items open", i+1, open)
-				n.kill()
-				n.start()
-			}
-		}()
-	}
+}
 
-	postAll()
+// drained reports whether every event is staged and no item is open.
+func (r *exportRun) drained() bool {
+	var open, unstaged int
+	_ = r.pool.QueryRow(r.ctx, `SELECT count(*) FILTER (WHERE state IN ('pending', 'leased')) FROM outbox_items`).Scan(&open)
+	_ = r.pool.QueryRow(r.ctx, `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged)
+	return open == 0 && unstaged == 0
+}
 
-	drained := func() bool {
-		var open, unstaged int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state IN ('pending', 'leased')) FROM outbox_items`).Scan(&open)
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged)
-		return open == 0 && unstaged == 0
-	}
+// waitDrained waits two minutes at most for the killer to finish, then
+// three for the outbox to drain.
+func (r *exportRun) waitDrained() {
+	r.t.Helper()
 	select {
-	case <-killed:
+	case <-r.killed:
 	case <-time.After(2 * time.Minute):
-		t.Fatal("the killer never finished")
+		r.t.Fatal("the killer never finished")
 	}
-	for deadline := time.Now().Add(3 * time.Minute); !drained(); time.Sleep(200 * time.Millisecond) {
+	for deadline := time.Now().Add(3 * time.Minute); !r.drained(); time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the outbox never drained: %s\n--- tally serve output ---\n%s", outboxSummary(ctx, pool), tail(n.out.String(), 4000))
+			r.t.Fatalf("the outbox never drained: %s\n--- tally serve output ---\n%s", outboxSummary(r.ctx, r.pool), tail(r.n.out.String(), 4000))
 		}
 	}
+}
 
-	// Every item accepted: nothing uncertain, rejected or quarantined.
-	rows, err := pool.Query(ctx, `SELECT state, count(*) FROM outbox_items GROUP BY state`)
-	require.NoError(t, err)
+// checkAllAccepted checks that every item was accepted: nothing
+// uncertain, rejected or quarantined.
+func (r *exportRun) checkAllAccepted() {
+	r.t.Helper()
+	rows, err := r.pool.Query(r.ctx, `SELECT state, count(*) FROM outbox_items GROUP BY state`)
+	require.NoError(r.t, err)
 	states := map[string]int{}
 	var st string
 	var c int
 	_, err = pgx.ForEachRow(rows, []any{&st, &c}, func() error { states[st] = c; return nil })
-	require.NoError(t, err)
-	require.Equal(t, []string{"accepted"}, keys(states), "%v\n%s", states, n.out)
+	require.NoError(r.t, err)
+	require.Equal(r.t, []string{"accepted"}, keys(states), "%v\n%s", states, r.n.out)
+}
 
-	// For every customer and meter, Stripe's aggregate is the ledger's.
-	checked := checkAggregates(t, ctx, pool, sim)
-	require.Equal(t, tenants*3, checked)
-	require.Empty(t, sim.RecordedTwice(), "no identifier recorded twice")
-	// The faults Stripe's idempotency layer would freeze happened, and each
-	// was answered under a new key: no attempt's key was sent twice, and
-	// Stripe's saved 500s were never what an item ended on.
+// checkAggregatesAndKeys checks that, for every customer and meter,
+// Stripe's aggregate is the ledger's, that no identifier was recorded
+// twice, and that the faults Stripe's idempotency layer would freeze
+// happened and each was answered under a new key: no attempt's key was
+// sent twice, and Stripe's saved 500s were never what an item ended on.
+func (r *exportRun) checkAggregatesAndKeys() {
+	r.t.Helper()
+	checked := checkAggregates(r.t, r.ctx, r.pool, r.sim)
+	require.Equal(r.t, exportTenants*3, checked)
+	require.Empty(r.t, r.sim.RecordedTwice(), "no identifier recorded twice")
 	var fivehundreds, replays int
 	sent := map[string]bool{}
-	for _, rq := range sim.Requests() {
+	for _, rq := range r.sim.Requests() {
 		if rq.Status == http.StatusInternalServerError {
 			fivehundreds++
 		}
@@ -305,165 +333,158 @@ func runExport(t *testing.T, exporter string, kills int) {
 			replays++
 		}
 		if rq.Path == "/v1/billing/meter_events" {
-			require.False(t, sent[rq.IdempotencyKey], "a key per attempt: %s", rq.IdempotencyKey)
+			require.False(r.t, sent[rq.IdempotencyKey], "a key per attempt: %s", rq.IdempotencyKey)
 			sent[rq.IdempotencyKey] = true
 		}
 	}
-	require.Positive(t, fivehundreds)
-	t.Logf("%d answers were 500s (saved by the simulator's idempotency layer), %d replays", fivehundreds, replays)
-	if stream {
-		// Every event came through the stream, in batches.
-		var v1, calls, expired int
-		for _, ev := range sim.Events(stripesim.DefaultAccount) {
-			if !ev.Stream {
-				v1++
-			}
-		}
-		for _, rq := range sim.Requests() {
-			if rq.Path == "/v2/billing/meter_event_stream" {
-				calls++
-				if rq.Status == http.StatusUnauthorized {
-					expired++
-				}
-			}
-		}
-		require.Zero(t, v1, "no event went through v1")
-		var items int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE exporter = 'stripe_meter_event_stream'`).Scan(&items))
-		t.Logf("%d items in %d stream requests, %d answered with an expired session", items, calls, expired)
-		require.Less(t, calls, items, "batched")
-	} else {
-		require.LessOrEqual(t, sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
-	}
+	require.Positive(r.t, fivehundreds)
+	r.t.Logf("%d answers were 500s (saved by the simulator's idempotency layer), %d replays", fivehundreds, replays)
+}
 
-	// Conservation for every tenant, feature and period.
+// checkTransport checks that the stream carried every event, in batches,
+// or that v1 never had two calls in flight for one customer and meter.
+func (r *exportRun) checkTransport() {
+	r.t.Helper()
+	if !r.stream {
+		require.LessOrEqual(r.t, r.sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
+		return
+	}
+	// Every event came through the stream, in batches.
+	var v1, calls, expired int
+	for _, ev := range r.sim.Events(stripesim.DefaultAccount) {
+		if !ev.Stream {
+			v1++
+		}
+	}
+	for _, rq := range r.sim.Requests() {
+		if rq.Path == "/v2/billing/meter_event_stream" {
+			calls++
+			if rq.Status == http.StatusUnauthorized {
+				expired++
+			}
+		}
+	}
+	require.Zero(r.t, v1, "no event went through v1")
+	var items int
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE exporter = 'stripe_meter_event_stream'`).Scan(&items))
+	r.t.Logf("%d items in %d stream requests, %d answered with an expired session", items, calls, expired)
+	require.Less(r.t, calls, items, "batched")
+}
+
+// checkConservation checks conservation for every tenant, feature and
+// period.
+func (r *exportRun) checkConservation() {
+	r.t.Helper()
 	months := map[string]bool{}
-	for _, u := range all {
+	for _, u := range r.all {
 		months[u.Timestamp[:7]] = true
 	}
 	for m := range months {
-		rep, err := quarantine.CompletenessOf(ctx, pool, m, "")
-		require.NoError(t, err)
-		require.True(t, rep.Holds, "%+v", rep)
+		rep, err := quarantine.CompletenessOf(r.ctx, r.pool, m, "")
+		require.NoError(r.t, err)
+		require.True(r.t, rep.Holds, "%+v", rep)
 	}
-	// Stripe's own numbers agree: a reconcile run confirms every accepted
-	// item and finds no discrepancy.
-	var accepted int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&accepted))
-	type runResult struct {
-		ID             int64  `json:"id"`
-		Status         string `json:"status"`
-		ItemsConfirmed int64  `json:"items_confirmed"`
-		Discrepancies  int    `json:"discrepancies"`
-		KeysTotal      int    `json:"keys_total"`
-	}
-	var run runResult
-	if kills == 0 {
-		// Through the API: the run is queued and a River job on the node
-		// works it.
-		code, body := post(t, http.MethodPost, base+"/v1/reconcile/runs", admin, map[string]string{"settle": "0s"})
-		require.Equal(t, http.StatusAccepted, code, body)
-		require.NoError(t, json.Unmarshal([]byte(body), &run))
-		require.Eventually(t, func() bool {
-			code, body := post(t, http.MethodGet, fmt.Sprintf("%s/v1/reconcile/runs/%d", base, run.ID), admin, nil)
-			require.Equal(t, http.StatusOK, code, body)
-			require.NoError(t, json.Unmarshal([]byte(body), &run))
-			return run.Status != "queued" && run.Status != "running"
-		}, 60*time.Second, 100*time.Millisecond)
-	} else {
-		// From the command line, beside the running node.
-		rc := exec.Command(binary, "reconcile", "--settle", "0s", "--format", "json")
-		rc.Env = append(os.Environ(), n.env...)
-		out, err := rc.Output()
-		require.NoError(t, err, "%s", out)
-		var res struct {
-			Run runResult `json:"run"`
-		}
-		require.NoError(t, json.Unmarshal(out, &res), "%s", out)
-		run = res.Run
-	}
-	require.Equal(t, "succeeded", run.Status, "%+v", run)
-	require.Zero(t, run.Discrepancies, "%+v", run)
-	require.Equal(t, accepted, run.ItemsConfirmed)
-	require.Equal(t, tenants*3, run.KeysTotal)
-	var left int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
-	require.Zero(t, left)
+}
 
-	if kills == 0 {
-		checkMetrics(t, base, stream)
+// reconcileRunResult is a reconcile run as the API and `tally reconcile
+// --format json` show it.
+type reconcileRunResult struct {
+	ID             int64  `json:"id"`
+	Status         string `json:"status"`
+	ItemsConfirmed int64  `json:"items_confirmed"`
+	Discrepancies  int    `json:"discrepancies"`
+	KeysTotal      int    `json:"keys_total"`
+}
+
+// checkReconcile checks that Stripe's own numbers agree: a reconcile run
+// confirms every accepted item and finds no discrepancy.
+func (r *exportRun) checkReconcile() {
+	r.t.Helper()
+	var accepted int64
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&accepted))
+	var run reconcileRunResult
+	if r.kills == 0 {
+		run = r.reconcileThroughAPI()
+	} else {
+		run = r.reconcileFromCommandLine()
 	}
-	// Neither the admin token nor the Stripe key reached the node's log.
-	require.NotContains(t, n.out.String(), admin)
-	require.NotContains(t, n.out.String(), stripesim.DefaultKey)
-	if kills == 0 {
-		require.Contains(t, n.out.String(), `"msg":"request"`, "the debug log was on")
+	require.Equal(r.t, "succeeded", run.Status, "%+v", run)
+	require.Zero(r.t, run.Discrepancies, "%+v", run)
+	require.Equal(r.t, accepted, run.ItemsConfirmed)
+	require.Equal(r.t, exportTenants*3, run.KeysTotal)
+	var left int64
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
+	require.Zero(r.t, left)
+}
+
+// reconcileThroughAPI queues a run through the API, for a River job on
+// the node to work, and waits for it to end.
+func (r *exportRun) reconcileThroughAPI() reconcileRunResult {
+	r.t.Helper()
+	var run reconcileRunResult
+	code, body := post(r.t, http.MethodPost, r.base+"/v1/reconcile/runs", exportAdmin, map[string]string{"settle": "0s"})
+	require.Equal(r.t, http.StatusAccepted, code, body)
+	require.NoError(r.t, json.Unmarshal([]byte(body), &run))
+	require.Eventually(r.t, func() bool {
+		code, body := post(r.t, http.MethodGet, fmt.Sprintf("%s/v1/reconcile/runs/%d", r.base, run.ID), exportAdmin, nil)
+		require.Equal(r.t, http.StatusOK, code, body)
+		require.NoError(r.t, json.Unmarshal([]byte(body), &run))
+		return run.Status != "queued" && run.Status != "running"
+	}, 60*time.Second, 100*time.Millisecond)
+	return run
+}
+
+// reconcileFromCommandLine runs `tally reconcile` beside the running node.
+func (r *exportRun) reconcileFromCommandLine() reconcileRunResult {
+	r.t.Helper()
+	rc := exec.Command(binary, "reconcile", "--settle", "0s", "--format", "json")
+	rc.Env = append(os.Environ(), r.n.env...)
+	out, err := rc.Output()
+	require.NoError(r.t, err, "%s", out)
+	var res struct {
+		Run reconcileRunResult `json:"run"`
 	}
-	// Nor did they reach a metric or any error column of the database.
-	_, metrics := get(base + "/metrics")
-	require.NotContains(t, metrics, admin)
-	require.NotContains(t, metrics, stripesim.DefaultKey)
+	require.NoError(r.t, json.Unmarshal(out, &res), "%s", out)
+	return res.Run
+}
+
+// checkNoSecretLeaks checks that neither the admin token nor the Stripe
+// key reached the node's log, a metric or any error column of the
+// database, and that the faults left error messages to check.
+func (r *exportRun) checkNoSecretLeaks() {
+	r.t.Helper()
+	require.NotContains(r.t, r.n.out.String(), exportAdmin)
+	require.NotContains(r.t, r.n.out.String(), stripesim.DefaultKey)
+	if r.kills == 0 {
+		require.Contains(r.t, r.n.out.String(), `"msg":"request"`, "the debug log was on")
+	}
+	_, metrics := get(r.base + "/metrics")
+	require.NotContains(r.t, metrics, exportAdmin)
+	require.NotContains(r.t, metrics, stripesim.DefaultKey)
 	var leaks int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT
 		(SELECT count(*) FROM outbox_items WHERE concat(last_error, last_error_code, provider_ref) ~ '(sk_|rk_|tly_tok_|e2e-admin)')
 		+ (SELECT count(*) FROM outbox_attempts WHERE concat(error_message, error_code, provider_ref) ~ '(sk_|rk_|tly_tok_|e2e-admin)')
 		+ (SELECT count(*) FROM reconcile_runs WHERE concat(error, error_code, requested_by) ~ '(sk_|rk_|tly_tok_|e2e-admin)')
 		+ (SELECT count(*) FROM audit_log WHERE concat(reason, actor, details::text) ~ '(sk_|rk_|tly_tok_|e2e-admin)')`).Scan(&leaks))
-	require.Zero(t, leaks, "a secret in an error column")
+	require.Zero(r.t, leaks, "a secret in an error column")
 	var errorsSeen int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_attempts WHERE error_message IS NOT NULL`).Scan(&errorsSeen))
-	require.Positive(t, errorsSeen, "the faults left error messages to check")
-
-	if kills > 0 {
-		// The kills landed while leases were held: a lease that died with
-		// its process is logged 'abandoned' when the item is claimed again.
-		var lost int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_attempts WHERE outcome = 'abandoned'`).Scan(&lost))
-		var items int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items`).Scan(&items))
-		t.Logf("%d items; %d leases died with a killed process", items, lost)
-		require.Positive(t, lost, "the kills never caught a lease in flight")
-		require.NotContains(t, n.out.String(), "panic")
-	}
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_attempts WHERE error_message IS NOT NULL`).Scan(&errorsSeen))
+	require.Positive(r.t, errorsSeen, "the faults left error messages to check")
 }
 
-func keys(m map[string]int) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
-}
-
-// outboxSummary describes what a stuck outbox holds, for a failure message.
-func outboxSummary(ctx context.Context, pool *pgxpool.Pool) string {
-	var b bytes.Buffer
-	rows, err := pool.Query(ctx, `
-		SELECT state, count(*), count(*) FILTER (WHERE next_attempt_at > clock_timestamp()),
-		       min(attempts), max(attempts), coalesce(min(last_error), '')
-		FROM outbox_items GROUP BY state`)
-	if err != nil {
-		return err.Error()
-	}
-	for rows.Next() {
-		var st, le string
-		var c, future, mina, maxa int
-		if err := rows.Scan(&st, &c, &future, &mina, &maxa, &le); err != nil {
-			return err.Error()
-		}
-		fmt.Fprintf(&b, "%s: %d (%d not yet due, attempts %d..%d, e.g. %q)\n", st, c, future, mina, maxa, le)
-	}
-	var unstaged int
-	_ = pool.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged)
-	fmt.Fprintf(&b, "unstaged events: %d", unstaged)
-	return b.String()
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
+// checkKillsCaughtLeases checks that the kills landed while leases were
+// held: a lease that died with its process is logged 'abandoned' when the
+// item is claimed again.
+func (r *exportRun) checkKillsCaughtLeases() {
+	r.t.Helper()
+	var lost int
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_attempts WHERE outcome = 'abandoned'`).Scan(&lost))
+	var items int
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items`).Scan(&items))
+	r.t.Logf("%d items; %d leases died with a killed process", items, lost)
+	require.Positive(r.t, lost, "the kills never caught a lease in flight")
+	require.NotContains(r.t, r.n.out.String(), "panic")
 }
 
 // checkMetrics scrapes /metrics after a run and finds every series the
@@ -535,35 +556,4 @@ func checkMetrics(t *testing.T, base string, stream bool) {
 	require.Subset(t, classes, []string{"2xx", "429", "5xx"}, "the faults show in the calls' classes")
 	confirmed := families["tally_reconcile_items_confirmed_total"].GetMetric()[0].GetCounter().GetValue()
 	require.Positive(t, confirmed)
-}
-
-// checkAggregates compares, for every customer and meter, the simulator's
-// aggregate with the ledger's by the features' formulas (api_calls sum,
-// logins count, seats last) and returns how many pairs it checked.
-func checkAggregates(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sim *stripesim.Server) int {
-	t.Helper()
-	rows, err := pool.Query(ctx, `
-		SELECT tenant, feature, sum(value), count(*), (array_agg(value ORDER BY occurred_at DESC, id DESC))[1]
-		FROM usage_events GROUP BY tenant, feature`)
-	require.NoError(t, err)
-	var (
-		tenant, feature string
-		sum, last       int64
-		count, checked  int
-	)
-	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &sum, &count, &last}, func() error {
-		ssum, scount, slast := sim.Aggregate(stripesim.DefaultAccount, feature, "cus_"+tenant)
-		switch feature {
-		case "api_calls":
-			require.Equal(t, sum, ssum, "%s %s", tenant, feature)
-		case "logins":
-			require.Equal(t, count, scount, "%s %s", tenant, feature)
-		case "seats":
-			require.Equal(t, last, slast, "%s %s", tenant, feature)
-		}
-		checked++
-		return nil
-	})
-	require.NoError(t, err)
-	return checked
 }

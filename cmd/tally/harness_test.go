@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/stripesim"
+)
+
+// The harness the end-to-end tests share: `tally serve` processes, HTTP
+// calls that ride out a restarting node, and the checks and failure
+// descriptions read from the database.
+
+// node is one `tally serve` process of the end-to-end tests.
+type node struct {
+	t    testing.TB
+	env  []string
+	addr string
+	cmd  *exec.Cmd
+	out  *bytes.Buffer
+}
+
+func (n *node) start() {
+	n.t.Helper()
+	n.out = new(bytes.Buffer)
+	n.cmd = exec.Command(binary, "serve")
+	n.cmd.Env = append(os.Environ(), n.env...)
+	n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
+	require.NoError(n.t, n.cmd.Start())
+	require.Eventually(n.t, func() bool {
+		code, _ := get("http://" + n.addr + "/healthz")
+		return code == http.StatusOK
+	}, 30*time.Second, 20*time.Millisecond, "tally serve starts")
+}
+
+func (n *node) kill() {
+	_ = n.cmd.Process.Signal(syscall.SIGKILL)
+	_ = n.cmd.Wait()
+}
+
+func (n *node) stop() {
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	_ = n.cmd.Wait()
+}
+
+// post sends a JSON body with a token until the node answers (it may be
+// down for a moment while it restarts) and returns the status and body.
+func post(t *testing.T, method, url, token string, body any) (int, string) {
+	t.Helper()
+	b, err := json.Marshal(body)
+	require.NoError(t, err)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		req, _ := http.NewRequest(method, url, bytes.NewReader(b))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			var out bytes.Buffer
+			_, _ = out.ReadFrom(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode < 500 {
+				return resp.StatusCode, out.String()
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "the node never answered %s", url)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// e2eEvent is one usage event as POST /v1/usage takes it.
+type e2eEvent struct {
+	ID        string `json:"id"`
+	Tenant    string `json:"tenant"`
+	Feature   string `json:"feature"`
+	Value     int64  `json:"value"`
+	Timestamp string `json:"timestamp"`
+}
+
+func keys(m map[string]int) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// outboxSummary describes what a stuck outbox holds, for a failure message.
+func outboxSummary(ctx context.Context, pool *pgxpool.Pool) string {
+	var b bytes.Buffer
+	rows, err := pool.Query(ctx, `
+		SELECT state, count(*), count(*) FILTER (WHERE next_attempt_at > clock_timestamp()),
+		       min(attempts), max(attempts), coalesce(min(last_error), '')
+		FROM outbox_items GROUP BY state`)
+	if err != nil {
+		return err.Error()
+	}
+	for rows.Next() {
+		var st, le string
+		var c, future, mina, maxa int
+		if err := rows.Scan(&st, &c, &future, &mina, &maxa, &le); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "%s: %d (%d not yet due, attempts %d..%d, e.g. %q)\n", st, c, future, mina, maxa, le)
+	}
+	var unstaged int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged)
+	fmt.Fprintf(&b, "unstaged events: %d", unstaged)
+	return b.String()
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// checkAggregates compares, for every customer and meter, the simulator's
+// aggregate with the ledger's by the features' formulas (api_calls sum,
+// logins count, seats last) and returns how many pairs it checked.
+func checkAggregates(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sim *stripesim.Server) int {
+	t.Helper()
+	rows, err := pool.Query(ctx, `
+		SELECT tenant, feature, sum(value), count(*), (array_agg(value ORDER BY occurred_at DESC, id DESC))[1]
+		FROM usage_events GROUP BY tenant, feature`)
+	require.NoError(t, err)
+	var (
+		tenant, feature string
+		sum, last       int64
+		count, checked  int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &sum, &count, &last}, func() error {
+		ssum, scount, slast := sim.Aggregate(stripesim.DefaultAccount, feature, "cus_"+tenant)
+		switch feature {
+		case "api_calls":
+			require.Equal(t, sum, ssum, "%s %s", tenant, feature)
+		case "logins":
+			require.Equal(t, count, scount, "%s %s", tenant, feature)
+		case "seats":
+			require.Equal(t, last, slast, "%s %s", tenant, feature)
+		}
+		checked++
+		return nil
+	})
+	require.NoError(t, err)
+	return checked
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// postOnce sends one JSON request and reports the status (0: no answer).
+func postOnce(url, token string, body any) (int, string) {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequest(http.MethodPost, url, bytesReader(b))
+	if err != nil {
+		return 0, err.Error()
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode, ""
+}
+
+func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
