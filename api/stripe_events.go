@@ -6,6 +6,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/stripe/stripe-go/v82/webhook"
@@ -29,6 +32,17 @@ const stripeEventsPath = "/stripe/events"
 // webhookTolerance is how old a signature may be (Stripe's default).
 const webhookTolerance = 300 * time.Second
 
+// webhookSkew is how far in the future a signature's timestamp may be: the
+// clocks of Stripe and of this node may differ a little, never by a year.
+// stripe-go's check bounds only the age, so a future-dated signature would
+// otherwise stay valid until its date plus the tolerance.
+const webhookSkew = 300 * time.Second
+
+// eventIDPattern is what a Stripe event id looks like (evt_ and letters,
+// digits or underscores). The id is used to fetch the event from Stripe, so
+// nothing else — a slash, a dot, a query — may reach that path.
+var eventIDPattern = regexp.MustCompile(`^evt_[A-Za-z0-9_]{1,250}$`)
+
 // maxWebhookBody bounds a thin event's body.
 const maxWebhookBody = 64 << 10
 
@@ -43,8 +57,9 @@ type signatureError struct{ msg string }
 func (e *signatureError) Error() string { return e.msg }
 
 // ParseStripeEvent verifies body against its Stripe-Signature header with
-// the signing secret (stripe-go's webhook package, 300 s tolerance) and
-// reads the thin event: an id and a type, or an error.
+// the signing secret (stripe-go's webhook package, 300 s tolerance; a
+// signature dated more than 300 s ahead is refused too) and reads the thin
+// event: an id of Stripe's shape and a type, or an error.
 func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) {
 	if err := webhook.ValidatePayloadWithTolerance(body, signature, secret, webhookTolerance); err != nil {
 		msg := "the Stripe-Signature header does not match the body with the signing secret"
@@ -55,11 +70,29 @@ func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) 
 		}
 		return ThinEvent{}, &signatureError{msg}
 	}
+	if at, ok := signedAt(signature); !ok || time.Until(at) > webhookSkew {
+		return ThinEvent{}, &signatureError{"the signature is dated in the future"}
+	}
 	var thin ThinEvent
-	if err := json.Unmarshal(body, &thin); err != nil || thin.ID == "" || thin.Type == "" {
+	if err := json.Unmarshal(body, &thin); err != nil || !eventIDPattern.MatchString(thin.ID) || thin.Type == "" || len(thin.Type) > 200 {
 		return ThinEvent{}, errors.New("the body is not a Stripe thin event")
 	}
 	return thin, nil
+}
+
+// signedAt reads the timestamp (t=) of a Stripe-Signature header that has
+// already been verified.
+func signedAt(header string) (time.Time, bool) {
+	for _, part := range strings.Split(header, ",") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "t="); ok {
+			sec, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return time.Time{}, false
+			}
+			return time.Unix(sec, 0), true
+		}
+	}
+	return time.Time{}, false
 }
 
 // stripeEvents receives Stripe's thin events. A bad or stale signature

@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/stripe/stripe-go/v82/webhook"
 
 	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/exporter"
@@ -128,6 +131,10 @@ func (s *webhookScenario) refusesBadDeliveries(t *testing.T, h *harness) {
 	resp = s.post(t, h, body, sig)
 	require.Equal(t, http.StatusBadRequest, resp.status, "a stale signature: %s", resp)
 	require.Contains(t, string(resp.body), "older than 300 seconds")
+	body, sig = stripesim.SignedThinEvent(s.reports[0], webhookSecret, time.Now().Add(365*24*time.Hour))
+	resp = s.post(t, h, body, sig)
+	require.Equal(t, http.StatusBadRequest, resp.status, "a signature dated a year ahead: %s", resp)
+	require.Contains(t, string(resp.body), "dated in the future")
 	resp = s.post(t, h, body, "")
 	require.Equal(t, http.StatusBadRequest, resp.status)
 	s.body, s.sig = stripesim.SignedThinEvent(s.reports[0], webhookSecret, time.Now())
@@ -410,4 +417,29 @@ func (s *reportsScenario) requeueReaddresses(t *testing.T, h *harness) {
 	require.Equal(t, outbox.StatePending, succ.State)
 	require.NotEqual(t, s.noMeter.Identifier, succ.Identifier)
 	require.Equal(t, s.noMeter.MappingVersion, succ.MappingVersion, "no mapping changed")
+}
+
+// TestStripeEventIDsAreValidatedBeforeUse: a correctly signed thin event
+// whose id is not of Stripe's shape is refused before the id reaches the
+// fetch path; a signature dated slightly ahead (clock skew) is accepted.
+func TestStripeEventIDsAreValidatedBeforeUse(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec_ids"
+	sign := func(body string, at time.Time) ([]byte, string) {
+		p := webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: []byte(body), Secret: secret, Timestamp: at})
+		return p.Payload, p.Header
+	}
+	for _, id := range []string{"", "evt_", "evt_1/../../v1/account", "evt_1?expand=x", "../evt_1", "evt_1 ", "cus_123", "evt_" + strings.Repeat("a", 251)} {
+		body, sig := sign(fmt.Sprintf(`{"id":%q,"type":"v1.billing.meter.error_report_triggered"}`, id), time.Now())
+		if _, err := api.ParseStripeEvent(body, sig, secret); err == nil {
+			t.Errorf("event id %q accepted", id)
+		}
+	}
+	body, sig := sign(`{"id":"evt_test_61SkEWyYqa0lB2mTx","type":"v1.billing.meter.error_report_triggered"}`, time.Now().Add(2*time.Minute))
+	ev, err := api.ParseStripeEvent(body, sig, secret)
+	require.NoError(t, err, "two minutes of clock skew")
+	require.Equal(t, "evt_test_61SkEWyYqa0lB2mTx", ev.ID)
+	body, sig = sign(`{"id":"evt_1","type":"v1.billing.meter.error_report_triggered"}`, time.Now().Add(10*time.Minute))
+	_, err = api.ParseStripeEvent(body, sig, secret)
+	require.ErrorContains(t, err, "dated in the future")
 }
