@@ -138,8 +138,8 @@ func TestServeOverTLS(t *testing.T) {
 	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "style-src 'self'", "the console's own policy is kept")
 
 	// Plain HTTP to the TLS port is not served.
-	code, _ := get("http://" + base[len("https://"):] + "/healthz")
-	require.NotEqual(t, http.StatusOK, code)
+	code, body := get("http://" + base[len("https://"):] + "/healthz")
+	require.Equal(t, http.StatusBadRequest, code, body)
 	// Nor is TLS below 1.2.
 	old := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11}}}
@@ -173,6 +173,15 @@ func TestServeBehindATrustedProxy(t *testing.T) {
 			}, DisableKeepAlives: true}}
 	}
 	proxy, stranger := from("127.0.0.1"), from("127.0.0.2")
+	// Linux answers on all of 127/8; elsewhere 127.0.0.2 may not exist,
+	// and the untrusted peer is then left to TestServeOverTLS and httpsec.
+	strangerExists := true
+	if l, err := net.Listen("tcp", "127.0.0.2:0"); err != nil {
+		strangerExists = false
+		t.Logf("no 127.0.0.2 here (%v): the untrusted peer is not tried", err)
+	} else {
+		l.Close()
+	}
 	base, _ := startServe(t, proxy, "http", "TALLY_TRUSTED_PROXIES=127.0.0.1")
 	https := map[string]string{"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
 
@@ -182,10 +191,12 @@ func TestServeBehindATrustedProxy(t *testing.T) {
 		require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"), path)
 		require.Equal(t, "DENY", resp.Header.Get("X-Frame-Options"), path)
 
-		resp = fetch(t, stranger, base+path, https)
-		require.Empty(t, resp.Header.Get("Strict-Transport-Security"), "%s from another peer", path)
-		require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"), path)
-		require.Equal(t, "DENY", resp.Header.Get("X-Frame-Options"), path)
+		if strangerExists {
+			resp = fetch(t, stranger, base+path, https)
+			require.Empty(t, resp.Header.Get("Strict-Transport-Security"), "%s from another peer", path)
+			require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"), path)
+			require.Equal(t, "DENY", resp.Header.Get("X-Frame-Options"), path)
+		}
 
 		resp = fetch(t, proxy, base+path, nil)
 		require.Empty(t, resp.Header.Get("Strict-Transport-Security"), "%s plain from the proxy", path)
