@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/console"
+	"github.com/tallymeter/tally/internal/httpsec"
 	"github.com/tallymeter/tally/migrations"
 )
 
@@ -28,7 +30,9 @@ const (
 )
 
 // webServer is the service of the HTTP API on cfg.Listen, with the console,
-// health, readiness and metrics. Start opens the listener, says so (the log
+// health, readiness and metrics: over TLS with cfg.TLS's certificate (reloaded
+// when its files change), else plain HTTP, and every response with the
+// security headers (httpsec). Start opens the listener, says so (the log
 // line and ready) and serves; Stop shuts the server down gracefully, bounded
 // by its ctx.
 type webServer struct {
@@ -54,23 +58,46 @@ func (w *webServer) Start(context.Context) error {
 		return err
 	}
 	w.srv = &http.Server{
-		Handler:           handler,
+		// Every response carries the security headers; whether the
+		// client's side is HTTPS is worked out once, believing
+		// X-Forwarded-* only from the configured proxies.
+		Handler:           httpsec.Client(w.cfg.TLS.TrustedProxies)(httpsec.Headers(handler)),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
+		// The server's own complaints (a failed TLS handshake, say) go to
+		// the node's log, not to stderr.
+		ErrorLog: slog.NewLogLogger(w.logger.Handler(), slog.LevelWarn),
+	}
+	scheme := "http"
+	if w.cfg.TLS.Enabled() {
+		certs, err := httpsec.NewCertReloader(w.cfg.TLS.CertFile, w.cfg.TLS.KeyFile, httpsec.DefaultCertCheckInterval, w.logger)
+		if err != nil {
+			return err
+		}
+		// GetCertificate alone, never Certificates: with both, a hello
+		// without a server name would not ask for the reloaded one.
+		w.srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate}
+		scheme = "https"
 	}
 	ln, err := net.Listen("tcp", w.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", w.cfg.Listen, err)
 	}
-	w.logger.Info("tally listening", "addr", "http://"+ln.Addr().String())
+	w.logger.Info("tally listening", "addr", scheme+"://"+ln.Addr().String())
 	if w.ready != nil {
 		w.ready(ln.Addr().String())
 	}
 	w.failed = make(chan error, 1)
-	go func() { w.failed <- w.srv.Serve(ln) }()
+	go func() {
+		if w.srv.TLSConfig != nil {
+			w.failed <- w.srv.ServeTLS(ln, "", "")
+			return
+		}
+		w.failed <- w.srv.Serve(ln)
+	}()
 	return nil
 }
 

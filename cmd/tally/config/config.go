@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -115,6 +116,10 @@ type Config struct {
 	// ReconcileSettle is how long an accepted item waits before a run
 	// compares it. Defaults to reconcile.DefaultSettle.
 	ReconcileSettle time.Duration
+
+	// TLS is how the node meets its clients: its certificate, or the
+	// reverse proxies it believes.
+	TLS TLSConfig
 }
 
 // Flags registers every setting on fs and returns a function that, after
@@ -126,6 +131,9 @@ func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) 
 	given := make([]bool, len(all))
 	for i, s := range all {
 		usage := fmt.Sprintf("%s (env %s)", s.usage, s.env)
+		if slices.Contains(secretSettings, s.env) {
+			usage += fmt.Sprintf(" (or a file holding it: env %s_FILE)", s.env)
+		}
 		if s.def != "" {
 			usage += fmt.Sprintf(" (default %q)", s.def)
 		}
@@ -146,6 +154,12 @@ func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) 
 			}
 			if given[i] {
 				v, from = values[i], "--"+s.flag
+			}
+			if fv, ok, err := secretFromFile(getenv, s.env, from); err != nil {
+				errs = append(errs, err)
+				continue
+			} else if ok {
+				v, from = fv, s.env+"_FILE"
 			}
 			if err := s.set(&c, v); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", from, err))

@@ -4,7 +4,9 @@
 // (outbox.DefaultLease, meter.DefaultGrace, exporter.DefaultWorkers,
 // reconcile.DefaultSchedule, stripeapi.DefaultAPIBase…) or of this package
 // for the node's own (DefaultListen…). It validates the whole configuration
-// before anything starts, and reports every problem at once.
+// before anything starts, and reports every problem at once. The secret
+// settings may instead be read from the file their <VAR>_FILE names
+// (settings_secrets.go), so that none needs a flag.
 //
 // It never reads a setting anywhere else, and never echoes the value of a
 // setting that may hold a secret (the database URL's password).
