@@ -31,7 +31,7 @@ func (h *handlers) authenticate(next http.Handler) http.Handler {
 		p, err := auth.Verify(r.Context(), h.Pool, strings.TrimSpace(token))
 		if errors.Is(err, auth.ErrUnknownToken) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tally", error="invalid_token"`)
-			WriteError(w, http.StatusUnauthorized, "unauthorized", "unknown or revoked token")
+			WriteError(w, http.StatusUnauthorized, "unauthorized", "unknown, revoked or expired token")
 			return
 		}
 		if err != nil {

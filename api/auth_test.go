@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
@@ -95,6 +96,9 @@ func TestAuthorizationTable(t *testing.T) {
 
 	revoked := h.token("revoked", auth.RoleAdmin)
 	require.NoError(t, auth.Revoke(h.ctx, h.pool, "revoked"))
+	expired, err := auth.Create(h.ctx, h.pool, auth.TokenSpec{Name: "expired", Role: auth.RoleAdmin, ExpiresIn: time.Millisecond})
+	require.NoError(t, err)
+	time.Sleep(10 * time.Millisecond)
 	type caller struct {
 		name          string
 		authorization string // "" sends no header
@@ -107,6 +111,7 @@ func TestAuthorizationTable(t *testing.T) {
 		{"bearer without a token", "Bearer", ""},
 		{"unknown token", "Bearer " + auth.TokenPrefix + "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", ""},
 		{"revoked token", "Bearer " + revoked, ""},
+		{"expired token", "Bearer " + expired.Secret, ""},
 	}
 	for _, role := range []auth.Role{auth.RoleIngest, auth.RoleFinance, auth.RoleOperator, auth.RoleAdmin} {
 		callers = append(callers, caller{string(role), "Bearer " + h.token("tok-"+string(role), role), role})
@@ -161,7 +166,8 @@ func TestTokensHashedAtRest(t *testing.T) {
 	}
 	secrets["scoped"] = h.token("tok-scoped", auth.RoleIngest, "acme")
 	adminSecret := "an-admin-token-of-enough-length-0123456789"
-	require.NoError(t, auth.EnsureAdminToken(h.ctx, h.pool, adminSecret))
+	seeded, err := auth.SeedAdminToken(h.ctx, h.pool, adminSecret)
+	require.NoError(t, err)
 	secrets["env admin"] = adminSecret
 
 	// Every column of every row, as text.
@@ -208,7 +214,7 @@ func TestTokensHashedAtRest(t *testing.T) {
 		case "scoped":
 			tokenName = "tok-scoped"
 		case "env admin":
-			tokenName = auth.AdminTokenName
+			tokenName = seeded.Name
 		}
 		sum := sha256.Sum256([]byte(s))
 		require.Equal(t, fmt.Sprintf("%x", sum), byName[tokenName], "token_hash of %s is sha256(secret)", name)

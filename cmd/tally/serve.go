@@ -120,10 +120,11 @@ func (f *devFlags) prepare(_ context.Context, cfg *config.Config, _ io.Writer) (
 }
 
 // devToken returns the token kept in the data directory under name,
-// making one the first time.
+// making one the first time. It reuses only a file it could have made: a
+// regular file of this user, readable by no one else; any other stops dev.
 func devToken(dataDir, name string) (string, error) {
 	path := filepath.Join(dataDir, name)
-	b, err := os.ReadFile(path)
+	b, err := readOwnFile(path)
 	if err == nil {
 		return strings.TrimSpace(string(b)), nil
 	}
@@ -136,6 +137,35 @@ func devToken(dataDir, name string) (string, error) {
 	}
 	token := auth.TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	return token, os.WriteFile(path, []byte(token+"\n"), 0o600)
+}
+
+// readOwnFile reads the token file at path if it is a regular file (not a
+// link) that tally dev could have written: owned by this user, mode 0600 or
+// narrower (ownerProblem; not checked on Windows).
+func readOwnFile(path string) ([]byte, error) {
+	link, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !link.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (a link or a directory): tally dev did not make it; remove it and start again", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !os.SameFile(link, fi) {
+		return nil, fmt.Errorf("%s changed while it was read; start again", path)
+	}
+	if problem := ownerProblem(fi); problem != "" {
+		return nil, fmt.Errorf("%s %s: tally dev did not make it, or it was changed since; it will not use it as a token. Remove it and start again", path, problem)
+	}
+	return io.ReadAll(io.LimitReader(f, 4096))
 }
 
 // run makes the dev tokens and maps the demo, then serves; once the service
@@ -183,12 +213,16 @@ func devTokens(ctx context.Context, e *env) (admin, ingest string, err error) {
 	return admin, ingest, nil
 }
 
-// ensureIngestToken makes token a live ingest token named "dev ingest".
+// ensureIngestToken makes token dev's live ingest token (see
+// auth.SeedToken): a new file's token replaces the previous one, and a
+// revoked one is not revived.
 func ensureIngestToken(ctx context.Context, e *env, token string) error {
-	if _, err := auth.Verify(ctx, e.db.Pool, token); err == nil {
-		return nil
+	_, err := auth.SeedToken(ctx, e.db.Pool, auth.OriginDev, auth.RoleIngest, token)
+	if errors.Is(err, auth.ErrSeedRevoked) {
+		return fmt.Errorf("the ingest token in %s was revoked; remove that file to make a new one",
+			filepath.Join(e.cfg.DataDir, "dev-ingest-token"))
 	}
-	return auth.EnsureToken(ctx, e.db.Pool, "dev ingest", auth.RoleIngest, token)
+	return err
 }
 
 // mapDemo maps the demo: the simulator's meters and customers.

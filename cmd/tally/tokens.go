@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"flag"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,8 +15,8 @@ import (
 
 // tokensCreateFlags are the flags of tally tokens create.
 type tokensCreateFlags struct {
-	role, name string
-	tenants    stringList
+	role, name, expiresIn string
+	tenants               stringList
 }
 
 // tokensCreateCommand is tally tokens create: a new API token, its secret
@@ -29,6 +30,7 @@ func (f *tokensCreateFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.role, "role", "", "ingest, finance, operator or admin (required)")
 	fs.StringVar(&f.name, "name", "", "the token's name, shown in audit trails (default: role and a random suffix)")
 	fs.Var(&f.tenants, "tenant", "scope an ingest token to this tenant (repeatable)")
+	fs.StringVar(&f.expiresIn, "expires-in", "", "end the token after this long: a Go duration (720h) or days (90d) (default: never)")
 }
 
 func (f *tokensCreateFlags) run(ctx context.Context, e *env, _ []string) error {
@@ -36,20 +38,56 @@ func (f *tokensCreateFlags) run(ctx context.Context, e *env, _ []string) error {
 	if err != nil {
 		return usageError{err.Error()}
 	}
+	var lifetime time.Duration
+	if f.expiresIn != "" {
+		if lifetime, err = parseLifetime(f.expiresIn); err != nil {
+			return usageError{err.Error()}
+		}
+	}
 	name := f.name
 	if name == "" {
 		var raw [4]byte
 		_, _ = rand.Read(raw[:])
 		name = fmt.Sprintf("%s-%x", role, raw)
 	}
-	tok, err := auth.CreateToken(ctx, e.db.Pool, name, role, f.tenants)
+	tok, err := auth.Create(ctx, e.db.Pool, auth.TokenSpec{Name: name, Role: role, Tenants: f.tenants, ExpiresIn: lifetime, By: who()})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stderr, "Created %s token %q%s. It is shown once; Tally keeps only its hash.\n", role, name, scopeText(tok.Tenants))
+	expiry := ""
+	if tok.ExpiresAt != nil {
+		expiry = ", expiring " + tok.ExpiresAt.UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintf(e.stderr, "Created %s token %q%s%s. It is shown once; Tally keeps only its hash.\n", role, name, scopeText(tok.Tenants), expiry)
 	fmt.Fprintln(e.stdout, tok.Secret)
 	return nil
 }
+
+// parseLifetime reads --expires-in: a Go duration, or a whole number of
+// days ("90d"); positive.
+func parseLifetime(s string) (time.Duration, error) {
+	var (
+		d   time.Duration
+		err error
+	)
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		var n int64
+		n, err = strconv.ParseInt(days, 10, 64)
+		if err == nil && n > 0 && n <= maxLifetimeDays {
+			d = time.Duration(n) * 24 * time.Hour
+		}
+	} else {
+		d, err = time.ParseDuration(s)
+	}
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("--expires-in must be a positive duration (720h, 90m) or a number of days up to %d (90d), got %q", maxLifetimeDays, s)
+	}
+	return d, nil
+}
+
+// maxLifetimeDays is the longest --expires-in in days: about as long as a
+// time.Duration reaches.
+const maxLifetimeDays = 100_000
 
 func scopeText(tenants []string) string {
 	if len(tenants) == 0 {
@@ -70,25 +108,30 @@ func runTokensList(ctx context.Context, e *env, _ []string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tROLE\tTENANTS\tCREATED\tREVOKED")
+	fmt.Fprintln(tw, "NAME\tROLE\tTENANTS\tCREATED\tREVOKED\tEXPIRES\tLAST USED")
 	for _, t := range tokens {
 		tenants := "(all)"
 		if t.Tenants != nil {
 			tenants = strings.Join(t.Tenants, ",")
 		}
-		rev := ""
-		if t.RevokedAt != nil {
-			rev = t.RevokedAt.UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.Name, t.Role, tenants, t.CreatedAt.UTC().Format(time.RFC3339), rev)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Role, tenants, t.CreatedAt.UTC().Format(time.RFC3339),
+			timeText(t.RevokedAt, ""), timeText(t.ExpiresAt, "never"), timeText(t.LastUsedAt, "never"))
 	}
 	return tw.Flush()
+}
+
+// timeText is t in UTC, or none when it is nil.
+func timeText(t *time.Time, none string) string {
+	if t == nil {
+		return none
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 // tokensRevokeCommand is tally tokens revoke NAME.
 func tokensRevokeCommand() command {
 	return command{name: "tokens revoke", args: exactly(1, "a token name"), run: func(ctx context.Context, e *env, args []string) error {
-		if err := auth.Revoke(ctx, e.db.Pool, args[0]); err != nil {
+		if err := auth.RevokeAs(ctx, e.db.Pool, args[0], who()); err != nil {
 			return err
 		}
 		fmt.Fprintf(e.stdout, "revoked %s\n", args[0])

@@ -1,6 +1,7 @@
 // Package audit owns the audit log: one row per operator action — a
-// requeue, a recovery, a mapping change — with who did it, when, what it
-// acted on, from which state to which, and why.
+// requeue, a recovery, a mapping change, a token created or revoked, a
+// console sign-in — with who did it, when, what it acted on, from which
+// state to which, and why.
 //
 // Record is called inside the transaction of the action, so that an action
 // and its entry commit or fail together. It must never update or delete an
@@ -27,6 +28,12 @@ const (
 	ActionRecover        = "recover"
 	ActionFeatureMapping = "mapping.feature"
 	ActionTenantMapping  = "mapping.tenant"
+	// ActionTokenCreate and ActionTokenRevoke are a token made or ended,
+	// by tally tokens or by a configured value at start.
+	ActionTokenCreate = "token.create"
+	ActionTokenRevoke = "token.revoke"
+	// ActionSessionOpen is a console sign-in.
+	ActionSessionOpen = "session.open"
 )
 
 // Entry is one audited action.
@@ -49,6 +56,9 @@ type Execer interface {
 
 // Item is the subject of an outbox item.
 func Item(id int64) string { return fmt.Sprintf("item:%d", id) }
+
+// Token is the subject of an API token, by its name.
+func Token(name string) string { return "token:" + name }
 
 // Record writes e in the caller's transaction. The reason is sanitised (no
 // secret, no control characters, at most 200 characters).

@@ -1,7 +1,11 @@
 // Package auth owns API tokens: creating them (the secret is shown once and
-// only its SHA-256 is stored), checking a presented token in constant time,
-// listing them, and the roles, which nest: ingest < finance < operator <
-// admin. An ingest token may be scoped to tenants. It also owns the web
+// only its SHA-256 is stored), checking a presented token in constant time
+// (refusing a revoked or expired one), noting when each was last used,
+// listing and revoking them, seeding the tokens whose value comes from
+// configuration (seed.go), the strength a configured secret must have,
+// and the roles, which nest: ingest < finance < operator < admin. An
+// ingest token may be scoped to tenants. Creating and revoking a token is
+// recorded in the audit log in the same transaction. It also owns the web
 // console's sign-in sessions (the console_sessions table), opened with a
 // token: the browser holds a random id, only its SHA-256 is stored.
 //
@@ -23,6 +27,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tallymeter/tally/internal/audit"
 )
 
 // Role is what a token may do. Roles nest.
@@ -69,8 +75,9 @@ func (p Principal) MayPostFor(tenant string) bool {
 // recognisable to secret scanners and to the error sanitiser.
 const TokenPrefix = "tly_tok_"
 
-// ErrUnknownToken says the presented token is not a live token.
-var ErrUnknownToken = errors.New("auth: unknown or revoked token")
+// ErrUnknownToken says the presented token is not a live token: unknown,
+// revoked, or past its expiry.
+var ErrUnknownToken = errors.New("auth: unknown, revoked or expired token")
 
 // Querier runs SQL: a pool, a connection or a transaction.
 type Querier interface {
@@ -79,85 +86,134 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// DB runs SQL and transactions: a pool (or a transaction, whose Begin is a
+// savepoint).
+type DB interface {
+	Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // NewToken is a token just created: Secret is shown once and never again.
 type NewToken struct {
 	Principal
 	Secret string
+	// ExpiresAt is when it stops working; nil: never.
+	ExpiresAt *time.Time
 }
 
 var namePattern = regexp.MustCompile(`^[[:print:]]{1,100}$`)
 
-// CreateToken makes a token with a fresh 256-bit secret. tenants scopes an
-// ingest token (empty: every tenant); another role may not be scoped.
+// TokenSpec is a token to create.
+type TokenSpec struct {
+	Name string
+	Role Role
+	// Tenants scopes an ingest token; empty: every tenant. Another role
+	// may not be scoped.
+	Tenants []string
+	// ExpiresIn, when positive, ends the token that long after it is made,
+	// by the database's clock. Zero: it never expires.
+	ExpiresIn time.Duration
+	// By is who makes it, as the audit log shows it (cli:<user>).
+	By string
+}
+
+// Create makes a token with a fresh 256-bit secret and records it in the
+// audit log, in one transaction.
+func Create(ctx context.Context, db DB, spec TokenSpec) (NewToken, error) {
+	if spec.ExpiresIn < 0 {
+		return NewToken{}, errors.New("auth: a token's lifetime must be positive")
+	}
+	var tok NewToken
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		if tok, err = insertToken(ctx, tx, spec, ""); err != nil {
+			return err
+		}
+		return audit.Record(ctx, tx, audit.Entry{Actor: spec.By, Action: audit.ActionTokenCreate, Subject: audit.Token(spec.Name),
+			To: "live", Details: tokenDetails(tok)})
+	})
+	if err != nil {
+		return NewToken{}, err
+	}
+	return tok, nil
+}
+
+// CreateToken makes a token that never expires, without an audit entry:
+// for fixtures (tests, benchmarks). An operator's token is made with
+// Create, which records who made it.
 func CreateToken(ctx context.Context, q Querier, name string, role Role, tenants []string) (NewToken, error) {
-	if rank[role] == 0 {
-		return NewToken{}, fmt.Errorf("auth: unknown role %q", role)
+	return insertToken(ctx, q, TokenSpec{Name: name, Role: role, Tenants: tenants}, "")
+}
+
+// tokenDetails are what the audit log keeps of a new token: never its
+// secret nor its hash.
+func tokenDetails(tok NewToken) map[string]any {
+	d := map[string]any{"role": tok.Role}
+	if tok.Tenants != nil {
+		d["tenants"] = tok.Tenants
 	}
-	if !namePattern.MatchString(name) {
-		return NewToken{}, errors.New("auth: a token name is 1 to 100 printable characters")
+	if tok.ExpiresAt != nil {
+		d["expires_at"] = tok.ExpiresAt.UTC()
 	}
-	if len(tenants) > 0 && role != RoleIngest {
-		return NewToken{}, errors.New("auth: only an ingest token may be scoped to tenants")
-	}
+	return d
+}
+
+// insertToken stores a token of spec with a fresh secret; origin is
+// where its value comes from ("" for a generated one).
+func insertToken(ctx context.Context, q Querier, spec TokenSpec, origin Origin) (NewToken, error) {
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return NewToken{}, fmt.Errorf("auth: generating a token: %w", err)
 	}
-	secret := TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	return storeToken(ctx, q, spec, origin, TokenPrefix+base64.RawURLEncoding.EncodeToString(raw[:]))
+}
+
+// storeToken stores a token of spec with the secret.
+func storeToken(ctx context.Context, q Querier, spec TokenSpec, origin Origin, secret string) (NewToken, error) {
+	if rank[spec.Role] == 0 {
+		return NewToken{}, fmt.Errorf("auth: unknown role %q", spec.Role)
+	}
+	if !namePattern.MatchString(spec.Name) {
+		return NewToken{}, errors.New("auth: a token name is 1 to 100 printable characters")
+	}
+	if len(spec.Tenants) > 0 && spec.Role != RoleIngest {
+		return NewToken{}, errors.New("auth: only an ingest token may be scoped to tenants")
+	}
 	hash := sha256.Sum256([]byte(secret))
 	var scope []string
-	if len(tenants) > 0 {
-		scope = slices.Clone(tenants)
+	if len(spec.Tenants) > 0 {
+		scope = slices.Clone(spec.Tenants)
 	}
-	var id int64
-	err := q.QueryRow(ctx, `INSERT INTO api_tokens (name, role, tenants, token_hash) VALUES ($1, $2, $3, $4) RETURNING id`,
-		name, string(role), scope, hash[:]).Scan(&id)
+	var (
+		id      int64
+		expires *time.Time
+	)
+	err := q.QueryRow(ctx, `INSERT INTO api_tokens (name, role, tenants, token_hash, origin, expires_at)
+		VALUES ($1, $2, $3, $4, nullif($5, ''), CASE WHEN $6::interval > '0' THEN clock_timestamp() + $6::interval END)
+		RETURNING id, expires_at`,
+		spec.Name, string(spec.Role), scope, hash[:], string(origin), spec.ExpiresIn).Scan(&id, &expires)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.ConstraintName == "api_tokens_name_key" {
-			return NewToken{}, fmt.Errorf("auth: a token named %q exists already", name)
+			return NewToken{}, fmt.Errorf("auth: a token named %q exists already", spec.Name)
 		}
 		return NewToken{}, fmt.Errorf("auth: storing the token: %w", err)
 	}
-	return NewToken{Principal: Principal{TokenID: id, Name: name, Role: role, Tenants: scope}, Secret: secret}, nil
+	return NewToken{Principal: Principal{TokenID: id, Name: spec.Name, Role: spec.Role, Tenants: scope}, Secret: secret, ExpiresAt: expires}, nil
 }
 
-// AdminTokenName names the admin token TALLY_ADMIN_TOKEN ensures.
-const AdminTokenName = "admin (TALLY_ADMIN_TOKEN)"
+// LastUsedResolution is how stale a token's last_used_at may grow: it is
+// written at most once per this, per token.
+const LastUsedResolution = time.Minute
 
-// MinAdminTokenLength is the shortest TALLY_ADMIN_TOKEN accepted.
-const MinAdminTokenLength = 24
-
-// EnsureAdminToken makes secret a live admin token named AdminTokenName,
-// replacing the hash of a previous TALLY_ADMIN_TOKEN (which stops working).
-func EnsureAdminToken(ctx context.Context, q Querier, secret string) error {
-	if len(secret) < MinAdminTokenLength {
-		return fmt.Errorf("auth: TALLY_ADMIN_TOKEN must be at least %d characters", MinAdminTokenLength)
-	}
-	return EnsureToken(ctx, q, AdminTokenName, RoleAdmin, secret)
-}
-
-// EnsureToken makes secret a live, unscoped token of role named name,
-// replacing that name's previous secret.
-func EnsureToken(ctx context.Context, q Querier, name string, role Role, secret string) error {
-	if rank[role] == 0 || !namePattern.MatchString(name) {
-		return fmt.Errorf("auth: ensuring token %q: bad name or role", name)
-	}
-	hash := sha256.Sum256([]byte(secret))
-	_, err := q.Exec(ctx, `
-		INSERT INTO api_tokens (name, role, token_hash) VALUES ($1, $2, $3)
-		ON CONFLICT (name) DO UPDATE SET token_hash = EXCLUDED.token_hash, role = EXCLUDED.role, tenants = NULL, revoked_at = NULL`,
-		name, string(role), hash[:])
-	if err != nil {
-		return fmt.Errorf("auth: ensuring token %q: %w", name, err)
-	}
-	return nil
-}
-
-// Verify returns the principal of a presented token. The lookup is by the
-// token's SHA-256, and the stored hash is then compared in constant time, so
-// neither the database index nor Go's comparison reveals how much of a
-// guess was right.
+// Verify returns the principal of a live presented token: not revoked, not
+// expired (by the database's clock). The lookup is by the token's SHA-256,
+// and the stored hash is then compared in constant time, so neither the
+// database index nor Go's comparison reveals how much of a guess was right.
+//
+// It notes the token's use (last_used_at) at most once per
+// LastUsedResolution, in a statement of its own whose failure does not fail
+// the verification: pass a pool, not a transaction.
 func Verify(ctx context.Context, q Querier, presented string) (Principal, error) {
 	if presented == "" || len(presented) > 512 {
 		return Principal{}, ErrUnknownToken
@@ -167,9 +223,13 @@ func Verify(ctx context.Context, q Querier, presented string) (Principal, error)
 		p      Principal
 		stored []byte
 		role   string
+		stale  bool
 	)
-	err := q.QueryRow(ctx, `SELECT id, name, role, tenants, token_hash FROM api_tokens
-		WHERE token_hash = $1 AND revoked_at IS NULL`, hash[:]).Scan(&p.TokenID, &p.Name, &role, &p.Tenants, &stored)
+	err := q.QueryRow(ctx, `SELECT id, name, role, tenants, token_hash,
+			last_used_at IS NULL OR last_used_at < clock_timestamp() - $2::interval
+		FROM api_tokens
+		WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())`,
+		hash[:], LastUsedResolution).Scan(&p.TokenID, &p.Name, &role, &p.Tenants, &stored, &stale)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Principal{}, ErrUnknownToken
 	}
@@ -180,10 +240,31 @@ func Verify(ctx context.Context, q Querier, presented string) (Principal, error)
 		return Principal{}, ErrUnknownToken
 	}
 	p.Role = Role(role)
+	if stale {
+		// Best effort: a token in use by another request right now is
+		// skipped, not waited for, and an error here only delays the note.
+		_, _ = q.Exec(ctx, `UPDATE api_tokens SET last_used_at = clock_timestamp()
+			WHERE id = (SELECT id FROM api_tokens WHERE id = $1
+				AND (last_used_at IS NULL OR last_used_at < clock_timestamp() - $2::interval) FOR UPDATE SKIP LOCKED)`,
+			p.TokenID, LastUsedResolution)
+	}
 	return p, nil
 }
 
-// Revoke ends a token by name.
+// RevokeAs ends the live token named name and records who did it (by) in
+// the audit log, in one transaction. Its console sessions end with it.
+func RevokeAs(ctx context.Context, db DB, name, by string) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := Revoke(ctx, tx, name); err != nil {
+			return err
+		}
+		return audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionTokenRevoke, Subject: audit.Token(name),
+			From: "live", To: "revoked"})
+	})
+}
+
+// Revoke ends the live token named name, without an audit entry: for
+// fixtures. An operator revokes with RevokeAs.
 func Revoke(ctx context.Context, q Querier, name string) error {
 	tag, err := q.Exec(ctx, `UPDATE api_tokens SET revoked_at = clock_timestamp() WHERE name = $1 AND revoked_at IS NULL`, name)
 	if err != nil {
@@ -200,25 +281,34 @@ type Token struct {
 	Name string
 	Role Role
 	// Tenants scopes an ingest token; nil means every tenant.
-	Tenants   []string
+	Tenants []string
+	// Origin is where its value comes from: OriginConfig, OriginDev, or ""
+	// for a token made with tally tokens create.
+	Origin    Origin
 	CreatedAt time.Time
 	// RevokedAt is nil while the token is live.
 	RevokedAt *time.Time
+	// ExpiresAt is when it stops working; nil: never.
+	ExpiresAt *time.Time
+	// LastUsedAt is when it last verified, to within LastUsedResolution;
+	// nil: never.
+	LastUsedAt *time.Time
 }
 
 // ListTokens lists every token, the revoked ones too, oldest first.
 func ListTokens(ctx context.Context, q Querier) ([]Token, error) {
-	rows, err := q.Query(ctx, `SELECT name, role, tenants, created_at, revoked_at FROM api_tokens ORDER BY created_at`)
+	rows, err := q.Query(ctx, `SELECT name, role, tenants, coalesce(origin, ''), created_at, revoked_at, expires_at, last_used_at
+		FROM api_tokens ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("auth: listing tokens: %w", err)
 	}
 	tokens, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Token, error) {
 		var (
-			t    Token
-			role string
+			t            Token
+			role, origin string
 		)
-		err := row.Scan(&t.Name, &role, &t.Tenants, &t.CreatedAt, &t.RevokedAt)
-		t.Role = Role(role)
+		err := row.Scan(&t.Name, &role, &t.Tenants, &origin, &t.CreatedAt, &t.RevokedAt, &t.ExpiresAt, &t.LastUsedAt)
+		t.Role, t.Origin = Role(role), Origin(origin)
 		return t, err
 	})
 	if err != nil {

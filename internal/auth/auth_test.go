@@ -64,24 +64,6 @@ func TestTokens(t *testing.T) {
 	require.Error(t, auth.Revoke(ctx, pool, "svc"))
 }
 
-func TestEnsureAdminToken(t *testing.T) {
-	t.Parallel()
-	ctx, pool := context.Background(), testdb.New(t)
-	require.Error(t, auth.EnsureAdminToken(ctx, pool, "short"))
-	first := strings.Repeat("a", 32)
-	require.NoError(t, auth.EnsureAdminToken(ctx, pool, first))
-	require.NoError(t, auth.EnsureAdminToken(ctx, pool, first), "idempotent")
-	p, err := auth.Verify(ctx, pool, first)
-	require.NoError(t, err)
-	require.Equal(t, auth.RoleAdmin, p.Role)
-	second := strings.Repeat("b", 32)
-	require.NoError(t, auth.EnsureAdminToken(ctx, pool, second))
-	_, err = auth.Verify(ctx, pool, first)
-	require.ErrorIs(t, err, auth.ErrUnknownToken, "a changed TALLY_ADMIN_TOKEN replaces the old one")
-	_, err = auth.Verify(ctx, pool, second)
-	require.NoError(t, err)
-}
-
 // The list is every token, oldest first, revoked ones too, with its scope
 // (nil: every tenant) and never a secret.
 func TestListTokens(t *testing.T) {

@@ -85,13 +85,23 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	return node.stop(sctx)
 }
 
-// checkStart does what comes before any service starts: it ensures the
-// configured admin token, says once that export is stalled without a key,
-// and refuses a restricted key that could not send a feature's items.
+// checkStart does what comes before any service starts: it seeds the
+// configured admin token (a new value replaces the previous one; a revoked
+// value stays revoked, and the node starts without it), says once that
+// export is stalled without a key, and refuses a restricted key that could
+// not send a feature's items.
 func checkStart(ctx context.Context, cfg config.Config, db *DB, logger *slog.Logger) error {
 	if cfg.AdminToken != "" {
-		if err := auth.EnsureAdminToken(ctx, db.Pool, cfg.AdminToken); err != nil {
+		seeded, err := auth.SeedAdminToken(ctx, db.Pool, cfg.AdminToken)
+		switch {
+		case errors.Is(err, auth.ErrSeedRevoked):
+			logger.Error("TALLY_ADMIN_TOKEN is a revoked token and is not revived: no admin token from configuration on this node; set a new value, or manage admin tokens with tally tokens",
+				"token", seeded.Name)
+		case err != nil:
 			return err
+		case seeded.Created:
+			logger.Info("TALLY_ADMIN_TOKEN is a new value: its admin token is created, the previous one revoked",
+				"token", seeded.Name, "revoked", seeded.Revoked)
 		}
 	}
 	if cfg.StripeAPIKey == "" {
