@@ -88,7 +88,7 @@ func exportSettings() []setting {
 			str(func(c *Config) *string { return &c.StripeWebhookSecret })},
 		{"TALLY_EXPORTER", "exporter", "the exporter of features whose mapping names none: stripe_meter_events (v1) or stripe_meter_event_stream (v2)", exporter.StripeMeterEvents,
 			str(func(c *Config) *string { return &c.Exporter })},
-		{"TALLY_ADMIN_TOKEN", "admin-token", "if set, an admin token with this value is ensured at start (at least 24 characters)", "",
+		{"TALLY_ADMIN_TOKEN", "admin-token", "if set, seeds an admin token with this value at start (at least 32 characters, strong; a new value revokes the previous one, a revoked value is never revived)", "",
 			str(func(c *Config) *string { return &c.AdminToken })},
 		{"TALLY_STAGE_INTERVAL", "stage-interval", "how often windows are staged", short(meter.DefaultStageInterval),
 			dur(func(c *Config) *time.Duration { return &c.StageInterval })},

@@ -112,8 +112,10 @@ func (c *Config) exportProblems() []error {
 		errs = append(errs, fmt.Errorf("TALLY_EXPORTER must be stripe_meter_events or stripe_meter_event_stream, got %q", c.Exporter))
 	}
 	errs = append(errs, c.restrictedKeyProblems()...)
-	if c.AdminToken != "" && len(c.AdminToken) < auth.MinAdminTokenLength {
-		errs = append(errs, fmt.Errorf("TALLY_ADMIN_TOKEN must be at least %d characters", auth.MinAdminTokenLength))
+	if c.AdminToken != "" {
+		if err := auth.CheckConfiguredSecret("TALLY_ADMIN_TOKEN", c.AdminToken); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.StageInterval <= 0 {
 		errs = append(errs, fmt.Errorf("TALLY_STAGE_INTERVAL must be positive, got %s", c.StageInterval))
