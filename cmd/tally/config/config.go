@@ -115,6 +115,9 @@ type Config struct {
 	// ReconcileSettle is how long an accepted item waits before a run
 	// compares it. Defaults to reconcile.DefaultSettle.
 	ReconcileSettle time.Duration
+
+	// Console is the web console's sessions (settings_console.go).
+	Console ConsoleConfig
 }
 
 // Flags registers every setting on fs and returns a function that, after
