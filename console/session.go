@@ -65,8 +65,10 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request, token, addr str
 		return err
 	})
 	if errors.Is(err, auth.ErrUnknownToken) || errors.Is(err, errIngestOnly) {
+		// The refusal stands (and counts against the address) even when
+		// the database cannot record it; the log says so.
 		if aerr := auth.RecordRefusedSignIn(ctx, c.pool, addr); aerr != nil {
-			return auth.Principal{}, aerr
+			c.Logger.ErrorContext(ctx, "console: recording a refused sign-in failed", "error", aerr)
 		}
 	}
 	if err != nil {
