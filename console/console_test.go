@@ -268,7 +268,7 @@ func TestOperatorFixesAndRequeues(t *testing.T) {
 		require.NoError(t, rows.Scan(&a))
 		actors = append(actors, a)
 	}
-	require.Equal(t, []string{"console:otto console.sign_in", "console:otto mapping.tenant", "console:otto readdress"}, actors,
+	require.Equal(t, []string{"console:otto session.open", "console:otto mapping.tenant", "console:otto readdress"}, actors,
 		"the sign-in, then the actions")
 
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/console/items/%d", s.url, item)), chromedp.WaitVisible(chromedp.CSS(`main h1`))))

@@ -43,27 +43,26 @@ func sessionOf(r *http.Request) (auth.Session, bool) {
 // and audits it), in one transaction that also deletes up to
 // sessionPurgeBatch ended sessions: a random id in an HttpOnly,
 // SameSite=Strict cookie, only its hash in the database. A refused token
-// is audited too, with the address and nothing of the token.
+// is audited too, with the address and nothing of the token. The token is
+// verified on the pool, before the transaction: auth.Verify notes the
+// token's use in a statement of its own.
 func (c *Console) signIn(w http.ResponseWriter, r *http.Request, token, addr string) (auth.Principal, error) {
 	ctx := r.Context()
-	var (
-		p auth.Principal
-		s auth.NewSession
-	)
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		var err error
-		if p, err = auth.Verify(ctx, tx, token); err != nil {
+	var s auth.NewSession
+	p, err := auth.Verify(ctx, c.pool, token)
+	if err == nil && !p.Role.Allows(auth.RoleFinance) {
+		err = errIngestOnly
+	}
+	if err == nil {
+		err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+			if _, err := auth.PurgeSessions(ctx, tx, c.SessionIdle, sessionPurgeBatch); err != nil {
+				return err
+			}
+			var err error
+			s, err = auth.OpenSession(ctx, tx, p, c.SessionTTL, addr)
 			return err
-		}
-		if !p.Role.Allows(auth.RoleFinance) {
-			return errIngestOnly
-		}
-		if _, err := auth.PurgeSessions(ctx, tx, c.SessionIdle, sessionPurgeBatch); err != nil {
-			return err
-		}
-		s, err = auth.OpenSession(ctx, tx, p, c.SessionTTL, addr)
-		return err
-	})
+		})
+	}
 	if errors.Is(err, auth.ErrUnknownToken) || errors.Is(err, errIngestOnly) {
 		// The refusal stands (and counts against the address) even when
 		// the database cannot record it; the log says so.

@@ -36,9 +36,9 @@ var ErrNoSession = errors.New("auth: no live session")
 // the token), a refused sign-in (the subject is the address; nothing of the
 // presented token is recorded) and a sign-out.
 const (
-	ActionSignIn        = "console.sign_in"
-	ActionSignInRefused = "console.sign_in_refused"
-	ActionSignOut       = "console.sign_out"
+	ActionSignIn        = "session.open"
+	ActionSignInRefused = "session.refused"
+	ActionSignOut       = "session.close"
 )
 
 // SessionTouchInterval is the most often a session's last_seen_at is
