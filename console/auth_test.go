@@ -46,7 +46,8 @@ var consoleRoutes = []struct {
 var csrfPattern = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
 // Every console route, for every caller: the table lists them all (checked
-// against the router), and each answers as it says.
+// against the router), and each answers as it says. POSTs carry the
+// site's origin, as a browser posting the console's forms does.
 func TestConsoleAuthorizationTable(t *testing.T) {
 	t.Parallel()
 	s := newSite(t)
@@ -65,7 +66,7 @@ func TestConsoleAuthorizationTable(t *testing.T) {
 	session := func(role auth.Role) (*http.Client, string) {
 		jar, _ := cookiejar.New(nil)
 		c := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-		resp, err := c.PostForm(s.url+"/console/login", url.Values{"token": {s.token(t, "t-"+string(role), role)}})
+		resp, err := postSignIn(c, s.url, s.token(t, "t-"+string(role), role))
 		require.NoError(t, err)
 		resp.Body.Close()
 		resp, err = c.Get(s.url + "/console/")
@@ -98,7 +99,11 @@ func TestConsoleAuthorizationTable(t *testing.T) {
 				if c.csrf != "" {
 					form.Set("csrf", c.csrf)
 				}
-				resp, err = c.client.Post(s.url+r.path, "application/x-www-form-urlencoded", strings.NewReader(form.Encode()))
+				req, rerr := http.NewRequest(http.MethodPost, s.url+r.path, strings.NewReader(form.Encode()))
+				require.NoError(t, rerr)
+				req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+				req.Header.Set("Origin", s.url) // as a browser posting the console's own forms
+				resp, err = c.client.Do(req)
 			}
 			require.NoError(t, err)
 			resp.Body.Close()

@@ -6,7 +6,11 @@
 //
 // Sign-in exchanges an API token (finance or above) for a session, kept by
 // package auth: a random id in an HttpOnly, SameSite=Strict cookie, only
-// its hash stored. Every action is a POST carrying the session's CSRF
+// its hash stored. The sign-in form is accepted only from this site's own
+// page (Origin, or Referer), failed sign-ins are throttled per client
+// address and in all on each node, and sign-ins, refusals and sign-outs
+// are audited. A session ends at its absolute expiry or when unused for
+// its idle timeout. Every action is a POST carrying the session's CSRF
 // token; what a page shows and allows follows the role. It changes nothing
 // itself: every action goes through the package that owns it (quarantine,
 // reconcile, mappings), which audits it. It runs no SQL of its own either:
@@ -56,15 +60,22 @@ type Deps struct {
 	Reconcile func(ctx context.Context, tx pgx.Tx, runID int64) error
 	// Settle is the default settle delay of a run started here.
 	Settle time.Duration
-	Logger *slog.Logger
+	// SessionTTL is how long a session lasts at most. Defaults to
+	// DefaultSessionTTL.
+	SessionTTL time.Duration
+	// SessionIdle is how long a session lasts unused. Defaults to
+	// DefaultSessionIdle.
+	SessionIdle time.Duration
+	Logger      *slog.Logger
 }
 
 // Console serves /console/.
 type Console struct {
 	Deps
-	pool  *pgxpool.Pool
-	pages map[string]*template.Template
-	login *template.Template
+	pool     *pgxpool.Pool
+	pages    map[string]*template.Template
+	login    *template.Template
+	throttle *signInThrottle
 }
 
 // New parses the templates.
@@ -72,7 +83,13 @@ func New(d Deps) (*Console, error) {
 	if d.Logger == nil {
 		d.Logger = slog.Default()
 	}
-	c := &Console{Deps: d, pool: d.Pool, pages: map[string]*template.Template{}}
+	if d.SessionTTL <= 0 {
+		d.SessionTTL = DefaultSessionTTL
+	}
+	if d.SessionIdle <= 0 {
+		d.SessionIdle = DefaultSessionIdle
+	}
+	c := &Console{Deps: d, pool: d.Pool, pages: map[string]*template.Template{}, throttle: newSignInThrottle(defaultSignInLimits())}
 	funcs := template.FuncMap{}
 	layout, err := template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
 	if err != nil {
@@ -136,17 +153,25 @@ func securityHeaders(next http.Handler) http.Handler {
 	})
 }
 
-// requireSession sends a browser without a session to the sign-in page,
-// and refuses a POST whose CSRF token is missing or wrong.
+// requireSession sends a browser without a session to the sign-in page
+// (saying so when the one it had has ended), and refuses a POST whose CSRF
+// token is missing or wrong.
 func (c *Console) requireSession(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s, ok := c.lookup(r.Context(), r)
+		s, ok, had := c.lookup(r.Context(), r)
 		if !ok {
+			if had {
+				clearCookie(w)
+			}
 			if r.Method != http.MethodGet {
 				http.Error(w, "sign in first", http.StatusUnauthorized)
 				return
 			}
-			http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+			to := "/console/login"
+			if had {
+				to += "?ended=1"
+			}
+			http.Redirect(w, r, to, http.StatusSeeOther)
 			return
 		}
 		if r.Method == http.MethodPost {
@@ -173,37 +198,68 @@ func requireRole(min auth.Role) func(http.Handler) http.Handler {
 }
 
 func (c *Console) getLogin(w http.ResponseWriter, r *http.Request) {
-	c.renderLogin(w, http.StatusOK, "")
+	var notice string
+	if r.URL.Query().Get("ended") != "" {
+		notice = "Your session has ended: sign in again."
+	}
+	c.renderLogin(w, http.StatusOK, loginPage{Notice: notice})
 }
 
-func (c *Console) renderLogin(w http.ResponseWriter, status int, msg string) {
+// loginPage is what the sign-in page says: an error, or a notice.
+type loginPage struct{ Error, Notice string }
+
+func (c *Console) renderLogin(w http.ResponseWriter, status int, p loginPage) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
-	_ = c.login.ExecuteTemplate(w, "login", struct{ Error string }{msg})
+	_ = c.login.ExecuteTemplate(w, "login", p)
 }
 
+// postLogin signs in: only a form posted from this site's own page, and
+// only while the client's address (and every address together) is under
+// its limit of failed sign-ins — over it the token is not even looked at.
 func (c *Console) postLogin(w http.ResponseWriter, r *http.Request) {
+	if !fromThisSite(r, true) {
+		c.renderLogin(w, http.StatusForbidden, loginPage{Error: "Refused: this sign-in did not come from the console's own sign-in page. " +
+			"Open the console's address yourself and sign in there."})
+		return
+	}
+	addr := clientAddr(r)
+	attempt, wait := c.throttle.admit(addr)
+	if wait > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
+		c.renderLogin(w, http.StatusTooManyRequests, loginPage{Error: fmt.Sprintf(
+			"Too many failed sign-ins: try again in %d seconds.", int(wait/time.Second))})
+		return
+	}
+	failed := true
+	defer func() { attempt.finish(failed) }()
 	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
 	token := strings.TrimSpace(r.PostFormValue("token"))
 	if token == "" {
-		c.renderLogin(w, http.StatusBadRequest, "Enter an API token.")
+		failed = false // no token was tried
+		c.renderLogin(w, http.StatusBadRequest, loginPage{Error: "Enter an API token."})
 		return
 	}
-	_, err := c.signIn(w, r, token)
+	_, err := c.signIn(w, r, token, addr)
 	switch {
 	case errors.Is(err, auth.ErrUnknownToken):
-		c.renderLogin(w, http.StatusUnauthorized, "Unknown or revoked token.")
+		c.renderLogin(w, http.StatusUnauthorized, loginPage{Error: "Unknown or revoked token."})
 	case errors.Is(err, errIngestOnly):
-		c.renderLogin(w, http.StatusForbidden, "An ingest token cannot sign in: use a finance, operator or admin token.")
+		c.renderLogin(w, http.StatusForbidden, loginPage{Error: "An ingest token cannot sign in: use a finance, operator or admin token."})
 	case err != nil:
+		failed = false // the server failed, not the client
 		c.fail(w, r, err)
 	default:
+		failed = false
 		http.Redirect(w, r, "/console/", http.StatusSeeOther)
 	}
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
-	c.signOut(w, r)
+	if err := c.signOut(w, r); err != nil {
+		c.fail(w, r, err)
+		return
+	}
 	http.Redirect(w, r, "/console/login", http.StatusSeeOther)
 }
 

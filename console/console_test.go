@@ -268,7 +268,8 @@ func TestOperatorFixesAndRequeues(t *testing.T) {
 		require.NoError(t, rows.Scan(&a))
 		actors = append(actors, a)
 	}
-	require.Equal(t, []string{"console:otto mapping.tenant", "console:otto readdress"}, actors)
+	require.Equal(t, []string{"console:otto session.open", "console:otto mapping.tenant", "console:otto readdress"}, actors,
+		"the sign-in, then the actions")
 
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/console/items/%d", s.url, item)), chromedp.WaitVisible(chromedp.CSS(`main h1`))))
 	require.Equal(t, 1, count(t, ctx, `[data-testid=successor]`), "the page links to the successor")
@@ -373,7 +374,7 @@ func TestActionsNeedCSRFAndRole(t *testing.T) {
 		jar, err := cookiejar.New(nil)
 		require.NoError(t, err)
 		c := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-		resp, err := c.PostForm(s.url+"/console/login", url.Values{"token": {token}})
+		resp, err := postSignIn(c, s.url, token)
 		require.NoError(t, err)
 		resp.Body.Close()
 		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
@@ -413,7 +414,7 @@ func TestActionsNeedCSRFAndRole(t *testing.T) {
 	require.Equal(t, "/console/login", resp.Header.Get("Location"))
 
 	ing := s.token(t, "svc", auth.RoleIngest)
-	resp, err = http.PostForm(s.url+"/console/login", url.Values{"token": {ing}})
+	resp, err = postSignIn(http.DefaultClient, s.url, ing)
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "an ingest token may not sign in")
@@ -421,6 +422,18 @@ func TestActionsNeedCSRFAndRole(t *testing.T) {
 	var state string
 	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT state FROM outbox_items WHERE id = $1`, item).Scan(&state))
 	require.Equal(t, "quarantined", state, "nothing was done")
+}
+
+// postSignIn posts the sign-in form as the console's own page does: with
+// the site's origin.
+func postSignIn(c *http.Client, base, token string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodPost, base+"/console/login", strings.NewReader(url.Values{"token": {token}}.Encode()))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", base)
+	return c.Do(req)
 }
 
 func mustURL(t *testing.T, s string) *url.URL {

@@ -51,7 +51,7 @@ func TestMappingsPageShowsPayloadKeysAndHidesTheStreamForARestrictedKey(t *testi
 		require.NoError(t, err)
 		return string(b)
 	}
-	resp, err := client.PostForm(srv.URL+"/console/login", url.Values{"token": {s.token(t, "olive", auth.RoleOperator)}})
+	resp, err := postSignIn(client, srv.URL, s.token(t, "olive", auth.RoleOperator))
 	require.NoError(t, err)
 	resp.Body.Close()
 	page := get("/console/mappings")

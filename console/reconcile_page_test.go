@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
-	"net/url"
 	"testing"
 	"time"
 
@@ -36,7 +35,7 @@ func TestReconcilePageShowsTheReasonOfARefusedKey(t *testing.T) {
 
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar}
-	resp, err := c.PostForm(s.url+"/console/login", url.Values{"token": {s.token(t, "fin", auth.RoleFinance)}})
+	resp, err := postSignIn(c, s.url, s.token(t, "fin", auth.RoleFinance))
 	require.NoError(t, err)
 	resp.Body.Close()
 	resp, err = c.Get(fmt.Sprintf("%s/console/reconcile/%d", s.url, run))

@@ -5,14 +5,29 @@ import (
 	"crypto/subtle"
 	"errors"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/auth"
 )
 
+const cookieName = "tally_session"
+
+// The session defaults (TALLY_CONSOLE_SESSION_TTL and
+// TALLY_CONSOLE_SESSION_IDLE), and how many ended sessions a sign-in
+// deletes at most.
 const (
-	cookieName = "tally_session"
-	sessionTTL = 8 * time.Hour
+	// DefaultSessionTTL is how long a session lasts at most, however much
+	// it is used.
+	DefaultSessionTTL = 8 * time.Hour
+	// DefaultSessionIdle is how long a session lasts unused.
+	DefaultSessionIdle = 30 * time.Minute
+	// sessionPurgeBatch is how many ended sessions each sign-in deletes
+	// at most: the table keeps little more than the live sessions.
+	sessionPurgeBatch = 100
 )
 
 type sessionKey struct{}
@@ -24,58 +39,110 @@ func sessionOf(r *http.Request) (auth.Session, bool) {
 	return s, ok
 }
 
-// signIn verifies an API token and opens a session for it (auth keeps it):
-// a random id in an HttpOnly, SameSite=Strict cookie, only its hash in the
-// database.
-func (c *Console) signIn(w http.ResponseWriter, r *http.Request, token string) (auth.Principal, error) {
-	p, err := auth.Verify(r.Context(), c.pool, token)
-	if err != nil {
-		return auth.Principal{}, err
+// signIn verifies an API token and opens a session for it (auth keeps it
+// and audits it), in one transaction that also deletes up to
+// sessionPurgeBatch ended sessions: a random id in an HttpOnly,
+// SameSite=Strict cookie, only its hash in the database. A refused token
+// is audited too, with the address and nothing of the token. The token is
+// verified on the pool, before the transaction: auth.Verify notes the
+// token's use in a statement of its own.
+func (c *Console) signIn(w http.ResponseWriter, r *http.Request, token, addr string) (auth.Principal, error) {
+	ctx := r.Context()
+	var s auth.NewSession
+	p, err := auth.Verify(ctx, c.pool, token)
+	if err == nil && !p.Role.Allows(auth.RoleFinance) {
+		err = errIngestOnly
 	}
-	if !p.Role.Allows(auth.RoleFinance) {
-		return auth.Principal{}, errIngestOnly
+	if err == nil {
+		err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+			if _, err := auth.PurgeSessions(ctx, tx, c.SessionIdle, sessionPurgeBatch); err != nil {
+				return err
+			}
+			var err error
+			s, err = auth.OpenSession(ctx, tx, p, c.SessionTTL, addr)
+			return err
+		})
 	}
-	s, err := auth.OpenSession(r.Context(), c.pool, p.TokenID, sessionTTL)
+	if errors.Is(err, auth.ErrUnknownToken) || errors.Is(err, errIngestOnly) {
+		// The refusal stands (and counts against the address) even when
+		// the database cannot record it; the log says so.
+		if aerr := auth.RecordRefusedSignIn(ctx, c.pool, addr); aerr != nil {
+			c.Logger.ErrorContext(ctx, "console: recording a refused sign-in failed", "error", aerr)
+		}
+	}
 	if err != nil {
 		return auth.Principal{}, err
 	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: s.ID, Path: "/console/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(sessionTTL / time.Second)})
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(c.SessionTTL / time.Second)})
 	return p, nil
 }
 
 var errIngestOnly = errors.New("an ingest token cannot sign in to the console")
 
-// lookup finds the request's session: unexpired, and its token not revoked.
-func (c *Console) lookup(ctx context.Context, r *http.Request) (auth.Session, bool) {
+// lookup finds the request's session: unexpired, used within the idle
+// timeout, and its token not revoked. had says whether the request
+// carried a session cookie at all.
+func (c *Console) lookup(ctx context.Context, r *http.Request) (s auth.Session, ok, had bool) {
 	ck, err := r.Cookie(cookieName)
 	if err != nil || ck.Value == "" {
-		return auth.Session{}, false
+		return auth.Session{}, false, false
 	}
-	s, err := auth.LookupSession(ctx, c.pool, ck.Value)
+	s, err = auth.LookupSession(ctx, c.pool, ck.Value, c.SessionIdle)
 	if err != nil {
-		return auth.Session{}, false
+		return auth.Session{}, false, true
 	}
-	return s, true
+	return s, true, true
 }
 
-// signOut ends the session: the row expires and the cookie is cleared.
-func (c *Console) signOut(w http.ResponseWriter, r *http.Request) {
+// signOut ends the session (the row expires; auth audits it) and clears
+// the cookie.
+func (c *Console) signOut(w http.ResponseWriter, r *http.Request) error {
 	if ck, err := r.Cookie(cookieName); err == nil {
-		_ = auth.EndSession(r.Context(), c.pool, ck.Value)
+		err := pgx.BeginFunc(r.Context(), c.pool, func(tx pgx.Tx) error {
+			return auth.EndSession(r.Context(), tx, ck.Value, clientAddr(r))
+		})
+		if err != nil {
+			return err
+		}
 	}
+	clearCookie(w)
+	return nil
+}
+
+func clearCookie(w http.ResponseWriter) {
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/console/", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, MaxAge: -1})
+}
+
+// fromThisSite reports whether a browser's POST comes from a page of this
+// host: its Origin header — or, for the sign-in form when there is none,
+// its Referer — names http(s)://Host. The sign-in form is strict (it has
+// no session token to carry yet): a request that names neither, or an
+// opaque origin ("null": a sandboxed frame, a no-referrer page), is
+// refused. The session's forms are not: they carry their CSRF token, so
+// only an Origin naming another site refuses them.
+func fromThisSite(r *http.Request, strict bool) bool {
+	source := r.Header.Get("Origin")
+	switch {
+	case source == "null", source == "" && !strict:
+		return !strict
+	case source == "":
+		ref, err := url.Parse(r.Header.Get("Referer"))
+		if err != nil || ref.Host == "" {
+			return false
+		}
+		source = ref.Scheme + "://" + ref.Host
+	}
+	return strings.EqualFold(source, "http://"+r.Host) || strings.EqualFold(source, "https://"+r.Host)
 }
 
 // checkCSRF: a state-changing request carries its session's CSRF token in
 // the form, and, when the browser says where it comes from, comes from
 // this host.
 func checkCSRF(r *http.Request, s auth.Session) bool {
-	if origin := r.Header.Get("Origin"); origin != "" && origin != "null" {
-		if u := "http://" + r.Host; origin != u && origin != "https://"+r.Host {
-			return false
-		}
+	if !fromThisSite(r, false) {
+		return false
 	}
 	got := r.PostFormValue("csrf")
 	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.CSRF)) == 1

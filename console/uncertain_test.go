@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
-	"net/url"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -28,7 +27,7 @@ func TestUncertainPageListsTheItems(t *testing.T) {
 
 	jar, _ := cookiejar.New(nil)
 	client := &http.Client{Jar: jar}
-	resp, err := client.PostForm(s.url+"/console/login", url.Values{"token": {s.token(t, "olive", auth.RoleOperator)}})
+	resp, err := postSignIn(client, s.url, s.token(t, "olive", auth.RoleOperator))
 	require.NoError(t, err)
 	resp.Body.Close()
 	get := func() string {

@@ -120,6 +120,8 @@ type Config struct {
 	// TLS is how the node meets its clients: its certificate, or the
 	// reverse proxies it believes.
 	TLS TLSConfig
+	// Console is the web console's sessions (settings_console.go).
+	Console ConsoleConfig
 }
 
 // Flags registers every setting on fs and returns a function that, after

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/cmd/tally/config"
+	"github.com/tallymeter/tally/console"
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/meter"
@@ -68,6 +69,7 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 		StreamInFlight: exporter.DefaultStreamInFlight, DeliveryWorkers: exporter.DefaultWorkers,
 		DeliveryBatch: exporter.DefaultBatch, DeliveryInFlight: exporter.DefaultInFlight, PollInterval: exporter.DefaultPollInterval,
 		ReconcileSchedule: reconcile.DefaultSchedule, ReconcileSettle: reconcile.DefaultSettle,
+		Console: config.ConsoleConfig{SessionTTL: console.DefaultSessionTTL, SessionIdle: console.DefaultSessionIdle},
 	}, c)
 }
 

@@ -1,0 +1,175 @@
+package console
+
+import (
+	"container/list"
+	"math"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// The sign-in throttle's defaults: failed sign-ins a client address may
+// make at once and how fast it earns another, the same for all addresses
+// together, and how many addresses are remembered.
+const (
+	defaultSignInFailures           = 10
+	defaultSignInFailureEvery       = time.Minute
+	defaultSignInGlobalFailures     = 100
+	defaultSignInGlobalFailureEvery = 100 * time.Millisecond
+	defaultSignInAddresses          = 10_000
+)
+
+// signInLimits size a signInThrottle.
+type signInLimits struct {
+	// Failures a client address may make at once, and one more each Every.
+	Failures int
+	Every    time.Duration
+	// GlobalFailures all addresses together may make at once, and one more
+	// each GlobalEvery.
+	GlobalFailures int
+	GlobalEvery    time.Duration
+	// Addresses is how many client addresses are remembered; past it the
+	// least recently seen is forgotten.
+	Addresses int
+}
+
+func defaultSignInLimits() signInLimits {
+	return signInLimits{Failures: defaultSignInFailures, Every: defaultSignInFailureEvery,
+		GlobalFailures: defaultSignInGlobalFailures, GlobalEvery: defaultSignInGlobalFailureEvery,
+		Addresses: defaultSignInAddresses}
+}
+
+// clientAddr is the address a request comes from, for the sign-in throttle
+// and the audit log: the connection's peer (r.RemoteAddr). Behind a
+// trusted reverse proxy this is the proxy, not the client: when the node
+// learns which proxies it trusts, this — and only this — function should
+// answer the client address the proxy names. It returns a parsed address
+// (never a header's raw text), or "unknown".
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return "unknown"
+	}
+	return a.Unmap().WithZone("").String()
+}
+
+// throttleKey groups addresses that one client plausibly holds together:
+// an IPv4 address alone, an IPv6 address by its /64.
+func throttleKey(addr string) string {
+	a, err := netip.ParseAddr(addr)
+	if err != nil || a.Is4() {
+		return addr
+	}
+	p, _ := a.Prefix(64)
+	return p.String()
+}
+
+// bucket is one limiter with the attempts admitted by it and not yet
+// finished: an attempt in flight holds a token it may still spend, so
+// concurrent attempts cannot overshoot the limit.
+type bucket struct {
+	lim     *rate.Limiter
+	pending int
+}
+
+// wait is how long until b admits one more attempt (0: now).
+func (b *bucket) wait(now time.Time) time.Duration {
+	tokens := b.lim.TokensAt(now) - float64(b.pending)
+	if tokens >= 1 {
+		return 0
+	}
+	return time.Duration((1 - tokens) / float64(b.lim.Limit()) * float64(time.Second))
+}
+
+type addrBucket struct {
+	key string
+	bucket
+}
+
+// signInThrottle limits failed sign-ins per client address and for all
+// addresses together, on this node. Its memory is bounded: it remembers at
+// most limits.Addresses addresses, forgetting the least recently seen
+// first. An attempt over either limit is refused before its token is
+// looked at.
+type signInThrottle struct {
+	limits signInLimits
+	now    func() time.Time
+
+	mu     sync.Mutex
+	global bucket
+	// addrs indexes order's elements (*addrBucket) by throttleKey; order
+	// has the most recently seen address at its front.
+	addrs map[string]*list.Element
+	order *list.List
+}
+
+func newSignInThrottle(l signInLimits) *signInThrottle {
+	return &signInThrottle{limits: l, now: time.Now,
+		global: bucket{lim: rate.NewLimiter(rate.Every(l.GlobalEvery), l.GlobalFailures)},
+		addrs:  map[string]*list.Element{}, order: list.New()}
+}
+
+// signInAttempt is an admitted attempt: finish it once its outcome is
+// known.
+type signInAttempt struct {
+	t    *signInThrottle
+	addr *addrBucket
+}
+
+// admit admits an attempt from addr, or answers how long the client must
+// wait (rounded up to a whole second).
+func (t *signInThrottle) admit(addr string) (signInAttempt, time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	key := throttleKey(addr)
+	var ab *addrBucket
+	if el, ok := t.addrs[key]; ok {
+		t.order.MoveToFront(el)
+		ab = el.Value.(*addrBucket)
+	} else {
+		ab = &addrBucket{key: key, bucket: bucket{lim: rate.NewLimiter(rate.Every(t.limits.Every), t.limits.Failures)}}
+		t.addrs[key] = t.order.PushFront(ab)
+		for t.order.Len() > t.limits.Addresses {
+			oldest := t.order.Back()
+			t.order.Remove(oldest)
+			delete(t.addrs, oldest.Value.(*addrBucket).key)
+		}
+	}
+	if d := max(ab.wait(now), t.global.wait(now)); d > 0 {
+		return signInAttempt{}, time.Duration(math.Ceil(d.Seconds())) * time.Second
+	}
+	ab.pending++
+	t.global.pending++
+	return signInAttempt{t: t, addr: ab}, 0
+}
+
+// finish ends the attempt: a failed one spends a token of its address and
+// of the global limit, a successful one spends nothing.
+func (a signInAttempt) finish(failed bool) {
+	t := a.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a.addr.pending--
+	t.global.pending--
+	if failed {
+		now := t.now()
+		a.addr.lim.AllowN(now, 1)
+		t.global.lim.AllowN(now, 1)
+	}
+}
+
+// size is how many addresses the throttle remembers.
+func (t *signInThrottle) size() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.order.Len()
+}
