@@ -243,7 +243,7 @@ func (c *Console) postLogin(w http.ResponseWriter, r *http.Request) {
 	_, err := c.signIn(w, r, token, addr)
 	switch {
 	case errors.Is(err, auth.ErrUnknownToken):
-		c.renderLogin(w, http.StatusUnauthorized, loginPage{Error: "Unknown or revoked token."})
+		c.renderLogin(w, http.StatusUnauthorized, loginPage{Error: "Unknown, revoked or expired token."})
 	case errors.Is(err, errIngestOnly):
 		c.renderLogin(w, http.StatusForbidden, loginPage{Error: "An ingest token cannot sign in: use a finance, operator or admin token."})
 	case err != nil:

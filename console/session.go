@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/httpsec"
 )
 
 const cookieName = "tally_session"
@@ -74,7 +75,7 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request, token, addr str
 		return auth.Principal{}, err
 	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: s.ID, Path: "/console/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(c.SessionTTL / time.Second)})
+		SameSite: http.SameSiteStrictMode, Secure: httpsec.ClientHTTPS(r), MaxAge: int(c.SessionTTL / time.Second)})
 	return p, nil
 }
 

@@ -3,13 +3,14 @@ package console
 import (
 	"container/list"
 	"math"
-	"net"
 	"net/http"
 	"net/netip"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/tallymeter/tally/internal/httpsec"
 )
 
 // The sign-in throttle's defaults: failed sign-ins a client address may
@@ -44,17 +45,11 @@ func defaultSignInLimits() signInLimits {
 }
 
 // clientAddr is the address a request comes from, for the sign-in throttle
-// and the audit log: the connection's peer (r.RemoteAddr). Behind a
-// trusted reverse proxy this is the proxy, not the client: when the node
-// learns which proxies it trusts, this — and only this — function should
-// answer the client address the proxy names. It returns a parsed address
-// (never a header's raw text), or "unknown".
+// and the audit log: the client's, as httpsec worked it out (behind a
+// trusted proxy, the address the proxy names; else the connection's peer).
+// It returns a parsed address (never a header's raw text), or "unknown".
 func clientAddr(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	a, err := netip.ParseAddr(host)
+	a, err := netip.ParseAddr(httpsec.ClientAddr(r))
 	if err != nil {
 		return "unknown"
 	}

@@ -81,8 +81,13 @@ func (d *devSim) Close() error {
 // prepare starts the built-in Stripe simulator on loopback with the demo's
 // meters and customers, and points this node at it, unless STRIPE_API_KEY
 // is set; and it shortens the stage interval and the window grace left at
-// their defaults, so that usage lands within a minute.
+// their defaults, so that usage lands within a minute. It refuses TLS:
+// dev is plain HTTP on this machine (its simulator delivers error reports
+// to it over HTTP); TLS is serve's.
 func (f *devFlags) prepare(_ context.Context, cfg *config.Config, _ io.Writer) (io.Closer, error) {
+	if cfg.TLS.Enabled() {
+		return nil, errors.New("dev serves plain HTTP for local development; TALLY_TLS_CERT and TALLY_TLS_KEY are for tally serve")
+	}
 	if cfg.StageInterval == meter.DefaultStageInterval {
 		cfg.StageInterval = 2 * time.Second
 	}

@@ -13,9 +13,11 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -100,6 +102,35 @@ func fetch(t *testing.T, client *http.Client, url string, header map[string]stri
 	return resp
 }
 
+// testAdminToken is a strong admin token for the TLS tests' sign-ins.
+const testAdminToken = "tly_adm_3f9c1e7a52b84d06e1c9a7f35b2d8e40"
+
+// signIn posts the console's sign-in form with the admin token, from
+// origin, with the extra headers, and returns the session cookie the answer
+// sets (nil when none).
+func signIn(t *testing.T, client *http.Client, base, origin string, header map[string]string) *http.Cookie {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/console/login", strings.NewReader(url.Values{"token": {testAdminToken}}.Encode()))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", origin)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	client = &http.Client{Timeout: client.Timeout, Transport: client.Transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Less(t, resp.StatusCode, 400, "the sign-in is accepted")
+	for _, c := range resp.Cookies() {
+		if c.Value != "" {
+			return c
+		}
+	}
+	return nil
+}
+
 // TestServeOverTLS runs `tally serve` with TALLY_TLS_CERT and TALLY_TLS_KEY:
 // it speaks HTTPS only, TLS 1.2 and later; every response — the API's, the
 // console's, the metrics' and the probes' — carries HSTS and the security
@@ -119,8 +150,13 @@ func TestServeOverTLS(t *testing.T) {
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: roots}, DisableKeepAlives: true}}
 
-	base, out := startServe(t, client, "https", "TALLY_TLS_CERT="+certFile, "TALLY_TLS_KEY="+keyFile)
+	base, out := startServe(t, client, "https", "TALLY_TLS_CERT="+certFile, "TALLY_TLS_KEY="+keyFile,
+		"TALLY_ADMIN_TOKEN="+testAdminToken)
 	require.Contains(t, out.String(), `"addr":"https://`)
+	cookie := signIn(t, client, base, base, nil)
+	require.NotNil(t, cookie, "a session cookie")
+	require.True(t, cookie.Secure, "the session cookie is Secure over TLS")
+	require.True(t, cookie.HttpOnly)
 
 	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/v1/outbox/summary", "/console/login", "/console/", "/nowhere"} {
 		resp := fetch(t, client, base+path, map[string]string{"X-Forwarded-Proto": "http"})
@@ -182,8 +218,20 @@ func TestServeBehindATrustedProxy(t *testing.T) {
 	} else {
 		l.Close()
 	}
-	base, _ := startServe(t, proxy, "http", "TALLY_TRUSTED_PROXIES=127.0.0.1")
+	base, _ := startServe(t, proxy, "http", "TALLY_TRUSTED_PROXIES=127.0.0.1", "TALLY_ADMIN_TOKEN="+testAdminToken)
 	https := map[string]string{"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
+	origin := "https://" + strings.TrimPrefix(base, "http://")
+	cookie := signIn(t, proxy, base, origin, https)
+	require.NotNil(t, cookie)
+	require.True(t, cookie.Secure, "the session cookie is Secure when the proxy says the client side is HTTPS")
+	if strangerExists {
+		cookie = signIn(t, stranger, base, origin, https)
+		require.NotNil(t, cookie)
+		require.False(t, cookie.Secure, "another peer's X-Forwarded-Proto is not believed")
+	}
+	cookie = signIn(t, proxy, base, base, nil)
+	require.NotNil(t, cookie)
+	require.False(t, cookie.Secure, "plain HTTP from the proxy")
 
 	for _, path := range []string{"/healthz", "/metrics", "/v1/outbox/summary", "/console/login"} {
 		resp := fetch(t, proxy, base+path, https)
@@ -236,4 +284,24 @@ func TestTLSConfigurationErrorsStopServe(t *testing.T) {
 		entries, _ := os.ReadDir(dataDir)
 		require.Empty(t, entries, "nothing started")
 	}
+}
+
+// TestDevRefusesTLS: dev is plain HTTP on loopback (its simulator posts
+// error reports to it over HTTP); TLS settings are refused before anything
+// starts.
+func TestDevRefusesTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	newTestCert(t, 1).writeTo(t, certFile, keyFile)
+	dataDir := t.TempDir()
+	cmd := exec.Command(binary, "dev")
+	cmd.Env = append(os.Environ(), "TALLY_DATA_DIR="+dataDir, "TALLY_TLS_CERT="+certFile, "TALLY_TLS_KEY="+keyFile)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "%s", out)
+	require.Equal(t, 1, ee.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "dev serves plain HTTP")
+	entries, _ := os.ReadDir(dataDir)
+	require.Empty(t, entries, "nothing started")
 }

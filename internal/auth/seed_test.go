@@ -58,9 +58,9 @@ func TestSeedAdminTokenRotationEndsTheOldTokenAndItsSessions(t *testing.T) {
 	p, err := auth.Verify(ctx, pool, valueA)
 	require.NoError(t, err)
 	require.Equal(t, auth.RoleAdmin, p.Role)
-	session, err := auth.OpenSession(ctx, pool, p.TokenID, time.Hour)
+	session, err := auth.OpenSession(ctx, pool, p, time.Hour, "192.0.2.1")
 	require.NoError(t, err)
-	_, err = auth.LookupSession(ctx, pool, session.ID)
+	_, err = auth.LookupSession(ctx, pool, session.ID, time.Hour)
 	require.NoError(t, err)
 
 	again, err := auth.SeedAdminToken(ctx, pool, valueA)
@@ -73,7 +73,7 @@ func TestSeedAdminTokenRotationEndsTheOldTokenAndItsSessions(t *testing.T) {
 	require.Equal(t, []string{a.Name}, b.Revoked)
 	_, err = auth.Verify(ctx, pool, valueA)
 	require.ErrorIs(t, err, auth.ErrUnknownToken, "the old value stops working")
-	_, err = auth.LookupSession(ctx, pool, session.ID)
+	_, err = auth.LookupSession(ctx, pool, session.ID, time.Hour)
 	require.ErrorIs(t, err, auth.ErrNoSession, "the old value's console session ends")
 	_, err = auth.Verify(ctx, pool, valueB)
 	require.NoError(t, err)
@@ -90,6 +90,7 @@ func TestSeedAdminTokenRotationEndsTheOldTokenAndItsSessions(t *testing.T) {
 	require.Equal(t, []string{
 		"start:TALLY_ADMIN_TOKEN token.revoke token:" + a.Name,
 		"start:TALLY_ADMIN_TOKEN token.create token:" + b.Name,
+		"console:" + a.Name + " session.open token:" + a.Name,
 		"start:TALLY_ADMIN_TOKEN token.create token:" + a.Name,
 	}, got)
 }

@@ -125,6 +125,7 @@ func LookupSession(ctx context.Context, q Querier, id string, idle time.Duration
 			SELECT s.id_hash, s.last_seen_at, t.id, t.name, t.role, s.csrf
 			FROM console_sessions s JOIN api_tokens t ON t.id = s.token_id
 			WHERE s.id_hash = $1 AND s.expires_at > clock_timestamp() AND t.revoked_at IS NULL
+				AND (t.expires_at IS NULL OR t.expires_at > clock_timestamp())
 				AND ($2::interval <= interval '0' OR s.last_seen_at > clock_timestamp() - $2::interval)
 		), seen AS (
 			UPDATE console_sessions s SET last_seen_at = clock_timestamp() FROM live
@@ -168,7 +169,7 @@ func EndSession(ctx context.Context, q Querier, id, address string) error {
 func PurgeSessions(ctx context.Context, q Querier, idle time.Duration, limit int) (int64, error) {
 	tag, err := q.Exec(ctx, `DELETE FROM console_sessions WHERE id_hash IN (
 			SELECT s.id_hash FROM console_sessions s JOIN api_tokens t ON t.id = s.token_id
-			WHERE s.expires_at <= clock_timestamp() OR t.revoked_at IS NOT NULL
+			WHERE s.expires_at <= clock_timestamp() OR t.revoked_at IS NOT NULL OR t.expires_at <= clock_timestamp()
 				OR ($1::interval > interval '0' AND s.last_seen_at <= clock_timestamp() - $1::interval)
 			LIMIT $2 FOR UPDATE OF s SKIP LOCKED)`, idle, limit)
 	if err != nil {

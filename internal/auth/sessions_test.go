@@ -84,6 +84,16 @@ func TestSessions(t *testing.T) {
 	require.NoError(t, auth.Revoke(ctx, pool, "fin"))
 	_, err = auth.LookupSession(ctx, pool, live.ID, idle)
 	require.ErrorIs(t, err, auth.ErrNoSession, "its token is revoked")
+
+	brief, err := auth.Create(ctx, pool, auth.TokenSpec{Name: "brief", Role: auth.RoleFinance, ExpiresIn: time.Hour, By: "test"})
+	require.NoError(t, err)
+	ofBrief := open(t, pool, brief.Principal, time.Hour)
+	_, err = auth.LookupSession(ctx, pool, ofBrief.ID, idle)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE api_tokens SET expires_at = clock_timestamp() WHERE name = 'brief'`)
+	require.NoError(t, err)
+	_, err = auth.LookupSession(ctx, pool, ofBrief.ID, idle)
+	require.ErrorIs(t, err, auth.ErrNoSession, "its token has expired")
 }
 
 // A session unused for its idle timeout has ended, though its absolute
@@ -138,13 +148,17 @@ func TestPurgeSessionsKeepsLiveOnes(t *testing.T) {
 	seenAgo(t, pool, open(t, pool, fin, time.Hour), idle+time.Second)
 	open(t, pool, gone, time.Hour)
 	require.NoError(t, auth.Revoke(ctx, pool, "gone"))
+	expiredToken := principal(t, pool, "expired", auth.RoleFinance)
+	open(t, pool, expiredToken, time.Hour)
+	_, err := pool.Exec(ctx, `UPDATE api_tokens SET expires_at = clock_timestamp() WHERE name = 'expired'`)
+	require.NoError(t, err)
 
 	n, err := auth.PurgeSessions(ctx, pool, idle, 3)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, n, "at most the limit")
 	n, err = auth.PurgeSessions(ctx, pool, idle, 3)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "the rest")
+	require.EqualValues(t, 2, n, "the rest")
 	n, err = auth.PurgeSessions(ctx, pool, idle, 3)
 	require.NoError(t, err)
 	require.Zero(t, n)

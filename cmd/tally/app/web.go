@@ -113,7 +113,8 @@ func (w *webServer) handler() (http.Handler, error) {
 		consoleEnqueue = w.enqueue
 	}
 	con, err := console.New(console.Deps{Pool: db.Pool, Outbox: p.Outbox, Mappings: p.Mappings, Requeuer: p.Requeuer,
-		Reconcile: consoleEnqueue, Settle: cfg.ReconcileSettle, Logger: w.logger})
+		Reconcile: consoleEnqueue, Settle: cfg.ReconcileSettle, SessionTTL: cfg.Console.SessionTTL, SessionIdle: cfg.Console.SessionIdle,
+		Logger: w.logger})
 	if err != nil {
 		return nil, err
 	}
