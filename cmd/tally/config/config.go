@@ -115,6 +115,9 @@ type Config struct {
 	// ReconcileSettle is how long an accepted item waits before a run
 	// compares it. Defaults to reconcile.DefaultSettle.
 	ReconcileSettle time.Duration
+
+	// Quota bounds what one token may post (TALLY_INGEST_…).
+	Quota QuotaConfig
 }
 
 // Flags registers every setting on fs and returns a function that, after

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
@@ -68,6 +69,7 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 		StreamInFlight: exporter.DefaultStreamInFlight, DeliveryWorkers: exporter.DefaultWorkers,
 		DeliveryBatch: exporter.DefaultBatch, DeliveryInFlight: exporter.DefaultInFlight, PollInterval: exporter.DefaultPollInterval,
 		ReconcileSchedule: reconcile.DefaultSchedule, ReconcileSettle: reconcile.DefaultSettle,
+		Quota: config.QuotaConfig{Ingest: api.IngestQuota{EventsPerSecond: api.DefaultIngestEventsPerSecond, EventsBurst: api.DefaultIngestEventsBurst, RequestsPerSecond: api.DefaultIngestRequestsPerSecond, MaxEvents: meter.MaxEvents}, MaxQuarantined: meter.DefaultMaxQuarantined},
 	}, c)
 }
 

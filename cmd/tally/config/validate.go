@@ -52,6 +52,7 @@ func (c *Config) validate() error {
 	if err := c.Outbox.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.quotaProblems()...)
 	return errors.Join(errs...)
 }
 
