@@ -78,11 +78,11 @@ func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
 	case !possible:
 		h.Metrics.request("too_large")
 		WriteError(w, http.StatusRequestEntityTooLarge, "batch_too_large",
-			fmt.Sprintf("a batch is at most %d events from one token (TALLY_INGEST_EVENTS_BURST)", h.Quota.EventsBurst))
+			fmt.Sprintf("a batch is at most %d events from one token (TALLY_INGEST_EVENTS_BURST)", h.quotas.cfg.EventsBurst))
 		return
 	case !ok:
 		h.throttle(w, throttledEvents, wait, fmt.Sprintf("this token may post %g events a second to this node (a burst of %d); nothing was stored",
-			h.Quota.EventsPerSecond, h.Quota.EventsBurst))
+			h.Quota.EventsPerSecond, h.quotas.cfg.EventsBurst))
 		return
 	}
 	var res meter.Result

@@ -22,8 +22,8 @@ type IngestQuota struct {
 	EventsPerSecond float64
 	// EventsBurst is how many events one token may post at once above
 	// that rate (TALLY_INGEST_EVENTS_BURST): at least MaxEvents, or a
-	// full batch could never pass. serve's default is
-	// DefaultIngestEventsBurst.
+	// full batch could never pass (it is answered 413). Defaults to
+	// MaxEvents; serve's default is DefaultIngestEventsBurst.
 	EventsBurst int
 	// RequestsPerSecond is the POST /v1/usage requests a second one token
 	// may make (TALLY_INGEST_REQUESTS_PER_SECOND), with a burst of one
@@ -74,6 +74,9 @@ type tokenLimiters struct {
 func newQuotas(cfg IngestQuota) *quotas {
 	if cfg.MaxEvents <= 0 || cfg.MaxEvents > meter.MaxEvents {
 		cfg.MaxEvents = meter.MaxEvents
+	}
+	if cfg.EventsBurst <= 0 {
+		cfg.EventsBurst = cfg.MaxEvents
 	}
 	return &quotas{cfg: cfg, now: time.Now, byToken: map[int64]*tokenLimiters{}}
 }

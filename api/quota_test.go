@@ -79,3 +79,14 @@ func TestQuotaTokensBounded(t *testing.T) {
 	_, ok, _ = q.admitEvents(1, 1)
 	must.False(t, ok, "a busy token is not forgotten while idle ones can go")
 }
+
+// A rate without a burst takes a full batch at once.
+func TestQuotaBurstDefaultsToABatch(t *testing.T) {
+	t.Parallel()
+	q, _ := quotasAt(IngestQuota{EventsPerSecond: 1, MaxEvents: 50})
+	_, ok, _ := q.admitEvents(1, 50)
+	must.True(t, ok)
+	_, ok, possible := q.admitEvents(1, 1)
+	must.False(t, ok)
+	must.True(t, possible)
+}
