@@ -49,6 +49,11 @@ type Deps struct {
 	// Webhook serves POST /v1/stripe/events; nil or without a secret it
 	// answers 503.
 	Webhook *WebhookDeps
+	// Quota bounds what one token may post to POST /v1/usage; the zero
+	// value is no limit.
+	Quota IngestQuota
+
+	quotas *quotas // Quota's limiters, made by New
 }
 
 // Options configures the handler.
@@ -106,7 +111,9 @@ func New(opts Options) http.Handler {
 		r.Method(http.MethodGet, "/metrics", opts.Metrics)
 	}
 	if opts.V1 != nil {
-		h := &handlers{Deps: opts.V1, log: opts.Logger}
+		v1 := *opts.V1
+		v1.quotas = newQuotas(v1.Quota)
+		h := &handlers{Deps: &v1, log: opts.Logger}
 		r.Route("/v1", h.routes)
 	}
 	if opts.Console != nil {

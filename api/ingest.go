@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,12 +12,14 @@ import (
 
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/meter"
+	"github.com/tallymeter/tally/outbox"
 )
 
 // Metrics are the API's own series; none carries a tenant label.
 type Metrics struct {
-	ingestEvents   *prometheus.CounterVec
-	ingestRequests *prometheus.CounterVec
+	ingestEvents    *prometheus.CounterVec
+	ingestRequests  *prometheus.CounterVec
+	ingestThrottled *prometheus.CounterVec
 }
 
 // NewMetrics registers the API's metrics on reg.
@@ -30,11 +33,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "tally_ingest_requests_total",
 			Help: "POST /v1/usage requests, by result code.",
 		}, []string{"result"}),
+		ingestThrottled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_ingest_throttled_total",
+			Help: "POST /v1/usage requests refused by a quota, by reason: events (a token's events a second), requests (its requests a second), quarantine_cap (the quarantined items one request may make).",
+		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.ingestEvents, m.ingestRequests} {
+	for _, c := range []prometheus.Collector{m.ingestEvents, m.ingestRequests, m.ingestThrottled} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
+	}
+	for _, r := range []string{throttledEvents, throttledRequests, throttledQuarantineCap} {
+		m.ingestThrottled.WithLabelValues(r)
 	}
 	return m, nil
 }
@@ -45,10 +55,16 @@ func (m *Metrics) request(result string) {
 	}
 }
 
-// postUsage is POST /v1/usage: a batch is decoded, checked against the
-// token's tenants, and ingested in one READ COMMITTED transaction; any
-// problem stores nothing.
+// postUsage is POST /v1/usage: the token's request budget is checked, the
+// batch decoded, checked against the token's tenants and its events budget,
+// and ingested in one READ COMMITTED transaction; any problem stores
+// nothing.
 func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
+	token := principal(r).TokenID
+	if wait, ok := h.quotas.admitRequest(token); !ok {
+		h.throttle(w, throttledRequests, wait, fmt.Sprintf("this token may make %g requests a second to this node; nothing was stored", h.Quota.RequestsPerSecond))
+		return
+	}
 	events, ok := h.decodeUsage(w, r)
 	if !ok {
 		return
@@ -58,16 +74,38 @@ func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusForbidden, "forbidden_tenant", fmt.Sprintf("this token may not post usage for %d of the batch's tenants; nothing was stored", denied))
 		return
 	}
+	switch wait, ok, possible := h.quotas.admitEvents(token, len(events)); {
+	case !possible:
+		h.Metrics.request("too_large")
+		WriteError(w, http.StatusRequestEntityTooLarge, "batch_too_large",
+			fmt.Sprintf("a batch is at most %d events from one token (TALLY_INGEST_EVENTS_BURST)", h.quotas.cfg.EventsBurst))
+		return
+	case !ok:
+		h.throttle(w, throttledEvents, wait, fmt.Sprintf("this token may post %g events a second to this node (a burst of %d); nothing was stored",
+			h.Quota.EventsPerSecond, h.quotas.cfg.EventsBurst))
+		return
+	}
 	var res meter.Result
 	err := pgx.BeginTxFunc(r.Context(), h.Pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
 		res, err = h.Ingester.Ingest(r.Context(), tx, events)
 		return err
 	})
-	var invalid *meter.InvalidBatchError
+	var (
+		invalid *meter.InvalidBatchError
+		capped  *meter.QuarantineCapError
+	)
 	if errors.As(err, &invalid) {
 		h.Metrics.request("invalid")
 		writeProblems(w, "invalid_batch", fmt.Sprintf("%d problems; nothing was stored", len(invalid.Problems)), invalid.Problems)
+		return
+	}
+	if errors.As(err, &capped) {
+		h.Metrics.request("throttled")
+		h.Metrics.throttled(throttledQuarantineCap)
+		writeProblems(w, "too_many_quarantined", fmt.Sprintf("the batch would make %d quarantined items, more than the %d one request may; "+
+			"nothing was stored: map its features and tenants first, or send less usage Stripe will not take", capped.Items, capped.Max),
+			quarantineProblems(capped))
 		return
 	}
 	if err != nil {
@@ -83,16 +121,39 @@ func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, res)
 }
 
+// throttle answers 429 for a quota and counts it.
+func (h *handlers) throttle(w http.ResponseWriter, reason string, wait time.Duration, message string) {
+	h.Metrics.request("throttled")
+	h.Metrics.throttled(reason)
+	writeThrottled(w, wait, message)
+}
+
+// quarantineProblems are a quarantine cap's refusal as problems of the
+// batch: one per reason, with its count, in reason order.
+func quarantineProblems(e *meter.QuarantineCapError) []meter.Problem {
+	reasons := make([]string, 0, len(e.Reasons))
+	for r := range e.Reasons {
+		reasons = append(reasons, string(r))
+	}
+	slices.Sort(reasons)
+	ps := make([]meter.Problem, 0, len(reasons))
+	for _, r := range reasons {
+		ps = append(ps, meter.Problem{Field: "events", Reason: fmt.Sprintf("%d would be quarantined as %s", e.Reasons[outbox.Reason(r)], r)})
+	}
+	return ps
+}
+
 // decodeUsage reads a usage batch; when it cannot, it answers (and counts
 // the request) and returns false.
 func (h *handlers) decodeUsage(w http.ResponseWriter, r *http.Request) ([]meter.Event, bool) {
+	dec := meter.Decoder{MaxEvents: h.quotas.cfg.MaxEvents}
 	if r.ContentLength > meter.MaxBodyBytes {
 		h.Metrics.request("too_large")
 		WriteError(w, http.StatusRequestEntityTooLarge, "batch_too_large",
-			fmt.Sprintf("a batch is at most %d events and %d bytes", meter.MaxEvents, meter.MaxBodyBytes))
+			fmt.Sprintf("a batch is at most %d events and %d bytes", dec.MaxEvents, meter.MaxBodyBytes))
 		return nil, false
 	}
-	events, err := meter.Decode(http.MaxBytesReader(w, r.Body, meter.MaxBodyBytes+1), time.Now())
+	events, err := dec.Decode(http.MaxBytesReader(w, r.Body, meter.MaxBodyBytes+1), time.Now())
 	var (
 		invalid *meter.InvalidBatchError
 		mbe     *http.MaxBytesError
@@ -103,7 +164,7 @@ func (h *handlers) decodeUsage(w http.ResponseWriter, r *http.Request) ([]meter.
 	case errors.Is(err, meter.ErrTooLarge):
 		h.Metrics.request("too_large")
 		WriteError(w, http.StatusRequestEntityTooLarge, "batch_too_large",
-			fmt.Sprintf("a batch is at most %d events and %d bytes", meter.MaxEvents, meter.MaxBodyBytes))
+			fmt.Sprintf("a batch is at most %d events and %d bytes", dec.MaxEvents, meter.MaxBodyBytes))
 	case errors.Is(err, meter.ErrMalformed):
 		h.Metrics.request("invalid")
 		WriteError(w, http.StatusBadRequest, "invalid_json", err.Error()[len("meter: "):])

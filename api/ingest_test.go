@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/meter"
 )
@@ -339,6 +341,13 @@ func testIngestSizeLimits(t *testing.T) {
 	require.Equal(t, http.StatusRequestEntityTooLarge, resp.status, "%s", resp)
 	require.Equal(t, "batch_too_large", resp.errorCode(t))
 	require.EqualValues(t, 1, h.count("SELECT count(*) FROM usage_events"))
+	// Mapped, so that the full batch makes no quarantined items (the cap,
+	// TALLY_INGEST_MAX_QUARANTINED, is tested with the quotas).
+	op := h.as(h.token("op", auth.RoleOperator))
+	resp = h.request(http.MethodPut, "/v1/mappings/features/api", op, map[string]any{"event_name": "api_calls", "aggregation": "sum"})
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+	resp = h.request(http.MethodPut, "/v1/mappings/tenants/acme", op, map[string]any{"stripe_customer_id": "cus_acme"})
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
 	resp = h.request(http.MethodPost, "/v1/usage", tok, events(meter.MaxEvents, "max"))
 	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
 	require.JSONEq(t, fmt.Sprintf(`{"accepted":%d,"duplicates":0}`, meter.MaxEvents), string(resp.body))
@@ -449,4 +458,154 @@ func TestValueExtremes(t *testing.T) {
 		require.Equal(t, http.StatusOK, comp.status, "%s", comp)
 		require.Contains(t, comp.String(), `"holds":true`)
 	})
+}
+
+// ---------------------------------------------------------------------------
+// Quotas: a token over its rate gets 429 with Retry-After and nothing of the
+// request is stored; other tokens are unaffected; a batch that would make
+// too many quarantined items is refused whole.
+
+func TestIngestQuotas(t *testing.T) {
+	t.Parallel()
+	t.Run("requests a second", testQuotaRequests)
+	t.Run("events a second", testQuotaEvents)
+	t.Run("quarantine cap", testQuotaQuarantineCap)
+}
+
+// withQuota builds the API with quota q.
+func withQuota(q api.IngestQuota) func(*api.Deps) {
+	return func(d *api.Deps) { d.Quota = q }
+}
+
+// usage is a batch of n events of tenant acme, feature api, ids prefix-i.
+func usage(n int, prefix string) map[string]any {
+	evs := make([]event, n)
+	for i := range evs {
+		evs[i] = event{"id": fmt.Sprintf("%s-%d", prefix, i), "tenant": "acme", "feature": "api", "value": 1}
+	}
+	return batch(evs...)
+}
+
+// requireThrottled checks a 429: the error shape, code rate_limited, and a
+// Retry-After of whole seconds from 1 to most.
+func requireThrottled(t *testing.T, resp response, most int) {
+	t.Helper()
+	require.Equal(t, http.StatusTooManyRequests, resp.status, "%s", resp)
+	require.Equal(t, "rate_limited", resp.errorCode(t))
+	after, err := strconv.Atoi(resp.header.Get("Retry-After"))
+	require.NoError(t, err, "Retry-After %q", resp.header.Get("Retry-After"))
+	require.GreaterOrEqual(t, after, 1)
+	require.LessOrEqual(t, after, most)
+}
+
+// throttled reads tally_ingest_throttled_total by reason.
+func (h *harness) throttled(t *testing.T) map[string]float64 {
+	t.Helper()
+	mfs, err := h.parts.Registry.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "tally_ingest_throttled_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			require.Len(t, m.GetLabel(), 1, "no tenant label")
+			out[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+func testQuotaRequests(t *testing.T) {
+	t.Parallel()
+	// One request, then one every 1,000 s.
+	h := newHarnessWith(t, false, withQuota(api.IngestQuota{RequestsPerSecond: 0.001}))
+	a, b := h.as(h.token("a", auth.RoleIngest)), h.as(h.token("b", auth.RoleIngest))
+
+	resp := h.request(http.MethodPost, "/v1/usage", a, usage(3, "a1"))
+	require.Equal(t, http.StatusAccepted, resp.status, "under the limit: %s", resp)
+	resp = h.request(http.MethodPost, "/v1/usage", a, usage(3, "a2"))
+	requireThrottled(t, resp, 1000)
+	require.EqualValues(t, 3, h.count("SELECT count(*) FROM usage_events"), "nothing of a throttled request is stored")
+	// Refused before its body is read: even an invalid one is a 429.
+	resp = h.request(http.MethodPost, "/v1/usage", a, `{"not":"a batch"}`)
+	requireThrottled(t, resp, 1000)
+
+	resp = h.request(http.MethodPost, "/v1/usage", b, usage(3, "b1"))
+	require.Equal(t, http.StatusAccepted, resp.status, "another token has a budget of its own: %s", resp)
+	require.EqualValues(t, 6, h.count("SELECT count(*) FROM usage_events"))
+	got := h.throttled(t)
+	require.Equal(t, 2.0, got["requests"])
+	require.Zero(t, got["events"])
+}
+
+func testQuotaEvents(t *testing.T) {
+	t.Parallel()
+	// A burst of 10 events, then one every 100 s; batches of at most 12.
+	h := newHarnessWith(t, false, withQuota(api.IngestQuota{EventsPerSecond: 0.01, EventsBurst: 10, MaxEvents: 12}))
+	a, b := h.as(h.token("a", auth.RoleIngest)), h.as(h.token("b", auth.RoleIngest))
+
+	resp := h.request(http.MethodPost, "/v1/usage", a, usage(6, "a1"))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	resp = h.request(http.MethodPost, "/v1/usage", a, usage(5, "a2"))
+	requireThrottled(t, resp, 100) // one event short: 100 s
+	require.EqualValues(t, 6, h.count("SELECT count(*) FROM usage_events"), "nothing of a throttled request is stored")
+
+	// The refused request took nothing: the 4 left still pass.
+	resp = h.request(http.MethodPost, "/v1/usage", a, usage(4, "a3"))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	resp = h.request(http.MethodPost, "/v1/usage", a, usage(1, "a4"))
+	requireThrottled(t, resp, 100)
+
+	// Another token in the same window: its own full burst.
+	resp = h.request(http.MethodPost, "/v1/usage", b, usage(10, "b1"))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	require.EqualValues(t, 20, h.count("SELECT count(*) FROM usage_events"))
+
+	// A batch over the burst could never pass: 413, not a 429 to retry.
+	resp = h.request(http.MethodPost, "/v1/usage", h.as(h.token("c", auth.RoleIngest)), usage(11, "c1"))
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.status, "%s", resp)
+	require.Equal(t, "batch_too_large", resp.errorCode(t))
+	// Over the most events a request may carry.
+	resp = h.request(http.MethodPost, "/v1/usage", h.as(h.token("d", auth.RoleIngest)), usage(13, "d1"))
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.status, "%s", resp)
+	require.Contains(t, resp.String(), "at most 12 events")
+	require.EqualValues(t, 20, h.count("SELECT count(*) FROM usage_events"))
+
+	got := h.throttled(t)
+	require.Equal(t, 2.0, got["events"])
+	require.Zero(t, got["requests"])
+	require.Contains(t, got, "quarantine_cap", "every reason is a series from the start")
+}
+
+func testQuotaQuarantineCap(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, true)
+	require.Equal(t, meter.DefaultMaxQuarantined, h.parts.Ingester.MaxQuarantined, "serve's default")
+	h.parts.Ingester.MaxQuarantined = 3
+	tok := h.as(h.token("ingest", auth.RoleIngest))
+	backdated := rfc(time.Now().Add(-3 * time.Hour))
+	evs := func(n int, prefix string) map[string]any {
+		out := make([]event, n)
+		for i := range out {
+			out[i] = event{"id": fmt.Sprintf("%s-%d", prefix, i), "tenant": "acme", "feature": "mystery", "value": 1, "timestamp": backdated}
+		}
+		return batch(out...)
+	}
+
+	resp := h.request(http.MethodPost, "/v1/usage", tok, evs(4, "over"))
+	require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s", resp)
+	require.Equal(t, "too_many_quarantined", resp.errorCode(t))
+	ps := resp.problems(t)
+	require.Len(t, ps, 1, "%s", resp)
+	require.Nil(t, ps[0].Index)
+	require.Equal(t, "events", ps[0].Field)
+	require.Equal(t, "4 would be quarantined as feature_unmapped", ps[0].Reason)
+	require.Empty(t, resp.header.Get("Retry-After"), "the same batch would be refused again")
+	require.Zero(t, h.count("SELECT count(*) FROM usage_events"), "nothing of a refused batch is stored")
+	require.Zero(t, h.count("SELECT count(*) FROM outbox_items"))
+
+	resp = h.request(http.MethodPost, "/v1/usage", tok, evs(3, "at"))
+	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
+	require.Equal(t, 1.0, h.throttled(t)["quarantine_cap"])
 }

@@ -7,14 +7,16 @@ import (
 	"fmt"
 	"io"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"time"
+	"unicode/utf8"
 )
 
 // Limits of one POST /v1/usage.
 const (
-	// MaxEvents is the most events one batch may carry.
+	// MaxEvents is the most events one batch may carry: the default of
+	// Decoder.MaxEvents (TALLY_INGEST_MAX_EVENTS), and its ceiling.
 	MaxEvents = 10_000
 	// MaxBodyBytes is the largest request body accepted.
 	MaxBodyBytes = 5 << 20
@@ -56,12 +58,21 @@ func (e *InvalidBatchError) Error() string {
 	return fmt.Sprintf("meter: %d problems in the batch, the first: %s: %s", len(e.Problems), e.Problems[0].Field, e.Problems[0].Reason)
 }
 
-// ErrTooLarge says the batch is over MaxEvents events or MaxBodyBytes.
+// ErrTooLarge says the batch is over its most events (Decoder.MaxEvents)
+// or MaxBodyBytes.
 var ErrTooLarge = errors.New("meter: batch too large")
 
 // MaxProblems is the most problems one answer reports; the analysis stops
 // there, so that a hostile batch costs no more than a valid one.
 const MaxProblems = 100
+
+// MaxUnknownFields is the most unknown fields of one object (the batch, or
+// one event) the problems name; the others are counted in one more problem
+// ("and N more unknown fields"), never collected.
+const MaxUnknownFields = 10
+
+// maxFieldName bounds the name of an unknown field as a problem repeats it.
+const maxFieldName = 64
 
 // ErrMalformed says the body is not the JSON object a batch is.
 var ErrMalformed = errors.New("meter: the body is not a JSON object of the form {\"events\":[…]}")
@@ -73,17 +84,36 @@ var integerLiteral = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
 
 const tokenReason = "1 to 64 characters: letters, digits and _.:- (starting with a letter or digit)"
 
+// Decoder reads batches of at most MaxEvents events.
+type Decoder struct {
+	// MaxEvents is the most events a batch may carry
+	// (TALLY_INGEST_MAX_EVENTS), 1 to the package's MaxEvents. Defaults to
+	// MaxEvents.
+	MaxEvents int
+}
+
+func (d Decoder) maxEvents() int {
+	if d.MaxEvents <= 0 || d.MaxEvents > MaxEvents {
+		return MaxEvents
+	}
+	return d.MaxEvents
+}
+
+// Decode is Decoder{}.Decode: a batch of at most MaxEvents events.
+func Decode(r io.Reader, now time.Time) ([]Event, error) { return Decoder{}.Decode(r, now) }
+
 // Decode reads and validates a batch: {"events":[{"id","tenant","feature",
 // "value","timestamp"}]}. Unknown fields are problems; a body over
-// MaxBodyBytes or a batch over MaxEvents is ErrTooLarge; a body that is not a
-// JSON object of that shape is ErrMalformed; otherwise the problems, in
-// event order, at most MaxProblems of them, in an *InvalidBatchError. now bounds timestamps
-// in the future (MaxFuture).
+// MaxBodyBytes or a batch over d.MaxEvents is ErrTooLarge; a body that is
+// not a JSON object of that shape is ErrMalformed; otherwise the problems,
+// in event order, at most MaxProblems of them (and at most
+// MaxUnknownFields unknown fields of one object, the rest counted), in an
+// *InvalidBatchError. now bounds timestamps in the future (MaxFuture).
 //
 // A well-formed batch takes a fast path: one strict pass into typed structs.
 // Anything that path does not accept goes through the field-by-field
 // analysis, which finds every problem; both apply the same rules.
-func Decode(r io.Reader, now time.Time) ([]Event, error) {
+func (d Decoder) Decode(r io.Reader, now time.Time) ([]Event, error) {
 	body, err := io.ReadAll(io.LimitReader(r, MaxBodyBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("meter: reading the body: %w", err)
@@ -91,10 +121,10 @@ func Decode(r io.Reader, now time.Time) ([]Event, error) {
 	if len(body) > MaxBodyBytes {
 		return nil, ErrTooLarge
 	}
-	if events, ok := decodeFast(body, now); ok {
+	if events, ok := decodeFast(body, now, d.maxEvents()); ok {
 		return events, nil
 	}
-	return decodeSlow(body, now)
+	return decodeSlow(body, now, d.maxEvents())
 }
 
 // fastEvent is an event as the fast path reads it: every field typed,
@@ -111,8 +141,8 @@ type fastEvent struct {
 // false when the batch is not entirely valid, and then decodeSlow says why.
 // encoding/json matches field names without regard to case, so the keys are
 // checked to be exactly the batch's field names first.
-func decodeFast(body []byte, now time.Time) ([]Event, bool) {
-	if !exactKeys(body) {
+func decodeFast(body []byte, now time.Time, maxEvents int) ([]Event, bool) {
+	if !exactKeys(body, maxEvents) {
 		return nil, false
 	}
 	var batch struct {
@@ -120,7 +150,7 @@ func decodeFast(body []byte, now time.Time) ([]Event, bool) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&batch); err != nil || len(batch.Events) == 0 || len(batch.Events) > MaxEvents {
+	if err := dec.Decode(&batch); err != nil || len(batch.Events) == 0 || len(batch.Events) > maxEvents {
 		return nil, false
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -151,12 +181,20 @@ func decodeFast(body []byte, now time.Time) ([]Event, bool) {
 }
 
 // exactKeys reports whether every object key in body is spelled exactly as
-// one of a batch's field names, without escapes. It scans the bytes once,
-// without allocating; anything it does not recognise is left to the
-// field-by-field analysis.
-func exactKeys(body []byte) bool {
+// one of a batch's field names, without escapes, and whether body has no
+// more commas than a batch of maxEvents events of five fields (so that the
+// typed pass never allocates for an array longer than a batch may be). It
+// scans the bytes once, without allocating; anything it does not recognise
+// is left to the field-by-field analysis.
+func exactKeys(body []byte, maxEvents int) bool {
+	commas := 0
 	for i := 0; i < len(body); i++ {
 		if body[i] != '"' {
+			if body[i] == ',' {
+				if commas++; commas > 5*maxEvents {
+					return false
+				}
+			}
 			continue
 		}
 		start := i + 1
@@ -197,54 +235,64 @@ func validTimestamp(s string, now time.Time) (time.Time, bool) {
 	return t, !t.After(now.Add(MaxFuture)) && t.Year() >= 2000
 }
 
-// decodeSlow analyses a batch field by field and reports every problem.
-func decodeSlow(body []byte, now time.Time) ([]Event, error) {
-	var top map[string]json.RawMessage
-	if err := strictUnmarshal(body, &top); err != nil || top == nil {
+// decodeSlow analyses a batch field by field and reports every problem. It
+// walks the body itself once json.Valid has said it is one JSON value: an
+// object's keys are never gathered into a map, and the unknown ones past
+// MaxUnknownFields are only counted, so an object of a million unknown keys
+// costs a scan, not a million allocations; an events array longer than
+// maxEvents is counted, not decoded.
+func decodeSlow(body []byte, now time.Time, maxEvents int) ([]Event, error) {
+	start := skipSpace(body, 0)
+	if start == len(body) || body[start] != '{' || !json.Valid(body) {
 		return nil, ErrMalformed
 	}
-	var problems []Problem
-	raw, ok := top["events"]
-	for k := range top {
-		if k != "events" {
-			problems = append(problems, Problem{Field: k, Reason: "unknown field"})
+	var (
+		raw     []byte
+		found   bool
+		unknown unknownFields
+	)
+	members(body[start:], func(key, value []byte) {
+		if _, ok := fieldNamed(key, "events"); ok {
+			raw, found = value, true // the last of repeated keys, as encoding/json takes it
+			return
 		}
-	}
-	var items []json.RawMessage
-	if !ok {
+		unknown.add(key)
+	})
+	problems := unknown.problems(nil)
+	n := 0
+	switch {
+	case !found:
 		problems = append(problems, Problem{Field: "events", Reason: "required: an array of events"})
-	} else if err := strictUnmarshal(raw, &items); err != nil || items == nil {
+	case raw[0] != '[':
 		problems = append(problems, Problem{Field: "events", Reason: "must be an array of events"})
+	default:
+		elements(raw, func([]byte) bool {
+			n++
+			return n <= maxEvents
+		})
 	}
-	if len(items) > MaxEvents {
+	if n > maxEvents {
 		return nil, ErrTooLarge
 	}
-	if len(items) == 0 && ok && len(problems) == 0 {
+	if n == 0 && found && len(problems) == 0 {
 		problems = append(problems, Problem{Field: "events", Reason: "must hold at least one event"})
 	}
-	events := make([]Event, 0, len(items))
-	for i, item := range items {
-		if len(problems) >= MaxProblems {
-			break
-		}
-		ev, ps := decodeEvent(i, item, now)
-		problems = append(problems, ps...)
-		events = append(events, ev)
+	events := make([]Event, 0, n)
+	if n > 0 {
+		i := 0
+		elements(raw, func(item []byte) bool {
+			if len(problems) >= MaxProblems {
+				return false
+			}
+			ev, ps := decodeEvent(i, item, now)
+			problems = append(problems, ps...)
+			events = append(events, ev)
+			i++
+			return true
+		})
 	}
 	if len(problems) > 0 {
-		sort.SliceStable(problems, func(a, b int) bool {
-			ia, ib := -1, -1
-			if problems[a].Index != nil {
-				ia = *problems[a].Index
-			}
-			if problems[b].Index != nil {
-				ib = *problems[b].Index
-			}
-			if ia != ib {
-				return ia < ib
-			}
-			return problems[a].Field < problems[b].Field
-		})
+		slices.SortStableFunc(problems, compareProblems)
 		if len(problems) > MaxProblems {
 			problems = problems[:MaxProblems]
 		}
@@ -253,37 +301,105 @@ func decodeSlow(body []byte, now time.Time) ([]Event, error) {
 	return events, nil
 }
 
-func strictUnmarshal(b []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(v); err != nil {
-		return err
+// compareProblems orders problems by event (the batch's own first), then by
+// field, with those of an object as a whole ("and N more unknown fields")
+// after its fields'.
+func compareProblems(a, b Problem) int {
+	ia, ib := -1, -1
+	if a.Index != nil {
+		ia = *a.Index
 	}
-	if dec.More() {
-		return errors.New("trailing data")
+	if b.Index != nil {
+		ib = *b.Index
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("trailing data")
+	switch {
+	case ia != ib:
+		return ia - ib
+	case a.Field == b.Field:
+		return 0
+	case a.Field == "":
+		return 1
+	case b.Field == "":
+		return -1
+	case a.Field < b.Field:
+		return -1
+	default:
+		return 1
 	}
-	return nil
 }
 
-func decodeEvent(i int, raw json.RawMessage, now time.Time) (Event, []Problem) {
+// unknownFields are an object's unknown fields: the names of the first
+// MaxUnknownFields (each at most maxFieldName bytes), and how many more
+// there were.
+type unknownFields struct {
+	names []string
+	more  int
+}
+
+// add takes an unknown key as written, quotes included.
+func (u *unknownFields) add(quoted []byte) {
+	if len(u.names) == MaxUnknownFields {
+		u.more++
+		return
+	}
+	var name string
+	if err := json.Unmarshal(quoted, &name); err != nil {
+		name = "?"
+	}
+	if len(name) > maxFieldName {
+		cut := maxFieldName
+		for cut > 0 && !utf8.RuneStart(name[cut]) {
+			cut--
+		}
+		name = name[:cut] + "…"
+	}
+	if !slices.Contains(u.names, name) {
+		u.names = append(u.names, name)
+	}
+}
+
+// problems are one problem per named unknown field, in name order, and one
+// for the rest.
+func (u *unknownFields) problems(index *int) []Problem {
+	slices.Sort(u.names)
+	var ps []Problem
+	for _, name := range u.names {
+		ps = append(ps, Problem{Index: index, Field: name, Reason: "unknown field"})
+	}
+	if u.more > 0 {
+		ps = append(ps, Problem{Index: index, Reason: fmt.Sprintf("and %d more unknown fields", u.more)})
+	}
+	return ps
+}
+
+// eventFields are the fields of an event.
+var eventFields = []string{"id", "tenant", "feature", "value", "timestamp"}
+
+func decodeEvent(i int, raw []byte, now time.Time) (Event, []Problem) {
 	idx := i
 	var (
 		ev       Event
 		problems []Problem
-		fields   map[string]json.RawMessage
+		unknown  unknownFields
 	)
 	bad := func(field, reason string) {
 		if len(problems) < MaxProblems {
 			problems = append(problems, Problem{Index: &idx, Field: field, Reason: reason})
 		}
 	}
-	if err := strictUnmarshal(raw, &fields); err != nil || fields == nil {
+	if raw[0] != '{' {
 		bad("", "must be a JSON object")
 		return ev, problems
 	}
+	fields := make(map[string][]byte, len(eventFields))
+	members(raw, func(key, value []byte) {
+		if name, ok := fieldNamed(key, eventFields...); ok {
+			fields[name] = value
+			return
+		}
+		unknown.add(key)
+	})
+	problems = unknown.problems(&idx)
 	str := func(name string, required bool) (string, bool) {
 		v, ok := fields[name]
 		if !ok {
@@ -298,13 +414,6 @@ func decodeEvent(i int, raw json.RawMessage, now time.Time) (Event, []Problem) {
 			return "", false
 		}
 		return s, true
-	}
-	for k := range fields {
-		switch k {
-		case "id", "tenant", "feature", "value", "timestamp":
-		default:
-			bad(k, "unknown field")
-		}
 	}
 	if s, ok := str("id", true); ok {
 		if !validEventID(s) {
@@ -360,4 +469,157 @@ func validEventID(s string) bool {
 		}
 	}
 	return true
+}
+
+// The field-by-field analysis walks the body with the functions below. They
+// take JSON json.Valid has accepted (every string closed, every bracket
+// matched) and never allocate.
+
+// skipSpace is the index of the first byte at or after i that is not JSON
+// whitespace.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd is the index just past the string that starts at b[i] (a '"').
+func stringEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++ // the escaped byte
+		case '"':
+			return j + 1
+		}
+	}
+	return len(b)
+}
+
+// valueEnd is the index just past the value that starts at b[i].
+func valueEnd(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				i = stringEnd(b, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return len(b)
+	default: // a number, true, false or null
+		for i < len(b) {
+			switch b[i] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				return i
+			}
+			i++
+		}
+		return len(b)
+	}
+}
+
+// members calls fn with each member of the object obj (which starts with
+// '{'), in order: its key as written, quotes included, and its value.
+func members(obj []byte, fn func(key, value []byte)) {
+	i := skipSpace(obj, 1)
+	for i < len(obj) && obj[i] == '"' {
+		end := stringEnd(obj, i)
+		key := obj[i:end]
+		i = skipSpace(obj, skipSpace(obj, end)+1) // past the colon
+		if i >= len(obj) {
+			return
+		}
+		vend := valueEnd(obj, i)
+		fn(key, obj[i:vend])
+		if i = skipSpace(obj, vend); i < len(obj) && obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+	}
+}
+
+// elements calls fn with each element of the array arr (which starts with
+// '['), in order, until fn returns false.
+func elements(arr []byte, fn func(value []byte) bool) {
+	i := skipSpace(arr, 1)
+	for i < len(arr) && arr[i] != ']' {
+		end := valueEnd(arr, i)
+		if !fn(arr[i:end]) {
+			return
+		}
+		if i = skipSpace(arr, end); i < len(arr) && arr[i] == ',' {
+			i = skipSpace(arr, i+1)
+		}
+	}
+}
+
+// fieldNamed reports which of names the key (as written, quotes included)
+// is once its escapes are decoded, as encoding/json would decode it; it
+// decodes into a small buffer on the stack, so that a key that names no
+// field costs no allocation.
+func fieldNamed(quoted []byte, names ...string) (string, bool) {
+	var buf [16]byte
+	key := quoted[1 : len(quoted)-1]
+	n := 0
+	for i := 0; i < len(key); i++ {
+		if n == len(buf) {
+			return "", false // longer than any field name
+		}
+		c := key[i]
+		if c == '\\' {
+			i++
+			switch key[i] {
+			case '"', '\\', '/':
+				c = key[i]
+			case 'u':
+				if i+5 > len(key) {
+					return "", false
+				}
+				v, ok := hex4(key[i+1 : i+5])
+				if !ok || v >= utf8.RuneSelf {
+					return "", false // no field name holds anything but ASCII
+				}
+				c, i = byte(v), i+4
+			default:
+				return "", false // a control character: in no field name
+			}
+		}
+		buf[n] = c
+		n++
+	}
+	for _, name := range names {
+		if string(buf[:n]) == name {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// hex4 decodes the four hexadecimal digits of a \u escape.
+func hex4(h []byte) (rune, bool) {
+	var v rune
+	for _, c := range h {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		v = v<<4 | rune(c)
+	}
+	return v, true
 }

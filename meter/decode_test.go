@@ -145,6 +145,121 @@ func TestDecodeProblemsCapped(t *testing.T) {
 	require.Len(t, ie.Problems, MaxProblems)
 }
 
+// analyse is Decode once the body is read (io.ReadAll's allocations grow
+// with the body's size, whatever it holds).
+func analyse(body []byte) ([]Event, error) {
+	if evs, ok := decodeFast(body, decodeNow, MaxEvents); ok {
+		return evs, nil
+	}
+	return decodeSlow(body, decodeNow, MaxEvents)
+}
+
+// unknownKeys is a batch of one valid event and, at the top level (event
+// false) or in the event, n unknown keys.
+func unknownKeys(n int, inEvent bool) []byte {
+	var keys bytes.Buffer
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&keys, `,"k%07d":1`, i)
+	}
+	if inEvent {
+		return []byte(`{"events":[{"id":"a","tenant":"t","feature":"f","value":1` + keys.String() + `}]}`)
+	}
+	return []byte(`{"events":[{"id":"a","tenant":"t","feature":"f","value":1}]` + keys.String() + `}`)
+}
+
+// Unknown fields are bounded like every other problem: the first
+// MaxUnknownFields by name, then one problem counting the rest, and the
+// cost of the analysis does not grow with their number — the allocations
+// of 200,000 unknown keys are those of 20, give or take the body's buffer.
+// (testing.AllocsPerRun: not parallel.)
+func TestDecodeUnknownFieldsBounded(t *testing.T) {
+	for _, inEvent := range []bool{false, true} {
+		name := map[bool]string{false: "batch", true: "event"}[inEvent]
+		t.Run(name, func(t *testing.T) {
+			body := unknownKeys(200_000, inEvent)
+			require.Less(t, len(body), MaxBodyBytes)
+			_, err := Decode(bytes.NewReader(body), decodeNow)
+			var ie *InvalidBatchError
+			require.ErrorAs(t, err, &ie)
+			require.Len(t, ie.Problems, MaxUnknownFields+1, "%+v", ie.Problems[:min(len(ie.Problems), 12)])
+			for i, p := range ie.Problems[:MaxUnknownFields] {
+				require.Equal(t, fmt.Sprintf("k%07d", i), p.Field, "the first ones, by name")
+				require.Equal(t, "unknown field", p.Reason)
+			}
+			last := ie.Problems[MaxUnknownFields]
+			require.Empty(t, last.Field)
+			require.Equal(t, fmt.Sprintf("and %d more unknown fields", 200_000-MaxUnknownFields), last.Reason)
+			if inEvent {
+				require.Equal(t, 0, *last.Index)
+			} else {
+				require.Nil(t, last.Index)
+			}
+
+			allocs := func(n int) float64 {
+				body := unknownKeys(n, inEvent)
+				return testing.AllocsPerRun(3, func() { _, _ = analyse(body) })
+			}
+			few, many := allocs(20), allocs(200_000)
+			require.LessOrEqual(t, many, few+2, "20 unknown keys: %.0f allocations; 200,000: %.0f", few, many)
+		})
+	}
+}
+
+// A key is the field it names once its escapes are decoded, whatever its
+// spelling; long or non-ASCII keys name no field and are reported whole
+// (cut to a bounded length).
+func TestDecodeKeysAsEncodingJSONReadsThem(t *testing.T) {
+	t.Parallel()
+	evs, err := Decode(strings.NewReader(`{"\u0065vents":[{"\u0069\u0064":"a","tenant":"t","feature":"f","value":1,"timest\u0061mp":null}]}`), decodeNow)
+	require.NoError(t, err)
+	require.Equal(t, "a", evs[0].ID)
+
+	long := strings.Repeat("é", 100)
+	_, err = Decode(strings.NewReader(`{"events":[{"id":"a","tenant":"t","feature":"f","value":1,"`+long+`":1,"\u00e9":2}]}`), decodeNow)
+	var ie *InvalidBatchError
+	require.ErrorAs(t, err, &ie)
+	require.Len(t, ie.Problems, 2, "%+v", ie.Problems)
+	require.Equal(t, "é", ie.Problems[0].Field)
+	require.Equal(t, strings.Repeat("é", maxFieldName/2)+"…", ie.Problems[1].Field)
+}
+
+// An array longer than a batch may be is counted, not decoded: it costs no
+// more allocations than a short one. (testing.AllocsPerRun: not parallel.)
+func TestDecodeLongArrayCostsNoMore(t *testing.T) {
+	array := func(n int) []byte {
+		return []byte(`{"events":[` + strings.Repeat("1,", n) + `1]}`)
+	}
+	body := array(2_000_000)
+	_, err := Decode(bytes.NewReader(body), decodeNow)
+	require.ErrorIs(t, err, ErrTooLarge)
+	shortBody := array(MaxEvents + 1)
+	short := testing.AllocsPerRun(3, func() { _, _ = analyse(shortBody) })
+	long := testing.AllocsPerRun(3, func() { _, _ = analyse(body) })
+	require.LessOrEqual(t, long, short, "%d elements: %.0f allocations; 2,000,000: %.0f", MaxEvents+1, short, long)
+}
+
+// A Decoder with a lower MaxEvents refuses a longer batch as too large.
+func TestDecoderMaxEvents(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString(`{"events":[`)
+	for i := 0; i < 3; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"id":"%d","tenant":"t","feature":"f","value":1}`, i)
+	}
+	b.WriteString(`]}`)
+	_, err := Decoder{MaxEvents: 2}.Decode(strings.NewReader(b.String()), decodeNow)
+	require.ErrorIs(t, err, ErrTooLarge)
+	evs, err := Decoder{MaxEvents: 3}.Decode(strings.NewReader(b.String()), decodeNow)
+	require.NoError(t, err)
+	require.Len(t, evs, 3)
+	evs, err = Decoder{MaxEvents: MaxEvents + 1}.Decode(strings.NewReader(b.String()), decodeNow)
+	require.NoError(t, err, "above the ceiling: the ceiling")
+	require.Len(t, evs, 3)
+}
+
 func TestDecodeTooLarge(t *testing.T) {
 	t.Parallel()
 	var b bytes.Buffer
@@ -176,14 +291,16 @@ func FuzzDecode(f *testing.F) {
 		`{"Events":[{"ID":"a","TENANT":"t","feature":"f","value":1}]}`,
 		`{"events":[{"id":"a","id":"b","tenant":"t","feature":"f","value":1}]}`,
 		`{"events":[{"i\u0064":"a","tenant":"t","feature":"f","value":1}]}`,
+		`{"\u0065vents":[{"id":"a","tenant":"t","feature":"f","value":1,"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11}],"x":{"y":[1,"]"]}}`,
+		`{"events":[1,[2],{"id":"\"}"}],"\ud800":true}`,
 	} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		evs, err := Decode(bytes.NewReader(body), decodeNow)
 		// The fast path and the field-by-field analysis agree.
-		if fast, ok := decodeFast(body, decodeNow); ok {
-			slow, serr := decodeSlow(body, decodeNow)
+		if fast, ok := decodeFast(body, decodeNow, MaxEvents); ok {
+			slow, serr := decodeSlow(body, decodeNow, MaxEvents)
 			if serr != nil {
 				t.Fatalf("the fast path accepted what the analysis refuses: %v", serr)
 			}
@@ -244,7 +361,7 @@ func BenchmarkDecode(b *testing.B) {
 	})
 	b.Run("field-by-field", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := decodeSlow(body, decodeNow); err != nil {
+			if _, err := decodeSlow(body, decodeNow, MaxEvents); err != nil {
 				b.Fatal(err)
 			}
 		}

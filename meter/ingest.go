@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/outbox"
 )
 
 // Result is what an ingest did.
@@ -25,6 +26,30 @@ type Result struct {
 // Ingester writes batches to the ledger.
 type Ingester struct {
 	Stager *Stager
+	// MaxQuarantined is the most quarantined items the new events of one
+	// batch may make (TALLY_INGEST_MAX_QUARANTINED), as the mappings and
+	// the destination stand at the ingest: a batch that would make more is
+	// refused whole with a *QuarantineCapError. 0 means no cap, the zero
+	// Ingester's; serve's default is DefaultMaxQuarantined.
+	MaxQuarantined int
+}
+
+// DefaultMaxQuarantined is serve's Ingester.MaxQuarantined.
+const DefaultMaxQuarantined = 1000
+
+// QuarantineCapError says the new events of a batch would make more
+// quarantined items than Ingester.MaxQuarantined; nothing of the batch is
+// stored.
+type QuarantineCapError struct {
+	// Items counts the quarantined items the batch would make; Max is the
+	// cap.
+	Items, Max int
+	// Reasons counts those items by quarantine reason.
+	Reasons map[outbox.Reason]int
+}
+
+func (e *QuarantineCapError) Error() string {
+	return fmt.Sprintf("meter: the batch would make %d quarantined items, more than %d", e.Items, e.Max)
 }
 
 // sqlIngest writes a batch in one statement. An event whose (tenant, id)
@@ -126,6 +151,13 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 			return Result{}, err
 		}
 	}
+	// A batch makes at most one item per new event: one no larger than the
+	// cap needs no count.
+	if in.MaxQuarantined > 0 && len(inserted) > in.MaxQuarantined {
+		if err := in.capQuarantine(ctx, tx, events, unique, inserted); err != nil {
+			return Result{}, err
+		}
+	}
 	if in.Stager != nil && len(inserted) > 0 {
 		if err := in.Stager.stageNewEvents(ctx, tx, events, unique, inserted); err != nil {
 			return Result{}, err
@@ -187,6 +219,100 @@ func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Eve
 		return &InvalidBatchError{Problems: problems}
 	}
 	return nil
+}
+
+// capQuarantine refuses, with a *QuarantineCapError, a batch whose new
+// events would make more than MaxQuarantined quarantined items, as the
+// mappings and the destination stand now. It counts one item per new event
+// of an unmapped feature (the stager quarantines each on its own once its
+// default window has closed: a backdated batch of 10,000 makes 10,000) or
+// of a per-event feature, and one per window of a windowed feature, when
+// the item would be quarantined: for a missing feature or tenant mapping,
+// no account, a count value other than 1, or a timestamp older than the
+// provider takes (by the database clock). Items a mapping made within the
+// wait would spare count too. Without a destination (export stalled) only
+// the missing mappings count: the rest depends on the destination.
+func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow) error {
+	var (
+		target Target
+		known  bool
+		now    time.Time
+	)
+	if in.Stager != nil && in.Stager.Target != nil {
+		target, known = in.Stager.Target(ctx)
+	}
+	if known {
+		if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+			return fmt.Errorf("meter: reading the clock: %w", err)
+		}
+	}
+	pairs := map[[2]string]bool{}
+	for _, i := range unique {
+		if _, ok := inserted[eventKey{events[i].Tenant, events[i].ID}]; ok {
+			pairs[[2]string{events[i].Tenant, events[i].Feature}] = true
+		}
+	}
+	var st mappings.Store
+	maps, err := st.LookupMany(ctx, tx, pairs)
+	if err != nil {
+		return err
+	}
+	type windowKey struct {
+		tenant, feature string
+		from            time.Time
+	}
+	var (
+		capErr  = &QuarantineCapError{Max: in.MaxQuarantined, Reasons: map[outbox.Reason]int{}}
+		windows = map[windowKey]bool{}
+	)
+	for _, i := range unique {
+		ev := events[i]
+		row, ok := inserted[eventKey{ev.Tenant, ev.ID}]
+		if !ok {
+			continue
+		}
+		p := maps[[2]string{ev.Tenant, ev.Feature}]
+		reason := quarantineAhead(p, target, known, ev.Value, row.occurredAt, now)
+		if reason == "" {
+			continue
+		}
+		if p.Feature != nil && !p.Feature.Aggregation.PerEvent() {
+			k := windowKey{ev.Tenant, ev.Feature, WindowOf(row.occurredAt, time.Duration(p.Feature.Window), anchorOf(p)).From}
+			if windows[k] {
+				continue // one item for the window
+			}
+			windows[k] = true
+		}
+		capErr.Items++
+		capErr.Reasons[reason]++
+	}
+	if capErr.Items > capErr.Max {
+		return capErr
+	}
+	return nil
+}
+
+// quarantineAhead is the reason the item of a new event (per-event, or its
+// window's) would be quarantined with, as Stager.item and the timestamp
+// check decide it, or "" when it would not be; known false means there is no
+// destination yet, and only the mappings are judged.
+func quarantineAhead(p mappings.Pair, target Target, known bool, value int64, at, now time.Time) outbox.Reason {
+	perEvent := p.Feature == nil || p.Feature.Aggregation.PerEvent()
+	switch {
+	case p.Feature == nil:
+		return outbox.ReasonFeatureUnmapped
+	case p.Tenant == nil:
+		return outbox.ReasonNoCustomer
+	case !known:
+		return ""
+	case target.Account == "":
+		return outbox.ReasonNoAccount
+	case perEvent && value != 1:
+		return outbox.ReasonCountValue
+	case at.Before(now.Add(-target.AcceptPast)):
+		return outbox.ReasonTimestampWindow
+	}
+	return ""
 }
 
 func sameContent(a, b Event) bool {

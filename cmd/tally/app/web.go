@@ -126,7 +126,7 @@ func (w *webServer) handler() (http.Handler, error) {
 		V1: &api.Deps{Pool: db.Pool, Outbox: p.Outbox, Mappings: p.Mappings, Ingester: p.Ingester,
 			Requeuer: p.Requeuer, Metrics: p.API, Reconcile: &api.ReconcileDeps{
 				Enabled: p.Reconciler != nil, Settle: cfg.ReconcileSettle, Enqueue: w.enqueue},
-			Webhook: webhookDeps(cfg, p)},
+			Webhook: webhookDeps(cfg, p), Quota: cfg.Quota.Ingest},
 	}), nil
 }
 

@@ -122,6 +122,8 @@ type Config struct {
 	TLS TLSConfig
 	// Console is the web console's sessions (settings_console.go).
 	Console ConsoleConfig
+	// Quota bounds what one token may post (TALLY_INGEST_…).
+	Quota QuotaConfig
 }
 
 // Flags registers every setting on fs and returns a function that, after

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/console"
 	"github.com/tallymeter/tally/exporter"
@@ -70,6 +71,7 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 		DeliveryBatch: exporter.DefaultBatch, DeliveryInFlight: exporter.DefaultInFlight, PollInterval: exporter.DefaultPollInterval,
 		ReconcileSchedule: reconcile.DefaultSchedule, ReconcileSettle: reconcile.DefaultSettle,
 		Console: config.ConsoleConfig{SessionTTL: console.DefaultSessionTTL, SessionIdle: console.DefaultSessionIdle},
+		Quota:   config.QuotaConfig{Ingest: api.IngestQuota{EventsPerSecond: api.DefaultIngestEventsPerSecond, EventsBurst: api.DefaultIngestEventsBurst, RequestsPerSecond: api.DefaultIngestRequestsPerSecond, MaxEvents: meter.MaxEvents}, MaxQuarantined: meter.DefaultMaxQuarantined},
 	}, c)
 }
 

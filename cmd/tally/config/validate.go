@@ -53,6 +53,7 @@ func (c *Config) validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.consoleProblems()...)
+	errs = append(errs, c.quotaProblems()...)
 	return errors.Join(errs...)
 }
 

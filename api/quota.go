@@ -1,0 +1,173 @@
+package api
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/tallymeter/tally/meter"
+)
+
+// IngestQuota bounds what one token may post to POST /v1/usage on one
+// node. The limits are per node: across a cluster a token may post the
+// number of nodes times as much.
+type IngestQuota struct {
+	// EventsPerSecond is the usage events a second one token may post
+	// (TALLY_INGEST_EVENTS_PER_SECOND); 0 means no limit, the zero
+	// value's. serve's default is DefaultIngestEventsPerSecond.
+	EventsPerSecond float64
+	// EventsBurst is how many events one token may post at once above
+	// that rate (TALLY_INGEST_EVENTS_BURST): at least MaxEvents, or a
+	// full batch could never pass (it is answered 413). Defaults to
+	// MaxEvents; serve's default is DefaultIngestEventsBurst.
+	EventsBurst int
+	// RequestsPerSecond is the POST /v1/usage requests a second one token
+	// may make (TALLY_INGEST_REQUESTS_PER_SECOND), with a burst of one
+	// second's worth; 0 means no limit, the zero value's. serve's default
+	// is DefaultIngestRequestsPerSecond.
+	RequestsPerSecond float64
+	// MaxEvents is the most events one request may carry
+	// (TALLY_INGEST_MAX_EVENTS), 1 to meter.MaxEvents. Defaults to
+	// meter.MaxEvents.
+	MaxEvents int
+}
+
+// serve's defaults of IngestQuota: generous for one busy client, finite
+// for a runaway or hostile one.
+const (
+	// DefaultIngestEventsPerSecond is 10,000 events a second a token.
+	DefaultIngestEventsPerSecond = 10_000
+	// DefaultIngestEventsBurst is ten full batches.
+	DefaultIngestEventsBurst = 10 * meter.MaxEvents
+	// DefaultIngestRequestsPerSecond is 100 requests a second a token.
+	DefaultIngestRequestsPerSecond = 100
+)
+
+// maxQuotaTokens bounds the tokens whose limiters a node keeps.
+const maxQuotaTokens = 10_000
+
+// The reasons of tally_ingest_throttled_total.
+const (
+	throttledEvents        = "events"
+	throttledRequests      = "requests"
+	throttledQuarantineCap = "quarantine_cap"
+)
+
+// quotas hold the limiters of the tokens that posted lately.
+type quotas struct {
+	cfg IngestQuota
+	now func() time.Time
+
+	mu      sync.Mutex
+	byToken map[int64]*tokenLimiters // guarded by mu
+}
+
+// tokenLimiters are one token's limiters; nil is no limit.
+type tokenLimiters struct {
+	events, requests *rate.Limiter
+}
+
+func newQuotas(cfg IngestQuota) *quotas {
+	if cfg.MaxEvents <= 0 || cfg.MaxEvents > meter.MaxEvents {
+		cfg.MaxEvents = meter.MaxEvents
+	}
+	if cfg.EventsBurst <= 0 {
+		cfg.EventsBurst = cfg.MaxEvents
+	}
+	return &quotas{cfg: cfg, now: time.Now, byToken: map[int64]*tokenLimiters{}}
+}
+
+// limitsOf returns the token's limiters, made on first use. The map is
+// bounded: when it is full, the limiters of tokens that are idle (both
+// buckets full: the same as new ones) go first, then, if the node really
+// serves more than maxQuotaTokens busy tokens, arbitrary ones, whose next
+// request starts with a full burst.
+func (q *quotas) limitsOf(token int64, now time.Time) *tokenLimiters {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if l, ok := q.byToken[token]; ok {
+		return l
+	}
+	if len(q.byToken) >= maxQuotaTokens {
+		for id, l := range q.byToken {
+			if l.idle(now) {
+				delete(q.byToken, id)
+			}
+		}
+		for id := range q.byToken {
+			if len(q.byToken) < maxQuotaTokens*3/4 {
+				break
+			}
+			delete(q.byToken, id)
+		}
+	}
+	l := &tokenLimiters{}
+	if q.cfg.EventsPerSecond > 0 {
+		l.events = rate.NewLimiter(rate.Limit(q.cfg.EventsPerSecond), q.cfg.EventsBurst)
+	}
+	if q.cfg.RequestsPerSecond > 0 {
+		l.requests = rate.NewLimiter(rate.Limit(q.cfg.RequestsPerSecond), max(1, int(math.Ceil(q.cfg.RequestsPerSecond))))
+	}
+	q.byToken[token] = l
+	return l
+}
+
+func (l *tokenLimiters) idle(now time.Time) bool {
+	full := func(r *rate.Limiter) bool { return r == nil || r.TokensAt(now) >= float64(r.Burst()) }
+	return full(l.events) && full(l.requests)
+}
+
+// admit takes n from the limiter, or nothing: wait is how long until it
+// could, possible false when it never could (n over the burst).
+func admit(r *rate.Limiter, n int, now time.Time) (wait time.Duration, possible bool) {
+	if r == nil {
+		return 0, true
+	}
+	res := r.ReserveN(now, n)
+	if !res.OK() {
+		return 0, false
+	}
+	if d := res.DelayFrom(now); d > 0 {
+		res.CancelAt(now) // a refused request costs no budget
+		return d, true
+	}
+	return 0, true
+}
+
+// admitRequest takes one request from the token's budget; ok false says
+// to retry after wait.
+func (q *quotas) admitRequest(token int64) (wait time.Duration, ok bool) {
+	if q.cfg.RequestsPerSecond <= 0 {
+		return 0, true
+	}
+	now := q.now()
+	wait, _ = admit(q.limitsOf(token, now).requests, 1, now)
+	return wait, wait == 0
+}
+
+// admitEvents takes n events from the token's budget; ok false says to
+// retry after wait, possible false that n is over the burst.
+func (q *quotas) admitEvents(token int64, n int) (wait time.Duration, ok, possible bool) {
+	if q.cfg.EventsPerSecond <= 0 {
+		return 0, true, true
+	}
+	now := q.now()
+	wait, possible = admit(q.limitsOf(token, now).events, n, now)
+	return wait, possible && wait == 0, possible
+}
+
+// writeThrottled answers 429 with Retry-After: whole seconds, at least 1.
+func writeThrottled(w http.ResponseWriter, wait time.Duration, message string) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
+	WriteError(w, http.StatusTooManyRequests, "rate_limited", message)
+}
+
+func (m *Metrics) throttled(reason string) {
+	if m != nil {
+		m.ingestThrottled.WithLabelValues(reason).Inc()
+	}
+}
