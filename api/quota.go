@@ -1,8 +1,10 @@
 package api
 
 import (
+	"cmp"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -84,8 +86,10 @@ func newQuotas(cfg IngestQuota) *quotas {
 // limitsOf returns the token's limiters, made on first use. The map is
 // bounded: when it is full, the limiters of tokens that are idle (both
 // buckets full: the same as new ones) go first, then, if the node really
-// serves more than maxQuotaTokens busy tokens, arbitrary ones, whose next
-// request starts with a full burst.
+// serves more than maxQuotaTokens busy tokens, those that would be full
+// soonest: forgetting a limiter gives its token a full burst early, so the
+// ones that lose the least are dropped, never a token that spent its
+// budget for a long while ahead.
 func (q *quotas) limitsOf(token int64, now time.Time) *tokenLimiters {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -98,11 +102,17 @@ func (q *quotas) limitsOf(token int64, now time.Time) *tokenLimiters {
 				delete(q.byToken, id)
 			}
 		}
-		for id := range q.byToken {
-			if len(q.byToken) < maxQuotaTokens*3/4 {
-				break
+		if len(q.byToken) >= maxQuotaTokens*3/4 {
+			ids := make([]int64, 0, len(q.byToken))
+			full := make(map[int64]time.Duration, len(q.byToken))
+			for id, l := range q.byToken {
+				ids = append(ids, id)
+				full[id] = l.untilFull(now)
 			}
-			delete(q.byToken, id)
+			slices.SortFunc(ids, func(a, b int64) int { return cmp.Compare(full[a], full[b]) })
+			for _, id := range ids[:len(ids)-maxQuotaTokens*3/4+1] {
+				delete(q.byToken, id)
+			}
 		}
 	}
 	l := &tokenLimiters{}
@@ -114,6 +124,20 @@ func (q *quotas) limitsOf(token int64, now time.Time) *tokenLimiters {
 	}
 	q.byToken[token] = l
 	return l
+}
+
+// untilFull is how long until both of the token's buckets are full again.
+func (l *tokenLimiters) untilFull(now time.Time) time.Duration {
+	var d time.Duration
+	for _, r := range []*rate.Limiter{l.events, l.requests} {
+		if r == nil || r.Limit() <= 0 {
+			continue
+		}
+		if missing := float64(r.Burst()) - r.TokensAt(now); missing > 0 {
+			d = max(d, time.Duration(missing/float64(r.Limit())*float64(time.Second)))
+		}
+	}
+	return d
 }
 
 func (l *tokenLimiters) idle(now time.Time) bool {
