@@ -115,6 +115,10 @@ type Config struct {
 	// ReconcileSettle is how long an accepted item waits before a run
 	// compares it. Defaults to reconcile.DefaultSettle.
 	ReconcileSettle time.Duration
+
+	// Pools sizes serve's connection pools, one per workload, and bounds
+	// its reads.
+	Pools PoolsConfig
 }
 
 // Flags registers every setting on fs and returns a function that, after

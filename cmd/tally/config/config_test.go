@@ -68,6 +68,7 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 		StreamInFlight: exporter.DefaultStreamInFlight, DeliveryWorkers: exporter.DefaultWorkers,
 		DeliveryBatch: exporter.DefaultBatch, DeliveryInFlight: exporter.DefaultInFlight, PollInterval: exporter.DefaultPollInterval,
 		ReconcileSchedule: reconcile.DefaultSchedule, ReconcileSettle: reconcile.DefaultSettle,
+		Pools: config.PoolsConfig{Ingest: config.DefaultPoolIngest, Export: config.DefaultPoolExport, River: config.DefaultPoolRiver, Reads: config.DefaultPoolReads, ReadTimeout: config.DefaultReadTimeout, ReadsPerToken: config.DefaultReadsPerToken},
 	}, c)
 }
 
