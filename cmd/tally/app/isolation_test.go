@@ -214,6 +214,25 @@ func TestReportsOfReadOnlyTokensDoNotStopIngestOrRiver(t *testing.T) {
 	t.Logf("ingest loaded:  n=%d p50=%s p99=%s max=%s", len(loaded), pct(loaded, 50), pct(loaded, 99), pct(loaded, 100))
 	t.Logf("river: leader %s before, %s after; the staging pass inserted during the load: %s", leaderBefore, leaderAfter, stageState)
 
+	// A report whose client goes away ends its query at once, long before
+	// the statement timeout would: the reporters' last ones, then one more
+	// that would run for seconds on this ledger.
+	require.Eventually(t, func() bool { return reportQueries(t, ctx, db.Pool) == 0 }, 3*time.Second, 50*time.Millisecond,
+		"the reporters' queries end with their clients")
+	cctx, ccancel := context.WithTimeout(ctx, time.Second)
+	req, _ := http.NewRequestWithContext(cctx, http.MethodGet, base+"/v1/reports/completeness?period="+isolationPeriod, nil)
+	req.Header.Set("Authorization", "Bearer "+finance[0])
+	_, err = client.Do(req)
+	ccancel()
+	running := reportQueries(t, ctx, db.Pool)
+	require.Error(t, err, "the report outlasted its client")
+	if rows >= isolationRows/10 {
+		require.Equal(t, 1, running, "the report's query ran when its client left")
+	}
+	require.Eventually(t, func() bool { return reportQueries(t, ctx, db.Pool) == 0 }, 3*time.Second, 50*time.Millisecond,
+		"the report's query ends with its client")
+	t.Logf("a report whose client left after 1s: %d report queries running then, none 3s later", running)
+
 	for k := range summary {
 		require.Contains(t, []string{"200", "429", "500 internal"}, k,
 			"a report finishes, is refused with 429 and Retry-After, or is cut by the statement timeout (500, logged)")
@@ -252,6 +271,16 @@ func riverLeader(t *testing.T, ctx context.Context, pool *pgxpool.Pool) string {
 	err := pool.QueryRow(ctx, `SELECT coalesce(max(leader_id), '') FROM river_leader WHERE expires_at > now()`).Scan(&id)
 	require.NoError(t, err)
 	return id
+}
+
+// reportQueries counts the ledger queries running on the node's
+// connections.
+func reportQueries(t *testing.T, ctx context.Context, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND state = 'active' AND query ILIKE '%usage_events%'`).Scan(&n))
+	return n
 }
 
 func jobState(t *testing.T, ctx context.Context, pool *pgxpool.Pool, id int64) string {
