@@ -7,14 +7,13 @@
 -- set by the database at insert, so the index only grows at its right
 -- edge: cheap for ingest.
 --
--- Built CONCURRENTLY so that nodes still running keep ingesting while it
--- builds on a large ledger; an attempt that failed leaves an invalid index,
--- which the next attempt drops first.
+-- Not built CONCURRENTLY: that waits for every open transaction, and nodes
+-- starting together wait for the migration lock inside one, so it would
+-- never finish. Building it blocks the ledger's writes of nodes still
+-- running for as long as the build takes, which grows with the ledger.
 
--- +goose NO TRANSACTION
 -- +goose Up
-DROP INDEX CONCURRENTLY IF EXISTS usage_events_received;
-CREATE INDEX CONCURRENTLY usage_events_received ON usage_events (received_at);
+CREATE INDEX usage_events_received ON usage_events (received_at);
 
 -- +goose Down
-DROP INDEX CONCURRENTLY IF EXISTS usage_events_received;
+DROP INDEX usage_events_received;
