@@ -1,13 +1,16 @@
 package api_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
 func TestReadLimiterRefusesOverEitherBoundAndFreesOnRelease(t *testing.T) {
@@ -62,4 +65,23 @@ func TestExpensiveReadOverTheTokensBoundAnswers429WithRetryAfterAtOnce(t *testin
 	release()
 	resp = h.request(http.MethodGet, "/v1/reports/completeness?period=2026-11", h.as(secret), nil)
 	require.Equal(t, http.StatusOK, resp.status, "the slot is free again: %s", resp)
+}
+
+func TestGetsRunOnTheReadsPoolAndWritesNever(t *testing.T) {
+	t.Parallel()
+	var reads *pgxpool.Pool
+	h := newHarnessWith(t, false, func(d *api.Deps) {
+		var err error
+		reads, err = pgxpool.New(context.Background(), testdb.URLOf(t, d.Pool))
+		require.NoError(t, err)
+		reads.Close() // a reads pool that cannot serve: what runs on it fails
+		d.Reads = reads
+	})
+	fin := h.token("finance", auth.RoleFinance)
+	ing := h.token("ingest", auth.RoleIngest)
+
+	resp := h.try(http.MethodGet, "/v1/outbox/summary", h.as(fin), nil)
+	require.Equal(t, http.StatusInternalServerError, resp.status, "a GET, its token check included, runs on the reads pool: %s", resp)
+	resp = h.request(http.MethodPost, "/v1/usage", h.as(ing), batch(event{"id": "r1", "tenant": "acme", "feature": "api", "value": 1}))
+	require.Equal(t, http.StatusAccepted, resp.status, "a write runs on Pool: %s", resp)
 }
