@@ -106,10 +106,10 @@ func Build(cfg config.Config) (*Parts, error) {
 		return nil, err
 	}
 	return &Parts{
-		ReadLimit: readLimit,
-		Registry:  reg, Outbox: ob, Mappings: maps, Stager: stager,
+		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
 		Ingester: &meter.Ingester{Stager: stager},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, Reconciler: rec,
+		ReadLimit: readLimit,
 	}, nil
 }
