@@ -44,6 +44,13 @@ type Deps struct {
 	Ingester *meter.Ingester
 	Requeuer *quarantine.Requeuer
 	Metrics  *Metrics
+	// Reads, when set, serves every GET and HEAD, their authentication
+	// included, so that a burst of reports waits on it and never on Pool,
+	// which then serves the writes alone.
+	Reads *pgxpool.Pool
+	// ReadLimit, when set, bounds the expensive reads in flight per token
+	// and in all.
+	ReadLimit *ReadLimiter
 	// Reconcile serves /v1/reconcile; nil answers that export is stalled.
 	Reconcile *ReconcileDeps
 	// Webhook serves POST /v1/stripe/events; nil or without a secret it
@@ -111,10 +118,9 @@ func New(opts Options) http.Handler {
 		r.Method(http.MethodGet, "/metrics", opts.Metrics)
 	}
 	if opts.V1 != nil {
-		v1 := *opts.V1
-		v1.quotas = newQuotas(v1.Quota)
-		h := &handlers{Deps: &v1, log: opts.Logger}
-		r.Route("/v1", h.routes)
+		d := *opts.V1
+		d.quotas = newQuotas(d.Quota)
+		r.Route("/v1", v1(&d, opts.Logger))
 	}
 	if opts.Console != nil {
 		r.Get("/console", func(w http.ResponseWriter, r *http.Request) {
@@ -125,6 +131,35 @@ func New(opts Options) http.Handler {
 	r.NotFound(notFound)
 	r.MethodNotAllowed(methodNotAllowed)
 	return r
+}
+
+// v1 is the /v1 API: GET and HEAD on the reads pool, bounded by the read
+// limiter; every other method on the writes pool. Both serve the one table
+// of routes (handlers.routes); the router of the writes is the one mounted,
+// so that walking it lists every route.
+func v1(d *Deps, log *slog.Logger) func(chi.Router) {
+	writes := &handlers{Deps: d, log: log}
+	reads := writes
+	if d.Reads != nil {
+		rd := *d
+		rd.Pool = d.Reads
+		reads = &handlers{Deps: &rd, log: log}
+	}
+	rr := chi.NewRouter()
+	rr.Use(reads.limitReads(d.ReadLimit))
+	reads.routes(rr)
+	return func(r chi.Router) {
+		r.Use(func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				if req.Method == http.MethodGet || req.Method == http.MethodHead {
+					rr.ServeHTTP(w, req)
+					return
+				}
+				next.ServeHTTP(w, req)
+			})
+		})
+		writes.routes(r)
+	}
 }
 
 // requestIDPattern is what a caller's X-Request-Id may be to be kept;

@@ -67,6 +67,9 @@ type Deps struct {
 	// DefaultSessionIdle.
 	SessionIdle time.Duration
 	Logger      *slog.Logger
+	// ReadLimit, when set, bounds the expensive pages in flight
+	// (completeness, mappings, quarantine and its CSV, reconciliation).
+	ReadLimit ReadLimiter
 }
 
 // Console serves /console/.
@@ -119,14 +122,17 @@ func (c *Console) Handler() http.Handler {
 	r.Group(func(r chi.Router) {
 		r.Use(c.requireSession)
 		r.Get("/", c.overview)
-		r.Get("/quarantine", c.quarantine)
-		r.Get("/quarantine.csv", c.quarantineCSV)
 		r.Get("/items/{id}", c.item)
 		r.Get("/uncertain", c.uncertain)
-		r.Get("/mappings", c.mappingsPage)
-		r.Get("/reconcile", c.reconcilePage)
-		r.Get("/reconcile/{id}", c.reconcilePage)
-		r.Get("/completeness", c.completeness)
+		r.Group(func(r chi.Router) {
+			r.Use(c.limitReads)
+			r.Get("/quarantine", c.quarantine)
+			r.Get("/quarantine.csv", c.quarantineCSV)
+			r.Get("/mappings", c.mappingsPage)
+			r.Get("/reconcile", c.reconcilePage)
+			r.Get("/reconcile/{id}", c.reconcilePage)
+			r.Get("/completeness", c.completeness)
+		})
 		r.Post("/logout", c.logout)
 		r.Group(func(r chi.Router) {
 			r.Use(requireRole(auth.RoleOperator))

@@ -29,14 +29,17 @@ type Unmapped struct {
 }
 
 // sqlUnmapped counts, per feature and per tenant without a mapping, the
-// usage events received within a span before the database's clock.
+// usage events received within a span before the database's clock. The
+// bound is from now(), which is stable, so that the ledger's index on
+// received_at (migration 18) reads the span alone; clock_timestamp(),
+// volatile, would read the whole ledger.
 const sqlUnmapped = `
 SELECT 'feature', feature, count(*) FROM usage_events e
-WHERE received_at > clock_timestamp() - @within::interval AND NOT EXISTS (SELECT 1 FROM feature_mappings m WHERE m.feature = e.feature)
+WHERE received_at > now() - @within::interval AND NOT EXISTS (SELECT 1 FROM feature_mappings m WHERE m.feature = e.feature)
 GROUP BY 2
 UNION ALL
 SELECT 'tenant', tenant, count(*) FROM usage_events e
-WHERE received_at > clock_timestamp() - @within::interval AND NOT EXISTS (SELECT 1 FROM tenant_mappings m WHERE m.tenant = e.tenant)
+WHERE received_at > now() - @within::interval AND NOT EXISTS (SELECT 1 FROM tenant_mappings m WHERE m.tenant = e.tenant)
 GROUP BY 2
 ORDER BY 1, 2`
 

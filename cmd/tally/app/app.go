@@ -37,7 +37,16 @@ type Parts struct {
 	StreamLimiter *exporter.Limiter
 	// Reconciler is nil without a key.
 	Reconciler *reconcile.Reconciler
+	// ReadLimit bounds the expensive reads of the API and the console
+	// together: cfg.Pools.ReadsPerToken per token, and readsHeadroom
+	// fewer than the reads pool's connections in all.
+	ReadLimit *api.ReadLimiter
 }
+
+// readsHeadroom is how many connections of the reads pool the expensive
+// reads leave to everything else on it: sign-ins, the overview, item pages,
+// the API's other GETs.
+const readsHeadroom = 2
 
 // Build makes the parts from cfg, with their metrics on a fresh registry.
 func Build(cfg config.Config) (*Parts, error) {
@@ -92,10 +101,15 @@ func Build(cfg config.Config) (*Parts, error) {
 			return nil, err
 		}
 	}
+	readLimit, err := api.NewReadLimiter(cfg.Pools.ReadsPerToken, max(1, cfg.Pools.Reads-readsHeadroom), reg)
+	if err != nil {
+		return nil, err
+	}
 	return &Parts{
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
 		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, Reconciler: rec,
+		ReadLimit: readLimit,
 	}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,8 +21,8 @@ const (
 	// embeddedDatabase is the database Tally uses inside its embedded
 	// cluster.
 	embeddedDatabase = "tally"
-	// defaultMaxConns sizes a node's pool unless the URL sets
-	// pool_max_conns.
+	// defaultMaxConns sizes DB.Pool unless the URL sets pool_max_conns;
+	// serve's workloads have pools of their own (Pools).
 	defaultMaxConns = 24
 	// clusterStopTimeout bounds stopping the embedded cluster.
 	clusterStopTimeout = 30 * time.Second
@@ -34,9 +35,14 @@ const (
 // DB is an open, migrated database, and the embedded cluster behind it when
 // there is one.
 type DB struct {
+	// Pool is the pool of migrations, the operator commands and the
+	// node's own checks (start, readiness, heartbeats): no statement
+	// timeout. Serve runs its workloads on Pools of their own.
 	Pool    *pgxpool.Pool
 	cluster *embeddedpg.Cluster
 	logger  *slog.Logger
+	// url is the database's URL, the one every pool connects to.
+	url string
 }
 
 // Done is closed when the embedded cluster stops; nil (never ready) for an
@@ -95,9 +101,8 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		return nil, errors.New("TALLY_DATABASE_URL is not a valid Postgres URL")
 	}
 	if !strings.Contains(url, "pool_max_conns") {
-		// pgxpool's default (4 on small machines) starves a node: ingest
-		// requests, deliverer claims and outcome batches, River and the
-		// maintenance pass all hold connections.
+		// pgxpool's default (4 on small machines) starves a command that
+		// drives a domain part as serve would (dev's set-up, benchmarks).
 		pcfg.MaxConns = defaultMaxConns
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
@@ -105,7 +110,7 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		d.stopCluster()
 		return nil, fmt.Errorf("connecting to Postgres: %w", err)
 	}
-	d.Pool = pool
+	d.Pool, d.url = pool, url
 	res, err := migrations.Apply(ctx, pool, logger)
 	if err != nil {
 		d.Close()
@@ -162,4 +167,91 @@ func Connect(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 		return nil, errors.New("postgres did not answer (is it running, is the host and port right?)")
 	}
 	return pool, nil
+}
+
+// The session bounds of the workload pools: how long one statement may run,
+// and how long a session may sit idle inside a transaction. Reads are the
+// shortest (config.DefaultReadTimeout, TALLY_READ_TIMEOUT); ingest answers a
+// client waiting on it; export and River run passes and batches.
+const (
+	ingestStatementTimeout = 10 * time.Second
+	exportStatementTimeout = 60 * time.Second
+	riverStatementTimeout  = 60 * time.Second
+	// idleInTransactionTimeout ends a session left idle inside a
+	// transaction (a stuck client of the pool), releasing its locks; no
+	// workload waits on anything but Postgres inside one.
+	idleInTransactionTimeout = 30 * time.Second
+)
+
+// Pools are serve's connection pools, one per workload, all to the one
+// database, so that no workload can take another's connections: a burst of
+// reports waits on Reads while ingest, export and River's leader election
+// go on. Each session has its pool's statement_timeout and
+// idle_in_transaction_session_timeout.
+type Pools struct {
+	// Ingest serves the API's writes: usage, mapping changes, requeues,
+	// recoveries, the webhook.
+	Ingest *pgxpool.Pool
+	// Export serves the deliverers, the outbox maintenance pass and
+	// River's jobs (staging, reconciliation).
+	Export *pgxpool.Pool
+	// River is River's own: leader election, notifications, fetches,
+	// completions.
+	River *pgxpool.Pool
+	// Reads serves the reports, the console and the API's GETs.
+	Reads *pgxpool.Pool
+}
+
+// OpenPools opens serve's workload pools on d's database, sized and bounded
+// by cfg.Pools. They connect lazily: nothing is dialled until a workload
+// asks.
+func (d *DB) OpenPools(ctx context.Context, cfg config.Config) (*Pools, error) {
+	p := &Pools{}
+	for _, w := range []struct {
+		dst     **pgxpool.Pool
+		size    int
+		timeout time.Duration
+	}{
+		{&p.Ingest, cfg.Pools.Ingest, ingestStatementTimeout},
+		{&p.Export, cfg.Pools.Export, exportStatementTimeout},
+		{&p.River, cfg.Pools.River, riverStatementTimeout},
+		{&p.Reads, cfg.Pools.Reads, cfg.Pools.ReadTimeout},
+	} {
+		pool, err := d.workloadPool(ctx, w.size, w.timeout)
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		*w.dst = pool
+	}
+	return p, nil
+}
+
+// workloadPool is one pool of size connections whose sessions cut a
+// statement after timeout and a transaction left idle after
+// idleInTransactionTimeout (or timeout, when shorter).
+func (d *DB) workloadPool(ctx context.Context, size int, timeout time.Duration) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(d.url)
+	if err != nil {
+		// Open parsed it already; the URL may hold a password: never echo it.
+		return nil, errors.New("TALLY_DATABASE_URL is not a valid Postgres URL")
+	}
+	pcfg.MaxConns = int32(size)
+	params := pcfg.ConnConfig.RuntimeParams
+	params["statement_timeout"] = strconv.FormatInt(timeout.Milliseconds(), 10)
+	params["idle_in_transaction_session_timeout"] = strconv.FormatInt(min(timeout, idleInTransactionTimeout).Milliseconds(), 10)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to Postgres: %w", err)
+	}
+	return pool, nil
+}
+
+// Close closes the pools that are open.
+func (p *Pools) Close() {
+	for _, pool := range []*pgxpool.Pool{p.Ingest, p.Export, p.River, p.Reads} {
+		if pool != nil {
+			pool.Close()
+		}
+	}
 }

@@ -39,11 +39,17 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	if err := p.Registry.Register(newHeartbeats(db.Pool, p.Outbox)); err != nil {
 		return err
 	}
-	deliverers, err := newDeliverers(cfg, db, p, logger)
+	pools, err := db.OpenPools(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	rc, err := newRiver(cfg, db, p, logger)
+	// Closed once every service has stopped (or never started).
+	defer pools.Close()
+	deliverers, err := newDeliverers(cfg, pools, p, logger)
+	if err != nil {
+		return err
+	}
+	rc, err := newRiver(cfg, pools, p, logger)
 	if err != nil {
 		return err
 	}
@@ -56,14 +62,14 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		list = append(list, watch)
 	}
 	list = append(list, newLoop(func(ctx context.Context) {
-		_ = p.Outbox.RunMaintenance(ctx, db.Pool, cfg.MaintenanceInterval, logger)
+		_ = p.Outbox.RunMaintenance(ctx, pools.Export, cfg.MaintenanceInterval, logger)
 	}))
 	for _, d := range deliverers {
 		// A deliverer stops claiming when ctx ends, lets the sends in
 		// flight finish and records their outcomes before it returns.
 		list = append(list, newLoop(func(ctx context.Context) { _ = d.Run(ctx) }))
 	}
-	web := &webServer{cfg: cfg, db: db, parts: p, logger: logger, ready: ready,
+	web := &webServer{cfg: cfg, db: db, pools: pools, parts: p, logger: logger, ready: ready,
 		enqueue: func(ctx context.Context, tx pgx.Tx, runID int64) error {
 			_, err := rc.InsertTx(ctx, tx, reconcile.Args{RunID: runID}, nil)
 			return err
@@ -133,7 +139,7 @@ func clusterWatch(db *DB, node *services, logger *slog.Logger) service {
 // batches of 100 regardless of key (the stream has no per-key concurrency
 // rule), each under its own limiter. Both run whatever TALLY_EXPORTER says,
 // since a feature mapping may name either. None without a key.
-func newDeliverers(cfg config.Config, db *DB, p *Parts, logger *slog.Logger) ([]*exporter.Deliverer, error) {
+func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logger) ([]*exporter.Deliverer, error) {
 	client := p.Resolver.Client()
 	if client == nil {
 		return nil, nil
@@ -141,7 +147,7 @@ func newDeliverers(cfg config.Config, db *DB, p *Parts, logger *slog.Logger) ([]
 	v1, err := exporter.NewDeliverer(exporter.DelivererConfig{
 		Workers: cfg.DeliveryWorkers, Batch: cfg.DeliveryBatch, InFlight: cfg.DeliveryInFlight,
 		PollInterval: cfg.PollInterval, Keys: p.Resolver,
-	}, p.Outbox, db.Pool, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
+	}, p.Outbox, pools.Export, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
 		p.Resolver.Destination, p.Limiter, logger, p.Registry)
 	if err != nil {
 		return nil, err
@@ -153,31 +159,33 @@ func newDeliverers(cfg config.Config, db *DB, p *Parts, logger *slog.Logger) ([]
 	v2, err := exporter.NewDeliverer(exporter.DelivererConfig{
 		Workers: cfg.DeliveryWorkers, Batch: min(cfg.StreamInFlight, outbox.MaxClaim), InFlight: cfg.StreamInFlight,
 		RecordBatch: outbox.MaxClaim, Policy: outbox.BestEffort, PollInterval: cfg.PollInterval, Keys: p.Resolver,
-	}, p.Outbox, db.Pool, stream, cfg.StripeTimeout, p.Resolver.Destination, p.StreamLimiter, logger, p.Registry)
+	}, p.Outbox, pools.Export, stream, cfg.StripeTimeout, p.Resolver.Destination, p.StreamLimiter, logger, p.Registry)
 	if err != nil {
 		return nil, err
 	}
 	return []*exporter.Deliverer{v1, v2}, nil
 }
 
-// newRiver makes the River client: the staging worker and its periodic
-// job, and the reconcile worker with its periodic job when there is a
-// reconciler and a schedule.
-func newRiver(cfg config.Config, db *DB, p *Parts, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
+// newRiver makes the River client on its own pool: the staging worker and
+// its periodic job, and the reconcile worker with its periodic job when
+// there is a reconciler and a schedule. The jobs run on the export pool, so
+// that a long pass never takes the connections River's leader election
+// and fetches need.
+func newRiver(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
 	riverLevel := slog.LevelWarn // River's own progress only when debugging
 	if cfg.LogLevel == "debug" {
 		riverLevel = slog.LevelDebug
 	}
 	workers := river.NewWorkers()
-	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: db.Pool, Logger: logger})
-	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: db.Pool, Settle: cfg.ReconcileSettle, Logger: logger})
+	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: pools.Export, Logger: logger})
+	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: pools.Export, Settle: cfg.ReconcileSettle, Logger: logger})
 	periodic := []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)}
 	if job, err := reconcile.Periodic(cfg.ReconcileSchedule); err != nil {
 		return nil, err
 	} else if job != nil && p.Reconciler != nil {
 		periodic = append(periodic, job)
 	}
-	rc, err := river.NewClient(riverpgxv5.New(db.Pool), &river.Config{
+	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
 			river.QueueDefault:  {MaxWorkers: 2},
 			reconcile.QueueName: {MaxWorkers: 1}, // a run takes long; it must not hold up staging

@@ -38,6 +38,7 @@ const (
 type webServer struct {
 	cfg    config.Config
 	db     *DB
+	pools  *Pools
 	parts  *Parts
 	logger *slog.Logger
 	// enqueue inserts a reconcile run's job in the caller's transaction.
@@ -112,7 +113,7 @@ func (w *webServer) handler() (http.Handler, error) {
 	if p.Reconciler != nil {
 		consoleEnqueue = w.enqueue
 	}
-	con, err := console.New(console.Deps{Pool: db.Pool, Outbox: p.Outbox, Mappings: p.Mappings, Requeuer: p.Requeuer,
+	con, err := console.New(console.Deps{Pool: w.pools.Reads, ReadLimit: p.ReadLimit, Outbox: p.Outbox, Mappings: p.Mappings, Requeuer: p.Requeuer,
 		Reconcile: consoleEnqueue, Settle: cfg.ReconcileSettle, SessionTTL: cfg.Console.SessionTTL, SessionIdle: cfg.Console.SessionIdle,
 		Logger: w.logger})
 	if err != nil {
@@ -123,7 +124,7 @@ func (w *webServer) handler() (http.Handler, error) {
 		Logger:  w.logger,
 		Ready:   readiness(db, p),
 		Metrics: promhttp.HandlerFor(p.Registry, promhttp.HandlerOpts{}),
-		V1: &api.Deps{Pool: db.Pool, Outbox: p.Outbox, Mappings: p.Mappings, Ingester: p.Ingester,
+		V1: &api.Deps{Pool: w.pools.Ingest, Reads: w.pools.Reads, ReadLimit: p.ReadLimit, Outbox: p.Outbox, Mappings: p.Mappings, Ingester: p.Ingester,
 			Requeuer: p.Requeuer, Metrics: p.API, Reconcile: &api.ReconcileDeps{
 				Enabled: p.Reconciler != nil, Settle: cfg.ReconcileSettle, Enqueue: w.enqueue},
 			Webhook: webhookDeps(cfg, p), Quota: cfg.Quota.Ingest},

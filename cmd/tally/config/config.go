@@ -124,6 +124,9 @@ type Config struct {
 	Console ConsoleConfig
 	// Quota bounds what one token may post (TALLY_INGEST_…).
 	Quota QuotaConfig
+	// Pools sizes serve's connection pools, one per workload, and bounds
+	// its reads.
+	Pools PoolsConfig
 }
 
 // Flags registers every setting on fs and returns a function that, after

@@ -24,7 +24,7 @@ type setting struct {
 // settings is the table of every setting, in the order problems with their
 // values are reported.
 func settings() []setting {
-	return slices.Concat(nodeSettings(), outboxSettings(), exportSettings(), deliverySettings(), reconcileSettings(), tlsSettings(), quotaSettings(),
+	return slices.Concat(nodeSettings(), outboxSettings(), exportSettings(), deliverySettings(), reconcileSettings(), tlsSettings(), quotaSettings(), poolSettings(),
 		[]setting{{"TALLY_OUTBOX_CLAIM_SCAN", "outbox-claim-scan", "how many due items per wanted item a per-key claim reads to find distinct keys",
 			strconv.Itoa(outbox.DefaultClaimScan), integer(func(c *Config) *int { return &c.Outbox.ClaimScan })}},
 		consoleSettings())

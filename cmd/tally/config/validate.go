@@ -37,7 +37,7 @@ func (c *Config) restrictedKeyProblems() []error {
 // validate checks the whole configuration and reports every problem, in
 // the order of the settings' groups.
 func (c *Config) validate() error {
-	errs := slices.Concat(c.nodeProblems(), c.exportProblems(), c.deliveryProblems(), c.tlsProblems())
+	errs := slices.Concat(c.nodeProblems(), c.exportProblems(), c.deliveryProblems(), c.tlsProblems(), c.poolProblems())
 	if c.ReconcileSchedule != "off" {
 		if _, err := cron.ParseStandard(c.ReconcileSchedule); err != nil {
 			errs = append(errs, fmt.Errorf("TALLY_RECONCILE_SCHEDULE must be a cron schedule (minute hour day month weekday) or off: %v", err))

@@ -1,0 +1,135 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tallymeter/tally/internal/auth"
+)
+
+// DefaultReadRetryAfter is the Retry-After of a read refused by a
+// ReadLimiter: a report takes seconds, not minutes.
+const DefaultReadRetryAfter = 2 * time.Second
+
+// ReadLimiter bounds the expensive reads in flight — the reports, their
+// console pages, the reconcile listings — per token and in all, so that one
+// token, or all of them, cannot take every connection of the reads pool. A
+// read over a bound is refused at once (429 with Retry-After), never
+// queued: a queue would hold the client's connection and keep the work
+// coming. One limiter serves the API and the console, so the global bound
+// covers both. Its zero value is not usable: use NewReadLimiter.
+type ReadLimiter struct {
+	perToken, global int
+	refused          *prometheus.CounterVec
+
+	mu sync.Mutex
+	// inFlight counts each token's reads in flight; total is their sum.
+	inFlight map[int64]int
+	total    int
+}
+
+// NewReadLimiter returns a limiter of perToken reads in flight per token
+// and global in all (each at least 1), with its counter of refused reads
+// registered on reg (nil: not registered).
+func NewReadLimiter(perToken, global int, reg prometheus.Registerer) (*ReadLimiter, error) {
+	if perToken < 1 || global < 1 {
+		return nil, errors.New("api: a read limiter's bounds must be at least 1")
+	}
+	l := &ReadLimiter{perToken: perToken, global: global, inFlight: map[int64]int{},
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_reads_refused_total",
+			Help: "Expensive reads (reports, their console pages, reconcile listings) refused with 429, by bound: token or global.",
+		}, []string{"bound"})}
+	if reg != nil {
+		if err := reg.Register(l.refused); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// Acquire takes a slot for one read of token: ok is false, and nothing is
+// taken, when the token or the node is at its bound. release gives the slot
+// back; call it once.
+func (l *ReadLimiter) Acquire(token int64) (release func(), ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.inFlight[token] >= l.perToken:
+		l.refused.WithLabelValues("token").Inc()
+		return nil, false
+	case l.total >= l.global:
+		l.refused.WithLabelValues("global").Inc()
+		return nil, false
+	}
+	l.inFlight[token]++
+	l.total++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if l.inFlight[token]--; l.inFlight[token] == 0 {
+				delete(l.inFlight, token)
+			}
+			l.total--
+		})
+	}, true
+}
+
+// RetryAfter is how long a refused client is asked to wait.
+func (l *ReadLimiter) RetryAfter() time.Duration { return DefaultReadRetryAfter }
+
+// expensiveRead reports whether a /v1 GET is one of the reads a
+// ReadLimiter bounds: the completeness and quarantine reports and the
+// reconcile listings.
+func expensiveRead(path string) bool {
+	switch path {
+	case "/v1/reports/completeness", "/v1/quarantine", "/v1/reconcile/runs":
+		return true
+	}
+	return strings.HasPrefix(path, "/v1/reconcile/runs/")
+}
+
+// limitReads bounds the expensive reads with l (nil: unbounded). It runs
+// before the routes: a request whose token verifies takes a slot of that
+// token or is answered 429 at once; any other goes on unbounded, to be
+// answered 401 by the routes.
+func (h *handlers) limitReads(l *ReadLimiter) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		if l == nil {
+			return next
+		}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !expensiveRead(r.URL.Path) {
+				next.ServeHTTP(w, r)
+				return
+			}
+			scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+			if !ok || !strings.EqualFold(scheme, "Bearer") {
+				next.ServeHTTP(w, r)
+				return
+			}
+			p, err := auth.Verify(r.Context(), h.Pool, strings.TrimSpace(token))
+			if err != nil {
+				next.ServeHTTP(w, r)
+				return
+			}
+			release, ok := l.Acquire(p.TokenID)
+			if !ok {
+				w.Header().Set("Retry-After", strconv.Itoa(int(l.RetryAfter().Seconds())))
+				WriteError(w, http.StatusTooManyRequests, "too_many_reads",
+					"too many reports are running for this token or on this node; retry after a moment")
+				return
+			}
+			defer release()
+			next.ServeHTTP(w, r)
+		})
+	}
+}

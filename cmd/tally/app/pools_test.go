@@ -1,0 +1,64 @@
+package app_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/cmd/tally/app"
+	"github.com/tallymeter/tally/cmd/tally/config"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
+)
+
+func TestWorkloadPoolsCutStatementsAtTheirOwnTimeoutsAndKeepTheirSizes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := map[string]string{"TALLY_DATABASE_URL": testdb.URL(t), "TALLY_READ_TIMEOUT": "300ms",
+		"TALLY_POOL_INGEST": "3", "TALLY_POOL_EXPORT": "4", "TALLY_POOL_RIVER": "5", "TALLY_POOL_READS": "2"}
+	fs := flag.NewFlagSet("pools", flag.ContinueOnError)
+	load := config.Flags(fs, func(k string) string { return env[k] })
+	require.NoError(t, fs.Parse(nil))
+	cfg, err := load()
+	require.NoError(t, err)
+	db, err := app.Open(ctx, cfg, slog.New(slog.DiscardHandler), false)
+	require.NoError(t, err)
+	defer db.Close()
+	pools, err := db.OpenPools(ctx, cfg)
+	require.NoError(t, err)
+	defer pools.Close()
+
+	show := func(p *pgxpool.Pool, name string) string {
+		var v string
+		require.NoError(t, p.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v))
+		return v
+	}
+	for _, c := range []struct {
+		name          string
+		pool          *pgxpool.Pool
+		size          int32
+		timeout, idle string
+	}{
+		{"ingest", pools.Ingest, 3, "10s", "10s"},
+		{"export", pools.Export, 4, "1min", "30s"},
+		{"river", pools.River, 5, "1min", "30s"},
+		{"reads", pools.Reads, 2, "300ms", "300ms"},
+	} {
+		require.Equal(t, c.size, c.pool.Config().MaxConns, c.name)
+		require.Equal(t, c.timeout, show(c.pool, "statement_timeout"), c.name)
+		require.Equal(t, c.idle, show(c.pool, "idle_in_transaction_session_timeout"), c.name)
+	}
+	require.Equal(t, "0", show(db.Pool, "statement_timeout"), "migrations and the operator commands have no timeout")
+
+	_, err = pools.Reads.Exec(ctx, "SELECT pg_sleep(2)")
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "a read running past the read timeout is cut: %v", err)
+	require.Equal(t, "57014", pgErr.Code, "query_canceled")
+	_, err = pools.Ingest.Exec(ctx, "SELECT pg_sleep(0.5)")
+	require.NoError(t, err, "ingest's timeout is its own")
+}
