@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tallymeter/tally/internal/auth"
 )
@@ -63,11 +64,34 @@ func (h *handlers) authenticated(r chi.Router) {
 	})
 }
 
+// sqlstateQueryCanceled is Postgres's query_canceled: a statement_timeout
+// (or a cancel request) ended the query.
+const sqlstateQueryCanceled = "57014"
+
 // internal answers 500 and logs the error with the request id; the body says
-// nothing of it.
+// nothing of it. A query cut by the pool's statement timeout (the client
+// still waiting) answers 503 statement_timeout instead: the request is too
+// big for now, the server is fine.
 func (h *handlers) internal(w http.ResponseWriter, r *http.Request, err error) {
-	h.log.ErrorContext(r.Context(), "request failed", "method", r.Method, "route", chi.RouteContext(r.Context()).RoutePattern(),
-		"request_id", middleware.GetReqID(r.Context()), "error", err)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstateQueryCanceled && r.Context().Err() == nil {
+		// The pool's statement_timeout cut the query: the report is too
+		// big for one request now, not a failure of the server.
+		h.log.WarnContext(r.Context(), "request cut by the statement timeout", "method", r.Method,
+			"route", chi.RouteContext(r.Context()).RoutePattern(), "request_id", middleware.GetReqID(r.Context()))
+		WriteError(w, http.StatusServiceUnavailable, "statement_timeout",
+			"the query took longer than this server allows (TALLY_READ_TIMEOUT for reports); narrow it (a tenant, a period) or try later")
+		return
+	}
+	if r.Context().Err() != nil {
+		// The client left (or the server is stopping): its query was
+		// cancelled with it. Nobody reads the answer; not a failure.
+		h.log.InfoContext(r.Context(), "request ended with its client", "method", r.Method,
+			"route", chi.RouteContext(r.Context()).RoutePattern(), "request_id", middleware.GetReqID(r.Context()))
+	} else {
+		h.log.ErrorContext(r.Context(), "request failed", "method", r.Method, "route", chi.RouteContext(r.Context()).RoutePattern(),
+			"request_id", middleware.GetReqID(r.Context()), "error", err)
+	}
 	WriteError(w, http.StatusInternalServerError, "internal", "the server failed; the request id is in the logs: "+middleware.GetReqID(r.Context()))
 }
 
