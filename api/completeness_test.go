@@ -39,7 +39,7 @@ func TestCompletenessEndpoint(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, true)
 	s := &completenessScenario{op: h.as(h.token("operator", auth.RoleOperator)),
-		fin: h.as(h.token("finance", auth.RoleFinance)), ing: h.as(h.token("ingest", auth.RoleIngest))}
+		fin: h.as(h.token("finance", auth.RoleFinance)), ing: h.as(h.correctingToken("ingest", auth.RoleIngest))}
 	// In order, on one database: each step reads the usage, items and
 	// periods the steps before it left.
 	runSteps(t, h,

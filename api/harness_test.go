@@ -124,6 +124,15 @@ func (h *harness) token(name string, role auth.Role, tenants ...string) string {
 	return tok.Secret
 }
 
+// correctingToken is token for a token that may also post corrections
+// (negative values).
+func (h *harness) correctingToken(name string, role auth.Role, tenants ...string) string {
+	h.t.Helper()
+	tok, err := auth.Create(h.ctx, h.pool, auth.TokenSpec{Name: name, Role: role, Tenants: tenants, Corrections: true, By: "test"})
+	require.NoError(h.t, err)
+	return tok.Secret
+}
+
 type response struct {
 	status int
 	header http.Header

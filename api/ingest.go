@@ -56,7 +56,8 @@ func (m *Metrics) request(result string) {
 }
 
 // postUsage is POST /v1/usage: the token's request budget is checked, the
-// batch decoded, checked against the token's tenants and its events budget,
+// batch decoded, checked against the token's tenants, its permission to
+// post corrections (negative values) and its events budget,
 // and ingested in one READ COMMITTED transaction; any problem stores
 // nothing.
 func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
@@ -72,6 +73,12 @@ func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
 	if denied := deniedTenants(principal(r), events); denied > 0 {
 		h.Metrics.request("forbidden")
 		WriteError(w, http.StatusForbidden, "forbidden_tenant", fmt.Sprintf("this token may not post usage for %d of the batch's tenants; nothing was stored", denied))
+		return
+	}
+	if corrections := deniedCorrections(principal(r), events); corrections > 0 {
+		h.Metrics.request("forbidden")
+		WriteError(w, http.StatusForbidden, "corrections_not_allowed", fmt.Sprintf("this token may not post corrections (negative values), "+
+			"and %d of the batch's events are; nothing was stored: use a token made with tally tokens create --corrections", corrections))
 		return
 	}
 	switch wait, ok, possible := h.quotas.admitEvents(token, len(events)); {
@@ -179,6 +186,21 @@ func (h *handlers) decodeUsage(w http.ResponseWriter, r *http.Request) ([]meter.
 		WriteError(w, http.StatusBadRequest, "unreadable_body", "the body could not be read")
 	}
 	return nil, false
+}
+
+// deniedCorrections counts the batch's corrections (negative values)
+// when the principal may not post any; zero when it may.
+func deniedCorrections(p auth.Principal, events []meter.Event) int {
+	if p.MayCorrect() {
+		return 0
+	}
+	n := 0
+	for _, ev := range events {
+		if ev.Value < 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // deniedTenants counts the batch's tenants the principal may not post

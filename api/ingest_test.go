@@ -28,6 +28,7 @@ func TestUsageIngest(t *testing.T) {
 	t.Run("duplicates and changed content", testIngestDuplicates)
 	t.Run("size limits", testIngestSizeLimits)
 	t.Run("tenant scope", testIngestTenantScope)
+	t.Run("corrections permission", testIngestCorrectionsPermission)
 }
 
 // eventTime is the timestamp of validEvent and of the first events the
@@ -62,7 +63,8 @@ type ingestScenario struct{ tok string }
 func testIngestValidation(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, false)
-	s := ingestScenario{tok: h.as(h.token("ingest", auth.RoleIngest))}
+	// It may post corrections: the valid edges include negative values.
+	s := ingestScenario{tok: h.as(h.correctingToken("ingest", auth.RoleIngest))}
 	// In order, on one database: after the refusals, nothing is stored.
 	runSteps(t, h,
 		step{"one problem of one event", s.refusesEachEventProblem},
@@ -383,6 +385,66 @@ func testIngestTenantScope(t *testing.T) {
 	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
 }
 
+// A correction (a negative value) lowers a bill: a token without the
+// permission has a batch holding one refused whole, nothing of it stored;
+// its positive usage still goes in, and a token with the permission, or an
+// operator's, posts corrections.
+func testIngestCorrectionsPermission(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, false)
+	for name, tok := range map[string]string{
+		"ingest": h.token("plain-ingest", auth.RoleIngest),
+		"scoped": h.token("plain-scoped", auth.RoleIngest, "acme"),
+		// Finance may post usage (roles nest), and corrections only so too.
+		"finance": h.token("plain-finance", auth.RoleFinance),
+	} {
+		resp := h.request(http.MethodPost, "/v1/usage", h.as(tok), batch(
+			event{"id": "p1", "tenant": "acme", "feature": "api", "value": 5},
+			event{"id": "n1", "tenant": "acme", "feature": "api", "value": -2},
+			event{"id": "p2", "tenant": "acme", "feature": "api", "value": 0},
+			event{"id": "n2", "tenant": "acme", "feature": "api", "value": json.Number("-9223372036854775808")},
+		))
+		require.Equal(t, http.StatusForbidden, resp.status, "%s: %s", name, resp)
+		require.Equal(t, "corrections_not_allowed", resp.errorCode(t), name)
+		require.Contains(t, string(resp.body), "2 of the batch's events", name)
+		require.Zero(t, h.count("SELECT count(*) FROM usage_events"), "%s: nothing of the batch is stored", name)
+		require.Zero(t, h.count("SELECT count(*) FROM outbox_items"), name)
+	}
+	// The refusals are counted with the other forbidden requests.
+	counts := map[string]float64{}
+	gathered, err := h.parts.Registry.Gather()
+	require.NoError(t, err)
+	for _, mf := range gathered {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					counts[mf.GetName()+"/"+l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	require.Equal(t, 3.0, counts["tally_ingest_requests_total/forbidden"])
+
+	resp := h.request(http.MethodPost, "/v1/usage", h.as(h.token("plain", auth.RoleIngest)), batch(
+		event{"id": "p1", "tenant": "acme", "feature": "api", "value": 5},
+		event{"id": "p2", "tenant": "acme", "feature": "api", "value": 0},
+	))
+	require.Equal(t, http.StatusAccepted, resp.status, "positive values need no permission: %s", resp)
+	require.EqualValues(t, 2, h.count("SELECT count(*) FROM usage_events"))
+
+	for name, tok := range map[string]string{
+		"ingest with the permission":  h.correctingToken("fixer", auth.RoleIngest, "acme"),
+		"finance with the permission": h.correctingToken("fin-fixer", auth.RoleFinance),
+		"operator":                    h.token("op", auth.RoleOperator),
+		"admin":                       h.token("admin", auth.RoleAdmin),
+	} {
+		id := "n-" + strings.ReplaceAll(name, " ", "-")
+		resp := h.request(http.MethodPost, "/v1/usage", h.as(tok), batch(event{"id": id, "tenant": "acme", "feature": "api", "value": -3}))
+		require.Equal(t, http.StatusAccepted, resp.status, "%s: %s", name, resp)
+		require.EqualValues(t, 1, h.count("SELECT count(*) FROM usage_events WHERE event_id = $1 AND value = -3", id), name)
+	}
+}
+
 // ---------------------------------------------------------------------------
 // Values at the edges of int64: every event is valid on its own (the contract
 // says "an integer in int64"), so each must end staged or quarantined, and
@@ -403,7 +465,7 @@ func TestValueExtremes(t *testing.T) {
 		}
 		resp := h.request(http.MethodPut, "/v1/mappings/features/api", op, map[string]any{"event_name": "api_calls", "aggregation": "sum"})
 		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
-		return h, h.as(h.token("ing", auth.RoleIngest)), h.as(h.token("fin", auth.RoleFinance)),
+		return h, h.as(h.correctingToken("ing", auth.RoleIngest)), h.as(h.token("fin", auth.RoleFinance)),
 			time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour)
 	}
 

@@ -29,8 +29,8 @@ Commands:
   serve                  run the service: HTTP API, staging, export, reconciliation, outbox maintenance
   dev                    run the service on embedded defaults for local development
   migrate                apply the database migrations (Tally's and River's) and exit
-  tokens create          create an API token: --role ingest|finance|operator|admin [--tenant T …] [--name N] [--expires-in D]
-  tokens list            list tokens (names, roles, scopes; never secrets)
+  tokens create          create an API token: --role ingest|finance|operator|admin [--tenant T …] [--name N] [--expires-in D] [--corrections]
+  tokens list            list tokens (names, roles, scopes, corrections; never secrets)
   tokens revoke NAME     revoke a token
   mappings features      list | get FEATURE | set FEATURE --event-name E --aggregation sum|last|count [--window 1h] [--exporter NAME]
   mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339]

@@ -17,6 +17,7 @@ import (
 type tokensCreateFlags struct {
 	role, name, expiresIn string
 	tenants               stringList
+	corrections           bool
 }
 
 // tokensCreateCommand is tally tokens create: a new API token, its secret
@@ -31,6 +32,7 @@ func (f *tokensCreateFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.name, "name", "", "the token's name, shown in audit trails (default: role and a random suffix)")
 	fs.Var(&f.tenants, "tenant", "scope an ingest token to this tenant (repeatable)")
 	fs.StringVar(&f.expiresIn, "expires-in", "", "end the token after this long: a Go duration (720h) or days (90d) (default: never)")
+	fs.BoolVar(&f.corrections, "corrections", false, "let an ingest or finance token post corrections (negative values); operator and admin tokens always may")
 }
 
 func (f *tokensCreateFlags) run(ctx context.Context, e *env, _ []string) error {
@@ -50,7 +52,8 @@ func (f *tokensCreateFlags) run(ctx context.Context, e *env, _ []string) error {
 		_, _ = rand.Read(raw[:])
 		name = fmt.Sprintf("%s-%x", role, raw)
 	}
-	tok, err := auth.Create(ctx, e.db.Pool, auth.TokenSpec{Name: name, Role: role, Tenants: f.tenants, ExpiresIn: lifetime, By: who()})
+	tok, err := auth.Create(ctx, e.db.Pool, auth.TokenSpec{Name: name, Role: role, Tenants: f.tenants, Corrections: f.corrections,
+		ExpiresIn: lifetime, By: who()})
 	if err != nil {
 		return err
 	}
@@ -58,7 +61,12 @@ func (f *tokensCreateFlags) run(ctx context.Context, e *env, _ []string) error {
 	if tok.ExpiresAt != nil {
 		expiry = ", expiring " + tok.ExpiresAt.UTC().Format(time.RFC3339)
 	}
-	fmt.Fprintf(e.stderr, "Created %s token %q%s%s. It is shown once; Tally keeps only its hash.\n", role, name, scopeText(tok.Tenants), expiry)
+	corrections := ""
+	if tok.Corrections {
+		corrections = ", allowed to post corrections"
+	}
+	fmt.Fprintf(e.stderr, "Created %s token %q%s%s%s. It is shown once; Tally keeps only its hash.\n", role, name, scopeText(tok.Tenants),
+		corrections, expiry)
 	fmt.Fprintln(e.stdout, tok.Secret)
 	return nil
 }
@@ -108,14 +116,18 @@ func runTokensList(ctx context.Context, e *env, _ []string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tROLE\tTENANTS\tCREATED\tREVOKED\tEXPIRES\tLAST USED")
+	fmt.Fprintln(tw, "NAME\tROLE\tTENANTS\tCREATED\tREVOKED\tEXPIRES\tLAST USED\tCORRECTIONS")
 	for _, t := range tokens {
 		tenants := "(all)"
 		if t.Tenants != nil {
 			tenants = strings.Join(t.Tenants, ",")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Role, tenants, t.CreatedAt.UTC().Format(time.RFC3339),
-			timeText(t.RevokedAt, ""), timeText(t.ExpiresAt, "never"), timeText(t.LastUsedAt, "never"))
+		corrections := "no"
+		if t.Corrections {
+			corrections = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Role, tenants, t.CreatedAt.UTC().Format(time.RFC3339),
+			timeText(t.RevokedAt, ""), timeText(t.ExpiresAt, "never"), timeText(t.LastUsedAt, "never"), corrections)
 	}
 	return tw.Flush()
 }

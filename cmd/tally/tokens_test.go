@@ -28,9 +28,10 @@ func TestParseLifetime(t *testing.T) {
 	}
 }
 
-// tally tokens create --expires-in sets an expiry, tokens list shows it and
-// the last use, and creation and revocation by the CLI are in the audit log.
-func TestTokensCommandsExpiryLastUseAndAudit(t *testing.T) {
+// tally tokens create --expires-in sets an expiry and --corrections the
+// permission to post corrections, tokens list shows them and the last use,
+// and creation and revocation by the CLI are in the audit log.
+func TestTokensCommandsExpiryCorrectionsLastUseAndAudit(t *testing.T) {
 	t.Parallel()
 	url := testdb.URL(t)
 	code, _, errs := tally(t, url, "tokens", "create", "--role", "finance", "--name", "temp", "--expires-in", "soon")
@@ -41,8 +42,15 @@ func TestTokensCommandsExpiryLastUseAndAudit(t *testing.T) {
 	require.Equal(t, 0, code, errs)
 	require.Contains(t, errs, ", expiring "+time.Now().UTC().Add(90*24*time.Hour).Format("2006-01-02"))
 	secret := strings.TrimSpace(out)
+	require.NotContains(t, errs, "corrections")
 	code, _, errs = tally(t, url, "tokens", "create", "--role", "ingest", "--name", "forever")
 	require.Equal(t, 0, code, errs)
+	code, _, errs = tally(t, url, "tokens", "create", "--role", "ingest", "--name", "fixer", "--corrections")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, errs, `"fixer", allowed to post corrections.`)
+	code, _, errs = tally(t, url, "tokens", "create", "--role", "operator", "--name", "op")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, errs, "allowed to post corrections", "an operator always may")
 
 	// A use of temp shows in the list.
 	ctx := context.Background()
@@ -52,10 +60,12 @@ func TestTokensCommandsExpiryLastUseAndAudit(t *testing.T) {
 	code, out, errs = tally(t, url, "tokens", "list")
 	require.Equal(t, 0, code, errs)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 3, out)
-	require.Regexp(t, `^NAME +ROLE +TENANTS +CREATED +REVOKED +EXPIRES +LAST USED$`, lines[0])
-	require.Regexp(t, `^temp +finance +\(all\) +\S+ +`+time.Now().UTC().Add(90*24*time.Hour).Format("2006-01-02")+`T\S+ +never$`, lines[1])
-	require.Regexp(t, `^forever +ingest +\(all\) +\S+ +never +never$`, lines[2])
+	require.Len(t, lines, 5, out)
+	require.Regexp(t, `^NAME +ROLE +TENANTS +CREATED +REVOKED +EXPIRES +LAST USED +CORRECTIONS$`, lines[0])
+	require.Regexp(t, `^temp +finance +\(all\) +\S+ +`+time.Now().UTC().Add(90*24*time.Hour).Format("2006-01-02")+`T\S+ +never +no$`, lines[1])
+	require.Regexp(t, `^forever +ingest +\(all\) +\S+ +never +never +no$`, lines[2])
+	require.Regexp(t, `^fixer +ingest +\(all\) +\S+ +never +never +yes$`, lines[3])
+	require.Regexp(t, `^op +operator +\(all\) +\S+ +never +never +yes$`, lines[4])
 	require.NotContains(t, out, secret)
 
 	code, out, errs = tally(t, url, "tokens", "revoke", "temp")

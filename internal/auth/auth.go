@@ -4,7 +4,9 @@
 // listing and revoking them, seeding the tokens whose value comes from
 // configuration (seed.go), the strength a configured secret must have,
 // and the roles, which nest: ingest < finance < operator < admin. An
-// ingest token may be scoped to tenants. Creating and revoking a token is
+// ingest token may be scoped to tenants. Posting a correction (a negative
+// usage value) is a permission of its own: an ingest or finance token has
+// it only when made with it; operator and admin tokens always have it. Creating and revoking a token is
 // recorded in the audit log in the same transaction. It also owns the web
 // console's sign-in sessions (the console_sessions table), opened with a
 // token: the browser holds a random id, only its SHA-256 is stored.
@@ -64,11 +66,20 @@ type Principal struct {
 	Role    Role
 	// Tenants scopes an ingest token; nil means every tenant.
 	Tenants []string
+	// Corrections says the token may post corrections (negative values).
+	Corrections bool
 }
 
 // MayPostFor reports whether p may post usage for tenant.
 func (p Principal) MayPostFor(tenant string) bool {
 	return p.Role.Allows(RoleIngest) && (p.Tenants == nil || slices.Contains(p.Tenants, tenant))
+}
+
+// MayCorrect reports whether p may post corrections: negative usage
+// values, which lower a bill. An operator or admin always may; an ingest or
+// finance token when it was made with the permission.
+func (p Principal) MayCorrect() bool {
+	return p.Role.Allows(RoleIngest) && (p.Corrections || p.Role.Allows(RoleOperator))
 }
 
 // TokenPrefix starts every token Tally generates; it makes a leaked token
@@ -110,6 +121,10 @@ type TokenSpec struct {
 	// Tenants scopes an ingest token; empty: every tenant. Another role
 	// may not be scoped.
 	Tenants []string
+	// Corrections lets an ingest or finance token post corrections
+	// (negative values). Defaults to false: it may not. An operator or
+	// admin token always may, whatever this says.
+	Corrections bool
 	// ExpiresIn, when positive, ends the token that long after it is made,
 	// by the database's clock. Zero: it never expires.
 	ExpiresIn time.Duration
@@ -152,6 +167,9 @@ func tokenDetails(tok NewToken) map[string]any {
 	if tok.Tenants != nil {
 		d["tenants"] = tok.Tenants
 	}
+	if tok.Corrections {
+		d["corrections"] = true
+	}
 	if tok.ExpiresAt != nil {
 		d["expires_at"] = tok.ExpiresAt.UTC()
 	}
@@ -187,11 +205,13 @@ func storeToken(ctx context.Context, q Querier, spec TokenSpec, origin Origin, s
 	var (
 		id      int64
 		expires *time.Time
+		// An operator or admin always may correct; its row says so.
+		corrections = spec.Corrections || spec.Role.Allows(RoleOperator)
 	)
-	err := q.QueryRow(ctx, `INSERT INTO api_tokens (name, role, tenants, token_hash, origin, expires_at)
-		VALUES ($1, $2, $3, $4, nullif($5, ''), CASE WHEN $6::interval > '0' THEN clock_timestamp() + $6::interval END)
+	err := q.QueryRow(ctx, `INSERT INTO api_tokens (name, role, tenants, token_hash, origin, expires_at, corrections)
+		VALUES ($1, $2, $3, $4, nullif($5, ''), CASE WHEN $6::interval > '0' THEN clock_timestamp() + $6::interval END, $7)
 		RETURNING id, expires_at`,
-		spec.Name, string(spec.Role), scope, hash[:], string(origin), spec.ExpiresIn).Scan(&id, &expires)
+		spec.Name, string(spec.Role), scope, hash[:], string(origin), spec.ExpiresIn, corrections).Scan(&id, &expires)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.ConstraintName == "api_tokens_name_key" {
@@ -199,7 +219,8 @@ func storeToken(ctx context.Context, q Querier, spec TokenSpec, origin Origin, s
 		}
 		return NewToken{}, fmt.Errorf("auth: storing the token: %w", err)
 	}
-	return NewToken{Principal: Principal{TokenID: id, Name: spec.Name, Role: spec.Role, Tenants: scope}, Secret: secret, ExpiresAt: expires}, nil
+	return NewToken{Principal: Principal{TokenID: id, Name: spec.Name, Role: spec.Role, Tenants: scope, Corrections: corrections},
+		Secret: secret, ExpiresAt: expires}, nil
 }
 
 // LastUsedResolution is how stale a token's last_used_at may grow: it is
@@ -225,11 +246,11 @@ func Verify(ctx context.Context, q Querier, presented string) (Principal, error)
 		role   string
 		stale  bool
 	)
-	err := q.QueryRow(ctx, `SELECT id, name, role, tenants, token_hash,
+	err := q.QueryRow(ctx, `SELECT id, name, role, tenants, corrections, token_hash,
 			last_used_at IS NULL OR last_used_at < clock_timestamp() - $2::interval
 		FROM api_tokens
 		WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())`,
-		hash[:], LastUsedResolution).Scan(&p.TokenID, &p.Name, &role, &p.Tenants, &stored, &stale)
+		hash[:], LastUsedResolution).Scan(&p.TokenID, &p.Name, &role, &p.Tenants, &p.Corrections, &stored, &stale)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Principal{}, ErrUnknownToken
 	}
@@ -282,6 +303,9 @@ type Token struct {
 	Role Role
 	// Tenants scopes an ingest token; nil means every tenant.
 	Tenants []string
+	// Corrections says it may post corrections (negative values): always
+	// for an operator or admin token.
+	Corrections bool
 	// Origin is where its value comes from: OriginConfig, OriginDev, or ""
 	// for a token made with tally tokens create.
 	Origin    Origin
@@ -297,7 +321,7 @@ type Token struct {
 
 // ListTokens lists every token, the revoked ones too, oldest first.
 func ListTokens(ctx context.Context, q Querier) ([]Token, error) {
-	rows, err := q.Query(ctx, `SELECT name, role, tenants, coalesce(origin, ''), created_at, revoked_at, expires_at, last_used_at
+	rows, err := q.Query(ctx, `SELECT name, role, tenants, corrections, coalesce(origin, ''), created_at, revoked_at, expires_at, last_used_at
 		FROM api_tokens ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("auth: listing tokens: %w", err)
@@ -307,7 +331,7 @@ func ListTokens(ctx context.Context, q Querier) ([]Token, error) {
 			t            Token
 			role, origin string
 		)
-		err := row.Scan(&t.Name, &role, &t.Tenants, &origin, &t.CreatedAt, &t.RevokedAt, &t.ExpiresAt, &t.LastUsedAt)
+		err := row.Scan(&t.Name, &role, &t.Tenants, &t.Corrections, &origin, &t.CreatedAt, &t.RevokedAt, &t.ExpiresAt, &t.LastUsedAt)
 		t.Role, t.Origin = Role(role), Origin(origin)
 		return t, err
 	})

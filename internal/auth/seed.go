@@ -61,7 +61,9 @@ func SeedAdminToken(ctx context.Context, db DB, secret string) (Seeded, error) {
 //   - none: the value is new. It becomes a token named after its origin,
 //     role and the first 8 hex digits of its hash, marked with its origin,
 //     and every other live token of that origin (the previous value) is
-//     revoked, its console sessions with it.
+//     revoked, its console sessions with it. It may post corrections
+//     (TALLY_ADMIN_TOKEN's as every admin token; tally dev's so that a
+//     developer can try them).
 //
 // All of it runs in one transaction under an advisory lock, and creation and
 // revocation are recorded in the audit log in it. Nodes started with
@@ -100,7 +102,9 @@ func SeedToken(ctx context.Context, db DB, origin Origin, role Role, secret stri
 		}
 
 		name := fmt.Sprintf("%s-%s-%x", origin, role, hash[:4])
-		tok, err := storeToken(ctx, tx, TokenSpec{Name: name, Role: role}, origin, secret)
+		// tally dev's token posts what a developer tries, corrections
+		// included; an admin token may anyway.
+		tok, err := storeToken(ctx, tx, TokenSpec{Name: name, Role: role, Corrections: origin == OriginDev}, origin, secret)
 		if err != nil {
 			return err
 		}
