@@ -109,7 +109,7 @@ func TestSeededTokensMayCorrect(t *testing.T) {
 	}
 }
 
-// Migration 19 keeps what the tokens that existed before it could do: they
+// Migration 18 keeps what the tokens that existed before it could do: they
 // may post corrections. A token made after it may not unless asked; going
 // down and up again leaves the rows able.
 func TestMigrationKeepsExistingTokensAbleToCorrect(t *testing.T) {
@@ -119,18 +119,18 @@ func TestMigrationKeepsExistingTokensAbleToCorrect(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("../../migrations"), goose.WithDisableGlobalRegistry(true))
 	require.NoError(t, err)
-	_, err = p.ApplyVersion(ctx, 19, false)
+	_, err = p.ApplyVersion(ctx, 18, false)
 	require.NoError(t, err)
 	var n int
 	require.NoError(t, pool.QueryRow(ctx,
 		`SELECT count(*) FROM information_schema.columns WHERE table_name = 'api_tokens' AND column_name = 'corrections'`).Scan(&n))
 	require.Zero(t, n, "down drops the column")
 
-	const before = "an-ingest-token-made-before-migration-19"
+	const before = "an-ingest-token-made-before-migration-18"
 	hash := sha256.Sum256([]byte(before))
 	_, err = pool.Exec(ctx, `INSERT INTO api_tokens (name, role, tenants, token_hash) VALUES ('old', 'ingest', '{acme}', $1)`, hash[:])
 	require.NoError(t, err)
-	_, err = p.ApplyVersion(ctx, 19, true)
+	_, err = p.ApplyVersion(ctx, 18, true)
 	require.NoError(t, err)
 
 	old, err := auth.Verify(ctx, pool, before)
