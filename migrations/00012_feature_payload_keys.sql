@@ -1,4 +1,4 @@
--- Issue 13: a Stripe meter names the payload key of the customer
+-- A Stripe meter names the payload key of the customer
 -- (customer_mapping.event_payload_key) and of the value
 -- (value_settings.event_payload_key); Stripe's defaults are
 -- stripe_customer_id and value. A feature mapping carries the keys of the

@@ -1,4 +1,4 @@
--- A key Stripe refuses to give summaries for (issue 13, 4d).
+-- A key Stripe refuses to give summaries for (docs/reconciliation.md).
 --
 -- A reconcile run that reads a key's hourly summaries and is answered a 4xx
 -- about that key (400 or 404 for a customer Stripe does not know, a deleted

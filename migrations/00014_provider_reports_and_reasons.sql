@@ -1,4 +1,4 @@
--- Stripe as documented (issue 13).
+-- Stripe as documented (docs/stripe.md).
 --
 -- New quarantine reasons:
 --   value_digits      the value has more digits than Stripe accepts (15

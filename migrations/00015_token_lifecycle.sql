@@ -1,4 +1,4 @@
--- The token lifecycle (issue 15).
+-- The token lifecycle (docs/operations.md, "The token lifecycle").
 --
 -- origin says where a token's value comes from: NULL for a token made with
 -- tally tokens create (managed with tally tokens from then on), 'config'

@@ -1,4 +1,4 @@
--- A permission of its own for corrections (issue 15): a negative usage
+-- A permission of its own for corrections: a negative usage
 -- value lowers a customer's bill, so a token posts one only when it may.
 --
 -- corrections says whether a token may post negative values. Tokens that

@@ -32,7 +32,7 @@ import (
 // equal to the ledger's, no identifier recorded twice, one call at a time
 // per customer and meter, and conservation holding.
 //
-// Issue 13 runs it against Stripe as documented: the simulator saves and
+// It runs against Stripe as documented (docs/stripe.md): the simulator saves and
 // replays the answer of every Idempotency-Key as Stripe does, 500s
 // included; 10% of the calls fail with a 500 before recording and 5% with a
 // 500 after recording, each with Stripe-Should-Retry: false; 3% of the

@@ -59,7 +59,7 @@ func asyncCases() []asyncCase {
 // TestV1AsyncValidationAcceptsThenReports checks Limits.AsyncValidation:
 // v1 answers 200 with the meter event, records nothing and files the same
 // error report the stream files for the same event — Stripe reports such
-// errors after accepting an event (issue 13 point 3; the codes are those of
+// errors after accepting an event (docs/stripe.md; the codes are those of
 // Stripe's error report events, see asyncCases). That an archived meter is
 // reported as error_report_triggered with the meter as related object, not
 // as no_meter_found, is the simulator's reading: Stripe's docs list
