@@ -81,18 +81,28 @@ func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) 
 }
 
 // signedAt reads the timestamp (t=) of a Stripe-Signature header that has
-// already been verified.
+// already been verified, exactly as stripe-go's webhook package reads it
+// (pairs split on "," and "=", no trimming), so that the time checked here
+// is the time the signature covers. A header with no t= or more than one is
+// refused: stripe-go would take the last, and a first one could then claim
+// another time than the signed one.
 func signedAt(header string) (time.Time, bool) {
-	for _, part := range strings.Split(header, ",") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(part), "t="); ok {
-			sec, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return time.Time{}, false
-			}
-			return time.Unix(sec, 0), true
+	var (
+		at    time.Time
+		found int
+	)
+	for _, pair := range strings.Split(header, ",") {
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok || k != "t" {
+			continue
 		}
+		sec, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return time.Time{}, false
+		}
+		at, found = time.Unix(sec, 0), found+1
 	}
-	return time.Time{}, false
+	return at, found == 1
 }
 
 // stripeEvents receives Stripe's thin events. A bad or stale signature

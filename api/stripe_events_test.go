@@ -442,4 +442,13 @@ func TestStripeEventIDsAreValidatedBeforeUse(t *testing.T) {
 	body, sig = sign(`{"id":"evt_1","type":"v1.billing.meter.error_report_triggered"}`, time.Now().Add(10*time.Minute))
 	_, err = api.ParseStripeEvent(body, sig, secret)
 	require.ErrorContains(t, err, "dated in the future")
+
+	// stripe-go takes the last t= and ignores a key with a space: a header
+	// that puts a present time first must not hide the future one signed.
+	body, sig = sign(`{"id":"evt_1","type":"v1.billing.meter.error_report_triggered"}`, time.Now().Add(365*24*time.Hour))
+	now := "t=" + strconv.FormatInt(time.Now().Unix(), 10)
+	for _, header := range []string{now + "," + sig, " " + now + "," + sig} {
+		_, err = api.ParseStripeEvent(body, header, secret)
+		require.Error(t, err, "a future-dated signature behind %q", header[:14])
+	}
 }
