@@ -67,7 +67,11 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request, token, addr str
 	if errors.Is(err, auth.ErrUnknownToken) || errors.Is(err, errIngestOnly) {
 		// The refusal stands (and counts against the address) even when
 		// the database cannot record it; the log says so.
-		if aerr := auth.RecordRefusedSignIn(ctx, c.pool, addr); aerr != nil {
+		if record, unaudited := c.throttle.auditRefusal(); !record {
+			if unaudited > 0 {
+				c.Logger.WarnContext(ctx, "console: refused sign-ins past the audit log's bound, counted here instead", "refused", unaudited)
+			}
+		} else if aerr := auth.RecordRefusedSignIn(ctx, c.pool, addr); aerr != nil {
 			c.Logger.ErrorContext(ctx, "console: recording a refused sign-in failed", "error", aerr)
 		}
 	}

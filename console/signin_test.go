@@ -203,8 +203,9 @@ func TestSignInThrottledPerAddress(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, s.signInFrom("192.0.2.1", good).Code, "and successes spend nothing")
 }
 
-// Failed sign-ins from all addresses together have a ceiling: many
-// addresses cannot guess faster than it.
+// Failed sign-ins from all addresses together have a ceiling that holds
+// back the addresses that failed lately — but never locks out one that has
+// not failed: others' guessing cannot keep an operator out.
 func TestSignInThrottledInAll(t *testing.T) {
 	t.Parallel()
 	s := newSignInSite(t, console.Deps{})
@@ -213,12 +214,34 @@ func TestSignInThrottledInAll(t *testing.T) {
 	for i := range 3 {
 		require.Equal(t, http.StatusUnauthorized, s.signInFrom(fmt.Sprintf("198.51.100.%d", i), "tly_tok_wrong").Code)
 	}
-	w := s.signInFrom("198.51.100.200", good)
-	require.Equal(t, http.StatusTooManyRequests, w.Code)
+	w := s.signInFrom("198.51.100.0", good)
+	require.Equal(t, http.StatusTooManyRequests, w.Code, "an address that failed lately waits for the ceiling")
 	retry, err := strconv.Atoi(w.Header().Get("Retry-After"))
 	require.NoError(t, err)
 	require.InDelta(t, 10, retry, 1)
 	require.Zero(t, s.sessions(t))
+	require.Equal(t, http.StatusSeeOther, s.signInFrom("198.51.100.200", good).Code, "an address that has not failed is not locked out")
+	require.Equal(t, 1, s.sessions(t))
+}
+
+// Refused sign-ins are audited one by one up to a node-wide bound (100 at
+// once, then one a second): a flood from many addresses cannot fill the
+// audit log, from which nothing is deleted.
+func TestRefusedSignInsAuditedUpToABound(t *testing.T) {
+	t.Parallel()
+	s := newSignInSite(t, console.Deps{})
+	start := time.Now()
+	for i := range 150 {
+		require.Equal(t, http.StatusUnauthorized, s.signInFrom(fmt.Sprintf("203.0.113.%d", i), "tly_tok_wrong").Code)
+	}
+	refused := 0
+	for _, a := range s.auditActions(t) {
+		if strings.HasPrefix(a, auth.ActionSignInRefused+" ") {
+			refused++
+		}
+	}
+	require.GreaterOrEqual(t, refused, 100, "the first ones are each recorded")
+	require.LessOrEqual(t, refused, 100+int(time.Since(start)/time.Second)+1, "then one a second")
 }
 
 // Sign-ins, refusals (with the address and nothing of the token) and

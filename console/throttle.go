@@ -22,6 +22,11 @@ const (
 	defaultSignInGlobalFailures     = 100
 	defaultSignInGlobalFailureEvery = 100 * time.Millisecond
 	defaultSignInAddresses          = 10_000
+	// Refused sign-ins audited one by one: this many at once, node-wide,
+	// then one a second; the rest are counted and logged once a minute.
+	defaultRefusalAudits     = 100
+	defaultRefusalAuditEvery = time.Second
+	refusalReportEvery       = time.Minute
 )
 
 // signInLimits size a signInThrottle.
@@ -100,6 +105,11 @@ type signInThrottle struct {
 
 	mu     sync.Mutex
 	global bucket
+	// audits bounds the refused sign-ins audited one by one; unaudited
+	// counts the others since lastReport.
+	audits     *rate.Limiter
+	unaudited  int
+	lastReport time.Time
 	// addrs indexes order's elements (*addrBucket) by throttleKey; order
 	// has the most recently seen address at its front.
 	addrs map[string]*list.Element
@@ -109,6 +119,7 @@ type signInThrottle struct {
 func newSignInThrottle(l signInLimits) *signInThrottle {
 	return &signInThrottle{limits: l, now: time.Now,
 		global: bucket{lim: rate.NewLimiter(rate.Every(l.GlobalEvery), l.GlobalFailures)},
+		audits: rate.NewLimiter(rate.Every(defaultRefusalAuditEvery), defaultRefusalAudits),
 		addrs:  map[string]*list.Element{}, order: list.New()}
 }
 
@@ -139,7 +150,14 @@ func (t *signInThrottle) admit(addr string) (signInAttempt, time.Duration) {
 			delete(t.addrs, oldest.Value.(*addrBucket).key)
 		}
 	}
-	if d := max(ab.wait(now), t.global.wait(now)); d > 0 {
+	// The global limit holds back only addresses that failed lately: an
+	// address with its whole allowance left (an operator who has not
+	// mistyped) is never locked out by others' failures.
+	d := ab.wait(now)
+	if ab.lim.TokensAt(now)-float64(ab.pending) < float64(ab.lim.Burst()) {
+		d = max(d, t.global.wait(now))
+	}
+	if d > 0 {
 		return signInAttempt{}, time.Duration(math.Ceil(d.Seconds())) * time.Second
 	}
 	ab.pending++
@@ -160,6 +178,27 @@ func (a signInAttempt) finish(failed bool) {
 		a.addr.lim.AllowN(now, 1)
 		t.global.lim.AllowN(now, 1)
 	}
+}
+
+// auditRefusal says whether a refused sign-in gets an audit row of its own:
+// at most defaultRefusalAudits at once, node-wide, then one a second, so
+// that a flood from many addresses cannot fill the audit log, from which
+// nothing is deleted. The refusals it holds back are counted; report is
+// how many since the last report, answered at most once a minute (0: not
+// now), for the node's log.
+func (t *signInThrottle) auditRefusal() (record bool, report int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	if t.audits.AllowN(now, 1) {
+		return true, 0
+	}
+	t.unaudited++
+	if now.Sub(t.lastReport) < refusalReportEvery {
+		return false, 0
+	}
+	report, t.unaudited, t.lastReport = t.unaudited, 0, now
+	return false, report
 }
 
 // size is how many addresses the throttle remembers.
