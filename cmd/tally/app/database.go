@@ -171,10 +171,10 @@ func Connect(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 
 // The session bounds of the workload pools: how long one statement may run,
 // and how long a session may sit idle inside a transaction. Reads are the
-// shortest (config.DefaultReadTimeout, TALLY_READ_TIMEOUT); ingest answers a
+// shortest (config.DefaultReadTimeout, TALLY_READ_TIMEOUT, 15 s); ingest (20 s) answers a
 // client waiting on it; export and River run passes and batches.
 const (
-	ingestStatementTimeout = 10 * time.Second
+	ingestStatementTimeout = 20 * time.Second
 	exportStatementTimeout = 60 * time.Second
 	riverStatementTimeout  = 60 * time.Second
 	// idleInTransactionTimeout ends a session left idle inside a

@@ -44,7 +44,7 @@ func TestWorkloadPoolsCutStatementsAtTheirOwnTimeoutsAndKeepTheirSizes(t *testin
 		size          int32
 		timeout, idle string
 	}{
-		{"ingest", pools.Ingest, 3, "10s", "10s"},
+		{"ingest", pools.Ingest, 3, "20s", "20s"},
 		{"export", pools.Export, 4, "1min", "30s"},
 		{"river", pools.River, 5, "1min", "30s"},
 		{"reads", pools.Reads, 2, "300ms", "300ms"},
