@@ -81,7 +81,8 @@ func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
 			"and %d of the batch's events are; nothing was stored: use a token made with tally tokens create --corrections", corrections))
 		return
 	}
-	switch wait, ok, possible := h.quotas.admitEvents(token, len(events)); {
+	wait, ok, possible, refund := h.quotas.takeEvents(token, len(events))
+	switch {
 	case !possible:
 		h.Metrics.request("too_large")
 		WriteError(w, http.StatusRequestEntityTooLarge, "batch_too_large",
@@ -102,6 +103,9 @@ func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
 		invalid *meter.InvalidBatchError
 		capped  *meter.QuarantineCapError
 	)
+	if err != nil {
+		refund() // nothing was stored: the batch costs the token nothing
+	}
 	if errors.As(err, &invalid) {
 		h.Metrics.request("invalid")
 		writeProblems(w, "invalid_batch", fmt.Sprintf("%d problems; nothing was stored", len(invalid.Problems)), invalid.Problems)

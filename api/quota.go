@@ -148,18 +148,25 @@ func (l *tokenLimiters) idle(now time.Time) bool {
 // admit takes n from the limiter, or nothing: wait is how long until it
 // could, possible false when it never could (n over the burst).
 func admit(r *rate.Limiter, n int, now time.Time) (wait time.Duration, possible bool) {
+	wait, possible, _ = reserve(r, n, now)
+	return wait, possible
+}
+
+// reserve is admit that also returns, when it admitted, the reservation,
+// so that a request refused later can give its budget back.
+func reserve(r *rate.Limiter, n int, now time.Time) (wait time.Duration, possible bool, res *rate.Reservation) {
 	if r == nil {
-		return 0, true
+		return 0, true, nil
 	}
-	res := r.ReserveN(now, n)
+	res = r.ReserveN(now, n)
 	if !res.OK() {
-		return 0, false
+		return 0, false, nil
 	}
 	if d := res.DelayFrom(now); d > 0 {
 		res.CancelAt(now) // a refused request costs no budget
-		return d, true
+		return d, true, nil
 	}
-	return 0, true
+	return 0, true, res
 }
 
 // admitRequest takes one request from the token's budget; ok false says
@@ -176,12 +183,25 @@ func (q *quotas) admitRequest(token int64) (wait time.Duration, ok bool) {
 // admitEvents takes n events from the token's budget; ok false says to
 // retry after wait, possible false that n is over the burst.
 func (q *quotas) admitEvents(token int64, n int) (wait time.Duration, ok, possible bool) {
+	wait, ok, possible, _ = q.takeEvents(token, n)
+	return wait, ok, possible
+}
+
+// takeEvents is admitEvents that also answers, when it admitted the events,
+// refund: it gives them back, for a batch refused after it was admitted
+// (invalid, over the quarantine cap, a failed transaction), so that nothing
+// stored costs nothing.
+func (q *quotas) takeEvents(token int64, n int) (wait time.Duration, ok, possible bool, refund func()) {
+	refund = func() {}
 	if q.cfg.EventsPerSecond <= 0 {
-		return 0, true, true
+		return 0, true, true, refund
 	}
 	now := q.now()
-	wait, possible = admit(q.limitsOf(token, now).events, n, now)
-	return wait, possible && wait == 0, possible
+	wait, possible, res := reserve(q.limitsOf(token, now).events, n, now)
+	if res != nil {
+		refund = func() { res.CancelAt(q.now()) }
+	}
+	return wait, possible && wait == 0, possible, refund
 }
 
 // writeThrottled answers 429 with Retry-After: whole seconds, at least 1.

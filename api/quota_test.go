@@ -90,3 +90,18 @@ func TestQuotaBurstDefaultsToABatch(t *testing.T) {
 	must.False(t, ok)
 	must.True(t, possible)
 }
+
+// A batch refused after its events were admitted (invalid, over the
+// quarantine cap, a failed transaction) gives them back: nothing stored
+// costs nothing.
+func TestQuotaRefundGivesTheEventsBack(t *testing.T) {
+	t.Parallel()
+	q, _ := quotasAt(IngestQuota{EventsPerSecond: 0.001, EventsBurst: 100})
+	_, ok, _, refund := q.takeEvents(1, 100)
+	must.True(t, ok)
+	_, ok, _ = q.admitEvents(1, 1)
+	must.False(t, ok, "the burst is spent")
+	refund()
+	_, ok, _, _ = q.takeEvents(1, 100)
+	must.True(t, ok, "the refused batch's events are back")
+}
