@@ -21,14 +21,14 @@ func filterOf(r *http.Request) quarantine.Filter {
 func (c *Console) quarantine(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	f := filterOf(r)
-	rep, err := quarantine.Quarantined(ctx, c.pool, f)
-	if err != nil {
+	if _, _, err := quarantine.ParsePeriod(f.Period); f.Period != "" && err != nil {
 		// A malformed period is the user's: show the page unfiltered by it.
 		f.Period = ""
-		if rep, err = quarantine.Quarantined(ctx, c.pool, f); err != nil {
-			c.fail(w, r, err)
-			return
-		}
+	}
+	rep, err := quarantine.Quarantined(ctx, c.pool, f)
+	if err != nil {
+		c.fail(w, r, err)
+		return
 	}
 	items, err := quarantine.Items(ctx, c.pool, f, quarantineListLimit)
 	if err != nil {
@@ -62,9 +62,15 @@ func reasonNames() []string {
 
 // quarantineCSV is the report as CSV, safe to open in a spreadsheet.
 func (c *Console) quarantineCSV(w http.ResponseWriter, r *http.Request) {
-	rep, err := quarantine.Quarantined(r.Context(), c.pool, filterOf(r))
-	if err != nil {
+	f := filterOf(r)
+	if _, _, err := quarantine.ParsePeriod(f.Period); f.Period != "" && err != nil {
 		http.Error(w, "the period must be YYYY-MM", http.StatusBadRequest)
+		return
+	}
+	rep, err := quarantine.Quarantined(r.Context(), c.pool, f)
+	if err != nil {
+		// The database's, not the user's (the read timeout, say).
+		c.fail(w, r, err)
 		return
 	}
 	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
