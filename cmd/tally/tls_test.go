@@ -3,14 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"net/http"
 	"net/url"
@@ -24,42 +18,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/testkit/testcert"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
-
-// testCert is a self-signed certificate for 127.0.0.1, written as PEM
-// files by writeTo.
-type testCert struct {
-	cert, key []byte
-	x509      *x509.Certificate
-}
-
-func newTestCert(t *testing.T, serial int64) testCert {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "tally tls test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:    x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA: true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	parsed, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	require.NoError(t, err)
-	return testCert{cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		key: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), x509: parsed}
-}
-
-func (c testCert) writeTo(t *testing.T, certFile, keyFile string) {
-	t.Helper()
-	require.NoError(t, os.WriteFile(certFile, c.cert, 0o600))
-	require.NoError(t, os.WriteFile(keyFile, c.key, 0o600))
-}
 
 // startServe runs `tally serve` with env on a free address and waits until
 // client gets 200 from scheme://addr/healthz; it returns the base URL and
@@ -142,11 +103,11 @@ func TestServeOverTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	first, renewed := newTestCert(t, 1), newTestCert(t, 2)
-	first.writeTo(t, certFile, keyFile)
+	first, renewed := testcert.New(t, 1), testcert.New(t, 2)
+	first.Write(t, certFile, keyFile)
 	roots := x509.NewCertPool()
-	roots.AddCert(first.x509)
-	roots.AddCert(renewed.x509)
+	roots.AddCert(first.X509)
+	roots.AddCert(renewed.X509)
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: roots}, DisableKeepAlives: true}}
 
@@ -187,7 +148,7 @@ func TestServeOverTLS(t *testing.T) {
 		return resp.TLS.PeerCertificates[0].SerialNumber.Int64()
 	}
 	require.Equal(t, int64(1), served())
-	renewed.writeTo(t, certFile, keyFile)
+	renewed.Write(t, certFile, keyFile)
 	require.Eventually(t, func() bool { return served() == 2 }, 30*time.Second, 200*time.Millisecond,
 		"the renewed certificate is served without a restart: %s", out)
 	require.Contains(t, out.String(), "TLS certificate reloaded")
@@ -257,9 +218,9 @@ func TestTLSConfigurationErrorsStopServe(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	a, b := newTestCert(t, 1), newTestCert(t, 2)
-	a.writeTo(t, certFile, keyFile)
-	require.NoError(t, os.WriteFile(keyFile, b.key, 0o600))
+	a, b := testcert.New(t, 1), testcert.New(t, 2)
+	a.Write(t, certFile, keyFile)
+	require.NoError(t, os.WriteFile(keyFile, b.Key, 0o600))
 	token := filepath.Join(dir, "admin-token")
 	require.NoError(t, os.WriteFile(token, []byte("tly_adm_0123456789abcdef0123456789abcdef\n"), 0o600))
 	for _, tc := range []struct {
@@ -293,7 +254,7 @@ func TestDevRefusesTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	newTestCert(t, 1).writeTo(t, certFile, keyFile)
+	testcert.New(t, 1).Write(t, certFile, keyFile)
 	dataDir := t.TempDir()
 	cmd := exec.Command(binary, "dev")
 	cmd.Env = append(os.Environ(), "TALLY_DATA_DIR="+dataDir, "TALLY_TLS_CERT="+certFile, "TALLY_TLS_KEY="+keyFile)

@@ -2,18 +2,11 @@ package httpsec_test
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
 	"log"
 	"log/slog"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -25,36 +18,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/httpsec"
+	"github.com/tallymeter/tally/internal/testkit/testcert"
 )
 
-// pair is a self-signed certificate for 127.0.0.1 and its key, PEM-encoded.
-type pair struct {
-	cert, key []byte
-	x509      *x509.Certificate
-}
-
-func newPair(t *testing.T, serial int64) pair {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "tally test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA: true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	parsed, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	require.NoError(t, err)
-	return pair{cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		key: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), x509: parsed}
-}
-
-// write puts the pair's files in place (cert first, as a renewal might).
+// write puts cert and key in place, the certificate first, as a renewal
+// might — from different pairs, for a mismatched pair.
 func write(t *testing.T, certFile, keyFile string, cert, key []byte) {
 	t.Helper()
 	require.NoError(t, os.WriteFile(certFile, cert, 0o600))
@@ -82,26 +50,26 @@ func (s *syncBuffer) String() string {
 func TestLoadPairErrorsNameTheFilesNeverTheirContent(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	a, b := newPair(t, 1), newPair(t, 2)
+	a, b := testcert.New(t, 1), testcert.New(t, 2)
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 
 	_, err := httpsec.LoadPair(certFile, keyFile)
 	require.ErrorContains(t, err, certFile, "missing")
 
-	write(t, certFile, keyFile, a.cert, b.key)
+	write(t, certFile, keyFile, a.Cert, b.Key)
 	_, err = httpsec.LoadPair(certFile, keyFile)
 	require.ErrorContains(t, err, "private key does not match public key")
 
-	write(t, certFile, keyFile, a.cert, []byte("-----BEGIN PRIVATE KEY-----\nc2VjcmV0LWtleS1tYXRlcmlhbA==\n-----END PRIVATE KEY-----\n"))
+	write(t, certFile, keyFile, a.Cert, []byte("-----BEGIN PRIVATE KEY-----\nc2VjcmV0LWtleS1tYXRlcmlhbA==\n-----END PRIVATE KEY-----\n"))
 	_, err = httpsec.LoadPair(certFile, keyFile)
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "c2VjcmV0LWtleS1tYXRlcmlhbA")
 	require.Contains(t, err.Error(), keyFile)
 
-	write(t, certFile, keyFile, a.cert, a.key)
+	write(t, certFile, keyFile, a.Cert, a.Key)
 	cert, err := httpsec.LoadPair(certFile, keyFile)
 	require.NoError(t, err)
-	require.Equal(t, a.x509.SerialNumber, cert.Leaf.SerialNumber)
+	require.Equal(t, a.X509.SerialNumber, cert.Leaf.SerialNumber)
 }
 
 // A server on a CertReloader picks up a renewed pair within the check
@@ -111,8 +79,8 @@ func TestCertificateReloadedWhenTheFilesChange(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	first, second, third := newPair(t, 1), newPair(t, 2), newPair(t, 3)
-	write(t, certFile, keyFile, first.cert, first.key)
+	first, second, third := testcert.New(t, 1), testcert.New(t, 2), testcert.New(t, 3)
+	write(t, certFile, keyFile, first.Cert, first.Key)
 
 	var logs syncBuffer
 	const interval = 50 * time.Millisecond
@@ -130,8 +98,8 @@ func TestCertificateReloadedWhenTheFilesChange(t *testing.T) {
 	url := "https://" + ln.Addr().String()
 
 	roots := x509.NewCertPool()
-	for _, p := range []pair{first, second, third} {
-		roots.AddCert(p.x509)
+	for _, p := range []testcert.Pair{first, second, third} {
+		roots.AddCert(p.X509)
 	}
 	// served is the serial of the certificate a new connection is shown.
 	served := func() int64 {
@@ -143,12 +111,12 @@ func TestCertificateReloadedWhenTheFilesChange(t *testing.T) {
 	}
 	require.Equal(t, int64(1), served())
 
-	write(t, certFile, keyFile, second.cert, second.key)
+	write(t, certFile, keyFile, second.Cert, second.Key)
 	require.Eventually(t, func() bool { return served() == 2 }, 5*time.Second, interval/2, "the renewed pair is served")
 	require.Contains(t, logs.String(), "TLS certificate reloaded")
 
 	// A half-done renewal: the new certificate beside the old key.
-	require.NoError(t, os.WriteFile(certFile, third.cert, 0o600))
+	require.NoError(t, os.WriteFile(certFile, third.Cert, 0o600))
 	require.Eventually(t, func() bool {
 		require.Equal(t, int64(2), served(), "the current pair is kept")
 		return strings.Contains(logs.String(), "level=ERROR")
@@ -159,9 +127,9 @@ func TestCertificateReloadedWhenTheFilesChange(t *testing.T) {
 	}
 	require.Equal(t, 1, strings.Count(logs.String(), "level=ERROR"), "a bad pair is reported once, not on every handshake:\n%s", logs.String())
 	require.Contains(t, logs.String(), "private key does not match public key")
-	require.NotContains(t, logs.String(), string(third.key[30:60]), "no key material in the log")
+	require.NotContains(t, logs.String(), string(third.Key[30:60]), "no key material in the log")
 
-	require.NoError(t, os.WriteFile(keyFile, third.key, 0o600))
+	require.NoError(t, os.WriteFile(keyFile, third.Key, 0o600))
 	require.Eventually(t, func() bool { return served() == 3 }, 5*time.Second, interval/2, "the completed renewal is served")
 
 	// The files gone: the current certificate stays.
@@ -177,8 +145,8 @@ func TestNewCertReloaderRefusesABadPair(t *testing.T) {
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	_, err := httpsec.NewCertReloader(certFile, keyFile, 0, nil)
 	require.ErrorContains(t, err, certFile)
-	a, b := newPair(t, 1), newPair(t, 2)
-	write(t, certFile, keyFile, a.cert, b.key)
+	a, b := testcert.New(t, 1), testcert.New(t, 2)
+	write(t, certFile, keyFile, a.Cert, b.Key)
 	_, err = httpsec.NewCertReloader(certFile, keyFile, 0, nil)
 	require.ErrorContains(t, err, "does not match")
 }

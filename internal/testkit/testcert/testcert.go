@@ -1,0 +1,69 @@
+// Package testcert makes self-signed TLS certificates for tests: a key pair
+// for 127.0.0.1 and localhost, PEM-encoded, with its parsed certificate so
+// that a client can trust it. It is a test kit; no non-test code imports it.
+package testcert
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// Pair is a self-signed certificate and its private key, PEM-encoded.
+type Pair struct {
+	Cert, Key []byte
+	// X509 is the parsed certificate, for a client's root pool.
+	X509 *x509.Certificate
+}
+
+// New makes a pair valid for an hour around now, for 127.0.0.1 and
+// localhost, with serial as its serial number (tests tell renewals apart
+// by it).
+func New(t testing.TB, serial int64) Pair {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "tally test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Pair{Cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		Key: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), X509: parsed}
+}
+
+// Write puts the pair in certFile and keyFile (mode 0600), the certificate
+// first, as a renewal might.
+func (p Pair) Write(t testing.TB, certFile, keyFile string) {
+	t.Helper()
+	if err := os.WriteFile(certFile, p.Cert, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, p.Key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
