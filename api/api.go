@@ -146,7 +146,6 @@ func v1(d *Deps, log *slog.Logger) func(chi.Router) {
 		reads = &handlers{Deps: &rd, log: log}
 	}
 	rr := chi.NewRouter()
-	rr.Use(reads.limitReads(d.ReadLimit))
 	reads.routes(rr)
 	return func(r chi.Router) {
 		r.Use(func(next http.Handler) http.Handler {

@@ -4,13 +4,10 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/tallymeter/tally/internal/auth"
 )
 
 // DefaultReadRetryAfter is the Retry-After of a read refused by a
@@ -86,50 +83,24 @@ func (l *ReadLimiter) Acquire(token int64) (release func(), ok bool) {
 // RetryAfter is how long a refused client is asked to wait.
 func (l *ReadLimiter) RetryAfter() time.Duration { return DefaultReadRetryAfter }
 
-// expensiveRead reports whether a /v1 GET is one of the reads a
-// ReadLimiter bounds: the completeness and quarantine reports and the
-// reconcile listings.
-func expensiveRead(path string) bool {
-	switch path {
-	case "/v1/reports/completeness", "/v1/quarantine", "/v1/reconcile/runs":
-		return true
+// readSlot bounds an expensive read (the reports, the reconcile listings:
+// the routes that use it) with h.ReadLimit, nil meaning unbounded. It runs
+// after authentication: the request's token takes a slot or is answered
+// 429 with Retry-After at once, never queued.
+func (h *handlers) readSlot(next http.Handler) http.Handler {
+	l := h.ReadLimit
+	if l == nil {
+		return next
 	}
-	return strings.HasPrefix(path, "/v1/reconcile/runs/")
-}
-
-// limitReads bounds the expensive reads with l (nil: unbounded). It runs
-// before the routes: a request whose token verifies takes a slot of that
-// token or is answered 429 at once; any other goes on unbounded, to be
-// answered 401 by the routes.
-func (h *handlers) limitReads(l *ReadLimiter) func(http.Handler) http.Handler {
-	return func(next http.Handler) http.Handler {
-		if l == nil {
-			return next
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		release, ok := l.Acquire(principal(r).TokenID)
+		if !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int(l.RetryAfter().Seconds())))
+			WriteError(w, http.StatusTooManyRequests, "too_many_reads",
+				"too many reports are running for this token or on this node; retry after a moment")
+			return
 		}
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if !expensiveRead(r.URL.Path) {
-				next.ServeHTTP(w, r)
-				return
-			}
-			scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-			if !ok || !strings.EqualFold(scheme, "Bearer") {
-				next.ServeHTTP(w, r)
-				return
-			}
-			p, err := auth.Verify(r.Context(), h.Pool, strings.TrimSpace(token))
-			if err != nil {
-				next.ServeHTTP(w, r)
-				return
-			}
-			release, ok := l.Acquire(p.TokenID)
-			if !ok {
-				w.Header().Set("Retry-After", strconv.Itoa(int(l.RetryAfter().Seconds())))
-				WriteError(w, http.StatusTooManyRequests, "too_many_reads",
-					"too many reports are running for this token or on this node; retry after a moment")
-				return
-			}
-			defer release()
-			next.ServeHTTP(w, r)
-		})
-	}
+		defer release()
+		next.ServeHTTP(w, r)
+	})
 }
