@@ -227,24 +227,19 @@ func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Eve
 // of an unmapped feature (the stager quarantines each on its own once its
 // default window has closed: a backdated batch of 10,000 makes 10,000) or
 // of a per-event feature, and one per window of a windowed feature, when
-// the item would be quarantined: for a missing feature or tenant mapping,
-// no account, a count value other than 1, or a timestamp older than the
-// provider takes (by the database clock). Items a mapping made within the
+// the item would be quarantined, by the stager's own rule (ineligibility:
+// a missing feature or tenant mapping, no account, a count value other
+// than 1, a value past the provider's digits) or a timestamp outside what
+// the provider takes (timestampsOutside, by the database clock). Items a mapping made within the
 // wait would spare count too. Without a destination (export stalled) only
 // the missing mappings count: the rest depends on the destination.
 func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow) error {
 	var (
 		target Target
 		known  bool
-		now    time.Time
 	)
 	if in.Stager != nil && in.Stager.Target != nil {
 		target, known = in.Stager.Target(ctx)
-	}
-	if known {
-		if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
-			return fmt.Errorf("meter: reading the clock: %w", err)
-		}
 	}
 	pairs := map[[2]string]bool{}
 	for _, i := range unique {
@@ -257,6 +252,50 @@ func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event
 	if err != nil {
 		return err
 	}
+	// The new events, each with the reason its item would be quarantined
+	// with; those with none yet have their timestamps checked together, by
+	// the database clock, as the stager checks them.
+	type candidate struct {
+		ev     Event
+		at     time.Time
+		pair   mappings.Pair
+		reason outbox.Reason
+	}
+	var (
+		cands  []candidate
+		stamps []time.Time
+		check  []int // indexes into cands of the stamps
+	)
+	for _, i := range unique {
+		row, ok := inserted[eventKey{events[i].Tenant, events[i].ID}]
+		if !ok {
+			continue
+		}
+		c := candidate{ev: events[i], at: row.occurredAt, pair: maps[[2]string{events[i].Tenant, events[i].Feature}]}
+		switch {
+		case known:
+			c.reason = ineligibility(c.pair, target, true, c.ev.Value)
+		case c.pair.Feature == nil:
+			c.reason = outbox.ReasonFeatureUnmapped
+		case c.pair.Tenant == nil:
+			c.reason = outbox.ReasonNoCustomer
+		}
+		if c.reason == "" && known {
+			stamps, check = append(stamps, c.at), append(check, len(cands))
+		}
+		cands = append(cands, c)
+	}
+	if len(stamps) > 0 {
+		outside, err := timestampsOutside(ctx, tx, target, stamps)
+		if err != nil {
+			return fmt.Errorf("meter: %w", err)
+		}
+		for k, ci := range check {
+			if outside[k] {
+				cands[ci].reason = outbox.ReasonTimestampWindow
+			}
+		}
+	}
 	type windowKey struct {
 		tenant, feature string
 		from            time.Time
@@ -265,54 +304,24 @@ func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event
 		capErr  = &QuarantineCapError{Max: in.MaxQuarantined, Reasons: map[outbox.Reason]int{}}
 		windows = map[windowKey]bool{}
 	)
-	for _, i := range unique {
-		ev := events[i]
-		row, ok := inserted[eventKey{ev.Tenant, ev.ID}]
-		if !ok {
+	for _, c := range cands {
+		if c.reason == "" {
 			continue
 		}
-		p := maps[[2]string{ev.Tenant, ev.Feature}]
-		reason := quarantineAhead(p, target, known, ev.Value, row.occurredAt, now)
-		if reason == "" {
-			continue
-		}
-		if p.Feature != nil && !p.Feature.Aggregation.PerEvent() {
-			k := windowKey{ev.Tenant, ev.Feature, WindowOf(row.occurredAt, time.Duration(p.Feature.Window), anchorOf(p)).From}
+		if f := c.pair.Feature; f != nil && !f.Aggregation.PerEvent() {
+			k := windowKey{c.ev.Tenant, c.ev.Feature, WindowOf(c.at, time.Duration(f.Window), anchorOf(c.pair)).From}
 			if windows[k] {
 				continue // one item for the window
 			}
 			windows[k] = true
 		}
 		capErr.Items++
-		capErr.Reasons[reason]++
+		capErr.Reasons[c.reason]++
 	}
 	if capErr.Items > capErr.Max {
 		return capErr
 	}
 	return nil
-}
-
-// quarantineAhead is the reason the item of a new event (per-event, or its
-// window's) would be quarantined with, as Stager.item and the timestamp
-// check decide it, or "" when it would not be; known false means there is no
-// destination yet, and only the mappings are judged.
-func quarantineAhead(p mappings.Pair, target Target, known bool, value int64, at, now time.Time) outbox.Reason {
-	perEvent := p.Feature == nil || p.Feature.Aggregation.PerEvent()
-	switch {
-	case p.Feature == nil:
-		return outbox.ReasonFeatureUnmapped
-	case p.Tenant == nil:
-		return outbox.ReasonNoCustomer
-	case !known:
-		return ""
-	case target.Account == "":
-		return outbox.ReasonNoAccount
-	case perEvent && value != 1:
-		return outbox.ReasonCountValue
-	case at.Before(now.Add(-target.AcceptPast)):
-		return outbox.ReasonTimestampWindow
-	}
-	return ""
 }
 
 func sameContent(a, b Event) bool {

@@ -38,19 +38,30 @@ func (s *Stager) item(pair mappings.Pair, target Target, tenant, feature, kind, 
 	if pair.Tenant != nil {
 		it.Payload.Customer = pair.Tenant.StripeCustomerID
 	}
+	it.Quarantine = ineligibility(pair, target, kind == outbox.SubjectUsageEvent, value)
+	return it
+}
+
+// ineligibility is why an item of pair's usage would be quarantined at
+// staging — no feature or tenant mapping, no account, a per-event item
+// (event) of a count feature whose value is not 1, a value past the
+// provider's digits — or "" when nothing but its timestamp (checked
+// against the database clock, timestampsOutside) can keep it from export.
+// The stager and the ingest's quarantine cap both ask it.
+func ineligibility(pair mappings.Pair, target Target, event bool, value int64) outbox.Reason {
 	switch {
 	case pair.Feature == nil:
-		it.Quarantine = outbox.ReasonFeatureUnmapped
+		return outbox.ReasonFeatureUnmapped
 	case pair.Tenant == nil:
-		it.Quarantine = outbox.ReasonNoCustomer
+		return outbox.ReasonNoCustomer
 	case target.Account == "":
-		it.Quarantine = outbox.ReasonNoAccount
-	case kind == outbox.SubjectUsageEvent && pair.Feature.Aggregation.PerEvent() && value != 1:
-		it.Quarantine = outbox.ReasonCountValue
+		return outbox.ReasonNoAccount
+	case event && pair.Feature.Aggregation.PerEvent() && value != 1:
+		return outbox.ReasonCountValue
 	case !target.valueFits(value):
-		it.Quarantine = outbox.ReasonValueDigits
+		return outbox.ReasonValueDigits
 	}
-	return it
+	return ""
 }
 
 // markRows sets each row's item, once: items has one id for all rows or one
