@@ -1,8 +1,8 @@
 # The project's test command is `make test` (README.md); .ci/run runs it.
 
-.PHONY: test lint cross unit fuzz bench
+.PHONY: test lint cross unit isolation fuzz bench
 
-test: lint cross unit fuzz
+test: lint cross unit isolation fuzz
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
@@ -24,6 +24,11 @@ cross:
 
 unit:
 	go test ./...
+
+# The isolation test (1M ledger rows, 40 concurrent reports while usage is
+# posted) on its own, after the other tests: it loads both cores.
+isolation:
+	TALLY_ISOLATION_TEST=1 go test ./cmd/tally/app -run '^TestReportsOfReadOnlyTokensDoNotStopIngestOrRiver$$' -count=1 -v
 
 # A brief run of every fuzz target. The budget is a count of executions,
 # not a duration: Go 1.26's coordinator can report a spurious "context
