@@ -59,6 +59,9 @@ type Deps struct {
 	// Quota bounds what one token may post to POST /v1/usage; the zero
 	// value is no limit.
 	Quota IngestQuota
+	// Reports answers the completeness report from its snapshots; nil
+	// computes it whenever no computation of the month runs.
+	Reports *quarantine.Reports
 
 	quotas *quotas // Quota's limiters, made by New
 }
@@ -138,6 +141,9 @@ func New(opts Options) http.Handler {
 // of routes (handlers.routes); the router of the writes is the one mounted,
 // so that walking it lists every route.
 func v1(d *Deps, log *slog.Logger) func(chi.Router) {
+	if d.Reports == nil {
+		d.Reports, _ = quarantine.NewReports(0, nil) // no registry: cannot fail
+	}
 	writes := &handlers{Deps: d, log: log}
 	reads := writes
 	if d.Reads != nil {

@@ -172,7 +172,10 @@ func (s *completenessScenario) filters(t *testing.T, h *harness) {
 	require.Len(t, only.Lines, 1)
 	require.Equal(t, "beta", only.Lines[0].Tenant)
 	empty := completeness(t, h, s.fin, "2001-01")
-	require.Equal(t, completenessReport{Period: "2001-01", Lines: []completenessLine{}, Holds: true}, empty)
+	require.Equal(t, completenessReport{Period: "2001-01", Lines: []completenessLine{}, Holds: true, AsOf: empty.AsOf}, empty)
+	resp := h.request(http.MethodGet, "/v1/reports/completeness?period="+s.month+"&refresh=maybe", s.fin, nil)
+	require.Equal(t, http.StatusBadRequest, resp.status, "%s", resp)
+	require.Contains(t, string(resp.body), "invalid_refresh")
 }
 
 func (s *completenessScenario) outboxSummary(t *testing.T, h *harness) {

@@ -367,6 +367,7 @@ type completenessReport struct {
 	Lines        []completenessLine `json:"lines"`
 	ReconcileRun *int64             `json:"reconcile_run"`
 	Holds        bool               `json:"holds"`
+	AsOf         string             `json:"as_of"`
 }
 
 // completeness reads the report for query (a period, then any other
@@ -379,5 +380,7 @@ func completeness(t *testing.T, h *harness, token, query string) completenessRep
 	dec := json.NewDecoder(bytes.NewReader(resp.body))
 	dec.DisallowUnknownFields()
 	require.NoError(t, dec.Decode(&c), "%s", resp)
+	_, err := time.Parse(time.RFC3339Nano, c.AsOf)
+	require.NoError(t, err, "as_of is when the report's snapshot was taken: %s", resp)
 	return c
 }

@@ -48,12 +48,24 @@ func (h *handlers) getCompleteness(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_period", "period is required, as YYYY-MM")
 		return
 	}
-	c, err := quarantine.CompletenessOf(r.Context(), h.Pool, period, q.Get("tenant"))
+	var refresh bool
+	switch q.Get("refresh") {
+	case "", "false", "0":
+	case "true", "1":
+		refresh = true
+	default:
+		WriteError(w, http.StatusBadRequest, "invalid_refresh", "refresh must be true or false")
+		return
+	}
+	body, err := h.Reports.CompletenessJSON(r.Context(), h.Pool, period, q.Get("tenant"), refresh)
 	if err != nil {
 		h.internal(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, c)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
 }
 
 func (h *handlers) requeue(w http.ResponseWriter, r *http.Request) {

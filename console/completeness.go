@@ -3,6 +3,7 @@ package console
 import (
 	"html/template"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/tallymeter/tally/quarantine"
@@ -14,14 +15,17 @@ func (c *Console) completeness(w http.ResponseWriter, r *http.Request) {
 		period = time.Now().UTC().Format("2006-01")
 	}
 	tenant := r.URL.Query().Get("tenant")
-	rep, err := quarantine.CompletenessOf(r.Context(), c.pool, period, tenant)
+	refresh := r.URL.Query().Get("refresh") == "1"
+	rep, err := c.Reports.Completeness(r.Context(), c.pool, period, tenant, refresh)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
+	refreshHref := "/console/completeness?" + url.Values{"period": {period}, "tenant": {tenant}, "refresh": {"1"}}.Encode()
 	c.render(w, r, "completeness", "Completeness", struct {
 		Period, Tenant string
+		RefreshHref    string
 		Report         quarantine.Completeness
 		Chart          template.HTML
-	}{period, tenant, rep, completenessChart(rep)})
+	}{period, tenant, refreshHref, rep, completenessChart(rep)})
 }

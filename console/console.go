@@ -70,6 +70,9 @@ type Deps struct {
 	// ReadLimit, when set, bounds the expensive pages in flight
 	// (completeness, mappings, quarantine and its CSV, reconciliation).
 	ReadLimit ReadLimiter
+	// Reports answers the completeness page from its snapshots; nil
+	// computes it whenever no computation of the month runs.
+	Reports *quarantine.Reports
 }
 
 // Console serves /console/.
@@ -91,6 +94,9 @@ func New(d Deps) (*Console, error) {
 	}
 	if d.SessionIdle <= 0 {
 		d.SessionIdle = DefaultSessionIdle
+	}
+	if d.Reports == nil {
+		d.Reports, _ = quarantine.NewReports(0, nil) // no registry: cannot fail
 	}
 	c := &Console{Deps: d, pool: d.Pool, pages: map[string]*template.Template{}, throttle: newSignInThrottle(defaultSignInLimits())}
 	funcs := template.FuncMap{}

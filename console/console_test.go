@@ -193,6 +193,20 @@ func TestFinanceReadsWithoutActions(t *testing.T) {
 		screenshot(t, ctx, "finance-"+p.name)
 	}
 
+	// The completeness page says when its snapshot was taken, and computes
+	// it anew when asked.
+	month := time.Now().UTC().Add(-3 * time.Hour).Format("2006-01")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/completeness?period="+month), chromedp.WaitVisible(chromedp.CSS(`[data-testid=as-of]`))))
+	before := text(t, ctx, `[data-testid=as-of]`)
+	require.Regexp(t, `^As of \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z `, before)
+	attr, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`[data-testid=as-of] a`), "href"))
+	require.NoError(t, err)
+	href := attr.Value
+	require.Contains(t, href, "refresh=1")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+href), chromedp.WaitVisible(chromedp.CSS(`[data-testid=as-of]`))))
+	after := text(t, ctx, `[data-testid=as-of]`)
+	require.Greater(t, after, before, "computed anew: a later snapshot")
+
 	// Filter the quarantine by reason.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/quarantine"),
 		chromedp.SetValue(chromedp.CSS(`select[name=reason]`), "no_customer"), chromedp.Submit(chromedp.CSS(`select[name=reason]`)),

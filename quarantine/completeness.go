@@ -59,6 +59,11 @@ type Completeness struct {
 	ReconcileRun *int64 `json:"reconcile_run"`
 	// Holds is true when every line holds.
 	Holds bool `json:"holds"`
+	// AsOf is when the report's snapshot was taken, by the database's
+	// clock (RFC 3339, UTC): it counts everything committed before then.
+	// Reports sets it; CompletenessOf, which reads the ledger now, leaves
+	// it empty.
+	AsOf string `json:"as_of,omitempty"`
 }
 
 // sqlCompleteness attributes every ledger event of the periods starting in
@@ -213,5 +218,12 @@ func (c Completeness) Table(w io.Writer) error {
 			l.Ingested.Value, l.Confirmed.Value, l.Accepted.Value, l.Pending.Value, l.Quarantined.Value,
 			l.Uncertain.Value, l.Rejected.Value, l.Discrepancies, l.Holds)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if c.AsOf != "" {
+		_, err := fmt.Fprintf(w, "as of %s\n", c.AsOf)
+		return err
+	}
+	return nil
 }

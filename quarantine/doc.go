@@ -10,5 +10,8 @@
 // It reads the ledger, the outbox and the mappings in one snapshot per
 // report, and the last reconcile run through package reconcile; it changes an item only through package
 // outbox, builds items only through package meter, and never hides an item
-// from a total.
+// from a total. It owns report_snapshots, the completeness report's latest
+// computation per month (Reports): served to every request while young
+// enough, computed once at a time per month across nodes, never per
+// request; a snapshot is derived data, never a ledger or outbox row.
 package quarantine

@@ -103,7 +103,13 @@ func (f *completenessFlags) run(ctx context.Context, e *env, _ []string) error {
 	if _, _, err := quarantine.ParsePeriod(f.period); err != nil {
 		return usageError{"--period is required, as YYYY-MM"}
 	}
-	c, err := quarantine.CompletenessOf(ctx, e.db.Pool, f.period, f.tenant)
+	// The command computes now (a refresh): it waits for a computation of
+	// the month a node runs, and leaves its snapshot for the nodes.
+	reports, err := quarantine.NewReports(0, nil)
+	if err != nil {
+		return err
+	}
+	c, err := reports.Completeness(ctx, e.db.Pool, f.period, f.tenant, true)
 	if err != nil {
 		return err
 	}

@@ -41,6 +41,9 @@ type Parts struct {
 	// together: cfg.Pools.ReadsPerToken per token, and readsHeadroom
 	// fewer than the reads pool's connections in all.
 	ReadLimit *api.ReadLimiter
+	// Reports answers the completeness report, in the API and the
+	// console, from snapshots no older than cfg.Pools.ReportMaxAge.
+	Reports *quarantine.Reports
 }
 
 // readsHeadroom is how many connections of the reads pool the expensive
@@ -105,11 +108,15 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
+	reports, err := quarantine.NewReports(cfg.Pools.ReportMaxAge, reg)
+	if err != nil {
+		return nil, err
+	}
 	return &Parts{
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
 		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, Reconciler: rec,
-		ReadLimit: readLimit,
+		ReadLimit: readLimit, Reports: reports,
 	}, nil
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
@@ -67,6 +68,7 @@ func TestReportsOfReadOnlyTokensDoNotStopIngestOrRiver(t *testing.T) {
 	r.logFigures(idle, res)
 	r.checkReportsEndWithClients()
 	r.checkReportOutcomes(res.summary)
+	r.checkReportsShared(res.summary)
 	r.checkRiver(res)
 }
 
@@ -84,6 +86,7 @@ type isolationRun struct {
 	logs   *bytes.Buffer
 	logMu  sync.Mutex
 	db     *app.DB
+	parts  *app.Parts
 	served chan error // set once the node serves
 	base   string
 	client *http.Client
@@ -126,7 +129,7 @@ func (r *isolationRun) start() {
 func isolationConfig(t *testing.T, url string) config.Config {
 	t.Helper()
 	env := map[string]string{"TALLY_DATABASE_URL": url, "TALLY_LISTEN": "127.0.0.1:0", "TALLY_LOG_LEVEL": "error",
-		"TALLY_STAGE_INTERVAL": "1s", "TALLY_READ_TIMEOUT": os.Getenv("TALLY_READ_TIMEOUT"),
+		"TALLY_STAGE_INTERVAL": "1s", "TALLY_READ_TIMEOUT": os.Getenv("TALLY_READ_TIMEOUT"), "TALLY_REPORT_MAX_AGE": os.Getenv("TALLY_REPORT_MAX_AGE"),
 		// One poster posts back to back to measure ingest's latency; the
 		// per-token request quota would throttle it (quotas have their own
 		// tests in api).
@@ -160,6 +163,7 @@ func (r *isolationRun) serve() {
 	t.Helper()
 	parts, err := app.Build(r.cfg)
 	require.NoError(t, err)
+	r.parts = parts
 	addr := make(chan string, 1)
 	served := make(chan error, 1)
 	go func() { served <- app.Serve(r.ctx, r.cfg, r.db, parts, r.logger, func(a string) { addr <- a }) }()
@@ -348,7 +352,8 @@ func (r *isolationRun) checkReportsEndWithClients() {
 	_, err = lock.Exec(ctx, `LOCK TABLE tenant_mappings IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
 	cctx, ccancel := context.WithCancel(ctx)
-	req, _ := http.NewRequestWithContext(cctx, http.MethodGet, r.base+"/v1/reports/completeness?period="+isolationPeriod, nil)
+	// refresh: a computation, not the snapshot the reporters left.
+	req, _ := http.NewRequestWithContext(cctx, http.MethodGet, r.base+"/v1/reports/completeness?refresh=true&period="+isolationPeriod, nil)
 	req.Header.Set("Authorization", "Bearer "+r.finance[0])
 	answered := make(chan error, 1)
 	go func() {
@@ -380,6 +385,33 @@ func (r *isolationRun) checkReportOutcomes(summary map[string]int64) {
 			"a report finishes, is refused with 429 and Retry-After, or is cut by the statement timeout (503)")
 	}
 	require.NotZero(t, summary["429"], "40 reporters on 4 tokens are over the bounds")
+}
+
+// checkReportsShared checks that the reports answered were computed far
+// fewer times than they were answered: from the month's snapshot, or from
+// one computation every request waiting shared.
+func (r *isolationRun) checkReportsShared(summary map[string]int64) {
+	t := r.t
+	t.Helper()
+	n := reportComputations(t, r.parts.Registry)
+	t.Logf("reports: %d answered 200 from %d computations of the month (TALLY_REPORT_MAX_AGE %s)", summary["200"], n, r.cfg.Pools.ReportMaxAge)
+	require.NotZero(t, summary["200"], "reports are answered")
+	require.Less(t, n, uint64(summary["200"]), "the ledger is read once for many reports, never per report")
+}
+
+// reportComputations is how many completeness computations the node ran
+// (finished or cut), read from its metrics.
+func reportComputations(t *testing.T, reg *prometheus.Registry) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "tally_report_computation_seconds" {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	t.Fatal("the node exposes no tally_report_computation_seconds")
+	return 0
 }
 
 // checkRiver checks that River kept one leader through the load and ran

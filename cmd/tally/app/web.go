@@ -114,7 +114,7 @@ func (w *webServer) handler() (http.Handler, error) {
 		consoleEnqueue = w.enqueue
 	}
 	con, err := console.New(console.Deps{Pool: w.pools.Reads, ReadLimit: p.ReadLimit, Outbox: p.Outbox, Mappings: p.Mappings, Requeuer: p.Requeuer,
-		Reconcile: consoleEnqueue, Settle: cfg.ReconcileSettle, SessionTTL: cfg.Console.SessionTTL, SessionIdle: cfg.Console.SessionIdle,
+		Reports: p.Reports, Reconcile: consoleEnqueue, Settle: cfg.ReconcileSettle, SessionTTL: cfg.Console.SessionTTL, SessionIdle: cfg.Console.SessionIdle,
 		Logger: w.logger})
 	if err != nil {
 		return nil, err
@@ -127,7 +127,7 @@ func (w *webServer) handler() (http.Handler, error) {
 		V1: &api.Deps{Pool: w.pools.Ingest, Reads: w.pools.Reads, ReadLimit: p.ReadLimit, Outbox: p.Outbox, Mappings: p.Mappings, Ingester: p.Ingester,
 			Requeuer: p.Requeuer, Metrics: p.API, Reconcile: &api.ReconcileDeps{
 				Enabled: p.Reconciler != nil, Settle: cfg.ReconcileSettle, Enqueue: w.enqueue},
-			Webhook: webhookDeps(cfg, p), Quota: cfg.Quota.Ingest},
+			Webhook: webhookDeps(cfg, p), Quota: cfg.Quota.Ingest, Reports: p.Reports},
 	}), nil
 }
 

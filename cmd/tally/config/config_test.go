@@ -72,7 +72,7 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 		ReconcileSchedule: reconcile.DefaultSchedule, ReconcileSettle: reconcile.DefaultSettle,
 		Console: config.ConsoleConfig{SessionTTL: console.DefaultSessionTTL, SessionIdle: console.DefaultSessionIdle},
 		Quota:   config.QuotaConfig{Ingest: api.IngestQuota{EventsPerSecond: api.DefaultIngestEventsPerSecond, EventsBurst: api.DefaultIngestEventsBurst, RequestsPerSecond: api.DefaultIngestRequestsPerSecond, MaxEvents: meter.MaxEvents}, MaxQuarantined: meter.DefaultMaxQuarantined},
-		Pools:   config.PoolsConfig{Ingest: config.DefaultPoolIngest, Export: config.DefaultPoolExport, River: config.DefaultPoolRiver, Reads: config.DefaultPoolReads, ReadTimeout: config.DefaultReadTimeout, ReadsPerToken: config.DefaultReadsPerToken},
+		Pools:   config.PoolsConfig{Ingest: config.DefaultPoolIngest, Export: config.DefaultPoolExport, River: config.DefaultPoolRiver, Reads: config.DefaultPoolReads, ReadTimeout: config.DefaultReadTimeout, ReadsPerToken: config.DefaultReadsPerToken, ReportMaxAge: config.DefaultReportMaxAge},
 	}, c)
 }
 

@@ -31,6 +31,9 @@ const (
 	// console pages, reconcile listings) one token may have in flight
 	// (TALLY_READS_PER_TOKEN).
 	DefaultReadsPerToken = 2
+	// DefaultReportMaxAge is how old a completeness report's snapshot may
+	// be and still answer (TALLY_REPORT_MAX_AGE).
+	DefaultReportMaxAge = time.Minute
 	// minPoolRiver is the smallest River pool: its notifier holds one
 	// connection for good, and its leader election needs another.
 	minPoolRiver = 3
@@ -48,6 +51,10 @@ type PoolsConfig struct {
 	// ReadsPerToken bounds one token's expensive reads in flight. Defaults
 	// to DefaultReadsPerToken.
 	ReadsPerToken int
+	// ReportMaxAge is how old a completeness snapshot may be and still
+	// answer; zero computes for every request that finds no computation
+	// running. Defaults to DefaultReportMaxAge.
+	ReportMaxAge time.Duration
 }
 
 // poolSettings size the connection pools of `tally serve`, one per
@@ -66,6 +73,8 @@ func poolSettings() []setting {
 			dur(func(c *Config) *time.Duration { return &c.Pools.ReadTimeout })},
 		{"TALLY_READS_PER_TOKEN", "reads-per-token", "expensive reads (reports, their console pages, reconcile listings) one token may have in flight; more answer 429", strconv.Itoa(DefaultReadsPerToken),
 			integer(func(c *Config) *int { return &c.Pools.ReadsPerToken })},
+		{"TALLY_REPORT_MAX_AGE", "report-max-age", "how old the completeness report's snapshot may be and still answer; older, one computation per month serves every request waiting (0: compute whenever none runs)", short(DefaultReportMaxAge),
+			dur(func(c *Config) *time.Duration { return &c.Pools.ReportMaxAge })},
 	}
 }
 
@@ -81,6 +90,9 @@ func (c *Config) poolProblems() []error {
 	}
 	if p.ReadTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("TALLY_READ_TIMEOUT must be positive, got %s", p.ReadTimeout))
+	}
+	if p.ReportMaxAge < 0 {
+		errs = append(errs, fmt.Errorf("TALLY_REPORT_MAX_AGE must not be negative, got %s", p.ReportMaxAge))
 	}
 	if p.ReadsPerToken < 1 {
 		errs = append(errs, fmt.Errorf("TALLY_READS_PER_TOKEN must be at least 1, got %d", p.ReadsPerToken))
