@@ -1,6 +1,8 @@
 package api_test
 
 import (
+	"bytes"
+	"encoding/csv"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -49,6 +51,7 @@ func TestCompletenessEndpoint(t *testing.T) {
 		step{"after the pass", s.afterPass},
 		step{"late usage", s.lateUsage},
 		step{"one tenant, and a month without usage", s.filters},
+		step{"as CSV", s.asCSV},
 		step{"outbox summary", s.outboxSummary},
 		step{"outbox items", s.outboxItems},
 	)
@@ -176,6 +179,30 @@ func (s *completenessScenario) filters(t *testing.T, h *harness) {
 	resp := h.request(http.MethodGet, "/v1/reports/completeness?period="+s.month+"&refresh=maybe", s.fin, nil)
 	require.Equal(t, http.StatusBadRequest, resp.status, "%s", resp)
 	require.Contains(t, string(resp.body), "invalid_refresh")
+}
+
+func (s *completenessScenario) asCSV(t *testing.T, h *harness) {
+	want := completeness(t, h, s.fin, s.month)
+	resp := h.request(http.MethodGet, "/v1/reports/completeness?format=csv&period="+s.month, s.fin, nil)
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+	require.Equal(t, "text/csv; charset=utf-8", resp.header.Get("Content-Type"))
+	require.Contains(t, resp.header.Get("Content-Disposition"), "tally-completeness-"+s.month+".csv")
+	rows, err := csv.NewReader(bytes.NewReader(resp.body)).ReadAll()
+	require.NoError(t, err)
+	require.Equal(t, []string{"tenant", "feature", "period", "ingested_events", "ingested_value"}, rows[0][:5])
+	require.Len(t, rows, len(want.Lines)+1, "a row a line")
+	for i, l := range want.Lines {
+		row := rows[i+1]
+		require.Equal(t, []string{l.Tenant, l.Feature, l.Period, strconv.FormatInt(l.Ingested.Events, 10), strconv.FormatInt(l.Ingested.Value, 10)}, row[:5])
+		require.Equal(t, strconv.FormatBool(l.Holds), row[len(row)-2])
+		// The harness computes anew for every request (no TALLY_REPORT_MAX_AGE).
+		require.GreaterOrEqual(t, row[len(row)-1], want.AsOf, "the snapshot's as_of on every row")
+	}
+	for _, bad := range []string{"xml", "CSV"} {
+		resp := h.request(http.MethodGet, "/v1/reports/completeness?format="+bad+"&period="+s.month, s.fin, nil)
+		require.Equal(t, http.StatusBadRequest, resp.status, "%s", resp)
+		require.Contains(t, string(resp.body), "invalid_format")
+	}
 }
 
 func (s *completenessScenario) outboxSummary(t *testing.T, h *harness) {

@@ -48,6 +48,11 @@ func (h *handlers) getCompleteness(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_period", "period is required, as YYYY-MM")
 		return
 	}
+	format := q.Get("format")
+	if format != "" && format != "json" && format != "csv" {
+		WriteError(w, http.StatusBadRequest, "invalid_format", "format must be json or csv")
+		return
+	}
 	var refresh bool
 	switch q.Get("refresh") {
 	case "", "false", "0":
@@ -55,6 +60,15 @@ func (h *handlers) getCompleteness(w http.ResponseWriter, r *http.Request) {
 		refresh = true
 	default:
 		WriteError(w, http.StatusBadRequest, "invalid_refresh", "refresh must be true or false")
+		return
+	}
+	if format == "csv" {
+		c, err := h.Reports.Completeness(r.Context(), h.Pool, period, q.Get("tenant"), refresh)
+		if err != nil {
+			h.internal(w, r, err)
+			return
+		}
+		writeCompletenessCSV(w, c)
 		return
 	}
 	body, err := h.Reports.CompletenessJSON(r.Context(), h.Pool, period, q.Get("tenant"), refresh)
@@ -66,6 +80,14 @@ func (h *handlers) getCompleteness(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
+}
+
+// writeCompletenessCSV answers the completeness report as a CSV download.
+func writeCompletenessCSV(w http.ResponseWriter, c quarantine.Completeness) {
+	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename="tally-completeness-%s.csv"`, c.Period))
+	w.Header().Set("Cache-Control", "no-store")
+	_ = c.CSV(w)
 }
 
 func (h *handlers) requeue(w http.ResponseWriter, r *http.Request) {

@@ -138,6 +138,7 @@ func (c *Console) Handler() http.Handler {
 			r.Get("/reconcile", c.reconcilePage)
 			r.Get("/reconcile/{id}", c.reconcilePage)
 			r.Get("/completeness", c.completeness)
+			r.Get("/completeness.csv", c.completenessCSV)
 		})
 		r.Post("/logout", c.logout)
 		r.Group(func(r chi.Router) {
