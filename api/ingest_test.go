@@ -187,7 +187,7 @@ func (s ingestScenario) acceptsValidEdges(t *testing.T, h *harness) {
 		event{"id": "ts-offset", "tenant": "acme", "feature": "api", "value": 2, "timestamp": "2026-01-30T13:00:00.123456789+01:00"},
 	))
 	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
-	require.JSONEq(t, `{"accepted":5,"duplicates":0}`, string(resp.body))
+	require.JSONEq(t, `{"accepted":5,"duplicates":0,"unmapped":5}`, string(resp.body), "nothing is mapped: every event is counted unmapped")
 	var at time.Time
 	require.NoError(t, h.pool.QueryRow(h.ctx, "SELECT occurred_at FROM usage_events WHERE event_id = 'ts-offset'").Scan(&at))
 	require.True(t, at.Equal(time.Date(2026, 1, 30, 12, 0, 0, 123456000, time.UTC)), at)
@@ -216,12 +216,12 @@ func (s ingestScenario) storesOnce(t *testing.T, h *harness) {
 	)
 	resp := h.request(http.MethodPost, "/v1/usage", s.tok, first)
 	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
-	require.JSONEq(t, `{"accepted":3,"duplicates":0}`, string(resp.body))
+	require.JSONEq(t, `{"accepted":3,"duplicates":0,"unmapped":3}`, string(resp.body))
 	require.Equal(t, "application/json", resp.header.Get("Content-Type"))
 
 	resp = h.request(http.MethodPost, "/v1/usage", s.tok, first)
 	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
-	require.JSONEq(t, `{"accepted":0,"duplicates":3}`, string(resp.body))
+	require.JSONEq(t, `{"accepted":0,"duplicates":3,"unmapped":0}`, string(resp.body), "duplicates are not counted unmapped again")
 
 	// The same instant in another offset is the same content.
 	resp = h.request(http.MethodPost, "/v1/usage", s.tok, batch(
@@ -230,7 +230,7 @@ func (s ingestScenario) storesOnce(t *testing.T, h *harness) {
 		event{"id": "e3", "tenant": "acme", "feature": "api", "value": 1},
 	))
 	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
-	require.JSONEq(t, `{"accepted":1,"duplicates":2}`, string(resp.body))
+	require.JSONEq(t, `{"accepted":1,"duplicates":2,"unmapped":1}`, string(resp.body))
 	require.EqualValues(t, 4, h.count("SELECT count(*) FROM usage_events"))
 }
 
@@ -352,7 +352,7 @@ func testIngestSizeLimits(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
 	resp = h.request(http.MethodPost, "/v1/usage", tok, events(meter.MaxEvents, "max"))
 	require.Equal(t, http.StatusAccepted, resp.status, "%s", resp)
-	require.JSONEq(t, fmt.Sprintf(`{"accepted":%d,"duplicates":0}`, meter.MaxEvents), string(resp.body))
+	require.JSONEq(t, fmt.Sprintf(`{"accepted":%d,"duplicates":0,"unmapped":0}`, meter.MaxEvents), string(resp.body), "mapped: none unmapped")
 }
 
 func testIngestTenantScope(t *testing.T) {

@@ -35,6 +35,7 @@ var consoleRoutes = []struct {
 	{"GET", "/reconcile", "/console/reconcile", nil, 303, 200, 200},
 	{"GET", "/reconcile/{id}", "/console/reconcile/424242", nil, 303, 404, 404},
 	{"GET", "/completeness", "/console/completeness", nil, 303, 200, 200},
+	{"GET", "/completeness.csv", "/console/completeness.csv?period=2026-11", nil, 303, 200, 200},
 	{"POST", "/items/{id}/requeue", "/console/items/424242/requeue", url.Values{"mapping_version": {"1"}}, 401, 403, 404},
 	{"POST", "/items/{id}/recover", "/console/items/424242/recover", url.Values{"expect": {"uncertain"}, "to": {"pending"}}, 401, 403, 404},
 	{"POST", "/mappings/features", "/console/mappings/features", url.Values{"feature": {"f1"}, "event_name": {"e1"}, "aggregation": {"sum"}}, 401, 403, 303},

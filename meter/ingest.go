@@ -21,6 +21,11 @@ type Result struct {
 	// Duplicates counts events already stored with the same content (or
 	// repeated within the batch): counted, not stored twice.
 	Duplicates int `json:"duplicates"`
+	// Unmapped counts the accepted events whose feature or tenant has no
+	// mapping now: stored, and quarantined (feature_unmapped, no_customer)
+	// at the next staging pass unless a mapping comes first — a mapping
+	// made later re-addresses them on requeue.
+	Unmapped int `json:"unmapped"`
 }
 
 // Ingester writes batches to the ledger.
@@ -151,19 +156,48 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 			return Result{}, err
 		}
 	}
+	if len(inserted) == 0 {
+		return res, nil
+	}
+	// The new events' mappings, read once for the count of unmapped usage,
+	// the quarantine cap and staging.
+	maps, err := newEventMappings(ctx, tx, events, unique, inserted)
+	if err != nil {
+		return Result{}, err
+	}
+	for _, i := range unique {
+		if _, ok := inserted[eventKey{events[i].Tenant, events[i].ID}]; ok {
+			if p := maps[[2]string{events[i].Tenant, events[i].Feature}]; p.Feature == nil || p.Tenant == nil {
+				res.Unmapped++
+			}
+		}
+	}
 	// A batch makes at most one item per new event: one no larger than the
 	// cap needs no count.
 	if in.MaxQuarantined > 0 && len(inserted) > in.MaxQuarantined {
-		if err := in.capQuarantine(ctx, tx, events, unique, inserted); err != nil {
+		if err := in.capQuarantine(ctx, tx, events, unique, inserted, maps); err != nil {
 			return Result{}, err
 		}
 	}
-	if in.Stager != nil && len(inserted) > 0 {
-		if err := in.Stager.stageNewEvents(ctx, tx, events, unique, inserted); err != nil {
+	if in.Stager != nil {
+		if err := in.Stager.stageNewEvents(ctx, tx, events, unique, inserted, maps); err != nil {
 			return Result{}, err
 		}
 	}
 	return res, nil
+}
+
+// newEventMappings reads, in one query, the current mappings of every
+// (tenant, feature) pair of the batch's newly stored events.
+func newEventMappings(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow) (map[[2]string]mappings.Pair, error) {
+	pairs := map[[2]string]bool{}
+	for _, i := range unique {
+		if _, ok := inserted[eventKey{events[i].Tenant, events[i].ID}]; ok {
+			pairs[[2]string{events[i].Tenant, events[i].Feature}] = true
+		}
+	}
+	var st mappings.Store
+	return st.LookupMany(ctx, tx, pairs)
 }
 
 // compareExisting decides, for events that collided with stored ones,
@@ -224,33 +258,21 @@ func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Eve
 // capQuarantine refuses, with a *QuarantineCapError, a batch whose new
 // events would make more than MaxQuarantined quarantined items, as the
 // mappings and the destination stand now. It counts one item per new event
-// of an unmapped feature (the stager quarantines each on its own once its
-// default window has closed: a backdated batch of 10,000 makes 10,000) or
-// of a per-event feature, and one per window of a windowed feature, when
+// of an unmapped feature (the stager quarantines each on its own at its
+// next pass: a batch of 10,000 makes 10,000) or of a per-event feature, and one per window of a windowed feature, when
 // the item would be quarantined, by the stager's own rule (ineligibility:
 // a missing feature or tenant mapping, no account, a count value other
 // than 1, a value past the provider's digits) or a timestamp outside what
 // the provider takes (timestampsOutside, by the database clock). Items a mapping made within the
 // wait would spare count too. Without a destination (export stalled) only
 // the missing mappings count: the rest depends on the destination.
-func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow) error {
+func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow, maps map[[2]string]mappings.Pair) error {
 	var (
 		target Target
 		known  bool
 	)
 	if in.Stager != nil && in.Stager.Target != nil {
 		target, known = in.Stager.Target(ctx)
-	}
-	pairs := map[[2]string]bool{}
-	for _, i := range unique {
-		if _, ok := inserted[eventKey{events[i].Tenant, events[i].ID}]; ok {
-			pairs[[2]string{events[i].Tenant, events[i].Feature}] = true
-		}
-	}
-	var st mappings.Store
-	maps, err := st.LookupMany(ctx, tx, pairs)
-	if err != nil {
-		return err
 	}
 	// The new events, each with the reason its item would be quarantined
 	// with; those with none yet have their timestamps checked together, by

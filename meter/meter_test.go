@@ -101,15 +101,15 @@ func TestIngestDuplicatesAndChangedContent(t *testing.T) {
 	b := setup(t)
 	t1 := at("2026-11-30T10:00:00Z")
 	res := b.MustIngest(t, ev("e1", "acme", "api", 5, t1), ev("e2", "acme", "api", 7, nil), ev("e1", "acme", "api", 5, t1))
-	require.Equal(t, meter.Result{Accepted: 2, Duplicates: 1}, res, "a repeat inside the batch is a duplicate")
+	require.Equal(t, meter.Result{Accepted: 2, Duplicates: 1, Unmapped: 2}, res, "a repeat inside the batch is a duplicate; acme and api have no mapping")
 
 	// Re-posted with the same content: duplicates, also without a timestamp.
 	res = b.MustIngest(t, ev("e1", "acme", "api", 5, t1), ev("e2", "acme", "api", 7, nil), ev("e3", "acme", "api", 1, nil))
-	require.Equal(t, meter.Result{Accepted: 1, Duplicates: 2}, res)
+	require.Equal(t, meter.Result{Accepted: 1, Duplicates: 2, Unmapped: 1}, res, "duplicates are not counted as unmapped again")
 
 	// The same id for another tenant is another event.
 	res = b.MustIngest(t, ev("e1", "other", "api", 5, t1))
-	require.Equal(t, meter.Result{Accepted: 1}, res)
+	require.Equal(t, meter.Result{Accepted: 1, Unmapped: 1}, res)
 
 	// Changed content: the batch fails and nothing of it is stored.
 	changes := []meter.Event{
@@ -242,7 +242,7 @@ func TestStageEveryReason(t *testing.T) {
 		ev("too-old", "acme", "api", 5, ago(40*24*time.Hour)),         // timestamp_window
 		ev("too-old-event", "acme", "calls", 1, ago(40*24*time.Hour)), // timestamp_window, per event
 		ev("correction", "acme", "calls", -1, nil),                    // count_value: a count meter counts events
-		ev("fresh-unmapped", "acme", "mystery", 1, nil),               // waits for its default window
+		ev("fresh-unmapped", "acme", "mystery", 1, nil),               // feature_unmapped at once
 	)
 	b.Pass(t)
 	got := map[string]string{}
@@ -255,7 +255,7 @@ func TestStageEveryReason(t *testing.T) {
 	require.Contains(t, got, "api/timestamp_window")
 	require.Contains(t, got, "calls/timestamp_window")
 	require.Contains(t, got, "calls/count_value")
-	require.Equal(t, 1, b.unstaged(t), "unmapped usage waits for its default window and the grace")
+	require.Zero(t, b.unstaged(t), "unmapped usage is quarantined at the next pass, not after its default window")
 	require.True(t, strings.HasPrefix(got["mystery/feature_unmapped"], "event:"), "unmapped usage is quarantined per event")
 
 	// no_account: this node has no destination account.
@@ -291,20 +291,33 @@ func TestPerEventWaits(t *testing.T) {
 	require.Equal(t, meter.PassResult{}, b.Pass(t))
 	require.Equal(t, 1, b.unstaged(t))
 
-	// A tenant without a customer yet: its per-event usage waits for its
-	// default window, so that a mapping made soon after still catches it.
-	b.MustIngest(t, ev("fresh", "nobody", "calls", 1, nil), ev("old", "nobody", "calls", 1, ago(3*time.Hour)))
-	b.Pass(t)
+	// A tenant without a customer yet: its per-event usage, fresh or old,
+	// is quarantined at once (in the ingest transaction), so that finance
+	// sees it in the quarantine report; a mapping made later re-addresses
+	// it on requeue.
+	res := b.MustIngest(t, ev("fresh", "nobody", "calls", 1, nil), ev("old", "nobody", "calls", 1, ago(3*time.Hour)))
+	require.Equal(t, 2, res.Unmapped, "the answer says how many accepted events have no mapping")
 	items := b.items(t)
-	require.Len(t, items, 1)
-	require.Equal(t, "no_customer", items[0].reason)
-	require.Equal(t, meter.EventSubjectRef("calls", "old"), items[0].ref)
-	// Once the customer is mapped, nothing is missing: it is staged at once.
-	b.Tenant(t, "nobody", nil)
-	b.Pass(t)
-	items = b.items(t)
 	require.Len(t, items, 2)
-	require.Equal(t, outbox.StatePending, items[1].state)
+	for _, it := range items {
+		require.Equal(t, "no_customer", it.reason)
+	}
+	// Once the customer is mapped, nothing is missing: new usage is staged
+	// at once, pending.
+	b.Tenant(t, "nobody", nil)
+	res = b.MustIngest(t, ev("mapped", "nobody", "calls", 1, nil))
+	require.Zero(t, res.Unmapped)
+	items = b.items(t)
+	require.Len(t, items, 3)
+	require.Equal(t, outbox.StatePending, items[2].state)
+
+	// Without a destination account, usage waits for its default window
+	// and the grace: an operator can still supply the account.
+	b.Target.Account = ""
+	b.MustIngest(t, ev("no-account", "nobody", "calls", 1, nil))
+	b.Pass(t)
+	require.Len(t, b.items(t), 3)
+	require.Equal(t, 2, b.unstaged(t), "the early event and the one waiting for an account")
 }
 
 func TestLastLateRows(t *testing.T) {

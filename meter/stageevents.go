@@ -12,11 +12,14 @@ import (
 )
 
 // sqlEventRows locks up to a batch of unstaged rows of a per-event or an
-// unmapped feature. Rows that would be quarantined for a missing mapping or
-// destination wait for their default window (one hour) plus the grace to
-// close, which gives a human the time to supply it before they are
-// quarantined one by one. Rows timestamped further ahead than the provider
-// accepts wait until they are not.
+// unmapped feature. Rows that would be quarantined for a missing
+// destination account wait for their default window (one hour) plus the
+// grace to close, which gives an operator the time to supply it before
+// they are quarantined one by one. Rows of an unmapped feature or tenant
+// do not wait: they are quarantined at the next pass, where finance sees
+// them (the quarantine report), and a mapping made later re-addresses them
+// on requeue. Rows timestamped further ahead than the provider accepts
+// wait until they are not.
 const sqlEventRows = `
 SELECT id, event_id, value, occurred_at FROM usage_events
 WHERE tenant = @tenant AND feature = @feature AND item_id IS NULL
@@ -115,21 +118,12 @@ func (s *Stager) enqueueEvents(ctx context.Context, tx pgx.Tx, target Target, te
 
 // stageNewEvents stages, inside the ingest transaction, the new events of
 // features mapped per event. Everything else waits for the stager.
-func (s *Stager) stageNewEvents(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow) error {
+func (s *Stager) stageNewEvents(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow, maps map[[2]string]mappings.Pair) error {
 	target, ok := s.Target(ctx)
 	if !ok {
 		return nil
 	}
 	if err := target.validate(); err != nil {
-		return err
-	}
-	pairs := map[[2]string]bool{}
-	for _, i := range unique {
-		pairs[[2]string{events[i].Tenant, events[i].Feature}] = true
-	}
-	var st mappings.Store
-	maps, err := st.LookupMany(ctx, tx, pairs)
-	if err != nil {
 		return err
 	}
 	groups := map[[2]string][]stagedEvent{}
@@ -171,9 +165,11 @@ func (s *Stager) stageNewEvents(ctx context.Context, tx pgx.Tx, events []Event, 
 	return nil
 }
 
-// waits reports whether a per-event feature's rows wait for their default
-// window and the grace before they are staged: while they would be
-// quarantined for a mapping or destination a human can still supply.
-func waits(pair mappings.Pair, target Target) bool {
-	return pair.Feature == nil || pair.Tenant == nil || target.Account == ""
+// waits reports whether a per-event or unmapped feature's rows wait for
+// their default window and the grace before they are staged: while they
+// would be quarantined for a destination account an operator can still
+// supply. A missing feature or tenant mapping does not wait (see
+// sqlEventRows).
+func waits(_ mappings.Pair, target Target) bool {
+	return target.Account == ""
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -33,6 +34,11 @@ type Reports struct {
 	// MaxAge is how old a snapshot may be and still answer. Zero computes
 	// for every request that finds no computation running.
 	MaxAge time.Duration
+	// Timeout bounds each statement of a computation in place of its
+	// connection's statement_timeout: one computation serves every request
+	// for the month, so it may run longer than one request's reads. Zero
+	// keeps the connection's.
+	Timeout time.Duration
 
 	mu      sync.Mutex
 	flights map[flightKey]*flight
@@ -50,8 +56,12 @@ type snapshot struct {
 	c    Completeness
 }
 
+// DefaultReportTimeout is serve's Reports.Timeout (TALLY_REPORT_TIMEOUT).
+const DefaultReportTimeout = 2 * time.Minute
+
 // NewReports returns Reports whose snapshots answer while younger than
-// maxAge, with its metrics on reg (nil: none).
+// maxAge, with its metrics on reg (nil: none), computing with the
+// connection's statement timeout (set Timeout for another).
 func NewReports(maxAge time.Duration, reg prometheus.Registerer) (*Reports, error) {
 	r := &Reports{MaxAge: maxAge, flights: map[flightKey]*flight{}, latest: map[string]*snapshot{}}
 	if reg != nil {
@@ -271,6 +281,8 @@ WHERE report = 'completeness' AND scope = @scope
 
 	sqlSnapshotStart = `SELECT set_config('tally.report_started', clock_timestamp()::text, true)`
 
+	sqlSnapshotTimeout = `SELECT set_config('statement_timeout', @ms::text, true)`
+
 	sqlSnapshotStore = `
 WITH started AS (SELECT current_setting('tally.report_started')::timestamptz AS at)
 INSERT INTO report_snapshots (report, scope, body, computed_at, took)
@@ -302,6 +314,11 @@ func (r *Reports) compute(ctx context.Context, db DB, key flightKey) (at time.Ti
 		}
 		if _, err := tx.Exec(ctx, sqlSnapshotStart); err != nil {
 			return err
+		}
+		if r.Timeout > 0 {
+			if _, err := tx.Exec(ctx, sqlSnapshotTimeout, pgx.NamedArgs{"ms": strconv.FormatInt(r.Timeout.Milliseconds(), 10)}); err != nil {
+				return err
+			}
 		}
 		// Every computation is timed, the ones cut short too.
 		began := time.Now()

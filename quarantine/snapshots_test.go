@@ -270,3 +270,37 @@ func (r *Reports) waiting(key flightKey) int {
 	}
 	return 0
 }
+
+func TestAComputationMayOutlastTheConnectionsStatementTimeout(t *testing.T) {
+	t.Parallel()
+	e := newSnapshotEnv(t)
+	e.post(t, "acme", 5)
+	// The reads pool's connections: every statement cut after 200 ms.
+	cfg := e.Pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "200"
+	reads, err := pgxpool.NewWithConfig(e.Ctx, cfg)
+	require.NoError(t, err)
+	defer reads.Close()
+
+	// computeHeld computes while another session holds a lock the
+	// computation's query waits for, for 600 ms.
+	computeHeld := func(r *Reports) error {
+		lock, err := e.Pool.Begin(e.Ctx)
+		require.NoError(t, err)
+		_, err = lock.Exec(e.Ctx, `LOCK TABLE tenant_mappings IN ACCESS EXCLUSIVE MODE`)
+		require.NoError(t, err)
+		go func() {
+			time.Sleep(600 * time.Millisecond)
+			_ = lock.Rollback(e.Ctx)
+		}()
+		_, err = r.Completeness(e.Ctx, reads, e.month, "", true)
+		return err
+	}
+
+	r, err := NewReports(time.Hour, nil)
+	require.NoError(t, err)
+	require.ErrorContains(t, computeHeld(r), "57014", "without Timeout, the connection's statement timeout cuts it")
+
+	r.Timeout = 10 * time.Second
+	require.NoError(t, computeHeld(r), "with Timeout, it runs as long as the computation needs, up to Timeout")
+}

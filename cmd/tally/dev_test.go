@@ -129,7 +129,7 @@ func (d *devRun) runCurlLine(printed string) {
 	curl := printed[start+len("Post usage:\n") : end]
 	res, err := exec.Command("bash", "-c", curl).CombinedOutput()
 	require.NoError(d.t, err, "%s", res)
-	require.JSONEq(d.t, `{"accepted":2,"duplicates":0}`, string(res))
+	require.JSONEq(d.t, `{"accepted":2,"duplicates":0,"unmapped":0}`, string(res), "dev maps its example tenant and features")
 }
 
 // landed reports whether the simulator recorded an event of the feature

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/tallymeter/tally/quarantine"
 )
 
 // The defaults of the node's connection pools, one per workload, and of the
@@ -55,6 +57,9 @@ type PoolsConfig struct {
 	// answer; zero computes for every request that finds no computation
 	// running. Defaults to DefaultReportMaxAge.
 	ReportMaxAge time.Duration
+	// ReportTimeout is the statement timeout of a completeness
+	// computation. Defaults to quarantine.DefaultReportTimeout.
+	ReportTimeout time.Duration
 }
 
 // poolSettings size the connection pools of `tally serve`, one per
@@ -75,6 +80,8 @@ func poolSettings() []setting {
 			integer(func(c *Config) *int { return &c.Pools.ReadsPerToken })},
 		{"TALLY_REPORT_MAX_AGE", "report-max-age", "how old the completeness report's snapshot may be and still answer; older, one computation per month serves every request waiting (0: compute whenever none runs)", short(DefaultReportMaxAge),
 			dur(func(c *Config) *time.Duration { return &c.Pools.ReportMaxAge })},
+		{"TALLY_REPORT_TIMEOUT", "report-timeout", "statement timeout of a completeness computation, in place of the reads pool's: one computation per month serves every request waiting", short(quarantine.DefaultReportTimeout),
+			dur(func(c *Config) *time.Duration { return &c.Pools.ReportTimeout })},
 	}
 }
 
@@ -90,6 +97,9 @@ func (c *Config) poolProblems() []error {
 	}
 	if p.ReadTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("TALLY_READ_TIMEOUT must be positive, got %s", p.ReadTimeout))
+	}
+	if p.ReportTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("TALLY_REPORT_TIMEOUT must be positive, got %s", p.ReportTimeout))
 	}
 	if p.ReportMaxAge < 0 {
 		errs = append(errs, fmt.Errorf("TALLY_REPORT_MAX_AGE must not be negative, got %s", p.ReportMaxAge))

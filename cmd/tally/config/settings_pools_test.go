@@ -9,10 +9,10 @@ import (
 func TestPoolSettingsRefuseSizesThatWouldStarveAWorkload(t *testing.T) {
 	t.Parallel()
 	_, err := load(t, map[string]string{"TALLY_POOL_READS": "0", "TALLY_POOL_RIVER": "2",
-		"TALLY_READ_TIMEOUT": "0s", "TALLY_READS_PER_TOKEN": "0", "TALLY_REPORT_MAX_AGE": "-1s"})
+		"TALLY_READ_TIMEOUT": "0s", "TALLY_READS_PER_TOKEN": "0", "TALLY_REPORT_MAX_AGE": "-1s", "TALLY_REPORT_TIMEOUT": "0s"})
 	require.Error(t, err)
 	for _, want := range []string{"TALLY_POOL_READS must be at least 1", "TALLY_POOL_RIVER must be at least 3, got 2",
-		"TALLY_READ_TIMEOUT must be positive", "TALLY_READS_PER_TOKEN must be at least 1", "TALLY_REPORT_MAX_AGE must not be negative"} {
+		"TALLY_READ_TIMEOUT must be positive", "TALLY_READS_PER_TOKEN must be at least 1", "TALLY_REPORT_MAX_AGE must not be negative", "TALLY_REPORT_TIMEOUT must be positive"} {
 		require.Contains(t, err.Error(), want)
 	}
 }
