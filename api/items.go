@@ -63,7 +63,7 @@ func viewOf(it outbox.Item) itemView {
 		DestinationAccount: it.DestinationAccount, Mode: it.Mode, MappingVersion: it.MappingVersion,
 		Identifier: it.Identifier, Payload: it.Payload, State: it.State, Attempts: it.Attempts, LeaseToken: it.LeaseToken,
 		NextAttemptAt: it.NextAttemptAt, FirstAttemptAt: it.FirstAttemptAt, ProviderRef: it.ProviderRef,
-		AcceptedAt: it.AcceptedAt, ConfirmedAt: it.ConfirmedAt, LastError: it.LastError,
+		AcceptedAt: it.AcceptedAt, ConfirmedAt: it.ConfirmedAt, LastError: it.CurrentError(),
 		QuarantineReason: it.QuarantineReason, SupersededBy: it.SupersededBy, CreatedAt: it.CreatedAt, UpdatedAt: it.UpdatedAt,
 	}
 }

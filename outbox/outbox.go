@@ -147,6 +147,18 @@ type Item struct {
 	UpdatedAt time.Time
 }
 
+// CurrentError is the item's last error while it still tells something
+// about the item: nil once the provider accepted it (accepted, confirmed),
+// when LastError is an earlier attempt's, which the attempt log keeps. A
+// failure reported after the acceptance (T10) moves the item out of
+// accepted, so it shows.
+func (it Item) CurrentError() *ErrorInfo {
+	if it.State == StateAccepted || it.State == StateConfirmed {
+		return nil
+	}
+	return it.LastError
+}
+
 // Lease is a claim on an item: the item as claimed, whose LeaseToken fences
 // every write its holder makes.
 type Lease struct {

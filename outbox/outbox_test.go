@@ -933,3 +933,36 @@ func TestConfigValidated(t *testing.T) {
 		require.Error(t, err)
 	}
 }
+
+// An error of an earlier attempt is not the item's once the provider
+// accepted it: CurrentError shows it while the item is pending, and no
+// longer once accepted or confirmed; LastError and the attempt log keep it.
+func TestCurrentErrorEndsWithTheAcceptance(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ids := b.enqueue(t, newItem(1))
+	l := b.claimOne(t)
+	failure := outbox.ErrorInfo{Code: "stripe_5xx", Status: 502, Message: "bad gateway"}
+	require.NoError(t, b.store.MarkUncertain(b.ctx, b.pool, l, failure, false))
+	it := b.get(t, ids[0])
+	require.Equal(t, &failure, it.CurrentError(), "uncertain: the error is why")
+
+	require.NoError(t, b.store.Recover(b.ctx, b.pool, ids[0], outbox.Recovery{To: outbox.StatePending, ExpectLeaseToken: l.LeaseToken, NotReached: true, Reason: "checked: never reached"}))
+	it = b.get(t, ids[0])
+	require.NotNil(t, it.CurrentError(), "pending again: the last error still says what happened")
+
+	l = b.claimOne(t)
+	require.NoError(t, b.store.Accept(b.ctx, b.pool, l, "req_1"))
+	it = b.get(t, ids[0])
+	require.Nil(t, it.CurrentError(), "accepted: an earlier attempt's error is stale")
+	require.NotNil(t, it.LastError, "kept in the row")
+	attempts, err := b.store.Attempts(b.ctx, b.pool, ids[0])
+	require.NoError(t, err)
+	require.Len(t, attempts, 2)
+	require.NotNil(t, attempts[0].Error, "and in the attempt log")
+
+	confirmed, _, err := b.store.Confirm(b.ctx, b.pool, []int64{ids[0]})
+	require.NoError(t, err)
+	require.Equal(t, []int64{ids[0]}, confirmed)
+	require.Nil(t, b.get(t, ids[0]).CurrentError(), "confirmed: stale too")
+}
