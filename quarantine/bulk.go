@@ -1,0 +1,235 @@
+package quarantine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/meter"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// Bulk requeue limits: how many quarantined items one call reads and
+// requeues. A call that read a full page answers NextAfter; the next call
+// continues from there.
+const (
+	// DefaultBulkLimit is the number of items a bulk requeue takes when
+	// the caller names none.
+	DefaultBulkLimit = 1000
+	// MaxBulkLimit is the most items one bulk requeue takes: each is its
+	// own transaction, and the whole call answers one HTTP request well
+	// within the server's write timeout.
+	MaxBulkLimit = 2000
+)
+
+// ActionRefused is a bulk requeue's answer for an item it did not requeue;
+// BulkItem.Refusal says why.
+const ActionRefused = "refused"
+
+// BulkRequest is what a bulk requeue requeues: every quarantined item the
+// filter matches with an id above After, by id, at most Limit of them.
+type BulkRequest struct {
+	Filter Filter
+	// After skips the items up to this id: the NextAfter of the call
+	// before.
+	After int64
+	// Limit is 1 to MaxBulkLimit. Defaults to DefaultBulkLimit.
+	Limit int
+	// DryRun answers what the requeues would do and changes nothing.
+	DryRun bool
+	// By is the operator the audit log names.
+	By string
+}
+
+// BulkItem is what a bulk requeue did (or, in a dry run, would do) with
+// one item.
+type BulkItem struct {
+	ItemID int64 `json:"item_id"`
+	// Action is requeued, readdressed or refused.
+	Action string `json:"action"`
+	// Refusal is the code of a refusal (RefusalCode), as the single
+	// requeue answers it.
+	Refusal string `json:"refusal,omitempty"`
+	// Successor is the new item of a re-addressing; none in a dry run.
+	Successor *int64 `json:"successor,omitempty"`
+	// MappingVersion is the current mapping version read with the item,
+	// the one the requeue checked.
+	MappingVersion int `json:"mapping_version"`
+}
+
+// BulkTotals counts a bulk requeue's items per action, and its refusals
+// per code.
+type BulkTotals struct {
+	Requeued    int            `json:"requeued"`
+	Readdressed int            `json:"readdressed"`
+	Refused     int            `json:"refused"`
+	RefusedBy   map[string]int `json:"refused_by"`
+}
+
+// BulkResult is a bulk requeue's answer.
+type BulkResult struct {
+	DryRun bool       `json:"dry_run"`
+	Items  []BulkItem `json:"items"`
+	Totals BulkTotals `json:"totals"`
+	// NextAfter, set when the call read a full page, is the After of the
+	// next call: more items may match.
+	NextAfter *int64 `json:"next_after,omitempty"`
+}
+
+// ErrBulkLimit is a bulk requeue's limit out of its range.
+var ErrBulkLimit = fmt.Errorf("quarantine: the limit must be 1 to %d", MaxBulkLimit)
+
+// RequeueMatching requeues every quarantined item req matches (at most
+// its limit, by id) under the current mappings: the mapping version each
+// item needs is read with it, and Requeue checks it again, so an item whose
+// tenant's or feature's mapping changes between that read and its requeue
+// is refused (mapping_changed) while the rest proceed. Each item is its own
+// decision and its own transaction, audited like a single requeue (one
+// entry per item requeued or re-addressed, naming req.By; refusals change
+// nothing and record nothing); an item committed stays committed if a
+// later one fails.
+//
+// A dry run makes the same requeues, in the same order and with the same
+// checks, each in a savepoint of one transaction that is then rolled back,
+// through an outbox store whose metrics count on no registry: it answers
+// what the requeues would do now and leaves nothing behind (no state, no
+// audit entry, no successor, no metric); it holds the locks the requeues
+// would take until it ends.
+func (r *Requeuer) RequeueMatching(ctx context.Context, db meter.TxBeginner, req BulkRequest) (BulkResult, error) {
+	return r.requeueMatching(ctx, db, req, nil)
+}
+
+// requeueMatching is RequeueMatching with a step between the read of the
+// items and their requeues (tests change a mapping there).
+func (r *Requeuer) requeueMatching(ctx context.Context, db meter.TxBeginner, req BulkRequest, afterRead func(context.Context) error) (BulkResult, error) {
+	if req.Limit == 0 {
+		req.Limit = DefaultBulkLimit
+	}
+	if req.Limit < 1 || req.Limit > MaxBulkLimit {
+		return BulkResult{}, ErrBulkLimit
+	}
+	if !req.DryRun {
+		return r.requeueItems(ctx, db, db, req, afterRead)
+	}
+	dry, err := outbox.New(r.Outbox.Config(), nil)
+	if err != nil {
+		return BulkResult{}, err
+	}
+	var res BulkResult
+	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var err error
+		res, err = (&Requeuer{Outbox: dry, Stager: r.Stager}).requeueItems(ctx, tx, savepoints{tx}, req, afterRead)
+		if err != nil {
+			return err
+		}
+		return errDryRun
+	})
+	if !errors.Is(err, errDryRun) {
+		return BulkResult{}, err
+	}
+	for i := range res.Items {
+		res.Items[i].Successor = nil // its id was never kept
+	}
+	res.DryRun = true
+	return res, nil
+}
+
+// errDryRun rolls a dry run's transaction back.
+var errDryRun = errors.New("quarantine: dry run")
+
+// requeueItems reads the items through q and requeues each through db.
+func (r *Requeuer) requeueItems(ctx context.Context, q Querier, db meter.TxBeginner, req BulkRequest, afterRead func(context.Context) error) (BulkResult, error) {
+	items, err := ItemsAfter(ctx, q, req.Filter, req.After, req.Limit)
+	if err != nil {
+		return BulkResult{}, err
+	}
+	if afterRead != nil {
+		if err := afterRead(ctx); err != nil {
+			return BulkResult{}, err
+		}
+	}
+	res := BulkResult{Items: make([]BulkItem, 0, len(items)), Totals: BulkTotals{RefusedBy: map[string]int{}}}
+	for i, it := range items {
+		done, err := r.Requeue(ctx, db, it.ID, it.CurrentVersion, req.By)
+		bi := BulkItem{ItemID: it.ID, MappingVersion: it.CurrentVersion, Action: done.Action, Successor: done.Successor}
+		if err != nil {
+			code := RefusalCode(err)
+			if code == "" {
+				return BulkResult{}, fmt.Errorf("quarantine: bulk requeue: item %d, after %d of %d items done: %w", it.ID, i, len(items), err)
+			}
+			bi.Action, bi.Refusal = ActionRefused, code
+			res.Totals.RefusedBy[code]++
+		}
+		switch bi.Action {
+		case ActionRequeued:
+			res.Totals.Requeued++
+		case ActionReaddressed:
+			res.Totals.Readdressed++
+		case ActionRefused:
+			res.Totals.Refused++
+		}
+		res.Items = append(res.Items, bi)
+	}
+	if len(items) == req.Limit {
+		last := items[len(items)-1].ID
+		res.NextAfter = &last
+	}
+	return res, nil
+}
+
+// savepoints begins each requeue of a dry run as a savepoint of the dry
+// run's one transaction: a refusal rolls back to it, and the end of the
+// dry run rolls everything back.
+type savepoints struct{ pgx.Tx }
+
+func (s savepoints) BeginTx(ctx context.Context, _ pgx.TxOptions) (pgx.Tx, error) {
+	return s.Tx.Begin(ctx)
+}
+
+// Refusal codes: why a requeue did not happen, as the API and the CLI
+// answer it.
+const (
+	RefusalNotFound           = "not_found"
+	RefusalMappingChanged     = "mapping_changed"
+	RefusalNotQuarantined     = "not_quarantined"
+	RefusalStillIneligible    = "still_ineligible"
+	RefusalMayHaveReached     = "may_have_reached"
+	RefusalNotSendable        = "not_sendable"
+	RefusalAggregationChanged = "aggregation_changed"
+	RefusalExportStalled      = "export_stalled"
+	RefusalSuccessorExists    = "successor_exists"
+)
+
+// RefusalCode is the code of a requeue's refusal, or "" when err is not
+// one (a failure).
+func RefusalCode(err error) string {
+	var (
+		se *outbox.StateError
+		ie *StillIneligibleError
+	)
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, outbox.ErrNotFound):
+		return RefusalNotFound
+	case errors.Is(err, outbox.ErrMappingChanged):
+		return RefusalMappingChanged
+	case errors.As(err, &se):
+		return RefusalNotQuarantined
+	case errors.As(err, &ie):
+		return RefusalStillIneligible
+	case errors.Is(err, outbox.ErrMayHaveReached):
+		return RefusalMayHaveReached
+	case errors.Is(err, outbox.ErrNotSendable):
+		return RefusalNotSendable
+	case errors.Is(err, meter.ErrAggregationChanged):
+		return RefusalAggregationChanged
+	case errors.Is(err, meter.ErrStalled):
+		return RefusalExportStalled
+	case errors.Is(err, outbox.ErrSuccessorExists):
+		return RefusalSuccessorExists
+	}
+	return ""
+}
