@@ -35,13 +35,7 @@ func TestRequeueMatchingCommand(t *testing.T) {
 	requeue := func(args ...string) (int, string, string) {
 		return tally(t, url, append(append([]string{"requeue"}, args...), stripe...)...)
 	}
-	env.Feature(t, "logins", mappings.Count, time.Hour)
-	events := make([]meter.Event, 1000)
-	for i := range events {
-		events[i] = stagetest.Ev(fmt.Sprintf("e%d", i), "acme", "logins", 1, stagetest.Ago(3*time.Hour))
-	}
-	env.MustIngest(t, events...)
-	env.Pass(t)
+	quarantineCounts(t, env, 1000)
 	state := func() string {
 		var s string
 		require.NoError(t, env.Pool.QueryRow(env.Ctx, `SELECT (SELECT string_agg(state || ' ' || updated_at, ',' ORDER BY id) FROM outbox_items)
@@ -98,7 +92,27 @@ func TestRequeueMatchingCommand(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "expected it quarantined, found it superseded")
 
-	code, out, errs = tally(t, url, "items", "list", "--state", "pending", "--tenant", "acme", "--limit", "5", "--format", "json")
+	requireItemsList(t, url)
+}
+
+// quarantineCounts stages n count events of tenant acme, which has no
+// customer: n items quarantined no_customer.
+func quarantineCounts(t *testing.T, env *stagetest.Env, n int) {
+	t.Helper()
+	env.Feature(t, "logins", mappings.Count, time.Hour)
+	events := make([]meter.Event, n)
+	for i := range events {
+		events[i] = stagetest.Ev(fmt.Sprintf("e%d", i), "acme", "logins", 1, stagetest.Ago(3*time.Hour))
+	}
+	env.MustIngest(t, events...)
+	env.Pass(t)
+}
+
+// requireItemsList checks tally items list on the pending and superseded
+// items of acme: pages, formats, and unknown filters refused.
+func requireItemsList(t *testing.T, url string) {
+	t.Helper()
+	code, out, errs := tally(t, url, "items", "list", "--state", "pending", "--tenant", "acme", "--limit", "5", "--format", "json")
 	require.Equal(t, 0, code, errs)
 	var page struct {
 		Items []struct {
