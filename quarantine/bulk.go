@@ -91,12 +91,12 @@ var ErrBulkLimit = fmt.Errorf("quarantine: the limit must be 1 to %d", MaxBulkLi
 // nothing and record nothing); an item committed stays committed if a
 // later one fails.
 //
-// A dry run makes the same requeues, in the same order and with the same
-// checks, each in a savepoint of one transaction that is then rolled back,
-// through an outbox store whose metrics count on no registry: it answers
-// what the requeues would do now and leaves nothing behind (no state, no
-// audit entry, no successor, no metric); it holds the locks the requeues
-// would take until it ends.
+// A dry run makes the same requeues, in the same order, with the same
+// checks and the same transactions, but commits none of them (each
+// transaction's commit is a rollback), through an outbox store whose
+// metrics count on no registry: it answers what the requeues would do now
+// and leaves nothing behind — no state, no audit entry, no successor, no
+// metric.
 func (r *Requeuer) RequeueMatching(ctx context.Context, db meter.TxBeginner, req BulkRequest) (BulkResult, error) {
 	return r.requeueMatching(ctx, db, req, nil)
 }
@@ -110,38 +110,7 @@ func (r *Requeuer) requeueMatching(ctx context.Context, db meter.TxBeginner, req
 	if req.Limit < 1 || req.Limit > MaxBulkLimit {
 		return BulkResult{}, ErrBulkLimit
 	}
-	if !req.DryRun {
-		return r.requeueItems(ctx, db, db, req, afterRead)
-	}
-	dry, err := outbox.New(r.Outbox.Config(), nil)
-	if err != nil {
-		return BulkResult{}, err
-	}
-	var res BulkResult
-	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		var err error
-		res, err = (&Requeuer{Outbox: dry, Stager: r.Stager}).requeueItems(ctx, tx, savepoints{tx}, req, afterRead)
-		if err != nil {
-			return err
-		}
-		return errDryRun
-	})
-	if !errors.Is(err, errDryRun) {
-		return BulkResult{}, err
-	}
-	for i := range res.Items {
-		res.Items[i].Successor = nil // its id was never kept
-	}
-	res.DryRun = true
-	return res, nil
-}
-
-// errDryRun rolls a dry run's transaction back.
-var errDryRun = errors.New("quarantine: dry run")
-
-// requeueItems reads the items through q and requeues each through db.
-func (r *Requeuer) requeueItems(ctx context.Context, q Querier, db meter.TxBeginner, req BulkRequest, afterRead func(context.Context) error) (BulkResult, error) {
-	items, err := ItemsAfter(ctx, q, req.Filter, req.After, req.Limit)
+	items, err := ItemsAfter(ctx, db, req.Filter, req.After, req.Limit)
 	if err != nil {
 		return BulkResult{}, err
 	}
@@ -150,10 +119,21 @@ func (r *Requeuer) requeueItems(ctx context.Context, q Querier, db meter.TxBegin
 			return BulkResult{}, err
 		}
 	}
-	res := BulkResult{Items: make([]BulkItem, 0, len(items)), Totals: BulkTotals{RefusedBy: map[string]int{}}}
+	requeuer := r
+	if req.DryRun {
+		quiet, err := outbox.New(r.Outbox.Config(), nil)
+		if err != nil {
+			return BulkResult{}, err
+		}
+		requeuer, db = &Requeuer{Outbox: quiet, Stager: r.Stager}, rollbacks{db}
+	}
+	res := BulkResult{DryRun: req.DryRun, Items: make([]BulkItem, 0, len(items)), Totals: BulkTotals{RefusedBy: map[string]int{}}}
 	for i, it := range items {
-		done, err := r.Requeue(ctx, db, it.ID, it.CurrentVersion, req.By)
-		bi := BulkItem{ItemID: it.ID, MappingVersion: it.CurrentVersion, Action: done.Action, Successor: done.Successor}
+		done, err := requeuer.Requeue(ctx, db, it.ID, it.CurrentVersion, req.By)
+		bi := BulkItem{ItemID: it.ID, MappingVersion: it.CurrentVersion, Action: done.Action}
+		if !req.DryRun {
+			bi.Successor = done.Successor // a dry run's was never kept
+		}
 		if err != nil {
 			code := RefusalCode(err)
 			if code == "" {
@@ -162,15 +142,7 @@ func (r *Requeuer) requeueItems(ctx context.Context, q Querier, db meter.TxBegin
 			bi.Action, bi.Refusal = ActionRefused, code
 			res.Totals.RefusedBy[code]++
 		}
-		switch bi.Action {
-		case ActionRequeued:
-			res.Totals.Requeued++
-		case ActionReaddressed:
-			res.Totals.Readdressed++
-		case ActionRefused:
-			res.Totals.Refused++
-		}
-		res.Items = append(res.Items, bi)
+		res.count(bi)
 	}
 	if len(items) == req.Limit {
 		last := items[len(items)-1].ID
@@ -179,14 +151,35 @@ func (r *Requeuer) requeueItems(ctx context.Context, q Querier, db meter.TxBegin
 	return res, nil
 }
 
-// savepoints begins each requeue of a dry run as a savepoint of the dry
-// run's one transaction: a refusal rolls back to it, and the end of the
-// dry run rolls everything back.
-type savepoints struct{ pgx.Tx }
-
-func (s savepoints) BeginTx(ctx context.Context, _ pgx.TxOptions) (pgx.Tx, error) {
-	return s.Tx.Begin(ctx)
+// count adds an item's answer to the result.
+func (res *BulkResult) count(bi BulkItem) {
+	switch bi.Action {
+	case ActionRequeued:
+		res.Totals.Requeued++
+	case ActionReaddressed:
+		res.Totals.Readdressed++
+	case ActionRefused:
+		res.Totals.Refused++
+	}
+	res.Items = append(res.Items, bi)
 }
+
+// rollbacks begins each requeue of a dry run as a transaction of its own,
+// as the requeue would run, whose commit is a rollback.
+type rollbacks struct{ meter.TxBeginner }
+
+func (r rollbacks) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	tx, err := r.TxBeginner.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return rolledBack{tx}, nil
+}
+
+// rolledBack is a dry run's transaction: its commit rolls it back.
+type rolledBack struct{ pgx.Tx }
+
+func (t rolledBack) Commit(ctx context.Context) error { return t.Tx.Rollback(ctx) }
 
 // Refusal codes: why a requeue did not happen, as the API and the CLI
 // answer it.
