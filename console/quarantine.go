@@ -153,7 +153,7 @@ func (c *Console) quarantineCSV(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the period must be YYYY-MM", http.StatusBadRequest)
 		return
 	}
-	if r.URL.Query().Get("items") != "" {
+	if r.URL.Query().Get("items") == "1" {
 		c.quarantineItemsCSV(w, r, f)
 		return
 	}
