@@ -2,13 +2,17 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/reconcile"
 )
@@ -69,6 +73,9 @@ func viewOf(it outbox.Item) itemView {
 }
 
 func (h *handlers) listItems(w http.ResponseWriter, r *http.Request) {
+	if !onlyParams(w, r, "state", "tenant", "feature", "limit", "after") {
+		return
+	}
 	q := r.URL.Query()
 	f := outbox.ListFilter{State: outbox.State(q.Get("state")), Tenant: q.Get("tenant"), Feature: q.Get("feature")}
 	if f.State != "" && !validState(f.State) {
@@ -102,6 +109,36 @@ func (h *handlers) listItems(w http.ResponseWriter, r *http.Request) {
 		out["next_after"] = items[len(items)-1].ID // a full page: there may be more
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// onlyParams refuses (400 unknown_parameter) a request whose query names a
+// parameter other than known: a misspelt filter must not read as no
+// filter at all.
+func onlyParams(w http.ResponseWriter, r *http.Request, known ...string) bool {
+	for name := range r.URL.Query() {
+		if !slices.Contains(known, name) {
+			msg := fmt.Sprintf("unknown parameter %q", redact.Message(truncate(name, maxParamEcho)))
+			if len(known) == 0 {
+				msg += ": this route takes no query parameters"
+			} else {
+				msg += ": this route takes " + strings.Join(known, ", ")
+			}
+			WriteError(w, http.StatusBadRequest, "unknown_parameter", msg)
+			return false
+		}
+	}
+	return true
+}
+
+// maxParamEcho is the most characters of an unknown parameter's name an
+// error repeats.
+const maxParamEcho = 40
+
+func truncate(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n]) + "…"
+	}
+	return s
 }
 
 func validState(s outbox.State) bool {

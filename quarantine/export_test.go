@@ -1,0 +1,14 @@
+package quarantine
+
+import (
+	"context"
+
+	"github.com/tallymeter/tally/meter"
+)
+
+// RequeueMatchingAfterRead is RequeueMatching with afterRead run between
+// the read of the items and their requeues: a test changes a mapping there.
+func (r *Requeuer) RequeueMatchingAfterRead(ctx context.Context, db meter.TxBeginner, req BulkRequest,
+	afterRead func(context.Context) error) (BulkResult, error) {
+	return r.requeueMatching(ctx, db, req, afterRead)
+}
