@@ -37,6 +37,7 @@ var consoleRoutes = []struct {
 	{"GET", "/completeness", "/console/completeness", nil, 303, 200, 200},
 	{"GET", "/completeness.csv", "/console/completeness.csv?period=2026-11", nil, 303, 200, 200},
 	{"POST", "/items/{id}/requeue", "/console/items/424242/requeue", url.Values{"mapping_version": {"1"}}, 401, 403, 404},
+	{"POST", "/quarantine/requeue", "/console/quarantine/requeue", url.Values{"reason": {"no_customer"}, "after": {"0"}}, 401, 403, 200},
 	{"POST", "/items/{id}/recover", "/console/items/424242/recover", url.Values{"expect": {"uncertain"}, "to": {"pending"}}, 401, 403, 404},
 	{"POST", "/mappings/features", "/console/mappings/features", url.Values{"feature": {"f1"}, "event_name": {"e1"}, "aggregation": {"sum"}}, 401, 403, 303},
 	{"POST", "/mappings/tenants", "/console/mappings/tenants", url.Values{"tenant": {"t1"}, "customer": {"cus_1"}}, 401, 403, 303},

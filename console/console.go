@@ -144,6 +144,7 @@ func (c *Console) Handler() http.Handler {
 		r.Group(func(r chi.Router) {
 			r.Use(requireRole(auth.RoleOperator))
 			r.Post("/items/{id}/requeue", c.requeue)
+			r.Post("/quarantine/requeue", c.requeueMatching)
 			r.Post("/items/{id}/recover", c.recover)
 			r.Post("/mappings/features", c.putFeature)
 			r.Post("/mappings/tenants", c.putTenant)

@@ -7,8 +7,6 @@ import (
 	"net/url"
 	"strconv"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
@@ -23,12 +21,8 @@ func filterOf(r *http.Request) quarantine.Filter {
 }
 
 // requeueMatchingAction is where the quarantine page's "requeue all
-// matching" form posts: the item requeue's route with the id "matching",
-// which requeue hands to requeueMatching.
-const (
-	requeueMatchingAction = "/console/items/" + matchingItems + "/requeue"
-	matchingItems         = "matching"
-)
+// matching" form posts (requeueMatching).
+const requeueMatchingAction = "/console/quarantine/requeue"
 
 // quarantinePage is what the quarantine page shows.
 type quarantinePage struct {
@@ -191,10 +185,6 @@ func (c *Console) quarantineItemsCSV(w http.ResponseWriter, r *http.Request, f q
 }
 
 func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
-	if chi.URLParam(r, "id") == matchingItems {
-		c.requeueMatching(w, r)
-		return
-	}
 	id, ok := itemID(r)
 	version, err := strconv.Atoi(r.PostFormValue("mapping_version"))
 	if !ok || err != nil {

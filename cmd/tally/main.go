@@ -36,6 +36,8 @@ Commands:
   mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339]
   quarantine             the quarantine report: [--format table|csv|json] [--reason R] [--tenant T] [--feature F] [--period YYYY-MM]
   requeue ID             requeue a quarantined item: --mapping-version N
+  requeue                requeue every matching quarantined item under the current mappings: --reason R|--tenant T|--feature F|--period YYYY-MM|--all [--dry-run] [--limit N] [--after ID] [--format table|json]
+  items list             list outbox items: [--state S] [--tenant T] [--feature F] [--limit N] [--after ID] [--format table|json]
   report completeness    the completeness report: --period YYYY-MM [--tenant T] [--format table|json]
   reconcile              compare accepted items with Stripe's summaries now, confirm what matches: [--settle D] [--since T] [--format table|json]
   recover ID             an operator's decision about an uncertain item: --expect uncertain --to accepted|pending|rejected [--reason R] [--not-reached]
