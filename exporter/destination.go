@@ -98,7 +98,7 @@ type Resolver struct {
 	// lookupStatus is the status of the failed account lookup in lastErr
 	// (0: no answer).
 	lookupStatus int
-	keyErr   error // Stripe refused the key on a delivery
+	keyErr       error // Stripe refused the key on a delivery
 	// refused mirrors keyErr != nil, so that every accepted delivery (the
 	// hot path) can skip the lock.
 	refused atomic.Bool
