@@ -2,7 +2,9 @@
 // (html/template, assets embedded, no script) for finance and operators —
 // the outbox at a glance, the quarantine, items with their attempts,
 // evidence and audit trail, uncertain and rejected items, mappings,
-// reconciliation and completeness — with the actions an operator takes.
+// reconciliation and completeness — with the actions an operator takes,
+// and a banner on every page while export is stalled (why, and what waits
+// in the ledger meanwhile).
 //
 // Sign-in exchanges an API token (finance or above) for a session, kept by
 // package auth: a random id in an HttpOnly, SameSite=Strict cookie, only
