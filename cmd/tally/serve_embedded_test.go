@@ -60,6 +60,8 @@ func TestServeEmbedded(t *testing.T) {
 		code, body = get("http://" + addr + "/readyz?scope=ingest")
 		require.Equal(t, http.StatusOK, code)
 		require.JSONEq(t, `{"status":"ready","checks":{"database":"ok","schema":"ok"}}`, body)
+		code, _ = get("http://" + addr + "/readyz?scope=ingests")
+		require.Equal(t, http.StatusBadRequest, code, "a misspelt scope is refused, not taken for the full check")
 		// ... and says so in one error line at boot, not one per poll.
 		time.Sleep(300 * time.Millisecond)
 		errorLines := 0

@@ -140,11 +140,19 @@ func (w *webServer) handler() (http.Handler, error) {
 	// the reports need the database and its schema, not Stripe.
 	ingest := api.New(api.Options{Logger: w.logger, Ready: ingestReadiness(db)})
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/readyz" && r.URL.Query().Get("scope") == readyScopeIngest {
-			ingest.ServeHTTP(rw, r)
+		if r.URL.Path != "/readyz" || !r.URL.Query().Has("scope") {
+			full.ServeHTTP(rw, r)
 			return
 		}
-		full.ServeHTTP(rw, r)
+		if r.URL.Query().Get("scope") != readyScopeIngest {
+			// A misspelt scope in a probe is found at once, not taken for
+			// the full check.
+			rw.Header().Set("Content-Type", "application/json")
+			rw.WriteHeader(http.StatusBadRequest)
+			_, _ = rw.Write([]byte(`{"error":{"code":"invalid_scope","message":"scope must be ingest, or absent"}}` + "\n"))
+			return
+		}
+		ingest.ServeHTTP(rw, r)
 	}), nil
 }
 
