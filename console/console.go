@@ -2,7 +2,9 @@
 // (html/template, assets embedded, no script) for finance and operators —
 // the outbox at a glance, the quarantine, items with their attempts,
 // evidence and audit trail, uncertain and rejected items, mappings,
-// reconciliation and completeness — with the actions an operator takes.
+// reconciliation and completeness — with the actions an operator takes,
+// and a banner on every page while export is stalled (why, and what waits
+// in the ledger meanwhile).
 //
 // Sign-in exchanges an API token (finance or above) for a session, kept by
 // package auth: a random id in an HttpOnly, SameSite=Strict cookie, only
@@ -40,6 +42,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
 )
@@ -73,6 +76,29 @@ type Deps struct {
 	// Reports answers the completeness page from its snapshots; nil
 	// computes it whenever no computation of the month runs.
 	Reports *quarantine.Reports
+	// ExportStalls says why export is stalled, for the banner every page
+	// shows meanwhile; nil shows none.
+	ExportStalls func(ctx context.Context) []ExportStall
+}
+
+// ExportStall is one reason export is stalled, as the banner shows it.
+type ExportStall struct {
+	// Reason is its code (tally_export_stalled's reason label).
+	Reason string
+	// Text says what it means, without content.
+	Text string
+}
+
+// stallBanner is the banner of a page drawn while export is stalled: the
+// reasons and the usage waiting in the ledger meanwhile.
+type stallBanner struct {
+	Reasons []ExportStall
+	// Waiting is the ledger's unstaged events (at least, at the count's
+	// cap) and Oldest how long ago the oldest was received; Known false
+	// when the ledger could not be read.
+	Waiting string
+	Oldest  string
+	Known   bool
 }
 
 // Console serves /console/.
@@ -299,7 +325,9 @@ type page struct {
 	Session auth.Session
 	CanAct  bool
 	Flash   *flash
-	Data    any
+	// Stall is set while export is stalled.
+	Stall *stallBanner
+	Data  any
 }
 
 // flashes are the messages an action may redirect with: by code, so that
@@ -330,6 +358,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title str
 	if f, ok := flashes[r.URL.Query().Get("flash")]; ok {
 		p.Flash = &f
 	}
+	p.Stall = c.stallBanner(r.Context())
 	for _, n := range []navItem{{"/console/", "Overview", false}, {"/console/quarantine", "Quarantine", false},
 		{"/console/uncertain", "Uncertain & rejected", false}, {"/console/mappings", "Mappings", false},
 		{"/console/reconcile", "Reconciliation", false}, {"/console/completeness", "Completeness", false}} {
@@ -343,6 +372,27 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title str
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	_, _ = w.Write([]byte(b.String()))
+}
+
+// stallBanner reads why export is stalled and, if it is, what waits in the
+// ledger; nil when it is not.
+func (c *Console) stallBanner(ctx context.Context) *stallBanner {
+	if c.ExportStalls == nil {
+		return nil
+	}
+	reasons := c.ExportStalls(ctx)
+	if len(reasons) == 0 {
+		return nil
+	}
+	b := &stallBanner{Reasons: reasons}
+	if bl, err := meter.ReadBacklog(ctx, c.pool); err == nil {
+		b.Known, b.Oldest = true, bl.OldestAge.Round(time.Second).String()
+		b.Waiting = strconv.FormatInt(bl.Events, 10)
+		if bl.Events >= meter.BacklogCountCap {
+			b.Waiting = "at least " + b.Waiting
+		}
+	}
+	return b
 }
 
 // back redirects after an action with a flash code.

@@ -95,10 +95,16 @@ type Resolver struct {
 	resolved *Destination
 	lastErr  error
 	lastTry  time.Time
-	keyErr   error // Stripe refused the key on a delivery
+	// lookupStatus is the status of the failed account lookup in lastErr
+	// (0: no answer).
+	lookupStatus int
+	keyErr       error // Stripe refused the key on a delivery
 	// refused mirrors keyErr != nil, so that every accepted delivery (the
 	// hot path) can skip the lock.
 	refused atomic.Bool
+	// reach hears whether this node's calls to Stripe get an answer
+	// (stall.go).
+	reach reachability
 }
 
 // retryEvery bounds how often a failed account lookup is tried again.
@@ -123,7 +129,7 @@ func NewResolver(s Settings) (*Resolver, error) {
 	}
 	r.budget = NewBudget(mode, s.Account != "", s.Rates)
 	c, err := stripeapi.New(stripeapi.Config{Key: s.Key, APIBase: s.APIBase, MeterEventsBase: s.MeterEventsBase, Account: s.Account,
-		HTTPClient: s.HTTPClient, Metrics: s.Metrics, Pace: r.budget.pace})
+		HTTPClient: r.reach.client(s.HTTPClient, stripeapi.DefaultTimeout), Metrics: s.Metrics, Pace: r.budget.pace})
 	if err != nil {
 		return nil, err
 	}
@@ -171,6 +177,7 @@ func (r *Resolver) Resolve(ctx context.Context) (Destination, error) {
 			return d, nil
 		}
 		r.lastErr = fmt.Errorf("export stalled: Stripe's account lookup failed (%s, status %d)", code, status)
+		r.lookupStatus = status
 		return Destination{}, r.lastErr
 	}
 	d.Account = account

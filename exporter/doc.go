@@ -9,7 +9,9 @@
 // claims one exporter's outbox items, sends them and hands every outcome
 // back to package outbox, and where this node exports to — the destination
 // account and mode, from configuration or from Stripe's GET /v1/account
-// (Resolver).
+// (Resolver) — and why export is stalled (Resolver.Stall: no key, key
+// refused, Stripe unreachable; Stalls: those and the outbox's sustained
+// retries, tally_export_stalled).
 //
 // It must never change an outbox item's state itself (it reports outcomes to
 // package outbox), never resend an event with a different identifier or body,

@@ -2,6 +2,8 @@ package meter
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -53,9 +55,17 @@ type StageWorker struct {
 	Logger *slog.Logger
 }
 
-// Work runs one pass and logs what it did.
+// Work runs one pass, records what it did as the job's output (River's
+// metadata "output": a PassResult) and logs it. A pass skipped because
+// export is stalled completes with output stalled: true, which
+// SinceLastStage does not count as a heartbeat.
 func (w *StageWorker) Work(ctx context.Context, _ *river.Job[StageArgs]) error {
 	res, err := w.Stager.Pass(ctx, w.DB)
+	if oerr := river.RecordOutput(ctx, res); oerr != nil {
+		// Without its output a skipped pass would count as a heartbeat:
+		// fail the job instead (never expected; PassResult always encodes).
+		err = errors.Join(err, fmt.Errorf("meter: recording the staging pass's output: %w", oerr))
+	}
 	switch {
 	case err != nil:
 		w.Logger.ErrorContext(ctx, "staging pass failed in part", "error", err, "items", res.Items, "events", res.Events)

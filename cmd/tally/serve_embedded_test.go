@@ -39,7 +39,7 @@ func TestServeEmbedded(t *testing.T) {
 
 		deadline := time.Now().Add(60 * time.Second)
 		for {
-			code, _ := get("http://" + addr + "/readyz")
+			code, _ := get("http://" + addr + "/readyz?scope=ingest")
 			if code == http.StatusOK {
 				break
 			}
@@ -52,11 +52,16 @@ func TestServeEmbedded(t *testing.T) {
 		code, body := get("http://" + addr + "/healthz")
 		require.Equal(t, http.StatusOK, code)
 		require.JSONEq(t, `{"status":"ok"}`, body)
+		// Without STRIPE_API_KEY export stalls loudly: /readyz fails and
+		// says why; ingest's readiness, what a load balancer asks, holds.
 		code, body = get("http://" + addr + "/readyz")
+		require.Equal(t, http.StatusServiceUnavailable, code)
+		require.JSONEq(t, `{"status":"not_ready","checks":{"database":"ok","schema":"ok","export":"export stalled: STRIPE_API_KEY is unset"}}`, body)
+		code, body = get("http://" + addr + "/readyz?scope=ingest")
 		require.Equal(t, http.StatusOK, code)
-		// Without STRIPE_API_KEY export stalls visibly: /readyz says why but
-		// keeps the node in service.
-		require.JSONEq(t, `{"status":"degraded","checks":{"database":"ok","schema":"ok","export":"export stalled: STRIPE_API_KEY is unset"}}`, body)
+		require.JSONEq(t, `{"status":"ready","checks":{"database":"ok","schema":"ok"}}`, body)
+		code, _ = get("http://" + addr + "/readyz?scope=ingests")
+		require.Equal(t, http.StatusBadRequest, code, "a misspelt scope is refused, not taken for the full check")
 		// ... and says so in one error line at boot, not one per poll.
 		time.Sleep(300 * time.Millisecond)
 		errorLines := 0
@@ -70,6 +75,9 @@ func TestServeEmbedded(t *testing.T) {
 		code, body = get("http://" + addr + "/metrics")
 		require.Equal(t, http.StatusOK, code)
 		require.Contains(t, body, "tally_outbox_items")
+		require.Contains(t, body, `tally_export_stalled{reason="no_key"} 1`)
+		require.Contains(t, body, `tally_export_stalled{reason="retrying"} 0`)
+		require.Contains(t, body, "tally_ledger_unstaged_events 0")
 		code, body = get("http://" + addr + "/nope")
 		require.Equal(t, http.StatusNotFound, code)
 		require.JSONEq(t, `{"error":{"code":"not_found","message":"no such route"}}`, body)

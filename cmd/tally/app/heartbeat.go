@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,26 +13,46 @@ import (
 	"github.com/tallymeter/tally/reconcile"
 )
 
-// heartbeats is tally_job_last_success_age_seconds{job}: how long ago each
-// periodic job last completed. Staging and reconciliation run on whichever
-// node River gives them, so their heartbeat is read from the database at
-// scrape time (River's completed staging jobs through package meter, the
-// reconcile runs through package reconcile); the outbox maintenance runs
-// on every node, so its heartbeat is this node's. A job that never
-// completed has no series (alert on its absence too).
+// heartbeats are the readings of the shared database taken at scrape time.
+//
+// tally_job_last_success_age_seconds{job}: how long ago each periodic job
+// last completed. Staging and reconciliation run on whichever node River
+// gives them, so their heartbeat is read from the database (River's
+// completed staging jobs through package meter — a pass skipped because
+// export is stalled does not count —, the reconcile runs through package
+// reconcile); the outbox maintenance runs on every node, so its heartbeat
+// is this node's. A job that never completed has no series (alert on its
+// absence too).
+//
+// tally_ledger_unstaged_events and tally_ledger_oldest_unstaged_age_seconds:
+// the usage waiting in the ledger, not yet staged into outbox items (through
+// package meter). While export is stalled it waits here, not in the outbox.
 type heartbeats struct {
-	pool   *pgxpool.Pool
-	outbox *outbox.Store
-	desc   *prometheus.Desc
+	pool     *pgxpool.Pool
+	outbox   *outbox.Store
+	desc     *prometheus.Desc
+	unstaged *prometheus.Desc
+	oldest   *prometheus.Desc
 }
 
 func newHeartbeats(pool *pgxpool.Pool, ob *outbox.Store) *heartbeats {
-	return &heartbeats{pool: pool, outbox: ob, desc: prometheus.NewDesc("tally_job_last_success_age_seconds",
-		"Seconds since each periodic job last completed: stage (staging pass, any node), reconcile (a reconcile run that succeeded, any node), maintenance (the outbox maintenance pass, this node).",
-		[]string{"job"}, nil)}
+	return &heartbeats{pool: pool, outbox: ob,
+		desc: prometheus.NewDesc("tally_job_last_success_age_seconds",
+			"Seconds since each periodic job last completed: stage (a staging pass that was not skipped for a stalled export, any node), reconcile (a reconcile run that succeeded, any node), maintenance (the outbox maintenance pass, this node).",
+			[]string{"job"}, nil),
+		unstaged: prometheus.NewDesc("tally_ledger_unstaged_events",
+			fmt.Sprintf("Usage events in the ledger not yet staged into outbox items, counted up to %d (at it: at least that many).", meter.BacklogCountCap),
+			nil, nil),
+		oldest: prometheus.NewDesc("tally_ledger_oldest_unstaged_age_seconds",
+			"Seconds since the oldest unstaged usage event was received; 0 when none waits.",
+			nil, nil)}
 }
 
-func (h *heartbeats) Describe(ch chan<- *prometheus.Desc) { ch <- h.desc }
+func (h *heartbeats) Describe(ch chan<- *prometheus.Desc) {
+	ch <- h.desc
+	ch <- h.unstaged
+	ch <- h.oldest
+}
 
 func (h *heartbeats) Collect(ch chan<- prometheus.Metric) {
 	if t := h.outbox.LastMaintained(); !t.IsZero() {
@@ -39,8 +60,12 @@ func (h *heartbeats) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	// The database's own health is /readyz's: on an error the series are
-	// absent meanwhile, both of them, as one failed reading.
+	// The database's own health is /readyz's: on an error the series of
+	// that reading are absent meanwhile.
+	if b, err := meter.ReadBacklog(ctx, h.pool); err == nil {
+		ch <- prometheus.MustNewConstMetric(h.unstaged, prometheus.GaugeValue, float64(b.Events))
+		ch <- prometheus.MustNewConstMetric(h.oldest, prometheus.GaugeValue, b.OldestAge.Seconds())
+	}
 	stage, staged, err := meter.SinceLastStage(ctx, h.pool)
 	if err != nil {
 		return

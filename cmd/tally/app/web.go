@@ -16,6 +16,7 @@ import (
 	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/console"
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/httpsec"
 	"github.com/tallymeter/tally/migrations"
 )
@@ -113,13 +114,19 @@ func (w *webServer) handler() (http.Handler, error) {
 	if p.Reconciler != nil {
 		consoleEnqueue = w.enqueue
 	}
+	// Why export is stalled: tally_export_stalled on /metrics, and the
+	// console's banner.
+	stalls := exporter.NewStalls(p.Resolver, p.Outbox, db.Pool, 0)
+	if err := p.Registry.Register(stalls); err != nil {
+		return nil, err
+	}
 	con, err := console.New(console.Deps{Pool: w.pools.Reads, ReadLimit: p.ReadLimit, Outbox: p.Outbox, Mappings: p.Mappings, Requeuer: p.Requeuer,
 		Reports: p.Reports, Reconcile: consoleEnqueue, Settle: cfg.ReconcileSettle, SessionTTL: cfg.Console.SessionTTL, SessionIdle: cfg.Console.SessionIdle,
-		Logger: w.logger})
+		ExportStalls: consoleStalls(stalls), Logger: w.logger})
 	if err != nil {
 		return nil, err
 	}
-	return api.New(api.Options{
+	full := api.New(api.Options{
 		Console: con.Handler(),
 		Logger:  w.logger,
 		Ready:   readiness(db, p),
@@ -128,11 +135,42 @@ func (w *webServer) handler() (http.Handler, error) {
 			Requeuer: p.Requeuer, Metrics: p.API, Reconcile: &api.ReconcileDeps{
 				Enabled: p.Reconciler != nil, Settle: cfg.ReconcileSettle, Enqueue: w.enqueue},
 			Webhook: webhookDeps(cfg, p), Quota: cfg.Quota.Ingest, Reports: p.Reports},
+	})
+	// /readyz?scope=ingest is what a load balancer should ask: ingest and
+	// the reports need the database and its schema, not Stripe.
+	ingest := api.New(api.Options{Logger: w.logger, Ready: ingestReadiness(db)})
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" || !r.URL.Query().Has("scope") {
+			full.ServeHTTP(rw, r)
+			return
+		}
+		if r.URL.Query().Get("scope") != readyScopeIngest {
+			// A misspelt scope in a probe is found at once, not taken for
+			// the full check.
+			rw.Header().Set("Content-Type", "application/json")
+			rw.WriteHeader(http.StatusBadRequest)
+			_, _ = rw.Write([]byte(`{"error":{"code":"invalid_scope","message":"scope must be ingest, or absent"}}` + "\n"))
+			return
+		}
+		ingest.ServeHTTP(rw, r)
 	}), nil
 }
 
+// readyScopeIngest is /readyz's scope without export.
+const readyScopeIngest = "ingest"
+
 // readiness are /readyz's checks: the database, its schema, and export.
+// A node that cannot export (no key, a refused key, Stripe not answering)
+// is not ready: 503, with the reason. It is readiness, not liveness (a
+// restart fixes none of them), and ingest still works on the node, so a
+// load balancer asks /readyz?scope=ingest instead (README, "Health").
 func readiness(db *DB, p *Parts) []api.Check {
+	return append(ingestReadiness(db), api.Check{Name: "export", Func: p.Resolver.Ready})
+}
+
+// ingestReadiness are /readyz?scope=ingest's checks: the database and its
+// schema.
+func ingestReadiness(db *DB) []api.Check {
 	return []api.Check{
 		{Name: "database", Func: func(ctx context.Context) error {
 			if err := db.Pool.Ping(ctx); err != nil {
@@ -149,9 +187,19 @@ func readiness(db *DB, p *Parts) []api.Check {
 			}
 			return nil
 		}},
-		// Export stalls visibly but does not take the node out of
-		// service: ingest and the reports go on.
-		{Name: "export", Func: p.Resolver.Check, Degraded: true},
+	}
+}
+
+// consoleStalls is the console's banner: why export is stalled, in words
+// without content. An outbox it cannot read leaves sustained retries out.
+func consoleStalls(s *exporter.Stalls) func(context.Context) []console.ExportStall {
+	return func(ctx context.Context) []console.ExportStall {
+		reasons, _ := s.Reasons(ctx)
+		out := make([]console.ExportStall, len(reasons))
+		for i, r := range reasons {
+			out[i] = console.ExportStall{Reason: string(r), Text: r.Explain()}
+		}
+		return out
 	}
 }
 
