@@ -190,8 +190,8 @@ func lockDiscrepancy(ctx context.Context, tx pgx.Tx, id int64) (Discrepancy, err
 }
 
 // settleItems confirms (T7) the accepted items discrepancy d counts and
-// returns them; an item neither accepted nor confirmed, now or when it is
-// confirmed, refuses the resolution.
+// returns those it confirmed; an item neither accepted nor confirmed, now
+// or when it is confirmed, refuses the resolution.
 func settleItems(ctx context.Context, tx pgx.Tx, store *outbox.Store, d Discrepancy) ([]int64, error) {
 	rows, err := tx.Query(ctx, `SELECT id, state FROM outbox_items WHERE id = ANY($1) ORDER BY id`, d.ExpectedItems)
 	if err != nil {
@@ -230,7 +230,9 @@ func settleItems(ctx context.Context, tx pgx.Tx, store *outbox.Store, d Discrepa
 			if !errors.As(rerr, &se) {
 				return nil, rerr
 			}
-			moved[id] = se.Current
+			if se.Current != outbox.StateConfirmed {
+				moved[id] = se.Current
+			} // else confirmed meanwhile (a run's match, or a resolution of the same numbers, which the insert finds)
 		}
 		settled = append(settled, done...)
 		rest = rest[n:]

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -241,4 +242,58 @@ func findings(ds []reconcile.Discrepancy) []reconcile.Discrepancy {
 		out[i].ID, out[i].RunID = 0, 0
 	}
 	return out
+}
+
+// A resolution covers the same numbers of the hour found by another run:
+// resolving the first run's discrepancy resolves the second's too. Of
+// resolutions of one discrepancy at once, one wins; the others are told
+// it is resolved and change nothing.
+func TestAResolutionCoversTheSameNumbersInEveryRunAndWinsOnce(t *testing.T) {
+	t.Parallel()
+	r, _, ds, _ := droppedRun(t)
+	second, ds2 := r.run(t, reconcile.Options{Settle: settled})
+	require.Equal(t, findings(ds), findings(ds2))
+
+	const n = 5
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Half on the first run's discrepancy, half on the second's.
+			id := ds[0].ID
+			if i%2 == 1 {
+				id = ds2[0].ID
+			}
+			_, err := reconcile.Resolve(r.Ctx, r.Pool, r.Outbox, id, reconcile.Decision{Reason: reconcile.ResolvedAcceptTally,
+				Note: fmt.Sprintf("resolver %d", i), By: "test"})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	won := 0
+	for err := range errs {
+		if err == nil {
+			won++
+			continue
+		}
+		require.ErrorIs(t, err, reconcile.ErrResolved)
+	}
+	require.Equal(t, 1, won)
+	var entries int
+	require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM audit_log WHERE action = $1`, reconcile.ActionResolve).Scan(&entries))
+	require.Equal(t, 1, entries)
+
+	for _, id := range []int64{ds[0].ID, ds2[0].ID} {
+		d, err := reconcile.GetDiscrepancy(r.Ctx, r.Pool, id)
+		require.NoError(t, err)
+		require.False(t, d.Open(), "discrepancy %d", id)
+	}
+	_, open, err := reconcile.ListDiscrepancies(r.Ctx, r.Pool, 0, reconcile.StatusOpen)
+	require.NoError(t, err)
+	require.Len(t, open, len(ds)-1, "the latest run's other discrepancies are open")
+	require.Equal(t, second.ID, open[0].RunID)
+	r.holds(t)
 }
