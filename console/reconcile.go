@@ -141,7 +141,7 @@ var reconcileNotices = map[string]flash{
 // resolveDiscrepancy resolves a discrepancy with the form's reason and
 // note, and goes back to its run's page saying what came of it.
 func (c *Console) resolveDiscrepancy(w http.ResponseWriter, r *http.Request) {
-	id, ok := itemID(r)
+	id, ok := itemID(r) // the path's {id}: here a discrepancy's
 	if !ok {
 		http.NotFound(w, r)
 		return

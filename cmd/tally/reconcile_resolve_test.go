@@ -42,6 +42,11 @@ func TestReconcileResolveCommand(t *testing.T) {
 		require.Equal(t, 2, code, "%v: %s", args, errs)
 	}
 
+	// The run form is still tally reconcile's own.
+	code, _, errs = tally(t, url, "reconcile", "--settle", "0s")
+	require.Equal(t, 1, code, errs)
+	require.Contains(t, errs, "no Stripe key")
+
 	code, out, errs := tally(t, url, "reconcile", "discrepancies")
 	require.Equal(t, 0, code, errs)
 	require.Contains(t, out, "1 open discrepancies")
