@@ -67,38 +67,10 @@ func TestResolveDiscrepancyAPI(t *testing.T) {
 	op, fin := h.as(h.token("olga", auth.RoleOperator)), h.as(h.token("fiona", auth.RoleFinance))
 	run, item, id := acceptedDiscrepancy(t, h, op)
 	path := "/v1/reconcile/discrepancies/" + strconv.FormatInt(id, 10)
-
-	for _, c := range []struct {
-		path   string
-		status int
-		code   string
-	}{
-		{"/v1/reconcile/discrepancies?reason=x", http.StatusBadRequest, "unknown_filter"},
-		{"/v1/reconcile/discrepancies?status=closed", http.StatusBadRequest, "invalid_status"},
-		{"/v1/reconcile/discrepancies?run=0", http.StatusBadRequest, "invalid_run"},
-		{"/v1/reconcile/discrepancies?run=999", http.StatusNotFound, "not_found"},
-		{"/v1/reconcile/discrepancies/999", http.StatusNotFound, "not_found"},
-	} {
-		resp := h.request(http.MethodGet, c.path, fin, nil)
-		require.Equal(t, c.status, resp.status, "%s: %s", c.path, resp)
-		require.Equal(t, c.code, resp.errorCode(t), c.path)
-	}
-	for _, body := range []any{
-		map[string]any{"reason": "waived", "note": "n"},
-		map[string]any{"reason": "accept_tally"},
-		map[string]any{"reason": "accept_tally", "note": "  "},
-	} {
-		resp := h.request(http.MethodPost, path+"/resolve", fin, body)
-		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%v: %s", body, resp)
-		require.Equal(t, "invalid_resolution", resp.errorCode(t))
-	}
-	resp := h.request(http.MethodPost, "/v1/reconcile/discrepancies/999/resolve", fin, map[string]any{"reason": "accept_tally", "note": "n"})
-	require.Equal(t, http.StatusNotFound, resp.status)
-	ingest := h.as(h.token("svc2", auth.RoleIngest))
-	require.Equal(t, http.StatusForbidden, h.request(http.MethodPost, path+"/resolve", ingest, map[string]any{"reason": "accept_tally", "note": "n"}).status)
+	refusesBadRequests(t, h, fin, path)
 	require.Equal(t, outbox.StateAccepted, h.itemState(t, item), "nothing changed")
 
-	resp = h.request(http.MethodGet, "/v1/reconcile/discrepancies", fin, nil)
+	resp := h.request(http.MethodGet, "/v1/reconcile/discrepancies", fin, nil)
 	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
 	var list struct {
 		Run           int64             `json:"run"`
@@ -142,6 +114,40 @@ func TestResolveDiscrepancyAPI(t *testing.T) {
 	require.Equal(t, "discrepancy.resolve", log.Entries[0].Action)
 	require.Equal(t, "reposted", log.Entries[0].To)
 	require.Equal(t, "re-posted as tly_x2 on 12-01", log.Entries[0].Reason)
+}
+
+// refusesBadRequests: unknown filters, bad values, an unknown discrepancy,
+// a resolution without a known reason or a note, and an ingest token are
+// refused.
+func refusesBadRequests(t *testing.T, h *harness, fin, path string) {
+	for _, c := range []struct {
+		path   string
+		status int
+		code   string
+	}{
+		{"/v1/reconcile/discrepancies?reason=x", http.StatusBadRequest, "unknown_filter"},
+		{"/v1/reconcile/discrepancies?status=closed", http.StatusBadRequest, "invalid_status"},
+		{"/v1/reconcile/discrepancies?run=0", http.StatusBadRequest, "invalid_run"},
+		{"/v1/reconcile/discrepancies?run=999", http.StatusNotFound, "not_found"},
+		{"/v1/reconcile/discrepancies/999", http.StatusNotFound, "not_found"},
+	} {
+		resp := h.request(http.MethodGet, c.path, fin, nil)
+		require.Equal(t, c.status, resp.status, "%s: %s", c.path, resp)
+		require.Equal(t, c.code, resp.errorCode(t), c.path)
+	}
+	for _, body := range []any{
+		map[string]any{"reason": "waived", "note": "n"},
+		map[string]any{"reason": "accept_tally"},
+		map[string]any{"reason": "accept_tally", "note": "  "},
+	} {
+		resp := h.request(http.MethodPost, path+"/resolve", fin, body)
+		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%v: %s", body, resp)
+		require.Equal(t, "invalid_resolution", resp.errorCode(t))
+	}
+	resp := h.request(http.MethodPost, "/v1/reconcile/discrepancies/999/resolve", fin, map[string]any{"reason": "accept_tally", "note": "n"})
+	require.Equal(t, http.StatusNotFound, resp.status)
+	ingest := h.as(h.token("svc2", auth.RoleIngest))
+	require.Equal(t, http.StatusForbidden, h.request(http.MethodPost, path+"/resolve", ingest, map[string]any{"reason": "accept_tally", "note": "n"}).status)
 }
 
 // itemState reads an item's state through the API's owner, the outbox.

@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/audit"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
@@ -195,10 +198,34 @@ func TestResolvingWithEachReasonSettlesAuditsAndIsNotReportedAgain(t *testing.T)
 	require.NoError(t, err)
 	require.Len(t, resolved, 4)
 
-	again, ds2 := r.run(t, reconcile.Options{Settle: settled})
+	r.nextRunFindsAndCountsNothing(t)
+	r.holds(t)
+}
+
+// nextRunFindsAndCountsNothing runs a reconciler whose metrics are read:
+// it records no discrepancy and counts none for the alert.
+func (r *rig) nextRunFindsAndCountsNothing(t *testing.T) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	rec, err := reconcile.New(reconcile.Config{Outbox: r.Outbox, Key: stripesim.DefaultKey, APIBase: r.base,
+		Destination: func() (exporter.Destination, error) {
+			return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
+		}, Limiter: exporter.NewLimiter(1000), Registry: reg})
+	require.NoError(t, err)
+	again, err := rec.RunNow(r.Ctx, r.Pool, reconcile.TriggerCommand, "test", reconcile.Options{Settle: settled})
+	require.NoError(t, err)
+	ds2, err := reconcile.Discrepancies(r.Ctx, r.Pool, again.ID)
+	require.NoError(t, err)
 	require.Empty(t, ds2, "resolved hours are not reported again")
 	require.Zero(t, again.Discrepancies)
-	r.holds(t)
+	found, err := testutil.GatherAndCount(reg, "tally_reconcile_discrepancies_total")
+	require.NoError(t, err)
+	require.Equal(t, 1, found)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP tally_reconcile_discrepancies_total Discrepancies found: hours where Stripe's summary and Tally's accepted items differ, and keys whose summaries Stripe refused (a customer or meter it does not know). A rerun finds an unresolved one again; numbers finance resolved are not counted again.
+# TYPE tally_reconcile_discrepancies_total counter
+tally_reconcile_discrepancies_total 0
+`), "tally_reconcile_discrepancies_total"))
 }
 
 // Numbers finance resolved are not recorded again by a later run that
