@@ -94,14 +94,14 @@ func GetDiscrepancy(ctx context.Context, q outbox.Querier, id int64) (Discrepanc
 	return ds[0], nil
 }
 
-// Status selects discrepancies by whether they are resolved.
-type Status string
+// DiscrepancyStatus selects discrepancies by whether they are resolved.
+type DiscrepancyStatus string
 
 // The statuses a list selects.
 const (
-	StatusOpen     Status = "open"
-	StatusResolved Status = "resolved"
-	StatusAll      Status = "all"
+	StatusOpen     DiscrepancyStatus = "open"
+	StatusResolved DiscrepancyStatus = "resolved"
+	StatusAll      DiscrepancyStatus = "all"
 )
 
 // DefaultStatus is what a list of discrepancies selects unless told:
@@ -109,8 +109,8 @@ const (
 const DefaultStatus = StatusOpen
 
 // ParseStatus validates a status name; "" is DefaultStatus.
-func ParseStatus(s string) (Status, error) {
-	switch st := Status(s); st {
+func ParseStatus(s string) (DiscrepancyStatus, error) {
+	switch st := DiscrepancyStatus(s); st {
 	case "":
 		return DefaultStatus, nil
 	case StatusOpen, StatusResolved, StatusAll:
@@ -123,7 +123,7 @@ func ParseStatus(s string) (Status, error) {
 // succeeded, whose findings are the current ones; none before the first)
 // with the given status, by meter, customer and hour. It returns the run
 // it read.
-func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status Status) (int64, []Discrepancy, error) {
+func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status DiscrepancyStatus) (int64, []Discrepancy, error) {
 	if run == 0 {
 		latest, ok, err := LatestSucceeded(ctx, q)
 		if err != nil || !ok {
