@@ -53,6 +53,9 @@ func (h *handlers) authenticated(r chi.Router) {
 		r.With(h.readSlot).Get("/reconcile/runs", h.listReconcileRuns)
 		r.With(h.readSlot).Get("/reconcile/runs/{id}", h.getReconcileRun)
 		r.With(h.readSlot).Get("/reconcile/runs/{id}/plan", h.getReconcilePlan)
+		r.With(h.readSlot).Get("/reconcile/discrepancies", h.listDiscrepancies)
+		r.Get("/reconcile/discrepancies/{id}", h.getDiscrepancy)
+		r.Post("/reconcile/discrepancies/{id}/resolve", h.resolveDiscrepancy) // finance decides
 		r.Get("/audit", h.listAudit)
 	})
 	r.Group(func(r chi.Router) {

@@ -204,3 +204,119 @@ func (h *handlers) listAudit(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"entries": entries})
 }
+
+// listDiscrepancies lists discrepancies: ?run=N (default: the latest
+// succeeded run) and ?status=open|resolved|all (default open).
+func (h *handlers) listDiscrepancies(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "run" && k != "status" {
+			WriteError(w, http.StatusBadRequest, "unknown_filter", "unknown query parameter "+strconv.Quote(k)+": run and status are known")
+			return
+		}
+	}
+	var run int64
+	if s := q.Get("run"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			WriteError(w, http.StatusBadRequest, "invalid_run", "run must be a positive integer")
+			return
+		}
+		run = n
+	}
+	status, err := reconcile.ParseStatus(q.Get("status"))
+	if err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_status", "status must be open, resolved or all")
+		return
+	}
+	run, ds, err := reconcile.ListDiscrepancies(r.Context(), h.Pool, run, status)
+	if errors.Is(err, reconcile.ErrNotFound) {
+		WriteError(w, http.StatusNotFound, "not_found", "no such run")
+		return
+	}
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	var runID *int64
+	if run != 0 {
+		runID = &run
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"run": runID, "status": status, "discrepancies": ds})
+}
+
+func discrepancyID(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
+	if err != nil || id <= 0 {
+		WriteError(w, http.StatusBadRequest, "invalid_id", "the discrepancy id must be a positive integer")
+		return 0, false
+	}
+	return id, true
+}
+
+func (h *handlers) getDiscrepancy(w http.ResponseWriter, r *http.Request) {
+	id, ok := discrepancyID(w, r)
+	if !ok {
+		return
+	}
+	d, err := reconcile.GetDiscrepancy(r.Context(), h.Pool, id)
+	if errors.Is(err, reconcile.ErrDiscrepancyNotFound) {
+		WriteError(w, http.StatusNotFound, "not_found", "no such discrepancy")
+		return
+	}
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// resolveDiscrepancy resolves a discrepancy: {"reason":
+// "credited_in_stripe|reposted|accept_stripe|accept_tally", "note": "…"}.
+// Its accepted items are confirmed and the resolution audited, in one
+// transaction; 200 with the discrepancy resolved.
+func (h *handlers) resolveDiscrepancy(w http.ResponseWriter, r *http.Request) {
+	id, ok := discrepancyID(w, r)
+	if !ok {
+		return
+	}
+	var in struct {
+		Reason string `json:"reason"`
+		Note   string `json:"note"`
+	}
+	if !decodeJSON(w, r, &in) {
+		return
+	}
+	var problems []mappings.FieldError
+	if !reconcile.ResolutionReason(in.Reason).Valid() {
+		problems = append(problems, mappings.FieldError{Field: "reason", Reason: "must be credited_in_stripe, reposted, accept_stripe or accept_tally"})
+	}
+	if strings.TrimSpace(in.Note) == "" {
+		problems = append(problems, mappings.FieldError{Field: "note", Reason: "required"})
+	}
+	if len(problems) > 0 {
+		writeProblems(w, "invalid_resolution", "a reason from the fixed set and a note are required", problems)
+		return
+	}
+	d, err := reconcile.Resolve(r.Context(), h.Pool, h.Outbox, id,
+		reconcile.Decision{Reason: reconcile.ResolutionReason(in.Reason), Note: in.Note, By: by(r)})
+	var moved *reconcile.ItemsMovedError
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, d)
+	case errors.Is(err, reconcile.ErrDiscrepancyNotFound):
+		WriteError(w, http.StatusNotFound, "not_found", "no such discrepancy")
+	case errors.Is(err, reconcile.ErrResolved):
+		WriteError(w, http.StatusConflict, "resolved", "the discrepancy (these numbers of this hour) is resolved already")
+	case errors.Is(err, reconcile.ErrSuperseded):
+		WriteError(w, http.StatusConflict, "superseded", "a later run found other numbers for this hour: resolve its discrepancy")
+	case errors.As(err, &moved):
+		writeJSON(w, http.StatusConflict, map[string]any{"error": map[string]any{"code": "items_moved",
+			"message": "items of the discrepancy are no longer accepted or confirmed: run reconcile again and resolve what it finds",
+			"items":   moved.Items}})
+	case errors.Is(err, reconcile.ErrInvalidResolution):
+		WriteError(w, http.StatusUnprocessableEntity, "invalid_resolution", strings.TrimPrefix(err.Error(), "reconcile: invalid resolution: "))
+	default:
+		h.internal(w, r, err)
+	}
+}

@@ -14,11 +14,17 @@
 // customer or meter it does not know) is recorded as one discrepancy of
 // its own and the run goes on.
 //
+// Finance resolves a discrepancy (Resolve) with a reason from a fixed set
+// and a note: the discrepancy's accepted items are confirmed (T7, through
+// package outbox), and the resolution and its audit entry recorded, in one
+// transaction. A resolution covers the same numbers of the same hour of the
+// key in every run: a later run does not record them again.
+//
 // It also records Stripe's meter error reports (RecordReport): evidence,
 // T10 on the accepted items they name, and a note on the items still in
 // flight that their next accept honours.
 //
-// It must never confirm on a mismatch, never move an item other than
+// It must never confirm on a mismatch finance has not resolved, never move an item other than
 // through package outbox, never resend anything, and never compare an hour
 // that still has an item pending or in flight.
 package reconcile

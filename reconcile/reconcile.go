@@ -97,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		discrepancies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tally_reconcile_discrepancies_total",
-			Help: "Discrepancies found: hours where Stripe's summary and Tally's accepted items differ, and keys whose summaries Stripe refused (a customer or meter it does not know). A rerun finds an unresolved one again.",
+			Help: "Discrepancies found: hours where Stripe's summary and Tally's accepted items differ, and keys whose summaries Stripe refused (a customer or meter it does not know). A rerun finds an unresolved one again; numbers finance resolved are not counted again.",
 		}),
 	}
 	for _, s := range []string{"succeeded", "failed", "interrupted"} {

@@ -21,9 +21,14 @@ func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, k outbox.Se
 	if err != nil {
 		return err
 	}
+	found := 0
 	for i := range out.found {
-		if err := recordDiscrepancy(ctx, tx, id, &out.found[i]); err != nil {
+		recorded, err := recordDiscrepancy(ctx, tx, id, &out.found[i])
+		if err != nil {
 			return err
+		}
+		if recorded {
+			found++
 		}
 	}
 	if _, err := tx.Exec(ctx, `UPDATE reconcile_runs SET cursor = @cursor, keys_done = keys_done + 1,
@@ -32,14 +37,14 @@ func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, k outbox.Se
 			discrepancies = discrepancies + @found, stripe_calls = stripe_calls + @calls, heartbeat_at = clock_timestamp()
 		WHERE id = @id AND status = 'running'`,
 		pgx.NamedArgs{"id": id, "cursor": k.OrderingKey, "compared": out.compared, "matched": out.matched, "skipped": out.skipped,
-			"confirmed": confirmed, "found": len(out.found), "calls": r.calls.Load() - start}); err != nil {
+			"confirmed": confirmed, "found": found, "calls": r.calls.Load() - start}); err != nil {
 		return fmt.Errorf("reconcile: recording progress: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
 	r.metrics.confirmed.Add(float64(confirmed))
-	r.metrics.discrepancies.Add(float64(len(out.found)))
+	r.metrics.discrepancies.Add(float64(found))
 	return nil
 }
 
@@ -65,16 +70,35 @@ func (r *Reconciler) confirm(ctx context.Context, tx pgx.Tx, ids []int64) (int, 
 	return confirmed, nil
 }
 
+// sqlResolvedBefore says whether a resolution covers a discrepancy with
+// these numbers (resolutionMatches).
+const sqlResolvedBefore = `
+SELECT EXISTS (SELECT 1 FROM reconcile_resolutions r
+    WHERE r.destination_account = @account AND r.mode = @mode AND r.event_name = @event AND r.customer = @customer
+      AND r.hour = @hour AND r.reason = @reason AND r.expected = @expected::numeric
+      AND r.provider IS NOT DISTINCT FROM @provider::numeric)`
+
 // recordDiscrepancy records d as one of run id's discrepancies, with the
 // expected items that Stripe's meter error reports name (its
-// ReportedItems, set here).
-func recordDiscrepancy(ctx context.Context, tx pgx.Tx, id int64, d *Discrepancy) error {
+// ReportedItems, set here), and says whether it did: numbers finance has
+// resolved for the hour (Resolve) are not recorded again, nor a
+// discrepancy the run recorded already (a resumed run).
+func recordDiscrepancy(ctx context.Context, tx pgx.Tx, id int64, d *Discrepancy) (bool, error) {
+	var resolved bool
+	if err := tx.QueryRow(ctx, sqlResolvedBefore, pgx.NamedArgs{"account": d.Account, "mode": d.Mode, "event": d.EventName,
+		"customer": d.Customer, "hour": d.Hour, "reason": d.Reason, "expected": d.Expected, "provider": d.Provider,
+	}).Scan(&resolved); err != nil {
+		return false, fmt.Errorf("reconcile: reading resolutions: %w", err)
+	}
+	if resolved {
+		return false, nil
+	}
 	rows, err := tx.Query(ctx, `SELECT DISTINCT item_id FROM meter_error_evidence WHERE item_id = ANY($1) ORDER BY 1`, d.ExpectedItems)
 	if err != nil {
-		return fmt.Errorf("reconcile: reading evidence: %w", err)
+		return false, fmt.Errorf("reconcile: reading evidence: %w", err)
 	}
 	if d.ReportedItems, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
-		return fmt.Errorf("reconcile: reading evidence: %w", err)
+		return false, fmt.Errorf("reconcile: reading evidence: %w", err)
 	}
 	d.ReportedItems = nonNil(d.ReportedItems)
 	var provider, diff *string
@@ -86,7 +110,7 @@ func recordDiscrepancy(ctx context.Context, tx pgx.Tx, id int64, d *Discrepancy)
 	if d.Reason != ReasonMismatch {
 		errCode, errStatus = &d.ErrorCode, &d.ErrorStatus
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name, meter, customer,
+	tag, err := tx.Exec(ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name, meter, customer,
 			reason, error_code, error_status, hour, formula, expected, provider, difference, expected_items, uncertain_items,
 			explained_by, explanation, reported_items)
 		VALUES (@run, @account, @mode, @event, @meter, @customer, @reason, @error_code, @error_status, @hour, @formula,
@@ -97,8 +121,9 @@ func recordDiscrepancy(ctx context.Context, tx pgx.Tx, id int64, d *Discrepancy)
 			"customer": d.Customer, "reason": d.Reason, "error_code": errCode, "error_status": errStatus,
 			"hour": d.Hour, "formula": d.Formula, "expected": d.Expected, "provider": provider,
 			"diff": diff, "expected_items": d.ExpectedItems, "uncertain_items": d.UncertainItems,
-			"explained_by": d.ExplainedBy, "explanation": d.Explanation, "reported": d.ReportedItems}); err != nil {
-		return fmt.Errorf("reconcile: recording a discrepancy: %w", err)
+			"explained_by": d.ExplainedBy, "explanation": d.Explanation, "reported": d.ReportedItems})
+	if err != nil {
+		return false, fmt.Errorf("reconcile: recording a discrepancy: %w", err)
 	}
-	return nil
+	return tag.RowsAffected() == 1, nil
 }

@@ -118,8 +118,9 @@ type Plan struct {
 	RunID   int64        `json:"run_id"`
 	Created time.Time    `json:"created"`
 	Actions []PlanAction `json:"actions"`
-	// Unplanned counts the discrepancies no action resolves (ambiguous or
-	// unexplained): they are for finance to look into.
+	// Unplanned counts the open discrepancies no action resolves
+	// (ambiguous or unexplained): they are for finance to look into and
+	// resolve (Resolve).
 	Unplanned int `json:"unplanned_discrepancies"`
 }
 
@@ -146,7 +147,9 @@ func PlanOf(ctx context.Context, q outbox.Querier, store *outbox.Store, id int64
 	p := Plan{RunID: id, Created: time.Now().UTC(), Actions: []PlanAction{}}
 	for _, d := range ds {
 		if d.Explanation != "explained" {
-			p.Unplanned++
+			if d.Open() {
+				p.Unplanned++
+			}
 			continue
 		}
 		for _, itemID := range d.ExplainedBy {

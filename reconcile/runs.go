@@ -45,6 +45,9 @@ type Run struct {
 // summaries Stripe refused (ReasonSummariesRefused). Its items stay
 // accepted.
 type Discrepancy struct {
+	// ID names the discrepancy (to resolve it); 0 before it is recorded.
+	ID        int64  `json:"id"`
+	RunID     int64  `json:"run_id"`
 	Account   string `json:"destination_account"`
 	Mode      string `json:"mode"`
 	EventName string `json:"event_name"`
@@ -83,7 +86,18 @@ type Discrepancy struct {
 	// items out of accepted when it arrives (T10), so this lists the ones
 	// it could not move then (an item still leased, say).
 	ReportedItems []int64 `json:"reported_items"`
+	// Tenants and Features are whose usage the discrepancy is about: the
+	// tenant keys and features of its items (expected and uncertain),
+	// ascending. Read with the discrepancy, never recorded.
+	Tenants  []string `json:"tenants"`
+	Features []string `json:"features"`
+	// Resolution is finance's decision about these numbers of this hour,
+	// nil while the discrepancy is open (see Resolve).
+	Resolution *Resolution `json:"resolution"`
 }
+
+// Open says whether nobody has resolved d.
+func (d Discrepancy) Open() bool { return d.Resolution == nil }
 
 // Discrepancy reasons.
 const (
@@ -142,26 +156,8 @@ func List(ctx context.Context, q outbox.Querier, limit int) ([]Run, error) {
 }
 
 // Discrepancies reads a run's discrepancies, by meter, customer and hour (a
-// refused key at the first hour of its range).
+// refused key at the first hour of its range), each with its tenants,
+// features and resolution.
 func Discrepancies(ctx context.Context, q outbox.Querier, runID int64) ([]Discrepancy, error) {
-	rows, err := q.Query(ctx, `SELECT destination_account, mode, event_name, meter, customer, reason,
-			coalesce(error_code, ''), coalesce(error_status, 0), hour, formula,
-			expected::text, provider::text, difference::text, expected_items, uncertain_items, explained_by, explanation,
-			reported_items
-		FROM reconcile_discrepancies WHERE run_id = $1 ORDER BY event_name, customer, hour`, runID)
-	if err != nil {
-		return nil, fmt.Errorf("reconcile: reading discrepancies: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Discrepancy, error) {
-		var d Discrepancy
-		err := row.Scan(&d.Account, &d.Mode, &d.EventName, &d.Meter, &d.Customer, &d.Reason, &d.ErrorCode, &d.ErrorStatus,
-			&d.Hour, &d.Formula, &d.Expected,
-			&d.Provider, &d.Difference, &d.ExpectedItems, &d.UncertainItems, &d.ExplainedBy, &d.Explanation, &d.ReportedItems)
-		d.Hour = d.Hour.UTC()
-		return d, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reconcile: reading discrepancies: %w", err)
-	}
-	return out, nil
+	return readDiscrepancies(ctx, q, `WHERE d.run_id = @run`, pgx.NamedArgs{"run": runID})
 }

@@ -56,12 +56,12 @@ type PeriodDiscrepancies struct {
 	Feature string
 	// Period is the start of the billing period the items carry.
 	Period time.Time
-	// Hours counts the run's discrepancies (event name, customer and hour)
-	// that name any of these items as expected or uncertain.
+	// Hours counts the run's open discrepancies (event name, customer and
+	// hour) that name any of these items as expected or uncertain.
 	Hours int64
 }
 
-// sqlDiscrepanciesByPeriod counts, per tenant, feature and period, the
+// sqlDiscrepanciesByPeriod counts, per tenant, feature and period, the open
 // discrepancy hours of one reconcile run that involve their items.
 const sqlDiscrepanciesByPeriod = `
 SELECT o.tenant_key, o.payload ->> 'feature', (o.payload ->> 'period')::timestamptz,
@@ -69,12 +69,13 @@ SELECT o.tenant_key, o.payload ->> 'feature', (o.payload ->> 'period')::timestam
 FROM reconcile_discrepancies d
 JOIN outbox_items o ON o.id = ANY(d.expected_items || d.uncertain_items)
 WHERE d.run_id = @run
+  AND NOT EXISTS (SELECT 1 FROM reconcile_resolutions r WHERE ` + resolutionMatches + `)
   AND (o.payload ->> 'period')::timestamptz >= @from AND (o.payload ->> 'period')::timestamptz < @to
   AND (@tenant = '' OR o.tenant_key = @tenant)
 GROUP BY 1, 2, 3`
 
-// DiscrepanciesByPeriod counts the discrepancy hours of the reconcile run
-// which involve the items (expected or uncertain) of each tenant, feature
+// DiscrepanciesByPeriod counts the open (unresolved) discrepancy hours of
+// the reconcile run which involve the items (expected or uncertain) of each tenant, feature
 // and billing period starting in [from, to), for one tenant or all (""), in
 // no particular order: with the latest succeeded run (LatestSucceeded), the
 // completeness report's column of what finance still has to resolve. The

@@ -17,19 +17,23 @@ import (
 	"github.com/tallymeter/tally/reconcile"
 )
 
-// reconcileFlags are the flags of tally reconcile.
+// reconcileFlags are the flags of tally reconcile, and of its
+// discrepancies and resolve forms (discrepancyFlags).
 type reconcileFlags struct {
 	settle  time.Duration
 	since   string
 	format  string
 	planOut string
+	discrepancyFlags
 }
 
 // reconcileCommand is tally reconcile: a reconcile run now, its result and
-// its discrepancies, and on request the recovery plan it suggests.
+// its discrepancies, and on request the recovery plan it suggests; tally
+// reconcile discrepancies lists discrepancies, and tally reconcile resolve
+// ID resolves one.
 func reconcileCommand() command {
 	f := &reconcileFlags{}
-	return command{name: "reconcile", flags: f.register, run: f.run}
+	return command{name: "reconcile", flags: f.register, args: reconcileArgs, run: f.dispatch}
 }
 
 func (f *reconcileFlags) register(fs *flag.FlagSet) {
@@ -37,11 +41,12 @@ func (f *reconcileFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.since, "since", "", "only hours from this event time on: RFC 3339 or YYYY-MM-DD (default: all)")
 	fs.StringVar(&f.format, "format", "table", "table or json")
 	fs.StringVar(&f.planOut, "plan-out", "", "write the run's recovery plan to this file, for review and tally recover --plan")
+	f.discrepancyFlags.register(fs)
 }
 
 // run runs a reconcile and reports it. A run that failed part way is
 // reported too, and its error returned after the report.
-func (f *reconcileFlags) run(ctx context.Context, e *env, _ []string) error {
+func (f *reconcileFlags) run(ctx context.Context, e *env) error {
 	if e.parts.Reconciler == nil {
 		return errors.New("no Stripe key (STRIPE_API_KEY): there is nothing to reconcile against")
 	}
@@ -141,10 +146,12 @@ func printRun(out io.Writer, run reconcile.Run) error {
 	return w.Flush()
 }
 
-// printDiscrepancies writes a run's discrepancies as a table, one a line.
+// printDiscrepancies writes discrepancies as a table, one a line: whose
+// (tenants and features, customer and meter), the numbers, and whether
+// finance resolved it.
 func printDiscrepancies(out io.Writer, ds []reconcile.Discrepancy) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "REASON\tMETER\tCUSTOMER\tHOUR\tFORMULA\tEXPECTED\tSTRIPE\tDIFFERENCE\tEXPLANATION\tUNCERTAIN ITEMS")
+	fmt.Fprintln(w, "ID\tREASON\tTENANT\tFEATURE\tMETER\tCUSTOMER\tHOUR\tFORMULA\tEXPECTED\tSTRIPE\tDIFFERENCE\tEXPLANATION\tUNCERTAIN ITEMS\tRESOLVED")
 	for _, d := range ds {
 		provider, diff := "(none)", ""
 		if d.Provider != nil {
@@ -155,8 +162,9 @@ func printDiscrepancies(out io.Writer, ds []reconcile.Discrepancy) error {
 			// Stripe refused the key's summaries: nothing was compared.
 			hour, provider = "from "+hour, fmt.Sprintf("refused: %s (%d)", d.ErrorCode, d.ErrorStatus)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", d.Reason, d.EventName, d.Customer, hour,
-			d.Formula, d.Expected, provider, diff, d.Explanation, d.UncertainItems)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\n", d.ID, d.Reason, listOr(d.Tenants),
+			listOr(d.Features), d.EventName, d.Customer, hour, d.Formula, d.Expected, provider, diff, d.Explanation,
+			d.UncertainItems, resolvedText(d.Resolution))
 	}
 	return w.Flush()
 }
