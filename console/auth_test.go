@@ -42,6 +42,9 @@ var consoleRoutes = []struct {
 	{"POST", "/mappings/features", "/console/mappings/features", url.Values{"feature": {"f1"}, "event_name": {"e1"}, "aggregation": {"sum"}}, 401, 403, 303},
 	{"POST", "/mappings/tenants", "/console/mappings/tenants", url.Values{"tenant": {"t1"}, "customer": {"cus_1"}}, 401, 403, 303},
 	{"POST", "/reconcile/runs", "/console/reconcile/runs", url.Values{"settle": {"1h"}}, 401, 403, 303},
+	{"POST", "/reconcile/discrepancies/{id}/resolve", "/console/reconcile/discrepancies/424242/resolve", url.Values{"reason": {"reposted"}, "note": {"re-posted"}}, 401, 303, 303},
+	{"GET", "/reconcile/{id}/plan", "/console/reconcile/424242/plan", nil, 303, 403, 404},
+	{"POST", "/reconcile/{id}/plan", "/console/reconcile/424242/plan", nil, 401, 403, 404},
 	{"POST", "/logout", "/console/logout", nil, 401, 303, 303},
 }
 

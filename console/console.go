@@ -156,6 +156,7 @@ func (c *Console) Handler() http.Handler {
 		r.Get("/", c.overview)
 		r.Get("/items/{id}", c.item)
 		r.Get("/uncertain", c.uncertain)
+		c.reconcileRoutes(r)
 		r.Group(func(r chi.Router) {
 			r.Use(c.limitReads)
 			r.Get("/quarantine", c.quarantine)

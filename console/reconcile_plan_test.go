@@ -57,7 +57,7 @@ func newReconcileSite(t *testing.T) *reconcileSite {
 		Requeuer: &quarantine.Requeuer{Outbox: env.Outbox, Stager: env.Stager}, Settle: 2 * time.Hour,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	require.NoError(t, err)
-	srv := httptest.NewServer(api.New(api.Options{Console: console.WithReconcileActions(con), Logger: slog.New(slog.DiscardHandler)}))
+	srv := httptest.NewServer(api.New(api.Options{Console: con.Handler(), Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(srv.Close)
 	s := &reconcileSite{site: &site{env: env, url: srv.URL}, uncertain: leases[0].ID, accepted: leases[1].ID,
 		uncertainToken: leases[0].LeaseToken}

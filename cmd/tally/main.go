@@ -40,6 +40,8 @@ Commands:
   items list             list outbox items: [--state S] [--tenant T] [--feature F] [--limit N] [--after ID] [--format table|json]
   report completeness    the completeness report: --period YYYY-MM [--tenant T] [--format table|json]
   reconcile              compare accepted items with Stripe's summaries now, confirm what matches: [--settle D] [--since T] [--format table|json]
+  reconcile discrepancies  list discrepancies: [--run N] [--status open|resolved|all] [--format table|json]
+  reconcile resolve ID   resolve a discrepancy: --reason credited_in_stripe|reposted|accept_stripe|accept_tally --note TEXT
   recover ID             an operator's decision about an uncertain item: --expect uncertain --to accepted|pending|rejected [--reason R] [--not-reached]
   recover --plan FILE    apply a reviewed recovery plan written by tally reconcile --plan-out
   doctor                 check the configuration, database, Stripe, mappings and clocks; say what is wrong: [--format table|json]
