@@ -7,6 +7,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -69,18 +70,36 @@ func TestMappingsPageShowsPayloadKeysAndHidesTheStreamForARestrictedKey(t *testi
 
 	save := func(exporter string) string {
 		t.Helper()
-		resp, err := client.PostForm(srv.URL+"/console/mappings/features", url.Values{"csrf": {csrf}, "feature": {"tokens"},
+		return postMapping(t, client, srv.URL+"/console/mappings/features", url.Values{"csrf": {csrf}, "feature": {"tokens"},
 			"event_name": {"tokens"}, "aggregation": {"sum"}, "exporter": {exporter}})
-		require.NoError(t, err)
-		resp.Body.Close()
-		return resp.Request.URL.Query().Get("flash")
 	}
-	require.Equal(t, "invalid_mapping", save(mappings.ExporterStripeMeterEventStream), "a forged form naming the stream")
+	require.Equal(t, "refused invalid_mapping", save(mappings.ExporterStripeMeterEventStream), "a forged form naming the stream")
 	_, err = store.GetFeature(s.env.Ctx, s.env.Pool, "tokens")
 	require.ErrorIs(t, err, mappings.ErrNotFound, "nothing saved")
 
-	require.Equal(t, "feature_saved", save(""))
+	require.Equal(t, "saved feature_saved", save(""))
 	page = get("/console/mappings")
 	require.Contains(t, page, `<td data-testid="customer-key">account</td><td data-testid="value-key">n</td>`, "the meter's own keys")
 	require.Contains(t, page, "keys customer=account value=n", "the history shows the keys")
+}
+
+var refusalPattern = regexp.MustCompile(`data-testid="refusal" data-code="([a-z_]+)"`)
+
+// postMapping posts a mapping form and says what the console answered:
+// "saved <flash>" after the redirect of a saved mapping, "refused <code>"
+// for a refused one (422, the page with the refusal).
+func postMapping(t *testing.T, client *http.Client, to string, form url.Values) string {
+	t.Helper()
+	resp, err := client.PostForm(to, form)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	if resp.StatusCode == http.StatusUnprocessableEntity {
+		m := refusalPattern.FindStringSubmatch(string(b))
+		require.NotNil(t, m, "a refusal names its code: %s", b)
+		return "refused " + m[1]
+	}
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	return "saved " + resp.Request.URL.Query().Get("flash")
 }
