@@ -35,8 +35,10 @@ type mappingsView struct {
 }
 
 // renderMappings draws the mappings page; after a refused form, with the
-// refusal and status 422 (the form is not redirected: the page says why,
-// in the mappings package's words, which a link could not make it say).
+// refusal (the form is not redirected: the page says why, in the mappings
+// package's words, which a link could not make it say). It answers 200
+// either way: the page is what the browser asked for, and a 4xx would
+// read as a failed load in its console.
 func (c *Console) renderMappings(w http.ResponseWriter, r *http.Request, refusal *mappings.Refusal) {
 	ctx := r.Context()
 	v := mappingsView{Refusal: refusal, RestrictedKey: c.Mappings.RestrictedKey, Unchecked: c.Mappings.Warning()}
@@ -63,29 +65,7 @@ func (c *Console) renderMappings(w http.ResponseWriter, r *http.Request, refusal
 	if c.Mappings.RestrictedKey {
 		v.Exporters = slices.DeleteFunc(slices.Clone(v.Exporters), func(e string) bool { return e == mappings.ExporterStripeMeterEventStream })
 	}
-	if refusal != nil {
-		w = &statusWriter{ResponseWriter: w, status: http.StatusUnprocessableEntity}
-	}
 	c.render(w, r, "mappings", "Mappings", v)
-}
-
-// statusWriter answers with status unless the handler writes another.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-	wrote  bool
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	w.wrote = true
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if !w.wrote {
-		w.WriteHeader(w.status)
-	}
-	return w.ResponseWriter.Write(b)
 }
 
 // mappingHistory is the mapping changes among the latest 500 audit

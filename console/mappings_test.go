@@ -83,11 +83,11 @@ func TestMappingsPageShowsPayloadKeysAndHidesTheStreamForARestrictedKey(t *testi
 	require.Contains(t, page, "keys customer=account value=n", "the history shows the keys")
 }
 
-var refusalPattern = regexp.MustCompile(`data-testid="refusal" data-code="([a-z_]+)"`)
+var refusalPattern = regexp.MustCompile(`data-testid="flash" data-code="([a-z_]+)"`)
 
 // postMapping posts a mapping form and says what the console answered:
 // "saved <flash>" after the redirect of a saved mapping, "refused <code>"
-// for a refused one (422, the page with the refusal).
+// for a refused one (the page, with the refusal).
 func postMapping(t *testing.T, client *http.Client, to string, form url.Values) string {
 	t.Helper()
 	resp, err := client.PostForm(to, form)
@@ -95,11 +95,10 @@ func postMapping(t *testing.T, client *http.Client, to string, form url.Values) 
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	if resp.StatusCode == http.StatusUnprocessableEntity {
-		m := refusalPattern.FindStringSubmatch(string(b))
-		require.NotNil(t, m, "a refusal names its code: %s", b)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	if m := refusalPattern.FindStringSubmatch(string(b)); m != nil {
+		require.Equal(t, "/console/mappings/features", resp.Request.URL.Path, "a refusal is the page, not a redirect")
 		return "refused " + m[1]
 	}
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	return "saved " + resp.Request.URL.Query().Get("flash")
 }
