@@ -208,7 +208,7 @@ func stripeCheck(ctx context.Context, d Deps) *Result {
 		case http.StatusUnauthorized:
 			r.Fix = "the key is not valid (rolled or deleted?): set STRIPE_API_KEY to a current key"
 		case http.StatusForbidden:
-			r.Fix = "the key may not read meters or the account: give a restricted key meter events (write) and meters and event summaries (read), or fix STRIPE_ACCOUNT"
+			r.Fix = "the key may not read meters or the account: give a restricted key meter events (write) and meters, event summaries and customers (read), or fix STRIPE_ACCOUNT"
 		default:
 			r.Fix = "check that " + d.Config.StripeAPIBase + " is reachable from this node"
 			if d.Config.Dev.EnvFile != "" && slices.Contains(d.Config.Dev.From, "STRIPE_API_BASE") {
