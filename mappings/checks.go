@@ -108,8 +108,12 @@ func RefusalOf(err error) (Refusal, bool) {
 	case errors.As(err, &ce):
 		return Refusal{Code: ce.Code, Message: ce.Message}, true
 	case errors.As(err, &pu):
+		then := "try again"
+		if pu.Status == 401 || pu.Status == 403 { // the key refused, or not allowed to read
+			then = "check STRIPE_API_KEY and STRIPE_ACCOUNT; a restricted key needs meters and customers (read)"
+		}
 		return Refusal{Code: CodeStripeUnavailable, Unavailable: true, Message: fmt.Sprintf(
-			"the mapping could not be checked against Stripe (%s, status %d); nothing was saved: try again", pu.Code, pu.Status)}, true
+			"the mapping could not be checked against Stripe (%s, status %d); nothing was saved: %s", pu.Code, pu.Status, then)}, true
 	}
 	return Refusal{}, false
 }

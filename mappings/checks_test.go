@@ -79,7 +79,8 @@ func TestTenantCustomerUncheckableIsNotSaved(t *testing.T) {
 	refusal, ok := mappings.RefusalOf(err)
 	require.True(t, ok, "%v", err)
 	require.Equal(t, mappings.Refusal{Code: mappings.CodeStripeUnavailable, Unavailable: true,
-		Message: "the mapping could not be checked against Stripe (invalid_request_error, status 401); nothing was saved: try again"}, refusal)
+		Message: "the mapping could not be checked against Stripe (invalid_request_error, status 401); nothing was saved: " +
+			"check STRIPE_API_KEY and STRIPE_ACCOUNT; a restricted key needs meters and customers (read)"}, refusal)
 	_, err = s.GetTenant(ctx, pool, "acme")
 	require.ErrorIs(t, err, mappings.ErrNotFound)
 }
