@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -97,8 +98,39 @@ func postMapping(t *testing.T, client *http.Client, to string, form url.Values) 
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	if m := refusalPattern.FindStringSubmatch(string(b)); m != nil {
-		require.Equal(t, "/console/mappings/features", resp.Request.URL.Path, "a refusal is the page, not a redirect")
+		require.Equal(t, to, resp.Request.URL.String(), "a refusal is the page, not a redirect")
 		return "refused " + m[1]
 	}
 	return "saved " + resp.Request.URL.Query().Get("flash")
+}
+
+// On a node without a Stripe key, the mappings page says mappings are
+// saved unchecked, and the history shows each unchecked change's reason; a
+// customer id that is not one is refused on the page with the code the API
+// gives.
+func TestMappingsPageSaysMappingsAreUncheckedWithoutAKey(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar}
+	resp, err := postSignIn(client, s.url, s.token(t, "olive", auth.RoleOperator))
+	require.NoError(t, err)
+	resp.Body.Close()
+	page := func() string {
+		t.Helper()
+		resp, err := client.Get(s.url + "/console/mappings")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return string(b)
+	}
+	p := page()
+	require.Contains(t, p, `data-testid="unchecked">Mappings are `+html.EscapeString(mappings.UncheckedWarning))
+	csrf := csrfPattern.FindStringSubmatch(p)[1]
+
+	to := s.url + "/console/mappings/tenants"
+	require.Equal(t, "refused invalid_mapping", postMapping(t, client, to, url.Values{"csrf": {csrf}, "tenant": {"acme"}, "customer": {"acct_1"}}))
+	require.Equal(t, "saved tenant_saved", postMapping(t, client, to, url.Values{"csrf": {csrf}, "tenant": {"acme"}, "customer": {"cus_typo"}}))
+	require.Contains(t, page(), "cus_typo calendar months ("+mappings.UncheckedReason+")", "the history shows it was not checked")
 }

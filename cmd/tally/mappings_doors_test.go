@@ -169,3 +169,14 @@ func (d *doors) console(kind string, form url.Values) string {
 	}
 	return "saved " + resp.Request.URL.Query().Get("flash")
 }
+
+// Without a Stripe key, `tally mappings … set` saves the mapping and says,
+// on stderr and in its JSON, that it was not checked.
+func TestMappingsSetWithoutAKeyWarns(t *testing.T) {
+	t.Parallel()
+	d := &doors{t: t, env: []string{"TALLY_DATABASE_URL=" + testdb.URL(t), "TALLY_DATA_DIR=" + t.TempDir()}}
+	status, out, stderr := d.cli("mappings", "tenants", "set", "acme", "--customer", "cus_typo")
+	require.Equal(t, 0, status, stderr)
+	require.Contains(t, stderr, "warning: saved without checking Stripe")
+	require.Contains(t, out, `"warning": "saved without checking Stripe`)
+}
