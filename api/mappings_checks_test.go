@@ -52,7 +52,7 @@ func TestMappingWithoutAKeyIsSavedWithAWarning(t *testing.T) {
 	h := newHarness(t, false)
 	op := h.as(h.token("operator", auth.RoleOperator))
 	for path, body := range map[string]map[string]any{
-		"/v1/mappings/tenants/acme":    {"stripe_customer_id": "cus_typo"},
+		"/v1/mappings/tenants/acme":   {"stripe_customer_id": "cus_typo"},
 		"/v1/mappings/features/api_x": {"event_name": "api_callz", "aggregation": "sum"},
 	} {
 		resp := h.request(http.MethodPut, path, op, body)
