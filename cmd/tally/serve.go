@@ -190,7 +190,11 @@ func (f *devFlags) writeDevEnv(e *env) (string, error) {
 		}
 		return "", err
 	}
-	return config.WriteDevEnv(e.cfg.DataDir, vars)
+	var notes []string
+	if e.cfg.DatabaseURL == "" {
+		notes = append(notes, "The admin token (for the API and the console) is in "+filepath.Join(e.cfg.DataDir, "dev-admin-token")+" unless TALLY_ADMIN_TOKEN is set.")
+	}
+	return config.WriteDevEnv(e.cfg.DataDir, vars, notes...)
 }
 
 // simulated reports whether this node sends to the simulator tally dev

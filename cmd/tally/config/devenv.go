@@ -50,12 +50,19 @@ var devEnvGroups = [][]string{
 var devEnvIgnoredBy = []string{"tally serve", "tally dev"}
 
 // WriteDevEnv writes vars to DevEnvFile in dataDir (made 0700 if missing),
-// mode 0600, replacing the file; only variables of devEnvGroups. It
+// mode 0600, replacing the file; only variables of devEnvGroups, after
+// notes as comment lines (where dev keeps its admin token, say). It
 // returns the file's path.
-func WriteDevEnv(dataDir string, vars map[string]string) (string, error) {
+func WriteDevEnv(dataDir string, vars map[string]string, notes ...string) (string, error) {
 	var b bytes.Buffer
 	b.WriteString("# Written by tally dev while it runs; removed when it stops. Operator commands\n" +
 		"# run with this data directory read it (the environment and flags win).\n")
+	for _, n := range notes {
+		if strings.ContainsAny(n, "\r\n") {
+			return "", errors.New("a note holds a line break")
+		}
+		b.WriteString("# " + n + "\n")
+	}
 	for _, group := range devEnvGroups {
 		for _, name := range group {
 			if v, ok := vars[name]; ok {

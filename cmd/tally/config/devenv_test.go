@@ -36,7 +36,7 @@ func loadAs(t *testing.T, command string, env map[string]string, args ...string)
 func devDir(t *testing.T) (string, string) {
 	t.Helper()
 	dir := t.TempDir()
-	path, err := config.WriteDevEnv(dir, devVars)
+	path, err := config.WriteDevEnv(dir, devVars, "The admin token is in "+filepath.Join(dir, "dev-admin-token"))
 	require.NoError(t, err)
 	return dir, path
 }
