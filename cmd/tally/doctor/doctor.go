@@ -68,6 +68,9 @@ type Deps struct {
 	// RecentUsage is how far back usage must be covered by mappings.
 	// Default: 7 days.
 	RecentUsage time.Duration
+	// MaxCustomers is the most distinct mapped customers asked about at
+	// Stripe. Default: MaxCustomersChecked.
+	MaxCustomers int
 }
 
 // Run runs every check, in order; a check that depends on a failed one
@@ -81,6 +84,9 @@ func Run(ctx context.Context, d Deps) []Result {
 	}
 	if d.RecentUsage <= 0 {
 		d.RecentUsage = 7 * 24 * time.Hour
+	}
+	if d.MaxCustomers <= 0 {
+		d.MaxCustomers = MaxCustomersChecked
 	}
 	var out []Result
 	out = append(out, configuration(d.Config))

@@ -122,6 +122,11 @@ func TestEachFailure(t *testing.T) {
 			_, err = c.Stripe().V1Customers.Delete(context.Background(), "cus_t1", nil)
 			require.NoError(t, err)
 		}, check: "customers", status: doctor.Problem, says: "t1 (cus_t1: customer_deleted)"},
+		{name: "more customers than one run checks is a warning", prepare: func(t *testing.T, s *setup) {
+			s.sim.CreateCustomer(stripesim.DefaultAccount, "cus_t2")
+			s.env.Tenant(t, "t2", nil)
+		}, mutate: func(d *doctor.Deps) { d.MaxCustomers = 1 },
+			check: "customers", status: doctor.Warning, says: "the customers of 1 mapped tenants exist in the account (the first 1 distinct, by tenant); 1 tenants not checked"},
 		{name: "database unreachable", mutate: func(d *doctor.Deps) {
 			d.Pool, d.DBErr = nil, errors.New("connecting to postgres://tally:s3cret@db:5432/tally: refused")
 		}, check: "database", status: doctor.Problem, says: "[redacted]"},
