@@ -2,7 +2,6 @@ package api
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -11,31 +10,35 @@ import (
 	"github.com/tallymeter/tally/mappings"
 )
 
+// mappingError answers a mapping the mappings package refused with the
+// refusal's code, as the CLI and the console show it: 422 (503 when Stripe
+// could not be asked), with the fields of malformed input.
 func (h *handlers) mappingError(w http.ResponseWriter, r *http.Request, err error) {
-	var (
-		ve *mappings.ValidationError
-		me *mappings.MeterError
-		pu *mappings.ErrProviderUnavailable
-	)
-	switch {
-	case errors.As(err, &pu):
-		WriteError(w, http.StatusServiceUnavailable, "stripe_unavailable",
-			fmt.Sprintf("the mapping could not be checked against Stripe's meters (%s, status %d); try again", pu.Code, pu.Status))
-	case errors.As(err, &ve):
-		writeProblems(w, "invalid_mapping", ve.Error()[len("mappings: "):], ve.Fields)
-	case errors.As(err, &me):
-		WriteError(w, http.StatusUnprocessableEntity, me.Code, me.Message)
-	case errors.Is(err, mappings.ErrNotFound):
-		WriteError(w, http.StatusNotFound, "not_found", "no such mapping")
-	default:
-		h.internal(w, r, err)
+	if refusal, ok := mappings.RefusalOf(err); ok {
+		switch {
+		case refusal.Unavailable:
+			WriteError(w, http.StatusServiceUnavailable, refusal.Code, refusal.Message)
+		case refusal.Fields != nil:
+			writeProblems(w, refusal.Code, refusal.Message, refusal.Fields)
+		default:
+			WriteError(w, http.StatusUnprocessableEntity, refusal.Code, refusal.Message)
+		}
+		return
 	}
+	if errors.Is(err, mappings.ErrNotFound) {
+		WriteError(w, http.StatusNotFound, "not_found", "no such mapping")
+		return
+	}
+	h.internal(w, r, err)
 }
 
 type featureView struct {
 	mappings.Feature
 	History []mappings.Feature `json:"history,omitempty"`
 	Changed *bool              `json:"changed,omitempty"`
+	// Warning, on a PUT, is mappings.UncheckedWarning when the node has
+	// no Stripe key to check the mapping against.
+	Warning string `json:"warning,omitempty"`
 }
 
 func (h *handlers) listFeatures(w http.ResponseWriter, r *http.Request) {
@@ -92,13 +95,15 @@ func (h *handlers) putFeature(w http.ResponseWriter, r *http.Request) {
 		h.mappingError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, featureView{Feature: f, Changed: &changed})
+	writeJSON(w, http.StatusOK, featureView{Feature: f, Changed: &changed, Warning: h.Mappings.Warning()})
 }
 
 type tenantView struct {
 	mappings.Tenant
 	History []mappings.Tenant `json:"history,omitempty"`
 	Changed *bool             `json:"changed,omitempty"`
+	// Warning is as featureView's.
+	Warning string `json:"warning,omitempty"`
 }
 
 func (h *handlers) listTenants(w http.ResponseWriter, r *http.Request) {
@@ -148,5 +153,5 @@ func (h *handlers) putTenant(w http.ResponseWriter, r *http.Request) {
 		h.mappingError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, tenantView{Tenant: t, Changed: &changed})
+	writeJSON(w, http.StatusOK, tenantView{Tenant: t, Changed: &changed, Warning: h.Mappings.Warning()})
 }

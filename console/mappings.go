@@ -1,7 +1,6 @@
 package console
 
 import (
-	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -16,41 +15,57 @@ import (
 const unmappedSpan = 7 * 24 * time.Hour
 
 func (c *Console) mappingsPage(w http.ResponseWriter, r *http.Request) {
+	c.renderMappings(w, r, nil)
+}
+
+// mappingsView is what the mappings page shows.
+type mappingsView struct {
+	Features      []mappings.Feature
+	Tenants       []mappings.Tenant
+	Unmapped      []meter.Unmapped
+	History       []audit.Entry
+	Exporters     []string
+	RestrictedKey bool
+	// Unchecked is mappings.UncheckedWarning when this node has no Stripe
+	// key to check mappings against.
+	Unchecked string
+	// Refusal, after a form was refused, is why: the code and message the
+	// API and the CLI give for the same mapping.
+	Refusal *mappings.Refusal
+}
+
+// renderMappings draws the mappings page; after a refused form, with the
+// refusal (the form is not redirected: the page says why, in the mappings
+// package's words, which a link could not make it say). It answers 200
+// either way: the page is what the browser asked for, and a 4xx would
+// read as a failed load in its console.
+func (c *Console) renderMappings(w http.ResponseWriter, r *http.Request, refusal *mappings.Refusal) {
 	ctx := r.Context()
-	fs, err := c.Mappings.Features(ctx, c.pool)
-	if err != nil {
+	v := mappingsView{Refusal: refusal, RestrictedKey: c.Mappings.RestrictedKey, Unchecked: c.Mappings.Warning()}
+	var err error
+	if v.Features, err = c.Mappings.Features(ctx, c.pool); err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	ts, err := c.Mappings.Tenants(ctx, c.pool)
-	if err != nil {
+	if v.Tenants, err = c.Mappings.Tenants(ctx, c.pool); err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	missing, err := meter.UnmappedUsage(ctx, c.pool, unmappedSpan)
-	if err != nil {
+	if v.Unmapped, err = meter.UnmappedUsage(ctx, c.pool, unmappedSpan); err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	history, err := c.mappingHistory(r)
-	if err != nil {
+	if v.History, err = c.mappingHistory(r); err != nil {
 		c.fail(w, r, err)
 		return
 	}
 	// A restricted key cannot use Stripe's v2 API: the stream is not
 	// offered (PutFeature would refuse it).
-	exporters := mappings.Exporters
+	v.Exporters = mappings.Exporters
 	if c.Mappings.RestrictedKey {
-		exporters = slices.DeleteFunc(slices.Clone(exporters), func(e string) bool { return e == mappings.ExporterStripeMeterEventStream })
+		v.Exporters = slices.DeleteFunc(slices.Clone(v.Exporters), func(e string) bool { return e == mappings.ExporterStripeMeterEventStream })
 	}
-	c.render(w, r, "mappings", "Mappings", struct {
-		Features      []mappings.Feature
-		Tenants       []mappings.Tenant
-		Unmapped      []meter.Unmapped
-		History       []audit.Entry
-		Exporters     []string
-		RestrictedKey bool
-	}{fs, ts, missing, history, exporters, c.Mappings.RestrictedKey})
+	c.render(w, r, "mappings", "Mappings", v)
 }
 
 // mappingHistory is the mapping changes among the latest 500 audit
@@ -72,12 +87,11 @@ func (c *Console) mappingHistory(r *http.Request) ([]audit.Entry, error) {
 func (c *Console) putFeature(w http.ResponseWriter, r *http.Request) {
 	var window mappings.Duration
 	if s := strings.TrimSpace(r.PostFormValue("window")); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			back(w, r, "/console/mappings", "invalid_mapping")
+		if err := window.UnmarshalText([]byte(s)); err != nil {
+			c.mappingResult(w, r, &mappings.ValidationError{Fields: []mappings.FieldError{
+				{Field: "window", Reason: "a duration dividing a day, e.g. 15m, 1h, 24h"}}}, "")
 			return
 		}
-		window = mappings.Duration(d)
 	}
 	// The exporter select's first option (empty) is the node's default.
 	in := mappings.FeatureInput{EventName: strings.TrimSpace(r.PostFormValue("event_name")),
@@ -93,18 +107,17 @@ func (c *Console) putTenant(w http.ResponseWriter, r *http.Request) {
 	c.mappingResult(w, r, err, "tenant_saved")
 }
 
+// mappingResult goes back to the mappings page: saved, with the flash ok;
+// refused, with the refusal (mappings.RefusalOf, as the API and the CLI
+// say it).
 func (c *Console) mappingResult(w http.ResponseWriter, r *http.Request, err error, ok string) {
-	var (
-		ve *mappings.ValidationError
-		me *mappings.MeterError
-		pu *mappings.ErrProviderUnavailable
-	)
-	switch {
-	case err == nil:
+	if err == nil {
 		back(w, r, "/console/mappings", ok)
-	case errors.As(err, &ve), errors.As(err, &me), errors.As(err, &pu):
-		back(w, r, "/console/mappings", "invalid_mapping")
-	default:
-		c.fail(w, r, err)
+		return
 	}
+	if refusal, isRefusal := mappings.RefusalOf(err); isRefusal {
+		c.renderMappings(w, r, &refusal)
+		return
+	}
+	c.fail(w, r, err)
 }

@@ -1,12 +1,14 @@
 package console_test
 
 import (
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -69,18 +71,66 @@ func TestMappingsPageShowsPayloadKeysAndHidesTheStreamForARestrictedKey(t *testi
 
 	save := func(exporter string) string {
 		t.Helper()
-		resp, err := client.PostForm(srv.URL+"/console/mappings/features", url.Values{"csrf": {csrf}, "feature": {"tokens"},
+		return postMapping(t, client, srv.URL+"/console/mappings/features", url.Values{"csrf": {csrf}, "feature": {"tokens"},
 			"event_name": {"tokens"}, "aggregation": {"sum"}, "exporter": {exporter}})
-		require.NoError(t, err)
-		resp.Body.Close()
-		return resp.Request.URL.Query().Get("flash")
 	}
-	require.Equal(t, "invalid_mapping", save(mappings.ExporterStripeMeterEventStream), "a forged form naming the stream")
+	require.Equal(t, "refused invalid_mapping", save(mappings.ExporterStripeMeterEventStream), "a forged form naming the stream")
 	_, err = store.GetFeature(s.env.Ctx, s.env.Pool, "tokens")
 	require.ErrorIs(t, err, mappings.ErrNotFound, "nothing saved")
 
-	require.Equal(t, "feature_saved", save(""))
+	require.Equal(t, "saved feature_saved", save(""))
 	page = get("/console/mappings")
 	require.Contains(t, page, `<td data-testid="customer-key">account</td><td data-testid="value-key">n</td>`, "the meter's own keys")
 	require.Contains(t, page, "keys customer=account value=n", "the history shows the keys")
+}
+
+var refusalPattern = regexp.MustCompile(`data-testid="flash" data-code="([a-z_]+)"`)
+
+// postMapping posts a mapping form and says what the console answered:
+// "saved <flash>" after the redirect of a saved mapping, "refused <code>"
+// for a refused one (the page, with the refusal).
+func postMapping(t *testing.T, client *http.Client, to string, form url.Values) string {
+	t.Helper()
+	resp, err := client.PostForm(to, form)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	if m := refusalPattern.FindStringSubmatch(string(b)); m != nil {
+		require.Equal(t, to, resp.Request.URL.String(), "a refusal is the page, not a redirect")
+		return "refused " + m[1]
+	}
+	return "saved " + resp.Request.URL.Query().Get("flash")
+}
+
+// On a node without a Stripe key, the mappings page says mappings are
+// saved unchecked, and the history shows each unchecked change's reason; a
+// customer id that is not one is refused on the page with the code the API
+// gives.
+func TestMappingsPageSaysMappingsAreUncheckedWithoutAKey(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar}
+	resp, err := postSignIn(client, s.url, s.token(t, "olive", auth.RoleOperator))
+	require.NoError(t, err)
+	resp.Body.Close()
+	page := func() string {
+		t.Helper()
+		resp, err := client.Get(s.url + "/console/mappings")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return string(b)
+	}
+	p := page()
+	require.Contains(t, p, `data-testid="unchecked">Mappings are `+html.EscapeString(mappings.UncheckedWarning))
+	csrf := csrfPattern.FindStringSubmatch(p)[1]
+
+	to := s.url + "/console/mappings/tenants"
+	require.Equal(t, "refused invalid_mapping", postMapping(t, client, to, url.Values{"csrf": {csrf}, "tenant": {"acme"}, "customer": {"acct_1"}}))
+	require.Equal(t, "saved tenant_saved", postMapping(t, client, to, url.Values{"csrf": {csrf}, "tenant": {"acme"}, "customer": {"cus_typo"}}))
+	require.Contains(t, page(), "cus_typo calendar months ("+mappings.UncheckedReason+")", "the history shows it was not checked")
 }

@@ -4,6 +4,11 @@
 // the mapping is set — and, when it is not the node's default, the exporter
 // of its items) and tenant mappings (a tenant to its Stripe customer and
 // billing-period anchor).
+// Every door (the API, the CLI, the console) sets mappings through one
+// Store, whose Checker holds them against the account the node exports to:
+// a feature's meter exists with its formula and payload keys, a tenant's
+// customer exists, not deleted; RefusalOf gives every door the same code.
+// Without a key they are saved unchecked, with UncheckedWarning.
 // Every change takes the next number of one sequence shared by both kinds
 // and keeps the previous versions, so that an item built from them carries
 // the greater of its feature's and tenant's versions, and any change that

@@ -242,7 +242,7 @@ func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, i
 			return err
 		}
 		return audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionFeatureMapping, Subject: "feature:" + feature,
-			From: from, To: featureState(f)})
+			From: from, To: featureState(f), Reason: s.auditReason()})
 	})
 	if err != nil {
 		return Feature{}, false, fmt.Errorf("mappings: setting feature %s: %w", feature, err)

@@ -10,12 +10,14 @@ import (
 
 // Store reads and writes mappings.
 type Store struct {
-	// Checker, when set, is asked before a feature mapping is written, and
-	// gives the mapping its meter's payload keys. Unset (no Stripe key), a
-	// mapping that names the same meter keeps the keys read before, and one
-	// that names another takes Stripe's defaults; `tally doctor` compares
-	// them with the meters once a key is configured.
-	Checker MeterChecker
+	// Checker, when set, is asked before a mapping is written: a feature's
+	// meter (which gives the mapping its payload keys) and a tenant's
+	// customer. Unset (no Stripe key), mappings are saved unchecked, with
+	// Warning's words and a note in their audit entry; a feature mapping
+	// that names the same meter keeps the keys read before, and one that
+	// names another takes Stripe's defaults; `tally doctor` checks them
+	// against Stripe once a key is configured.
+	Checker Checker
 	// RestrictedKey says the node's Stripe key is a restricted key (rk_…).
 	// Stripe's v2 API takes only secret keys ("You can only access APIs in
 	// the /v2 namespace with secret keys", https://docs.stripe.com/api-v2-overview),

@@ -10,7 +10,8 @@ import (
 	"github.com/tallymeter/tally/internal/stripeapi"
 )
 
-// MeterChecker verifies a feature mapping against the provider's meters.
+// MeterChecker verifies a feature mapping against the provider's meters
+// (the meter half of Checker).
 type MeterChecker interface {
 	// CheckMeter returns the payload keys of the active meter with the
 	// event name when its formula matches the aggregation, with a key the

@@ -7,20 +7,44 @@ import (
 	"github.com/tallymeter/tally/internal/stripeapi"
 )
 
-// StripeMeters checks feature mappings against the meters of a Stripe
-// account.
+// StripeMeters is the Checker of a Stripe account: feature mappings
+// against its meters, tenant mappings against its customers. The client's
+// account (its Stripe-Account, else the key's own) is the account the node
+// exports to.
 type StripeMeters struct {
 	Client *stripeapi.Client
 }
 
-// ErrProviderUnavailable says the provider's meters could not be read.
+// ErrProviderUnavailable says the provider's meters or customers could not
+// be read.
 type ErrProviderUnavailable struct {
 	Code   string
 	Status int
 }
 
 func (e *ErrProviderUnavailable) Error() string {
-	return fmt.Sprintf("mappings: Stripe's meters could not be read (%s, status %d)", e.Code, e.Status)
+	return fmt.Sprintf("mappings: Stripe could not be asked (%s, status %d)", e.Code, e.Status)
+}
+
+// CheckCustomer implements CustomerChecker: the account must have the
+// customer, not deleted. Meter events for a customer the account does not
+// have are refused (meter_event_customer_not_found), and the items would
+// wait in quarantine.
+func (s StripeMeters) CheckCustomer(ctx context.Context, customerID string) error {
+	state, err := s.Client.Customer(ctx, customerID)
+	if err != nil {
+		code, status, _ := stripeapi.Describe(err)
+		return &ErrProviderUnavailable{Code: code, Status: status}
+	}
+	switch state {
+	case stripeapi.CustomerActive:
+		return nil
+	case stripeapi.CustomerDeleted:
+		return &CustomerError{Code: CodeCustomerDeleted,
+			Message: fmt.Sprintf("Stripe's customer %s is deleted in the account this node exports to; map a current customer", customerID)}
+	}
+	return &CustomerError{Code: CodeCustomerNotFound,
+		Message: fmt.Sprintf("Stripe has no customer %s in the account this node exports to (check the id, the key's mode and STRIPE_ACCOUNT); create it first", customerID)}
 }
 
 // CheckMeter implements MeterChecker: an active meter must have the event

@@ -68,10 +68,18 @@ func sameAnchor(a, b *time.Time) bool {
 	return a.Equal(*b)
 }
 
-// PutTenant sets a tenant's mapping, like PutFeature.
+// PutTenant sets a tenant's mapping, like PutFeature. With a Checker, the
+// account must have the customer, not deleted (a *CustomerError says why
+// not), whether or not the mapping changes; it is asked before the
+// transaction, which holds no lock while Stripe answers.
 func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in TenantInput, by string) (t Tenant, changed bool, err error) {
 	if err := in.validate(tenant); err != nil {
 		return Tenant{}, false, err
+	}
+	if s.Checker != nil {
+		if err := s.Checker.CheckCustomer(ctx, in.StripeCustomerID); err != nil {
+			return Tenant{}, false, err
+		}
 	}
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		cur, err := scanTenant(tx.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1 FOR UPDATE", tenant))
@@ -104,7 +112,7 @@ func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in 
 			return err
 		}
 		return audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionTenantMapping, Subject: "tenant:" + tenant,
-			From: from, To: tenantState(t)})
+			From: from, To: tenantState(t), Reason: s.auditReason()})
 	})
 	if err != nil {
 		return Tenant{}, false, fmt.Errorf("mappings: setting tenant %s: %w", tenant, err)

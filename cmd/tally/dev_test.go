@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,6 +47,7 @@ func TestDev(t *testing.T) {
 	t.Parallel()
 	d := startDev(t)
 	d.checkReady()
+	d.checkOperatorCommandsFindDev()
 
 	printed := d.out.String()
 	d.runCurlLine(printed)
@@ -61,6 +63,63 @@ func TestDev(t *testing.T) {
 	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, d.cmd.Wait(), "%s", d.out)
 	require.NotContains(t, d.out.String(), "level=ERROR")
+	_, err := os.Stat(d.envFile)
+	require.ErrorIs(t, err, os.ErrNotExist, "dev removes dev.env when it stops")
+}
+
+// checkOperatorCommandsFindDev runs commands in the checkout with no
+// setting, as an operator beside dev would: doctor finds dev's simulator
+// through the dev.env dev printed and runs its Stripe checks against it
+// (the demo's meters and customers), and a mapping to a customer the
+// simulator does not have is refused there as at the API.
+func (d *devRun) checkOperatorCommandsFindDev() {
+	d.t.Helper()
+	m := regexp.MustCompile(`find dev through (\S+) \(mode 0600`).FindStringSubmatch(d.out.String())
+	require.NotNil(d.t, m, "dev says where dev.env is:\n%s", d.out)
+	d.envFile = m[1]
+	fi, err := os.Stat(d.envFile)
+	require.NoError(d.t, err)
+	require.Equal(d.t, os.FileMode(0o600), fi.Mode().Perm())
+	require.NotContains(d.t, d.out.String(), "sk_test_", "dev prints no Stripe key")
+
+	status, out, errs := d.operator("doctor", "--format", "json")
+	require.Equal(d.t, 0, status, "%s%s", out, errs)
+	var results []struct{ Check, Status, Detail string }
+	require.NoError(d.t, json.Unmarshal([]byte(out), &results), out)
+	got := map[string]string{}
+	for _, r := range results {
+		got[r.Check] = r.Status + ": " + r.Detail
+	}
+	require.Contains(d.t, got["configuration"], "STRIPE_API_KEY, STRIPE_API_BASE, STRIPE_METER_EVENTS_BASE, STRIPE_WEBHOOK_SECRET from "+d.envFile)
+	require.Contains(d.t, got["stripe"], "ok: reachable; account acct_sim, test mode")
+	require.Contains(d.t, got["meters"], "ok: all 3 mapped features have an active meter")
+	require.Contains(d.t, got["customers"], "ok: all 2 mapped tenants' customers exist")
+	require.NotContains(d.t, out, "sk_test_", "doctor prints no key")
+
+	status, _, errs = d.operator("mappings", "tenants", "set", "acme", "--customer", "cus_acmee")
+	require.Equal(d.t, 1, status, errs)
+	require.Contains(d.t, errs, "customer_not_found: Stripe has no customer cus_acmee")
+}
+
+// operator runs a tally command in the checkout with no TALLY_ or STRIPE_
+// setting, and returns its exit status, stdout and stderr.
+func (d *devRun) operator(args ...string) (int, string, string) {
+	d.t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Dir = d.checkout
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "TALLY_") && !strings.HasPrefix(kv, "STRIPE_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), out.String(), errb.String()
+	}
+	require.NoError(d.t, err, "%s", errb.String())
+	return 0, out.String(), errb.String()
 }
 
 // devRun is one `tally dev` process of TestDev, run in a checkout of its
@@ -72,6 +131,7 @@ type devRun struct {
 	simAddr  string // the simulator's address
 	cmd      *exec.Cmd
 	out      *syncBuffer // what it prints
+	envFile  string      // the dev.env it wrote
 }
 
 // startDev starts `tally dev` in a checkout under a 0700 directory, with

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/cmd/tally/config"
 )
 
 // dev makes its token files 0600 and reuses them on the next start.
@@ -59,8 +61,8 @@ func TestDevRefusesTokenFilesItDidNotMake(t *testing.T) {
 	}
 	fi, err := os.Stat(theirs)
 	require.NoError(t, err)
-	require.Contains(t, ownerProblem(otherOwner{fi}), "is owned by uid 4242, not by this user")
-	require.Empty(t, ownerProblem(mustStat(t, filepath.Join(dir, "elsewhere"))), "its own 0600 file is fine")
+	require.Contains(t, config.OwnerProblem(otherOwner{fi}), "is owned by uid 4242, not by this user")
+	require.Empty(t, config.OwnerProblem(mustStat(t, filepath.Join(dir, "elsewhere"))), "its own 0600 file is fine")
 }
 
 // otherOwner is a file's metadata as if uid 4242 owned it.

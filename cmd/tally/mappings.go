@@ -85,7 +85,7 @@ func (f *featureFlags) run(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return mappingFailure(err)
 	}
-	return printJSON(e.stdout, map[string]any{"mapping": mf, "changed": changed})
+	return printSaved(e, mf, changed)
 }
 
 // tenantFlags are the flags of tally mappings tenants.
@@ -137,7 +137,7 @@ func (f *tenantFlags) run(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return mappingFailure(err)
 	}
-	return printJSON(e.stdout, map[string]any{"mapping": t, "changed": changed})
+	return printSaved(e, t, changed)
 }
 
 // mappingArgs checks the action of a mappings command and its name.
@@ -160,12 +160,31 @@ func mappingArgs(args []string) error {
 	return nil
 }
 
-// mappingFailure makes a mapping the mappings package refuses a mistake in
-// how the command was called.
+// mappingFailure reports a mapping the mappings package refused by its
+// code and message, as the API and the console do: "customer_not_found:
+// Stripe has no customer …". Malformed input is a mistake in how the
+// command was called (exit status 2); the other refusals are failures (1).
+// Any other error (the database's) is returned as it is.
 func mappingFailure(err error) error {
-	var ve *mappings.ValidationError
-	if errors.As(err, &ve) {
-		return usageError{ve.Error()}
+	refusal, ok := mappings.RefusalOf(err)
+	if !ok {
+		return err
 	}
-	return err
+	msg := refusal.Code + ": " + refusal.Message
+	if refusal.Code == mappings.CodeInvalidMapping {
+		return usageError{msg}
+	}
+	return errors.New(msg)
+}
+
+// printSaved prints a saved mapping, and on stderr the warning of one saved
+// without checking Stripe (no key: see mappings.UncheckedWarning), which the
+// JSON carries too.
+func printSaved(e *env, mapping any, changed bool) error {
+	out := map[string]any{"mapping": mapping, "changed": changed}
+	if w := e.parts.Mappings.Warning(); w != "" {
+		out["warning"] = w
+		fmt.Fprintf(e.stderr, "warning: %s\n", w)
+	}
+	return printJSON(e.stdout, out)
 }

@@ -129,7 +129,7 @@ func (f *devFlags) prepare(_ context.Context, cfg *config.Config, _ io.Writer) (
 // regular file of this user, readable by no one else; any other stops dev.
 func devToken(dataDir, name string) (string, error) {
 	path := filepath.Join(dataDir, name)
-	b, err := readOwnFile(path)
+	b, err := config.ReadOwnFile(path, "as a token")
 	if err == nil {
 		return strings.TrimSpace(string(b)), nil
 	}
@@ -144,35 +144,6 @@ func devToken(dataDir, name string) (string, error) {
 	return token, os.WriteFile(path, []byte(token+"\n"), 0o600)
 }
 
-// readOwnFile reads the token file at path if it is a regular file (not a
-// link) that tally dev could have written: owned by this user, mode 0600 or
-// narrower (ownerProblem; not checked on Windows).
-func readOwnFile(path string) ([]byte, error) {
-	link, err := os.Lstat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !link.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file (a link or a directory): tally dev did not make it; remove it and start again", path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !os.SameFile(link, fi) {
-		return nil, fmt.Errorf("%s changed while it was read; start again", path)
-	}
-	if problem := ownerProblem(fi); problem != "" {
-		return nil, fmt.Errorf("%s %s: tally dev did not make it, or it was changed since; it will not use it as a token. Remove it and start again", path, problem)
-	}
-	return io.ReadAll(io.LimitReader(f, 4096))
-}
-
 // run makes the dev tokens and maps the demo, then serves; once the service
 // listens it says where everything is.
 func (f *devFlags) run(ctx context.Context, e *env, _ []string) error {
@@ -185,8 +156,45 @@ func (f *devFlags) run(ctx context.Context, e *env, _ []string) error {
 			return err
 		}
 	}
-	ready := func(addr string) { f.printReady(e, addr, admin, ingest) }
+	envFile, err := f.writeDevEnv(e)
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", config.DevEnvFile, err)
+	}
+	if envFile != "" {
+		defer os.Remove(envFile)
+	}
+	ready := func(addr string) { f.printReady(e, addr, admin, ingest, envFile) }
 	return app.Serve(ctx, e.cfg, e.db, e.parts, e.logger, ready)
+}
+
+// writeDevEnv writes config.DevEnvFile in the data directory — dev's
+// database when it is TALLY_DATABASE_URL, and the simulator's key and
+// addresses when dev runs it — for the operator commands (doctor, requeue,
+// reconcile, mappings…) to find dev; run removes it when dev stops. With
+// neither (the embedded cluster, which commands find by the data
+// directory, and a Stripe key of the environment) it writes none, and
+// removes one an earlier dev left. It returns the file's path, or "".
+func (f *devFlags) writeDevEnv(e *env) (string, error) {
+	vars := map[string]string{}
+	if e.cfg.DatabaseURL != "" {
+		vars["TALLY_DATABASE_URL"] = e.cfg.DatabaseURL
+	}
+	if f.simulated(e) {
+		vars["STRIPE_API_KEY"], vars["STRIPE_API_BASE"] = e.cfg.StripeAPIKey, e.cfg.StripeAPIBase
+		vars["STRIPE_METER_EVENTS_BASE"], vars["STRIPE_WEBHOOK_SECRET"] = e.cfg.StripeMeterEventsBase, e.cfg.StripeWebhookSecret
+	}
+	if len(vars) == 0 {
+		err := os.Remove(filepath.Join(e.cfg.DataDir, config.DevEnvFile))
+		if errors.Is(err, os.ErrNotExist) {
+			err = nil
+		}
+		return "", err
+	}
+	var notes []string
+	if e.cfg.DatabaseURL == "" {
+		notes = append(notes, "The admin token (for the API and the console) is in "+filepath.Join(e.cfg.DataDir, "dev-admin-token")+" unless TALLY_ADMIN_TOKEN is set.")
+	}
+	return config.WriteDevEnv(e.cfg.DataDir, vars, notes...)
 }
 
 // simulated reports whether this node sends to the simulator tally dev
@@ -247,8 +255,9 @@ func mapDemo(ctx context.Context, e *env) error {
 }
 
 // printReady says where the service listening at addr, its console, the
-// simulator and the data are, and how to post usage.
-func (f *devFlags) printReady(e *env, addr, admin, ingest string) {
+// simulator, the dev.env of the operator commands and the data are, and
+// how to post usage.
+func (f *devFlags) printReady(e *env, addr, admin, ingest, envFile string) {
 	w := e.stdout
 	fmt.Fprintf(w, "\nTally is running at http://%s (API /v1, health /healthz, readiness /readyz, metrics /metrics)\n", addr)
 	if admin != "" {
@@ -270,6 +279,9 @@ func (f *devFlags) printReady(e *env, addr, admin, ingest string) {
 	where := "embedded PostgreSQL in " + e.cfg.DataDir
 	if e.cfg.DatabaseURL != "" {
 		where = "TALLY_DATABASE_URL"
+	}
+	if envFile != "" {
+		fmt.Fprintf(w, "\nOperator commands run here (tally doctor, requeue, reconcile, mappings …) find dev through %s (mode 0600: it holds the simulator's key).\n", envFile)
 	}
 	fmt.Fprintf(w, "\nData: %s. Stop with Ctrl-C.\n", where)
 }

@@ -1,6 +1,7 @@
 // Package stripeapi builds Tally's stripe-go client and holds the Stripe
 // read calls that are not on the export path: the account behind a key,
-// the billing meters and the meter of an event name.
+// the billing meters and the meter of an event name, and whether the
+// account has a customer.
 //
 // What it never does: it never retries on its own (stripe-go runs with
 // MaxNetworkRetries 0 — retrying belongs to the outbox), it never logs (its

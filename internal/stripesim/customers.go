@@ -21,6 +21,9 @@ type customer struct {
 	description string
 	phone       string
 	metadata    map[string]string
+	// deleted: DELETE /v1/customers/{id} removed it; its id still
+	// answers, with deleted: true.
+	deleted bool
 }
 
 // customerJSON is the customer object, with the fields stripe-go's
@@ -117,7 +120,19 @@ func (s *Server) createCustomer(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// getCustomer is GET /v1/customers/{id}.
+// deletedCustomerJSON is a deleted customer as Stripe answers it: "a
+// subset of the customer's information ... including a deleted property
+// that's set to true" (https://docs.stripe.com/api/customers/retrieve); the
+// subset is the deleted_customer object's id, object and deleted
+// (https://docs.stripe.com/api/customers/delete).
+type deletedCustomerJSON struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Deleted bool   `json:"deleted"`
+}
+
+// getCustomer is GET /v1/customers/{id}: the customer; a deleted one as
+// {id, object, deleted: true}; an unknown id 404 resource_missing.
 func (s *Server) getCustomer(w http.ResponseWriter, r *http.Request) {
 	if e := checkParams(r.Form); e != nil {
 		writeError(w, e)
@@ -126,8 +141,12 @@ func (s *Server) getCustomer(w http.ResponseWriter, r *http.Request) {
 	c, id := callerOf(r), chi.URLParam(r, "id")
 	s.mu.Lock()
 	cu := s.accountLocked(c.account).customers[modeID{c.livemode, id}]
-	var out customerJSON
-	if cu != nil {
+	var out any
+	switch {
+	case cu == nil:
+	case cu.deleted:
+		out = deletedCustomerJSON{ID: cu.id, Object: customerObjectName, Deleted: true}
+	default:
 		out = cu.json()
 	}
 	s.mu.Unlock()
@@ -136,6 +155,30 @@ func (s *Server) getCustomer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// deleteCustomer is DELETE /v1/customers/{id}: the customer is deleted and
+// answered as {id, object, deleted: true}; an id the account does not have,
+// or has deleted already, is 404 resource_missing (deleting twice: not
+// verified, the simulator treats a deleted customer as gone).
+func (s *Server) deleteCustomer(w http.ResponseWriter, r *http.Request) {
+	if e := checkParams(r.Form); e != nil {
+		writeError(w, e)
+		return
+	}
+	c, id := callerOf(r), chi.URLParam(r, "id")
+	s.mu.Lock()
+	cu := s.accountLocked(c.account).customers[modeID{c.livemode, id}]
+	found := cu != nil && !cu.deleted
+	if found {
+		cu.deleted = true
+	}
+	s.mu.Unlock()
+	if !found {
+		writeError(w, errNoSuch(http.StatusNotFound, customerObjectName, "id", id))
+		return
+	}
+	writeJSON(w, http.StatusOK, deletedCustomerJSON{ID: id, Object: customerObjectName, Deleted: true})
 }
 
 // splitNested separates the keys name[...] of form (one level, as

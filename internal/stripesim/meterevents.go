@@ -185,7 +185,7 @@ func (s *Server) checkEventMeterLocked(a *account, m *Meter, in eventInput, now 
 		return nil, &eventProblem{code: CodeInvalidValue, meter: m, err: errValidation(
 			"parameter_invalid_integer", valueParam, "Invalid integer: %s. The value of %s must be a whole number.", raw, valueParam)}
 	}
-	if a.customers[modeID{in.livemode, cust}] == nil {
+	if cu := a.customers[modeID{in.livemode, cust}]; cu == nil || cu.deleted {
 		return nil, &eventProblem{code: CodeCustomerNotFound, meter: m,
 			err: errNoSuch(http.StatusBadRequest, customerObjectName, custParam, cust)}
 	}

@@ -140,6 +140,7 @@ func (s *Server) routes() http.Handler {
 
 	r.Post("/v1/customers", s.createCustomer)
 	r.Get("/v1/customers/{id}", s.getCustomer)
+	r.Delete("/v1/customers/{id}", s.deleteCustomer)
 
 	r.Post(meterEventsPath, s.createMeterEvent)
 	r.Post("/v1/billing/meter_event_adjustments", s.createAdjustment)

@@ -127,11 +127,15 @@ type Config struct {
 	// Pools sizes serve's connection pools, one per workload, and bounds
 	// its reads.
 	Pools PoolsConfig
+	// Dev says which settings came from tally dev's DevEnvFile (devenv.go).
+	Dev DevConfig
 }
 
 // Flags registers every setting on fs and returns a function that, after
 // fs.Parse, builds and validates the Config: flag values win over the
-// environment (read with getenv), which wins over the defaults.
+// environment (read with getenv), which wins over tally dev's DevEnvFile
+// in the data directory (for every command but serve and dev), which wins
+// over the defaults.
 func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) {
 	all := settings()
 	values := make([]string, len(all))
@@ -154,6 +158,11 @@ func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) 
 			c    Config
 			errs []error
 		)
+		getenv, dev, err := devEnvFor(fs, all, values, given, getenv)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		c.Dev = dev
 		for i, s := range all {
 			v, from := s.def, "default"
 			if e := getenv(s.env); e != "" {

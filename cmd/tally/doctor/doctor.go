@@ -1,9 +1,10 @@
 // Package doctor diagnoses a Tally installation for `tally doctor`: the
-// configuration, the database and its migrations, Stripe (reachable, the
-// key's mode and account, a restricted key where the v2 API is needed, the
-// mapped meters and their payload keys), the mappings' coverage of recent
-// usage, and the clock skew between the node and the database. Each check
-// says what is wrong and how to fix it.
+// configuration (and, beside `tally dev`, which settings came from its
+// dev.env), the database and its migrations, Stripe (reachable, the key's
+// mode and account, a restricted key where the v2 API is needed, the
+// mapped meters and their payload keys, the mapped tenants' customers),
+// the mappings' coverage of recent usage, and the clock skew between the
+// node and the database. Each check says what is wrong and how to fix it.
 //
 // It only reads, and only through the packages that own what it reads
 // (migrations, meter, mappings): it runs no SQL of its own, never migrates,
@@ -16,6 +17,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,6 +68,9 @@ type Deps struct {
 	// RecentUsage is how far back usage must be covered by mappings.
 	// Default: 7 days.
 	RecentUsage time.Duration
+	// MaxCustomers is the most distinct mapped customers asked about at
+	// Stripe. Default: MaxCustomersChecked.
+	MaxCustomers int
 }
 
 // Run runs every check, in order; a check that depends on a failed one
@@ -79,6 +84,9 @@ func Run(ctx context.Context, d Deps) []Result {
 	}
 	if d.RecentUsage <= 0 {
 		d.RecentUsage = 7 * 24 * time.Hour
+	}
+	if d.MaxCustomers <= 0 {
+		d.MaxCustomers = MaxCustomersChecked
 	}
 	var out []Result
 	out = append(out, configuration(d.Config))
@@ -127,6 +135,9 @@ func configuration(c config.Config) Result {
 	}
 	if c.StripeAccount != "" {
 		notes = append(notes, "destination account "+c.StripeAccount+" (Connect)")
+	}
+	if c.Dev.EnvFile != "" {
+		notes = append(notes, fmt.Sprintf("%s from %s (tally dev's)", strings.Join(c.Dev.From, ", "), c.Dev.EnvFile))
 	}
 	notes = append(notes, "exporter "+c.Exporter, "reconcile schedule "+c.ReconcileSchedule)
 	if c.StripeWebhookSecret == "" {
@@ -203,9 +214,13 @@ func stripeCheck(ctx context.Context, d Deps) *Result {
 		case http.StatusUnauthorized:
 			r.Fix = "the key is not valid (rolled or deleted?): set STRIPE_API_KEY to a current key"
 		case http.StatusForbidden:
-			r.Fix = "the key may not read meters or the account: give a restricted key meter events (write) and meters and event summaries (read), or fix STRIPE_ACCOUNT"
+			r.Fix = "the key may not read meters or the account: give a restricted key meter events (write) and meters, event summaries and customers (read), or fix STRIPE_ACCOUNT"
 		default:
 			r.Fix = "check that " + d.Config.StripeAPIBase + " is reachable from this node"
+			if d.Config.Dev.EnvFile != "" && slices.Contains(d.Config.Dev.From, "STRIPE_API_BASE") {
+				r.Fix = "is tally dev still running? its simulator (" + d.Config.StripeAPIBase + ", from " + d.Config.Dev.EnvFile +
+					") does not answer; dev removes that file when it stops, not when it is killed"
+			}
 		}
 		return &r
 	}
@@ -260,13 +275,14 @@ func v2Access(ctx context.Context, d Deps) *Result {
 
 // coverage checks that recent usage's features and tenants are mapped, and
 // (when Stripe answered) that every mapped feature has an active meter
-// with its formula and sends the payload keys that meter reads.
+// with its formula and sends the payload keys that meter reads, and that
+// every mapped tenant's customer exists.
 func coverage(ctx context.Context, d Deps, stripeOK bool) []Result {
 	r, read := mapped(ctx, d)
 	if !read || !stripeOK {
 		return []Result{r}
 	}
-	return append([]Result{r}, meters(ctx, d)...)
+	return append(append([]Result{r}, meters(ctx, d)...), customers(ctx, d))
 }
 
 // mapped checks that every feature and tenant with usage in the last

@@ -75,7 +75,7 @@ func TestHealthy(t *testing.T) {
 	t.Parallel()
 	s := healthy(t)
 	rs := s.run(t, nil)
-	for _, check := range []string{"configuration", "database", "migrations", "clock", "stripe", "stripe v2", "mappings", "meters", "payload keys"} {
+	for _, check := range []string{"configuration", "database", "migrations", "clock", "stripe", "stripe v2", "mappings", "meters", "payload keys", "customers"} {
 		require.Equal(t, doctor.OK, rs[check].Status, "%s: %+v", check, rs[check])
 	}
 	require.Contains(t, rs["stripe"].Detail, "account acct_sim, test mode")
@@ -91,6 +91,7 @@ func TestEachFailure(t *testing.T) {
 		check   string
 		status  doctor.Status
 		says    string
+		fix     string // when set, what the fix says
 	}{
 		{name: "no key", mutate: func(d *doctor.Deps) {
 			d.Config.StripeAPIKey = ""
@@ -104,6 +105,28 @@ func TestEachFailure(t *testing.T) {
 		{name: "Stripe unreachable", mutate: func(d *doctor.Deps) {
 			d.Resolver, _ = exporter.NewResolver(exporter.Settings{Key: stripesim.DefaultKey, APIBase: "http://127.0.0.1:1"})
 		}, check: "stripe", status: doctor.Problem, says: "Stripe did not answer"},
+		{name: "dev's simulator gone", mutate: func(d *doctor.Deps) {
+			d.Config.StripeAPIBase = "http://127.0.0.1:1"
+			d.Config.Dev = config.DevConfig{EnvFile: "/data/dev.env", From: []string{"STRIPE_API_KEY", "STRIPE_API_BASE"}}
+			d.Resolver, _ = exporter.NewResolver(exporter.Settings{Key: stripesim.DefaultKey, APIBase: d.Config.StripeAPIBase})
+		}, check: "stripe", status: doctor.Problem, says: "Stripe did not answer", fix: "is tally dev still running?"},
+		{name: "settings from dev.env are named", mutate: func(d *doctor.Deps) {
+			d.Config.Dev = config.DevConfig{EnvFile: "/data/dev.env", From: []string{"STRIPE_API_KEY", "STRIPE_API_BASE"}}
+		}, check: "configuration", status: doctor.OK, says: "STRIPE_API_KEY, STRIPE_API_BASE from /data/dev.env (tally dev's)"},
+		{name: "a mapped tenant whose customer the account does not have", prepare: func(t *testing.T, s *setup) {
+			s.env.Tenant(t, "t2", nil)
+		}, check: "customers", status: doctor.Problem, says: "t2 (cus_t2: customer_not_found)"},
+		{name: "a mapped tenant whose customer was deleted", prepare: func(t *testing.T, s *setup) {
+			c, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: s.base})
+			require.NoError(t, err)
+			_, err = c.Stripe().V1Customers.Delete(context.Background(), "cus_t1", nil)
+			require.NoError(t, err)
+		}, check: "customers", status: doctor.Problem, says: "t1 (cus_t1: customer_deleted)"},
+		{name: "more customers than one run checks is a warning", prepare: func(t *testing.T, s *setup) {
+			s.sim.CreateCustomer(stripesim.DefaultAccount, "cus_t2")
+			s.env.Tenant(t, "t2", nil)
+		}, mutate: func(d *doctor.Deps) { d.MaxCustomers = 1 },
+			check: "customers", status: doctor.Warning, says: "the customers of 1 mapped tenants exist in the account (the first 1 distinct, by tenant); 1 tenants not checked"},
 		{name: "database unreachable", mutate: func(d *doctor.Deps) {
 			d.Pool, d.DBErr = nil, errors.New("connecting to postgres://tally:s3cret@db:5432/tally: refused")
 		}, check: "database", status: doctor.Problem, says: "[redacted]"},
@@ -152,6 +175,7 @@ func TestEachFailure(t *testing.T) {
 			require.True(t, ok, "no %s check in %+v", tc.check, rs)
 			require.Equal(t, tc.status, r.Status, "%+v", r)
 			require.Contains(t, r.Detail, tc.says)
+			require.Contains(t, r.Fix, tc.fix)
 			if tc.status == doctor.Problem {
 				require.NotEmpty(t, r.Fix, "a problem says how to fix it")
 			}

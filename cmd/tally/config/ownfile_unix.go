@@ -1,6 +1,6 @@
 //go:build unix
 
-package main
+package config
 
 import (
 	"fmt"
@@ -8,9 +8,9 @@ import (
 	"syscall"
 )
 
-// ownerProblem says why a token file is not one tally dev made: another
-// owner, or a mode that lets group or others at it; "" when it could be.
-func ownerProblem(fi os.FileInfo) string {
+// OwnerProblem says why a file is not one tally dev made: another owner,
+// or a mode that lets group or others at it; "" when it could be.
+func OwnerProblem(fi os.FileInfo) string {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Getuid() {
 		return fmt.Sprintf("is owned by uid %d, not by this user (uid %d)", st.Uid, os.Getuid())
 	}
