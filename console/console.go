@@ -348,7 +348,6 @@ var flashes = map[string]flash{
 	"expected_state":   {Text: "Not recovered: the item is no longer uncertain (or changed since the page was drawn).", Error: true},
 	"invalid_recovery": {Text: "Not recovered: give a reason (required to reject, and with 'nothing reached Stripe', which goes with pending only).", Error: true},
 	"past_horizon":     {Text: "Not recovered: past its horizon an item may go back to pending only with 'nothing reached Stripe' and a reason.", Error: true},
-	"invalid_mapping":  {Text: "Not saved: the mapping is invalid or Stripe has no active meter with that event name and formula.", Error: true},
 	"no_stripe":        {Text: "No Stripe key is configured: there is nothing to reconcile against.", Error: true},
 	"invalid_settle":   {Text: "The settle delay must be a duration such as 2h.", Error: true},
 }
