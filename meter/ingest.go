@@ -156,14 +156,24 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 			return Result{}, err
 		}
 	}
+	if err := in.afterInsert(ctx, tx, events, unique, inserted, &res); err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// afterInsert does what follows the insert of a batch's new events, in its
+// transaction: it counts those unmapped in res, applies the quarantine cap
+// and stages what is staged at ingest.
+func (in *Ingester) afterInsert(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow, res *Result) error {
 	if len(inserted) == 0 {
-		return res, nil
+		return nil
 	}
 	// The new events' mappings, read once for the count of unmapped usage,
 	// the quarantine cap and staging.
 	maps, err := newEventMappings(ctx, tx, events, unique, inserted)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	for _, i := range unique {
 		if _, ok := inserted[eventKey{events[i].Tenant, events[i].ID}]; ok {
@@ -176,15 +186,13 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 	// cap needs no count.
 	if in.MaxQuarantined > 0 && len(inserted) > in.MaxQuarantined {
 		if err := in.capQuarantine(ctx, tx, events, unique, inserted, maps); err != nil {
-			return Result{}, err
+			return err
 		}
 	}
 	if in.Stager != nil {
-		if err := in.Stager.stageNewEvents(ctx, tx, events, unique, inserted, maps); err != nil {
-			return Result{}, err
-		}
+		return in.Stager.stageNewEvents(ctx, tx, events, unique, inserted, maps)
 	}
-	return res, nil
+	return nil
 }
 
 // newEventMappings reads, in one query, the current mappings of every

@@ -81,18 +81,24 @@ func TestHealthy(t *testing.T) {
 	require.Contains(t, rs["stripe"].Detail, "account acct_sim, test mode")
 }
 
-// Each failure the doctor checks, one at a time, with what it says.
-func TestEachFailure(t *testing.T) {
+// failureCase is one failure the doctor checks: how to bring it about
+// (prepare the database or the simulator, mutate the doctor's inputs), and
+// what the check named says of it.
+type failureCase struct {
+	name    string
+	prepare func(t *testing.T, s *setup)
+	mutate  func(*doctor.Deps)
+	check   string
+	status  doctor.Status
+	says    string
+	fix     string // when set, what the fix says
+}
+
+// Each failure of the configuration and of Stripe, one at a time, with what
+// the doctor says.
+func TestEachStripeFailure(t *testing.T) {
 	t.Parallel()
-	cases := []struct {
-		name    string
-		prepare func(t *testing.T, s *setup)
-		mutate  func(*doctor.Deps)
-		check   string
-		status  doctor.Status
-		says    string
-		fix     string // when set, what the fix says
-	}{
+	runFailures(t, []failureCase{
 		{name: "no key", mutate: func(d *doctor.Deps) {
 			d.Config.StripeAPIKey = ""
 			d.Resolver, _ = exporter.NewResolver(exporter.Settings{})
@@ -127,6 +133,14 @@ func TestEachFailure(t *testing.T) {
 			s.env.Tenant(t, "t2", nil)
 		}, mutate: func(d *doctor.Deps) { d.MaxCustomers = 1 },
 			check: "customers", status: doctor.Warning, says: "the customers of 1 mapped tenants exist in the account (the first 1 distinct, by tenant); 1 tenants not checked"},
+	})
+}
+
+// Each failure of the database, the mappings, the clock and the key's
+// permissions, one at a time, with what the doctor says.
+func TestEachFailure(t *testing.T) {
+	t.Parallel()
+	runFailures(t, []failureCase{
 		{name: "database unreachable", mutate: func(d *doctor.Deps) {
 			d.Pool, d.DBErr = nil, errors.New("connecting to postgres://tally:s3cret@db:5432/tally: refused")
 		}, check: "database", status: doctor.Problem, says: "[redacted]"},
@@ -162,7 +176,11 @@ func TestEachFailure(t *testing.T) {
 		{name: "a restricted key without error reports is a warning", mutate: func(d *doctor.Deps) {
 			d.Config.StripeAPIKey, d.Config.StripeWebhookSecret = restrictedKey, ""
 		}, check: "configuration", status: doctor.Warning, says: "restricted key"},
-	}
+	})
+}
+
+// runFailures runs each case on a healthy setup of its own.
+func runFailures(t *testing.T, cases []failureCase) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
