@@ -198,6 +198,8 @@ func (s *completenessScenario) asCSV(t *testing.T, h *harness) {
 		// The harness computes anew for every request (no TALLY_REPORT_MAX_AGE).
 		require.GreaterOrEqual(t, row[len(row)-1], want.AsOf, "the snapshot's as_of on every row")
 	}
+	resp = h.request(http.MethodGet, "/v1/reports/completeness?period="+s.month+"&tenat=acme", s.fin, nil)
+	require.Equal(t, http.StatusBadRequest, resp.status, "an unknown parameter (a typo) is refused, not ignored: %s", resp)
 	for _, bad := range []string{"xml", "CSV"} {
 		resp := h.request(http.MethodGet, "/v1/reports/completeness?format="+bad+"&period="+s.month, s.fin, nil)
 		require.Equal(t, http.StatusBadRequest, resp.status, "%s", resp)

@@ -183,15 +183,17 @@ func (h *handlers) quarantineItemsCSV(w http.ResponseWriter, r *http.Request, f 
 }
 
 func (h *handlers) getCompleteness(w http.ResponseWriter, r *http.Request) {
+	if !onlyParams(w, r, "period", "tenant", "format", "refresh") {
+		return
+	}
 	q := r.URL.Query()
 	period := q.Get("period")
 	if _, _, err := quarantine.ParsePeriod(period); err != nil {
 		WriteError(w, http.StatusBadRequest, "invalid_period", "period is required, as YYYY-MM")
 		return
 	}
-	format := q.Get("format")
-	if format != "" && format != "json" && format != "csv" {
-		WriteError(w, http.StatusBadRequest, "invalid_format", "format must be json or csv")
+	asCSV, ok := csvFormat(w, q)
+	if !ok {
 		return
 	}
 	var refresh bool
@@ -203,13 +205,14 @@ func (h *handlers) getCompleteness(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_refresh", "refresh must be true or false")
 		return
 	}
-	if format == "csv" {
+	if asCSV {
 		c, err := h.Reports.Completeness(r.Context(), h.Pool, period, q.Get("tenant"), refresh)
 		if err != nil {
 			h.internal(w, r, err)
 			return
 		}
-		writeCompletenessCSV(w, c)
+		csvHeaders(w, "tally-completeness-"+c.Period+".csv")
+		_ = c.CSV(w)
 		return
 	}
 	body, err := h.Reports.CompletenessJSON(r.Context(), h.Pool, period, q.Get("tenant"), refresh)
@@ -221,14 +224,6 @@ func (h *handlers) getCompleteness(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
-}
-
-// writeCompletenessCSV answers the completeness report as a CSV download.
-func writeCompletenessCSV(w http.ResponseWriter, c quarantine.Completeness) {
-	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-	w.Header().Set("Content-Disposition", fmt.Sprintf(`attachment; filename="tally-completeness-%s.csv"`, c.Period))
-	w.Header().Set("Cache-Control", "no-store")
-	_ = c.CSV(w)
 }
 
 func (h *handlers) requeue(w http.ResponseWriter, r *http.Request) {
