@@ -177,3 +177,26 @@ func (s *Store) WindowItemCount(ctx context.Context, q Querier, tenant, base str
 	}
 	return n, nil
 }
+
+// StatesOf reads the current state of each item of ids that exists, for a
+// caller that decides from them before asking for a transition (which
+// checks its own predicate again). It runs on q, so that it can be part of
+// the caller's transaction.
+func (s *Store) StatesOf(ctx context.Context, q Querier, ids []int64) (map[int64]State, error) {
+	rows, err := q.Query(ctx, `SELECT id, state FROM outbox_items WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: reading states: %w", err)
+	}
+	out := make(map[int64]State, len(ids))
+	var (
+		id    int64
+		state State
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
+		out[id] = state
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("outbox: reading states: %w", err)
+	}
+	return out, nil
+}

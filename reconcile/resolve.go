@@ -193,27 +193,22 @@ func lockDiscrepancy(ctx context.Context, tx pgx.Tx, id int64) (Discrepancy, err
 // returns those it confirmed; an item neither accepted nor confirmed, now
 // or when it is confirmed, refuses the resolution.
 func settleItems(ctx context.Context, tx pgx.Tx, store *outbox.Store, d Discrepancy) ([]int64, error) {
-	rows, err := tx.Query(ctx, `SELECT id, state FROM outbox_items WHERE id = ANY($1) ORDER BY id`, d.ExpectedItems)
+	states, err := store.StatesOf(ctx, tx, d.ExpectedItems)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: reading the items of discrepancy %d: %w", d.ID, err)
 	}
 	var (
-		itemID   int64
-		state    outbox.State
 		accepted []int64
 		moved    = map[int64]outbox.State{}
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&itemID, &state}, func() error {
-		switch state {
+	for _, itemID := range d.ExpectedItems {
+		switch state := states[itemID]; state {
 		case outbox.StateAccepted:
 			accepted = append(accepted, itemID)
 		case outbox.StateConfirmed:
 		default:
 			moved[itemID] = state
 		}
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("reconcile: reading the items of discrepancy %d: %w", d.ID, err)
 	}
 	if len(moved) > 0 {
 		return nil, &ItemsMovedError{Discrepancy: d.ID, Items: moved}
