@@ -133,7 +133,13 @@ func parse(cmd command, rest []string, getenv func(string) string, stderr io.Wri
 	if cmd.noDB && !cmd.settings {
 		cfgFlags = flag.NewFlagSet("", flag.ContinueOnError)
 	}
-	load := config.Flags(cfgFlags, getenv)
+	// serve and dev never read tally dev's dev.env; every other command
+	// does, when it is there.
+	flags := config.OperatorFlags
+	if cmd.service {
+		flags = config.Flags
+	}
+	load := flags(cfgFlags, getenv)
 	if cmd.flags != nil {
 		cmd.flags(fs)
 	}

@@ -133,10 +133,21 @@ type Config struct {
 
 // Flags registers every setting on fs and returns a function that, after
 // fs.Parse, builds and validates the Config: flag values win over the
-// environment (read with getenv), which wins over tally dev's DevEnvFile
-// in the data directory (for every command but serve and dev), which wins
-// over the defaults.
+// environment (read with getenv), which wins over the defaults. It never
+// reads tally dev's DevEnvFile: a service must never send to a simulator
+// it found on disk (OperatorFlags does, for the operator commands).
 func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) {
+	return flags(fs, getenv, false)
+}
+
+// OperatorFlags is Flags for an operator command run beside tally dev: the
+// environment wins over dev's DevEnvFile in the data directory, which wins
+// over the defaults.
+func OperatorFlags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) {
+	return flags(fs, getenv, true)
+}
+
+func flags(fs *flag.FlagSet, getenv func(string) string, devEnv bool) func() (Config, error) {
 	all := settings()
 	values := make([]string, len(all))
 	given := make([]bool, len(all))
@@ -158,7 +169,7 @@ func Flags(fs *flag.FlagSet, getenv func(string) string) func() (Config, error) 
 			c    Config
 			errs []error
 		)
-		getenv, dev, err := devEnvFor(fs, all, values, given, getenv)
+		getenv, dev, err := devEnvFor(devEnv, all, values, given, getenv)
 		if err != nil {
 			errs = append(errs, err)
 		}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
 	"os"
@@ -42,12 +41,6 @@ var devEnvGroups = [][]string{
 	{"TALLY_DATABASE_URL"},
 	{"STRIPE_API_KEY", "STRIPE_API_BASE", "STRIPE_METER_EVENTS_BASE", "STRIPE_ACCOUNT", "STRIPE_WEBHOOK_SECRET"},
 }
-
-// devEnvIgnoredBy are the flag sets (named "tally <command>" by the command
-// line) whose commands never read DevEnvFile: serve must never send to a
-// simulator it found on disk, and dev writes the file (a stale one would
-// point it at a simulator it has not started).
-var devEnvIgnoredBy = []string{"tally serve", "tally dev"}
 
 // WriteDevEnv writes vars to DevEnvFile in dataDir (made 0700 if missing),
 // mode 0600, replacing the file; only variables of devEnvGroups, after
@@ -168,15 +161,12 @@ func withDevEnv(getenv func(string) string, env devEnv, set func(name string) bo
 	}, names
 }
 
-// readsDevEnv reports whether the command of fs reads DevEnvFile.
-func readsDevEnv(fs *flag.FlagSet) bool { return !slices.Contains(devEnvIgnoredBy, fs.Name()) }
-
-// devEnvFor is getenv with what the command of fs takes from DevEnvFile,
-// and where it came from; getenv itself for serve and dev, and when no
-// file is there. values and given are the flags of all, as Flags keeps
+// devEnvFor is getenv with what a command takes from DevEnvFile, and where
+// it came from; getenv itself when it does not read it (read false: serve,
+// dev) and when no file is there. values and given are the flags of all, as Flags keeps
 // them.
-func devEnvFor(fs *flag.FlagSet, all []setting, values []string, given []bool, getenv func(string) string) (func(string) string, DevConfig, error) {
-	if !readsDevEnv(fs) {
+func devEnvFor(read bool, all []setting, values []string, given []bool, getenv func(string) string) (func(string) string, DevConfig, error) {
+	if !read {
 		return getenv, DevConfig{}, nil
 	}
 	flagged := func(name string) (string, bool) {

@@ -27,7 +27,12 @@ func loadAs(t *testing.T, command string, env map[string]string, args ...string)
 	t.Helper()
 	fs := flag.NewFlagSet("tally "+command, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	build := config.Flags(fs, func(k string) string { return env[k] })
+	// As the command line chooses: serve and dev never read dev.env.
+	flags := config.OperatorFlags
+	if command == "serve" || command == "dev" {
+		flags = config.Flags
+	}
+	build := flags(fs, func(k string) string { return env[k] })
 	require.NoError(t, fs.Parse(args))
 	return build()
 }
@@ -140,4 +145,19 @@ func TestDevEnvNotWrittenByDevIsRefused(t *testing.T) {
 	_, err = loadAs(t, "requeue", map[string]string{"TALLY_DATA_DIR": dir})
 	require.ErrorContains(t, err, path+", line 2: not NAME=value of a variable tally dev writes")
 	require.NotContains(t, err.Error(), "evil")
+}
+
+// serve (and dev, and anything built with Flags, as the tests' nodes are)
+// never reads dev.env: a service must not send to a simulator it found on
+// disk.
+func TestServiceNeverReadsDevEnv(t *testing.T) {
+	t.Parallel()
+	dir, _ := devDir(t)
+	for _, command := range []string{"serve", "dev"} {
+		c, err := loadAs(t, command, map[string]string{"TALLY_DATA_DIR": dir})
+		require.NoError(t, err, command)
+		require.Empty(t, c.StripeAPIKey, command)
+		require.Empty(t, c.DatabaseURL, command)
+		require.Empty(t, c.Dev.EnvFile, command)
+	}
 }
