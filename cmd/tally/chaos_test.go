@@ -74,7 +74,8 @@ type chaosRun struct {
 	t        *testing.T
 	ctx      context.Context
 	duration time.Duration // how long the chaos lasts
-	rng      *rand.Rand
+	rng      *rand.Rand    // through intN and uint64: the poster, the killer and the restarts draw from it at once
+	rngMu    sync.Mutex
 	features []chaosFeature
 
 	dataDir string
@@ -151,7 +152,7 @@ func (r *chaosRun) restartPostgres() {
 	r.nodesMu.Lock()
 	r.pgMu.Lock()
 	require.NoError(r.t, r.pg.Stop(r.ctx))
-	time.Sleep(time.Duration(500+r.rng.IntN(1500)) * time.Millisecond)
+	time.Sleep(time.Duration(500+r.intN(1500)) * time.Millisecond)
 	var err error
 	r.pg, err = embeddedpg.Start(r.ctx, r.pgConfig())
 	r.pgMu.Unlock()
@@ -164,7 +165,7 @@ func (r *chaosRun) restartPostgres() {
 // feature and one customer per tenant.
 func (r *chaosRun) startSimulator() {
 	r.t.Helper()
-	r.sim = stripesim.New(stripesim.Options{Seed: r.rng.Uint64(), Limits: stripesim.Limits{
+	r.sim = stripesim.New(stripesim.Options{Seed: r.uint64(), Limits: stripesim.Limits{
 		OneCallPerCustomerMeter: true,
 		Faults: stripesim.Faults{FailBeforeRecord: 0.08, FailAfterRecord: 0.04, LoseReply: 0.05, RateLimitFault: 0.05, Hang: 0.005,
 			Latency: time.Millisecond, LatencyJitter: 15 * time.Millisecond},
@@ -209,12 +210,26 @@ func (r *chaosRun) startNodes() {
 	})
 }
 
+// intN draws from the run's random source, which several goroutines share.
+func (r *chaosRun) intN(n int) int {
+	r.rngMu.Lock()
+	defer r.rngMu.Unlock()
+	return r.rng.IntN(n)
+}
+
+// uint64 draws from the run's random source, which several goroutines share.
+func (r *chaosRun) uint64() uint64 {
+	r.rngMu.Lock()
+	defer r.rngMu.Unlock()
+	return r.rng.Uint64()
+}
+
 // live is the base URL of a node picked at random, once no node is
 // restarting and Postgres is up.
 func (r *chaosRun) live() string {
 	r.nodesMu.Lock()
 	defer r.nodesMu.Unlock()
-	return "http://" + r.nodes[r.rng.IntN(len(r.nodes))].addr
+	return "http://" + r.nodes[r.intN(len(r.nodes))].addr
 }
 
 func (r *chaosRun) mapFeaturesAndTenants() {
@@ -243,7 +258,7 @@ func (r *chaosRun) startPoster() {
 
 func (r *chaosRun) post() {
 	defer r.wg.Done()
-	prng := rand.New(rand.NewPCG(r.rng.Uint64(), 1))
+	prng := rand.New(rand.NewPCG(r.uint64(), 1))
 	for {
 		select {
 		case <-r.stopped:
@@ -333,14 +348,14 @@ func (r *chaosRun) unleash() {
 	deadline := time.Now().Add(r.duration)
 	pgAt := []time.Time{time.Now().Add(r.duration / 3), time.Now().Add(2 * r.duration / 3)}
 	for time.Now().Before(deadline) {
-		time.Sleep(time.Duration(1000+r.rng.IntN(2000)) * time.Millisecond)
+		time.Sleep(time.Duration(1000+r.intN(2000)) * time.Millisecond)
 		if len(pgAt) > 0 && time.Now().After(pgAt[0]) {
 			pgAt = pgAt[1:]
 			r.restartPostgres()
 			continue
 		}
 		r.nodesMu.Lock()
-		n := r.nodes[r.rng.IntN(len(r.nodes))]
+		n := r.nodes[r.intN(len(r.nodes))]
 		n.kill()
 		n.start()
 		r.nodesMu.Unlock()
