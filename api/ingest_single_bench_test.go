@@ -32,7 +32,9 @@ import (
 //
 //	go test ./api -run '^$' -bench SingleEventIngestVsInsert -benchtime 1x
 //
-// TALLY_BENCH_SINGLE_EVENTS sets the events of each phase (default 32,000).
+// TALLY_BENCH_SINGLE_EVENTS sets the events of each phase (default 32,000);
+// TALLY_INGEST_COALESCE_* in the environment tune the group commit phase
+// as they tune serve.
 // Commits are durable: see BenchmarkIngestVsCopyFrom.
 func BenchmarkSingleEventIngestVsInsert(b *testing.B) {
 	const clients = 64
@@ -40,7 +42,13 @@ func BenchmarkSingleEventIngestVsInsert(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("TALLY_BENCH_SINGLE_EVENTS")); err == nil && v > 0 {
 		events = v
 	}
-	env := startDurable(b, nil)
+	tuned := map[string]string{}
+	for _, k := range []string{"TALLY_INGEST_COALESCE_WAIT", "TALLY_INGEST_COALESCE_EVENTS", "TALLY_INGEST_COALESCE_BYTES", "TALLY_INGEST_COALESCE_COMMITS"} {
+		if v, ok := os.LookupEnv(k); ok {
+			tuned[k] = v
+		}
+	}
+	env := startDurable(b, tuned)
 	off := serveBench(b, env.pool, benchConfig(b, env.url, map[string]string{"TALLY_INGEST_COALESCE_EVENTS": "0"}))
 
 	phases := []struct {
