@@ -11,18 +11,19 @@ import (
 )
 
 // Coalescing is how Ingester.Post shares transactions between concurrent
-// small batches (group commit): a batch of at most MaxEvents events joins
-// the open group; the group closes when it holds MaxEvents events or
-// MaxBytes bytes, or when Wait has passed and one of Commits transactions
-// is free, whichever comes first, and is then written in one transaction
-// and one commit. While every commit slot is busy a group keeps filling, so
-// under load groups grow by themselves and an idle server adds at most Wait
-// to a request's latency. The zero value (MaxEvents 0) coalesces nothing:
+// small batches (group commit): a batch of at most half of MaxEvents
+// events joins the open group (the first to join leads it); the group
+// closes when it holds MaxEvents events or MaxBytes bytes, or once one of
+// Commits transactions is free and it holds half as many batches as the
+// group written before it (or Wait has passed), and is then written in one
+// transaction and one commit. While every commit slot is busy a group
+// keeps filling, so under load groups grow by themselves, and a lone
+// client never waits. The zero value (MaxEvents 0) coalesces nothing:
 // every batch is its own transaction.
 type Coalescing struct {
-	// Wait is how long the first batch of a group waits for others
-	// (TALLY_INGEST_COALESCE_WAIT). serve's default is
-	// DefaultCoalesceWait.
+	// Wait is the most a group with a commit slot waits for half as many
+	// batches as the group before it had (TALLY_INGEST_COALESCE_WAIT); 0
+	// waits for none. serve's default is DefaultCoalesceWait.
 	Wait time.Duration
 	// MaxEvents is the most events of one group, and a batch with more
 	// than half as many is not coalesced (TALLY_INGEST_COALESCE_EVENTS);
@@ -62,6 +63,7 @@ type batcher struct {
 
 	mu   sync.Mutex
 	open *group // the group new batches join; nil when none; guarded by mu
+	last int    // batches of the group written last; guarded by mu
 }
 
 // group is batches that share one transaction.
@@ -70,6 +72,8 @@ type group struct {
 	events, bytes int        // totals of reqs, under batcher.mu
 	full          chan struct{}
 	closed        bool          // full was closed; under batcher.mu
+	target        int           // batches awaitPeers waits for; under batcher.mu
+	enough        chan struct{} // closed (and set nil) by join at target; under batcher.mu
 	done          chan struct{} // closed when every pending has its answer
 }
 
@@ -137,38 +141,66 @@ func (in *Ingester) join(p *pending) (g *group, leader bool) {
 	g.reqs = append(g.reqs, p)
 	g.events += len(p.events)
 	g.bytes += size
+	if g.enough != nil && len(g.reqs) >= g.target {
+		close(g.enough)
+		g.enough = nil
+	}
 	if g.events >= c.MaxEvents || (c.MaxBytes > 0 && g.bytes >= c.MaxBytes) {
 		b.closeOpen()
 	}
 	return g, leader
 }
 
-// lead waits for the group to fill (Wait, then a commit slot) and writes
-// it. The transaction does not end with the leader's request: a client
-// that goes away must not fail the others.
+// lead waits for a commit slot, then for peers (awaitPeers), and writes
+// the group. The transaction does not end with the leader's request: a
+// client that goes away must not fail the others.
 func (in *Ingester) lead(ctx context.Context, db TxBeginner, g *group) {
 	b := &in.batch
-	if wait := in.Coalesce.Wait; wait > 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-g.full:
-		}
-		t.Stop()
-	}
 	select {
 	case b.slots <- struct{}{}:
 	case <-g.full:
 		b.slots <- struct{}{}
 	}
 	defer func() { <-b.slots }()
+	in.awaitPeers(g)
 	b.mu.Lock()
 	if !g.closed {
 		b.closeOpen()
 	}
+	b.last = len(g.reqs)
 	b.mu.Unlock()
 	in.writeGroup(context.WithoutCancel(ctx), db, g.reqs)
 	close(g.done)
+}
+
+// awaitPeers waits, once the group has a commit slot, up to Coalesce.Wait
+// for it to hold half as many batches as the last group written, or to
+// fill. Clients that post again as soon as they are answered come back
+// together, just after their group committed: without the wait, the one
+// that came back first would be written alone, and a closed loop of n
+// clients would alternate groups of 1 and n-1. One client alone never
+// waits (half of 1 is 0).
+func (in *Ingester) awaitPeers(g *group) {
+	wait := in.Coalesce.Wait
+	if wait <= 0 {
+		return
+	}
+	b := &in.batch
+	b.mu.Lock()
+	if g.closed || len(g.reqs) >= b.last/2 {
+		b.mu.Unlock()
+		return
+	}
+	g.target, g.enough = b.last/2, make(chan struct{})
+	enough := g.enough
+	b.mu.Unlock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-enough:
+	case <-g.full:
+	}
 }
 
 // closeOpen closes the open group to new batches; b.mu is held.
