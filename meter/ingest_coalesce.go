@@ -162,6 +162,17 @@ func (in *Ingester) lead(ctx context.Context, db TxBeginner, g *group) {
 		b.slots <- struct{}{}
 	}
 	defer func() { <-b.slots }()
+	defer func() {
+		if v := recover(); v != nil {
+			// The others must not wait for ever, nor be told their batch was
+			// stored: an error is safe (a retry deduplicates), 202 is not.
+			for _, p := range g.reqs {
+				p.res, p.err = Result{}, errGroupPanicked
+			}
+			close(g.done)
+			panic(v)
+		}
+	}()
 	in.awaitPeers(g)
 	b.mu.Lock()
 	if !g.closed {
@@ -275,6 +286,9 @@ func (in *Ingester) writeGroup(ctx context.Context, db TxBeginner, reqs []*pendi
 		p.res, p.err = in.ingestAlone(ctx, db, p.events)
 	}
 }
+
+// errGroupPanicked answers the batches of a group whose writing panicked.
+var errGroupPanicked = errors.New("meter: writing the group failed")
 
 // errRetryGroup rolls back a group's transaction that refused a batch.
 var errRetryGroup = errors.New("meter: a batch of the group was refused")
