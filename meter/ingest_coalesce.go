@@ -82,7 +82,7 @@ type group struct {
 type pending struct {
 	events []Event
 	unique []int // indexes of events first with their (tenant, id)
-	dups   int   // events repeating one earlier in the batch
+	dups   int   // events repeating one earlier in the batch (then, in a group, or in an earlier batch of it)
 	res    Result
 	err    error
 }
