@@ -47,6 +47,7 @@ fuzz:
 bench:
 	go test ./outbox -run '^$$' -bench ClaimAcceptVsRiver -benchtime 1x
 	go test ./api -run '^$$' -bench IngestVsCopyFrom -benchtime 1x
+	go test ./api -run '^$$' -bench SingleEventIngestVsInsert -benchtime 1x
 	go test ./exporter -run '^$$' -bench DeliverUnlimited -benchtime 1x
 	go test ./exporter -run '^$$' -bench DeliverAtStripeLimit -benchtime 1x
 	go test ./exporter -run '^$$' -bench DeliverStreamVsV1 -benchtime 1x

@@ -18,7 +18,9 @@ func principal(r *http.Request) auth.Principal {
 }
 
 // authenticate verifies the bearer token of every /v1 request: 401 without a
-// valid one. The token itself never reaches a log.
+// valid one. A token verified within auth.VerifiedTTL is not looked up
+// again, so a revocation takes effect within that. The token itself never
+// reaches a log.
 func (h *handlers) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		header := r.Header.Get("Authorization")
@@ -28,7 +30,7 @@ func (h *handlers) authenticate(next http.Handler) http.Handler {
 			WriteError(w, http.StatusUnauthorized, "unauthorized", "send Authorization: Bearer <token>")
 			return
 		}
-		p, err := auth.Verify(r.Context(), h.Pool, strings.TrimSpace(token))
+		p, err := h.quotas.verified.Verify(r.Context(), h.Pool, strings.TrimSpace(token))
 		if errors.Is(err, auth.ErrUnknownToken) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tally", error="invalid_token"`)
 			WriteError(w, http.StatusUnauthorized, "unauthorized", "unknown, revoked or expired token")

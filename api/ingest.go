@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tallymeter/tally/internal/auth"
@@ -57,9 +56,11 @@ func (m *Metrics) request(result string) {
 
 // postUsage is POST /v1/usage: the token's request budget is checked, the
 // batch decoded, checked against the token's tenants, its permission to
-// post corrections (negative values) and its events budget,
-// and ingested in one READ COMMITTED transaction; any problem stores
-// nothing.
+// post corrections (negative values) and its events budget, and ingested
+// by meter.Ingester.Post in a READ COMMITTED transaction — shared with
+// other small batches posted at the same time (group commit), answered
+// only once it committed; any problem of this batch stores nothing of it
+// and fails no other.
 func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
 	token := principal(r).TokenID
 	if wait, ok := h.quotas.admitRequest(token); !ok {
@@ -93,12 +94,7 @@ func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
 			h.Quota.EventsPerSecond, h.quotas.cfg.EventsBurst))
 		return
 	}
-	var res meter.Result
-	err := pgx.BeginTxFunc(r.Context(), h.Pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		var err error
-		res, err = h.Ingester.Ingest(r.Context(), tx, events)
-		return err
-	})
+	res, err := h.Ingester.Post(r.Context(), h.Pool, events)
 	var (
 		invalid *meter.InvalidBatchError
 		capped  *meter.QuarantineCapError

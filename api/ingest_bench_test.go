@@ -51,7 +51,7 @@ func BenchmarkIngestVsCopyFrom(b *testing.B) {
 	batches := []int{100, 1000}
 
 	ctx := context.Background()
-	env := startDurable(b)
+	env := startDurable(b, nil)
 
 	type result struct{ api, copy float64 }
 	results := map[int]result{}
@@ -101,8 +101,8 @@ type benchEnv struct {
 
 // startDurable starts a private cluster with durable commits, creates and
 // migrates a database through app.Open, and serves the handler app.Serve
-// builds.
-func startDurable(b *testing.B) *benchEnv {
+// builds, configured by settings over the defaults.
+func startDurable(b *testing.B, settings map[string]string) *benchEnv {
 	b.Helper()
 	ctx := context.Background()
 	quiet := slog.New(slog.DiscardHandler)
@@ -139,7 +139,32 @@ func startDurable(b *testing.B) *benchEnv {
 	url := cluster.URL("tally_bench")
 
 	// The configuration as cmd/tally reads it, from nothing but the URL.
+	cfg := benchConfig(b, url, settings)
+	// app.Open: the pool as the service makes it, and migrations.Apply.
+	db, err := app.Open(ctx, cfg, quiet, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(db.Close)
+	srv := serveBench(b, db.Pool, cfg)
+	tok, err := auth.CreateToken(ctx, db.Pool, "bench ingest", auth.RoleIngest, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, "CREATE TABLE usage_events_copy (LIKE usage_events INCLUDING ALL)"); err != nil {
+		b.Fatal(err)
+	}
+	return &benchEnv{dir: dir, url: url, pool: db.Pool, srv: srv, token: tok.Secret}
+}
+
+// benchConfig is the configuration cmd/tally reads from the URL and the
+// settings.
+func benchConfig(b *testing.B, url string, settings map[string]string) config.Config {
+	b.Helper()
 	getenv := map[string]string{"TALLY_DATABASE_URL": url}
+	for k, v := range settings {
+		getenv[k] = v
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	load := config.Flags(fs, func(k string) string { return getenv[k] })
 	if err := fs.Parse(nil); err != nil {
@@ -149,35 +174,30 @@ func startDurable(b *testing.B) *benchEnv {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// app.Open: the pool as the service makes it, and migrations.Apply.
-	db, err := app.Open(ctx, cfg, quiet, false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(db.Close)
+	return cfg
+}
+
+// serveBench serves, over HTTP, the handler app.Serve builds from cfg on
+// pool.
+func serveBench(b *testing.B, pool *pgxpool.Pool, cfg config.Config) *httptest.Server {
+	b.Helper()
 	parts, err := app.Build(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	// As app.Serve builds it; the readiness checks are left out (not on the
-	// ingest path), and River's stager is not started.
+	// ingest path), River's stager is not started, and no quota is set
+	// (the zero IngestQuota: no limit), so that one token stands for many
+	// clients.
 	handler := api.New(api.Options{
-		Logger:  quiet,
+		Logger:  slog.New(slog.DiscardHandler),
 		Metrics: promhttp.HandlerFor(parts.Registry, promhttp.HandlerOpts{}),
-		V1: &api.Deps{Pool: db.Pool, Outbox: parts.Outbox, Mappings: parts.Mappings, Ingester: parts.Ingester,
+		V1: &api.Deps{Pool: pool, Outbox: parts.Outbox, Mappings: parts.Mappings, Ingester: parts.Ingester,
 			Requeuer: parts.Requeuer, Metrics: parts.API},
 	})
 	srv := httptest.NewServer(handler)
 	b.Cleanup(srv.Close)
-
-	tok, err := auth.CreateToken(ctx, db.Pool, "bench ingest", auth.RoleIngest, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, "CREATE TABLE usage_events_copy (LIKE usage_events INCLUDING ALL)"); err != nil {
-		b.Fatal(err)
-	}
-	return &benchEnv{dir: dir, url: url, pool: db.Pool, srv: srv, token: tok.Secret}
+	return srv
 }
 
 // checkpoint starts each measured phase with no dirty buffers left over

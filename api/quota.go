@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/meter"
 )
 
@@ -59,10 +60,15 @@ const (
 	throttledQuarantineCap = "quarantine_cap"
 )
 
-// quotas hold the limiters of the tokens that posted lately.
+// quotas hold the limiters of the tokens that posted lately, and the
+// tokens this node verified lately (the per-token state a node keeps).
 type quotas struct {
 	cfg IngestQuota
 	now func() time.Time
+
+	// verified answers authenticate for a token verified within
+	// auth.VerifiedTTL.
+	verified auth.VerifiedCache
 
 	mu      sync.Mutex
 	byToken map[int64]*tokenLimiters // guarded by mu

@@ -9,6 +9,16 @@
 // ends in exactly one item. Late rows for a staged window become a
 // supplement ("#n").
 //
+// Group commit lives here, in Ingester.Post, not in api: what a batch
+// shares with others of its group (one insert, one read of the mappings,
+// one staging, one commit) and what it keeps of its own (its duplicates,
+// its 422 problems, its quarantine cap, a refusal that takes it alone out
+// of the group) are decisions about the ledger; api still decodes,
+// authorises and applies a token's quotas per request before the batch
+// joins, and answers once Post returns, after the commit. A batch is never
+// answered before the transaction holding it committed, and one
+// transaction holds the whole of it or none.
+//
 // It never deletes or rewrites a ledger row, never drops usage (what it
 // cannot export it stages quarantined, with the reason), and never changes an
 // item's state other than by outbox.Enqueue.

@@ -115,7 +115,7 @@ func Build(cfg config.Config) (*Parts, error) {
 	reports.Timeout = cfg.Pools.ReportTimeout
 	return &Parts{
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
-		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined},
+		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, Coalesce: cfg.Coalesce},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, Reconciler: rec,
 		ReadLimit: readLimit, Reports: reports,

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tallymeter/tally/meter"
+
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -124,6 +126,10 @@ type Config struct {
 	Console ConsoleConfig
 	// Quota bounds what one token may post (TALLY_INGEST_…).
 	Quota QuotaConfig
+	// Coalesce is how concurrent small ingests share transactions
+	// (settings_ingest_batch.go). Defaults to meter's DefaultCoalesce…
+	// constants.
+	Coalesce meter.Coalescing
 	// Pools sizes serve's connection pools, one per workload, and bounds
 	// its reads.
 	Pools PoolsConfig

@@ -54,6 +54,7 @@ func (c *Config) validate() error {
 	}
 	errs = append(errs, c.consoleProblems()...)
 	errs = append(errs, c.quotaProblems()...)
+	errs = append(errs, c.coalesceProblems()...)
 	return errors.Join(errs...)
 }
 
