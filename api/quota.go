@@ -46,8 +46,11 @@ const (
 	DefaultIngestEventsPerSecond = 10_000
 	// DefaultIngestEventsBurst is ten full batches.
 	DefaultIngestEventsBurst = 10 * meter.MaxEvents
-	// DefaultIngestRequestsPerSecond is 100 requests a second a token.
-	DefaultIngestRequestsPerSecond = 100
+	// DefaultIngestRequestsPerSecond is 5,000 requests a second a token:
+	// a product service posting one event a request (the common way) at
+	// about a node's whole single-event rate, which group commit makes
+	// cheap; the events rate bounds what it stores.
+	DefaultIngestRequestsPerSecond = 5_000
 )
 
 // maxQuotaTokens bounds the tokens whose limiters a node keeps.

@@ -71,9 +71,10 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 		StreamInFlight: exporter.DefaultStreamInFlight, DeliveryWorkers: exporter.DefaultWorkers,
 		DeliveryBatch: exporter.DefaultBatch, DeliveryInFlight: exporter.DefaultInFlight, PollInterval: exporter.DefaultPollInterval,
 		ReconcileSchedule: reconcile.DefaultSchedule, ReconcileSettle: reconcile.DefaultSettle,
-		Console: config.ConsoleConfig{SessionTTL: console.DefaultSessionTTL, SessionIdle: console.DefaultSessionIdle},
-		Quota:   config.QuotaConfig{Ingest: api.IngestQuota{EventsPerSecond: api.DefaultIngestEventsPerSecond, EventsBurst: api.DefaultIngestEventsBurst, RequestsPerSecond: api.DefaultIngestRequestsPerSecond, MaxEvents: meter.MaxEvents}, MaxQuarantined: meter.DefaultMaxQuarantined},
-		Pools:   config.PoolsConfig{Ingest: config.DefaultPoolIngest, Export: config.DefaultPoolExport, River: config.DefaultPoolRiver, Reads: config.DefaultPoolReads, ReadTimeout: config.DefaultReadTimeout, ReadsPerToken: config.DefaultReadsPerToken, ReportMaxAge: config.DefaultReportMaxAge, ReportTimeout: quarantine.DefaultReportTimeout},
+		Console:  config.ConsoleConfig{SessionTTL: console.DefaultSessionTTL, SessionIdle: console.DefaultSessionIdle},
+		Quota:    config.QuotaConfig{Ingest: api.IngestQuota{EventsPerSecond: api.DefaultIngestEventsPerSecond, EventsBurst: api.DefaultIngestEventsBurst, RequestsPerSecond: api.DefaultIngestRequestsPerSecond, MaxEvents: meter.MaxEvents}, MaxQuarantined: meter.DefaultMaxQuarantined},
+		Pools:    config.PoolsConfig{Ingest: config.DefaultPoolIngest, Export: config.DefaultPoolExport, River: config.DefaultPoolRiver, Reads: config.DefaultPoolReads, ReadTimeout: config.DefaultReadTimeout, ReadsPerToken: config.DefaultReadsPerToken, ReportMaxAge: config.DefaultReportMaxAge, ReportTimeout: quarantine.DefaultReportTimeout},
+		Coalesce: meter.Coalescing{Wait: meter.DefaultCoalesceWait, MaxEvents: meter.DefaultCoalesceEvents, MaxBytes: meter.DefaultCoalesceBytes, Commits: meter.DefaultCoalesceCommits},
 	}, c)
 }
 
