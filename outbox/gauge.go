@@ -2,7 +2,10 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Gauge is one reading of the outbox: the count of every state and the age
@@ -19,9 +22,11 @@ type Gauge struct {
 // items that reached confirmed (migration 23): every other state is counted
 // through a partial index of its own (superseded through
 // outbox_items_superseded_by: superseded_by is set exactly when an item is
-// superseded), and confirmed is every item less those. Every item is the
-// items below the watermark, counted once when it advanced
-// (sqlGaugeAdvance), and those from it on.
+// superseded), and confirmed is every item less those. Every item is @items,
+// the items below the watermark @below (sqlGaugeSettled, counted once when
+// it advanced: sqlGaugeAdvance), and those from it on. @below is a
+// parameter, not a subquery, so that the planner sees how few items lie
+// beyond it.
 const sqlGauge = `
 SELECT (SELECT count(*) FROM outbox_items WHERE state = 'pending'),
        (SELECT count(*) FROM outbox_items WHERE state = 'leased'),
@@ -30,11 +35,15 @@ SELECT (SELECT count(*) FROM outbox_items WHERE state = 'pending'),
        (SELECT count(*) FROM outbox_items WHERE state = 'rejected'),
        (SELECT count(*) FROM outbox_items WHERE state = 'quarantined'),
        (SELECT count(*) FROM outbox_items WHERE superseded_by IS NOT NULL),
-       s.items + (SELECT count(*) FROM outbox_items WHERE id >= s.below),
+       @items::bigint + (SELECT count(*) FROM outbox_items WHERE id >= @below::bigint),
        (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
-        FROM outbox_items WHERE state IN ('pending', 'leased'))
-FROM (SELECT below, items FROM outbox_gauge_settled
-      UNION ALL SELECT 1, 0 WHERE NOT EXISTS (SELECT FROM outbox_gauge_settled)) s`
+        FROM outbox_items WHERE state IN ('pending', 'leased'))`
+
+// sqlGaugeSettled reads the watermark and the items below it. A pair read
+// once stays true: no item is ever added below a watermark after it
+// advanced, nor deleted, so sqlGauge may read the items from it in a later
+// snapshot.
+const sqlGaugeSettled = `SELECT below, items FROM outbox_gauge_settled`
 
 // sqlGaugeAdvance moves the gauge's watermark in three steps, at most one
 // each per maintenance pass, every step a conditional UPDATE of the one row
@@ -85,6 +94,10 @@ var gaugeStates = []State{StatePending, StateLeased, StateAccepted, StateUncerta
 
 // ReadGauge reads the gauge and publishes it to the outbox's metrics.
 func (s *Store) ReadGauge(ctx context.Context, q Querier) (Gauge, error) {
+	below, items := int64(1), int64(0)
+	if err := q.QueryRow(ctx, sqlGaugeSettled).Scan(&below, &items); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)
+	}
 	counts := make([]int64, len(gaugeStates))
 	var total int64
 	g := Gauge{Counts: make(map[State]int64, len(States))}
@@ -92,7 +105,9 @@ func (s *Store) ReadGauge(ctx context.Context, q Querier) (Gauge, error) {
 	for i := range counts {
 		dest = append(dest, &counts[i])
 	}
-	if err := q.QueryRow(ctx, sqlGauge).Scan(append(dest, &total, &g.OldestPendingAgeSeconds)...); err != nil {
+	err := q.QueryRow(ctx, sqlGauge, pgx.NamedArgs{"below": below, "items": items}).
+		Scan(append(dest, &total, &g.OldestPendingAgeSeconds)...)
+	if err != nil {
 		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)
 	}
 	for _, st := range States {

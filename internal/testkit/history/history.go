@@ -12,8 +12,10 @@ package history
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -143,19 +145,20 @@ func Load(ctx context.Context, pool *pgxpool.Pool, size Size, now time.Time) (Lo
 	}
 	start := time.Now()
 	g := gen{size: size, from: l.From, versions: versions}
-	for _, c := range []struct {
-		table string
-		cols  []string
-		src   pgx.CopyFromSource
-	}{
-		{"outbox_items", itemColumns, g.items()},
-		{"outbox_attempts", attemptColumns, g.attempts()},
-		{"usage_events", eventColumns, g.events()},
-		{"outbox_snapshots", []string{"at", "state", "items"}, g.snapshots()},
-	} {
-		if err := copyIn(ctx, pool, c.table, c.cols, c.src); err != nil {
-			return l, err
-		}
+	if err := copyIn(ctx, pool, "outbox_items", itemColumns, g.items()); err != nil {
+		return l, err
+	}
+	// The rest refer to the items, not to one another: two at a time.
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	wg.Go(func() { errs[0] = copyIn(ctx, pool, "usage_events", eventColumns, g.events()) })
+	wg.Go(func() {
+		errs[1] = copyIn(ctx, pool, "outbox_attempts", attemptColumns, g.attempts())
+		errs[2] = copyIn(ctx, pool, "outbox_snapshots", []string{"at", "state", "items"}, g.snapshots())
+	})
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return l, err
 	}
 	if _, err := pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox_items', 'id'), $1)`, size.Items); err != nil {
 		return l, fmt.Errorf("history: %w", err)
