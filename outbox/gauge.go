@@ -26,7 +26,7 @@ type Gauge struct {
 // the items below the watermark @below (sqlGaugeSettled, counted once when
 // it advanced: sqlGaugeAdvance), and those from it on. @below is a
 // parameter, not a subquery, so that the planner sees how few items lie
-// beyond it.
+// beyond it (by the primary key's actual end).
 const sqlGauge = `
 SELECT (SELECT count(*) FROM outbox_items WHERE state = 'pending'),
        (SELECT count(*) FROM outbox_items WHERE state = 'leased'),
@@ -105,7 +105,10 @@ func (s *Store) ReadGauge(ctx context.Context, q Querier) (Gauge, error) {
 	for i := range counts {
 		dest = append(dest, &counts[i])
 	}
-	err := q.QueryRow(ctx, sqlGauge, pgx.NamedArgs{"below": below, "items": items}).
+	// An unnamed statement, planned for this watermark each time: a cached
+	// generic plan guesses a third of the table beyond it, and starts
+	// parallel workers to count the few items there.
+	err := q.QueryRow(ctx, sqlGauge, pgx.QueryExecModeExec, pgx.NamedArgs{"below": below, "items": items}).
 		Scan(append(dest, &total, &g.OldestPendingAgeSeconds)...)
 	if err != nil {
 		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)
