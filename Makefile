@@ -53,3 +53,4 @@ bench:
 	go test ./exporter -run '^$$' -bench DeliverStreamVsV1 -benchtime 1x
 	go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x
 	go test ./cmd/tally -run '^$$' -bench NodeMemory -benchtime 1x
+	go test ./internal/testkit/history -run '^$$' -bench History -benchtime 1x -timeout 0

@@ -42,6 +42,7 @@ func TestDocsSQL(t *testing.T) {
 		{"T10 — fail accepted (the provider's error report)", sqlFailAccepted},
 		{"The provider's error report on an item in flight — a note for its next T2", sqlNoteFailures},
 		{"The gauge", sqlGauge},
+		{"The gauge's watermark (a step per maintenance pass)", sqlGaugeAdvance},
 	} {
 		sql := strings.ReplaceAll(s.sql, columns("o"), colsPrefix)
 		sql = strings.ReplaceAll(sql, columns(""), colsPlain)

@@ -69,52 +69,6 @@ func (s *Store) Sweep(ctx context.Context, q Querier) ([]int64, error) {
 	return ids, nil
 }
 
-// Gauge is one reading of the outbox: the count of every state and the age
-// of the oldest item not yet answered.
-type Gauge struct {
-	// Counts has an entry for every state, zero included.
-	Counts map[State]int64
-	// OldestPendingAgeSeconds is how long ago the oldest pending or leased
-	// item was created, by the database clock; 0 when there is none.
-	OldestPendingAgeSeconds float64
-}
-
-// sqlGauge is the gauge in one query.
-const sqlGauge = `
-SELECT s.state, coalesce(c.n, 0),
-       (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
-        FROM outbox_items WHERE state IN ('pending', 'leased'))
-FROM unnest(@states::text[]) AS s(state)
-LEFT JOIN (SELECT state, count(*) AS n FROM outbox_items GROUP BY state) c USING (state)`
-
-// ReadGauge reads the gauge and publishes it to the outbox's metrics.
-func (s *Store) ReadGauge(ctx context.Context, q Querier) (Gauge, error) {
-	names := make([]string, len(States))
-	for i, st := range States {
-		names[i] = string(st)
-	}
-	rows, err := q.Query(ctx, sqlGauge, pgx.NamedArgs{"states": names})
-	if err != nil {
-		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)
-	}
-	g := Gauge{Counts: make(map[State]int64, len(States))}
-	var (
-		state State
-		n     int64
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&state, &n, &g.OldestPendingAgeSeconds}, func() error {
-		g.Counts[state] = n
-		return nil
-	}); err != nil {
-		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)
-	}
-	for st, n := range g.Counts {
-		s.metrics.items.WithLabelValues(string(st)).Set(float64(n))
-	}
-	s.metrics.oldest.Set(g.OldestPendingAgeSeconds)
-	return g, nil
-}
-
 // MaintenanceResult is what one maintenance pass did.
 type MaintenanceResult struct {
 	// Swept are the items the pass made uncertain (T4).
@@ -123,11 +77,15 @@ type MaintenanceResult struct {
 	Gauge Gauge
 }
 
-// Maintain runs one maintenance pass: the T4 sweep, then the gauge.
+// Maintain runs one maintenance pass: the T4 sweep, then the gauge (its
+// watermark advanced first).
 func (s *Store) Maintain(ctx context.Context, q Querier) (MaintenanceResult, error) {
 	swept, err := s.Sweep(ctx, q)
 	if err != nil {
 		return MaintenanceResult{}, err
+	}
+	if err := advanceGauge(ctx, q); err != nil {
+		return MaintenanceResult{Swept: swept}, err
 	}
 	g, err := s.ReadGauge(ctx, q)
 	if err != nil {
@@ -141,7 +99,10 @@ func (s *Store) Maintain(ctx context.Context, q Querier) (MaintenanceResult, err
 
 // snapshot keeps the gauge for the console's charts: at most one row per
 // state every five minutes across every node (the clock compared in SQL),
-// the minute as key so that two nodes racing write once.
+// the minute as key so that two nodes racing write once. The latest
+// snapshot is max(at), read from the key's end: a search for any snapshot
+// after a bound that clock_timestamp() sets reads every snapshot ever
+// kept (30 ms at seven months).
 func (s *Store) snapshot(ctx context.Context, q Querier, g Gauge) error {
 	states := make([]string, 0, len(g.Counts))
 	counts := make([]int64, 0, len(g.Counts))
@@ -150,7 +111,7 @@ func (s *Store) snapshot(ctx context.Context, q Querier, g Gauge) error {
 	}
 	_, err := q.Exec(ctx, `INSERT INTO outbox_snapshots (at, state, items)
 		SELECT date_trunc('minute', clock_timestamp()), s, n FROM unnest(@states::text[], @counts::bigint[]) AS u(s, n)
-		WHERE NOT EXISTS (SELECT 1 FROM outbox_snapshots WHERE at > clock_timestamp() - interval '5 minutes')
+		WHERE coalesce((SELECT max(at) FROM outbox_snapshots) <= clock_timestamp() - interval '5 minutes', true)
 		ON CONFLICT DO NOTHING`, pgx.NamedArgs{"states": states, "counts": counts})
 	if err != nil {
 		return fmt.Errorf("outbox: snapshot: %w", err)

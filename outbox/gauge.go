@@ -1,0 +1,130 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Gauge is one reading of the outbox: the count of every state and the age
+// of the oldest item not yet answered.
+type Gauge struct {
+	// Counts has an entry for every state, zero included.
+	Counts map[State]int64
+	// OldestPendingAgeSeconds is how long ago the oldest pending or leased
+	// item was created, by the database clock; 0 when there is none.
+	OldestPendingAgeSeconds float64
+}
+
+// sqlGauge is the gauge in one query, whose cost does not grow with the
+// items that reached confirmed (migration 23): every other state is counted
+// through a partial index of its own (superseded through
+// outbox_items_superseded_by: superseded_by is set exactly when an item is
+// superseded), and confirmed is every item less those. Every item is @items,
+// the items below the watermark @below (sqlGaugeSettled, counted once when
+// it advanced: sqlGaugeAdvance), and those from it on. @below is a
+// parameter, not a subquery, so that the planner sees how few items lie
+// beyond it (by the primary key's actual end).
+const sqlGauge = `
+SELECT (SELECT count(*) FROM outbox_items WHERE state = 'pending'),
+       (SELECT count(*) FROM outbox_items WHERE state = 'leased'),
+       (SELECT count(*) FROM outbox_items WHERE state = 'accepted'),
+       (SELECT count(*) FROM outbox_items WHERE state = 'uncertain'),
+       (SELECT count(*) FROM outbox_items WHERE state = 'rejected'),
+       (SELECT count(*) FROM outbox_items WHERE state = 'quarantined'),
+       (SELECT count(*) FROM outbox_items WHERE superseded_by IS NOT NULL),
+       @items::bigint + (SELECT count(*) FROM outbox_items WHERE id >= @below::bigint),
+       (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
+        FROM outbox_items WHERE state IN ('pending', 'leased'))`
+
+// sqlGaugeSettled reads the watermark and the items below it. A pair read
+// once stays true: no item is ever added below a watermark after it
+// advanced, nor deleted, so sqlGauge may read the items from it in a later
+// snapshot.
+const sqlGaugeSettled = `SELECT below, items FROM outbox_gauge_settled`
+
+// sqlGaugeAdvance moves the gauge's watermark in three steps, at most one
+// each per maintenance pass, every step a conditional UPDATE of the one row
+// (two nodes racing: one wins, the other changes nothing):
+//
+//   - promote: when every transaction that held an id at the arming has
+//     ended (the oldest running transaction is at or past next_xmax), no
+//     item can still appear below next_below: count the items from below to
+//     next_below once, and make next_below the watermark;
+//   - arm: a pass after the pick, note the next transaction id. A
+//     transaction that took an id below next_below before the pick has
+//     written its row (and so holds a transaction id) long before: a pass
+//     is seconds, taking an id and writing its row microseconds;
+//   - pick: the next watermark is past the highest id committed now.
+//
+// A promotion counts the items inserted since the previous one, by the
+// primary key: the gauge reads at most a few passes' items beyond it.
+const sqlGaugeAdvance = `
+WITH promote AS (
+    UPDATE outbox_gauge_settled g SET
+        items      = g.items + (SELECT count(*) FROM outbox_items WHERE id >= g.below AND id < g.next_below),
+        below      = g.next_below,
+        next_below = NULL,
+        next_xmax  = NULL
+    WHERE g.next_xmax IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= g.next_xmax
+    RETURNING 1
+),
+arm AS (
+    UPDATE outbox_gauge_settled g SET next_xmax = pg_snapshot_xmax(pg_current_snapshot())
+    WHERE g.next_below IS NOT NULL AND g.next_xmax IS NULL AND NOT EXISTS (SELECT FROM promote)
+    RETURNING 1
+)
+UPDATE outbox_gauge_settled g SET next_below = m.next
+FROM (SELECT coalesce(max(id), 0) + 1 AS next FROM outbox_items) m
+WHERE g.next_below IS NULL AND m.next > g.below AND NOT EXISTS (SELECT FROM promote) AND NOT EXISTS (SELECT FROM arm)`
+
+// advanceGauge runs one step of sqlGaugeAdvance.
+func advanceGauge(ctx context.Context, q Querier) error {
+	if _, err := q.Exec(ctx, sqlGaugeAdvance); err != nil {
+		return fmt.Errorf("outbox: advancing the gauge's watermark: %w", err)
+	}
+	return nil
+}
+
+// gaugeStates are sqlGauge's counted states, in its columns' order.
+var gaugeStates = []State{StatePending, StateLeased, StateAccepted, StateUncertain, StateRejected, StateQuarantined,
+	StateSuperseded}
+
+// ReadGauge reads the gauge and publishes it to the outbox's metrics.
+func (s *Store) ReadGauge(ctx context.Context, q Querier) (Gauge, error) {
+	below, items := int64(1), int64(0)
+	if err := q.QueryRow(ctx, sqlGaugeSettled).Scan(&below, &items); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)
+	}
+	counts := make([]int64, len(gaugeStates))
+	var total int64
+	g := Gauge{Counts: make(map[State]int64, len(States))}
+	dest := make([]any, 0, len(counts)+2)
+	for i := range counts {
+		dest = append(dest, &counts[i])
+	}
+	// An unnamed statement, planned for this watermark each time: a cached
+	// generic plan guesses a third of the table beyond it, and starts
+	// parallel workers to count the few items there.
+	err := q.QueryRow(ctx, sqlGauge, pgx.QueryExecModeExec, pgx.NamedArgs{"below": below, "items": items}).
+		Scan(append(dest, &total, &g.OldestPendingAgeSeconds)...)
+	if err != nil {
+		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)
+	}
+	for _, st := range States {
+		g.Counts[st] = 0
+	}
+	confirmed := total
+	for i, st := range gaugeStates {
+		g.Counts[st] = counts[i]
+		confirmed -= counts[i]
+	}
+	g.Counts[StateConfirmed] = confirmed
+	for st, n := range g.Counts {
+		s.metrics.items.WithLabelValues(string(st)).Set(float64(n))
+	}
+	s.metrics.oldest.Set(g.OldestPendingAgeSeconds)
+	return g, nil
+}
