@@ -19,7 +19,7 @@ type Gauge struct {
 }
 
 // sqlGauge is the gauge in one query, whose cost does not grow with the
-// items that reached confirmed (migration 23): every other state is counted
+// items that reached confirmed (migration 22): every other state is counted
 // through a partial index of its own (superseded through
 // outbox_items_superseded_by: superseded_by is set exactly when an item is
 // superseded), and confirmed is every item less those. Every item is @items,

@@ -161,7 +161,7 @@ func (r *rig) prepare(ctx context.Context, b *testing.B) {
 func (r *rig) settle(ctx context.Context, b *testing.B) {
 	var watermarked bool
 	must(b, r.pool.QueryRow(ctx, `SELECT to_regclass('outbox_gauge_settled') IS NOT NULL`).Scan(&watermarked))
-	if !watermarked { // before migration 23: the figures the doc keeps
+	if !watermarked { // before migration 22: the figures the doc keeps
 		return
 	}
 	for range 100 {
