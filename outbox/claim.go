@@ -113,7 +113,12 @@ const claimable = `((o.state = 'pending' AND o.next_attempt_at <= clock_timestam
 // sqlClaimLease is the write half of T1, shared by both policies: the picked
 // rows (already locked FOR UPDATE SKIP LOCKED by the CTE "picked") are leased
 // under a new token, consuming an attempt; a claim that takes over an expired
-// lease records the abandoned attempt.
+// lease records the abandoned attempt. The UPDATE finds its rows by primary
+// key from the picked ids (o.id = ANY(ARRAY(…))): joined to "picked" alone,
+// the planner, whose statistics of a large table say almost nothing is
+// pending, compared every picked row with every pending or leased item — a
+// claim of 100 took 27 ms beside a million ledger rows of history, 8 ms
+// this way (BenchmarkHistory).
 const sqlClaimLease = `
 claimed AS (
     UPDATE outbox_items o SET
@@ -126,7 +131,7 @@ claimed AS (
         lease_expires_at = clock_timestamp() + @lease::interval,
         updated_at       = clock_timestamp()
     FROM picked p
-    WHERE o.id = p.id AND ` + claimable + `
+    WHERE o.id = ANY(ARRAY(SELECT id FROM picked)) AND o.id = p.id AND ` + claimable + `
     RETURNING ` + "%s" + `, p.prev_state, p.prev_token, p.prev_owner, p.prev_leased_at,
         to_timestamp((o.payload ->> 'timestamp')::bigint) NOT BETWEEN clock_timestamp() - @accept_past::interval
                                                               AND clock_timestamp() + @accept_future::interval
