@@ -127,32 +127,13 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 		return cmp.Or(cmp.Compare(events[a].Tenant, events[b].Tenant), cmp.Compare(events[a].ID, events[b].ID))
 	})
 	n := len(sorted)
-	tenants, ids, features := make([]string, n), make([]string, n), make([]string, n)
-	values, timestamps := make([]int64, n), make([]pgtype.Timestamptz, n)
+	ordered := make([]Event, n)
 	for j, i := range sorted {
-		ev := events[i]
-		tenants[j], ids[j], features[j], values[j] = ev.Tenant, ev.ID, ev.Feature, ev.Value
-		if ev.Timestamp != nil {
-			timestamps[j] = pgtype.Timestamptz{Time: *ev.Timestamp, Valid: true}
-		}
+		ordered[j] = events[i]
 	}
-	rows, err := tx.Query(ctx, sqlIngest, pgx.NamedArgs{
-		"tenants": tenants, "ids": ids, "features": features, "values": values, "timestamps": timestamps,
-	})
+	inserted, err := insertEvents(ctx, tx, ordered)
 	if err != nil {
-		return Result{}, fmt.Errorf("meter: writing %d events: %w", n, err)
-	}
-	inserted := make(map[eventKey]insertedRow, n)
-	var (
-		rowID      int64
-		tenant, id string
-		at         time.Time
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&rowID, &tenant, &id, &at}, func() error {
-		inserted[eventKey{tenant, id}] = insertedRow{rowID, at.UTC()}
-		return nil
-	}); err != nil {
-		return Result{}, fmt.Errorf("meter: writing %d events: %w", n, err)
+		return Result{}, err
 	}
 	res.Accepted = len(inserted)
 
@@ -165,6 +146,42 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// insertEvents inserts events in their order (sqlIngest: an event whose
+// tenant and id are stored already is skipped) and returns the rows it
+// inserted, by tenant and id. Callers order events by (tenant, id), so that
+// two transactions posting overlapping ids wait for each other instead of
+// deadlocking.
+func insertEvents(ctx context.Context, tx pgx.Tx, events []Event) (map[eventKey]insertedRow, error) {
+	n := len(events)
+	tenants, ids, features := make([]string, n), make([]string, n), make([]string, n)
+	values, timestamps := make([]int64, n), make([]pgtype.Timestamptz, n)
+	for j, ev := range events {
+		tenants[j], ids[j], features[j], values[j] = ev.Tenant, ev.ID, ev.Feature, ev.Value
+		if ev.Timestamp != nil {
+			timestamps[j] = pgtype.Timestamptz{Time: *ev.Timestamp, Valid: true}
+		}
+	}
+	rows, err := tx.Query(ctx, sqlIngest, pgx.NamedArgs{
+		"tenants": tenants, "ids": ids, "features": features, "values": values, "timestamps": timestamps,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("meter: writing %d events: %w", n, err)
+	}
+	inserted := make(map[eventKey]insertedRow, n)
+	var (
+		rowID      int64
+		tenant, id string
+		at         time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&rowID, &tenant, &id, &at}, func() error {
+		inserted[eventKey{tenant, id}] = insertedRow{rowID, at.UTC()}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("meter: writing %d events: %w", n, err)
+	}
+	return inserted, nil
 }
 
 // afterInsert does what follows the insert of a batch's new events, in its

@@ -3,12 +3,9 @@ package meter
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // owned is an event of a group with the batch it belongs to.
@@ -143,37 +140,13 @@ func mergeGroup(reqs []*pending) (firsts []owned, live, deferred []*pending) {
 	return firsts, live, deferred
 }
 
-// insertOwned inserts the group's events in their order, as sqlIngest.
+// insertOwned inserts the group's events in their order (insertEvents).
 func insertOwned(ctx context.Context, tx pgx.Tx, firsts []owned) (map[eventKey]insertedRow, error) {
-	n := len(firsts)
-	tenants, ids, features := make([]string, n), make([]string, n), make([]string, n)
-	values, timestamps := make([]int64, n), make([]pgtype.Timestamptz, n)
+	evs := make([]Event, len(firsts))
 	for j, o := range firsts {
-		ev := o.req.events[o.i]
-		tenants[j], ids[j], features[j], values[j] = ev.Tenant, ev.ID, ev.Feature, ev.Value
-		if ev.Timestamp != nil {
-			timestamps[j] = pgtype.Timestamptz{Time: *ev.Timestamp, Valid: true}
-		}
+		evs[j] = o.req.events[o.i]
 	}
-	rows, err := tx.Query(ctx, sqlIngest, pgx.NamedArgs{
-		"tenants": tenants, "ids": ids, "features": features, "values": values, "timestamps": timestamps,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("meter: writing %d events: %w", n, err)
-	}
-	inserted := make(map[eventKey]insertedRow, n)
-	var (
-		rowID      int64
-		tenant, id string
-		at         time.Time
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&rowID, &tenant, &id, &at}, func() error {
-		inserted[eventKey{tenant, id}] = insertedRow{rowID, at.UTC()}
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("meter: writing %d events: %w", n, err)
-	}
-	return inserted, nil
+	return insertEvents(ctx, tx, evs)
 }
 
 // refuseChanged gives each batch the problems compareExisting found among
