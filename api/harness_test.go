@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/tallymeter/tally/cmd/tally/app"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/testkit/syncbuf"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
@@ -36,22 +36,7 @@ import (
 
 // syncBuffer is a log sink safe for the server's goroutines: the harness
 // shows its lines when a test fails.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = syncbuf.Buffer
 
 type harness struct {
 	t       *testing.T

@@ -1,7 +1,6 @@
 package httpsec_test
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"io"
@@ -11,13 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/httpsec"
+	"github.com/tallymeter/tally/internal/testkit/syncbuf"
 	"github.com/tallymeter/tally/internal/testkit/testcert"
 )
 
@@ -30,22 +29,7 @@ func write(t *testing.T, certFile, keyFile string, cert, key []byte) {
 }
 
 // syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = syncbuf.Buffer
 
 func TestLoadPairErrorsNameTheFilesNeverTheirContent(t *testing.T) {
 	t.Parallel()

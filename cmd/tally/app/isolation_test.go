@@ -26,6 +26,7 @@ import (
 	"github.com/tallymeter/tally/cmd/tally/app"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/testkit/syncbuf"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/meter"
 )
@@ -83,8 +84,7 @@ type isolationRun struct {
 
 	cfg    config.Config
 	logger *slog.Logger
-	logs   *bytes.Buffer
-	logMu  sync.Mutex
+	logs   *syncbuf.Buffer
 	db     *app.DB
 	parts  *app.Parts
 	served chan error // set once the node serves
@@ -111,8 +111,8 @@ func (r *isolationRun) start() {
 	}
 
 	r.cfg = isolationConfig(t, url)
-	r.logs = &bytes.Buffer{}
-	r.logger = slog.New(slog.NewTextHandler(lockedWriter{&r.logMu, r.logs}, &slog.HandlerOptions{Level: slog.LevelError}))
+	r.logs = &syncbuf.Buffer{}
+	r.logger = slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelError}))
 	db, err := app.Open(r.ctx, r.cfg, r.logger, false)
 	require.NoError(t, err)
 	r.db = db
@@ -190,9 +190,7 @@ func (r *isolationRun) stop() {
 	r.cancel()
 	require.NoError(r.t, <-r.served)
 	if r.t.Failed() {
-		r.logMu.Lock()
 		r.t.Logf("node log:\n%s", r.logs.String())
-		r.logMu.Unlock()
 	}
 }
 
@@ -482,15 +480,4 @@ func pct(ds []time.Duration, p int) time.Duration {
 	i := (len(s)*p + 99) / 100
 	i = max(1, min(i, len(s)))
 	return s[i-1].Round(100 * time.Microsecond)
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
