@@ -233,7 +233,7 @@ func (s *completenessScenario) outboxItems(t *testing.T, h *harness) {
 		resp := h.request(http.MethodGet, fmt.Sprintf("/v1/outbox/items?state=pending&tenant=acme&limit=3&after=%d", after), s.fin, nil)
 		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
 		var l struct {
-			Items     []itemView `json:"items"`
+			Items     []ItemView `json:"items"`
 			NextAfter int64      `json:"next_after"`
 		}
 		resp.decode(t, &l)
@@ -255,7 +255,7 @@ func (s *completenessScenario) outboxItems(t *testing.T, h *harness) {
 
 	resp := h.request(http.MethodGet, "/v1/outbox/items?feature=logins", s.fin, nil)
 	var l struct {
-		Items []itemView `json:"items"`
+		Items []ItemView `json:"items"`
 	}
 	resp.decode(t, &l)
 	require.Len(t, l.Items, 2)
@@ -269,7 +269,7 @@ func (s *completenessScenario) outboxItems(t *testing.T, h *harness) {
 	}
 	resp = h.request(http.MethodGet, "/v1/outbox/items/"+url.PathEscape(strconv.FormatInt(ids[0], 10)), s.fin, nil)
 	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
-	var it itemView
+	var it ItemView
 	resp.decode(t, &it)
 	require.Equal(t, ids[0], it.ID)
 	require.Len(t, it.Identifier, 68)

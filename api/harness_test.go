@@ -307,8 +307,8 @@ type tenantView struct {
 	History          []tenantView `json:"history"`
 }
 
-// itemView is an outbox item as /v1/outbox/items shows it.
-type itemView struct {
+// ItemView is an outbox item as /v1/outbox/items shows it.
+type ItemView struct {
 	ID             int64          `json:"id"`
 	Tenant         string         `json:"tenant"`
 	SubjectKind    string         `json:"subject_kind"`

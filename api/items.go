@@ -30,8 +30,8 @@ func (h *handlers) getSummary(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"counts": counts, "oldest_pending_age_seconds": g.OldestPendingAgeSeconds})
 }
 
-// itemView is an item as the API shows it.
-type itemView struct {
+// ItemView is an item as the API shows it.
+type ItemView struct {
 	ID                 int64             `json:"id"`
 	Tenant             string            `json:"tenant"`
 	SubjectKind        string            `json:"subject_kind"`
@@ -61,8 +61,10 @@ type itemView struct {
 	Evidence []reconcile.Evidence `json:"evidence,omitempty"`
 }
 
-func viewOf(it outbox.Item) itemView {
-	return itemView{
+// ViewOf is it as GET /v1/outbox/items shows it (and tally items list):
+// its last error only while it is still the item's (Item.CurrentError).
+func ViewOf(it outbox.Item) ItemView {
+	return ItemView{
 		ID: it.ID, Tenant: it.TenantKey, SubjectKind: it.SubjectKind, SubjectRef: it.SubjectRef, Exporter: it.Exporter,
 		DestinationAccount: it.DestinationAccount, Mode: it.Mode, MappingVersion: it.MappingVersion,
 		Identifier: it.Identifier, Payload: it.Payload, State: it.State, Attempts: it.Attempts, LeaseToken: it.LeaseToken,
@@ -100,9 +102,9 @@ func (h *handlers) listItems(w http.ResponseWriter, r *http.Request) {
 		h.internal(w, r, err)
 		return
 	}
-	views := make([]itemView, len(items))
+	views := make([]ItemView, len(items))
 	for i, it := range items {
-		views[i] = viewOf(it)
+		views[i] = ViewOf(it)
 	}
 	out := map[string]any{"items": views}
 	if limit := max(f.Limit, 100); len(items) == limit || (f.Limit > 0 && len(items) == f.Limit) {
@@ -188,7 +190,7 @@ func (h *handlers) getItem(w http.ResponseWriter, r *http.Request) {
 		h.internal(w, r, err)
 		return
 	}
-	v := viewOf(it)
+	v := ViewOf(it)
 	v.AttemptLog = attempts
 	v.Audit = trail
 	v.Evidence = evidence

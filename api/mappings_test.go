@@ -441,7 +441,7 @@ func (s *exporterScenario) carriedByItems(t *testing.T, h *harness) {
 		resp = h.request(http.MethodGet, "/v1/outbox/items?feature="+feature, s.fin, nil)
 		require.Equal(t, http.StatusOK, resp.status, "%s", resp)
 		var list struct {
-			Items []itemView `json:"items"`
+			Items []ItemView `json:"items"`
 		}
 		resp.decode(t, &list)
 		require.Len(t, list.Items, 1, feature)

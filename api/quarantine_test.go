@@ -76,7 +76,7 @@ type quarantineScenario struct {
 	tenant       tenantView // acme's mapping
 	at           time.Time  // when the usage occurred
 	period       string     // the start of its billing period, RFC 3339
-	old          itemView   // the quarantined item
+	old          ItemView   // the quarantined item
 	current      int        // the mapping version once the feature is mapped
 	successor    int64      // the item the requeue re-addressed old to
 }
@@ -129,7 +129,7 @@ func (s *quarantineScenario) showsItem(t *testing.T, h *harness) {
 	resp := h.request(http.MethodGet, "/v1/outbox/items?state=quarantined", s.fin, nil)
 	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
 	var list struct {
-		Items     []itemView `json:"items"`
+		Items     []ItemView `json:"items"`
 		NextAfter int64      `json:"next_after"`
 	}
 	resp.decode(t, &list)
@@ -251,7 +251,7 @@ func (s *quarantineScenario) requeueRefused(t *testing.T, h *harness) {
 		require.Equal(t, "not_found", resp.errorCode(t))
 	}
 	resp = h.request(http.MethodGet, fmt.Sprintf("/v1/outbox/items/%d", s.old.ID), s.fin, nil)
-	var still itemView
+	var still ItemView
 	resp.decode(t, &still)
 	require.Equal(t, "quarantined", still.State, "a refused requeue changes nothing")
 }
@@ -269,7 +269,7 @@ func (s *quarantineScenario) requeueReaddresses(t *testing.T, h *harness) {
 
 	resp = h.request(http.MethodGet, fmt.Sprintf("/v1/outbox/items/%d", s.old.ID), s.fin, nil)
 	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
-	var closed itemView
+	var closed ItemView
 	resp.decode(t, &closed)
 	require.Equal(t, "superseded", closed.State)
 	require.NotNil(t, closed.SupersededBy)
@@ -278,7 +278,7 @@ func (s *quarantineScenario) requeueReaddresses(t *testing.T, h *harness) {
 
 	resp = h.request(http.MethodGet, fmt.Sprintf("/v1/outbox/items/%d", *rq.Successor), s.fin, nil)
 	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
-	var succ itemView
+	var succ ItemView
 	resp.decode(t, &succ)
 	require.Equal(t, "pending", succ.State)
 	require.Equal(t, s.current, succ.MappingVersion)
@@ -349,7 +349,7 @@ func testRequeueWindowNowPerEvent(t *testing.T) {
 	resp.decode(t, &rq)
 	require.Equal(t, quarantine.ActionReaddressed, rq.Action)
 	resp = h.request(http.MethodGet, fmt.Sprintf("/v1/outbox/items/%d", *rq.Successor), h.as(h.token("fin", auth.RoleFinance)), nil)
-	var succ itemView
+	var succ ItemView
 	resp.decode(t, &succ)
 	require.EqualValues(t, 3, succ.Payload.Value, "rebuilt as the window's last value")
 	require.Equal(t, "cus_beta", succ.Payload.Customer)

@@ -181,7 +181,7 @@ func (h *handlers) recover(w http.ResponseWriter, r *http.Request) {
 	var se *reconcile.ExpectedStateError
 	switch {
 	case err == nil:
-		writeJSON(w, http.StatusOK, viewOf(it))
+		writeJSON(w, http.StatusOK, ViewOf(it))
 	case errors.Is(err, outbox.ErrNotFound):
 		WriteError(w, http.StatusNotFound, "not_found", "no such item")
 	case errors.As(err, &se):

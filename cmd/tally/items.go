@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"text/tabwriter"
-	"time"
 
+	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -35,25 +35,6 @@ func (f *itemsListFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.format, "format", "table", "table or json")
 }
 
-// listedItem is an item as tally items list prints it in JSON, named as
-// GET /v1/outbox/items names it.
-type listedItem struct {
-	ID               int64             `json:"id"`
-	Tenant           string            `json:"tenant"`
-	SubjectKind      string            `json:"subject_kind"`
-	SubjectRef       string            `json:"subject_ref"`
-	Exporter         string            `json:"exporter"`
-	MappingVersion   int               `json:"mapping_version"`
-	Identifier       string            `json:"identifier"`
-	Payload          outbox.Payload    `json:"payload"`
-	State            outbox.State      `json:"state"`
-	Attempts         int               `json:"attempts"`
-	LastError        *outbox.ErrorInfo `json:"last_error,omitempty"`
-	QuarantineReason outbox.Reason     `json:"quarantine_reason,omitempty"`
-	SupersededBy     *int64            `json:"superseded_by,omitempty"`
-	UpdatedAt        time.Time         `json:"updated_at"`
-}
-
 func (f *itemsListFlags) run(ctx context.Context, e *env, _ []string) error {
 	filter := outbox.ListFilter{State: outbox.State(f.state), Tenant: f.tenant, Feature: f.feature, After: f.after, Limit: f.limit}
 	switch {
@@ -74,12 +55,9 @@ func (f *itemsListFlags) run(ctx context.Context, e *env, _ []string) error {
 		defer fmt.Fprintf(e.stderr, "more items may match: run again with --after %d\n", items[len(items)-1].ID)
 	}
 	if f.format == "json" {
-		out := make([]listedItem, len(items))
+		out := make([]api.ItemView, len(items))
 		for i, it := range items {
-			out[i] = listedItem{ID: it.ID, Tenant: it.TenantKey, SubjectKind: it.SubjectKind, SubjectRef: it.SubjectRef,
-				Exporter: it.Exporter, MappingVersion: it.MappingVersion, Identifier: it.Identifier, Payload: it.Payload,
-				State: it.State, Attempts: it.Attempts, LastError: it.LastError, QuarantineReason: it.QuarantineReason,
-				SupersededBy: it.SupersededBy, UpdatedAt: it.UpdatedAt}
+			out[i] = api.ViewOf(it)
 		}
 		return printJSON(e.stdout, map[string]any{"items": out})
 	}
@@ -87,8 +65,8 @@ func (f *itemsListFlags) run(ctx context.Context, e *env, _ []string) error {
 	fmt.Fprintln(tw, "ID\tSTATE\tTENANT\tFEATURE\tPERIOD\tVALUE\tREASON\tATTEMPTS\tLAST ERROR")
 	for _, it := range items {
 		lastError := ""
-		if it.LastError != nil {
-			lastError = it.LastError.Code
+		if e := it.CurrentError(); e != nil {
+			lastError = e.Code
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\n", it.ID, it.State, it.TenantKey, it.Payload.Feature, it.Payload.Period,
 			it.Payload.Value, it.QuarantineReason, it.Attempts, lastError)
