@@ -1,6 +1,6 @@
 # The project's test command is `make test` (README.md); .ci/run runs it.
 
-.PHONY: test lint cross unit isolation fuzz bench
+.PHONY: test lint cross unit isolation fuzz bench bench-durable
 
 test: lint cross unit isolation fuzz
 
@@ -43,7 +43,9 @@ fuzz:
 	go test ./exporter -run '^$$' -fuzz '^FuzzClassifyReport$$' -fuzztime 20000x -fuzzminimizetime 0
 	go test ./api -run '^$$' -fuzz '^FuzzStripeEvent$$' -fuzztime 20000x -fuzzminimizetime 0
 
-# The benchmarks behind docs/performance.md.
+# The benchmarks behind docs/performance.md, on the tests' throwaway cluster
+# (tmpfs, fsync off: CPU and protocol costs). The ingest benchmarks start a
+# durable cluster of their own either way.
 bench:
 	go test ./outbox -run '^$$' -bench ClaimAcceptVsRiver -benchtime 1x
 	go test ./api -run '^$$' -bench IngestVsCopyFrom -benchtime 1x
@@ -54,3 +56,12 @@ bench:
 	go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x
 	go test ./cmd/tally -run '^$$' -bench NodeMemory -benchtime 1x
 	go test ./internal/testkit/history -run '^$$' -bench History -benchtime 1x -timeout 0
+
+# The database-bound benchmarks again on a durable cluster (fsync and
+# synchronous_commit on, on disk: the embedded default's settings).
+bench-durable:
+	TALLY_TEST_DURABLE=1 go test ./outbox -run '^$$' -bench ClaimAcceptVsRiver -benchtime 1x
+	TALLY_TEST_DURABLE=1 go test ./exporter -run '^$$' -bench DeliverStreamVsV1 -benchtime 1x
+	TALLY_TEST_DURABLE=1 go test ./exporter -run '^$$' -bench DeliverUnlimited -benchtime 1x
+	TALLY_TEST_DURABLE=1 go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x
+	TALLY_TEST_DURABLE=1 go test ./internal/testkit/history -run '^$$' -bench History -benchtime 1x -timeout 0

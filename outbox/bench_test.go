@@ -75,7 +75,7 @@ func benchOutbox(b *testing.B, items, workers, batch int, policy outbox.Policy) 
 	if err := tx.Commit(ctx); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_items"); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_bodies, outbox_item_states"); err != nil {
 		b.Fatal(err)
 	}
 

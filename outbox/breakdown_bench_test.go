@@ -59,7 +59,7 @@ func breakdown(b *testing.B, policy outbox.Policy) (claim, accept time.Duration,
 	if err := tx.Commit(ctx); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_items"); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_bodies, outbox_item_states"); err != nil {
 		b.Fatal(err)
 	}
 	cfg, err := pgx.ParseConfig(testdb.URLOf(b, pool))

@@ -113,15 +113,17 @@ const claimable = `((o.state = 'pending' AND o.next_attempt_at <= clock_timestam
 // sqlClaimLease is the write half of T1, shared by both policies: the picked
 // rows (already locked FOR UPDATE SKIP LOCKED by the CTE "picked") are leased
 // under a new token, consuming an attempt; a claim that takes over an expired
-// lease records the abandoned attempt. The UPDATE finds its rows by primary
-// key from the picked ids (o.id = ANY(ARRAY(…))): joined to "picked" alone,
-// the planner, whose statistics of a large table say almost nothing is
-// pending, compared every picked row with every pending or leased item — a
-// claim of 100 took 27 ms beside a million ledger rows of history, 8 ms
-// this way (BenchmarkHistory).
+// lease records the abandoned attempt. Only the item's state row is written
+// (migration 23); its body — identity and payload, for the deliverer — is
+// joined by primary key after the update. The UPDATE finds its rows by
+// primary key from the picked ids (o.id = ANY(ARRAY(…))): joined to
+// "picked" alone, the planner, whose statistics of a large table say almost
+// nothing is pending, compared every picked row with every pending or
+// leased item — a claim of 100 took 27 ms beside a million ledger rows of
+// history, 8 ms this way (BenchmarkHistory).
 const sqlClaimLease = `
 claimed AS (
-    UPDATE outbox_items o SET
+    UPDATE outbox_item_states o SET
         state            = 'leased',
         lease_token      = o.lease_token + 1,
         attempts         = o.attempts + 1,
@@ -132,17 +134,19 @@ claimed AS (
         updated_at       = clock_timestamp()
     FROM picked p
     WHERE o.id = ANY(ARRAY(SELECT id FROM picked)) AND o.id = p.id AND ` + claimable + `
-    RETURNING ` + "%s" + `, p.prev_state, p.prev_token, p.prev_owner, p.prev_leased_at,
-        to_timestamp((o.payload ->> 'timestamp')::bigint) NOT BETWEEN clock_timestamp() - @accept_past::interval
-                                                              AND clock_timestamp() + @accept_future::interval
-            AS timestamp_outside
+    RETURNING o.*, p.prev_state, p.prev_token, p.prev_owner, p.prev_leased_at
 ),
 abandoned AS (
     INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused)
     SELECT id, prev_token, prev_owner, prev_leased_at, 'abandoned', 'leased', false
     FROM claimed WHERE prev_state = 'leased'
 )
-SELECT ` + "%s" + `, timestamp_outside FROM claimed ORDER BY id`
+SELECT ` + "%s" + `,
+       to_timestamp((b.payload ->> 'timestamp')::bigint) NOT BETWEEN clock_timestamp() - @accept_past::interval
+                                                          AND clock_timestamp() + @accept_future::interval
+           AS timestamp_outside
+FROM claimed o JOIN outbox_item_bodies b ON b.id = o.id
+ORDER BY o.id`
 
 // sqlClaimBestEffort is T1 under BestEffort: the oldest expired leases, then
 // the oldest due pending items.
@@ -151,17 +155,17 @@ WITH picked AS (
     SELECT id, state AS prev_state, lease_token AS prev_token, lease_owner AS prev_owner, leased_at AS prev_leased_at
     FROM (
         SELECT * FROM (
-            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM outbox_items o
+            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM outbox_item_states o
             WHERE `+leaseExpired+` AND `+withinBudget+`
             ORDER BY o.lease_expires_at, o.id LIMIT @limit FOR UPDATE SKIP LOCKED) expired
         UNION ALL
         SELECT * FROM (
-            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM outbox_items o
+            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM outbox_item_states o
             WHERE `+pendingDue+` AND `+withinBudget+`
             ORDER BY o.next_attempt_at, o.id LIMIT @limit FOR UPDATE SKIP LOCKED) due
         LIMIT @limit
     ) c
-),`+sqlClaimLease, columns("o"), columns(""))
+),`+sqlClaimLease, splitColumns("b", "o"))
 
 // sqlClaimKeys is the first statement of a PerKey claim: the keys of the oldest
 // claimable items whose key holds no unexpired lease, oldest first, and
@@ -170,18 +174,18 @@ WITH picked AS (
 // looks further.
 const sqlClaimKeys = `
 WITH expired AS MATERIALIZED (
-    SELECT o.ordering_key, o.lease_expires_at AS due_at FROM outbox_items o
+    SELECT o.ordering_key, o.lease_expires_at AS due_at FROM outbox_item_states o
     WHERE ` + leaseExpired + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
     ORDER BY o.lease_expires_at, o.id LIMIT @scan
 ),
 due AS MATERIALIZED (
-    SELECT o.ordering_key, o.next_attempt_at AS due_at FROM outbox_items o
+    SELECT o.ordering_key, o.next_attempt_at AS due_at FROM outbox_item_states o
     WHERE ` + pendingDue + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
     ORDER BY o.next_attempt_at, o.id LIMIT @scan
 )
 SELECT c.ordering_key, (SELECT count(*) FROM due) >= @scan AS saturated
 FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) c
-WHERE NOT EXISTS (SELECT 1 FROM outbox_items l WHERE l.state = 'leased'
+WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased'
                   AND l.ordering_key = c.ordering_key AND l.lease_expires_at >= clock_timestamp())
 GROUP BY c.ordering_key
 ORDER BY min(c.due_at), c.ordering_key`
@@ -192,21 +196,21 @@ ORDER BY min(c.due_at), c.ordering_key`
 // that already hold leases or fill the batch: no key can crowd out the rest.
 const sqlClaimKeysLoose = `
 WITH RECURSIVE keys(ordering_key) AS (
-    (SELECT o.ordering_key FROM outbox_items o WHERE o.state = 'pending' ORDER BY o.ordering_key LIMIT 1)
+    (SELECT o.ordering_key FROM outbox_item_states o WHERE o.state = 'pending' ORDER BY o.ordering_key LIMIT 1)
     UNION ALL
-    SELECT (SELECT o.ordering_key FROM outbox_items o
+    SELECT (SELECT o.ordering_key FROM outbox_item_states o
             WHERE o.state = 'pending' AND o.ordering_key > k.ordering_key
             ORDER BY o.ordering_key LIMIT 1)
     FROM keys k WHERE k.ordering_key IS NOT NULL
 )
 SELECT k.ordering_key FROM keys k
 CROSS JOIN LATERAL (
-    SELECT o.next_attempt_at AS due_at FROM outbox_items o
+    SELECT o.next_attempt_at AS due_at FROM outbox_item_states o
     WHERE o.ordering_key = k.ordering_key AND ` + pendingDue + ` AND ` + withinBudget + `
     ORDER BY o.next_attempt_at, o.id LIMIT 1
 ) h
 WHERE k.ordering_key IS NOT NULL AND k.ordering_key <> ALL(@tried::text[])
-  AND NOT EXISTS (SELECT 1 FROM outbox_items l WHERE l.state = 'leased'
+  AND NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased'
                   AND l.ordering_key = k.ordering_key AND l.lease_expires_at >= clock_timestamp())
 ORDER BY h.due_at, k.ordering_key
 LIMIT @scan`
@@ -233,21 +237,21 @@ WITH picked AS (
         SELECT * FROM (
             SELECT o.id, o.state AS prev_state, o.lease_token AS prev_token, o.lease_owner AS prev_owner,
                    o.leased_at AS prev_leased_at
-            FROM outbox_items o
+            FROM outbox_item_states o
             WHERE o.ordering_key = k.ordering_key AND `+leaseExpired+` AND `+withinBudget+`
             ORDER BY o.lease_expires_at, o.id LIMIT 1 FOR UPDATE SKIP LOCKED) expired
         UNION ALL
         SELECT * FROM (
             SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at
-            FROM outbox_items o
+            FROM outbox_item_states o
             WHERE o.ordering_key = k.ordering_key AND `+pendingDue+` AND `+withinBudget+`
             ORDER BY o.next_attempt_at, o.id LIMIT 1 FOR UPDATE SKIP LOCKED) due
         LIMIT 1
     ) p
-    WHERE NOT EXISTS (SELECT 1 FROM outbox_items l WHERE l.state = 'leased'
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased'
                       AND l.ordering_key = k.ordering_key AND l.lease_expires_at >= clock_timestamp())
     LIMIT @limit
-),`+sqlClaimLease, columns("o"), columns(""))
+),`+sqlClaimLease, splitColumns("b", "o"))
 
 // Claim is T1: it claims up to opts.Limit items in one READ COMMITTED
 // transaction of its own, committed before it returns, and returns their

@@ -1,6 +1,9 @@
-// Package outbox owns Tally's export outbox: the outbox_items table and the
-// state machine docs/outbox.md describes, which every unit of usage passes
-// through on its way to Stripe.
+// Package outbox owns Tally's export outbox: its items — each a body
+// (identity and payload, outbox_item_bodies, never updated) and a state row
+// (state, lease, counters and outcome, outbox_item_states), which other
+// packages read joined through the view outbox_items — and the state
+// machine docs/outbox.md describes, which every unit of usage passes through
+// on its way to Stripe.
 //
 // It is the only code that changes an item's state. Every transition is one
 // conditional UPDATE carrying its predicate (docs/outbox.md lists each, with

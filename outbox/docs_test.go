@@ -10,11 +10,10 @@ import (
 var update = flag.Bool("update", false, "rewrite the generated section of docs/outbox.md")
 
 const (
-	docsPath   = "../docs/outbox.md"
-	beginMark  = "<!-- BEGIN GENERATED: the SQL of each transition, from package outbox; `go test ./outbox -run TestDocsSQL -update` rewrites it -->"
-	endMark    = "<!-- END GENERATED -->"
-	colsPlain  = "<every item column>"
-	colsPrefix = "o.<every item column>"
+	docsPath  = "../docs/outbox.md"
+	beginMark = "<!-- BEGIN GENERATED: the SQL of each transition, from package outbox; `go test ./outbox -run TestDocsSQL -update` rewrites it -->"
+	endMark   = "<!-- END GENERATED -->"
+	colsSplit = "<every item column: b. for the body's, o. for the state's>"
 )
 
 // TestDocsSQL keeps docs/outbox.md true: its transition SQL is the SQL this
@@ -44,8 +43,7 @@ func TestDocsSQL(t *testing.T) {
 		{"The gauge", sqlGauge},
 		{"The gauge's watermark (a step per maintenance pass)", sqlGaugeAdvance},
 	} {
-		sql := strings.ReplaceAll(s.sql, columns("o"), colsPrefix)
-		sql = strings.ReplaceAll(sql, columns(""), colsPlain)
+		sql := strings.ReplaceAll(s.sql, splitColumns("b", "o"), colsSplit)
 		b.WriteString("\n#### " + s.title + "\n\n```sql\n" + strings.TrimSpace(sql) + "\n```\n")
 	}
 	b.WriteString("\n" + endMark)

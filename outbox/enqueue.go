@@ -79,14 +79,29 @@ func (it *NewItem) validate() error {
 }
 
 // sqlEnqueue is T0 (state pending) and T0q (state quarantined, with a
-// reason): an insert that collapses into an existing row of the same identity.
+// reason): an insert that collapses into an existing row of the same
+// identity. The body and the state row are inserted by one statement, the
+// state row only for a body that was inserted (migration 23).
 const sqlEnqueue = `
-INSERT INTO outbox_items
-    (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
-     payload, state, quarantine_reason)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, nullif($10, ''))
-ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
-RETURNING id, identifier, state`
+WITH body AS (
+    INSERT INTO outbox_item_bodies
+        (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version, payload)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
+    RETURNING id, identifier, exporter, mode, ordering_key, created_at
+),
+state AS (
+    INSERT INTO outbox_item_states (id, exporter, mode, ordering_key, created_at, state, quarantine_reason)
+    SELECT id, exporter, mode, ordering_key, created_at, $9, nullif($10, '') FROM body
+    RETURNING id, state
+)
+SELECT body.id, body.identifier, coalesce(state.state, '') FROM body LEFT JOIN state ON state.id = body.id`
+
+// errNoStateRow is an enqueue whose body was inserted without its state
+// row: impossible while the payload's identifier is the identity's (a CHECK
+// of the body), and refused so, the caller rolling back, rather than leave
+// an item no claim, gauge or report would see.
+var errNoStateRow = errors.New("an item body was inserted without its state row")
 
 // sqlEnqueueExisting reads the row an enqueue collided with. It runs as its
 // own statement so that, under READ COMMITTED, it sees a row a concurrent
@@ -118,6 +133,9 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 		res.Inserted = false
 		err = tx.QueryRow(ctx, sqlEnqueueExisting, args[:8]...).Scan(&res.ID, &res.Identifier, &res.State, &res.SamePayload)
 	}
+	if err == nil && res.State == "" {
+		err = errNoStateRow
+	}
 	if err != nil {
 		return Enqueued{}, fmt.Errorf("outbox: enqueueing %s %s: %w", id.SubjectKind, id.SubjectRef, err)
 	}
@@ -130,15 +148,22 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 
 // sqlEnqueueBatch is T0 and T0q for many items in one statement.
 const sqlEnqueueBatch = `
-INSERT INTO outbox_items
-    (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
-     payload, state, quarantine_reason)
-SELECT * FROM unnest(@tenants::text[], @kinds::text[], @refs::text[], @exporters::text[], @accounts::text[],
-                     @modes::text[], @versions::integer[], @payloads::jsonb[], @states::text[], @reasons::text[])
-    AS u(tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version,
-         payload, state, quarantine_reason)
-ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
-RETURNING id, identifier, state`
+WITH body AS (
+    INSERT INTO outbox_item_bodies
+        (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version, payload)
+    SELECT * FROM unnest(@tenants::text[], @kinds::text[], @refs::text[], @exporters::text[], @accounts::text[],
+                         @modes::text[], @versions::integer[], @payloads::jsonb[])
+    ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
+    RETURNING id, identifier, exporter, mode, ordering_key, created_at
+),
+state AS (
+    INSERT INTO outbox_item_states (id, exporter, mode, ordering_key, created_at, state, quarantine_reason)
+    SELECT body.id, body.exporter, body.mode, body.ordering_key, body.created_at, u.state, u.reason
+    FROM body JOIN unnest(@identifiers::text[], @states::text[], @reasons::text[]) AS u(identifier, state, reason)
+        ON u.identifier = body.identifier
+    RETURNING id, state
+)
+SELECT body.id, body.identifier, coalesce(state.state, '') FROM body LEFT JOIN state ON state.id = body.id`
 
 // EnqueueBatch is Enqueue for many items in one statement, inside the
 // caller's transaction: what a stager uses for per-event items. Its results
@@ -152,6 +177,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 	var (
 		tenants, kinds, refs, exporters = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		accounts, modes, states         = make([]string, n), make([]string, n), make([]string, n)
+		identifiers                     = make([]string, n)
 		reasons                         = make([]*string, n)
 		versions                        = make([]int32, n)
 		payloads                        = make([]Payload, n)
@@ -167,6 +193,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 			return nil, fmt.Errorf("outbox: item %d repeats an identity of the same batch", i)
 		}
 		byIdentifier[it.Payload.Identifier] = i
+		identifiers[i] = it.Payload.Identifier
 		tenants[i], kinds[i], refs[i], exporters[i] = id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter
 		accounts[i], modes[i], versions[i], payloads[i] = id.DestinationAccount, string(id.Mode), int32(id.MappingVersion), it.Payload
 		states[i] = string(StatePending)
@@ -178,7 +205,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 	}
 	rows, err := tx.Query(ctx, sqlEnqueueBatch, pgx.NamedArgs{
 		"tenants": tenants, "kinds": kinds, "refs": refs, "exporters": exporters, "accounts": accounts,
-		"modes": modes, "versions": versions, "payloads": payloads, "states": states, "reasons": reasons,
+		"modes": modes, "versions": versions, "payloads": payloads, "identifiers": identifiers, "states": states, "reasons": reasons,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: enqueueing %d items: %w", n, err)
@@ -190,7 +217,10 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 		state      State
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&id, &identifier, &state}, func() error {
-		i := byIdentifier[identifier]
+		i, ok := byIdentifier[identifier]
+		if !ok || state == "" {
+			return errNoStateRow
+		}
 		out[i] = Enqueued{ID: id, Identifier: identifier, State: state, Inserted: true, SamePayload: true}
 		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q"}[state], state)
 		s.metrics.enqueued(items[i].Identity.SubjectKind, items[i].Quarantine)

@@ -77,7 +77,7 @@ func (s *Store) mismatch(ctx context.Context, q Querier, id int64, transition st
 		state State
 		token int64
 	)
-	err := q.QueryRow(ctx, "SELECT state, lease_token FROM outbox_items WHERE id = $1", id).Scan(&state, &token)
+	err := q.QueryRow(ctx, "SELECT state, lease_token FROM outbox_item_states WHERE id = $1", id).Scan(&state, &token)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: %d", ErrNotFound, id)
 	}

@@ -10,9 +10,9 @@ import (
 // sqlConfirm is T7: accepted to confirmed on provider evidence.
 const sqlConfirm = `
 WITH locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_items o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+    SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 )
-UPDATE outbox_items o SET state = 'confirmed', confirmed_at = clock_timestamp(), updated_at = clock_timestamp()
+UPDATE outbox_item_states o SET state = 'confirmed', confirmed_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
 RETURNING o.id`
 
@@ -151,9 +151,9 @@ WITH b AS (
         AS b(id, target, reason, code, status, message)
 ),
 locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_items o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+    SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 )
-UPDATE outbox_items o SET
+UPDATE outbox_item_states o SET
     state = b.target, quarantine_reason = nullif(b.reason, ''),
     refused_attempts = CASE WHEN o.attempts - o.refused_attempts <= 1 THEN o.attempts ELSE o.refused_attempts END,
     last_error_code = b.code, last_error_status = nullif(b.status, 0), last_error = nullif(b.message, ''),
@@ -230,9 +230,9 @@ WITH b AS (
         AS b(id, target, reason, code, message)
 ),
 locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_items o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+    SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 )
-UPDATE outbox_items o SET
+UPDATE outbox_item_states o SET
     reported_state   = b.target,
     reported_reason  = nullif(b.reason, ''),
     reported_code    = b.code,

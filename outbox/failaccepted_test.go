@@ -322,13 +322,13 @@ func TestDatabaseGuardsFailAcceptedEdges(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	l := b.accepted(t, 1)
 	for _, sql := range []string{
-		"UPDATE outbox_items SET state = 'pending' WHERE id = $1",
-		"UPDATE outbox_items SET state = 'uncertain' WHERE id = $1",
-		"UPDATE outbox_items SET state = 'leased' WHERE id = $1",
+		"UPDATE outbox_item_states SET state = 'pending' WHERE id = $1",
+		"UPDATE outbox_item_states SET state = 'uncertain' WHERE id = $1",
+		"UPDATE outbox_item_states SET state = 'leased' WHERE id = $1",
 	} {
 		_, err := b.pool.Exec(b.ctx, sql, l.ID)
 		require.ErrorContains(t, err, "not an edge", sql)
 	}
-	_, err := b.pool.Exec(b.ctx, "UPDATE outbox_items SET state = 'rejected' WHERE id = $1", l.ID)
+	_, err := b.pool.Exec(b.ctx, "UPDATE outbox_item_states SET state = 'rejected' WHERE id = $1", l.ID)
 	require.NoError(t, err)
 }

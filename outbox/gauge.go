@@ -21,23 +21,27 @@ type Gauge struct {
 // sqlGauge is the gauge in one query, whose cost does not grow with the
 // items that reached confirmed (migration 22): every other state is counted
 // through a partial index of its own (superseded through
-// outbox_items_superseded_by: superseded_by is set exactly when an item is
+// outbox_item_states_superseded_by: superseded_by is set exactly when an item is
 // superseded), and confirmed is every item less those. Every item is @items,
 // the items below the watermark @below (sqlGaugeSettled, counted once when
 // it advanced: sqlGaugeAdvance), and those from it on. @below is a
 // parameter, not a subquery, so that the planner sees how few items lie
-// beyond it (by the primary key's actual end).
+// beyond it (by the primary key's actual end). The oldest item not yet
+// answered is the older of the oldest pending one (its own index) and the
+// oldest leased one (among the few in flight): no index a claim writes
+// serves the gauge alone (migration 23).
 const sqlGauge = `
-SELECT (SELECT count(*) FROM outbox_items WHERE state = 'pending'),
-       (SELECT count(*) FROM outbox_items WHERE state = 'leased'),
-       (SELECT count(*) FROM outbox_items WHERE state = 'accepted'),
-       (SELECT count(*) FROM outbox_items WHERE state = 'uncertain'),
-       (SELECT count(*) FROM outbox_items WHERE state = 'rejected'),
-       (SELECT count(*) FROM outbox_items WHERE state = 'quarantined'),
-       (SELECT count(*) FROM outbox_items WHERE superseded_by IS NOT NULL),
-       @items::bigint + (SELECT count(*) FROM outbox_items WHERE id >= @below::bigint),
-       (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
-        FROM outbox_items WHERE state IN ('pending', 'leased'))`
+SELECT (SELECT count(*) FROM outbox_item_states WHERE state = 'pending'),
+       (SELECT count(*) FROM outbox_item_states WHERE state = 'leased'),
+       (SELECT count(*) FROM outbox_item_states WHERE state = 'accepted'),
+       (SELECT count(*) FROM outbox_item_states WHERE state = 'uncertain'),
+       (SELECT count(*) FROM outbox_item_states WHERE state = 'rejected'),
+       (SELECT count(*) FROM outbox_item_states WHERE state = 'quarantined'),
+       (SELECT count(*) FROM outbox_item_states WHERE superseded_by IS NOT NULL),
+       @items::bigint + (SELECT count(*) FROM outbox_item_states WHERE id >= @below::bigint),
+       coalesce(extract(epoch FROM clock_timestamp() - least(
+           (SELECT min(created_at) FROM outbox_item_states WHERE state = 'pending'),
+           (SELECT min(created_at) FROM outbox_item_states WHERE state = 'leased'))), 0)::float8`
 
 // sqlGaugeSettled reads the watermark and the items below it. A pair read
 // once stays true: no item is ever added below a watermark after it
@@ -64,7 +68,7 @@ const sqlGaugeSettled = `SELECT below, items FROM outbox_gauge_settled`
 const sqlGaugeAdvance = `
 WITH promote AS (
     UPDATE outbox_gauge_settled g SET
-        items      = g.items + (SELECT count(*) FROM outbox_items WHERE id >= g.below AND id < g.next_below),
+        items      = g.items + (SELECT count(*) FROM outbox_item_states WHERE id >= g.below AND id < g.next_below),
         below      = g.next_below,
         next_below = NULL,
         next_xmax  = NULL
@@ -77,7 +81,7 @@ arm AS (
     RETURNING 1
 )
 UPDATE outbox_gauge_settled g SET next_below = m.next
-FROM (SELECT coalesce(max(id), 0) + 1 AS next FROM outbox_items) m
+FROM (SELECT coalesce(max(id), 0) + 1 AS next FROM outbox_item_states) m
 WHERE g.next_below IS NULL AND m.next > g.below AND NOT EXISTS (SELECT FROM promote) AND NOT EXISTS (SELECT FROM arm)`
 
 // advanceGauge runs one step of sqlGaugeAdvance.

@@ -20,12 +20,31 @@ var itemColumns = []string{
 	"last_error", "quarantine_reason", "superseded_by", "created_at", "updated_at",
 }
 
-// columns returns itemColumns qualified with alias ("o.id, o.tenant_key, ...").
-func columns(alias string) string {
-	if alias == "" {
-		return strings.Join(itemColumns, ", ")
+// bodyColumns are the columns of itemColumns that outbox_item_bodies holds
+// (the identity, the payload and what is derived from them, never updated);
+// outbox_item_states holds the others (migration 23).
+var bodyColumns = map[string]bool{
+	"id": true, "tenant_key": true, "subject_kind": true, "subject_ref": true, "exporter": true,
+	"destination_account": true, "mode": true, "mapping_version": true, "identifier": true, "payload": true,
+	"ordering_key": true, "created_at": true,
+}
+
+// columns returns itemColumns, unqualified: for the outbox_items view.
+func columns() string { return strings.Join(itemColumns, ", ") }
+
+// splitColumns returns itemColumns, each qualified with the alias of the
+// table that holds it: body for outbox_item_bodies, state for
+// outbox_item_states ("b.id, b.tenant_key, …, o.state, …").
+func splitColumns(body, state string) string {
+	out := make([]string, len(itemColumns))
+	for i, c := range itemColumns {
+		alias := state
+		if bodyColumns[c] {
+			alias = body
+		}
+		out[i] = alias + "." + c
 	}
-	return alias + "." + strings.Join(itemColumns, ", "+alias+".")
+	return strings.Join(out, ", ")
 }
 
 func scanItem(row pgx.Row) (Item, error) {
@@ -67,7 +86,7 @@ func deref[T any](p *T) T {
 
 // Get reads one item.
 func (s *Store) Get(ctx context.Context, q Querier, id int64) (Item, error) {
-	it, err := scanItem(q.QueryRow(ctx, "SELECT "+columns("")+" FROM outbox_items WHERE id = $1", id))
+	it, err := scanItem(q.QueryRow(ctx, "SELECT "+columns()+" FROM outbox_items WHERE id = $1", id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Item{}, fmt.Errorf("%w: %d", ErrNotFound, id)
 	}
@@ -137,7 +156,7 @@ func (s *Store) List(ctx context.Context, q Querier, f ListFilter) ([]Item, erro
 	if f.Limit < 1 || f.Limit > 1000 {
 		return nil, fmt.Errorf("outbox: list limit %d is outside 1..1000", f.Limit)
 	}
-	rows, err := q.Query(ctx, "SELECT "+columns("")+` FROM outbox_items
+	rows, err := q.Query(ctx, "SELECT "+columns()+` FROM outbox_items
 		WHERE id > @after AND (@state = '' OR state = @state) AND (@tenant = '' OR tenant_key = @tenant)
 		  AND (@feature = '' OR payload ->> 'feature' = @feature)
 		ORDER BY id LIMIT @limit`,

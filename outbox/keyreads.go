@@ -41,13 +41,13 @@ type SettledKey struct {
 // sqlSettledKeys lists the ordering keys of a destination with settled
 // accepted or uncertain items from a timestamp on, after a key, in order.
 const sqlSettledKeys = `
-SELECT ordering_key, payload ->> 'customer', payload ->> 'event_name',
-       min((payload ->> 'timestamp')::bigint), max((payload ->> 'timestamp')::bigint)
-FROM outbox_items
-WHERE destination_account = @account AND mode = @mode
-  AND ((state = 'accepted' AND accepted_at < clock_timestamp() - @settle::interval) OR state = 'uncertain')
-  AND (payload ->> 'timestamp')::bigint >= @since
-  AND ordering_key > @cursor
+SELECT b.ordering_key, b.payload ->> 'customer', b.payload ->> 'event_name',
+       min((b.payload ->> 'timestamp')::bigint), max((b.payload ->> 'timestamp')::bigint)
+FROM outbox_item_states s JOIN outbox_item_bodies b ON b.id = s.id
+WHERE b.destination_account = @account AND s.mode = @mode
+  AND ((s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval) OR s.state = 'uncertain')
+  AND (b.payload ->> 'timestamp')::bigint >= @since
+  AND s.ordering_key > @cursor
 GROUP BY 1, 2, 3
 ORDER BY 1`
 
@@ -98,12 +98,12 @@ type KeyItem struct {
 // sqlKeyItems reads the accepted, confirmed, uncertain, pending and leased
 // items of one key and mode in a range of timestamps, by timestamp and id.
 const sqlKeyItems = `
-SELECT id, state, (payload ->> 'value')::bigint, (payload ->> 'timestamp')::bigint,
-       state = 'accepted' AND accepted_at < clock_timestamp() - @settle::interval
-FROM outbox_items
-WHERE ordering_key = @key AND mode = @mode
-  AND (payload ->> 'timestamp')::bigint >= @from AND (payload ->> 'timestamp')::bigint < @to
-  AND state IN ('accepted', 'confirmed', 'uncertain', 'pending', 'leased')
+SELECT b.id, s.state, (b.payload ->> 'value')::bigint, (b.payload ->> 'timestamp')::bigint,
+       s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval
+FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id
+WHERE b.ordering_key = @key AND b.mode = @mode
+  AND (b.payload ->> 'timestamp')::bigint >= @from AND (b.payload ->> 'timestamp')::bigint < @to
+  AND s.state IN ('accepted', 'confirmed', 'uncertain', 'pending', 'leased')
 ORDER BY 4, 1`
 
 // KeyItems reads the items of r's key and mode with payload timestamps in
@@ -131,7 +131,8 @@ func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem,
 
 // sqlLockIdentified locks the items with any of the identifiers for an
 // update that keeps their keys, in ascending id order.
-const sqlLockIdentified = `SELECT identifier, id FROM outbox_items WHERE identifier = ANY($1) ORDER BY id FOR NO KEY UPDATE`
+const sqlLockIdentified = `SELECT b.identifier, s.id FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id
+	WHERE b.identifier = ANY($1) ORDER BY s.id FOR NO KEY UPDATE OF s`
 
 // LockIdentified locks the items with the given identifiers, FOR NO KEY
 // UPDATE in ascending id order — the order every waiting writer of the
@@ -162,7 +163,7 @@ func (s *Store) LockIdentified(ctx context.Context, q Querier, identifiers []str
 // sqlWindowItemCount counts the distinct subject refs of a tenant's window
 // items whose ref is the base or one of its supplements ("<base>#n"),
 // re-address generations ("%r<n>") left out.
-const sqlWindowItemCount = `SELECT count(DISTINCT subject_ref) FROM outbox_items WHERE tenant_key = $1 AND subject_kind = $2
+const sqlWindowItemCount = `SELECT count(DISTINCT subject_ref) FROM outbox_item_bodies WHERE tenant_key = $1 AND subject_kind = $2
 		AND (subject_ref = $3 OR starts_with(subject_ref, $3 || '#')) AND strpos(subject_ref, '%r') = 0`
 
 // WindowItemCount counts a tenant's window items (SubjectUsageWindow) of
@@ -183,7 +184,7 @@ func (s *Store) WindowItemCount(ctx context.Context, q Querier, tenant, base str
 // checks its own predicate again). It runs on q, so that it can be part of
 // the caller's transaction.
 func (s *Store) StatesOf(ctx context.Context, q Querier, ids []int64) (map[int64]State, error) {
-	rows, err := q.Query(ctx, `SELECT id, state FROM outbox_items WHERE id = ANY($1)`, ids)
+	rows, err := q.Query(ctx, `SELECT id, state FROM outbox_item_states WHERE id = ANY($1)`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: reading states: %w", err)
 	}

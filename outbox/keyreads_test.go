@@ -156,7 +156,7 @@ func TestLockIdentifiedLocksTheNamedItems(t *testing.T) {
 	require.Equal(t, map[string]int64{first: ids[0], second: ids[1]}, got)
 
 	lock := func(id int64) error {
-		_, err := b.pool.Exec(b.ctx, `SELECT id FROM outbox_items WHERE id = $1 FOR NO KEY UPDATE NOWAIT`, id)
+		_, err := b.pool.Exec(b.ctx, `SELECT id FROM outbox_item_states WHERE id = $1 FOR NO KEY UPDATE NOWAIT`, id)
 		return err
 	}
 	var pgErr *pgconn.PgError

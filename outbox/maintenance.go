@@ -19,7 +19,7 @@ import (
 // pass.
 const sqlSweep = `
 WITH due AS MATERIALIZED (
-    SELECT o.id, o.state AS prev_state FROM outbox_items o
+    SELECT o.id, o.state AS prev_state FROM outbox_item_states o
     WHERE (o.state = 'pending' OR (o.state = 'leased' AND o.lease_expires_at < clock_timestamp()))
       AND (o.attempts - o.attempts_base >= @max
            OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= clock_timestamp()))
@@ -27,7 +27,7 @@ WITH due AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ),
 t AS (
-    UPDATE outbox_items o SET
+    UPDATE outbox_item_states o SET
         state             = 'uncertain',
         last_error_code   = CASE WHEN o.attempts - o.attempts_base >= @max THEN 'attempt_cap' ELSE 'horizon' END,
         last_error_status = NULL,

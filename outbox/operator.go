@@ -35,7 +35,7 @@ type Recovery struct {
 // horizon unless no attempt may have reached the provider or the operator
 // records that none did (refused_attempts := attempts).
 const sqlRecover = `
-UPDATE outbox_items SET
+UPDATE outbox_item_states SET
     state             = @to,
     accepted_at       = CASE WHEN @to = 'accepted' THEN clock_timestamp() ELSE accepted_at END,
     provider_ref      = CASE WHEN @to = 'accepted' THEN coalesce(nullif(@ref, ''), provider_ref) ELSE provider_ref END,
@@ -94,13 +94,14 @@ func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) er
 // sendable as it stands may go back: one staged without a customer, a meter
 // or an account must be re-addressed (T9r) under a mapping that supplies it.
 const sqlRequeue = `
-UPDATE outbox_items SET
+UPDATE outbox_item_states o SET
     state = 'pending', quarantine_reason = NULL, next_attempt_at = clock_timestamp(),
-    attempts_base = attempts, updated_at = clock_timestamp(),
+    attempts_base = o.attempts, updated_at = clock_timestamp(),
     reported_state = NULL, reported_reason = NULL, reported_code = NULL, reported_message = NULL
-WHERE id = @id AND state = 'quarantined' AND mapping_version = @version
-  AND destination_account <> '' AND mapping_version > 0
-  AND coalesce(payload ->> 'customer', '') <> '' AND coalesce(payload ->> 'event_name', '') <> ''`
+FROM outbox_item_bodies b
+WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_version = @version
+  AND b.destination_account <> '' AND b.mapping_version > 0
+  AND coalesce(b.payload ->> 'customer', '') <> '' AND coalesce(b.payload ->> 'event_name', '') <> ''`
 
 // Requeue is T9. It answers ErrMappingChanged when the item was built from
 // another mapping version than the one given, ErrNotSendable when its
@@ -152,8 +153,10 @@ func (s *Store) requeueRefusal(ctx context.Context, q Querier, id int64, transit
 // only an item no attempt of which may have reached the provider, in the same
 // transaction as its successor's insert.
 const sqlSupersede = `
-UPDATE outbox_items SET state = 'superseded', superseded_by = @successor, updated_at = clock_timestamp()
-WHERE id = @id AND state = 'quarantined' AND mapping_version = @version AND refused_attempts = attempts`
+UPDATE outbox_item_states o SET state = 'superseded', superseded_by = @successor, updated_at = clock_timestamp()
+FROM outbox_item_bodies b
+WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_version = @version
+  AND o.refused_attempts = o.attempts`
 
 // Supersede is T9r, the requeue that re-addresses: inside the caller's
 // transaction it enqueues successor (T0 or T0q) under its new identity and

@@ -193,7 +193,7 @@ func TestEnqueueConcurrentSameIdentity(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var waiting int
 		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO outbox_items%'`).Scan(&waiting)
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO outbox_item_bodies%'`).Scan(&waiting)
 		return err == nil && waiting == 1
 	}, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, tx1.Commit(b.ctx))
@@ -430,7 +430,7 @@ func TestFirstAttemptAtNeverMoves(t *testing.T) {
 	require.Equal(t, first, *b.get(t, ids[0]).FirstAttemptAt)
 
 	// The database refuses to move it, too.
-	_, err := b.pool.Exec(b.ctx, "UPDATE outbox_items SET first_attempt_at = now() + interval '1 hour' WHERE id = $1", ids[0])
+	_, err := b.pool.Exec(b.ctx, "UPDATE outbox_item_states SET first_attempt_at = now() + interval '1 hour' WHERE id = $1", ids[0])
 	require.ErrorContains(t, err, "first_attempt_at never moves")
 }
 
@@ -581,7 +581,7 @@ func TestNothingAutomaticLeavesRejected(t *testing.T) {
 	require.Equal(t, outbox.StateRejected, b.get(t, ids[0]).State)
 
 	// Not even SQL at a prompt gets it out: the guard refuses the edge.
-	_, err = b.pool.Exec(b.ctx, "UPDATE outbox_items SET state = 'pending' WHERE id = $1", ids[0])
+	_, err = b.pool.Exec(b.ctx, "UPDATE outbox_item_states SET state = 'pending' WHERE id = $1", ids[0])
 	require.ErrorContains(t, err, "not an edge of the state machine")
 }
 
@@ -848,22 +848,30 @@ func TestDatabaseGuards(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	ids := b.enqueue(t, newItem(1))
 	cases := []struct{ sql, want string }{
-		{"DELETE FROM outbox_items WHERE id = $1", "never deleted"},
-		{"UPDATE outbox_items SET payload = payload || '{\"value\": 5}' WHERE id = $1", "immutable"},
-		{"UPDATE outbox_items SET mapping_version = 2 WHERE id = $1", "immutable"},
-		{"UPDATE outbox_items SET state = 'accepted', accepted_at = now() WHERE id = $1", "not an edge"},
-		{"UPDATE outbox_items SET state = 'bogus' WHERE id = $1", "not an edge"},
+		{"DELETE FROM outbox_item_states WHERE id = $1", "never deleted"},
+		{"DELETE FROM outbox_item_bodies WHERE id = $1", "never deleted"},
+		{"UPDATE outbox_item_bodies SET payload = payload || '{\"value\": 5}' WHERE id = $1", "immutable"},
+		{"UPDATE outbox_item_bodies SET mapping_version = 2 WHERE id = $1", "immutable"},
+		{"UPDATE outbox_item_bodies SET tenant_key = tenant_key WHERE id = $1", "immutable"},
+		{"UPDATE outbox_item_states SET ordering_key = 'acct|cus|other' WHERE id = $1", "immutable"},
+		{"UPDATE outbox_item_states SET exporter = 'other' WHERE id = $1", "immutable"},
+		{"UPDATE outbox_item_states SET created_at = now() - interval '1 day' WHERE id = $1", "immutable"},
+		{"UPDATE outbox_item_states SET state = 'accepted', accepted_at = now() WHERE id = $1", "not an edge"},
+		{"UPDATE outbox_item_states SET state = 'bogus' WHERE id = $1", "not an edge"},
+		{"UPDATE outbox_items SET state = 'leased' WHERE id = $1", "cannot update view"},
 	}
 	for _, tc := range cases {
 		_, err := b.pool.Exec(b.ctx, tc.sql, ids[0])
 		require.ErrorContains(t, err, tc.want, tc.sql)
 	}
-	_, err := b.pool.Exec(b.ctx, "TRUNCATE outbox_items CASCADE")
-	require.ErrorContains(t, err, "never deleted")
+	for _, table := range []string{"outbox_item_states", "outbox_item_bodies"} {
+		_, err := b.pool.Exec(b.ctx, "TRUNCATE "+table+" CASCADE")
+		require.ErrorContains(t, err, "never deleted", table)
+	}
 
 	l := b.claimOne(t)
 	require.NoError(t, b.store.Accept(b.ctx, b.pool, l, "req"))
-	_, err = b.pool.Exec(b.ctx, "DELETE FROM outbox_attempts")
+	_, err := b.pool.Exec(b.ctx, "DELETE FROM outbox_attempts")
 	require.ErrorContains(t, err, "append-only")
 	_, err = b.pool.Exec(b.ctx, "UPDATE outbox_attempts SET outcome = 'rejected'")
 	require.ErrorContains(t, err, "append-only")

@@ -72,7 +72,7 @@ func TestNotesWaitForTheNextAcceptAndRejectionOutranks(t *testing.T) {
 	l := b.claimOne(t)
 	_, err := b.store.Retry(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "stripe_5xx", Status: 500}, false)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, "UPDATE outbox_items SET next_attempt_at = clock_timestamp() WHERE id = $1", l.ID)
+	_, err = b.pool.Exec(b.ctx, "UPDATE outbox_item_states SET next_attempt_at = clock_timestamp() WHERE id = $1", l.ID)
 	require.NoError(t, err)
 
 	quarantine := outbox.ProviderFailure{ID: l.ID, To: outbox.StateQuarantined, Reason: outbox.ReasonMeterNotFound, Error: outbox.ErrorInfo{Code: "no_meter"}}

@@ -36,10 +36,10 @@ const (
 	sqlAccept = `
 WITH b AS (SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @refs::text[]) AS b(id, token, ref)),
 locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_items o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+    SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 ),
 t AS (
-    UPDATE outbox_items o SET
+    UPDATE outbox_item_states o SET
         state = coalesce(o.reported_state, 'accepted'), quarantine_reason = o.reported_reason,
         refused_attempts = CASE WHEN o.reported_state IS NOT NULL AND o.attempts - o.refused_attempts <= 1
                                 THEN o.attempts ELSE o.refused_attempts END,
@@ -69,10 +69,10 @@ WITH b AS (
         AS b(id, token, delay_us, refused, kind, code, status, message)
 ),
 locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_items o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+    SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 ),
 t AS (
-    UPDATE outbox_items o SET
+    UPDATE outbox_item_states o SET
         state = CASE
             WHEN o.attempts - o.attempts_base >= @max THEN 'uncertain'
             WHEN clock_timestamp() + b.delay_us * interval '1 microsecond' > o.first_attempt_at + @horizon::interval
@@ -104,10 +104,10 @@ WITH b AS (
         AS b(id, token, target, reason, refused, code, status, message)
 ),
 locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_items o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+    SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 ),
 t AS (
-    UPDATE outbox_items o SET
+    UPDATE outbox_item_states o SET
         state = b.target, quarantine_reason = nullif(b.reason, ''),
         refused_attempts = o.refused_attempts + b.refused::int,
         last_error_code = b.code, last_error_status = nullif(b.status, 0), last_error = nullif(b.message, ''),
@@ -136,7 +136,7 @@ const oneShot = pgx.QueryExecModeExec
 // sqlLockBatch takes the row locks of a mixed batch of outcomes up front, in
 // ascending id order, so that the per-transition statements that follow in
 // the same transaction never wait on one another's rows in another order.
-const sqlLockBatch = `SELECT id FROM outbox_items WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE`
+const sqlLockBatch = `SELECT id FROM outbox_item_states WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE`
 
 // Record writes the outcomes of attempts: T2-T6, batched, one statement per
 // transition present. Each outcome lands or is fenced out on its own; a

@@ -19,9 +19,11 @@ type gen struct {
 }
 
 var (
-	itemColumns = []string{"id", "tenant_key", "subject_kind", "subject_ref", "exporter", "destination_account", "mode",
-		"mapping_version", "payload", "state", "attempts", "lease_token", "next_attempt_at", "first_attempt_at",
-		"lease_owner", "leased_at", "accepted_at", "confirmed_at", "created_at", "updated_at"}
+	bodyColumns = []string{"id", "tenant_key", "subject_kind", "subject_ref", "exporter", "destination_account", "mode",
+		"mapping_version", "payload", "created_at"}
+	stateColumns = []string{"id", "exporter", "mode", "ordering_key", "state", "attempts", "lease_token",
+		"next_attempt_at", "first_attempt_at", "lease_owner", "leased_at", "accepted_at", "confirmed_at", "created_at",
+		"updated_at"}
 	attemptColumns = []string{"item_id", "lease_token", "lease_owner", "leased_at", "outcome", "state_after", "refused",
 		"recorded_at"}
 	eventColumns = []string{"tenant", "event_id", "feature", "value", "occurred_at", "timestamp_given", "received_at",
@@ -48,31 +50,53 @@ func (g gen) key(i int64) (tenant, feature string, key int64, hour time.Time) {
 // value is ledger row e's value; an item's is the sum of its rows'.
 func value(e int64) int64 { return 1 + e%7 }
 
-func (g gen) items() pgx.CopyFromSource {
+// bodies are the items' outbox_item_bodies rows: identity and payload.
+func (g gen) bodies() pgx.CopyFromSource {
 	var i int64
 	return pgx.CopyFromFunc(func() ([]any, error) {
 		if i >= g.size.Items {
 			return nil, nil
 		}
-		tenant, feature, k, hour := g.key(i)
-		period := time.Date(hour.Year(), hour.Month(), 1, 0, 0, 0, 0, time.UTC)
-		id := outbox.Identity{TenantKey: tenant, SubjectKind: outbox.SubjectUsageWindow,
-			SubjectRef: "usage:" + feature + ":" + period.Format(time.RFC3339) + ":" + hour.Format(time.RFC3339) + ":" +
-				hour.Add(time.Hour).Format(time.RFC3339),
-			Exporter: Exporter, DestinationAccount: Account, Mode: Mode, MappingVersion: g.versions[k]}
-		var v int64
-		for e := i * EventsPerItem; e < (i+1)*EventsPerItem; e++ {
-			v += value(e)
-		}
-		p := outbox.Payload{Customer: Customer(tenant), EventName: feature, Value: v,
-			Timestamp: hour.Add(45 * time.Minute).Unix(), Identifier: id.Identifier(), Feature: feature,
-			Period: period.Format(time.RFC3339)}
-		staged, accepted := hour.Add(stagedAfter), hour.Add(acceptedAfter)
+		id, p, hour := g.item(i)
 		i++
 		return []any{i, id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter, id.DestinationAccount, string(id.Mode),
-			id.MappingVersion, payloadJSON(p), string(outbox.StateConfirmed), 1, int64(1), staged, staged.Add(time.Second),
-			leaseOwner, staged.Add(time.Second), accepted, hour.Add(confirmedAfter), staged, hour.Add(confirmedAfter)}, nil
+			id.MappingVersion, payloadJSON(p), hour.Add(stagedAfter)}, nil
 	})
+}
+
+// states are the items' outbox_item_states rows: each confirmed after one
+// accepted attempt.
+func (g gen) states() pgx.CopyFromSource {
+	var i int64
+	return pgx.CopyFromFunc(func() ([]any, error) {
+		if i >= g.size.Items {
+			return nil, nil
+		}
+		id, p, hour := g.item(i)
+		staged, accepted := hour.Add(stagedAfter), hour.Add(acceptedAfter)
+		i++
+		return []any{i, id.Exporter, string(id.Mode), id.DestinationAccount + "|" + p.Customer + "|" + p.EventName,
+			string(outbox.StateConfirmed), 1, int64(1), staged, staged.Add(time.Second), leaseOwner,
+			staged.Add(time.Second), accepted, hour.Add(confirmedAfter), staged, hour.Add(confirmedAfter)}, nil
+	})
+}
+
+// item is item i's identity and payload, and its hour.
+func (g gen) item(i int64) (outbox.Identity, outbox.Payload, time.Time) {
+	tenant, feature, k, hour := g.key(i)
+	period := time.Date(hour.Year(), hour.Month(), 1, 0, 0, 0, 0, time.UTC)
+	id := outbox.Identity{TenantKey: tenant, SubjectKind: outbox.SubjectUsageWindow,
+		SubjectRef: "usage:" + feature + ":" + period.Format(time.RFC3339) + ":" + hour.Format(time.RFC3339) + ":" +
+			hour.Add(time.Hour).Format(time.RFC3339),
+		Exporter: Exporter, DestinationAccount: Account, Mode: Mode, MappingVersion: g.versions[k]}
+	var v int64
+	for e := i * EventsPerItem; e < (i+1)*EventsPerItem; e++ {
+		v += value(e)
+	}
+	p := outbox.Payload{Customer: Customer(tenant), EventName: feature, Value: v,
+		Timestamp: hour.Add(45 * time.Minute).Unix(), Identifier: id.Identifier(), Feature: feature,
+		Period: period.Format(time.RFC3339)}
+	return id, p, hour
 }
 
 func (g gen) attempts() pgx.CopyFromSource {

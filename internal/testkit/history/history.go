@@ -145,22 +145,23 @@ func Load(ctx context.Context, pool *pgxpool.Pool, size Size, now time.Time) (Lo
 	}
 	start := time.Now()
 	g := gen{size: size, from: l.From, versions: versions}
-	if err := copyIn(ctx, pool, "outbox_items", itemColumns, g.items()); err != nil {
+	if err := copyIn(ctx, pool, "outbox_item_bodies", bodyColumns, g.bodies()); err != nil {
 		return l, err
 	}
 	// The rest refer to the items, not to one another: two at a time.
 	var wg sync.WaitGroup
-	errs := make([]error, 3)
+	errs := make([]error, 4)
 	wg.Go(func() { errs[0] = copyIn(ctx, pool, "usage_events", eventColumns, g.events()) })
 	wg.Go(func() {
-		errs[1] = copyIn(ctx, pool, "outbox_attempts", attemptColumns, g.attempts())
-		errs[2] = copyIn(ctx, pool, "outbox_snapshots", []string{"at", "state", "items"}, g.snapshots())
+		errs[1] = copyIn(ctx, pool, "outbox_item_states", stateColumns, g.states())
+		errs[2] = copyIn(ctx, pool, "outbox_attempts", attemptColumns, g.attempts())
+		errs[3] = copyIn(ctx, pool, "outbox_snapshots", []string{"at", "state", "items"}, g.snapshots())
 	})
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return l, err
 	}
-	if _, err := pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox_items', 'id'), $1)`, size.Items); err != nil {
+	if _, err := pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox_item_bodies', 'id'), $1)`, size.Items); err != nil {
 		return l, fmt.Errorf("history: %w", err)
 	}
 	l.Copy = time.Since(start)

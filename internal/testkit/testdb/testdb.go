@@ -34,6 +34,13 @@ import (
 // instead of a throwaway cluster. Its user needs CREATEDB.
 const EnvURL = "TALLY_TEST_DATABASE_URL"
 
+// EnvDurable names the variable that, set to 1, starts the tests' own
+// cluster with the embedded default's durability — fsync and
+// synchronous_commit on, on the disk under the temporary directory, not
+// tmpfs — instead of a throwaway one: for the benchmarks of `make
+// bench-durable`, which measure what a commit costs where the data is kept.
+const EnvDurable = "TALLY_TEST_DURABLE"
+
 type server struct {
 	cluster  *embeddedpg.Cluster // nil when EnvURL is used
 	dir      string              // the cluster's temporary directory
@@ -132,7 +139,12 @@ func start() {
 			}
 			srv.base = u
 		} else {
-			dir, err := os.MkdirTemp(scratchRoot(), "tally-test-pg-")
+			durable := os.Getenv(EnvDurable) == "1"
+			root := scratchRoot()
+			if durable {
+				root = os.TempDir()
+			}
+			dir, err := os.MkdirTemp(root, "tally-test-pg-")
 			if err != nil {
 				return err
 			}
@@ -144,7 +156,7 @@ func start() {
 			}
 			c, err := embeddedpg.Start(ctx, embeddedpg.Config{
 				DataDir:   dir,
-				Ephemeral: true,
+				Ephemeral: !durable,
 				Logger:    slog.New(slog.DiscardHandler),
 			})
 			if err != nil {
