@@ -116,11 +116,15 @@ const claimable = `((o.state = 'pending' AND o.next_attempt_at <= clock_timestam
 // lease records the abandoned attempt. Only the item's state row is written
 // (migration 23); its body — identity and payload, for the deliverer — is
 // joined by primary key after the update. The UPDATE finds its rows by
-// primary key from the picked ids (o.id = ANY(ARRAY(…))): joined to
-// "picked" alone, the planner, whose statistics of a large table say almost
-// nothing is pending, compared every picked row with every pending or
-// leased item — a claim of 100 took 27 ms beside a million ledger rows of
-// history, 8 ms this way (BenchmarkHistory).
+// primary key from the picked ids (o.id = ANY(ARRAY(…))), and joins
+// nothing: joined to "picked", the planner, whose statistics of a large
+// table say almost nothing is pending, compared every picked row with
+// every pending or leased item (a claim of 100 took 27 ms beside a million
+// ledger rows of history, 8 ms by the ids: BenchmarkHistory), and the
+// cached statement's generic plan, after five claims, compared every
+// picked row with every other (a million comparisons for a claim of
+// 1,000). The previous holder of a taken-over lease is read from "picked"
+// for the few rows that had one.
 const sqlClaimLease = `
 claimed AS (
     UPDATE outbox_item_states o SET
@@ -132,14 +136,13 @@ claimed AS (
         leased_at        = clock_timestamp(),
         lease_expires_at = clock_timestamp() + @lease::interval,
         updated_at       = clock_timestamp()
-    FROM picked p
-    WHERE o.id = ANY(ARRAY(SELECT id FROM picked)) AND o.id = p.id AND ` + claimable + `
-    RETURNING o.*, p.prev_state, p.prev_token, p.prev_owner, p.prev_leased_at
+    WHERE o.id = ANY(ARRAY(SELECT id FROM picked)) AND ` + claimable + `
+    RETURNING o.*
 ),
 abandoned AS (
     INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused)
-    SELECT id, prev_token, prev_owner, prev_leased_at, 'abandoned', 'leased', false
-    FROM claimed WHERE prev_state = 'leased'
+    SELECT p.id, p.prev_token, p.prev_owner, p.prev_leased_at, 'abandoned', 'leased', false
+    FROM picked p WHERE p.prev_state = 'leased' AND p.id = ANY(ARRAY(SELECT id FROM claimed))
 )
 SELECT ` + "%s" + `,
        to_timestamp((b.payload ->> 'timestamp')::bigint) NOT BETWEEN clock_timestamp() - @accept_past::interval
