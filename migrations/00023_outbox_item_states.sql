@@ -216,6 +216,30 @@ CREATE TRIGGER outbox_item_states_notify_pending AFTER UPDATE ON outbox_item_sta
     FOR EACH ROW WHEN (NEW.state = 'pending' AND OLD.state IN ('quarantined', 'uncertain'))
     EXECUTE FUNCTION outbox_notify();
 
+-- The ledger's links to the item that carries its usage (migration 2) read
+-- superseded_by, a state column: from the state table, not the view.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION tally_live_item(item bigint) RETURNS bigint LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    WITH RECURSIVE chain (id, next, depth) AS (
+        SELECT id, superseded_by, 0 FROM outbox_item_states WHERE id = item
+        UNION ALL
+        SELECT o.id, o.superseded_by, c.depth + 1 FROM outbox_item_states o JOIN chain c ON o.id = c.next
+        WHERE c.depth < 1000
+    )
+    SELECT id FROM chain WHERE next IS NULL
+$$;
+-- +goose StatementEnd
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION tally_root_item(item bigint) RETURNS bigint LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    WITH RECURSIVE chain (id, depth) AS (
+        SELECT item, 0
+        UNION ALL
+        SELECT o.id, c.depth + 1 FROM outbox_item_states o JOIN chain c ON o.superseded_by = c.id WHERE c.depth < 1000
+    )
+    SELECT id FROM chain ORDER BY depth DESC LIMIT 1
+$$;
+-- +goose StatementEnd
+
 CREATE VIEW outbox_items AS
 SELECT b.id, b.tenant_key, b.subject_kind, b.subject_ref, b.exporter, b.destination_account, b.mode,
        b.mapping_version, b.identifier, b.payload, b.ordering_key,
