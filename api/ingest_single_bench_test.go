@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/bits"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -32,7 +33,9 @@ import (
 //
 //	go test ./api -run '^$' -bench SingleEventIngestVsInsert -benchtime 1x
 //
-// TALLY_BENCH_SINGLE_EVENTS sets the events of each phase (default 32,000);
+// TALLY_BENCH_SINGLE_EVENTS sets the events of each phase (default
+// 32,000); TALLY_BENCH_SINGLE_ROUNDS (default 1) splits them into rounds
+// that take turns (measurePhases), for a machine whose load changes;
 // TALLY_INGEST_COALESCE_* in the environment tune the group commit phase
 // as they tune serve.
 // Commits are durable: see BenchmarkIngestVsCopyFrom.
@@ -41,6 +44,10 @@ func BenchmarkSingleEventIngestVsInsert(b *testing.B) {
 	events := 32_000
 	if v, err := strconv.Atoi(os.Getenv("TALLY_BENCH_SINGLE_EVENTS")); err == nil && v > 0 {
 		events = v
+	}
+	rounds := 1
+	if v, err := strconv.Atoi(os.Getenv("TALLY_BENCH_SINGLE_ROUNDS")); err == nil && v > 0 && v <= events {
+		rounds = v
 	}
 	tuned := map[string]string{}
 	for _, k := range []string{"TALLY_INGEST_COALESCE_WAIT", "TALLY_INGEST_COALESCE_EVENTS", "TALLY_INGEST_COALESCE_BYTES", "TALLY_INGEST_COALESCE_COMMITS"} {
@@ -51,27 +58,13 @@ func BenchmarkSingleEventIngestVsInsert(b *testing.B) {
 	env := startDurable(b, tuned)
 	off := serveBench(b, env.pool, benchConfig(b, env.url, map[string]string{"TALLY_INGEST_COALESCE_EVENTS": "0"}))
 
-	phases := []struct {
-		name string
-		run  func(prefix string) []time.Duration
-	}{
-		{"INSERT, a transaction each", func(prefix string) []time.Duration { return insertSingles(b, env, prefix, events, clients) }},
-		{"POST /v1/usage, group commit", func(prefix string) []time.Duration { return postSingles(b, env, env.srv, prefix, events, clients) }},
-		{"POST /v1/usage, no group commit", func(prefix string) []time.Duration { return postSingles(b, env, off, prefix, events, clients) }},
+	phases := []phase{
+		{"INSERT, a transaction each", func(prefix string, n int) []time.Duration { return insertSingles(b, env, prefix, n, clients) }},
+		{"POST /v1/usage, group commit", func(prefix string, n int) []time.Duration { return postSingles(b, env, env.srv, prefix, n, clients) }},
+		{"POST /v1/usage, no group commit", func(prefix string, n int) []time.Duration { return postSingles(b, env, off, prefix, n, clients) }},
 	}
-	type figures struct {
-		rate     float64
-		p50, p99 time.Duration
-	}
-	results := make([]figures, len(phases))
-	for i, ph := range phases {
-		checkpoint(b, env.pool)
-		start := time.Now()
-		lat := ph.run(fmt.Sprintf("s%d-", i))
-		elapsed := time.Since(start)
-		slices.Sort(lat)
-		results[i] = figures{float64(len(lat)) / elapsed.Seconds(), lat[len(lat)/2], lat[len(lat)*99/100]}
-	}
+	results := measurePhases(b, env, phases, events, rounds)
+	groups := groupSizes(b, env, "s1-")
 	var fsync, syncCommit string
 	if err := env.pool.QueryRow(context.Background(), "SELECT current_setting('fsync'), current_setting('synchronous_commit')").Scan(&fsync, &syncCommit); err != nil {
 		b.Fatal(err)
@@ -81,14 +74,91 @@ func BenchmarkSingleEventIngestVsInsert(b *testing.B) {
 	b.ReportMetric(results[1].rate, "api_events/s")
 	b.ReportMetric(results[1].rate/base, "ratio")
 	b.ReportMetric(float64(results[1].p99.Microseconds())/1000, "api_p99_ms")
-	fmt.Printf("\n%d single-event requests per phase, %d clients; fsync=%s, synchronous_commit=%s in %s; %d CPUs, GOMAXPROCS %d\n",
-		events, clients, fsync, syncCommit, env.dir, runtime.NumCPU(), runtime.GOMAXPROCS(0))
+	fmt.Printf("\n%d single-event requests per phase in %d rounds, %d clients; fsync=%s, synchronous_commit=%s in %s; %d CPUs, GOMAXPROCS %d\n",
+		events/rounds*rounds, rounds, clients, fsync, syncCommit, env.dir, runtime.NumCPU(), runtime.GOMAXPROCS(0))
 	fmt.Printf("%-34s %10s %9s %9s %8s\n", "phase", "events/s", "p50", "p99", "ratio")
 	for i, ph := range phases {
 		r := results[i]
 		fmt.Printf("%-34s %10.0f %9s %9s %7.2fx\n", ph.name, r.rate, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.rate/base)
 	}
-	fmt.Println()
+	fmt.Printf("group commit: %s\n\n", groups)
+}
+
+// groupSizes describes how the group commit phase's requests (one event
+// each, ids starting with prefix) shared transactions: the transactions,
+// their mean requests, and how many carried 1, 2–3, 4–7, … requests. A
+// row's xmin is the transaction that wrote it.
+func groupSizes(b *testing.B, env *benchEnv, prefix string) string {
+	b.Helper()
+	rows, err := env.pool.Query(context.Background(),
+		"SELECT count(*) FROM usage_events WHERE starts_with(event_id, $1) GROUP BY xmin::text", prefix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sizes, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		b.Fatal(err)
+	}
+	var (
+		total   int
+		buckets [8]int // 1, 2–3, 4–7, …, 128+
+	)
+	for _, n := range sizes {
+		total += n
+		buckets[min(len(buckets)-1, bits.Len(uint(n))-1)]++
+	}
+	out := fmt.Sprintf("%d transactions, %.1f requests each;", len(sizes), float64(total)/float64(max(1, len(sizes))))
+	for k, c := range buckets {
+		lo, hi := 1<<k, 1<<(k+1)-1
+		switch {
+		case c == 0:
+			continue
+		case lo == hi:
+			out += fmt.Sprintf(" %d:%d", lo, c)
+		case k == len(buckets)-1:
+			out += fmt.Sprintf(" %d+:%d", lo, c)
+		default:
+			out += fmt.Sprintf(" %d-%d:%d", lo, hi, c)
+		}
+	}
+	return out
+}
+
+// phase is one way of writing single events: run writes n of them with
+// ids starting with prefix and returns each one's latency.
+type phase struct {
+	name string
+	run  func(prefix string, n int) []time.Duration
+}
+
+// figures are a phase's events a second and latency percentiles.
+type figures struct {
+	rate     float64
+	p50, p99 time.Duration
+}
+
+// measurePhases runs each phase for events, in rounds: each round runs
+// every phase in turn on events/rounds events, after a checkpoint, so
+// that a machine whose load changes during the run weighs on every phase
+// alike. Phase i's ids start with "s<i>-".
+func measurePhases(b *testing.B, env *benchEnv, phases []phase, events, rounds int) []figures {
+	b.Helper()
+	elapsed := make([]time.Duration, len(phases))
+	lats := make([][]time.Duration, len(phases))
+	for r := range rounds {
+		for i, ph := range phases {
+			checkpoint(b, env.pool)
+			start := time.Now()
+			lats[i] = append(lats[i], ph.run(fmt.Sprintf("s%d-r%d-", i, r), events/rounds)...)
+			elapsed[i] += time.Since(start)
+		}
+	}
+	results := make([]figures, len(phases))
+	for i, lat := range lats {
+		slices.Sort(lat)
+		results[i] = figures{float64(len(lat)) / elapsed[i].Seconds(), lat[len(lat)/2], lat[len(lat)*99/100]}
+	}
+	return results
 }
 
 // postSingles posts n single-event batches with unique ids from clients

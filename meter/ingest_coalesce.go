@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,16 +13,18 @@ import (
 // small batches (group commit): a batch of at most half of MaxEvents
 // events joins the open group (the first to join leads it); the group
 // closes when it holds MaxEvents events or MaxBytes bytes, or once one of
-// Commits transactions is free and it holds half as many batches as the
-// group written before it (or Wait has passed), and is then written in one
-// transaction and one commit. While every commit slot is busy a group
-// keeps filling, so under load groups grow by themselves, and a lone
-// client never waits. The zero value (MaxEvents 0) coalesces nothing:
-// every batch is its own transaction.
+// Commits transactions is free and it holds as many batches as the group
+// of a typical batch recently held (or Wait, or a recent write's time, has
+// passed; see peerWait), and is then written in one transaction and one
+// commit. While every commit slot is busy a group keeps filling, so under
+// load groups grow by themselves, and a lone client never waits. The zero
+// value (MaxEvents 0) coalesces nothing: every batch is its own
+// transaction.
 type Coalescing struct {
-	// Wait is the most a group with a commit slot waits for half as many
-	// batches as the group before it had (TALLY_INGEST_COALESCE_WAIT); 0
-	// waits for none. serve's default is DefaultCoalesceWait.
+	// Wait is the most a group with a commit slot waits for as many
+	// batches as recent groups held (TALLY_INGEST_COALESCE_WAIT); it
+	// never waits longer than a recent write took, and 0 waits for none.
+	// serve's default is DefaultCoalesceWait.
 	Wait time.Duration
 	// MaxEvents is the most events of one group, and a batch with more
 	// than half as many is not coalesced (TALLY_INGEST_COALESCE_EVENTS);
@@ -42,8 +43,9 @@ type Coalescing struct {
 // serve's defaults of Coalescing, chosen from BenchmarkSingleEventIngestVsInsert
 // on two cores (docs/performance.md).
 const (
-	// DefaultCoalesceWait is no wait beyond that for a commit slot.
-	DefaultCoalesceWait = 0
+	// DefaultCoalesceWait is 5ms, and a group waits no longer than a
+	// recent write took either.
+	DefaultCoalesceWait = 5 * time.Millisecond
 	// DefaultCoalesceEvents is 500 events a group.
 	DefaultCoalesceEvents = 500
 	// DefaultCoalesceBytes is 256 KiB a group.
@@ -55,27 +57,6 @@ const (
 
 // eventOverhead is what an event weighs in a group beyond its strings.
 const eventOverhead = 32
-
-// batcher is an Ingester's open group and its commit slots.
-type batcher struct {
-	once  sync.Once
-	slots chan struct{} // a token for each group being written; made once
-
-	mu   sync.Mutex
-	open *group // the group new batches join; nil when none; guarded by mu
-	last int    // batches of the group written last; guarded by mu
-}
-
-// group is batches that share one transaction.
-type group struct {
-	reqs          []*pending // written under batcher.mu until the group closes
-	events, bytes int        // totals of reqs, under batcher.mu
-	full          chan struct{}
-	closed        bool          // full was closed; under batcher.mu
-	target        int           // batches awaitPeers waits for; under batcher.mu
-	enough        chan struct{} // closed (and set nil) by join at target; under batcher.mu
-	done          chan struct{} // closed when every pending has its answer
-}
 
 // pending is one batch in a group and, once the group is written, its
 // answer.
@@ -116,109 +97,6 @@ func (in *Ingester) ingestAlone(ctx context.Context, db TxBeginner, events []Eve
 		return err
 	})
 	return res, err
-}
-
-// join adds p to the open group, opening one when there is none; leader
-// says p opened it and so writes it.
-func (in *Ingester) join(p *pending) (g *group, leader bool) {
-	b := &in.batch
-	b.once.Do(func() { b.slots = make(chan struct{}, max(1, in.Coalesce.Commits)) })
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	size := 0
-	for _, ev := range p.events {
-		size += len(ev.ID) + len(ev.Tenant) + len(ev.Feature) + eventOverhead
-	}
-	c := in.Coalesce
-	if g := b.open; g != nil && (g.events+len(p.events) > c.MaxEvents || (c.MaxBytes > 0 && g.bytes+size > c.MaxBytes)) {
-		b.closeOpen() // p does not fit: its own group follows
-	}
-	if b.open == nil {
-		b.open = &group{full: make(chan struct{}), done: make(chan struct{})}
-		leader = true
-	}
-	g = b.open
-	g.reqs = append(g.reqs, p)
-	g.events += len(p.events)
-	g.bytes += size
-	if g.enough != nil && len(g.reqs) >= g.target {
-		close(g.enough)
-		g.enough = nil
-	}
-	if g.events >= c.MaxEvents || (c.MaxBytes > 0 && g.bytes >= c.MaxBytes) {
-		b.closeOpen()
-	}
-	return g, leader
-}
-
-// lead waits for a commit slot, then for peers (awaitPeers), and writes
-// the group. The transaction does not end with the leader's request: a
-// client that goes away must not fail the others.
-func (in *Ingester) lead(ctx context.Context, db TxBeginner, g *group) {
-	b := &in.batch
-	select {
-	case b.slots <- struct{}{}:
-	case <-g.full:
-		b.slots <- struct{}{}
-	}
-	defer func() { <-b.slots }()
-	defer func() {
-		if v := recover(); v != nil {
-			// The others must not wait for ever, nor be told their batch was
-			// stored: an error is safe (a retry deduplicates), 202 is not.
-			for _, p := range g.reqs {
-				p.res, p.err = Result{}, errGroupPanicked
-			}
-			close(g.done)
-			panic(v)
-		}
-	}()
-	in.awaitPeers(g)
-	b.mu.Lock()
-	if !g.closed {
-		b.closeOpen()
-	}
-	b.last = len(g.reqs)
-	b.mu.Unlock()
-	in.writeGroup(context.WithoutCancel(ctx), db, g.reqs)
-	close(g.done)
-}
-
-// awaitPeers waits, once the group has a commit slot, up to Coalesce.Wait
-// for it to hold half as many batches as the last group written, or to
-// fill. Clients that post again as soon as they are answered come back
-// together, just after their group committed: without the wait, the one
-// that came back first would be written alone, and a closed loop of n
-// clients would alternate groups of 1 and n-1. One client alone never
-// waits (half of 1 is 0).
-func (in *Ingester) awaitPeers(g *group) {
-	wait := in.Coalesce.Wait
-	if wait <= 0 {
-		return
-	}
-	b := &in.batch
-	b.mu.Lock()
-	if g.closed || len(g.reqs) >= b.last/2 {
-		b.mu.Unlock()
-		return
-	}
-	g.target, g.enough = b.last/2, make(chan struct{})
-	enough := g.enough
-	b.mu.Unlock()
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-enough:
-	case <-g.full:
-	}
-}
-
-// closeOpen closes the open group to new batches; b.mu is held.
-func (b *batcher) closeOpen() {
-	g := b.open
-	b.open, g.closed = nil, true
-	close(g.full)
 }
 
 // dedupe notes the batch's events first with their (tenant, id) and counts

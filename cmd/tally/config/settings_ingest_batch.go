@@ -12,7 +12,7 @@ import (
 // transactions (meter.Coalescing).
 func coalesceSettings() []setting {
 	return []setting{
-		{"TALLY_INGEST_COALESCE_WAIT", "ingest-coalesce-wait", "how long a small POST /v1/usage waits for others to share its transaction (beyond the wait for a commit slot)",
+		{"TALLY_INGEST_COALESCE_WAIT", "ingest-coalesce-wait", "the most a small POST /v1/usage waits, once a commit slot is free, for as many others as recent shared transactions held, and never longer than a recent commit; 0: no wait",
 			time.Duration(meter.DefaultCoalesceWait).String(), dur(func(c *Config) *time.Duration { return &c.Coalesce.Wait })},
 		{"TALLY_INGEST_COALESCE_EVENTS", "ingest-coalesce-events", "the most events concurrent POST /v1/usage requests share a transaction with; a request with more than half as many has its own; 0: none shared",
 			strconv.Itoa(meter.DefaultCoalesceEvents), integer(func(c *Config) *int { return &c.Coalesce.MaxEvents })},
