@@ -170,11 +170,16 @@ WITH picked AS (
     ) c
 ),`+sqlClaimLease, splitColumns("b", "o"))
 
-// sqlClaimKeys is the first statement of a PerKey claim: the keys of the oldest
-// claimable items whose key holds no unexpired lease, oldest first, and
-// whether the scan of due pending items was cut off by its limit. Then a hot
-// key, leased or not, may hide the others in the scan, and sqlClaimKeysLoose
-// looks further.
+// sqlClaimKeys is the first statement of a PerKey claim: the keys of the
+// oldest claimable items whose key holds no unexpired lease, oldest first
+// ("cand"); of those, in that order, the keys it try-locks for this
+// transaction until it holds @lockmax of them ("locked", as
+// sqlClaimLockKeys does); and whether the scan of due pending items was cut
+// off by its limit. Then a hot key, leased or not, may hide the others in
+// the scan, and sqlClaimKeysLoose looks further. Choosing and locking the
+// keys in one statement saves a round trip of every PerKey claim; the
+// lease itself (sqlClaimPerKey) must stay a statement of its own, whose
+// snapshot is taken after the locks.
 const sqlClaimKeys = `
 WITH expired AS MATERIALIZED (
     SELECT o.ordering_key, o.lease_expires_at AS due_at FROM outbox_item_states o
@@ -185,13 +190,22 @@ due AS MATERIALIZED (
     SELECT o.ordering_key, o.next_attempt_at AS due_at FROM outbox_item_states o
     WHERE ` + pendingDue + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
     ORDER BY o.next_attempt_at, o.id LIMIT @scan
+),
+cand AS MATERIALIZED (
+    SELECT c.ordering_key
+    FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) c
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased'
+                      AND l.ordering_key = c.ordering_key AND l.lease_expires_at >= clock_timestamp())
+    GROUP BY c.ordering_key
+    ORDER BY min(c.due_at), c.ordering_key
+),
+locked AS MATERIALIZED (
+    SELECT k.ordering_key FROM cand k
+    WHERE pg_try_advisory_xact_lock(@space::int4, hashtext(k.ordering_key))
+    LIMIT @lockmax
 )
-SELECT c.ordering_key, (SELECT count(*) FROM due) >= @scan AS saturated
-FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) c
-WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased'
-                  AND l.ordering_key = c.ordering_key AND l.lease_expires_at >= clock_timestamp())
-GROUP BY c.ordering_key
-ORDER BY min(c.due_at), c.ordering_key`
+SELECT ARRAY(SELECT ordering_key FROM cand), ARRAY(SELECT ordering_key FROM locked),
+       (SELECT count(*) FROM due) >= @scan`
 
 // sqlClaimKeysLoose finds the keys of due pending items by a loose index scan
 // over the distinct keys (one index probe per key with pending items, not
@@ -223,7 +237,8 @@ LIMIT @scan`
 // work on one key at once and never wait for each other. The locks are
 // released when the claim commits. It takes up to twice the keys it needs:
 // a key whose last holder committed since the candidates were read may turn
-// out to hold a lease.
+// out to hold a lease. sqlClaimKeys does the same for the keys it finds;
+// this statement locks those of the loose scan.
 const sqlClaimLockKeys = `
 SELECT k FROM unnest(@keys::text[]) AS k
 WHERE pg_try_advisory_xact_lock(@space::int4, hashtext(k))
@@ -367,7 +382,7 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 	for round := 0; round < perKeyRounds && len(leases) < limit; round++ {
 		want := limit - len(leases)
 		args["limit"], args["lockmax"], args["scan"], args["tried"] = want, 2*want, want*s.cfg.ClaimScan, tried
-		cand, err := s.candidateKeys(ctx, tx, args, want, filtered)
+		cand, locked, err := s.lockKeys(ctx, tx, args, want, filtered)
 		if err != nil {
 			return nil, fmt.Errorf("choosing keys: %w", err)
 		}
@@ -375,15 +390,6 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 			break
 		}
 		tried = append(tried, cand...)
-		args["keys"] = cand
-		rows, err := tx.Query(ctx, sqlClaimLockKeys, args)
-		if err != nil {
-			return nil, fmt.Errorf("locking keys: %w", err)
-		}
-		locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return nil, fmt.Errorf("locking keys: %w", err)
-		}
 		if len(locked) == 0 {
 			continue
 		}
@@ -397,46 +403,53 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 	return leases, nil
 }
 
-// candidateKeys returns the keys a PerKey round may try, oldest first: from
-// the scan of the oldest claimable items, and, when that scan was cut off
-// before it found want keys, from the loose scan over all keys.
-func (s *Store) candidateKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered string) ([]string, error) {
-	var (
-		cand      []string
-		key       string
-		saturated bool
-	)
-	rows, err := tx.Query(ctx, forExporter(sqlClaimKeys, filtered), args)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := pgx.ForEachRow(rows, []any{&key, &saturated}, func() error {
-		cand = append(cand, key)
-		return nil
-	}); err != nil {
-		return nil, err
+// lockKeys returns the keys a PerKey round may try (cand), oldest first,
+// and those of them it locked for this transaction, at most args'
+// lockmax: from the scan of the oldest claimable items (sqlClaimKeys, which
+// locks as it finds), and, when that scan was cut off before it found want
+// keys, from the loose scan over all keys (sqlClaimKeysLoose, then
+// sqlClaimLockKeys for the rest of lockmax).
+func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered string) (cand, locked []string, err error) {
+	var saturated bool
+	if err := tx.QueryRow(ctx, forExporter(sqlClaimKeys, filtered), args).Scan(&cand, &locked, &saturated); err != nil {
+		return nil, nil, err
 	}
 	if !saturated || len(cand) >= want {
-		return cand, nil
+		return cand, locked, nil
 	}
-	rows, err = tx.Query(ctx, forExporter(sqlClaimKeysLoose, filtered), args)
+	rows, err := tx.Query(ctx, forExporter(sqlClaimKeysLoose, filtered), args)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	more, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	seen := make(map[string]bool, len(cand))
 	for _, k := range cand {
 		seen[k] = true
 	}
+	var extra []string
 	for _, k := range more {
 		if !seen[k] {
-			cand = append(cand, k)
+			extra = append(extra, k)
 		}
 	}
-	return cand, nil
+	cand = append(cand, extra...)
+	room := args["lockmax"].(int) - len(locked)
+	if len(extra) == 0 || room <= 0 {
+		return cand, locked, nil
+	}
+	lockArgs := pgx.NamedArgs{"keys": extra, "space": args["space"], "lockmax": room}
+	rows, err = tx.Query(ctx, sqlClaimLockKeys, lockArgs)
+	if err != nil {
+		return nil, nil, fmt.Errorf("locking keys: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, nil, fmt.Errorf("locking keys: %w", err)
+	}
+	return cand, append(locked, got...), nil
 }
 
 // rowWithExtra scans an item's columns followed by one more value.
