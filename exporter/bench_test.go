@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,9 +113,11 @@ type deliverRun struct {
 	exp                      func(*stripeapi.Client) exporter.Exporter
 	// items is how many items to deliver (default benchItems); stream
 	// stages them for the stream exporter and runs its deliverer's shape:
-	// BestEffort claims, outcomes written 1,000 at a time.
+	// BestEffort claims, outcomes written record at a time (default
+	// exporter.DefaultStreamRecordBatch).
 	items  int
 	stream bool
+	record int
 }
 
 // deliver runs a deliverer over a fresh outbox until every item is
@@ -137,7 +142,10 @@ func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 	cfg := exporter.DelivererConfig{Workers: r.workers, Batch: r.batch, InFlight: r.inflight, PollInterval: 100 * time.Millisecond}
 	if r.stream {
 		exp = exporter.NewStripeStream(client, benchTimeout)
-		cfg.Policy, cfg.RecordBatch = outbox.BestEffort, 1000
+		cfg.Policy, cfg.RecordBatch = outbox.BestEffort, r.record
+		if r.record == 0 {
+			cfg.RecordBatch = exporter.DefaultStreamRecordBatch
+		}
 	}
 	if r.exp != nil {
 		exp = r.exp(client)
@@ -365,18 +373,67 @@ func streamDirect(b *testing.B, apiBase string, n, concurrency int) time.Duratio
 	return time.Since(start)
 }
 
+// streamShapes are the stream deliverer's shapes BenchmarkDeliverStreamVsV1
+// runs, each on a fresh database and simulator: every workers × claim batch
+// of TALLY_BENCH_STREAM_WORKERS and TALLY_BENCH_STREAM_BATCH
+// (comma-separated; by default 2 and 4 workers claiming
+// exporter.DefaultStreamBatch), TALLY_BENCH_STREAM_ROUNDS times over
+// (default 1), interleaved: each round runs every shape once. Every shape
+// has TALLY_BENCH_STREAM_INFLIGHT events in flight and writes outcomes
+// TALLY_BENCH_STREAM_RECORD at a time (default the service's:
+// exporter.DefaultStreamInFlight, DefaultStreamRecordBatch).
+type streamShapes struct {
+	workers, batches         []int
+	rounds, inflight, record int
+}
+
+func streamShapesFromEnv(b *testing.B) streamShapes {
+	b.Helper()
+	one := func(env string, def int) int { return benchInts(b, env, def)[0] }
+	return streamShapes{
+		workers:  benchInts(b, "TALLY_BENCH_STREAM_WORKERS", 2, 4),
+		batches:  benchInts(b, "TALLY_BENCH_STREAM_BATCH", exporter.DefaultStreamBatch),
+		rounds:   one("TALLY_BENCH_STREAM_ROUNDS", 1),
+		inflight: one("TALLY_BENCH_STREAM_INFLIGHT", exporter.DefaultStreamInFlight),
+		record:   one("TALLY_BENCH_STREAM_RECORD", exporter.DefaultStreamRecordBatch),
+	}
+}
+
+// benchInts is the comma-separated positive whole numbers of the
+// environment variable env, or def when it is unset.
+func benchInts(b *testing.B, env string, def ...int) []int {
+	b.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		return def
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			b.Fatalf("%s must be comma-separated positive whole numbers, got %q", env, v)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
 // BenchmarkDeliverStreamVsV1 measures the v2 stream exporter's items per
-// second from pending to accepted against the simulator (no limit), beside
-// v1's default deliverer in the same run and two ceilings of the stream: its
-// exporter posting straight to the simulator with no database, and its
-// deliverer with an exporter that accepts at once (the outbox's share).
+// second from pending to accepted against the simulator (no limit), for the
+// stream deliverer's shapes (streamShapes), beside v1's default deliverer in
+// the same run and two ceilings of the stream: its exporter posting straight
+// to the simulator with no database, and its default deliverer with an
+// exporter that accepts at once (the outbox's share).
 //
 //	go test ./exporter -run '^$' -bench DeliverStreamVsV1 -benchtime 1x
+//	TALLY_BENCH_STREAM_WORKERS=1,2,3,4 TALLY_BENCH_STREAM_BATCH=500,1000 TALLY_BENCH_STREAM_ROUNDS=2 \
+//	  go test ./exporter -run '^$' -bench DeliverStreamVsV1 -benchtime 1x -timeout 60m
 func BenchmarkDeliverStreamVsV1(b *testing.B) {
 	const (
 		streamItems = 100_000
 		v1Items     = 20_000
 	)
+	shapes := streamShapesFromEnv(b)
 	type row struct {
 		name  string
 		items int
@@ -385,23 +442,29 @@ func BenchmarkDeliverStreamVsV1(b *testing.B) {
 	var rows []row
 	_, base := benchSim(b, stripesim.Limits{})
 	rows = append(rows, row{"stream exporter alone, 20 goroutines × 100 events, no database", streamItems, streamDirect(b, base, streamItems, 20)})
-	rows = append(rows, row{"stream deliverer 4 × 1000, instant batch exporter (no HTTP)", streamItems,
-		deliver(b, base, deliverRun{workers: 4, batch: 1000, inflight: 4000, rate: 1e6, items: streamItems, stream: true,
-			exp: func(*stripeapi.Client) exporter.Exporter { return instantBatch{} }})})
-	for _, w := range []int{2, 4} {
-		_, base := benchSim(b, stripesim.Limits{})
-		el := deliver(b, base, deliverRun{workers: w, batch: 1000, inflight: 4000, rate: 1e6, items: streamItems, stream: true})
-		rows = append(rows, row{fmt.Sprintf("stream deliverer %d workers × claim 1000, 4000 in flight", w), streamItems, el})
-		b.ReportMetric(streamItems/el.Seconds(), fmt.Sprintf("stream_w%d_items/s", w))
+	rows = append(rows, row{fmt.Sprintf("stream deliverer %d × %d, instant batch exporter (no HTTP)", exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch), streamItems,
+		deliver(b, base, deliverRun{workers: exporter.DefaultStreamWorkers, batch: exporter.DefaultStreamBatch, inflight: shapes.inflight, record: shapes.record,
+			rate: 1e6, items: streamItems, stream: true, exp: func(*stripeapi.Client) exporter.Exporter { return instantBatch{} }})})
+	for round := 1; round <= shapes.rounds; round++ {
+		for _, w := range shapes.workers {
+			for _, batch := range shapes.batches {
+				_, base := benchSim(b, stripesim.Limits{})
+				el := deliver(b, base, deliverRun{workers: w, batch: batch, inflight: shapes.inflight, record: shapes.record,
+					rate: 1e6, items: streamItems, stream: true})
+				rows = append(rows, row{fmt.Sprintf("stream deliverer %d workers × claim %d (round %d)", w, batch, round), streamItems, el})
+				b.ReportMetric(streamItems/el.Seconds(), fmt.Sprintf("stream_w%d_b%d_r%d_items/s", w, batch, round))
+			}
+		}
 	}
 	_, base = benchSim(b, stripesim.Limits{})
 	rows = append(rows, row{"v1 exporter alone, 64 goroutines, no database", benchItems, sendDirect(b, base, 64)})
 	_, base = benchSim(b, stripesim.Limits{})
-	el := deliver(b, base, deliverRun{workers: 4, batch: 50, inflight: 64, rate: 1e6, items: v1Items})
-	rows = append(rows, row{"v1 deliverer 4 × 50, 64 in flight (the default)", v1Items, el})
+	el := deliver(b, base, deliverRun{workers: exporter.DefaultWorkers, batch: exporter.DefaultBatch, inflight: exporter.DefaultInFlight, rate: 1e6, items: v1Items})
+	rows = append(rows, row{fmt.Sprintf("v1 deliverer %d × %d, %d in flight (the default)", exporter.DefaultWorkers, exporter.DefaultBatch, exporter.DefaultInFlight), v1Items, el})
 	b.ReportMetric(v1Items/el.Seconds(), "v1_items/s")
 	b.ReportMetric(streamItems/rows[0].el.Seconds(), "stream_exporter_events/s")
-	fmt.Printf("\nitems over %d customers, one meter; simulator without limits on loopback; each item is one meter event\n", benchCustomers)
+	fmt.Printf("\nitems over %d customers, one meter; simulator without limits on loopback; each item is one meter event; "+
+		"stream: %d events in flight, outcomes written %d at a time\n", benchCustomers, shapes.inflight, shapes.record)
 	fmt.Printf("%-66s %8s %8s %10s %12s\n", "", "items", "seconds", "items/s", "vs v1 deliv.")
 	v1 := float64(v1Items) / el.Seconds()
 	for _, r := range rows {
