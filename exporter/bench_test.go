@@ -418,12 +418,66 @@ func benchInts(b *testing.B, env string, def ...int) []int {
 	return out
 }
 
+// streamRow is one run of BenchmarkDeliverStreamVsV1 and the machine's
+// load average (1 minute) when it ended: the machine is shared.
+type streamRow struct {
+	name  string
+	items int
+	el    time.Duration
+	load  string
+}
+
+// loadAverage is the 1-minute load average, or "-" where /proc has none.
+func loadAverage() string {
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			return f[0]
+		}
+	}
+	return "-"
+}
+
+// streamRound runs the stream deliverer over n items once in each shape and
+// once with the instant batch exporter in the default shape (the outbox's
+// ceiling), starting at a shape that moves with the round, so that no shape
+// always runs first or last.
+func streamRound(b *testing.B, shapes streamShapes, n, round int) []streamRow {
+	b.Helper()
+	type run struct {
+		name          string
+		workers, size int
+		instant       bool
+	}
+	runs := []run{{fmt.Sprintf("stream deliverer %d × %d, instant batch exporter (no HTTP)", exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch),
+		exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch, true}}
+	for _, w := range shapes.workers {
+		for _, size := range shapes.batches {
+			runs = append(runs, run{fmt.Sprintf("stream deliverer %d workers × claim %d", w, size), w, size, false})
+		}
+	}
+	var rows []streamRow
+	for i := range runs {
+		r := runs[(i+round-1)%len(runs)]
+		dr := deliverRun{workers: r.workers, batch: r.size, inflight: shapes.inflight, record: shapes.record, rate: 1e6, items: n, stream: true}
+		if r.instant {
+			dr.exp = func(*stripeapi.Client) exporter.Exporter { return instantBatch{} }
+		}
+		_, base := benchSim(b, stripesim.Limits{})
+		el := deliver(b, base, dr)
+		rows = append(rows, streamRow{fmt.Sprintf("%s (round %d)", r.name, round), n, el, loadAverage()})
+		if !r.instant {
+			b.ReportMetric(float64(n)/el.Seconds(), fmt.Sprintf("stream_w%d_b%d_r%d_items/s", r.workers, r.size, round))
+		}
+	}
+	return rows
+}
+
 // BenchmarkDeliverStreamVsV1 measures the v2 stream exporter's items per
 // second from pending to accepted against the simulator (no limit), for the
 // stream deliverer's shapes (streamShapes), beside v1's default deliverer in
 // the same run and two ceilings of the stream: its exporter posting straight
 // to the simulator with no database, and its default deliverer with an
-// exporter that accepts at once (the outbox's share).
+// exporter that accepts at once (the outbox's share, once a round).
 //
 //	go test ./exporter -run '^$' -bench DeliverStreamVsV1 -benchtime 1x
 //	TALLY_BENCH_STREAM_WORKERS=1,2,3,4 TALLY_BENCH_STREAM_BATCH=500,1000 TALLY_BENCH_STREAM_ROUNDS=2 \
@@ -434,42 +488,27 @@ func BenchmarkDeliverStreamVsV1(b *testing.B) {
 		v1Items     = 20_000
 	)
 	shapes := streamShapesFromEnv(b)
-	type row struct {
-		name  string
-		items int
-		el    time.Duration
-	}
-	var rows []row
 	_, base := benchSim(b, stripesim.Limits{})
-	rows = append(rows, row{"stream exporter alone, 20 goroutines × 100 events, no database", streamItems, streamDirect(b, base, streamItems, 20)})
-	rows = append(rows, row{fmt.Sprintf("stream deliverer %d × %d, instant batch exporter (no HTTP)", exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch), streamItems,
-		deliver(b, base, deliverRun{workers: exporter.DefaultStreamWorkers, batch: exporter.DefaultStreamBatch, inflight: shapes.inflight, record: shapes.record,
-			rate: 1e6, items: streamItems, stream: true, exp: func(*stripeapi.Client) exporter.Exporter { return instantBatch{} }})})
+	rows := []streamRow{{"stream exporter alone, 20 goroutines × 100 events, no database", streamItems, streamDirect(b, base, streamItems, 20), loadAverage()}}
 	for round := 1; round <= shapes.rounds; round++ {
-		for _, w := range shapes.workers {
-			for _, batch := range shapes.batches {
-				_, base := benchSim(b, stripesim.Limits{})
-				el := deliver(b, base, deliverRun{workers: w, batch: batch, inflight: shapes.inflight, record: shapes.record,
-					rate: 1e6, items: streamItems, stream: true})
-				rows = append(rows, row{fmt.Sprintf("stream deliverer %d workers × claim %d (round %d)", w, batch, round), streamItems, el})
-				b.ReportMetric(streamItems/el.Seconds(), fmt.Sprintf("stream_w%d_b%d_r%d_items/s", w, batch, round))
-			}
-		}
+		rows = append(rows, streamRound(b, shapes, streamItems, round)...)
 	}
 	_, base = benchSim(b, stripesim.Limits{})
-	rows = append(rows, row{"v1 exporter alone, 64 goroutines, no database", benchItems, sendDirect(b, base, 64)})
+	rows = append(rows, streamRow{"v1 exporter alone, 64 goroutines, no database", benchItems, sendDirect(b, base, 64), loadAverage()})
 	_, base = benchSim(b, stripesim.Limits{})
 	el := deliver(b, base, deliverRun{workers: exporter.DefaultWorkers, batch: exporter.DefaultBatch, inflight: exporter.DefaultInFlight, rate: 1e6, items: v1Items})
-	rows = append(rows, row{fmt.Sprintf("v1 deliverer %d × %d, %d in flight (the default)", exporter.DefaultWorkers, exporter.DefaultBatch, exporter.DefaultInFlight), v1Items, el})
+	rows = append(rows, streamRow{fmt.Sprintf("v1 deliverer %d × %d, %d in flight (the default)", exporter.DefaultWorkers, exporter.DefaultBatch, exporter.DefaultInFlight),
+		v1Items, el, loadAverage()})
 	b.ReportMetric(v1Items/el.Seconds(), "v1_items/s")
 	b.ReportMetric(streamItems/rows[0].el.Seconds(), "stream_exporter_events/s")
 	fmt.Printf("\nitems over %d customers, one meter; simulator without limits on loopback; each item is one meter event; "+
-		"stream: %d events in flight, outcomes written %d at a time\n", benchCustomers, shapes.inflight, shapes.record)
-	fmt.Printf("%-66s %8s %8s %10s %12s\n", "", "items", "seconds", "items/s", "vs v1 deliv.")
+		"stream: %d events in flight, outcomes written %d at a time; load: the 1-minute load average at the run's end\n",
+		benchCustomers, shapes.inflight, shapes.record)
+	fmt.Printf("%-76s %8s %8s %10s %12s %6s\n", "", "items", "seconds", "items/s", "vs v1 deliv.", "load")
 	v1 := float64(v1Items) / el.Seconds()
 	for _, r := range rows {
 		rate := float64(r.items) / r.el.Seconds()
-		fmt.Printf("%-66s %8d %8.1f %10.0f %11.1fx\n", r.name, r.items, r.el.Seconds(), rate, rate/v1)
+		fmt.Printf("%-76s %8d %8.1f %10.0f %11.1fx %6s\n", r.name, r.items, r.el.Seconds(), rate, rate/v1, r.load)
 	}
 	fmt.Println()
 }
