@@ -33,8 +33,26 @@ const (
 	benchTimeout   = 5 * time.Second
 )
 
+// runScope is a testing.TB whose cleanups run when end is called, not when
+// the benchmark ends: a run's database and simulator are gone before the
+// next run starts, so that a benchmark of many runs does not hold them all
+// (in memory, or in the scratch cluster's /dev/shm).
+type runScope struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (s *runScope) Cleanup(f func()) { s.cleanups = append(s.cleanups, f) }
+
+func (s *runScope) end() {
+	for i := len(s.cleanups) - 1; i >= 0; i-- {
+		s.cleanups[i]()
+	}
+	s.cleanups = nil
+}
+
 // benchSim is a simulator with the meter and the customers of benchItems.
-func benchSim(b *testing.B, limits stripesim.Limits) (*stripesim.Server, string) {
+func benchSim(b testing.TB, limits stripesim.Limits) (*stripesim.Server, string) {
 	b.Helper()
 	sim := stripesim.New(stripesim.Options{Seed: 1, Limits: limits})
 	srv := httptest.NewServer(sim.Handler())
@@ -53,7 +71,7 @@ func benchPayload(n int, ts int64) outbox.Payload {
 
 // benchOutboxOf is a fresh database holding n pending items staged for the
 // exporter named exp.
-func benchOutboxOf(b *testing.B, n int, exp string) (*pgxpool.Pool, *outbox.Store) {
+func benchOutboxOf(b testing.TB, n int, exp string) (*pgxpool.Pool, *outbox.Store) {
 	b.Helper()
 	ctx := context.Background()
 	pool := testdb.New(b)
@@ -121,7 +139,8 @@ type deliverRun struct {
 }
 
 // deliver runs a deliverer over a fresh outbox until every item is
-// accepted and returns how long that took.
+// accepted and returns how long that took. The outbox's database is dropped
+// when it returns.
 func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 	b.Helper()
 	ctx := context.Background()
@@ -132,7 +151,9 @@ func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 	if r.stream {
 		name = exporter.StripeMeterEventStream
 	}
-	pool, store := benchOutboxOf(b, r.items, name)
+	scope := &runScope{TB: b}
+	defer scope.end()
+	pool, store := benchOutboxOf(scope, r.items, name)
 
 	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: apiBase, MeterEventsBase: apiBase})
 	if err != nil {
@@ -462,8 +483,10 @@ func streamRound(b *testing.B, shapes streamShapes, n, round int) []streamRow {
 		if r.instant {
 			dr.exp = func(*stripeapi.Client) exporter.Exporter { return instantBatch{} }
 		}
-		_, base := benchSim(b, stripesim.Limits{})
+		scope := &runScope{TB: b}
+		_, base := benchSim(scope, stripesim.Limits{})
 		el := deliver(b, base, dr)
+		scope.end()
 		rows = append(rows, streamRow{fmt.Sprintf("%s (round %d)", r.name, round), n, el, loadAverage()})
 		if !r.instant {
 			b.ReportMetric(float64(n)/el.Seconds(), fmt.Sprintf("stream_w%d_b%d_r%d_items/s", r.workers, r.size, round))
