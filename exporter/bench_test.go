@@ -397,9 +397,10 @@ func streamDirect(b *testing.B, apiBase string, n, concurrency int) time.Duratio
 // streamShapes are the stream deliverer's shapes BenchmarkDeliverStreamVsV1
 // runs, each on a fresh database and simulator: every workers × claim batch
 // of TALLY_BENCH_STREAM_WORKERS and TALLY_BENCH_STREAM_BATCH
-// (comma-separated; by default 2 and 4 workers claiming
-// exporter.DefaultStreamBatch), TALLY_BENCH_STREAM_ROUNDS times over
-// (default 1), interleaved: each round runs every shape once. Every shape
+// (comma-separated; by default 2, 3 and 4 workers claiming
+// exporter.DefaultStreamBatch and outbox.MaxClaim),
+// TALLY_BENCH_STREAM_ROUNDS times over (default 1), interleaved: each round
+// runs every shape once. Every shape
 // has TALLY_BENCH_STREAM_INFLIGHT events in flight and writes outcomes
 // TALLY_BENCH_STREAM_RECORD at a time (default the service's:
 // exporter.DefaultStreamInFlight, DefaultStreamRecordBatch).
@@ -412,8 +413,8 @@ func streamShapesFromEnv(b *testing.B) streamShapes {
 	b.Helper()
 	one := func(env string, def int) int { return benchInts(b, env, def)[0] }
 	return streamShapes{
-		workers:  benchInts(b, "TALLY_BENCH_STREAM_WORKERS", 2, 4),
-		batches:  benchInts(b, "TALLY_BENCH_STREAM_BATCH", exporter.DefaultStreamBatch),
+		workers:  benchInts(b, "TALLY_BENCH_STREAM_WORKERS", 2, 3, 4),
+		batches:  benchInts(b, "TALLY_BENCH_STREAM_BATCH", exporter.DefaultStreamBatch, outbox.MaxClaim),
 		rounds:   one("TALLY_BENCH_STREAM_ROUNDS", 1),
 		inflight: one("TALLY_BENCH_STREAM_INFLIGHT", exporter.DefaultStreamInFlight),
 		record:   one("TALLY_BENCH_STREAM_RECORD", exporter.DefaultStreamRecordBatch),

@@ -33,13 +33,16 @@ const (
 	// node: 20 requests of StreamMaxEvents.
 	DefaultStreamInFlight = 20 * StreamMaxEvents
 	// DefaultStreamWorkers is how many claim loops the v2 stream's
-	// deliverer runs. Fewer than v1's: its claims are large, and on two
-	// cores two loops of them moved more items a second than three or four,
-	// which contend for the same index pages (docs/performance.md).
-	DefaultStreamWorkers = 2
+	// deliverer runs. Fewer than v1's: on two cores three loops claiming 500
+	// moved the most items a second, ahead of two and four
+	// (docs/performance.md).
+	DefaultStreamWorkers = 3
 	// DefaultStreamBatch is the most items one claim of the v2 stream's
-	// deliverer takes: ten requests' worth, outbox.MaxClaim.
-	DefaultStreamBatch = 1000
+	// deliverer takes: five requests' worth. Claims of 500 beat claims of
+	// 1,000 (outbox.MaxClaim) at every number of loops measured: with
+	// DefaultStreamInFlight events in flight, a claim of 1,000 waits for
+	// half the node's slots and the loops take turns instead of overlapping.
+	DefaultStreamBatch = 500
 	// DefaultStreamRecordBatch is the most outcomes of the v2 stream
 	// written in one transaction: a whole claim's.
 	DefaultStreamRecordBatch = 1000

@@ -47,10 +47,10 @@ func TestStreamSettingsDefaultThenEnvThenFlag(t *testing.T) {
 		RecordBatch: exporter.DefaultStreamRecordBatch}, c.Stream)
 	require.LessOrEqual(t, exporter.DefaultStreamBatch, outbox.MaxClaim, "the default claim is one the outbox takes")
 
-	env := map[string]string{"TALLY_STREAM_WORKERS": "3", "TALLY_STREAM_BATCH": "500", "TALLY_STREAM_RECORD_BATCH": "200"}
+	env := map[string]string{"TALLY_STREAM_WORKERS": "5", "TALLY_STREAM_BATCH": "700", "TALLY_STREAM_RECORD_BATCH": "200"}
 	c, err = load(t, env)
 	require.NoError(t, err)
-	require.Equal(t, config.StreamConfig{Workers: 3, Batch: 500, RecordBatch: 200}, c.Stream)
+	require.Equal(t, config.StreamConfig{Workers: 5, Batch: 700, RecordBatch: 200}, c.Stream)
 
 	c, err = load(t, env, "--stream-workers", "1", "--stream-batch", "1000", "--stream-record-batch", "2000")
 	require.NoError(t, err)
