@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,8 +33,26 @@ const (
 	benchTimeout   = 5 * time.Second
 )
 
+// runScope is a testing.TB whose cleanups run when end is called, not when
+// the benchmark ends: a run's database and simulator are gone before the
+// next run starts, so that a benchmark of many runs does not hold them all
+// (in memory, or in the scratch cluster's /dev/shm).
+type runScope struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (s *runScope) Cleanup(f func()) { s.cleanups = append(s.cleanups, f) }
+
+func (s *runScope) end() {
+	for i := len(s.cleanups) - 1; i >= 0; i-- {
+		s.cleanups[i]()
+	}
+	s.cleanups = nil
+}
+
 // benchSim is a simulator with the meter and the customers of benchItems.
-func benchSim(b *testing.B, limits stripesim.Limits) (*stripesim.Server, string) {
+func benchSim(b testing.TB, limits stripesim.Limits) (*stripesim.Server, string) {
 	b.Helper()
 	sim := stripesim.New(stripesim.Options{Seed: 1, Limits: limits})
 	srv := httptest.NewServer(sim.Handler())
@@ -50,7 +71,7 @@ func benchPayload(n int, ts int64) outbox.Payload {
 
 // benchOutboxOf is a fresh database holding n pending items staged for the
 // exporter named exp.
-func benchOutboxOf(b *testing.B, n int, exp string) (*pgxpool.Pool, *outbox.Store) {
+func benchOutboxOf(b testing.TB, n int, exp string) (*pgxpool.Pool, *outbox.Store) {
 	b.Helper()
 	ctx := context.Background()
 	pool := testdb.New(b)
@@ -110,13 +131,16 @@ type deliverRun struct {
 	exp                      func(*stripeapi.Client) exporter.Exporter
 	// items is how many items to deliver (default benchItems); stream
 	// stages them for the stream exporter and runs its deliverer's shape:
-	// BestEffort claims, outcomes written 1,000 at a time.
+	// BestEffort claims, outcomes written record at a time (default
+	// exporter.DefaultStreamRecordBatch).
 	items  int
 	stream bool
+	record int
 }
 
 // deliver runs a deliverer over a fresh outbox until every item is
-// accepted and returns how long that took.
+// accepted and returns how long that took. The outbox's database is dropped
+// when it returns.
 func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 	b.Helper()
 	ctx := context.Background()
@@ -127,7 +151,9 @@ func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 	if r.stream {
 		name = exporter.StripeMeterEventStream
 	}
-	pool, store := benchOutboxOf(b, r.items, name)
+	scope := &runScope{TB: b}
+	defer scope.end()
+	pool, store := benchOutboxOf(scope, r.items, name)
 
 	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: apiBase, MeterEventsBase: apiBase})
 	if err != nil {
@@ -137,7 +163,10 @@ func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 	cfg := exporter.DelivererConfig{Workers: r.workers, Batch: r.batch, InFlight: r.inflight, PollInterval: 100 * time.Millisecond}
 	if r.stream {
 		exp = exporter.NewStripeStream(client, benchTimeout)
-		cfg.Policy, cfg.RecordBatch = outbox.BestEffort, 1000
+		cfg.Policy, cfg.RecordBatch = outbox.BestEffort, r.record
+		if r.record == 0 {
+			cfg.RecordBatch = exporter.DefaultStreamRecordBatch
+		}
 	}
 	if r.exp != nil {
 		exp = r.exp(client)
@@ -365,48 +394,145 @@ func streamDirect(b *testing.B, apiBase string, n, concurrency int) time.Duratio
 	return time.Since(start)
 }
 
+// streamShapes are the stream deliverer's shapes BenchmarkDeliverStreamVsV1
+// runs, each on a fresh database and simulator: every workers × claim batch
+// of TALLY_BENCH_STREAM_WORKERS and TALLY_BENCH_STREAM_BATCH
+// (comma-separated; by default 2, 3 and 4 workers claiming
+// exporter.DefaultStreamBatch and outbox.MaxClaim),
+// TALLY_BENCH_STREAM_ROUNDS times over (default 1), interleaved: each round
+// runs every shape once. Every shape
+// has TALLY_BENCH_STREAM_INFLIGHT events in flight and writes outcomes
+// TALLY_BENCH_STREAM_RECORD at a time (default the service's:
+// exporter.DefaultStreamInFlight, DefaultStreamRecordBatch).
+type streamShapes struct {
+	workers, batches         []int
+	rounds, inflight, record int
+}
+
+func streamShapesFromEnv(b *testing.B) streamShapes {
+	b.Helper()
+	one := func(env string, def int) int { return benchInts(b, env, def)[0] }
+	return streamShapes{
+		workers:  benchInts(b, "TALLY_BENCH_STREAM_WORKERS", 2, 3, 4),
+		batches:  benchInts(b, "TALLY_BENCH_STREAM_BATCH", exporter.DefaultStreamBatch, outbox.MaxClaim),
+		rounds:   one("TALLY_BENCH_STREAM_ROUNDS", 1),
+		inflight: one("TALLY_BENCH_STREAM_INFLIGHT", exporter.DefaultStreamInFlight),
+		record:   one("TALLY_BENCH_STREAM_RECORD", exporter.DefaultStreamRecordBatch),
+	}
+}
+
+// benchInts is the comma-separated positive whole numbers of the
+// environment variable env, or def when it is unset.
+func benchInts(b *testing.B, env string, def ...int) []int {
+	b.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		return def
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			b.Fatalf("%s must be comma-separated positive whole numbers, got %q", env, v)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// streamRow is one run of BenchmarkDeliverStreamVsV1 and the machine's
+// load average (1 minute) when it ended: the machine is shared.
+type streamRow struct {
+	name  string
+	items int
+	el    time.Duration
+	load  string
+}
+
+// loadAverage is the 1-minute load average, or "-" where /proc has none.
+func loadAverage() string {
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			return f[0]
+		}
+	}
+	return "-"
+}
+
+// streamRound runs the stream deliverer over n items once in each shape and
+// once with the instant batch exporter in the default shape (the outbox's
+// ceiling), starting at a shape that moves with the round, so that no shape
+// always runs first or last.
+func streamRound(b *testing.B, shapes streamShapes, n, round int) []streamRow {
+	b.Helper()
+	type run struct {
+		name          string
+		workers, size int
+		instant       bool
+	}
+	runs := []run{{fmt.Sprintf("stream deliverer %d × %d, instant batch exporter (no HTTP)", exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch),
+		exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch, true}}
+	for _, w := range shapes.workers {
+		for _, size := range shapes.batches {
+			runs = append(runs, run{fmt.Sprintf("stream deliverer %d workers × claim %d", w, size), w, size, false})
+		}
+	}
+	var rows []streamRow
+	for i := range runs {
+		r := runs[(i+round-1)%len(runs)]
+		dr := deliverRun{workers: r.workers, batch: r.size, inflight: shapes.inflight, record: shapes.record, rate: 1e6, items: n, stream: true}
+		if r.instant {
+			dr.exp = func(*stripeapi.Client) exporter.Exporter { return instantBatch{} }
+		}
+		scope := &runScope{TB: b}
+		_, base := benchSim(scope, stripesim.Limits{})
+		el := deliver(b, base, dr)
+		scope.end()
+		rows = append(rows, streamRow{fmt.Sprintf("%s (round %d)", r.name, round), n, el, loadAverage()})
+		if !r.instant {
+			b.ReportMetric(float64(n)/el.Seconds(), fmt.Sprintf("stream_w%d_b%d_r%d_items/s", r.workers, r.size, round))
+		}
+	}
+	return rows
+}
+
 // BenchmarkDeliverStreamVsV1 measures the v2 stream exporter's items per
-// second from pending to accepted against the simulator (no limit), beside
-// v1's default deliverer in the same run and two ceilings of the stream: its
-// exporter posting straight to the simulator with no database, and its
-// deliverer with an exporter that accepts at once (the outbox's share).
+// second from pending to accepted against the simulator (no limit), for the
+// stream deliverer's shapes (streamShapes), beside v1's default deliverer in
+// the same run and two ceilings of the stream: its exporter posting straight
+// to the simulator with no database, and its default deliverer with an
+// exporter that accepts at once (the outbox's share, once a round).
 //
 //	go test ./exporter -run '^$' -bench DeliverStreamVsV1 -benchtime 1x
+//	TALLY_BENCH_STREAM_WORKERS=1,2,3,4 TALLY_BENCH_STREAM_BATCH=500,1000 TALLY_BENCH_STREAM_ROUNDS=2 \
+//	  go test ./exporter -run '^$' -bench DeliverStreamVsV1 -benchtime 1x -timeout 60m
 func BenchmarkDeliverStreamVsV1(b *testing.B) {
 	const (
 		streamItems = 100_000
 		v1Items     = 20_000
 	)
-	type row struct {
-		name  string
-		items int
-		el    time.Duration
-	}
-	var rows []row
+	shapes := streamShapesFromEnv(b)
 	_, base := benchSim(b, stripesim.Limits{})
-	rows = append(rows, row{"stream exporter alone, 20 goroutines × 100 events, no database", streamItems, streamDirect(b, base, streamItems, 20)})
-	rows = append(rows, row{"stream deliverer 4 × 1000, instant batch exporter (no HTTP)", streamItems,
-		deliver(b, base, deliverRun{workers: 4, batch: 1000, inflight: 4000, rate: 1e6, items: streamItems, stream: true,
-			exp: func(*stripeapi.Client) exporter.Exporter { return instantBatch{} }})})
-	for _, w := range []int{2, 4} {
-		_, base := benchSim(b, stripesim.Limits{})
-		el := deliver(b, base, deliverRun{workers: w, batch: 1000, inflight: 4000, rate: 1e6, items: streamItems, stream: true})
-		rows = append(rows, row{fmt.Sprintf("stream deliverer %d workers × claim 1000, 4000 in flight", w), streamItems, el})
-		b.ReportMetric(streamItems/el.Seconds(), fmt.Sprintf("stream_w%d_items/s", w))
+	rows := []streamRow{{"stream exporter alone, 20 goroutines × 100 events, no database", streamItems, streamDirect(b, base, streamItems, 20), loadAverage()}}
+	for round := 1; round <= shapes.rounds; round++ {
+		rows = append(rows, streamRound(b, shapes, streamItems, round)...)
 	}
 	_, base = benchSim(b, stripesim.Limits{})
-	rows = append(rows, row{"v1 exporter alone, 64 goroutines, no database", benchItems, sendDirect(b, base, 64)})
+	rows = append(rows, streamRow{"v1 exporter alone, 64 goroutines, no database", benchItems, sendDirect(b, base, 64), loadAverage()})
 	_, base = benchSim(b, stripesim.Limits{})
-	el := deliver(b, base, deliverRun{workers: 4, batch: 50, inflight: 64, rate: 1e6, items: v1Items})
-	rows = append(rows, row{"v1 deliverer 4 × 50, 64 in flight (the default)", v1Items, el})
+	el := deliver(b, base, deliverRun{workers: exporter.DefaultWorkers, batch: exporter.DefaultBatch, inflight: exporter.DefaultInFlight, rate: 1e6, items: v1Items})
+	rows = append(rows, streamRow{fmt.Sprintf("v1 deliverer %d × %d, %d in flight (the default)", exporter.DefaultWorkers, exporter.DefaultBatch, exporter.DefaultInFlight),
+		v1Items, el, loadAverage()})
 	b.ReportMetric(v1Items/el.Seconds(), "v1_items/s")
 	b.ReportMetric(streamItems/rows[0].el.Seconds(), "stream_exporter_events/s")
-	fmt.Printf("\nitems over %d customers, one meter; simulator without limits on loopback; each item is one meter event\n", benchCustomers)
-	fmt.Printf("%-66s %8s %8s %10s %12s\n", "", "items", "seconds", "items/s", "vs v1 deliv.")
+	fmt.Printf("\nitems over %d customers, one meter; simulator without limits on loopback; each item is one meter event; "+
+		"stream: %d events in flight, outcomes written %d at a time; load: the 1-minute load average at the run's end\n",
+		benchCustomers, shapes.inflight, shapes.record)
+	fmt.Printf("%-76s %8s %8s %10s %12s %6s\n", "", "items", "seconds", "items/s", "vs v1 deliv.", "load")
 	v1 := float64(v1Items) / el.Seconds()
 	for _, r := range rows {
 		rate := float64(r.items) / r.el.Seconds()
-		fmt.Printf("%-66s %8d %8.1f %10.0f %11.1fx\n", r.name, r.items, r.el.Seconds(), rate, rate/v1)
+		fmt.Printf("%-76s %8d %8.1f %10.0f %11.1fx %6s\n", r.name, r.items, r.el.Seconds(), rate, rate/v1, r.load)
 	}
 	fmt.Println()
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
-	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -135,19 +134,20 @@ func clusterWatch(db *DB, node *services, logger *slog.Logger) service {
 }
 
 // newDeliverers makes one deliverer per exporter, each claiming only its
-// own items: v1 one item per call and per key at a time, the v2 stream in
-// batches of 100 regardless of key (the stream has no per-key concurrency
-// rule), each under its own limiter. Both run whatever TALLY_EXPORTER says,
-// since a feature mapping may name either. None without a key.
+// own items: v1 one item per call and per key at a time, sized by
+// TALLY_DELIVERY_*, and the v2 stream in batches of 100 regardless of key
+// (the stream has no per-key concurrency rule), sized by TALLY_STREAM_*
+// (config.Config.DelivererConfigs), each under its own limiter. Both run
+// whatever TALLY_EXPORTER says, since a feature mapping may name either.
+// None without a key.
 func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logger) ([]*exporter.Deliverer, error) {
 	client := p.Resolver.Client()
 	if client == nil {
 		return nil, nil
 	}
-	v1, err := exporter.NewDeliverer(exporter.DelivererConfig{
-		Workers: cfg.DeliveryWorkers, Batch: cfg.DeliveryBatch, InFlight: cfg.DeliveryInFlight,
-		PollInterval: cfg.PollInterval, Keys: p.Resolver,
-	}, p.Outbox, pools.Export, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
+	v1cfg, streamCfg := cfg.DelivererConfigs()
+	v1cfg.Keys, streamCfg.Keys = p.Resolver, p.Resolver
+	v1, err := exporter.NewDeliverer(v1cfg, p.Outbox, pools.Export, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
 		p.Resolver.Destination, p.Limiter, logger, p.Registry)
 	if err != nil {
 		return nil, err
@@ -156,10 +156,7 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	if err := p.Registry.Register(stream.Collector()); err != nil {
 		return nil, err
 	}
-	v2, err := exporter.NewDeliverer(exporter.DelivererConfig{
-		Workers: cfg.DeliveryWorkers, Batch: min(cfg.StreamInFlight, outbox.MaxClaim), InFlight: cfg.StreamInFlight,
-		RecordBatch: outbox.MaxClaim, Policy: outbox.BestEffort, PollInterval: cfg.PollInterval, Keys: p.Resolver,
-	}, p.Outbox, pools.Export, stream, cfg.StripeTimeout, p.Resolver.Destination, p.StreamLimiter, logger, p.Registry)
+	v2, err := exporter.NewDeliverer(streamCfg, p.Outbox, pools.Export, stream, cfg.StripeTimeout, p.Resolver.Destination, p.StreamLimiter, logger, p.Registry)
 	if err != nil {
 		return nil, err
 	}

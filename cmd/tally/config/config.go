@@ -104,8 +104,9 @@ type Config struct {
 	// StreamInFlight bounds the stream's events in flight on a node.
 	// Defaults to exporter.DefaultStreamInFlight.
 	StreamInFlight int
-	// DeliveryWorkers, DeliveryBatch and DeliveryInFlight size the
-	// deliverer: claim loops, items per claim, sends in flight. Default to
+	// DeliveryWorkers, DeliveryBatch and DeliveryInFlight size the v1
+	// deliverer: claim loops, items per claim, sends in flight (the
+	// stream's are Stream and StreamInFlight). Default to
 	// exporter.DefaultWorkers, DefaultBatch and DefaultInFlight.
 	DeliveryWorkers, DeliveryBatch, DeliveryInFlight int
 	// PollInterval is how often idle deliverers look for due work when no
@@ -130,6 +131,10 @@ type Config struct {
 	// (settings_ingest_batch.go). Defaults to meter's DefaultCoalesce…
 	// constants.
 	Coalesce meter.Coalescing
+	// Stream sizes the v2 stream's deliverer where it differs from v1's
+	// (settings_stream.go). Defaults to exporter's DefaultStream…
+	// constants.
+	Stream StreamConfig
 	// Pools sizes serve's connection pools, one per workload, and bounds
 	// its reads.
 	Pools PoolsConfig

@@ -27,7 +27,7 @@ func settings() []setting {
 	return slices.Concat(nodeSettings(), outboxSettings(), exportSettings(), deliverySettings(), reconcileSettings(), tlsSettings(), quotaSettings(), poolSettings(),
 		[]setting{{"TALLY_OUTBOX_CLAIM_SCAN", "outbox-claim-scan", "how many due items per wanted item a per-key claim reads to find distinct keys",
 			strconv.Itoa(outbox.DefaultClaimScan), integer(func(c *Config) *int { return &c.Outbox.ClaimScan })}},
-		consoleSettings(), coalesceSettings())
+		consoleSettings(), coalesceSettings(), streamSettings())
 }
 
 // nodeSettings are the node's own: its database, address, logs and
@@ -118,11 +118,11 @@ func deliverySettings() []setting {
 			float(func(c *Config) *float64 { return &c.BasicRateTest })},
 		{"TALLY_STREAM_INFLIGHT", "stream-inflight", "the most v2 stream events in flight on this node", strconv.Itoa(exporter.DefaultStreamInFlight),
 			integer(func(c *Config) *int { return &c.StreamInFlight })},
-		{"TALLY_DELIVERY_WORKERS", "delivery-workers", "each deliverer's claim loops on this node (v1's and the stream's)", strconv.Itoa(exporter.DefaultWorkers),
+		{"TALLY_DELIVERY_WORKERS", "delivery-workers", "the v1 deliverer's claim loops on this node (the v2 stream's: TALLY_STREAM_WORKERS)", strconv.Itoa(exporter.DefaultWorkers),
 			integer(func(c *Config) *int { return &c.DeliveryWorkers })},
-		{"TALLY_DELIVERY_BATCH", "delivery-batch", "the most items one claim takes", strconv.Itoa(exporter.DefaultBatch),
+		{"TALLY_DELIVERY_BATCH", "delivery-batch", "the most items one claim of the v1 deliverer takes (the v2 stream's: TALLY_STREAM_BATCH)", strconv.Itoa(exporter.DefaultBatch),
 			integer(func(c *Config) *int { return &c.DeliveryBatch })},
-		{"TALLY_DELIVERY_INFLIGHT", "delivery-inflight", "the most sends in flight on this node", strconv.Itoa(exporter.DefaultInFlight),
+		{"TALLY_DELIVERY_INFLIGHT", "delivery-inflight", "the most v1 sends in flight on this node (the v2 stream's: TALLY_STREAM_INFLIGHT)", strconv.Itoa(exporter.DefaultInFlight),
 			integer(func(c *Config) *int { return &c.DeliveryInFlight })},
 		{"TALLY_POLL_INTERVAL", "poll-interval", "how often idle deliverers look for due work without a notification", short(exporter.DefaultPollInterval),
 			dur(func(c *Config) *time.Duration { return &c.PollInterval })},
