@@ -39,7 +39,8 @@ func (p Policy) String() string {
 }
 
 // MaxClaim is the most items one claim may take; Claim refuses a larger
-// Limit, and the configuration refuses a larger TALLY_DELIVERY_BATCH.
+// Limit, and the configuration refuses a larger TALLY_DELIVERY_BATCH or
+// TALLY_STREAM_BATCH.
 const MaxClaim = 1000
 
 // ClaimOptions says who claims how much, how.
