@@ -106,7 +106,7 @@ func benchOutboxOf(b testing.TB, n int, exp string) (*pgxpool.Pool, *outbox.Stor
 			b.Fatal(err)
 		}
 	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_items"); err != nil {
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_bodies, outbox_item_states"); err != nil {
 		b.Fatal(err)
 	}
 	return pool, store
