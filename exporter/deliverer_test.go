@@ -15,6 +15,7 @@ import (
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
+	"github.com/tallymeter/tally/internal/testkit/syncbuf"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
@@ -265,7 +266,7 @@ func TestRefusedKeyStallsVisibly(t *testing.T) {
 	require.NoError(t, err)
 	_, err = res.Resolve(r.Ctx)
 	require.NoError(t, err)
-	var logs syncBuf
+	var logs syncbuf.Buffer
 	d, err := exporter.NewDeliverer(exporter.DelivererConfig{Workers: 2, Batch: 10, InFlight: 8, PollInterval: 20 * time.Millisecond, Keys: res},
 		r.Outbox, r.Pool, exporter.NewStripeV1(res.Client(), time.Second), time.Second, res.Destination,
 		exporter.NewLimiter(1000), slog.New(slog.NewTextHandler(&logs, nil)), nil)
@@ -301,22 +302,4 @@ func TestRefusedKeyStallsVisibly(t *testing.T) {
 	require.Eventually(t, func() bool { return r.counts(t)[outbox.StateAccepted] == 2 }, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, res.Check(r.Ctx))
 	require.Contains(t, logs.String(), "export resumed")
-}
-
-// syncBuf is a log buffer safe for concurrent writers.
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -52,9 +52,10 @@ func BenchmarkClaimAcceptVsRiver(b *testing.B) {
 	fmt.Printf("%-34s %12.0f\n\n", "River insert jobs (InsertMany)", insert)
 }
 
-// benchOutbox enqueues items, then times workers claiming and accepting them
-// all, batch at a time; it returns items per second.
-func benchOutbox(b *testing.B, items, workers, batch int, policy outbox.Policy) float64 {
+// enqueuedForBench is a fresh database holding items pending items, one
+// customer each (the per-key policy never holds one back), analysed as a
+// database that has run a while would be, and the Store over it.
+func enqueuedForBench(b *testing.B, items int) (*pgxpool.Pool, *outbox.Store) {
 	b.Helper()
 	ctx := context.Background()
 	pool := testdb.New(b)
@@ -67,8 +68,7 @@ func benchOutbox(b *testing.B, items, workers, batch int, policy outbox.Policy) 
 		b.Fatal(err)
 	}
 	for i := 0; i < items; i++ {
-		it := newItem(i) // a customer per item: the per-key policy never holds one back
-		if _, err := store.Enqueue(ctx, tx, it); err != nil {
+		if _, err := store.Enqueue(ctx, tx, newItem(i)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -78,6 +78,15 @@ func benchOutbox(b *testing.B, items, workers, batch int, policy outbox.Policy) 
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_bodies, outbox_item_states"); err != nil {
 		b.Fatal(err)
 	}
+	return pool, store
+}
+
+// benchOutbox enqueues items, then times workers claiming and accepting them
+// all, batch at a time; it returns items per second.
+func benchOutbox(b *testing.B, items, workers, batch int, policy outbox.Policy) float64 {
+	b.Helper()
+	ctx := context.Background()
+	pool, store := enqueuedForBench(b, items)
 
 	var (
 		done atomic.Int64

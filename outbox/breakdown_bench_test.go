@@ -42,26 +42,7 @@ func BenchmarkClaimAcceptBreakdown(b *testing.B) {
 func breakdown(b *testing.B, policy outbox.Policy) (claim, accept time.Duration, stmts map[string]time.Duration) {
 	b.Helper()
 	ctx := context.Background()
-	pool := testdb.New(b)
-	store, err := outbox.New(outbox.Config{}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for i := 0; i < 20000; i++ {
-		if _, err := store.Enqueue(ctx, tx, newItem(i)); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_bodies, outbox_item_states"); err != nil {
-		b.Fatal(err)
-	}
+	pool, store := enqueuedForBench(b, 20000)
 	cfg, err := pgx.ParseConfig(testdb.URLOf(b, pool))
 	if err != nil {
 		b.Fatal(err)
