@@ -87,3 +87,27 @@ func TestBudgetPacesEveryOtherCall(t *testing.T) {
 	require.NoError(t, b.pace(soon(t), http.MethodPost, stripeapi.StreamPath))
 	require.Error(t, b.pace(soon(t), http.MethodGet, "/v2/core/events/evt_1"))
 }
+
+// Take takes what the bucket holds now, up to n, and waits for one slot
+// only when it holds none: a slowed rate delays a claim by one slot's
+// time, not by n slots'.
+func TestLimiterTakeWaitsForOneOnly(t *testing.T) {
+	t.Parallel()
+	l := NewLimiter(100) // a burst of 10
+	n, err := l.Take(soon(t), 50)
+	require.NoError(t, err)
+	require.Equal(t, 10, n, "the whole burst, not the 50 asked for")
+	n, err = l.Take(soon(t), 50)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "an empty bucket: one slot, the first to come")
+
+	for range 10 {
+		l.Slow(time.Now())
+	}
+	require.Equal(t, 1.0, l.Rate(), "the floor")
+	start := time.Now()
+	n, err = l.Take(context.Background(), 5)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Less(t, time.Since(start), 4*time.Second, "one slot at one a second, not five")
+}

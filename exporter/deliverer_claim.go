@@ -24,24 +24,39 @@ func (r *delivery) work(ctx context.Context, owner string) {
 		if !ok {
 			return
 		}
+		// The leases start after this instant, on the database's clock:
+		// measured from here, a send ends before its lease expires.
+		claimedAt := time.Now()
 		leases, err := r.claim(ctx, owner, n)
 		if err != nil || len(leases) == 0 {
 			r.idle(ctx)
 			continue
 		}
+		end := claimedAt.Add(r.sendWindow())
 		if be := r.batch; be != nil {
-			r.sendBatches(be, leases, dest, prepaid)
+			r.sendBatches(be, leases, dest, prepaid, end)
 			continue
 		}
-		for _, l := range leases {
+		for i, l := range leases {
+			paid := i < prepaid
 			r.sends.Add(1)
 			go func() {
 				defer r.sends.Done()
 				defer func() { <-r.slots }()
-				r.outcomes <- r.deliver(l, dest)
+				r.outcomes <- r.deliver(l, dest, paid, end)
 			}()
 		}
 	}
+}
+
+// sendWindow is how long after its claim a send may still run: the lease
+// less a tenth, kept for writing the outcome. A send that ran on past its
+// lease would overlap the next claimer's send of the same item — a second
+// call in flight for its customer and meter, which Stripe's v1 limit
+// answers 429 — and its outcome would be fenced out.
+func (d *Deliverer) sendWindow() time.Duration {
+	lease := d.store.Config().Lease
+	return lease - lease/10
 }
 
 // idle waits for a notification, the poll interval or the end of ctx.
@@ -80,24 +95,26 @@ func (r *delivery) reserveSlots(ctx context.Context) (n int, ok bool) {
 	return n, true
 }
 
-// prepay, for a batch exporter, takes the requests' slots at the limiter
-// for n items first, then gives back the send slots of the items they
-// cannot carry: leased items must not wait at the limiter (a slot unused
-// because the claim finds less is lost). It returns the items to claim and
-// the requests paid for. Without ok, ctx ended and it holds no send slot.
+// prepay takes the requests' slots at the limiter for n items first (one
+// request an item, or a batch exporter's MaxBatch items a request), then
+// gives back the send slots of the items they cannot carry: leased items
+// must not wait at the limiter, where a slowed rate would hold them past
+// their leases (a slot unused because the claim finds less is lost). It
+// returns the items to claim and the requests paid for. Without ok, ctx
+// ended and it holds no send slot.
 func (r *delivery) prepay(ctx context.Context, n int) (int, int, bool) {
-	be := r.batch
-	if be == nil {
-		return n, 0, true
+	per := 1
+	if be := r.batch; be != nil {
+		per = be.MaxBatch()
 	}
-	calls, err := r.limiter.Take(ctx, (n+be.MaxBatch()-1)/be.MaxBatch())
+	calls, err := r.limiter.Take(ctx, (n+per-1)/per)
 	if err != nil {
 		for ; n > 0; n-- {
 			<-r.slots
 		}
 		return 0, 0, false
 	}
-	for ; n > calls*be.MaxBatch(); n-- {
+	for ; n > calls*per; n-- {
 		<-r.slots
 	}
 	return n, calls, true

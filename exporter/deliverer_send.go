@@ -9,10 +9,10 @@ import (
 )
 
 // sendBatches checks the leases against this node (T6) and sends the rest
-// in requests of up to MaxBatch items, each on its own goroutine; every item
-// holds its send slot until its outcome is out. The first prepaid requests
-// go on the limiter's slots taken before the claim.
-func (r *delivery) sendBatches(be BatchExporter, leases []outbox.Lease, dest Destination, prepaid int) {
+// in requests of up to MaxBatch items, each on its own goroutine, to end
+// by end; every item holds its send slot until its outcome is out. The
+// first prepaid requests go on the limiter's slots taken before the claim.
+func (r *delivery) sendBatches(be BatchExporter, leases []outbox.Lease, dest Destination, prepaid int, end time.Time) {
 	ready := leases[:0:0]
 	for _, l := range leases {
 		if o, ok := claimCheck(l, dest, be.Name()); ok {
@@ -30,7 +30,7 @@ func (r *delivery) sendBatches(be BatchExporter, leases []outbox.Lease, dest Des
 		r.sends.Add(1)
 		go func() {
 			defer r.sends.Done()
-			for _, o := range r.deliverBatch(be, batch, paid) {
+			for _, o := range r.deliverBatch(be, batch, paid, end) {
 				r.outcomes <- o
 				<-r.slots
 			}
@@ -40,19 +40,19 @@ func (r *delivery) sendBatches(be BatchExporter, leases []outbox.Lease, dest Des
 
 // deliverBatch sends a batch of checked leases on a context of its own, like
 // deliver, and reads the flow-control and key signals of its outcomes.
-func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, paid bool) []outbox.Outcome {
-	ctx, cancel := context.WithTimeout(context.Background(), d.timeout+d.cfg.PollInterval+
-		time.Duration(float64(requestsIn(d.cfg.InFlight, be))/d.limiter.Rate()*float64(time.Second)))
+func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, paid bool, end time.Time) []outbox.Outcome {
+	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 	start := time.Now()
 	// The first request goes on the slot taken before the claim; any more
-	// (a split, a renewed session) wait for their own.
+	// (a split, a renewed session) wait for their own, but only while a
+	// request timeout still fits before end.
 	wait := func(ctx context.Context) error {
 		if paid {
 			paid = false
 			return nil
 		}
-		return d.limiter.Wait(ctx)
+		return d.waitSlot(ctx, end)
 	}
 	out := be.SendBatch(ctx, batch, wait)
 	d.metrics.sent(outbox.Outcome{}, time.Since(start))
@@ -91,21 +91,33 @@ func (d *Deliverer) keySignal(o outbox.Outcome) {
 	}
 }
 
-// deliver checks a leased item against this node (T6) and sends it. The send
-// runs on a context of its own, bounded by the request timeout, so that a
-// shutdown lets it finish and records its outcome.
-func (d *Deliverer) deliver(l outbox.Lease, dest Destination) outbox.Outcome {
+// waitSlot waits for a slot at the limiter while a request timeout still
+// fits before end; past that it gives up without one.
+func (d *Deliverer) waitSlot(ctx context.Context, end time.Time) error {
+	ctx, cancel := context.WithDeadline(ctx, end.Add(-d.timeout))
+	defer cancel()
+	return d.limiter.Wait(ctx)
+}
+
+// deliver checks a leased item against this node (T6) and sends it: on the
+// limiter's slot taken before the claim when paid, else on one it waits
+// for. The send runs on a context of its own that ends at end, inside the
+// item's lease, so that a shutdown lets it finish and records its outcome,
+// and no call for the item is still in flight when another claimer may
+// take it over.
+func (d *Deliverer) deliver(l outbox.Lease, dest Destination, paid bool, end time.Time) outbox.Outcome {
 	if o, ok := claimCheck(l, dest, d.exporter.Name()); ok {
 		o.Lease = l
 		d.metrics.outcome(o)
 		return o
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.timeout+d.cfg.PollInterval+
-		time.Duration(float64(d.cfg.InFlight)/d.limiter.Rate()*float64(time.Second)))
+	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
-	if err := d.limiter.Wait(ctx); err != nil {
-		return outbox.Outcome{Lease: l, Kind: outbox.Retry, Refused: true,
-			Error: outbox.ErrorInfo{Code: "limiter", Message: "the rate limiter gave no slot before the deadline"}}
+	if !paid {
+		if err := d.waitSlot(ctx, end); err != nil {
+			return outbox.Outcome{Lease: l, Kind: outbox.Retry, Refused: true,
+				Error: outbox.ErrorInfo{Code: "limiter", Message: "the rate limiter gave no slot while the lease had time for a request"}}
+		}
 	}
 	start := time.Now()
 	o := d.exporter.Send(ctx, l)

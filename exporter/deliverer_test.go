@@ -147,7 +147,7 @@ func TestDeliverAcceptsAndMatchesTheLedger(t *testing.T) {
 		require.Equal(t, counts[tenant], n, tenant)
 	}
 	require.Empty(t, r.sim.RecordedTwice())
-	require.LessOrEqual(t, r.sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
+	require.LessOrEqual(t, r.sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter: %v", r.sim.Overlaps())
 }
 
 // Past the attempt cap an item is uncertain and is not sent again: here
@@ -302,4 +302,55 @@ func TestRefusedKeyStallsVisibly(t *testing.T) {
 	require.Eventually(t, func() bool { return r.counts(t)[outbox.StateAccepted] == 2 }, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, res.Check(r.Ctx))
 	require.Contains(t, logs.String(), "export resumed")
+}
+
+// A limiter slowed to its floor (one call a second) never holds a leased
+// item past its lease: the deliverer takes its limiter slots before it
+// claims, and a send ends inside its lease. Before, the items of a claim
+// queued at the slowed limiter for longer than their leases; another claim
+// took them over and sent them while the first sends were still to come —
+// two calls in flight for one customer and meter, and each item sent twice.
+func TestDeliverNeverSendsPastTheLease(t *testing.T) {
+	t.Parallel()
+	const items = 6
+	r := newRig(t, outbox.Config{BackoffBase: 10 * time.Millisecond, BackoffCap: 50 * time.Millisecond, Lease: 1500 * time.Millisecond})
+	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{Latency: time.Millisecond}})
+	lim := exporter.NewLimiter(100)
+	timeout := 300 * time.Millisecond
+	d, err := exporter.NewDeliverer(exporter.DelivererConfig{Workers: 3, Batch: 20, InFlight: 16, PollInterval: 50 * time.Millisecond},
+		r.Outbox, r.Pool, exporter.NewStripeV1(r.resolver.Client(), timeout), timeout, r.resolver.Destination, lim, nil, nil)
+	require.NoError(t, err)
+	for range 10 {
+		lim.Slow(time.Now())
+	}
+	require.Equal(t, 1.0, lim.Rate())
+	n, err := lim.Take(context.Background(), 10)
+	require.NoError(t, err)
+	require.Equal(t, 10, n, "the bucket is empty: calls go out at the slowed rate")
+
+	for i := range items {
+		r.MustIngest(t, stagetest.Ev(fmt.Sprintf("l%d", i), fmt.Sprintf("t%d", i), "logins", 1, nil))
+	}
+	r.Pass(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	c := r.waitDrained(t)
+	require.Equal(t, int64(items), c[outbox.StateAccepted], "%v", c)
+
+	var abandoned int
+	require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM outbox_attempts WHERE outcome = 'abandoned'`).Scan(&abandoned))
+	require.Zero(t, abandoned, "no lease expired while its item waited to be sent:\n%s", r.attempts(t))
+	require.LessOrEqual(t, r.sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter: %v", r.sim.Overlaps())
+	calls := map[string]int{}
+	for _, rq := range r.sim.Requests() {
+		if rq.Path == "/v1/billing/meter_events" {
+			calls[rq.Form.Get("identifier")]++
+		}
+	}
+	require.Len(t, calls, items)
+	for id, n := range calls {
+		require.Equal(t, 1, n, "each item sent once: %s", id)
+	}
 }

@@ -58,16 +58,22 @@ func (l *Limiter) Wait(ctx context.Context) error {
 	return nil
 }
 
-// Take waits until up to n calls may go out and takes them: n, or the
-// bucket's burst (and the shared bucket's) when n is larger. It returns how
-// many it took. A batch deliverer takes its requests' slots before it
-// claims the items they will carry, so that leased items never queue at the
-// limiter.
+// Take waits until at least one call may go out, then takes up to n: as
+// many as the bucket (and the shared bucket) hold now, never more than
+// their bursts. It returns how many it took. A deliverer takes its
+// requests' slots before it claims the items they will carry, so that
+// leased items never queue at the limiter; it never waits for more than
+// one, so that a slowed rate delays the first item by one slot's time,
+// not by n.
 func (l *Limiter) Take(ctx context.Context, n int) (int, error) {
-	n = max(1, min(n, l.lim.Burst()))
+	now := time.Now()
+	avail := l.lim.TokensAt(now)
+	n = min(n, l.lim.Burst())
 	if l.shared != nil {
-		n = min(n, max(1, l.shared.Burst()))
+		n = min(n, l.shared.Burst())
+		avail = min(avail, l.shared.TokensAt(now))
 	}
+	n = max(1, min(n, int(avail)))
 	if err := l.lim.WaitN(ctx, n); err != nil {
 		return 0, err
 	}

@@ -477,7 +477,7 @@ func (r *chaosRun) checkFaultsAndRoutes(ledger int64) {
 	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*), count(*) FILTER (WHERE subject_ref LIKE '%#%') FROM outbox_items`).Scan(&items, &supplements))
 	r.t.Logf("chaos: %d events in the ledger, %d items (%d supplements of late usage)", ledger, items, supplements)
 	require.Empty(r.t, r.sim.RecordedTwice(), "no identifier recorded twice")
-	require.LessOrEqual(r.t, r.sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter")
+	require.LessOrEqual(r.t, r.sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter: %v", r.sim.Overlaps())
 }
 
 // checkConservation checks conservation for every tenant, feature and

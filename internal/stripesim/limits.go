@@ -6,7 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -189,8 +190,9 @@ type limiter struct {
 	defaults   Limits
 	perAccount map[string]Limits
 	buckets    map[bucketKey]*bucket
-	inflight   map[flightKey]int
+	inflight   map[flightKey][]*flight
 	maxFlight  int
+	overlaps   []Overlap
 	limited    map[string]map[RateLimitKey]int // account -> 429s
 	rng        *rand.Rand
 }
@@ -207,6 +209,48 @@ type bucketKey struct {
 // flightKey is what Stripe allows one concurrent meter-event call for.
 type flightKey struct{ account, customer, eventName string }
 
+// flight is one v1 meter-event call in flight: admitted by the gate and not
+// yet answered.
+type flight struct {
+	identifier, idemKey string
+	start               time.Time
+	ctx                 context.Context // the request's: done once the client gave up
+}
+
+// maxOverlaps bounds the overlaps a simulator keeps.
+const maxOverlaps = 50
+
+// Overlap describes a v1 meter-event call that arrived while others for the
+// same account, customer and event name were in flight: every call then in
+// flight, the arriving one last.
+type Overlap struct {
+	Account, Customer, EventName string
+	Calls                        []FlightCall
+}
+
+// FlightCall is one call of an [Overlap].
+type FlightCall struct {
+	Identifier     string
+	IdempotencyKey string
+	// Arrived is when the simulator admitted the call; Age is how long it
+	// had been in flight when the overlap began.
+	Arrived time.Time
+	Age     time.Duration
+	// ClientGone says the call's client had already given up (closed the
+	// connection or timed out) while the simulator still worked on it.
+	ClientGone bool
+}
+
+func (o Overlap) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s/%s/%s:", o.Account, o.Customer, o.EventName)
+	for _, c := range o.Calls {
+		fmt.Fprintf(&b, " [identifier %s key %s arrived %s age %s client gone %t]", c.Identifier, c.IdempotencyKey,
+			c.Arrived.UTC().Format("15:04:05.000000"), c.Age.Round(time.Microsecond), c.ClientGone)
+	}
+	return b.String()
+}
+
 type bucket struct {
 	tokens float64
 	last   time.Time
@@ -222,7 +266,7 @@ func (l *limiter) init(defaults Limits, seed uint64) {
 	l.defaults = defaults
 	l.perAccount = map[string]Limits{}
 	l.buckets = map[bucketKey]*bucket{}
-	l.inflight = map[flightKey]int{}
+	l.inflight = map[flightKey][]*flight{}
 	l.limited = map[string]map[RateLimitKey]int{}
 	l.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
@@ -259,6 +303,15 @@ func (s *Server) MaxConcurrentPerKey() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lim.maxFlight
+}
+
+// Overlaps returns the first overlaps of v1 meter-event calls for one
+// account, customer and event name (up to 50): what
+// [Server.MaxConcurrentPerKey] counts, call by call.
+func (s *Server) Overlaps() []Overlap {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.lim.overlaps)
 }
 
 // RateLimited returns how many calls of account (both modes) were answered
@@ -397,10 +450,11 @@ func (s *Server) admitCall(c caller, method, endpoint string) *apiError {
 }
 
 // admit counts a v1 meter-event call in flight and decides its fate: the
-// basic limit in test mode or for a connected account, the v1 bucket, the one-call-per-customer rule
-// and the rate-limit fault, then the other faults. The caller must
-// release the key.
-func (s *Server) admit(c caller, form url.Values, endpoint string) (decision, flightKey) {
+// basic limit in test mode or for a connected account, the v1 bucket, the
+// one-call-per-customer rule and the rate-limit fault, then the other
+// faults. The caller must call release once the call is answered.
+func (s *Server) admit(c caller, r *http.Request, endpoint string) (d decision, release func()) {
+	form := r.Form
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := &s.lim
@@ -413,12 +467,21 @@ func (s *Server) admit(c caller, form url.Values, endpoint string) (decision, fl
 		}
 	}
 	key := flightKey{account: c.account, customer: form.Get("payload[" + custKey + "]"), eventName: name}
-	n := l.inflight[key] + 1
-	l.inflight[key] = n
-	l.maxFlight = max(l.maxFlight, n)
-
-	var d decision
 	now := time.Now()
+	f := &flight{identifier: form.Get("identifier"), idemKey: r.Header.Get("Idempotency-Key"), start: now, ctx: r.Context()}
+	release = func() { s.land(key, f) }
+	l.inflight[key] = append(l.inflight[key], f)
+	n := len(l.inflight[key])
+	l.maxFlight = max(l.maxFlight, n)
+	if n > 1 && len(l.overlaps) < maxOverlaps {
+		o := Overlap{Account: key.account, Customer: key.customer, EventName: key.eventName}
+		for _, g := range l.inflight[key] {
+			o.Calls = append(o.Calls, FlightCall{Identifier: g.identifier, IdempotencyKey: g.idemKey,
+				Arrived: g.start, Age: now.Sub(g.start), ClientGone: g.ctx.Err() != nil})
+		}
+		l.overlaps = append(l.overlaps, o)
+	}
+
 	if !c.livemode || c.connect {
 		d.err = l.basicLocked(c, lim, endpoint, true, now)
 	}
@@ -434,11 +497,11 @@ func (s *Server) admit(c caller, form url.Values, endpoint string) (decision, fl
 		d.err = l.limit(c.account, LimiterFault, endpoint)
 	}
 	if d.err != nil {
-		return d, key
+		return d, release
 	}
 	l.rollFaults(&d, lim.Faults)
 	d.drop = l.roll(lim.Faults.AsyncDrop)
-	return d, key
+	return d, release
 }
 
 // rollFaults draws the latency and the hang, fail, lose and fail-after
@@ -483,12 +546,16 @@ func (s *Server) admitStream(c caller, endpoint string) decision {
 	return d
 }
 
-func (s *Server) release(key flightKey) {
+// land removes the call f from the calls in flight for key.
+func (s *Server) land(key flightKey, f *flight) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lim.inflight[key]--; s.lim.inflight[key] <= 0 {
+	calls := slices.DeleteFunc(s.lim.inflight[key], func(g *flight) bool { return g == f })
+	if len(calls) == 0 {
 		delete(s.lim.inflight, key)
+		return
 	}
+	s.lim.inflight[key] = calls
 }
 
 // discardWriter swallows a response whose reply is lost or replaced.
@@ -519,9 +586,9 @@ func (s *Server) gate(next http.Handler) http.Handler {
 		var d decision
 		switch {
 		case r.Method == http.MethodPost && r.URL.Path == meterEventsPath:
-			var key flightKey
-			d, key = s.admit(c, r.Form, endpoint)
-			defer s.release(key)
+			var release func()
+			d, release = s.admit(c, r, endpoint)
+			defer release()
 		case r.Method == http.MethodPost && r.URL.Path == streamPath:
 			d = s.admitStream(c, endpoint)
 		default:

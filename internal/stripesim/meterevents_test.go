@@ -673,9 +673,25 @@ func TestMaxConcurrentPerKey(t *testing.T) {
 	assert.Equal(t, 4, countOf(statuses, 200))
 	assert.Equal(t, 1, sim.MaxConcurrentPerKey(), "different customers are different keys")
 
+	assert.Empty(t, sim.Overlaps(), "no overlap yet")
+
 	statuses, _ = burst(t, ts, 3, func(int) string { return "cus_beta" })
 	assert.Equal(t, 3, countOf(statuses, 200), "the flag is off: all pass")
 	assert.Equal(t, 3, sim.MaxConcurrentPerKey())
+	overlaps := sim.Overlaps()
+	require.Len(t, overlaps, 2, "the second and the third call each arrived while others were in flight")
+	for i, o := range overlaps {
+		assert.Equal(t, "cus_beta", o.Customer)
+		assert.Equal(t, "api_calls", o.EventName)
+		require.Len(t, o.Calls, i+2)
+		last := o.Calls[len(o.Calls)-1]
+		assert.Zero(t, last.Age, "the arriving call is the last")
+		for _, c := range o.Calls {
+			assert.NotEmpty(t, c.Identifier)
+			assert.False(t, c.ClientGone, "every client waited for its answer")
+		}
+		assert.False(t, o.Calls[0].Arrived.After(last.Arrived), "in the order they arrived")
+	}
 }
 
 // summaries lists every summary with stripe-go's iterator.
