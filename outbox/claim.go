@@ -171,47 +171,52 @@ WITH picked AS (
     ) c
 ),`+sqlClaimLease, splitColumns("b", "o"))
 
-// sqlClaimKeys is the first statement of a PerKey claim: the keys of the
-// oldest claimable items whose key holds no unexpired lease, oldest first
-// ("cand"); of those, in that order, the keys it try-locks for this
-// transaction until it holds @lockmax of them ("locked", as
-// sqlClaimLockKeys does); and whether the scan of due pending items was cut
-// off by its limit. Then a hot key, leased or not, may hide the others in
-// the scan, and sqlClaimKeysLoose looks further. Choosing and locking the
-// keys in one statement saves a round trip of every PerKey claim; the
-// lease itself (sqlClaimPerKey) must stay a statement of its own, whose
-// snapshot is taken after the locks.
+// sqlClaimKeys is the first statement of a PerKey claim. It finds the
+// oldest claimable items, and for each key among them its first item (an
+// expired lease before a due item, the oldest first), keeps the keys that
+// hold no unexpired lease ("cand", oldest first), try-locks them in that
+// order for this transaction until it holds @lockmax, and returns the
+// candidate keys, the items of the keys it locked, and whether the scan of
+// due pending items was cut off by its limit. Then a hot key, leased or
+// not, may hide the others in the scan, and sqlClaimKeysLoose looks
+// further. Choosing and locking the keys in one statement saves a round
+// trip of every PerKey claim; the lease itself (sqlClaimPerKey) must stay
+// a statement of its own, whose snapshot is taken after the locks.
 const sqlClaimKeys = `
 WITH expired AS MATERIALIZED (
-    SELECT o.ordering_key, o.lease_expires_at AS due_at FROM outbox_item_states o
+    SELECT o.id, o.ordering_key, o.lease_expires_at AS due_at, 0 AS pass FROM outbox_item_states o
     WHERE ` + leaseExpired + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
     ORDER BY o.lease_expires_at, o.id LIMIT @scan
 ),
 due AS MATERIALIZED (
-    SELECT o.ordering_key, o.next_attempt_at AS due_at FROM outbox_item_states o
+    SELECT o.id, o.ordering_key, o.next_attempt_at AS due_at, 1 AS pass FROM outbox_item_states o
     WHERE ` + pendingDue + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
     ORDER BY o.next_attempt_at, o.id LIMIT @scan
 ),
-cand AS MATERIALIZED (
-    SELECT c.ordering_key
+firsts AS MATERIALIZED (
+    SELECT DISTINCT ON (c.ordering_key) c.ordering_key, c.id, c.due_at
     FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) c
+    ORDER BY c.ordering_key, c.pass, c.due_at, c.id
+),
+cand AS MATERIALIZED (
+    SELECT f.ordering_key, f.id FROM firsts f
     WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased'
-                      AND l.ordering_key = c.ordering_key AND l.lease_expires_at >= clock_timestamp())
-    GROUP BY c.ordering_key
-    ORDER BY min(c.due_at), c.ordering_key
+                      AND l.ordering_key = f.ordering_key AND l.lease_expires_at >= clock_timestamp())
+    ORDER BY f.due_at, f.ordering_key
 ),
 locked AS MATERIALIZED (
-    SELECT k.ordering_key FROM cand k
+    SELECT k.id FROM cand k
     WHERE pg_try_advisory_xact_lock(@space::int4, hashtext(k.ordering_key))
     LIMIT @lockmax
 )
-SELECT ARRAY(SELECT ordering_key FROM cand), ARRAY(SELECT ordering_key FROM locked),
+SELECT ARRAY(SELECT ordering_key FROM cand), ARRAY(SELECT id FROM locked),
        (SELECT count(*) FROM due) >= @scan`
 
-// sqlClaimKeysLoose finds the keys of due pending items by a loose index scan
-// over the distinct keys (one index probe per key with pending items, not
-// one per item), for when the oldest due items all belong to a few hot keys
-// that already hold leases or fill the batch: no key can crowd out the rest.
+// sqlClaimKeysLoose finds the keys of due pending items, and the oldest due
+// item of each, by a loose index scan over the distinct keys (one index
+// probe per key with pending items, not one per item), for when the oldest
+// due items all belong to a few hot keys that already hold leases or fill
+// the batch: no key can crowd out the rest.
 const sqlClaimKeysLoose = `
 WITH RECURSIVE keys(ordering_key) AS (
     (SELECT o.ordering_key FROM outbox_item_states o WHERE o.state = 'pending' ORDER BY o.ordering_key LIMIT 1)
@@ -221,9 +226,9 @@ WITH RECURSIVE keys(ordering_key) AS (
             ORDER BY o.ordering_key LIMIT 1)
     FROM keys k WHERE k.ordering_key IS NOT NULL
 )
-SELECT k.ordering_key FROM keys k
+SELECT k.ordering_key, h.id FROM keys k
 CROSS JOIN LATERAL (
-    SELECT o.next_attempt_at AS due_at FROM outbox_item_states o
+    SELECT o.id, o.next_attempt_at AS due_at FROM outbox_item_states o
     WHERE o.ordering_key = k.ordering_key AND ` + pendingDue + ` AND ` + withinBudget + `
     ORDER BY o.next_attempt_at, o.id LIMIT 1
 ) h
@@ -245,31 +250,27 @@ SELECT k FROM unnest(@keys::text[]) AS k
 WHERE pg_try_advisory_xact_lock(@space::int4, hashtext(k))
 LIMIT @lockmax`
 
-// sqlClaimPerKey is the second statement of a PerKey claim: for each key this
-// transaction holds, if no item of it holds an unexpired lease, the oldest
-// claimable item of the key. It runs as its own statement so that its
-// snapshot, taken after the key locks, sees every claim committed before.
+// sqlClaimPerKey is the second statement of a PerKey claim: of the items
+// step 1 chose for the keys this transaction holds, in their order, each
+// one that is still claimable while its key holds no unexpired lease. It
+// runs as its own statement so that its snapshot, taken after the key
+// locks, sees every claim committed before: a claimer that leased an item
+// of the key and committed between step 1's snapshot and the lock makes
+// NOT EXISTS false here. Taking the items by primary key, rather than
+// looking for each key's oldest again, costs one index probe an item
+// instead of three.
 var sqlClaimPerKey = fmt.Sprintf(`
 WITH picked AS (
-    SELECT p.* FROM unnest(@keys::text[]) AS k(ordering_key)
-    CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT o.id, o.state AS prev_state, o.lease_token AS prev_token, o.lease_owner AS prev_owner,
-                   o.leased_at AS prev_leased_at
-            FROM outbox_item_states o
-            WHERE o.ordering_key = k.ordering_key AND `+leaseExpired+` AND `+withinBudget+`
-            ORDER BY o.lease_expires_at, o.id LIMIT 1 FOR UPDATE SKIP LOCKED) expired
-        UNION ALL
-        SELECT * FROM (
-            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at
-            FROM outbox_item_states o
-            WHERE o.ordering_key = k.ordering_key AND `+pendingDue+` AND `+withinBudget+`
-            ORDER BY o.next_attempt_at, o.id LIMIT 1 FOR UPDATE SKIP LOCKED) due
-        LIMIT 1
-    ) p
-    WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased'
-                      AND l.ordering_key = k.ordering_key AND l.lease_expires_at >= clock_timestamp())
+    SELECT o.id, o.state AS prev_state, o.lease_token AS prev_token, o.lease_owner AS prev_owner,
+           o.leased_at AS prev_leased_at
+    FROM unnest(@ids::bigint[]) WITH ORDINALITY AS k(id, n)
+    JOIN outbox_item_states o ON o.id = k.id
+    WHERE ((`+leaseExpired+`) OR (`+pendingDue+`)) AND `+withinBudget+`
+      AND NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased'
+                      AND l.ordering_key = o.ordering_key AND l.lease_expires_at >= clock_timestamp())
+    ORDER BY k.n
     LIMIT @limit
+    FOR UPDATE OF o SKIP LOCKED
 ),`+sqlClaimLease, splitColumns("b", "o"))
 
 // Claim is T1: it claims up to opts.Limit items in one READ COMMITTED
@@ -369,11 +370,11 @@ func collectLeases(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArg
 const perKeyRounds = 3
 
 // claimPerKey claims up to limit items, one per key, in rounds: choose
-// candidate keys, try-lock some, lease one item of each locked key that holds
-// no live lease. A round that comes up short (its keys were taken by
-// concurrent claimers that committed meanwhile) is followed by another over
-// keys not yet tried, so contention does not make a claim return empty while
-// work is due.
+// candidate keys and an item of each, try-lock some keys, lease the items of
+// the locked keys that hold no live lease. A round that comes up short (its
+// keys were taken by concurrent claimers that committed meanwhile) is
+// followed by another over keys not yet tried, so contention does not make a
+// claim return empty while work is due.
 func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, limit int, filtered string) ([]Lease, error) {
 	var (
 		leases []Lease
@@ -383,7 +384,7 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 	for round := 0; round < perKeyRounds && len(leases) < limit; round++ {
 		want := limit - len(leases)
 		args["limit"], args["lockmax"], args["scan"], args["tried"] = want, 2*want, want*s.cfg.ClaimScan, tried
-		cand, locked, err := s.lockKeys(ctx, tx, args, want, filtered)
+		cand, ids, err := s.lockKeys(ctx, tx, args, want, filtered)
 		if err != nil {
 			return nil, fmt.Errorf("choosing keys: %w", err)
 		}
@@ -391,10 +392,10 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 			break
 		}
 		tried = append(tried, cand...)
-		if len(locked) == 0 {
+		if len(ids) == 0 {
 			continue
 		}
-		args["keys"] = locked
+		args["ids"] = ids
 		got, err := collectLeases(ctx, tx, forExporter(sqlClaimPerKey, filtered), args)
 		if err != nil {
 			return nil, err
@@ -405,24 +406,28 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 }
 
 // lockKeys returns the keys a PerKey round may try (cand), oldest first,
-// and those of them it locked for this transaction, at most args'
-// lockmax: from the scan of the oldest claimable items (sqlClaimKeys, which
-// locks as it finds), and, when that scan was cut off before it found want
-// keys, from the loose scan over all keys (sqlClaimKeysLoose, then
-// sqlClaimLockKeys for the rest of lockmax).
-func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered string) (cand, locked []string, err error) {
+// and the chosen items of those it locked for this transaction, at most
+// args' lockmax: from the scan of the oldest claimable items
+// (sqlClaimKeys, which locks as it finds), and, when that scan was cut off
+// before it found want keys, from the loose scan over all keys
+// (sqlClaimKeysLoose, then sqlClaimLockKeys for the rest of lockmax).
+func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered string) (cand []string, ids []int64, err error) {
 	var saturated bool
-	if err := tx.QueryRow(ctx, forExporter(sqlClaimKeys, filtered), args).Scan(&cand, &locked, &saturated); err != nil {
+	if err := tx.QueryRow(ctx, forExporter(sqlClaimKeys, filtered), args).Scan(&cand, &ids, &saturated); err != nil {
 		return nil, nil, err
 	}
 	if !saturated || len(cand) >= want {
-		return cand, locked, nil
+		return cand, ids, nil
 	}
 	rows, err := tx.Query(ctx, forExporter(sqlClaimKeysLoose, filtered), args)
 	if err != nil {
 		return nil, nil, err
 	}
-	more, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type keyItem struct {
+		Key string
+		ID  int64
+	}
+	more, err := pgx.CollectRows(rows, pgx.RowToStructByPos[keyItem])
 	if err != nil {
 		return nil, nil, err
 	}
@@ -431,15 +436,17 @@ func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, wan
 		seen[k] = true
 	}
 	var extra []string
-	for _, k := range more {
-		if !seen[k] {
-			extra = append(extra, k)
+	itemOf := make(map[string]int64, len(more))
+	for _, m := range more {
+		if !seen[m.Key] {
+			extra = append(extra, m.Key)
+			itemOf[m.Key] = m.ID
 		}
 	}
 	cand = append(cand, extra...)
-	room := args["lockmax"].(int) - len(locked)
+	room := args["lockmax"].(int) - len(ids)
 	if len(extra) == 0 || room <= 0 {
-		return cand, locked, nil
+		return cand, ids, nil
 	}
 	lockArgs := pgx.NamedArgs{"keys": extra, "space": args["space"], "lockmax": room}
 	rows, err = tx.Query(ctx, sqlClaimLockKeys, lockArgs)
@@ -450,7 +457,10 @@ func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, wan
 	if err != nil {
 		return nil, nil, fmt.Errorf("locking keys: %w", err)
 	}
-	return cand, append(locked, got...), nil
+	for _, k := range got {
+		ids = append(ids, itemOf[k])
+	}
+	return cand, ids, nil
 }
 
 // rowWithExtra scans an item's columns followed by one more value.
