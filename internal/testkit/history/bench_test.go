@@ -169,7 +169,7 @@ func (r *rig) settle(ctx context.Context, b *testing.B) {
 		must(b, err)
 		var below, next int64
 		must(b, r.pool.QueryRow(ctx, `SELECT (SELECT below FROM outbox_gauge_settled),
-			(SELECT coalesce(max(id), 0) + 1 FROM outbox_items)`).Scan(&below, &next))
+			(SELECT coalesce(max(id), 0) + 1 FROM outbox_item_states)`).Scan(&below, &next))
 		if below == next {
 			return
 		}
