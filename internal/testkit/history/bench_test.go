@@ -216,53 +216,49 @@ func (r *rig) post(ctx context.Context, b *testing.B, evs []meter.Event) {
 // stagePass posts usage of two tenants in a closed hour before the fresh
 // one (ten windows), then times the pass that stages it.
 func (r *rig) stagePass(ctx context.Context, b *testing.B) time.Duration {
-	{
-		r.stages++
-		hour := r.fresh.Add(-time.Duration(r.stages) * time.Hour)
-		var evs []meter.Event
-		for _, t := range history.Tenants[freshTenants : freshTenants+2] {
-			for _, f := range history.Features {
-				at := hour.Add(17 * time.Minute)
-				evs = append(evs, meter.Event{ID: fmt.Sprintf("stage-%d-%s", r.stages, f), Tenant: t, Feature: f, Value: 3, Timestamp: &at})
-			}
+	r.stages++
+	hour := r.fresh.Add(-time.Duration(r.stages) * time.Hour)
+	var evs []meter.Event
+	for _, t := range history.Tenants[freshTenants : freshTenants+2] {
+		for _, f := range history.Features {
+			at := hour.Add(17 * time.Minute)
+			evs = append(evs, meter.Event{ID: fmt.Sprintf("stage-%d-%s", r.stages, f), Tenant: t, Feature: f, Value: 3, Timestamp: &at})
 		}
-		r.post(ctx, b, evs)
-		start := time.Now()
-		res, err := r.stager.Pass(ctx, r.pool)
-		took := time.Since(start)
-		must(b, err)
-		if res.Items != 10 {
-			b.Fatalf("staging pass made %d items, want 10", res.Items)
-		}
-		return took
 	}
+	r.post(ctx, b, evs)
+	start := time.Now()
+	res, err := r.stager.Pass(ctx, r.pool)
+	took := time.Since(start)
+	must(b, err)
+	if res.Items != 10 {
+		b.Fatalf("staging pass made %d items, want 10", res.Items)
+	}
+	return took
 }
 
 // claim enqueues 500 fresh pending items, then times a claim of 100.
 func (r *rig) claim(ctx context.Context, b *testing.B) time.Duration {
-	{
-		r.claims++
-		items := make([]outbox.NewItem, 500)
-		for i := range items {
-			t := history.Tenants[i%len(history.Tenants)]
-			items[i] = outbox.NewItem{
-				Identity: outbox.Identity{TenantKey: t, SubjectKind: outbox.SubjectUsageWindow,
-					SubjectRef: fmt.Sprintf("usage:bench:%d:%d", r.claims, i), Exporter: history.Exporter,
-					DestinationAccount: history.Account, Mode: history.Mode, MappingVersion: 1},
-				Payload: outbox.Payload{Customer: history.Customer(t), EventName: history.Features[0], Value: 1,
-					Timestamp: r.fresh.Add(-30 * time.Hour).Unix(), Feature: history.Features[0], Period: "2026-01-01T00:00:00Z"},
-			}
+	r.claims++
+	items := make([]outbox.NewItem, 500)
+	for i := range items {
+		t := history.Tenants[i%len(history.Tenants)]
+		items[i] = outbox.NewItem{
+			Identity: outbox.Identity{TenantKey: t, SubjectKind: outbox.SubjectUsageWindow,
+				SubjectRef: fmt.Sprintf("usage:bench:%d:%d", r.claims, i), Exporter: history.Exporter,
+				DestinationAccount: history.Account, Mode: history.Mode, MappingVersion: 1},
+			Payload: outbox.Payload{Customer: history.Customer(t), EventName: history.Features[0], Value: 1,
+				Timestamp: r.fresh.Add(-30 * time.Hour).Unix(), Feature: history.Features[0], Period: "2026-01-01T00:00:00Z"},
 		}
-		must(b, pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { _, err := r.store.EnqueueBatch(ctx, tx, items); return err }))
-		start := time.Now()
-		leases, err := r.store.Claim(ctx, r.pool, outbox.ClaimOptions{Owner: "bench", Limit: 100, Policy: outbox.BestEffort})
-		took := time.Since(start)
-		must(b, err)
-		if len(leases) != 100 {
-			b.Fatalf("claimed %d, want 100", len(leases))
-		}
-		return took
 	}
+	must(b, pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { _, err := r.store.EnqueueBatch(ctx, tx, items); return err }))
+	start := time.Now()
+	leases, err := r.store.Claim(ctx, r.pool, outbox.ClaimOptions{Owner: "bench", Limit: 100, Policy: outbox.BestEffort})
+	took := time.Since(start)
+	must(b, err)
+	if len(leases) != 100 {
+		b.Fatalf("claimed %d, want 100", len(leases))
+	}
+	return took
 }
 
 func (r *rig) summary(ctx context.Context, b *testing.B) time.Duration {
