@@ -1,14 +1,17 @@
 package outbox_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -138,6 +141,64 @@ func TestKeyItemsReadsAKeysItemsInRange(t *testing.T) {
 	got, err = b.store.KeyItems(b.ctx, b.pool, r)
 	require.NoError(t, err)
 	require.Equal(t, []outbox.KeyItem{{ID: ids[8], State: outbox.StateAccepted, Value: 1, Timestamp: 300}}, got)
+}
+
+// KeyItems runs on its generic plan from the first call, and asks for it
+// only for itself: on a connection, in a transaction and after a failed
+// read, plan_cache_mode is what it was.
+func TestKeyItemsLeavesThePlanCacheModeAsItWas(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	b.enqueue(t, customerItem("one", "cus_p", 5, 300))
+	r := outbox.KeyRange{OrderingKey: orderingKey("cus_p"), Mode: outbox.ModeTest, From: 100, To: 500}
+	conn, err := pgx.Connect(b.ctx, testdb.URLOf(t, b.pool))
+	require.NoError(t, err)
+	defer conn.Close(b.ctx)
+	mode := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) string {
+		var m string
+		require.NoError(t, q.QueryRow(b.ctx, "SHOW plan_cache_mode").Scan(&m))
+		return m
+	}
+
+	for range 7 {
+		got, err := b.store.KeyItems(b.ctx, conn, r)
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		require.Equal(t, "auto", mode(conn))
+	}
+	var generic, custom int64
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements
+		WHERE statement LIKE '%FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id%'`).Scan(&generic, &custom))
+	require.Equal(t, [2]int64{7, 0}, [2]int64{generic, custom}, "planned once, generic, and reused")
+
+	_, err = conn.Exec(b.ctx, "SET plan_cache_mode = force_custom_plan")
+	require.NoError(t, err)
+	tx, err := conn.Begin(b.ctx)
+	require.NoError(t, err)
+	got, err := b.store.KeyItems(b.ctx, tx, r)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "force_custom_plan", mode(tx), "the session's own setting comes back, inside a transaction too")
+	require.NoError(t, tx.Commit(b.ctx))
+	require.Equal(t, "force_custom_plan", mode(conn))
+
+	// A read that fails (a statement timeout while it runs) leaves nothing set.
+	_, err = conn.Exec(b.ctx, "RESET plan_cache_mode")
+	require.NoError(t, err)
+	_, err = conn.Exec(b.ctx, "SET statement_timeout = '50ms'")
+	require.NoError(t, err)
+	blocker, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = blocker.Exec(b.ctx, "LOCK TABLE outbox_item_states IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	_, err = b.store.KeyItems(b.ctx, conn, r)
+	require.Error(t, err)
+	require.NoError(t, blocker.Rollback(b.ctx))
+	_, err = conn.Exec(b.ctx, "RESET statement_timeout")
+	require.NoError(t, err)
+	require.Equal(t, "auto", mode(conn))
 }
 
 // The items an error report names are locked for the report's transaction
