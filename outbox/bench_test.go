@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/tallymeter/tally/internal/testkit/benchstat"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -45,7 +45,7 @@ func BenchmarkClaimAcceptVsRiver(b *testing.B) {
 		perKey, bestEffort, work, insert = append(perKey, pk), append(bestEffort, be), append(work, w), append(insert, ins)
 		fmt.Printf("%-8d %9.0f %5.2fx %9.0f %5.2fx %14.0f %14.0f\n", r, pk, pk/w, be, be/w, w, ins)
 	}
-	pk, be, w, ins := median(perKey), median(bestEffort), median(work), median(insert)
+	pk, be, w, ins := benchstat.Median(perKey), benchstat.Median(bestEffort), benchstat.Median(work), benchstat.Median(insert)
 	// The small batches last: their tens of thousands of one-item
 	// transactions leave autovacuum work behind that would slow the rounds.
 	small := map[int]float64{}
@@ -69,17 +69,6 @@ func BenchmarkClaimAcceptVsRiver(b *testing.B) {
 	fmt.Printf("%-34s %12.0f %9.2fx\n", "outbox, batch 100, BestEffort", be, be/w)
 	fmt.Printf("%-34s %12.0f %9.2fx\n", "River work no-op jobs", w, 1.0)
 	fmt.Printf("%-34s %12.0f\n\n", "River insert jobs (InsertMany)", ins)
-}
-
-// median is the middle of xs (the mean of the two middle values when their
-// number is even).
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // enqueuedForBench is a fresh database holding items pending items, one

@@ -109,32 +109,29 @@ WITH RECURSIVE ev AS (
 ),
 grouped AS MATERIALIZED (
     SELECT tenant, feature, item_id, unstaged_period, count(*) AS n, sum(value) AS v,
-           (array_agg(value ORDER BY occurred_at DESC, id DESC))[1] AS last_value, min(occurred_at) AS first_at
+           (array_agg(value ORDER BY occurred_at DESC, id DESC))[1] AS last_value
     FROM ev GROUP BY 1, 2, 3, 4
 ),
-chain (tenant, feature, start, n, v, last_value, first_at, id, next, state, depth) AS (
-    SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value, g.first_at, s.id, s.superseded_by, s.state, 0
+chain (tenant, feature, start, n, v, last_value, id, next, state, depth) AS (
+    SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value, s.id, s.superseded_by, s.state, 0
     FROM grouped g JOIN outbox_item_states s ON s.id = g.item_id
     UNION ALL
-    SELECT c.tenant, c.feature, c.start, c.n, c.v, c.last_value, c.first_at, s.id, s.superseded_by, s.state, c.depth + 1
+    SELECT c.tenant, c.feature, c.start, c.n, c.v, c.last_value, s.id, s.superseded_by, s.state, c.depth + 1
     FROM chain c JOIN outbox_item_states s ON s.id = c.next
     WHERE c.depth < 1000
 ),
 per_item AS (
     SELECT c.tenant, c.feature, c.start AS item_id, c.n, c.v, c.last_value, c.state,
            live.subject_kind, live.mapping_version, (live.payload ->> 'value')::numeric AS live_value,
-           coalesce((CASE WHEN c.id = c.start THEN live.payload ->> 'period'
-                          ELSE (SELECT b.payload ->> 'period' FROM outbox_item_bodies b WHERE b.id = c.start) END)::timestamptz,
-                    tally_period_start(c.first_at, coalesce((SELECT t.period_anchor FROM tenant_mappings t WHERE t.tenant = c.tenant),
-                                                            '1970-01-01T00:00:00Z'))) AS period
+           (CASE WHEN c.id = c.start THEN live.payload ->> 'period'
+                 ELSE (SELECT b.payload ->> 'period' FROM outbox_item_bodies b WHERE b.id = c.start) END)::timestamptz AS period
     FROM chain c JOIN outbox_item_bodies live ON live.id = c.id
     WHERE c.next IS NULL
     UNION ALL
     SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value,
            CASE WHEN g.item_id IS NULL THEN 'unstaged' ELSE 'missing' END, NULL, NULL, NULL,
-           coalesce((SELECT (b.payload ->> 'period')::timestamptz FROM outbox_item_bodies b WHERE b.id = g.item_id), g.unstaged_period,
-                    tally_period_start(g.first_at, coalesce((SELECT t.period_anchor FROM tenant_mappings t WHERE t.tenant = g.tenant),
-                                                            '1970-01-01T00:00:00Z')))
+           CASE WHEN g.item_id IS NULL THEN g.unstaged_period
+                ELSE (SELECT (b.payload ->> 'period')::timestamptz FROM outbox_item_bodies b WHERE b.id = g.item_id) END
     FROM grouped g
     WHERE g.item_id IS NULL OR g.item_id NOT IN (SELECT start FROM chain WHERE next IS NULL)
 ),

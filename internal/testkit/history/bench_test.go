@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"os"
-	"slices"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testkit/benchstat"
 	"github.com/tallymeter/tally/internal/testkit/history"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/meter"
@@ -61,7 +61,7 @@ func BenchmarkHistory(b *testing.B) {
 		for range reps {
 			es, hs = append(es, op.run(empty, ctx, b)), append(hs, op.run(loaded, ctx, b))
 		}
-		e, h := median(es), median(hs)
+		e, h := benchstat.Median(es), benchstat.Median(hs)
 		ratio := float64(h) / float64(e)
 		fmt.Printf("%-44s %12s %12s %7.2fx\n", op.name, e.Round(10*time.Microsecond), h.Round(10*time.Microsecond), ratio)
 		b.ReportMetric(ratio, op.metric+"_ratio")
@@ -304,12 +304,6 @@ func (r *rig) reconcile(ctx context.Context, b *testing.B) time.Duration {
 		b.Fatalf("reconcile run confirmed %d items: %+v", run.ItemsConfirmed, run)
 	}
 	return took
-}
-
-func median(ts []time.Duration) time.Duration {
-	ts = slices.Clone(ts)
-	slices.Sort(ts)
-	return ts[len(ts)/2]
 }
 
 func must(b *testing.B, err error) {
