@@ -1,11 +1,14 @@
 package outbox_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -178,4 +181,58 @@ func TestClaimTimestampOutside(t *testing.T) {
 	b2.enqueue(t, old)
 	l := b2.claim(t, outbox.ClaimOptions{Limit: 1})
 	require.False(t, l[0].TimestampOutside, "no bounds given: nothing is outside")
+}
+
+// A claim is one transaction sent in one round trip (BEGIN, the statements,
+// COMMIT). When a statement of it fails, the server skips the rest, COMMIT
+// included: nothing may stay leased, no key lock may outlive the claim, and
+// the connection must come back out of the transaction, whether the claim
+// ran on a connection of its own or on a pool.
+func TestClaimThatFailsLeasesNothingAndLeavesNoTransactionOpen(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []outbox.Policy{outbox.PerKey, outbox.BestEffort} {
+		t.Run(policy.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, outbox.Config{})
+			ids := b.enqueue(t, keyed(1, 0), keyed(2, 1), keyed(3, 2))
+			// Every lease fails, as a full disk or a killed statement would.
+			_, err := b.pool.Exec(b.ctx, `
+				CREATE FUNCTION test_refuse_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN RAISE EXCEPTION 'injected lease failure'; END $$;
+				CREATE TRIGGER test_refuse_lease BEFORE UPDATE ON outbox_item_states
+				    FOR EACH ROW WHEN (NEW.state = 'leased') EXECUTE FUNCTION test_refuse_lease();`)
+			require.NoError(t, err)
+
+			conn, err := pgx.Connect(b.ctx, testdb.URLOf(t, b.pool))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = conn.Close(context.Background()) })
+			opts := outbox.ClaimOptions{Owner: "w", Limit: 10, Policy: policy}
+
+			for name, db := range map[string]outbox.TxBeginner{"connection": conn, "pool": b.pool} {
+				leases, err := b.store.Claim(b.ctx, db, opts)
+				require.ErrorContains(t, err, "injected lease failure", name)
+				require.Empty(t, leases, name)
+			}
+			require.Equal(t, byte('I'), conn.PgConn().TxStatus(), "the failed claim's transaction was rolled back")
+			var locks int
+			require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&locks))
+			require.Zero(t, locks, "no key lock outlives the claim")
+			for _, id := range ids {
+				it := b.get(t, id)
+				require.Equal(t, outbox.StatePending, it.State)
+				require.Zero(t, it.Attempts, "a failed claim consumes no attempt")
+			}
+
+			// Once the cause is gone, both claim as before.
+			_, err = b.pool.Exec(b.ctx, `DROP TRIGGER test_refuse_lease ON outbox_item_states`)
+			require.NoError(t, err)
+			leases, err := b.store.Claim(b.ctx, conn, outbox.ClaimOptions{Owner: "w", Limit: 2, Policy: policy})
+			require.NoError(t, err)
+			require.Len(t, leases, 2)
+			leases, err = b.store.Claim(b.ctx, b.pool, opts)
+			require.NoError(t, err)
+			require.Len(t, leases, 1)
+			require.Equal(t, ids[2], leases[0].ID)
+		})
+	}
 }

@@ -176,14 +176,17 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// TxBeginner is a Querier that opens transactions of its own: a
-// *pgxpool.Pool or a *pgx.Conn. Claim and Record take one because they run
-// their own READ COMMITTED transactions, committed before they return: a
-// claim must be visible before anything is sent, and the per-key claim's
-// correctness rests on READ COMMITTED snapshots.
+// TxBeginner is a Querier that opens transactions of its own and sends
+// batches of statements in one round trip: a *pgxpool.Pool or a *pgx.Conn.
+// Claim and Record take one because they run their own READ COMMITTED
+// transactions, committed before they return: a claim must be visible
+// before anything is sent, and the per-key claim's correctness rests on
+// READ COMMITTED snapshots. A claim sends its transaction, BEGIN to COMMIT,
+// as one batch (claimTrip).
 type TxBeginner interface {
 	Querier
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Config holds the outbox's knobs. The zero value of each field means its
