@@ -17,9 +17,11 @@ import (
 // BenchmarkClaimAcceptBreakdown shows where a claim and an accept of 100
 // spend their time: on one connection, over 20,000 enqueued items, it claims
 // and accepts 100 at a time, 90 times per policy, and prints the fastest
-// claim, the fastest accept and the fastest run of each statement (the
-// fastest, not the mean, so that a loaded machine disturbs it least). It
-// prints figures only; docs/performance.md ("Outbox hot path") reads them.
+// claim, the fastest accept and the fastest run of each statement sent on
+// its own (the fastest, not the mean, so that a loaded machine disturbs it
+// least): a claim's statements go as one pipeline (claimTrip) and show only
+// as the whole claim. It prints figures only; docs/performance.md ("Outbox
+// hot path") reads them.
 //
 //	go test ./outbox -run '^$' -bench ClaimAcceptBreakdown -benchtime 1x
 func BenchmarkClaimAcceptBreakdown(b *testing.B) {
