@@ -27,10 +27,8 @@ func (r *delivery) work(ctx context.Context, owner string) {
 		// The leases start after this instant, on the database's clock:
 		// measured from here, a send ends before its lease expires.
 		claimedAt := time.Now()
-		// A failed claim is logged by claim; leases it returns all the
-		// same were committed by an earlier round, and are sent.
-		leases := r.claim(ctx, owner, n)
-		if len(leases) == 0 {
+		leases, err := r.claim(ctx, owner, n)
+		if err != nil || len(leases) == 0 {
 			r.idle(ctx)
 			continue
 		}
@@ -124,7 +122,7 @@ func (r *delivery) prepay(ctx context.Context, n int) (int, int, bool) {
 
 // claim leases at most n items of this deliverer's exporter (T1) and gives
 // back the send slots of those it did not find.
-func (r *delivery) claim(ctx context.Context, owner string, n int) []outbox.Lease {
+func (r *delivery) claim(ctx context.Context, owner string, n int) ([]outbox.Lease, error) {
 	past, future := r.exporter.Accepts()
 	leases, err := r.store.Claim(ctx, r.pool, outbox.ClaimOptions{
 		Owner: owner, Limit: n, Policy: r.cfg.Policy, AcceptPast: past, AcceptFuture: future,
@@ -134,9 +132,9 @@ func (r *delivery) claim(ctx context.Context, owner string, n int) []outbox.Leas
 		<-r.slots
 	}
 	if err != nil && ctx.Err() == nil {
-		r.logger.ErrorContext(ctx, "claiming outbox items failed", "error", err, "leases", len(leases))
+		r.logger.ErrorContext(ctx, "claiming outbox items failed", "error", err)
 	}
-	return leases
+	return leases, err
 }
 
 // reserve waits until it holds want send slots, or ctx ends (then it holds

@@ -19,9 +19,9 @@ import (
 // and accepts 100 at a time, 90 times per policy, and prints the fastest
 // claim, the fastest accept and the fastest run of each statement sent on
 // its own (the fastest, not the mean, so that a loaded machine disturbs it
-// least): a claim's statements go as one pipeline (claimTrip) and show only
-// as the whole claim. It prints figures only; docs/performance.md ("Outbox
-// hot path") reads them.
+// least): a BestEffort claim's statement goes with its BEGIN and COMMIT as
+// one pipeline (claimTrip) and shows only as the whole claim. It prints
+// figures only; docs/performance.md ("Outbox hot path") reads them.
 //
 //	go test ./outbox -run '^$' -bench ClaimAcceptBreakdown -benchtime 1x
 func BenchmarkClaimAcceptBreakdown(b *testing.B) {

@@ -182,10 +182,7 @@ WITH picked AS (
 // not, may hide the others in the scan, and sqlClaimKeysLoose looks
 // further. Choosing and locking the keys in one statement saves a round
 // trip of every PerKey claim; the lease itself (sqlClaimPerKey) must stay
-// a statement of its own, whose snapshot is taken after the locks. The
-// locked keys' items are also left in the transaction's setting
-// tally.claim_items, where the lease statement sent in the same round trip
-// finds them (claimTrip).
+// a statement of its own, whose snapshot is taken after the locks.
 const sqlClaimKeys = `
 WITH expired AS MATERIALIZED (
     SELECT o.id, o.ordering_key, o.lease_expires_at AS due_at, 0 AS pass FROM outbox_item_states o
@@ -214,8 +211,7 @@ locked AS MATERIALIZED (
     LIMIT @lockmax
 )
 SELECT ARRAY(SELECT ordering_key FROM cand), ARRAY(SELECT id FROM locked),
-       (SELECT count(*) FROM due) >= @scan,
-       set_config('tally.claim_items', ARRAY(SELECT id FROM locked)::text, true)`
+       (SELECT count(*) FROM due) >= @scan`
 
 // sqlClaimKeysLoose finds the keys of due pending items, and the oldest due
 // item of each, by a loose index scan over the distinct keys (one index
@@ -263,23 +259,12 @@ LIMIT @lockmax`
 // of the key and committed between step 1's snapshot and the lock makes
 // NOT EXISTS false here. Taking the items by primary key, rather than
 // looking for each key's oldest again, costs one index probe an item
-// instead of three. The items come from the setting step 1 left
-// (tally.claim_items), so that both statements go in one round trip; a
-// round that also locked keys of the loose scan passes them as a parameter
-// (sqlClaimPerKeyIDs).
-var (
-	sqlClaimPerKey    = strings.Replace(sqlClaimPerKeyOf, itemsMarker, "current_setting('tally.claim_items')::bigint[]", 1)
-	sqlClaimPerKeyIDs = strings.Replace(sqlClaimPerKeyOf, itemsMarker, "@ids::bigint[]", 1)
-)
-
-// itemsMarker stands in sqlClaimPerKeyOf for where its items come from.
-const itemsMarker = "/*items*/"
-
-var sqlClaimPerKeyOf = fmt.Sprintf(`
+// instead of three.
+var sqlClaimPerKey = fmt.Sprintf(`
 WITH picked AS (
     SELECT o.id, o.state AS prev_state, o.lease_token AS prev_token, o.lease_owner AS prev_owner,
            o.leased_at AS prev_leased_at
-    FROM unnest(`+itemsMarker+`) WITH ORDINALITY AS k(id, n)
+    FROM unnest(@ids::bigint[]) WITH ORDINALITY AS k(id, n)
     JOIN outbox_item_states o ON o.id = k.id
     WHERE ((`+leaseExpired+`) OR (`+pendingDue+`)) AND `+withinBudget+`
       AND NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased'
@@ -289,17 +274,13 @@ WITH picked AS (
     FOR UPDATE OF o SKIP LOCKED
 ),`+sqlClaimLease, splitColumns("b", "o"))
 
-// Claim is T1: it claims up to opts.Limit items in READ COMMITTED
-// transactions of its own, committed before it returns, and returns their
-// leases: one transaction, sent to the database in one round trip
-// (claimTrip), unless a PerKey claim loses keys to concurrent claimers and
-// takes more rounds, each a transaction of its own. Each claimed item's
-// lease_token and attempts are incremented, its first_attempt_at set if
-// this is its first claim, and its lease_expires_at set from the database
+// Claim is T1: it claims up to opts.Limit items in one READ COMMITTED
+// transaction of its own, committed before it returns (under BestEffort
+// sent in one round trip, claimTrip), and returns their leases. Each claimed
+// item's lease_token and attempts are incremented, its first_attempt_at set
+// if this is its first claim, and its lease_expires_at set from the database
 // clock. An empty result is not an error: nothing was due, or somebody else
-// holds it. An error with leases means that a later round failed after
-// earlier ones committed: those leases are held all the same, and the
-// caller sends them as any others.
+// holds it.
 func (s *Store) Claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]Lease, error) {
 	ctx, span := batchSpan(ctx, "claim", "T1")
 	leases, err := s.claim(ctx, db, opts)
@@ -341,23 +322,69 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 	}
 	filtered := opts.Exporter
 
+	if opts.Policy == BestEffort {
+		leases, err := claimTrip(ctx, db, forExporter(sqlClaimBestEffort, filtered), args)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: claim: %w", err)
+		}
+		for range leases {
+			s.metrics.moved("T1", StateLeased)
+		}
+		return leases, nil
+	}
+
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+
 	var leases []Lease
-	var err error
 	switch opts.Policy {
-	case BestEffort:
-		var trip claimTripResult
-		trip, err = claimTrip(ctx, db, "", forExporter(sqlClaimBestEffort, filtered), args)
-		leases = trip.leases
 	case PerKey:
-		leases, err = s.claimPerKey(ctx, db, args, opts.Limit, filtered)
+		leases, err = s.claimPerKey(ctx, tx, args, opts.Limit, filtered)
 	default:
 		return nil, fmt.Errorf("outbox: unknown claim policy %v", opts.Policy)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("outbox: claim: committing: %w", err)
 	}
 	for range leases {
 		s.metrics.moved("T1", StateLeased)
 	}
+	return leases, nil
+}
+
+// claimTrip runs a BestEffort claim, one statement, as a READ COMMITTED
+// transaction sent in one round trip: BEGIN ISOLATION LEVEL READ
+// COMMITTED, the statement and COMMIT queued in one pipeline, where a
+// claim in a transaction of its own took three (BEGIN, the statement,
+// COMMIT). The leases count only once COMMIT has answered: if the
+// statement fails, the server skips the rest, COMMIT included, and the
+// transaction is rolled back here on a connection, or by the pool, which
+// never reuses a connection left inside a transaction. A PerKey claim
+// stays a transaction of statements sent one by one (docs/performance.md,
+// "A claim in one round trip": a PerKey claim this fast made the v1
+// deliverer claim smaller batches, and move fewer items).
+func claimTrip(ctx context.Context, db TxBeginner, sql string, args pgx.NamedArgs) (leases []Lease, err error) {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue(sql, args)
+	b.Queue("COMMIT")
+	br := db.SendBatch(ctx, b)
+	leases, err = readClaimTrip(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
 	if err != nil {
-		return leases, fmt.Errorf("outbox: claim: %w", err)
+		rollbackLeftOpen(db)
+		return nil, err
 	}
 	if len(leases) == 0 {
 		return nil, nil
@@ -365,71 +392,23 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 	return leases, nil
 }
 
-// claimTripResult is what one claim transaction sent in one round trip
-// returns: its leases and, when it chose keys first (PerKey), step 1's
-// answer.
-type claimTripResult struct {
-	leases    []Lease
-	cand      []string
-	ids       []int64
-	saturated bool
-}
-
-// claimTrip runs one claim transaction in one round trip: BEGIN ISOLATION
-// LEVEL READ COMMITTED, the PerKey choice of keys (keysSQL, when not
-// empty), the lease statement and COMMIT, queued in one pipeline. Each
-// statement still takes its own snapshot, so PerKey's lease sees every
-// claim committed before its keys were locked; the locked keys' items pass
-// from the first statement to the second in a transaction-local setting
-// (sqlClaimKeys, sqlClaimPerKey). The leases count only once COMMIT has
-// answered: if any statement fails, the server skips the rest, COMMIT
-// included, and the transaction is rolled back here on a connection, or
-// by the pool, which never reuses a connection left inside a transaction.
-// Against a claim of three or four round trips (BEGIN, one or two
-// statements, COMMIT) this saves two or three waits for the database on
-// every claim.
-func claimTrip(ctx context.Context, db TxBeginner, keysSQL, leaseSQL string, args pgx.NamedArgs) (res claimTripResult, err error) {
-	b := &pgx.Batch{}
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	if keysSQL != "" {
-		b.Queue(keysSQL, args)
-	}
-	b.Queue(leaseSQL, args)
-	b.Queue("COMMIT")
-	br := db.SendBatch(ctx, b)
-	res, err = readClaimTrip(br, keysSQL != "")
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	if err != nil {
-		rollbackLeftOpen(db)
-		return claimTripResult{}, err
-	}
-	return res, nil
-}
-
 // readClaimTrip reads the answers of claimTrip's pipeline in order.
-func readClaimTrip(br pgx.BatchResults, keys bool) (res claimTripResult, err error) {
+func readClaimTrip(br pgx.BatchResults) ([]Lease, error) {
 	if _, err := br.Exec(); err != nil {
-		return res, fmt.Errorf("beginning: %w", err)
-	}
-	if keys {
-		var setting string
-		if err := br.QueryRow().Scan(&res.cand, &res.ids, &res.saturated, &setting); err != nil {
-			return res, fmt.Errorf("choosing keys: %w", err)
-		}
+		return nil, fmt.Errorf("beginning: %w", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	if res.leases, err = scanLeases(rows); err != nil {
-		return res, err
+	leases, err := scanLeases(rows)
+	if err != nil {
+		return nil, err
 	}
 	if _, err := br.Exec(); err != nil {
-		return res, fmt.Errorf("committing: %w", err)
+		return nil, fmt.Errorf("committing: %w", err)
 	}
-	return res, nil
+	return leases, nil
 }
 
 // rollbackLeftOpen ends the transaction a failed claimTrip left open on a
@@ -448,8 +427,8 @@ func rollbackLeftOpen(db TxBeginner) {
 }
 
 // collectLeases runs a claim statement and collects its leases.
-func collectLeases(ctx context.Context, q Querier, sql string, args pgx.NamedArgs) ([]Lease, error) {
-	rows, err := q.Query(ctx, sql, args)
+func collectLeases(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArgs) ([]Lease, error) {
+	rows, err := tx.Query(ctx, sql, args)
 	if err != nil {
 		return nil, err
 	}
@@ -475,69 +454,35 @@ const perKeyRounds = 3
 // the locked keys that hold no live lease. A round that comes up short (its
 // keys were taken by concurrent claimers that committed meanwhile) is
 // followed by another over keys not yet tried, so contention does not make a
-// claim return empty while work is due. Each round is a transaction of its
-// own, committed before the next begins, and sent in one round trip
-// (claimTrip) unless the round before found the scan of due items cut off
-// short of enough keys (a hot key): that round also looks further, by the
-// loose scan (lockKeys), which needs the keys' answer before it can lock
-// more.
-func (s *Store) claimPerKey(ctx context.Context, db TxBeginner, args pgx.NamedArgs, limit int, filtered string) ([]Lease, error) {
+// claim return empty while work is due.
+func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, limit int, filtered string) ([]Lease, error) {
 	var (
 		leases []Lease
 		tried  = []string{}
-		loose  bool
 	)
 	args["space"] = perKeyLockSpace
 	for round := 0; round < perKeyRounds && len(leases) < limit; round++ {
 		want := limit - len(leases)
 		args["limit"], args["lockmax"], args["scan"], args["tried"] = want, 2*want, want*s.cfg.ClaimScan, tried
-		var (
-			res     claimTripResult
-			err     error
-			further bool // this round's scan was cut off short of enough keys
-		)
-		if loose {
-			res, err = s.claimLooseRound(ctx, db, args, want, filtered)
-		} else {
-			res, err = claimTrip(ctx, db, forExporter(sqlClaimKeys, filtered), forExporter(sqlClaimPerKey, filtered), args)
-			further = res.saturated && len(res.cand) < want
-			loose = further
-		}
+		cand, ids, err := s.lockKeys(ctx, tx, args, want, filtered)
 		if err != nil {
-			return leases, err
+			return nil, fmt.Errorf("choosing keys: %w", err)
 		}
-		leases = append(leases, res.leases...)
-		if len(res.cand) == 0 && !further {
+		if len(cand) == 0 {
 			break
 		}
-		tried = append(tried, res.cand...)
+		tried = append(tried, cand...)
+		if len(ids) == 0 {
+			continue
+		}
+		args["ids"] = ids
+		got, err := collectLeases(ctx, tx, forExporter(sqlClaimPerKey, filtered), args)
+		if err != nil {
+			return nil, err
+		}
+		leases = append(leases, got...)
 	}
 	return leases, nil
-}
-
-// claimLooseRound is a PerKey round that may look beyond the scan of the
-// oldest due items (lockKeys), in a READ COMMITTED transaction of its own:
-// the keys are chosen and locked first, then their items leased by a
-// statement of its own.
-func (s *Store) claimLooseRound(ctx context.Context, db TxBeginner, args pgx.NamedArgs, want int, filtered string) (res claimTripResult, err error) {
-	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return res, err
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if res.cand, res.ids, err = s.lockKeys(ctx, tx, args, want, filtered); err != nil {
-		return res, fmt.Errorf("choosing keys: %w", err)
-	}
-	if len(res.ids) > 0 {
-		args["ids"] = res.ids
-		if res.leases, err = collectLeases(ctx, tx, forExporter(sqlClaimPerKeyIDs, filtered), args); err != nil {
-			return res, err
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return res, fmt.Errorf("committing: %w", err)
-	}
-	return res, nil
 }
 
 // lockKeys returns the keys a PerKey round may try (cand), oldest first,
@@ -547,11 +492,8 @@ func (s *Store) claimLooseRound(ctx context.Context, db TxBeginner, args pgx.Nam
 // before it found want keys, from the loose scan over all keys
 // (sqlClaimKeysLoose, then sqlClaimLockKeys for the rest of lockmax).
 func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered string) (cand []string, ids []int64, err error) {
-	var (
-		saturated bool
-		setting   string // for the lease statement of a claimTrip; this round passes its items as @ids
-	)
-	if err := tx.QueryRow(ctx, forExporter(sqlClaimKeys, filtered), args).Scan(&cand, &ids, &saturated, &setting); err != nil {
+	var saturated bool
+	if err := tx.QueryRow(ctx, forExporter(sqlClaimKeys, filtered), args).Scan(&cand, &ids, &saturated); err != nil {
 		return nil, nil, err
 	}
 	if !saturated || len(cand) >= want {

@@ -183,11 +183,13 @@ func TestClaimTimestampOutside(t *testing.T) {
 	require.False(t, l[0].TimestampOutside, "no bounds given: nothing is outside")
 }
 
-// A claim is one transaction sent in one round trip (BEGIN, the statements,
-// COMMIT). When a statement of it fails, the server skips the rest, COMMIT
-// included: nothing may stay leased, no key lock may outlive the claim, and
-// the connection must come back out of the transaction, whether the claim
-// ran on a connection of its own or on a pool.
+// A claim is one transaction: under BestEffort sent in one round trip
+// (BEGIN, the statement, COMMIT), where a failed statement makes the
+// server skip the rest, COMMIT included; under PerKey statement by
+// statement. When a statement of it fails, nothing may stay leased, no key
+// lock may outlive the claim, and the connection must come back out of the
+// transaction, whether the claim ran on a connection of its own or on a
+// pool.
 func TestClaimThatFailsLeasesNothingAndLeavesNoTransactionOpen(t *testing.T) {
 	t.Parallel()
 	for _, policy := range []outbox.Policy{outbox.PerKey, outbox.BestEffort} {

@@ -181,8 +181,8 @@ type Querier interface {
 // Claim and Record take one because they run their own READ COMMITTED
 // transactions, committed before they return: a claim must be visible
 // before anything is sent, and the per-key claim's correctness rests on
-// READ COMMITTED snapshots. A claim sends its transaction, BEGIN to COMMIT,
-// as one batch (claimTrip).
+// READ COMMITTED snapshots. A BestEffort claim sends its transaction, BEGIN
+// to COMMIT, as one batch (claimTrip).
 type TxBeginner interface {
 	Querier
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
