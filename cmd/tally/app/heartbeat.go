@@ -15,7 +15,7 @@ import (
 
 // heartbeats are the readings of the shared database taken at scrape time.
 //
-// tally_job_last_success_age_seconds{job}: how long ago each periodic job
+// tally_job_last_success_age_seconds{task}: how long ago each periodic job
 // last completed. Staging and reconciliation run on whichever node River
 // gives them, so their heartbeat is read from the database (River's
 // completed staging jobs through package meter — a pass skipped because
@@ -39,7 +39,7 @@ func newHeartbeats(pool *pgxpool.Pool, ob *outbox.Store) *heartbeats {
 	return &heartbeats{pool: pool, outbox: ob,
 		desc: prometheus.NewDesc("tally_job_last_success_age_seconds",
 			"Seconds since each periodic job last completed: stage (a staging pass that was not skipped for a stalled export, any node), reconcile (a reconcile run that succeeded, any node), maintenance (the outbox maintenance pass, this node).",
-			[]string{"job"}, nil),
+			[]string{"task"}, nil),
 		unstaged: prometheus.NewDesc("tally_ledger_unstaged_events",
 			fmt.Sprintf("Usage events in the ledger not yet staged into outbox items, counted up to %d (at it: at least that many).", meter.BacklogCountCap),
 			nil, nil),
