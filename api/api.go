@@ -1,6 +1,7 @@
 // Package api owns Tally's HTTP surface: routing, authentication and roles,
-// request ids, the JSON error shape, and thin handlers that decode, call a
-// domain package, and encode.
+// request ids, the JSON error shape, the OpenAPI document of /v1
+// (openapi.json, served at /v1/openapi.json), and thin handlers that
+// decode, call a domain package, and encode.
 //
 // It never runs SQL of its own and never changes an outbox row: every write
 // goes through the package that owns it, one transaction per request that

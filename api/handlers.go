@@ -25,10 +25,11 @@ type handlers struct {
 const maxJSONBody = 64 << 10
 
 func (h *handlers) routes(r chi.Router) {
-	// Stripe's event destination is authenticated by its Stripe-Signature;
-	// every other /v1 route needs a token, and so do unknown ones, which
-	// answer 401 before 404 or 405.
+	// Stripe's event destination is authenticated by its Stripe-Signature
+	// and the OpenAPI document is public; every other /v1 route needs a
+	// token, and so do unknown ones, which answer 401 before 404 or 405.
 	r.Post(stripeEventsPath, h.stripeEvents)
+	r.Get(openAPIPath, serveOpenAPI)
 	r.NotFound(h.authenticate(http.HandlerFunc(notFound)).ServeHTTP)
 	r.MethodNotAllowed(h.authenticate(http.HandlerFunc(methodNotAllowed)).ServeHTTP)
 	r.Group(h.authenticated)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/api"
+	"github.com/tallymeter/tally/api/openapitest"
 	"github.com/tallymeter/tally/cmd/tally/app"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/auth"
@@ -215,14 +216,42 @@ func (h *harness) send(req *http.Request) response {
 	return resp
 }
 
+// do sends req and reads the answer. Every exchange with /v1 is checked
+// against the OpenAPI document (api/openapi.json): an answer it does not
+// describe, or a request the server took that it refuses, fails the test
+// (openapitest.Checker.Check says which and why).
 func (h *harness) do(req *http.Request) response {
 	h.t.Helper()
+	var sent []byte
+	if req.Body != nil {
+		var err error
+		sent, err = io.ReadAll(req.Body)
+		require.NoError(h.t, err)
+		_ = req.Body.Close()
+		req.Body = io.NopCloser(bytes.NewReader(sent))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(sent)), nil }
+	}
 	resp, err := h.client.Do(req)
 	require.NoError(h.t, err)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(h.t, err)
+	checkOpenAPI(h.t, req, sent, resp, b)
 	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// checkOpenAPI fails t when the exchange does not match the OpenAPI
+// document. It may be called from any goroutine.
+func checkOpenAPI(t testing.TB, req *http.Request, sent []byte, resp *http.Response, body []byte) {
+	t.Helper()
+	c, err := openapitest.Default()
+	if err != nil {
+		t.Errorf("reading the OpenAPI document: %v", err)
+		return
+	}
+	if err := c.Check(req, sent, resp, body); err != nil {
+		t.Errorf("%v", err)
+	}
 }
 
 // in is the harness for the subtest t: its checks fail t, not the test

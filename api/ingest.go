@@ -42,8 +42,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			return nil, err
 		}
 	}
+	// Every known label value at 0, so that a scrape shows the series (and
+	// a dashboard's rate() has a baseline) before the first request.
 	for _, r := range []string{throttledEvents, throttledRequests, throttledQuarantineCap} {
 		m.ingestThrottled.WithLabelValues(r)
+	}
+	for _, r := range []string{"accepted", "duplicate"} {
+		m.ingestEvents.WithLabelValues(r)
+	}
+	for _, r := range []string{"accepted", "invalid", "forbidden", "too_large", "throttled", "error"} {
+		m.ingestRequests.WithLabelValues(r)
 	}
 	return m, nil
 }

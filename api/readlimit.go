@@ -48,6 +48,10 @@ func NewReadLimiter(perToken, global int, reg prometheus.Registerer) (*ReadLimit
 			return nil, err
 		}
 	}
+	// Both bounds at 0, so that a scrape shows them before the first refusal.
+	for _, b := range []string{"token", "global"} {
+		l.refused.WithLabelValues(b)
+	}
 	return l, nil
 }
 

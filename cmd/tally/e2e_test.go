@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/quarantine"
@@ -61,6 +63,7 @@ func runExport(t *testing.T, exporter string, kills int) {
 	r := newExportRun(t, exporter, kills)
 	r.startSimulator()
 	r.startNode()
+	r.checkOpenAPIServed()
 	r.mapFeaturesAndTenants()
 	r.makeEvents()
 	r.startKiller()
@@ -72,6 +75,7 @@ func runExport(t *testing.T, exporter string, kills int) {
 	r.checkTransport()
 	r.checkConservation()
 	r.checkReconcile()
+	r.checkReadsMatchTheDocument()
 	if kills == 0 {
 		checkMetrics(t, r.base, r.stream)
 	}
@@ -453,6 +457,66 @@ func (r *exportRun) checkReconcile() {
 	require.Zero(r.t, left)
 }
 
+// checkOpenAPIServed checks that the node serves, without a token, the
+// OpenAPI document kept in the repository, which every exchange of the run
+// is checked against (post).
+func (r *exportRun) checkOpenAPIServed() {
+	r.t.Helper()
+	resp, err := (&http.Client{Transport: openAPITransport{t: r.t}}).Get(r.base + "/v1/openapi.json")
+	require.NoError(r.t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(r.t, err)
+	require.Equal(r.t, http.StatusOK, resp.StatusCode, "%s", body)
+	require.Equal(r.t, "application/json", resp.Header.Get("Content-Type"))
+	require.Equal(r.t, api.OpenAPI(), body, "the node serves api/openapi.json")
+}
+
+// checkReadsMatchTheDocument reads, once the run is exported and
+// reconciled, what finance and operators read — the summary, items with
+// their attempts, the reports, the runs and their plans, the mappings, the
+// audit log — so that answers full of real data are checked against the
+// OpenAPI document (post).
+func (r *exportRun) checkReadsMatchTheDocument() {
+	r.t.Helper()
+	read := func(path string) string {
+		r.t.Helper()
+		code, body := post(r.t, http.MethodGet, r.base+path, exportAdmin, nil)
+		require.Equal(r.t, http.StatusOK, code, "%s: %s", path, body)
+		return body
+	}
+	var busiest int64
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT id FROM outbox_items ORDER BY attempts DESC, id LIMIT 1`).Scan(&busiest))
+	var runs struct {
+		Runs []struct {
+			ID int64 `json:"id"`
+		} `json:"runs"`
+	}
+	require.NoError(r.t, json.Unmarshal([]byte(read("/v1/reconcile/runs")), &runs))
+	require.NotEmpty(r.t, runs.Runs)
+	period := time.Now().UTC().Add(-2 * time.Hour).Format("2006-01")
+	for _, path := range []string{
+		"/v1/outbox/summary",
+		"/v1/outbox/items?limit=1000",
+		"/v1/outbox/items?state=confirmed&feature=seats&limit=10",
+		fmt.Sprintf("/v1/outbox/items/%d", busiest),
+		"/v1/reports/completeness?period=" + period,
+		"/v1/reports/completeness?period=" + period + "&tenant=t07&format=csv",
+		"/v1/quarantine",
+		"/v1/quarantine/items?limit=10",
+		fmt.Sprintf("/v1/reconcile/runs/%d", runs.Runs[0].ID),
+		fmt.Sprintf("/v1/reconcile/runs/%d/plan", runs.Runs[0].ID),
+		"/v1/reconcile/discrepancies?status=all",
+		"/v1/mappings/features",
+		"/v1/mappings/features/seats",
+		"/v1/mappings/tenants",
+		"/v1/mappings/tenants/t07",
+		"/v1/audit",
+	} {
+		read(path)
+	}
+}
+
 // reconcileThroughAPI queues a run through the API, for a River job on
 // the node to work, and waits for it to end.
 func (r *exportRun) reconcileThroughAPI() reconcileRunResult {
@@ -549,7 +613,7 @@ func checkMetrics(t *testing.T, base string, stream bool) {
 		"tally_reconcile_runs_total":               {"status"},
 		"tally_reconcile_items_confirmed_total":    nil,
 		"tally_reconcile_discrepancies_total":      nil,
-		"tally_job_last_success_age_seconds":       {"job"},
+		"tally_job_last_success_age_seconds":       {"task"},
 		"tally_export_stalled":                     {"reason"},
 		"tally_ledger_unstaged_events":             nil,
 		"tally_ledger_oldest_unstaged_age_seconds": nil,

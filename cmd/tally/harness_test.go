@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -35,6 +36,8 @@ type node struct {
 
 func (n *node) start() {
 	n.t.Helper()
+	nodeTests.Store(n.addr, n.t)
+	n.t.Cleanup(func() { nodeTests.CompareAndDelete(n.addr, n.t) })
 	n.out = new(bytes.Buffer)
 	n.cmd = exec.Command(binary, "serve")
 	n.cmd.Env = append(os.Environ(), n.env...)
@@ -56,17 +59,31 @@ func (n *node) stop() {
 	_ = n.cmd.Wait()
 }
 
-// post sends a JSON body with a token until the node answers (it may be
-// down for a moment while it restarts) and returns the status and body.
+// post sends a JSON body (none when body is nil) with a token until the
+// node answers (it may be down for a moment while it restarts) and returns
+// the status and body. Every answer is checked against the OpenAPI
+// document (openAPITransport): a mismatch fails t.
 func post(t *testing.T, method, url, token string, body any) (int, string) {
 	t.Helper()
-	b, err := json.Marshal(body)
-	require.NoError(t, err)
+	var b []byte
+	if body != nil {
+		var err error
+		b, err = json.Marshal(body)
+		require.NoError(t, err)
+	}
+	client := &http.Client{Transport: openAPITransport{t: t}}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		req, _ := http.NewRequest(method, url, bytes.NewReader(b))
+		var rd io.Reader
+		if b != nil {
+			rd = bytes.NewReader(b)
+		}
+		req, _ := http.NewRequest(method, url, rd)
 		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
+		if b != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := client.Do(req)
 		if err == nil {
 			var out bytes.Buffer
 			_, _ = out.ReadFrom(resp.Body)
@@ -168,6 +185,8 @@ func freePort(t *testing.T) int {
 }
 
 // postOnce sends one JSON request and reports the status (0: no answer).
+// The answer is checked against the OpenAPI document: a mismatch fails the
+// test of the node that answered (openAPITransport).
 func postOnce(url, token string, body any) (int, string) {
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequest(http.MethodPost, url, bytesReader(b))
@@ -175,7 +194,8 @@ func postOnce(url, token string, body any) (int, string) {
 		return 0, err.Error()
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
-	client := &http.Client{Timeout: 10 * time.Second}
+	req.Header.Set("Content-Type", "application/json")
+	client := &http.Client{Timeout: 10 * time.Second, Transport: openAPITransport{}}
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, err.Error()
