@@ -55,6 +55,7 @@ bench:
 	go test ./exporter -run '^$$' -bench DeliverStreamVsV1 -benchtime 1x
 	go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x
 	go test ./cmd/tally -run '^$$' -bench NodeMemory -benchtime 1x
+	go test ./cmd/tally -run '^$$' -bench 'BenchmarkImport$$' -benchtime 1x
 	go test ./internal/testkit/history -run '^$$' -bench History -benchtime 1x -timeout 0
 
 # The database-bound benchmarks again on a durable cluster (fsync and
@@ -64,4 +65,5 @@ bench-durable:
 	TALLY_TEST_DURABLE=1 go test ./exporter -run '^$$' -bench DeliverStreamVsV1 -benchtime 1x
 	TALLY_TEST_DURABLE=1 go test ./exporter -run '^$$' -bench DeliverUnlimited -benchtime 1x
 	TALLY_TEST_DURABLE=1 go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x
+	TALLY_TEST_DURABLE=1 go test ./cmd/tally -run '^$$' -bench 'BenchmarkImport$$' -benchtime 1x
 	TALLY_TEST_DURABLE=1 go test ./internal/testkit/history -run '^$$' -bench History -benchtime 1x -timeout 0

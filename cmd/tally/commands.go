@@ -50,6 +50,7 @@ func commands() []command {
 		tokensCreateCommand(),
 		tokensListCommand(),
 		tokensRevokeCommand(),
+		importCommand(),
 		mappingsFeaturesCommand(),
 		mappingsTenantsCommand(),
 		quarantineCommand(),

@@ -32,6 +32,7 @@ Commands:
   tokens create          create an API token: --role ingest|finance|operator|admin [--tenant T …] [--name N] [--expires-in D] [--corrections]
   tokens list            list tokens (names, roles, scopes, corrections; never secrets)
   tokens revoke NAME     revoke a token
+  import FILE…           post usage from files (JSON Lines or CSV) as POST /v1/usage would: [--format jsonl|csv] [--batch N] [--corrections]
   mappings features      list | get FEATURE | set FEATURE --event-name E --aggregation sum|last|count [--window 1h] [--exporter NAME]
   mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339]
   quarantine             the quarantine report: [--format table|csv|json] [--reason R] [--tenant T] [--feature F] [--period YYYY-MM]
