@@ -288,8 +288,8 @@ loop:
 			break
 		}
 		if err := im.store(work, b, &st); err != nil {
-			failure = fmt.Errorf("storing %s from line %d: %w; every batch before it is stored: run the same command again to resume "+
-				"(ids deduplicate: nothing is stored twice)", b.file, b.first, err)
+			failure = fmt.Errorf("storing %s from line %d: %w; every batch before it is stored, and of this one what the summary "+
+				"counts as accepted: run the same command again to resume (ids deduplicate: nothing is stored twice)", b.file, b.first, err)
 			break
 		}
 		st.Elapsed = time.Since(start)
@@ -321,6 +321,11 @@ loop:
 func (im *importer) store(ctx context.Context, b *importBatch, st *importStats) error {
 	res, refused, err := im.storeEvents(ctx, b.events, b.lines)
 	if err != nil {
+		// A batch stored in parts (the quarantine cap) may have committed
+		// some before one failed: count what was stored.
+		st.Accepted += res.Accepted
+		st.Duplicates += res.Duplicates
+		st.Unmapped += res.Unmapped
 		return err
 	}
 	cutoff := time.Now().Add(-im.acceptPast)
