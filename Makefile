@@ -41,7 +41,7 @@ fuzz:
 	go test ./mappings -run '^$$' -fuzz '^FuzzFeatureInput$$' -fuzztime 20000x -fuzzminimizetime 0
 	go test ./exporter -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 20000x -fuzzminimizetime 0
 	go test ./exporter -run '^$$' -fuzz '^FuzzClassifyReport$$' -fuzztime 20000x -fuzzminimizetime 0
-	go test ./api -run '^$$' -fuzz '^FuzzStripeEvent$$' -fuzztime 20000x -fuzzminimizetime 0
+	go test ./api/webhookfuzz -run '^$$' -fuzz '^FuzzStripeEvent$$' -fuzztime 20000x -fuzzminimizetime 0
 
 # The benchmarks behind docs/performance.md, on the tests' throwaway cluster
 # (tmpfs, fsync off: CPU and protocol costs). The ingest benchmarks start a

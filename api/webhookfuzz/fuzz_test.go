@@ -1,4 +1,4 @@
-package api_test
+package webhookfuzz_test
 
 import (
 	"strings"
