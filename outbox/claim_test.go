@@ -238,3 +238,108 @@ func TestClaimThatFailsLeasesNothingAndLeavesNoTransactionOpen(t *testing.T) {
 		})
 	}
 }
+
+// A PerKey claim whose snapshot missed another claimer's lease of the key
+// picks another item of that key; migration 24's unique index refuses the
+// second lease, and the claim is retried with a fresh snapshot, which sees
+// the key held: it leases nothing of that key, returns no error and counts
+// a T1 stale write. The other claimer's lease is written here by hand, in
+// an open transaction, as a PerKey claim writes it: committed only once
+// the claim under test waits on it.
+func TestPerKeyClaimThatLosesAKeyToAConcurrentClaimerRetries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	// Item "later" is due now; "first" is due in a minute, so the claim
+	// under test takes "later" as the key's next item — while the other
+	// claimer (its clock a minute ahead, say) leases "first".
+	ids := b.enqueue(t, keyed(1, 0), keyed(2, 0), keyed(3, 1))
+	first, later, other := ids[0], ids[1], ids[2]
+	_, err := b.pool.Exec(b.ctx, `UPDATE outbox_item_states SET next_attempt_at = clock_timestamp() + interval '1 minute' WHERE id = $1`, first)
+	require.NoError(t, err)
+
+	rival, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = rival.Rollback(b.ctx) }()
+	tag, err := rival.Exec(b.ctx, `
+UPDATE outbox_item_states SET state = 'leased', lease_token = lease_token + 1, attempts = attempts + 1,
+    first_attempt_at = clock_timestamp(), lease_owner = 'rival', per_key_lease = true,
+    leased_at = clock_timestamp(), lease_expires_at = clock_timestamp() + interval '1 minute',
+    updated_at = clock_timestamp()
+WHERE id = $1`, first)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+
+	type result struct {
+		leases []outbox.Lease
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		leases, err := b.store.Claim(b.ctx, b.pool, outbox.ClaimOptions{Owner: "late", Limit: 10})
+		done <- result{leases, err}
+	}()
+	// The claim waits on the rival's index entry for the key.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted)`).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, rival.Commit(b.ctx))
+
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim did not return")
+	}
+	require.NoError(t, r.err)
+	require.Len(t, r.leases, 1, "the other key's item, and nothing of the held key")
+	require.Equal(t, other, r.leases[0].ID)
+	require.Equal(t, outbox.StatePending, b.get(t, later).State)
+	require.Equal(t, 0, b.get(t, later).Attempts, "the refused lease consumed no attempt")
+	require.Equal(t, float64(1), b.stale("T1"), "the lost key counts as T1's stale write")
+}
+
+// An expired PerKey lease holds its key until it is taken over or, past
+// the budget, settled by the sweep: a key is never leased twice, even
+// after a lease expired. Past the attempt cap the expired item is not
+// claimable, so the key's next item waits for the sweep (T4).
+func TestPerKeyExpiredLeasePastTheCapHoldsItsKeyUntilTheSweep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{MaxAttempts: 1})
+	ids := b.enqueue(t, keyed(1, 0), keyed(2, 0))
+	dead := b.claim(t, outbox.ClaimOptions{Owner: "dead", Limit: 10, Lease: 50 * time.Millisecond})
+	require.Len(t, dead, 1)
+	require.Equal(t, ids[0], dead[0].ID)
+	time.Sleep(80 * time.Millisecond)
+
+	require.Empty(t, b.claim(t, outbox.ClaimOptions{Owner: "w", Limit: 10}),
+		"the expired lease is past the cap, and still holds the key")
+	swept, err := b.store.Sweep(b.ctx, b.pool)
+	require.NoError(t, err)
+	require.Equal(t, []int64{ids[0]}, swept)
+	require.Equal(t, outbox.StateUncertain, b.get(t, ids[0]).State)
+
+	next := b.claim(t, outbox.ClaimOptions{Owner: "w", Limit: 10})
+	require.Len(t, next, 1)
+	require.Equal(t, ids[1], next[0].ID)
+}
+
+// A PerKey claim that comes up short in its one-statement try looks further
+// with the statements of its second try; a lease of the first that expired
+// meanwhile (here a lease of a microsecond) is not taken over by the
+// second, or the claim would return two leases of one item.
+func TestPerKeyClaimNeverReturnsAnItemTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ids := b.enqueue(t, keyed(1, 0), keyed(2, 0), keyed(3, 1))
+	got := b.claim(t, outbox.ClaimOptions{Owner: "w", Limit: 10, Lease: time.Microsecond})
+	seen := map[int64]bool{}
+	for _, l := range got {
+		require.False(t, seen[l.ID], "item %d leased twice by one claim", l.ID)
+		seen[l.ID] = true
+	}
+	require.Len(t, got, 2, "one item of each key")
+	require.True(t, seen[ids[0]] && seen[ids[2]])
+	require.Equal(t, 1, b.get(t, ids[0]).Attempts)
+}

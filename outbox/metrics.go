@@ -17,7 +17,7 @@ func newMetrics() *metrics {
 	return &metrics{
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_outbox_stale_writes_total",
-			Help: "Conditional outbox writes that affected zero rows (a stale lease, an expected state or mapping that no longer held), by transition. A steady stream on T2-T6 means leases expire while work is in flight: raise the lease. On T10, an error report named an item that had left accepted meanwhile.",
+			Help: "Conditional outbox writes that affected zero rows (a stale lease, an expected state or mapping that no longer held), by transition. A steady stream on T2-T6 means leases expire while work is in flight: raise the lease. On T1, a PerKey claim lost a key to a concurrent claimer (its lease refused by the unique index) and looked again. On T10, an error report named an item that had left accepted meanwhile.",
 		}, []string{"transition"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_outbox_transitions_total",
