@@ -343,3 +343,74 @@ func TestPerKeyClaimNeverReturnsAnItemTwice(t *testing.T) {
 	require.True(t, seen[ids[0]] && seen[ids[2]])
 	require.Equal(t, 1, b.get(t, ids[0]).Attempts)
 }
+
+// T2 runs with its generic plan in a pipeline of its own (BEGIN, SET LOCAL
+// plan_cache_mode, the accept, COMMIT), or, in a batch of mixed outcomes,
+// between a save and a restore of the setting in the batch's transaction.
+// A failed accept leaves no transaction open on a connection, lands
+// nothing, and the session's own plan_cache_mode is as it was after a
+// failed and a successful Record, on either path.
+func TestAcceptInItsOwnPipelineLeavesTheSessionAsItWas(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	b.enqueue(t, keyed(1, 0), keyed(2, 1), keyed(3, 2), keyed(4, 3))
+	conn, err := pgx.Connect(b.ctx, testdb.URLOf(t, b.pool))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(b.ctx, `SET plan_cache_mode = force_custom_plan`)
+	require.NoError(t, err)
+	mode := func() string {
+		var m string
+		require.NoError(t, conn.QueryRow(b.ctx, `SHOW plan_cache_mode`).Scan(&m))
+		return m
+	}
+	leases := b.claim(t, outbox.ClaimOptions{Owner: "w", Limit: 4})
+	require.Len(t, leases, 4)
+	accepts := func(ls ...outbox.Lease) []outbox.Outcome {
+		var out []outbox.Outcome
+		for _, l := range ls {
+			out = append(out, outbox.Outcome{Lease: l, Kind: outbox.Accepted, ProviderRef: "r"})
+		}
+		return out
+	}
+	mixed := append(accepts(leases[2]), outbox.Outcome{Lease: leases[3], Kind: outbox.Retry,
+		Error: outbox.ErrorInfo{Code: "stripe_5xx", Status: 500}})
+
+	_, err = b.pool.Exec(b.ctx, `
+		CREATE FUNCTION test_refuse_accept() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'injected accept failure'; END $$;
+		CREATE TRIGGER test_refuse_accept BEFORE UPDATE ON outbox_item_states
+		    FOR EACH ROW WHEN (NEW.state = 'accepted') EXECUTE FUNCTION test_refuse_accept();`)
+	require.NoError(t, err)
+	for name, db := range map[string]outbox.TxBeginner{"connection": conn, "pool": b.pool} {
+		_, err := b.store.Record(b.ctx, db, accepts(leases[0]))
+		require.ErrorContains(t, err, "injected accept failure", name)
+		_, err = b.store.Record(b.ctx, db, mixed)
+		require.ErrorContains(t, err, "injected accept failure", name)
+	}
+	require.Equal(t, byte('I'), conn.PgConn().TxStatus(), "the failed accept's transaction was rolled back")
+	require.Equal(t, "force_custom_plan", mode())
+	for _, l := range leases {
+		it := b.get(t, l.ID)
+		require.Equal(t, outbox.StateLeased, it.State)
+		require.Equal(t, l.LeaseToken, it.LeaseToken)
+	}
+
+	_, err = b.pool.Exec(b.ctx, `DROP TRIGGER test_refuse_accept ON outbox_item_states`)
+	require.NoError(t, err)
+	res, err := b.store.Record(b.ctx, conn, accepts(leases[0], leases[1]))
+	require.NoError(t, err)
+	for _, r := range res {
+		require.NoError(t, r.Err)
+		require.Equal(t, outbox.StateAccepted, r.State)
+	}
+	require.Equal(t, "force_custom_plan", mode(), "SET LOCAL ended with its transaction")
+	res, err = b.store.Record(b.ctx, conn, mixed)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StateAccepted, res[0].State)
+	require.Equal(t, outbox.StatePending, res[1].State)
+	// Set with set_config(..., true), the setting would end with the
+	// batch's transaction even unrestored; the restore is for the steps
+	// after the accept in that transaction, which keep their own plans.
+	require.Equal(t, "force_custom_plan", mode())
+}

@@ -26,6 +26,19 @@ import (
 // (a semi-join against the CTE compared each row with up to every locked
 // id: 14% of an accept of 100, measured).
 //
+// T2, the statement of every accepted send, is a cached statement run with
+// its generic plan (genericTrip), planned once per connection for any
+// batch: its rows are found only by primary key, one probe per outcome (a
+// nested loop over unnest()), whatever the statistics say. It names no id array beside the join (o.id =
+// ANY(@ids) made the plan read the items first and compare each with
+// every outcome: 999,000 comparisons for 1,000), and it compares the state
+// under collation "C", which no partial index's predicate uses, so no plan
+// can read the leased items from a partial index instead: those indexes
+// keep the entries of every lease since the last vacuum, and a plan that
+// scanned one grew with them (100 ms an accept of 650 in the stream,
+// against 20 ms). Equality of text is the same under every deterministic
+// collation: the predicate is T2's.
+//
 // T2 takes the provider's error report into account: when a report named
 // the item while it was in flight (NoteFailures), the accept lands where the
 // report says — quarantined with its reason, or rejected — with the report's
@@ -50,7 +63,7 @@ t AS (
         provider_ref = nullif(b.ref, ''), accepted_at = clock_timestamp(),
         lease_expires_at = NULL, updated_at = clock_timestamp()
     FROM b
-    WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND (SELECT count(*) FROM locked) >= 0 AND o.lease_token = b.token AND o.state = 'leased'
+    WHERE o.id = b.id AND (SELECT count(*) FROM locked) >= 0 AND o.lease_token = b.token AND o.state = 'leased' COLLATE "C"
     RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.provider_ref, o.quarantine_reason
 ),
 log AS (
@@ -125,7 +138,7 @@ log AS (
 SELECT id, state, coalesce(quarantine_reason, '') FROM t`
 )
 
-// oneShot runs a batch statement as an unnamed statement, planned for the
+// oneShot runs a batch statement (but T2's: sqlAccept) as an unnamed statement, planned for the
 // arrays it is given: a cached prepared statement would switch to a generic
 // plan after five runs, and the generic plan of these joins over unnest()
 // scans a partial index's every entry — dead ones too — growing with every
@@ -175,6 +188,9 @@ type settleStep struct {
 	name string
 	sql  string
 	args pgx.NamedArgs
+	// cached runs the statement as a cached prepared statement with its
+	// generic plan (genericTrip), not oneShot.
+	cached bool
 }
 
 // settleSteps checks a batch of outcomes and returns the statements that
@@ -210,13 +226,13 @@ func (s *Store) settleSteps(outcomes []Outcome) ([]settleStep, error) {
 
 	var steps []settleStep
 	if len(accept) > 0 {
-		steps = append(steps, settleStep{"T2 accept", sqlAccept, s.acceptArgs(outcomes, accept)})
+		steps = append(steps, settleStep{"T2 accept", sqlAccept, s.acceptArgs(outcomes, accept), true})
 	}
 	if len(retry) > 0 {
-		steps = append(steps, settleStep{"T3 retry", sqlRetry, s.retryArgs(outcomes, retry)})
+		steps = append(steps, settleStep{"T3 retry", sqlRetry, s.retryArgs(outcomes, retry), false})
 	}
 	if len(failure) > 0 {
-		steps = append(steps, settleStep{"T4/T5/T6", sqlSettleFailure, s.failureArgs(outcomes, failure)})
+		steps = append(steps, settleStep{"T4/T5/T6", sqlSettleFailure, s.failureArgs(outcomes, failure), false})
 	}
 	return steps, nil
 }
@@ -227,7 +243,7 @@ func (s *Store) settleSteps(outcomes []Outcome) ([]settleStep, error) {
 // order, committed before settle returns.
 func settle(ctx context.Context, db TxBeginner, outcomes []Outcome, steps []settleStep) ([]Result, error) {
 	if len(steps) == 1 {
-		return runSettleSteps(ctx, db, outcomes, steps)
+		return runSettleSteps(ctx, db, true, outcomes, steps)
 	}
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -241,7 +257,7 @@ func settle(ctx context.Context, db TxBeginner, outcomes []Outcome, steps []sett
 	if _, err := tx.Exec(ctx, sqlLockBatch, pgx.NamedArgs{"ids": ids}); err != nil {
 		return nil, fmt.Errorf("outbox: record: locking the batch: %w", err)
 	}
-	results, err := runSettleSteps(ctx, tx, outcomes, steps)
+	results, err := runSettleSteps(ctx, tx, false, outcomes, steps)
 	if err != nil {
 		return nil, err
 	}
@@ -253,8 +269,9 @@ func settle(ctx context.Context, db TxBeginner, outcomes []Outcome, steps []sett
 
 // runSettleSteps runs each step on q and collects where each outcome
 // landed: an outcome whose item no statement returned was fenced out
-// (ErrStaleLease).
-func runSettleSteps(ctx context.Context, q Querier, outcomes []Outcome, steps []settleStep) ([]Result, error) {
+// (ErrStaleLease). ownTx says q is not inside a transaction: a cached step
+// then runs as one of its own (genericTrip).
+func runSettleSteps(ctx context.Context, q batchQuerier, ownTx bool, outcomes []Outcome, steps []settleStep) ([]Result, error) {
 	results := make([]Result, len(outcomes))
 	index := make(map[int64]int, len(outcomes))
 	for i, o := range outcomes {
@@ -262,23 +279,113 @@ func runSettleSteps(ctx context.Context, q Querier, outcomes []Outcome, steps []
 		index[o.Lease.ID] = i
 	}
 	for _, st := range steps {
-		rows, err := q.Query(ctx, st.sql, oneShot, st.args)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: %s: %w", st.name, err)
-		}
 		var (
 			id     int64
 			state  State
 			reason Reason
 		)
-		if _, err := pgx.ForEachRow(rows, []any{&id, &state, &reason}, func() error {
-			results[index[id]] = Result{ID: id, State: state, Reason: reason}
-			return nil
-		}); err != nil {
+		each := func(rows pgx.Rows) error {
+			_, err := pgx.ForEachRow(rows, []any{&id, &state, &reason}, func() error {
+				results[index[id]] = Result{ID: id, State: state, Reason: reason}
+				return nil
+			})
+			return err
+		}
+		var err error
+		if st.cached {
+			err = genericTrip(ctx, q, ownTx, st, each)
+		} else {
+			var rows pgx.Rows
+			if rows, err = q.Query(ctx, st.sql, oneShot, st.args); err == nil {
+				err = each(rows)
+			}
+		}
+		if err != nil {
 			return nil, fmt.Errorf("outbox: %s: %w", st.name, err)
 		}
 	}
 	return results, nil
+}
+
+// batchQuerier is a Querier that sends batches: a pool, a connection or a
+// transaction.
+type batchQuerier interface {
+	Querier
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Around a cached step: its plan is the cache's generic plan from the first
+// run (plan_cache_mode force_generic_plan), never one of the five custom
+// plans the cache tries first. A custom plan of T2 knows the batch's size
+// and, with the state compared under collation "C", no estimate of how many
+// items are leased: for 1,000 outcomes it read the whole table and compared
+// every leased item with every outcome (1.3 s, in the stream benchmark).
+// Inside a caller's transaction the setting is saved and restored around
+// the step (set_config, local to the transaction, in one pipeline).
+const (
+	sqlGenericOnly    = `SELECT set_config('tally.saved_plan_cache_mode', current_setting('plan_cache_mode'), true), set_config('plan_cache_mode', 'force_generic_plan', true)`
+	sqlGenericRestore = `SELECT set_config('plan_cache_mode', current_setting('tally.saved_plan_cache_mode'), true)`
+)
+
+// genericTrip runs a cached step with its generic plan in one round trip:
+// in a READ COMMITTED transaction of its own (BEGIN, SET LOCAL, the
+// statement, COMMIT) when ownTx, else between sqlGenericOnly and
+// sqlGenericRestore in the caller's transaction. each reads the
+// statement's rows. A failed statement makes the server skip the rest of
+// the pipeline, COMMIT included; the transaction is then rolled back as
+// claimTrip's is (rollbackLeftOpen), and a caller's transaction is the
+// caller's to end.
+func genericTrip(ctx context.Context, q batchQuerier, ownTx bool, st settleStep, each func(pgx.Rows) error) (err error) {
+	b := &pgx.Batch{}
+	if ownTx {
+		b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+		b.Queue("SET LOCAL plan_cache_mode = force_generic_plan")
+	} else {
+		b.Queue(sqlGenericOnly)
+	}
+	b.Queue(st.sql, st.args)
+	if ownTx {
+		b.Queue("COMMIT")
+	} else {
+		b.Queue(sqlGenericRestore)
+	}
+	br := q.SendBatch(ctx, b)
+	err = readGenericTrip(br, ownTx, each)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil && ownTx {
+		if db, ok := q.(TxBeginner); ok {
+			rollbackLeftOpen(db)
+		}
+	}
+	return err
+}
+
+// readGenericTrip reads the answers of genericTrip's pipeline in order.
+func readGenericTrip(br pgx.BatchResults, ownTx bool, each func(pgx.Rows) error) error {
+	if ownTx {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("beginning: %w", err)
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("choosing the generic plan: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	if err := each(rows); err != nil {
+		return err
+	}
+	if _, err := br.Exec(); err != nil {
+		if ownTx {
+			return fmt.Errorf("committing: %w", err)
+		}
+		return fmt.Errorf("restoring plan_cache_mode: %w", err)
+	}
+	return nil
 }
 
 // countSettled counts every outcome of a batch: a fenced-out one as a stale
