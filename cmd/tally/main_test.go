@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,13 +43,40 @@ func TestMain(m *testing.M) {
 	testdb.Main(m)
 }
 
+// freeAddr returns a loopback address for a process the test starts to
+// listen on. It is free when returned, and its port is outside the
+// kernels' ephemeral ranges (Linux 32768-60999, macOS and Windows
+// 49152-65535): a port the kernel handed out for 127.0.0.1:0 could be
+// handed out again, as the local port of any outgoing connection (the
+// tests open hundreds to Postgres) or another :0 listener, between this
+// check and the process's bind ("address already in use", seen once in
+// CI). Ports are never handed out twice by one test binary.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 1000 {
+		port := 20000 + rand.IntN(10000)
+		if portsGiven[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		addr := l.Addr().String()
+		require.NoError(t, l.Close())
+		portsGiven[port] = true
+		return addr
+	}
+	t.Fatal("no free port in 20000-29999")
+	return ""
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 func get(url string) (int, string) {
 	resp, err := http.Get(url)
