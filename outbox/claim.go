@@ -358,6 +358,9 @@ func (s *Store) Claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 }
 
 func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]Lease, error) {
+	if err := refuseOpenTx(db); err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
 	if opts.Owner == "" {
 		return nil, errors.New("outbox: claim needs an owner")
 	}
@@ -548,6 +551,22 @@ func readClaimTrip(br pgx.BatchResults) ([]Lease, error) {
 		return nil, fmt.Errorf("committing: %w", err)
 	}
 	return leases, nil
+}
+
+// errOpenTx is refuseOpenTx's answer.
+var errOpenTx = errors.New("the connection is inside a transaction: Claim and Record run transactions of their own, which would commit the caller's (pass a pool or an idle connection)")
+
+// refuseOpenTx refuses a connection (*pgx.Conn) that is inside a
+// transaction: the BEGIN of a claim or a batch of outcomes would only draw
+// a warning from the server, and its COMMIT would commit the caller's
+// transaction, with whatever the caller meant to roll back. A pool hands
+// out idle connections only.
+func refuseOpenTx(db TxBeginner) error {
+	c, ok := db.(interface{ PgConn() *pgconn.PgConn })
+	if ok && !c.PgConn().IsClosed() && c.PgConn().TxStatus() != 'I' {
+		return errOpenTx
+	}
+	return nil
 }
 
 // rollbackLeftOpen ends the transaction a failed claimTrip left open on a

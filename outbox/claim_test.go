@@ -414,3 +414,39 @@ func TestAcceptInItsOwnPipelineLeavesTheSessionAsItWas(t *testing.T) {
 	// after the accept in that transaction, which keep their own plans.
 	require.Equal(t, "force_custom_plan", mode())
 }
+
+// Claim and Record run transactions of their own. On a connection inside
+// a caller's transaction, their BEGIN would only draw a warning and their
+// COMMIT commit the caller's work; they refuse instead, and change nothing.
+func TestClaimAndRecordRefuseAConnectionInsideATransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ids := b.enqueue(t, keyed(1, 0), keyed(2, 1))
+	leases := b.claim(t, outbox.ClaimOptions{Owner: "w", Limit: 1})
+	require.Len(t, leases, 1)
+	conn, err := pgx.Connect(b.ctx, testdb.URLOf(t, b.pool))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+
+	tx, err := conn.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, `CREATE TEMP TABLE callers_work (x int)`)
+	require.NoError(t, err)
+	for _, policy := range []outbox.Policy{outbox.PerKey, outbox.BestEffort} {
+		got, err := b.store.Claim(b.ctx, conn, outbox.ClaimOptions{Owner: "w", Limit: 10, Policy: policy})
+		require.ErrorContains(t, err, "inside a transaction", policy.String())
+		require.Empty(t, got)
+	}
+	_, err = b.store.Record(b.ctx, conn, []outbox.Outcome{{Lease: leases[0], Kind: outbox.Accepted, ProviderRef: "r"}})
+	require.ErrorContains(t, err, "inside a transaction")
+	require.Equal(t, byte('T'), conn.PgConn().TxStatus(), "the caller's transaction is still open")
+	require.NoError(t, tx.Rollback(b.ctx))
+
+	var tables int
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM pg_tables WHERE tablename = 'callers_work'`).Scan(&tables))
+	require.Zero(t, tables, "the caller's work was rolled back, not committed")
+	require.Equal(t, outbox.StateLeased, b.get(t, ids[0]).State)
+	require.Equal(t, outbox.StatePending, b.get(t, ids[1]).State)
+	_, err = b.store.Record(b.ctx, conn, []outbox.Outcome{{Lease: leases[0], Kind: outbox.Accepted, ProviderRef: "r"}})
+	require.NoError(t, err, "an idle connection is fine")
+}

@@ -170,6 +170,9 @@ func (s *Store) Record(ctx context.Context, db TxBeginner, outcomes []Outcome) (
 // recordBatch checks and sorts a batch of outcomes, runs the statement of
 // each transition present, and counts where every outcome landed.
 func (s *Store) recordBatch(ctx context.Context, db TxBeginner, outcomes []Outcome) ([]Result, error) {
+	if err := refuseOpenTx(db); err != nil {
+		return nil, fmt.Errorf("outbox: record: %w", err)
+	}
 	steps, err := s.settleSteps(outcomes)
 	if err != nil || len(steps) == 0 {
 		return nil, err
