@@ -29,9 +29,10 @@ import (
 // T2, the statement of every accepted send, is a cached statement run with
 // its generic plan (genericTrip), planned once per connection for any
 // batch: its rows are found only by primary key, one probe per outcome (a
-// nested loop over unnest()), whatever the statistics say. It names no id array beside the join (o.id =
-// ANY(@ids) made the plan read the items first and compare each with
-// every outcome: 999,000 comparisons for 1,000), and it compares the state
+// nested loop over unnest()), whatever the statistics say. It names no id
+// array beside the join (o.id = ANY(@ids) made the plan read the items
+// first and compare each with every outcome: 999,000 comparisons for
+// 1,000), and it compares the state
 // under collation "C", which no partial index's predicate uses, so no plan
 // can read the leased items from a partial index instead: those indexes
 // keep the entries of every lease since the last vacuum, and a plan that
@@ -138,11 +139,12 @@ log AS (
 SELECT id, state, coalesce(quarantine_reason, '') FROM t`
 )
 
-// oneShot runs a batch statement (but T2's: sqlAccept) as an unnamed statement, planned for the
-// arrays it is given: a cached prepared statement would switch to a generic
-// plan after five runs, and the generic plan of these joins over unnest()
-// scans a partial index's every entry — dead ones too — growing with every
-// batch (measured: 67 ms per 1,000 accepts planned for the batch, 220 ms
+// oneShot runs a batch statement (T3's and T4-T6's; T2 has genericTrip) as
+// an unnamed statement, planned for the arrays it is given: a cached
+// prepared statement would switch to a generic plan after five runs, and
+// the generic plan of these joins over unnest() scanned a partial index's
+// every entry — dead ones too — growing with every batch (measured, on
+// T2 as it was then: 67 ms per 1,000 accepts planned for the batch, 220 ms
 // with the generic plan after a few thousand).
 const oneShot = pgx.QueryExecModeExec
 
