@@ -306,8 +306,10 @@ WITH picked AS (
 // of the key, never pick a later one. A claimer whose snapshot missed a
 // key's lease committed by another may still pick an item of that key, and
 // its lease then fails on migration 24's unique index (a unique violation:
-// the claim is retried). The due items are locked in a subquery, at most
-// @scan of them, and tested after: tested first, each row a concurrent
+// the claim is retried). The expired leases and the due items are each
+// locked in a subquery, at most @scan of them, and tested after (the
+// expired ones found by the range scan of leased_expiry: migration 25
+// keeps the planner from reading the leased_key index whole instead): tested first, each row a concurrent
 // claimer holds was probed twice before it was skipped (four claimers of
 // 100: 0.62-0.79x BestEffort's items a second in six rounds, against
 // 0.64-1.14x, median 0.94x, in nine rounds after); a key's later items
@@ -323,13 +325,14 @@ var sqlClaimPerKeyOne = fmt.Sprintf(`
 WITH picked AS (
     SELECT id, state AS prev_state, lease_token AS prev_token, lease_owner AS prev_owner, leased_at AS prev_leased_at
     FROM (
-        SELECT * FROM (
-            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM outbox_item_states o
+        SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM (
+            SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at, o.ordering_key, o.lease_expires_at
+            FROM outbox_item_states o
             WHERE `+leaseExpired+` AND `+withinBudget+`
-              AND NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased' AND l.ordering_key = o.ordering_key
-                              AND l.id <> o.id AND (l.lease_expires_at >= clock_timestamp() OR l.per_key_lease
-                                                    OR (l.lease_expires_at, l.id) < (o.lease_expires_at, o.id)))
-            ORDER BY o.lease_expires_at, o.id LIMIT @limit FOR UPDATE SKIP LOCKED) expired
+            ORDER BY o.lease_expires_at, o.id LIMIT @scan FOR UPDATE SKIP LOCKED) o
+        WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased' AND l.ordering_key = o.ordering_key
+                          AND l.id <> o.id AND (l.lease_expires_at >= clock_timestamp() OR l.per_key_lease
+                                                OR (l.lease_expires_at, l.id) < (o.lease_expires_at, o.id)))
         UNION ALL
         SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM (
             SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at, o.ordering_key, o.next_attempt_at

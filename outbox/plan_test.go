@@ -1,0 +1,100 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/testkit/testdb"
+)
+
+// TestClaimNeverReadsTheLeasedKeyIndexWhole keeps migration 25's point: the
+// "oldest expired leases" half of a claim must find them by the range scan
+// of leased_expiry, not by reading every entry of leased_key (a heap fetch
+// of every leased item on every claim), which the planner chose when its
+// statistics held one leased row — the table analysed while nothing was
+// leased, as it usually is. With leased_key's predicate requiring a key,
+// only a probe of one key can use it. It fails on migration 24's schema.
+func TestClaimNeverReadsTheLeasedKeyIndexWhole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	store, err := New(Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2000 {
+		it := NewItem{
+			Identity: Identity{TenantKey: "acme", SubjectKind: SubjectUsageEvent, SubjectRef: fmt.Sprintf("event:calls:e%d", i),
+				Exporter: "stripe_meter_events", DestinationAccount: "acct_123", Mode: ModeTest, MappingVersion: 1},
+			Payload: Payload{Customer: fmt.Sprintf("cus_%d", i), EventName: "calls", Value: 1, Timestamp: 1796000000,
+				Feature: "calls", Period: "2026-11-01T00:00:00Z"},
+		}
+		if _, err := store.Enqueue(ctx, tx, it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_states"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for range 4 { // 400 live leases, none expired
+		if _, err := store.Claim(ctx, conn.Conn(), ClaimOptions{Owner: "plan", Limit: 100, Policy: PerKey, Lease: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	args := pgx.NamedArgs{"owner": "plan", "limit": 100, "scan": 400, "lease": time.Hour, "max": DefaultMaxAttempts,
+		"horizon": DefaultHorizon, "accept_past": 24 * time.Hour, "accept_future": time.Hour}
+	for _, c := range []struct {
+		name, sql string
+		perKey    bool
+	}{
+		{"BestEffort", sqlClaimBestEffort, false},
+		{"PerKey, first try", sqlClaimPerKeyOne, true},
+	} {
+		args["per_key"] = c.perKey
+		// EXPLAIN without ANALYZE plans the statement and runs nothing.
+		var plan []map[string]any
+		if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+c.sql, args).Scan(&plan); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		for _, n := range planNodes(plan[0]["Plan"]) {
+			if n["Index Name"] == "outbox_item_states_leased_key" && n["Index Cond"] == nil {
+				b, _ := json.Marshal(n)
+				t.Errorf("%s: the plan reads leased_key whole: %s", c.name, b)
+			}
+		}
+	}
+}
+
+// planNodes returns a plan node of EXPLAIN (FORMAT JSON) and every node
+// under it.
+func planNodes(n any) []map[string]any {
+	m, ok := n.(map[string]any)
+	if !ok {
+		return nil
+	}
+	out := []map[string]any{m}
+	if subs, ok := m["Plans"].([]any); ok {
+		for _, s := range subs {
+			out = append(out, planNodes(s)...)
+		}
+	}
+	return out
+}
