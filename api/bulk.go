@@ -21,6 +21,10 @@ type bulkRequeueRequest struct {
 	// when absent.
 	Limit  *int `json:"limit"`
 	DryRun bool `json:"dry_run"`
+	// AcceptPeriodClosed sends the matching items whose billing period's
+	// invoice has closed, knowingly; without it they are refused
+	// period_closed.
+	AcceptPeriodClosed bool `json:"accept_period_closed"`
 }
 
 // requeueMatching is POST /v1/quarantine/requeue: every quarantined item
@@ -41,7 +45,8 @@ func (h *handlers) requeueMatching(w http.ResponseWriter, r *http.Request) {
 	if !validFilter(w, f) {
 		return
 	}
-	req := quarantine.BulkRequest{Filter: f, After: in.After, DryRun: in.DryRun, By: by(r)}
+	req := quarantine.BulkRequest{Filter: f, After: in.After, DryRun: in.DryRun, By: by(r),
+		Options: quarantine.RequeueOptions{AcceptPeriodClosed: in.AcceptPeriodClosed}}
 	if in.Limit != nil {
 		if *in.Limit < 1 || *in.Limit > quarantine.MaxBulkLimit {
 			WriteError(w, http.StatusBadRequest, "invalid_limit", fmt.Sprintf("limit must be 1 to %d", quarantine.MaxBulkLimit))

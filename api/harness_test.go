@@ -53,7 +53,10 @@ type harness struct {
 // for.
 func testTarget(context.Context) (meter.Target, bool) {
 	return meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
-		AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute}, true
+		AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute,
+		// The tests' usage is dated in periods whose invoices may have
+		// closed: sent, marked late (late usage has its own tests).
+		InvoiceGrace: meter.DefaultInvoiceGrace, LateUsage: meter.LateSend}, true
 }
 
 // newHarness builds the parts from a configuration read the way the binary
@@ -370,6 +373,7 @@ type completenessLine struct {
 	Uncertain         bucket `json:"uncertain"`
 	Rejected          bucket `json:"rejected"`
 	Unstaged          bucket `json:"unstaged"`
+	PeriodClosed      bucket `json:"period_closed"`
 	InconsistentItems int64  `json:"inconsistent_items"`
 	Discrepancies     int64  `json:"discrepancies"`
 	Holds             bool   `json:"holds"`

@@ -333,7 +333,8 @@ func TestOpenAPIEnumsAndLimitsAreTheCode(t *testing.T) {
 	// not_found is a 404) and those a bulk requeue's answer names.
 	refusals := []string{quarantine.RefusalNotFound, quarantine.RefusalMappingChanged, quarantine.RefusalNotQuarantined,
 		quarantine.RefusalStillIneligible, quarantine.RefusalMayHaveReached, quarantine.RefusalNotSendable,
-		quarantine.RefusalAggregationChanged, quarantine.RefusalExportStalled, quarantine.RefusalSuccessorExists}
+		quarantine.RefusalAggregationChanged, quarantine.RefusalExportStalled, quarantine.RefusalSuccessorExists,
+		quarantine.RefusalPeriodClosed}
 	codes, _ := pointer(doc, "#/paths/~1v1~1outbox~1items~1{id}~1requeue/post/responses/409/x-error-codes")
 	require.ElementsMatch(t, of(len(refusals)-1, func(i int) any { return refusals[i+1] }), codes)
 	desc, _ := pointer(doc, "#/components/schemas/BulkRequeueItem/properties/refusal/description")

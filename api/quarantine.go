@@ -233,6 +233,9 @@ func (h *handlers) requeue(w http.ResponseWriter, r *http.Request) {
 	}
 	var in struct {
 		MappingVersion *int `json:"mapping_version"`
+		// AcceptPeriodClosed sends usage whose billing period's invoice
+		// has closed, knowingly (quarantine.RequeueOptions).
+		AcceptPeriodClosed bool `json:"accept_period_closed"`
 	}
 	if !decodeJSON(w, r, &in) {
 		return
@@ -241,7 +244,8 @@ func (h *handlers) requeue(w http.ResponseWriter, r *http.Request) {
 		writeProblems(w, "invalid_request", "mapping_version is required", []mappings.FieldError{{Field: "mapping_version", Reason: "required"}})
 		return
 	}
-	res, err := h.Requeuer.Requeue(r.Context(), h.Pool, id, *in.MappingVersion, by(r))
+	res, err := h.Requeuer.RequeueWith(r.Context(), h.Pool, id, *in.MappingVersion, by(r),
+		quarantine.RequeueOptions{AcceptPeriodClosed: in.AcceptPeriodClosed})
 	if err != nil {
 		h.requeueError(w, r, err)
 		return
@@ -254,8 +258,11 @@ func (h *handlers) requeueError(w http.ResponseWriter, r *http.Request, err erro
 		mc *quarantine.MappingChangedError
 		se *outbox.StateError
 		ie *quarantine.StillIneligibleError
+		pc *quarantine.PeriodClosedError
 	)
 	switch {
+	case errors.As(err, &pc):
+		WriteError(w, http.StatusConflict, "period_closed", pc.Error()[len("quarantine: "):])
 	case errors.Is(err, outbox.ErrNotFound):
 		WriteError(w, http.StatusNotFound, "not_found", "no such item")
 	case errors.As(err, &mc):

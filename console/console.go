@@ -342,6 +342,7 @@ var flashes = map[string]flash{
 	"run_queued":       {Text: "Reconcile run queued."},
 	"mapping_changed":  {Text: "Not requeued: the mapping changed since the page was drawn; look again.", Error: true},
 	"still_ineligible": {Text: "Not requeued: the item would be quarantined again; fix its cause first.", Error: true},
+	"period_closed":    {Text: "Not requeued: the item's billing period's invoice has closed, so Stripe would bill it on no invoice. To send it anyway, tick 'its invoice has closed: send it knowingly' and requeue again.", Error: true},
 	"may_have_reached": {Text: "Not re-addressed: an attempt may have reached Stripe; it keeps its identifier (see recovery).", Error: true},
 	"not_quarantined":  {Text: "Not requeued: the item is no longer quarantined.", Error: true},
 	"requeue_refused":  {Text: "Not requeued: the outbox refused it; see the item's page.", Error: true},

@@ -103,6 +103,16 @@ func (c *Console) putFeature(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) putTenant(w http.ResponseWriter, r *http.Request) {
 	in := mappings.TenantInput{StripeCustomerID: strings.TrimSpace(r.PostFormValue("customer"))}
+	// An empty invoice grace is the node's default (TALLY_INVOICE_GRACE).
+	if s := strings.TrimSpace(r.PostFormValue("invoice_grace")); s != "" {
+		g, err := time.ParseDuration(s)
+		if err != nil {
+			c.mappingResult(w, r, &mappings.ValidationError{Fields: []mappings.FieldError{
+				{Field: "invoice_grace", Reason: "a Go duration from 0s to 72h in whole seconds, e.g. 1h, 90m, 72h"}}}, "")
+			return
+		}
+		in.InvoiceGrace = &g
+	}
 	_, _, err := c.Mappings.PutTenant(r.Context(), c.pool, strings.TrimSpace(r.PostFormValue("tenant")), in, actor(r))
 	c.mappingResult(w, r, err, "tenant_saved")
 }

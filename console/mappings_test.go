@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -133,4 +134,62 @@ func TestMappingsPageSaysMappingsAreUncheckedWithoutAKey(t *testing.T) {
 	require.Equal(t, "refused invalid_mapping", postMapping(t, client, to, url.Values{"csrf": {csrf}, "tenant": {"acme"}, "customer": {"acct_1"}}))
 	require.Equal(t, "saved tenant_saved", postMapping(t, client, to, url.Values{"csrf": {csrf}, "tenant": {"acme"}, "customer": {"cus_typo"}}))
 	require.Contains(t, page(), "cus_typo calendar months ("+mappings.UncheckedReason+")", "the history shows it was not checked")
+}
+
+// The tenants table shows each tenant's invoice grace ("node default"
+// when its mapping names none), and the tenant form sets it: empty is the
+// node's default; no duration, or one Stripe does not allow, is refused
+// on the page with the API's code, and nothing is saved.
+func TestMappingsPageShowsTheTenantsInvoiceGrace(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar}
+	resp, err := postSignIn(client, s.url, s.token(t, "olive", auth.RoleOperator))
+	require.NoError(t, err)
+	resp.Body.Close()
+	page := func() string {
+		t.Helper()
+		resp, err := client.Get(s.url + "/console/mappings")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return string(b)
+	}
+	p := page()
+	csrf := csrfPattern.FindStringSubmatch(p)[1]
+	form := p[strings.Index(p, `data-testid="tenant-form"`):]
+	form = form[:strings.Index(form, "</form>")]
+	require.Contains(t, form, `<input name="invoice_grace" placeholder="node default"`)
+	graceOf := func(page, tenant string) string {
+		t.Helper()
+		m := regexp.MustCompile(`<tr data-testid="tenant-` + tenant + `">.*?<td data-testid="invoice-grace">([^<]*)</td>`).FindStringSubmatch(page)
+		require.NotNil(t, m, "tenant %s in the table", tenant)
+		return m[1]
+	}
+	require.Equal(t, "node default", graceOf(p, "beta"))
+
+	to := s.url + "/console/mappings/tenants"
+	save := func(tenant, grace string) string {
+		t.Helper()
+		return postMapping(t, client, to, url.Values{"csrf": {csrf}, "tenant": {tenant}, "customer": {"cus_" + tenant}, "invoice_grace": {grace}})
+	}
+	require.Equal(t, "saved tenant_saved", save("acme", " 90m "))
+	require.Equal(t, "saved tenant_saved", save("zeta", ""))
+	p = page()
+	require.Equal(t, "1h30m0s", graceOf(p, "acme"))
+	require.Equal(t, "node default", graceOf(p, "zeta"))
+	require.Equal(t, "node default", graceOf(p, "beta"))
+	require.Contains(t, p, "cus_acme calendar months grace 1h30m0s", "the history shows it")
+
+	for _, bad := range []string{"soon", "73h", "-1h", "1.5s"} {
+		require.Equal(t, "refused invalid_mapping", save("acme", bad), bad)
+	}
+	tn, err := s.env.Maps.GetTenant(s.env.Ctx, s.env.Pool, "acme")
+	require.NoError(t, err)
+	require.NotNil(t, tn.InvoiceGrace)
+	require.Equal(t, 90*time.Minute, *tn.InvoiceGrace, "nothing refused was saved")
+	require.Equal(t, "1h30m0s", graceOf(page(), "acme"))
 }

@@ -121,7 +121,8 @@ func (c *Console) requeueMatching(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the filters or the page are malformed: reload the quarantine page and try again", http.StatusBadRequest)
 		return
 	}
-	res, err := c.Requeuer.RequeueMatching(r.Context(), c.pool, quarantine.BulkRequest{Filter: f, After: after, By: actor(r)})
+	res, err := c.Requeuer.RequeueMatching(r.Context(), c.pool, quarantine.BulkRequest{Filter: f, After: after, By: actor(r),
+		Options: quarantine.RequeueOptions{AcceptPeriodClosed: r.PostFormValue("accept_period_closed") == "1"}})
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -191,15 +192,19 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "an item id and a mapping version are required", http.StatusBadRequest)
 		return
 	}
-	res, err := c.Requeuer.Requeue(r.Context(), c.pool, id, version, actor(r))
+	res, err := c.Requeuer.RequeueWith(r.Context(), c.pool, id, version, actor(r),
+		quarantine.RequeueOptions{AcceptPeriodClosed: r.PostFormValue("accept_period_closed") == "1"})
 	var (
 		mc *quarantine.MappingChangedError
 		ie *quarantine.StillIneligibleError
+		pc *quarantine.PeriodClosedError
 		se *outbox.StateError
 	)
 	switch {
 	case errors.Is(err, outbox.ErrNotFound):
 		http.NotFound(w, r)
+	case errors.As(err, &pc):
+		back(w, r, "/console/quarantine", "period_closed")
 	case err == nil && res.Action == quarantine.ActionReaddressed:
 		back(w, r, "/console/quarantine", "readdressed")
 	case err == nil:

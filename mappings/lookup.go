@@ -51,7 +51,7 @@ func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]b
 		SELECT u.t, u.f,
 		       f.event_name, f.aggregation, f.window_seconds, f.exporter, f.customer_payload_key, f.value_payload_key,
 		       f.version, f.updated_at, f.updated_by,
-		       t.stripe_customer_id, t.period_anchor, t.version, t.updated_at, t.updated_by
+		       t.stripe_customer_id, t.period_anchor, t.invoice_grace, t.version, t.updated_at, t.updated_by
 		FROM unnest($1::text[], $2::text[]) AS u(t, f)
 		LEFT JOIN feature_mappings f ON f.feature = u.f
 		LEFT JOIN tenant_mappings t ON t.tenant = u.t`, tenants, features)
@@ -64,9 +64,10 @@ func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]b
 		cust, fby, tby       *string
 		window, fv, tv       *int
 		anchor, fat, tat     *time.Time
+		grace                *time.Duration
 	)
 	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &ev, &agg, &window, &exp, &ck, &vk, &fv, &fat, &fby,
-		&cust, &anchor, &tv, &tat, &tby}, func() error {
+		&cust, &anchor, &grace, &tv, &tat, &tby}, func() error {
 		var p Pair
 		if fv != nil {
 			p.Feature = &Feature{Feature: feature, EventName: *ev, Aggregation: Aggregation(*agg),
@@ -78,6 +79,11 @@ func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]b
 			if anchor != nil {
 				a := anchor.UTC()
 				p.Tenant.PeriodAnchor = &a
+			}
+			if grace != nil {
+				// A copy of its own, whatever the next row's scan does with grace.
+				g := *grace
+				p.Tenant.InvoiceGrace = &g
 			}
 		}
 		out[[2]string{tenant, feature}] = p

@@ -2,6 +2,7 @@ package mappings
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -11,22 +12,100 @@ import (
 	"github.com/tallymeter/tally/internal/audit"
 )
 
+// MaxInvoiceGrace is the longest invoice finalization grace period Stripe
+// lets an account set (https://docs.stripe.com/billing/subscriptions/usage-based/configure-grace-period),
+// and so the longest a tenant mapping may name; the CHECK of migration 26
+// holds the database to it too.
+const MaxInvoiceGrace = 72 * time.Hour
+
 // Tenant is the current (or a past) mapping of a tenant.
+//
+// In JSON, InvoiceGrace is "invoice_grace": Go's duration text ("2h0m0s"),
+// absent when nil. Tenant marshals itself for that (MarshalJSON): a struct
+// that embeds a Tenant and adds fields of its own must marshal itself too,
+// or the promoted MarshalJSON writes the Tenant alone.
 type Tenant struct {
 	Tenant           string     `json:"tenant"`
 	StripeCustomerID string     `json:"stripe_customer_id"`
 	PeriodAnchor     *time.Time `json:"period_anchor,omitempty"`
-	Version          int        `json:"mapping_version"`
-	UpdatedAt        time.Time  `json:"updated_at"`
-	UpdatedBy        string     `json:"updated_by"`
+	// InvoiceGrace is how long after a billing period ends Stripe finalizes
+	// the tenant's invoice; nil is the node's TALLY_INVOICE_GRACE.
+	InvoiceGrace *time.Duration `json:"-"`
+	Version      int            `json:"mapping_version"`
+	UpdatedAt    time.Time      `json:"updated_at"`
+	UpdatedBy    string         `json:"updated_by"`
 }
 
-// TenantInput is what an operator sets for a tenant.
+// tenantFields is Tenant without its methods: what its JSON methods encode
+// besides invoice_grace.
+type tenantFields Tenant
+
+// MarshalJSON writes the mapping with its invoice_grace as Go's duration
+// text, left out when nil.
+func (t Tenant) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		tenantFields
+		InvoiceGrace *Duration `json:"invoice_grace,omitempty"`
+	}{tenantFields(t), (*Duration)(t.InvoiceGrace)})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes; an invoice_grace of null is
+// nil.
+func (t *Tenant) UnmarshalJSON(b []byte) error {
+	v := struct {
+		*tenantFields
+		InvoiceGrace *Duration `json:"invoice_grace"`
+	}{(*tenantFields)(t), (*Duration)(t.InvoiceGrace)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	t.InvoiceGrace = (*time.Duration)(v.InvoiceGrace)
+	return nil
+}
+
+// TenantInput is what an operator sets for a tenant. In JSON, InvoiceGrace
+// is "invoice_grace" as Tenant's.
 type TenantInput struct {
 	StripeCustomerID string `json:"stripe_customer_id"`
 	// PeriodAnchor starts the tenant's monthly billing periods; nil means
 	// calendar months UTC.
 	PeriodAnchor *time.Time `json:"period_anchor"`
+	// InvoiceGrace is the tenant's invoice finalization grace period, from
+	// 0 to MaxInvoiceGrace in whole seconds; nil means the node's
+	// TALLY_INVOICE_GRACE.
+	InvoiceGrace *time.Duration `json:"-"`
+}
+
+// tenantInputFields is TenantInput without its methods.
+type tenantInputFields TenantInput
+
+// MarshalJSON writes the input with its invoice_grace as Go's duration
+// text, null when nil.
+func (in TenantInput) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		tenantInputFields
+		InvoiceGrace *Duration `json:"invoice_grace"`
+	}{tenantInputFields(in), (*Duration)(in.InvoiceGrace)})
+}
+
+// UnmarshalJSON reads an invoice_grace of Go's duration text ("2h", "90m");
+// null or absent is nil.
+func (in *TenantInput) UnmarshalJSON(b []byte) error {
+	v := struct {
+		*tenantInputFields
+		InvoiceGrace *Duration `json:"invoice_grace"`
+	}{(*tenantInputFields)(in), (*Duration)(in.InvoiceGrace)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	in.InvoiceGrace = (*time.Duration)(v.InvoiceGrace)
+	return nil
+}
+
+// ValidInvoiceGrace reports whether a tenant mapping may name g as its
+// invoice grace: from 0 to MaxInvoiceGrace, in whole seconds.
+func ValidInvoiceGrace(g time.Duration) bool {
+	return g >= 0 && g <= MaxInvoiceGrace && g%time.Second == 0
 }
 
 func (in *TenantInput) validate(tenant string) error {
@@ -41,17 +120,24 @@ func (in *TenantInput) validate(tenant string) error {
 		a := in.PeriodAnchor.UTC().Truncate(time.Second)
 		in.PeriodAnchor = &a
 	}
+	if in.InvoiceGrace != nil && !ValidInvoiceGrace(*in.InvoiceGrace) {
+		fe = append(fe, FieldError{"invoice_grace", "a duration from 0s to 72h (Stripe's largest finalization grace period), in whole seconds"})
+	}
 	if len(fe) > 0 {
 		return &ValidationError{Fields: fe}
 	}
 	return nil
 }
 
-const tenantColumns = `tenant, stripe_customer_id, period_anchor, version, updated_at, updated_by`
+const tenantColumns = `tenant, stripe_customer_id, period_anchor, invoice_grace, version, updated_at, updated_by`
 
+// scanTenant reads a row of tenantColumns (or the same columns of
+// tenant_mapping_versions). pgx reads an interval into a time.Duration
+// counting a day as 24 hours (and a month as 30 days, which the CHECK of
+// invoice_grace rules out), and NULL as nil.
 func scanTenant(row pgx.Row) (Tenant, error) {
 	var t Tenant
-	if err := row.Scan(&t.Tenant, &t.StripeCustomerID, &t.PeriodAnchor, &t.Version, &t.UpdatedAt, &t.UpdatedBy); err != nil {
+	if err := row.Scan(&t.Tenant, &t.StripeCustomerID, &t.PeriodAnchor, &t.InvoiceGrace, &t.Version, &t.UpdatedAt, &t.UpdatedBy); err != nil {
 		return Tenant{}, err
 	}
 	if t.PeriodAnchor != nil {
@@ -66,6 +152,13 @@ func sameAnchor(a, b *time.Time) bool {
 		return a == nil && b == nil
 	}
 	return a.Equal(*b)
+}
+
+func sameGrace(a, b *time.Duration) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return *a == *b
 }
 
 // PutTenant sets a tenant's mapping, like PutFeature. With a Checker, the
@@ -84,7 +177,8 @@ func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in 
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		cur, err := scanTenant(tx.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1 FOR UPDATE", tenant))
 		switch {
-		case err == nil && cur.StripeCustomerID == in.StripeCustomerID && sameAnchor(cur.PeriodAnchor, in.PeriodAnchor):
+		case err == nil && cur.StripeCustomerID == in.StripeCustomerID && sameAnchor(cur.PeriodAnchor, in.PeriodAnchor) &&
+			sameGrace(cur.InvoiceGrace, in.InvoiceGrace):
 			t = cur
 			return nil
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
@@ -98,16 +192,16 @@ func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in 
 		t, err = scanTenant(tx.QueryRow(ctx, `
 			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
 			hist AS (
-				INSERT INTO tenant_mapping_versions (version, tenant, stripe_customer_id, period_anchor, changed_by)
-				SELECT version, $1, $2, $3, $4 FROM v
+				INSERT INTO tenant_mapping_versions (version, tenant, stripe_customer_id, period_anchor, invoice_grace, changed_by)
+				SELECT version, $1, $2, $3, $5::interval, $4 FROM v
 			)
-			INSERT INTO tenant_mappings (tenant, stripe_customer_id, period_anchor, version, updated_by)
-			SELECT $1, $2, $3, version, $4 FROM v
+			INSERT INTO tenant_mappings (tenant, stripe_customer_id, period_anchor, invoice_grace, version, updated_by)
+			SELECT $1, $2, $3, $5::interval, version, $4 FROM v
 			ON CONFLICT (tenant) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id,
-				period_anchor = EXCLUDED.period_anchor, version = EXCLUDED.version,
+				period_anchor = EXCLUDED.period_anchor, invoice_grace = EXCLUDED.invoice_grace, version = EXCLUDED.version,
 				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
 			RETURNING `+tenantColumns,
-			tenant, in.StripeCustomerID, in.PeriodAnchor, by))
+			tenant, in.StripeCustomerID, in.PeriodAnchor, by, in.InvoiceGrace))
 		if err != nil {
 			return err
 		}
@@ -120,13 +214,18 @@ func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in 
 	return t, changed, nil
 }
 
-// tenantState is a tenant mapping as the audit log shows it.
+// tenantState is a tenant mapping as the audit log shows it; the invoice
+// grace only when the mapping names one ("… grace 2h0m0s").
 func tenantState(t Tenant) string {
 	anchor := "calendar months"
 	if t.PeriodAnchor != nil {
 		anchor = "anchor " + t.PeriodAnchor.Format(time.RFC3339)
 	}
-	return fmt.Sprintf("v%d %s %s", t.Version, t.StripeCustomerID, anchor)
+	s := fmt.Sprintf("v%d %s %s", t.Version, t.StripeCustomerID, anchor)
+	if t.InvoiceGrace != nil {
+		s += " grace " + t.InvoiceGrace.String()
+	}
+	return s
 }
 
 // GetTenant reads a tenant's current mapping.
@@ -149,7 +248,7 @@ func (s *Store) Tenants(ctx context.Context, q Querier) ([]Tenant, error) {
 
 // TenantHistory lists every version of a tenant's mapping, oldest first.
 func (s *Store) TenantHistory(ctx context.Context, q Querier, tenant string) ([]Tenant, error) {
-	rows, err := q.Query(ctx, `SELECT tenant, stripe_customer_id, period_anchor, version, changed_at, changed_by
+	rows, err := q.Query(ctx, `SELECT tenant, stripe_customer_id, period_anchor, invoice_grace, version, changed_at, changed_by
 		FROM tenant_mapping_versions WHERE tenant = $1 ORDER BY version`, tenant)
 	if err != nil {
 		return nil, err

@@ -292,8 +292,9 @@ func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Eve
 // next pass: a batch of 10,000 makes 10,000) or of a per-event feature, and one per window of a windowed feature, when
 // the item would be quarantined, by the stager's own rule (ineligibility:
 // a missing feature or tenant mapping, no account, a count value other
-// than 1, a value past the provider's digits) or a timestamp outside what
-// the provider takes (timestampsOutside, by the database clock). Items a mapping made within the
+// than 1, a value past the provider's digits), a timestamp outside what
+// the provider takes or, under LateQuarantine, a billing period whose
+// invoice has closed (checkStamps, by the database clock). Items a mapping made within the
 // wait would spare count too. Without a destination (export stalled) only
 // the missing mappings count: the rest depends on the destination.
 func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow, maps map[[2]string]mappings.Pair) error {
@@ -315,7 +316,7 @@ func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event
 	}
 	var (
 		cands  []candidate
-		stamps []time.Time
+		stamps []stampCheck
 		check  []int // indexes into cands of the stamps
 	)
 	for _, i := range unique {
@@ -333,19 +334,18 @@ func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event
 			c.reason = outbox.ReasonNoCustomer
 		}
 		if c.reason == "" && known {
-			stamps, check = append(stamps, c.at), append(check, len(cands))
+			sc := stampCheck{at: c.at, periodEnd: PeriodEnd(c.at, anchorOf(c.pair)), grace: target.graceOf(c.pair)}
+			stamps, check = append(stamps, sc), append(check, len(cands))
 		}
 		cands = append(cands, c)
 	}
 	if len(stamps) > 0 {
-		outside, err := timestampsOutside(ctx, tx, target, stamps)
+		verdicts, err := checkStamps(ctx, tx, target, stamps)
 		if err != nil {
 			return fmt.Errorf("meter: %w", err)
 		}
 		for k, ci := range check {
-			if outside[k] {
-				cands[ci].reason = outbox.ReasonTimestampWindow
-			}
+			cands[ci].reason = verdicts[k].reason(target)
 		}
 	}
 	type windowKey struct {

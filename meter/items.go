@@ -46,7 +46,7 @@ func (s *Stager) item(pair mappings.Pair, target Target, tenant, feature, kind, 
 // staging — no feature or tenant mapping, no account, a per-event item
 // (event) of a count feature whose value is not 1, a value past the
 // provider's digits — or "" when nothing but its timestamp (checked
-// against the database clock, timestampsOutside) can keep it from export.
+// against the database clock, checkStamps) can keep it from export.
 // The stager and the ingest's quarantine cap both ask it.
 func ineligibility(pair mappings.Pair, target Target, event bool, value int64) outbox.Reason {
 	switch {

@@ -78,10 +78,10 @@ func (s *Stager) Rebuild(ctx context.Context, tx pgx.Tx, it outbox.Item, pair ma
 		return outbox.NewItem{}, fmt.Errorf("meter: item %d has no period: %w", it.ID, err)
 	}
 	ni := s.item(pair, target, it.TenantKey, feature, it.SubjectKind, it.SubjectRef, value, last, period)
-	if ni.Quarantine == "" {
-		if ni.Quarantine, err = timestampReason(ctx, tx, target, last); err != nil {
-			return outbox.NewItem{}, err
-		}
+	verdicts, err := checkStamps(ctx, tx, target, []stampCheck{{at: last, periodEnd: PeriodEnd(period, anchorOf(pair)), grace: target.graceOf(pair)}})
+	if err != nil {
+		return outbox.NewItem{}, err
 	}
+	verdicts[0].apply(target, &ni)
 	return ni, nil
 }

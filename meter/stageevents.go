@@ -78,11 +78,11 @@ type stagedEvent struct {
 
 // enqueueEvents makes one item per event and marks each row with its item.
 func (s *Stager) enqueueEvents(ctx context.Context, tx pgx.Tx, target Target, tenant, feature string, pair mappings.Pair, evs []stagedEvent) (PassResult, error) {
-	stamps := make([]time.Time, len(evs))
+	checks := make([]stampCheck, len(evs))
 	for i, e := range evs {
-		stamps[i] = e.at
+		checks[i] = stampCheck{at: e.at, periodEnd: PeriodEnd(e.at, anchorOf(pair)), grace: target.graceOf(pair)}
 	}
-	outside, err := timestampsOutside(ctx, tx, target, stamps)
+	verdicts, err := checkStamps(ctx, tx, target, checks)
 	if err != nil {
 		return PassResult{}, err
 	}
@@ -91,9 +91,7 @@ func (s *Stager) enqueueEvents(ctx context.Context, tx pgx.Tx, target Target, te
 	for i, e := range evs {
 		items[i] = s.item(pair, target, tenant, feature, outbox.SubjectUsageEvent, EventSubjectRef(feature, e.eventID),
 			e.value, e.at, PeriodStart(e.at, anchorOf(pair)))
-		if items[i].Quarantine == "" && outside[i] {
-			items[i].Quarantine = outbox.ReasonTimestampWindow
-		}
+		verdicts[i].apply(target, &items[i])
 		if items[i].Quarantine != "" {
 			res.Quarantined++
 		}

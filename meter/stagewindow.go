@@ -119,13 +119,17 @@ func (s *Stager) enqueueChunks(ctx context.Context, tx pgx.Tx, pair mappings.Pai
 	if err != nil {
 		return PassResult{}, err
 	}
+	checks := make([]stampCheck, len(chunks))
+	for k, c := range chunks {
+		checks[k] = stampCheck{at: c.at, periodEnd: PeriodEnd(w.PeriodStart, anchorOf(pair)), grace: target.graceOf(pair)}
+	}
+	verdicts, err := checkStamps(ctx, tx, target, checks)
+	if err != nil {
+		return PassResult{}, err
+	}
 	for k, c := range chunks {
 		item := s.item(pair, target, tenant, feature, outbox.SubjectUsageWindow, w.SubjectRef(feature, n+k), c.value, c.at, w.PeriodStart)
-		if item.Quarantine == "" {
-			if item.Quarantine, err = timestampReason(ctx, tx, target, c.at); err != nil {
-				return PassResult{}, err
-			}
-		}
+		verdicts[k].apply(target, &item)
 		enq, err := s.Outbox.Enqueue(ctx, tx, item)
 		if err != nil {
 			return PassResult{}, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -34,6 +35,44 @@ type Target struct {
 	// fit; an item whose value still does not fit (one event alone, or a
 	// last value) is quarantined as value_digits, never truncated.
 	MaxValue int64
+	// InvoiceGrace is how long after a billing period ends its invoice
+	// stays open to usage (TALLY_INVOICE_GRACE; Stripe's invoice
+	// finalization grace period, 1 hour by default, at most 72 hours); a
+	// tenant mapping's invoice_grace overrides it. Usage staged later than
+	// that is late: Stripe would record it and bill it on no invoice.
+	InvoiceGrace time.Duration
+	// LateUsage is what staging does with late usage (TALLY_LATE_USAGE):
+	// LateQuarantine quarantines it as period_closed, LateSend sends it.
+	// Either way its payload is marked late and counted.
+	LateUsage LatePolicy
+}
+
+// LatePolicy is what staging does with usage staged after its billing
+// period's invoice closed (TALLY_LATE_USAGE).
+type LatePolicy string
+
+// Late usage policies.
+const (
+	// LateQuarantine quarantines late usage as period_closed, for finance
+	// to look at and requeue knowingly: the default.
+	LateQuarantine LatePolicy = "quarantine"
+	// LateSend sends it: Stripe records it on no invoice unless the
+	// invoice was not finalized after all (a longer grace in Stripe than
+	// Tally was told).
+	LateSend LatePolicy = "send"
+)
+
+// MaxInvoiceGrace is the longest invoice finalization grace period Stripe
+// lets an account set (docs/stripe.md).
+const MaxInvoiceGrace = mappings.MaxInvoiceGrace
+
+// graceOf is the invoice grace of pair's tenant: its mapping's, else the
+// node's.
+func (t Target) graceOf(pair mappings.Pair) time.Duration {
+	if pair.Tenant != nil && pair.Tenant.InvoiceGrace != nil {
+		return *pair.Tenant.InvoiceGrace
+	}
+	return t.InvoiceGrace
 }
 
 // maxValue is the largest magnitude a value may have.
@@ -55,6 +94,10 @@ func (t Target) validate() error {
 		return fmt.Errorf("meter: incomplete staging target (exporter %q, mode %q, accepted past %s, future %s)",
 			t.Exporter, t.Mode, t.AcceptPast, t.AcceptFuture)
 	}
+	if (t.LateUsage != LateQuarantine && t.LateUsage != LateSend) || t.InvoiceGrace < 0 || t.InvoiceGrace > MaxInvoiceGrace {
+		return fmt.Errorf("meter: staging target: late usage policy %q (want quarantine or send), invoice grace %s (want 0 to %s)",
+			t.LateUsage, t.InvoiceGrace, MaxInvoiceGrace)
+	}
 	return nil
 }
 
@@ -74,26 +117,64 @@ func timestampsAhead(ctx context.Context, tx pgx.Tx, target Target, evs []staged
 	return pgx.CollectRows(rows, pgx.RowTo[bool])
 }
 
-// timestampReason is timestamp_window when ts is outside what the provider
-// accepts, by the database clock.
-func timestampReason(ctx context.Context, tx pgx.Tx, target Target, ts time.Time) (outbox.Reason, error) {
-	out, err := timestampsOutside(ctx, tx, target, []time.Time{ts})
-	if err != nil {
-		return "", err
-	}
-	if out[0] {
-		return outbox.ReasonTimestampWindow, nil
-	}
-	return "", nil
+// stampCheck is what staging asks the database clock about one item: its
+// timestamp, and the end of its billing period with the invoice grace
+// after it.
+type stampCheck struct {
+	at, periodEnd time.Time
+	grace         time.Duration
 }
 
-func timestampsOutside(ctx context.Context, tx pgx.Tx, target Target, stamps []time.Time) ([]bool, error) {
+// stampVerdict is the database clock's answer to a stampCheck.
+type stampVerdict struct {
+	// outside: the timestamp is outside what the provider accepts.
+	outside bool
+	// late: the period's invoice has closed (its end plus the grace has
+	// passed).
+	late bool
+}
+
+// reason is the quarantine reason the verdict gives an item with no other
+// one under the target's policy: timestamp_window, period_closed, or "".
+func (v stampVerdict) reason(t Target) outbox.Reason {
+	switch {
+	case v.outside:
+		return outbox.ReasonTimestampWindow
+	case v.late && t.LateUsage == LateQuarantine:
+		return outbox.ReasonPeriodClosed
+	}
+	return ""
+}
+
+// apply marks it late and gives it the verdict's reason if it has none.
+// An item quarantined for another reason is still marked late: fixed and
+// requeued, it is rebuilt and checked again.
+func (v stampVerdict) apply(t Target, it *outbox.NewItem) {
+	it.Payload.Late = v.late && !v.outside
+	if it.Quarantine == "" {
+		it.Quarantine = v.reason(t)
+	}
+}
+
+// checkStamps asks the database clock about each item's times (durations
+// are never compared in Go).
+func checkStamps(ctx context.Context, tx pgx.Tx, target Target, checks []stampCheck) ([]stampVerdict, error) {
+	stamps, ends, graces := make([]time.Time, len(checks)), make([]time.Time, len(checks)), make([]time.Duration, len(checks))
+	for i, c := range checks {
+		stamps[i], ends[i], graces[i] = c.at, c.periodEnd, c.grace
+	}
 	rows, err := tx.Query(ctx, `
-		SELECT ts < clock_timestamp() - @past::interval OR ts > clock_timestamp() + @future::interval
-		FROM unnest(@stamps::timestamptz[]) WITH ORDINALITY AS u(ts, n) ORDER BY n`,
-		pgx.NamedArgs{"past": target.AcceptPast, "future": target.AcceptFuture, "stamps": stamps})
+		SELECT ts < clock_timestamp() - @past::interval OR ts > clock_timestamp() + @future::interval,
+		       pe + g < clock_timestamp()
+		FROM unnest(@stamps::timestamptz[], @ends::timestamptz[], @graces::interval[]) WITH ORDINALITY AS u(ts, pe, g, n)
+		ORDER BY n`,
+		pgx.NamedArgs{"past": target.AcceptPast, "future": target.AcceptFuture, "stamps": stamps, "ends": ends, "graces": graces})
 	if err != nil {
 		return nil, fmt.Errorf("checking timestamps: %w", err)
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[bool])
+	var v stampVerdict
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (stampVerdict, error) {
+		err := r.Scan(&v.outside, &v.late)
+		return v, err
+	})
 }

@@ -141,7 +141,7 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 	}
 	if res.Inserted {
 		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q"}[state], state)
-		s.metrics.enqueued(id.SubjectKind, item.Quarantine)
+		s.metrics.enqueued(id.SubjectKind, item.Quarantine, item.Payload.Late)
 	}
 	return res, nil
 }
@@ -223,7 +223,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 		}
 		out[i] = Enqueued{ID: id, Identifier: identifier, State: state, Inserted: true, SamePayload: true}
 		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q"}[state], state)
-		s.metrics.enqueued(items[i].Identity.SubjectKind, items[i].Quarantine)
+		s.metrics.enqueued(items[i].Identity.SubjectKind, items[i].Quarantine, items[i].Payload.Late)
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("outbox: enqueueing %d items: %w", n, err)

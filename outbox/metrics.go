@@ -11,6 +11,7 @@ type metrics struct {
 	oldest      prometheus.Gauge
 	staged      *prometheus.CounterVec
 	quarantined *prometheus.CounterVec
+	late        prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -35,6 +36,10 @@ func newMetrics() *metrics {
 			Name: "tally_outbox_quarantined_total",
 			Help: "Items quarantined, at staging (T0q), at claim or on Stripe's answer (T6), or on Stripe's asynchronous error report (T10), by reason.",
 		}, []string{"reason"}),
+		late: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_outbox_late_items_total",
+			Help: "Items staged after their billing period's invoice closed (the period's end plus the invoice grace): quarantined period_closed, or sent under TALLY_LATE_USAGE=send, where Stripe records them on no invoice. Counted when the enqueue ran.",
+		}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tally_outbox_oldest_pending_age_seconds",
 			Help: "Age of the oldest item not yet answered (pending or leased), sampled by the maintenance pass.",
@@ -50,7 +55,8 @@ func (m *metrics) zero() *metrics {
 		m.stale.WithLabelValues(t)
 	}
 	for _, r := range []Reason{ReasonFeatureUnmapped, ReasonNoCustomer, ReasonNoAccount, ReasonAccountMismatch,
-		ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound, ReasonCountValue} {
+		ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound, ReasonCountValue,
+		ReasonPeriodClosed} {
 		m.quarantined.WithLabelValues(string(r))
 	}
 	for _, k := range []string{SubjectUsageWindow, SubjectUsageEvent} {
@@ -60,7 +66,7 @@ func (m *metrics) zero() *metrics {
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.stale, m.transitions, m.items, m.oldest, m.staged, m.quarantined} {
+	for _, c := range []prometheus.Collector{m.stale, m.transitions, m.items, m.oldest, m.staged, m.quarantined, m.late} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -75,8 +81,11 @@ func (m *metrics) staleWrites(transition string, n int) {
 }
 
 // enqueued counts a staged item of kind, and its quarantine reason if any.
-func (m *metrics) enqueued(kind string, reason Reason) {
+func (m *metrics) enqueued(kind string, reason Reason, late bool) {
 	m.staged.WithLabelValues(kind).Inc()
+	if late {
+		m.late.Inc()
+	}
 	if reason != "" {
 		m.quarantined.WithLabelValues(string(reason)).Inc()
 	}

@@ -71,13 +71,19 @@ const (
 	// (or an error report code) Tally does not recognise. A human looks
 	// before anything is decided: a mapping fix may cure it.
 	ReasonProviderRefused Reason = "provider_refused"
+	// ReasonPeriodClosed: staged after its billing period's invoice closed
+	// (the period's end plus the invoice grace, TALLY_INVOICE_GRACE or the
+	// tenant's): Stripe would record the usage and bill it on no invoice.
+	// Decided at staging under TALLY_LATE_USAGE=quarantine (the default);
+	// finance may requeue it knowingly (accept_period_closed).
+	ReasonPeriodClosed Reason = "period_closed"
 )
 
 // Reasons lists every quarantine reason.
 var Reasons = []Reason{
 	ReasonFeatureUnmapped, ReasonNoCustomer, ReasonNoAccount, ReasonAccountMismatch,
 	ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound, ReasonCountValue,
-	ReasonValueDigits, ReasonPayloadKeys, ReasonProviderRefused,
+	ReasonValueDigits, ReasonPayloadKeys, ReasonProviderRefused, ReasonPeriodClosed,
 }
 
 func (r Reason) valid() bool {
@@ -113,6 +119,11 @@ type Payload struct {
 	// mapping carried keys have neither.
 	CustomerKey string `json:"customer_key,omitempty"`
 	ValueKey    string `json:"value_key,omitempty"`
+	// Late says the item was staged after its billing period's invoice
+	// closed (Reason period_closed): quarantined so, or sent under
+	// TALLY_LATE_USAGE=send, it stays marked, and the completeness report
+	// counts it. Never sent to the provider.
+	Late bool `json:"late,omitempty"`
 }
 
 // Item is an outbox row as read back.

@@ -41,6 +41,8 @@ type BulkRequest struct {
 	DryRun bool
 	// By is the operator the audit log names.
 	By string
+	// Options are what the operator accepts knowingly, for every item.
+	Options RequeueOptions
 }
 
 // BulkItem is what a bulk requeue did (or, in a dry run, would do) with
@@ -129,7 +131,7 @@ func (r *Requeuer) requeueMatching(ctx context.Context, db meter.TxBeginner, req
 	}
 	res := BulkResult{DryRun: req.DryRun, Items: make([]BulkItem, 0, len(items)), Totals: BulkTotals{RefusedBy: map[string]int{}}}
 	for i, it := range items {
-		done, err := requeuer.Requeue(ctx, db, it.ID, it.CurrentVersion, req.By)
+		done, err := requeuer.RequeueWith(ctx, db, it.ID, it.CurrentVersion, req.By, req.Options)
 		bi := BulkItem{ItemID: it.ID, MappingVersion: it.CurrentVersion, Action: done.Action}
 		if !req.DryRun {
 			bi.Successor = done.Successor // a dry run's was never kept
@@ -193,6 +195,7 @@ const (
 	RefusalAggregationChanged = "aggregation_changed"
 	RefusalExportStalled      = "export_stalled"
 	RefusalSuccessorExists    = "successor_exists"
+	RefusalPeriodClosed       = "period_closed"
 )
 
 // RefusalCode is the code of a requeue's refusal, or "" when err is not
@@ -201,10 +204,13 @@ func RefusalCode(err error) string {
 	var (
 		se *outbox.StateError
 		ie *StillIneligibleError
+		pc *PeriodClosedError
 	)
 	switch {
 	case err == nil:
 		return ""
+	case errors.As(err, &pc):
+		return RefusalPeriodClosed
 	case errors.Is(err, outbox.ErrNotFound):
 		return RefusalNotFound
 	case errors.Is(err, outbox.ErrMappingChanged):

@@ -39,6 +39,12 @@ type Line struct {
 	Rejected    Bucket `json:"rejected"`
 	// Unstaged is the part of Pending not yet staged into an item.
 	Unstaged Bucket `json:"unstaged"`
+	// PeriodClosed is the usage, whatever its state, of items staged after
+	// their billing period's invoice closed (the period's end plus the
+	// invoice grace): quarantined period_closed, or sent knowingly or under
+	// TALLY_LATE_USAGE=send, when Stripe records it on no finalized invoice.
+	// A part of the buckets above, not one more.
+	PeriodClosed Bucket `json:"period_closed"`
 	// InconsistentItems counts items whose value is not the reduction of the
 	// events they carry (a sum, the last value, or the event's own value).
 	InconsistentItems int64 `json:"inconsistent_items"`
@@ -123,20 +129,21 @@ chain (tenant, feature, start, n, v, last_value, id, next, state, depth) AS (
 per_item AS (
     SELECT c.tenant, c.feature, c.start AS item_id, c.n, c.v, c.last_value, c.state,
            live.subject_kind, live.mapping_version, (live.payload ->> 'value')::numeric AS live_value,
+           coalesce((live.payload ->> 'late')::boolean, false) AS late,
            (CASE WHEN c.id = c.start THEN live.payload ->> 'period'
                  ELSE (SELECT b.payload ->> 'period' FROM outbox_item_bodies b WHERE b.id = c.start) END)::timestamptz AS period
     FROM chain c JOIN outbox_item_bodies live ON live.id = c.id
     WHERE c.next IS NULL
     UNION ALL
     SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value,
-           CASE WHEN g.item_id IS NULL THEN 'unstaged' ELSE 'missing' END, NULL, NULL, NULL,
+           CASE WHEN g.item_id IS NULL THEN 'unstaged' ELSE 'missing' END, NULL, NULL, NULL, false,
            CASE WHEN g.item_id IS NULL THEN g.unstaged_period
                 ELSE (SELECT (b.payload ->> 'period')::timestamptz FROM outbox_item_bodies b WHERE b.id = g.item_id) END
     FROM grouped g
     WHERE g.item_id IS NULL OR g.item_id NOT IN (SELECT start FROM chain WHERE next IS NULL)
 ),
 resolved AS (
-    SELECT p.tenant, p.feature, p.period, p.state, p.n, p.v,
+    SELECT p.tenant, p.feature, p.period, p.state, p.n, p.v, p.late,
            CASE
              WHEN p.subject_kind IS NULL THEN true
              WHEN p.subject_kind = 'usage_event' THEN p.live_value = p.v AND p.n = 1
@@ -152,11 +159,12 @@ resolved AS (
     WHERE p.period >= @from AND p.period < @to
 ),
 buckets AS (
-    SELECT tenant, feature, period, state, sum(n) AS n, sum(v) AS v, count(*) FILTER (WHERE NOT consistent) AS bad
+    SELECT tenant, feature, period, state, sum(n) AS n, sum(v) AS v, count(*) FILTER (WHERE NOT consistent) AS bad,
+           coalesce(sum(n) FILTER (WHERE late), 0) AS late_n, coalesce(sum(v) FILTER (WHERE late), 0) AS late_v
     FROM resolved GROUP BY 1, 2, 3, 4
 )
 SELECT tenant, feature, period,
-       (sum(n) OVER line)::bigint, (sum(v) OVER line)::text, state, n::bigint, v::text, bad
+       (sum(n) OVER line)::bigint, (sum(v) OVER line)::text, state, n::bigint, v::text, bad, late_n::bigint, late_v::text
 FROM buckets
 WINDOW line AS (PARTITION BY tenant, feature, period)
 ORDER BY 1, 2, 3, 6`
@@ -178,12 +186,12 @@ func CompletenessOf(ctx context.Context, q Querier, period, tenant string) (Comp
 	c := Completeness{Period: period, Lines: []Line{}, Holds: true}
 	var (
 		tenantName, feature, state string
-		ingN, n, bad               int64
-		ingV, v                    Value
+		ingN, n, bad, lateN        int64
+		ingV, v, lateV             Value
 		per                        time.Time
 	)
 	index := map[[3]string]int{}
-	if _, err := pgx.ForEachRow(rows, []any{&tenantName, &feature, &per, &ingN, &ingV, &state, &n, &v, &bad}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&tenantName, &feature, &per, &ingN, &ingV, &state, &n, &v, &bad, &lateN, &lateV}, func() error {
 		perText := per.UTC().Format(time.RFC3339)
 		key := [3]string{tenantName, feature, perText}
 		i, ok := index[key]
@@ -214,6 +222,7 @@ func CompletenessOf(ctx context.Context, q Querier, period, tenant string) (Comp
 			// superseded cannot be live; anything else breaks the identity below
 		}
 		l.InconsistentItems += bad
+		l.PeriodClosed = add(l.PeriodClosed, Bucket{Events: lateN, Value: lateV})
 		return nil
 	}); err != nil {
 		return Completeness{}, fmt.Errorf("quarantine: reading completeness: %w", err)
@@ -263,7 +272,7 @@ var completenessColumns = []string{"tenant", "feature", "period",
 	"ingested_events", "ingested_value", "confirmed_events", "confirmed_value", "accepted_events", "accepted_value",
 	"pending_events", "pending_value", "quarantined_events", "quarantined_value", "uncertain_events", "uncertain_value",
 	"rejected_events", "rejected_value", "unstaged_events", "unstaged_value",
-	"inconsistent_items", "discrepancies", "holds", "as_of"}
+	"period_closed_events", "period_closed_value", "inconsistent_items", "discrepancies", "holds", "as_of"}
 
 // CSV writes the report's lines as CSV, one row a tenant, feature and
 // period, every bucket as events and value, and the snapshot's as_of on
@@ -274,7 +283,7 @@ func (c Completeness) CSV(w io.Writer) error {
 	_ = cw.Write(completenessColumns)
 	for _, l := range c.Lines {
 		row := []string{SafeCell(l.Tenant), SafeCell(l.Feature), SafeCell(l.Period)}
-		for _, b := range []Bucket{l.Ingested, l.Confirmed, l.Accepted, l.Pending, l.Quarantined, l.Uncertain, l.Rejected, l.Unstaged} {
+		for _, b := range []Bucket{l.Ingested, l.Confirmed, l.Accepted, l.Pending, l.Quarantined, l.Uncertain, l.Rejected, l.Unstaged, l.PeriodClosed} {
 			row = append(row, strconv.FormatInt(b.Events, 10), b.Value.String())
 		}
 		row = append(row, strconv.FormatInt(l.InconsistentItems, 10), strconv.FormatInt(l.Discrepancies, 10),
@@ -288,11 +297,11 @@ func (c Completeness) CSV(w io.Writer) error {
 // Table writes the report for a terminal.
 func (c Completeness) Table(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tDISCREPANCIES\tHOLDS\t")
+	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tPERIOD CLOSED\tDISCREPANCIES\tHOLDS\t")
 	for _, l := range c.Lines {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v\t\n", l.Tenant, l.Feature, l.Period,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v\t\n", l.Tenant, l.Feature, l.Period,
 			l.Ingested.Value, l.Confirmed.Value, l.Accepted.Value, l.Pending.Value, l.Quarantined.Value,
-			l.Uncertain.Value, l.Rejected.Value, l.Discrepancies, l.Holds)
+			l.Uncertain.Value, l.Rejected.Value, l.PeriodClosed.Value, l.Discrepancies, l.Holds)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

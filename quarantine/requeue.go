@@ -62,7 +62,30 @@ func (e *StillIneligibleError) Error() string {
 	return fmt.Sprintf("quarantine: the item would be quarantined again (%s); fix that first", e.Reason)
 }
 
-// Requeue requeues quarantined item id under mappingVersion, which must be
+// PeriodClosedError says the item's billing period's invoice has closed:
+// Stripe would record the usage and bill it on no invoice. A requeue with
+// RequeueOptions.AcceptPeriodClosed sends it anyway.
+type PeriodClosedError struct{}
+
+func (e *PeriodClosedError) Error() string {
+	return "quarantine: the item's billing period's invoice has closed (period end plus the invoice grace): Stripe would record it on no invoice; requeue it with accept_period_closed to send it anyway"
+}
+
+// RequeueOptions are what an operator may accept knowingly when requeuing.
+type RequeueOptions struct {
+	// AcceptPeriodClosed sends usage staged after its billing period's
+	// invoice closed (period_closed): the operator knows Stripe will bill
+	// it on no finalized invoice (finance bills it by other means, or the
+	// invoice is still a draft in Stripe). The audit log says so.
+	AcceptPeriodClosed bool
+}
+
+// Requeue is RequeueWith without options: late usage is refused.
+func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int, by string) (RequeueResult, error) {
+	return r.RequeueWith(ctx, db, id, mappingVersion, by, RequeueOptions{})
+}
+
+// RequeueWith requeues quarantined item id under mappingVersion, which must be
 // the current mapping version of its tenant and feature (the one the
 // operator looked at after fixing the cause; otherwise a
 // *MappingChangedError). The item is rebuilt from its ledger rows under the
@@ -75,8 +98,10 @@ func (e *StillIneligibleError) Error() string {
 // report (T10) — is re-addressed even when the rebuild is the item itself:
 // its successor's subject ref is the next re-address generation
 // (outbox.ReaddressRef), so it carries a new identifier. Both happen in one
-// transaction, with the audit log's entry naming by, the operator.
-func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int, by string) (RequeueResult, error) {
+// transaction, with the audit log's entry naming by, the operator. An item
+// whose billing period's invoice has closed is refused with a
+// *PeriodClosedError unless opts.AcceptPeriodClosed.
+func (r *Requeuer) RequeueWith(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int, by string, opts RequeueOptions) (RequeueResult, error) {
 	var res RequeueResult
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		it, err := r.Outbox.Get(ctx, tx, id)
@@ -100,6 +125,13 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 		if err != nil {
 			return err
 		}
+		acceptedLate := false
+		if successor.Quarantine == outbox.ReasonPeriodClosed {
+			if !opts.AcceptPeriodClosed {
+				return &PeriodClosedError{}
+			}
+			successor.Quarantine, acceptedLate = "", true
+		}
 		if successor.Quarantine != "" {
 			return &StillIneligibleError{Reason: successor.Quarantine}
 		}
@@ -107,6 +139,9 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 		entry := audit.Entry{Actor: by, Subject: audit.Item(id), From: string(outbox.StateQuarantined),
 			Reason:  "quarantined: " + string(it.QuarantineReason),
 			Details: map[string]any{"mapping_version": mappingVersion, "item_mapping_version": it.MappingVersion}}
+		if acceptedLate {
+			entry.Details["accepted_period_closed"] = "sent knowingly after its billing period's invoice closed"
+		}
 		if successor.Identity == it.Identity && provenUnrecorded(it) {
 			// Sent, and every attempt refused or failed by the provider's
 			// error report: Stripe recorded nothing under the identifier,
@@ -154,7 +189,8 @@ func IsConflict(err error) bool {
 		se *outbox.StateError
 		ie *StillIneligibleError
 	)
-	return errors.As(err, &se) || errors.As(err, &ie) || errors.Is(err, outbox.ErrMappingChanged) ||
+	var pc *PeriodClosedError
+	return errors.As(err, &se) || errors.As(err, &ie) || errors.As(err, &pc) || errors.Is(err, outbox.ErrMappingChanged) ||
 		errors.Is(err, outbox.ErrMayHaveReached) || errors.Is(err, outbox.ErrNotSendable) ||
 		errors.Is(err, outbox.ErrSuccessorExists) || errors.Is(err, meter.ErrAggregationChanged) ||
 		errors.Is(err, meter.ErrStalled)

@@ -34,10 +34,10 @@ Commands:
   tokens revoke NAME     revoke a token
   import FILE…           post usage from files (JSON Lines or CSV) as POST /v1/usage would: [--format jsonl|csv] [--batch N] [--corrections]
   mappings features      list | get FEATURE | set FEATURE --event-name E --aggregation sum|last|count [--window 1h] [--exporter NAME]
-  mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339]
+  mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339] [--invoice-grace DURATION]
   quarantine             the quarantine report: [--format table|csv|json] [--reason R] [--tenant T] [--feature F] [--period YYYY-MM]
-  requeue ID             requeue a quarantined item: --mapping-version N
-  requeue                requeue every matching quarantined item under the current mappings: --reason R|--tenant T|--feature F|--period YYYY-MM|--all [--dry-run] [--limit N] [--after ID] [--format table|json]
+  requeue ID             requeue a quarantined item: --mapping-version N [--accept-period-closed]
+  requeue                requeue every matching quarantined item under the current mappings: --reason R|--tenant T|--feature F|--period YYYY-MM|--all [--dry-run] [--accept-period-closed] [--limit N] [--after ID] [--format table|json]
   items list             list outbox items: [--state S] [--tenant T] [--feature F] [--limit N] [--after ID] [--format table|json]
   report completeness    the completeness report: --period YYYY-MM [--tenant T] [--format table|json]
   reconcile              compare accepted items with Stripe's summaries now, confirm what matches: [--settle D] [--since T] [--format table|json]

@@ -91,6 +91,7 @@ func (f *featureFlags) run(ctx context.Context, e *env, args []string) error {
 // tenantFlags are the flags of tally mappings tenants.
 type tenantFlags struct {
 	customer, anchor string
+	invoiceGrace     string
 }
 
 // mappingsTenantsCommand is tally mappings tenants list | get | set: which
@@ -103,6 +104,24 @@ func mappingsTenantsCommand() command {
 func (f *tenantFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.customer, "customer", "", "set: the Stripe customer id (cus_…)")
 	fs.StringVar(&f.anchor, "anchor", "", "set: the billing-period anchor, RFC 3339 (default: calendar months UTC)")
+	f.registerInvoiceGrace(fs)
+}
+
+// registerInvoiceGrace makes --invoice-grace of `mappings tenants set` the
+// tenant mapping's invoice grace, like --anchor is its anchor. The
+// service's own --invoice-grace (TALLY_INVOICE_GRACE, the node's default)
+// is taken over here when it is registered on this command's flags, as
+// registerExporter takes over --exporter: the mapping's field is never
+// silently read as the node's setting. The node's setting still comes from
+// TALLY_INVOICE_GRACE in the environment.
+func (f *tenantFlags) registerInvoiceGrace(fs *flag.FlagSet) {
+	usage := "set: the tenant's invoice finalization grace period, a duration from 0s to 72h, e.g. 2h (default: none, the node's TALLY_INVOICE_GRACE)"
+	set := func(v string) error { f.invoiceGrace = v; return nil }
+	if fl := fs.Lookup("invoice-grace"); fl != nil {
+		fl.Value, fl.Usage, fl.DefValue = funcValue(set), usage, ""
+		return
+	}
+	fs.Func("invoice-grace", usage, set)
 }
 
 func (f *tenantFlags) run(ctx context.Context, e *env, args []string) error {
@@ -132,6 +151,13 @@ func (f *tenantFlags) run(ctx context.Context, e *env, args []string) error {
 			return usageError{"--anchor: want RFC 3339, e.g. 2026-01-15T00:00:00Z"}
 		}
 		in.PeriodAnchor = &a
+	}
+	if f.invoiceGrace != "" {
+		g, err := time.ParseDuration(f.invoiceGrace)
+		if err != nil {
+			return usageError{"--invoice-grace: want a duration from 0s to 72h, e.g. 2h or 90m"}
+		}
+		in.InvoiceGrace = &g
 	}
 	t, changed, err := m.PutTenant(ctx, pool, args[1], in, who())
 	if err != nil {

@@ -180,3 +180,47 @@ func TestMappingsSetWithoutAKeyWarns(t *testing.T) {
 	require.Contains(t, stderr, "warning: saved without checking Stripe")
 	require.Contains(t, out, `"warning": "saved without checking Stripe`)
 }
+
+// `tally mappings tenants set --invoice-grace` sets the tenant mapping's
+// invoice grace (shown as Go's duration text), versioned like its other
+// fields; left out, the mapping names none (the node's TALLY_INVOICE_GRACE,
+// which is never read as the mapping's). A value that is no duration, or
+// not one Stripe allows, is a usage error that saves nothing.
+func TestMappingsTenantsSetInvoiceGrace(t *testing.T) {
+	t.Parallel()
+	d := &doors{t: t, env: []string{"TALLY_DATABASE_URL=" + testdb.URL(t), "TALLY_DATA_DIR=" + t.TempDir()}}
+	set := func(args ...string) (int, string, string) {
+		t.Helper()
+		return d.cli(append([]string{"mappings", "tenants", "set", "acme", "--customer", "cus_1"}, args...)...)
+	}
+	status, out, stderr := set("--invoice-grace", "2h")
+	require.Equal(t, 0, status, stderr)
+	require.Contains(t, out, `"invoice_grace": "2h0m0s"`)
+	require.Contains(t, out, `"changed": true`)
+	status, out, stderr = set("--invoice-grace", "120m")
+	require.Equal(t, 0, status, stderr)
+	require.Contains(t, out, `"changed": false`, "the same grace")
+
+	for _, bad := range []struct{ grace, says string }{
+		{"soon", "--invoice-grace: want a duration"},
+		{"73h", "invalid_mapping: invalid input: invoice_grace: a duration from 0s to 72h"},
+		{"-1h", "invalid_mapping: invalid input: invoice_grace"},
+		{"1.5s", "in whole seconds"},
+	} {
+		status, _, stderr = set("--invoice-grace", bad.grace)
+		require.Equal(t, 2, status, "%s: %s", bad.grace, stderr)
+		require.Contains(t, stderr, bad.says, bad.grace)
+	}
+	status, out, stderr = d.cli("mappings", "tenants", "get", "acme")
+	require.Equal(t, 0, status, stderr)
+	require.Equal(t, 2, strings.Count(out, `"invoice_grace": "2h0m0s"`), "the mapping and its one version; nothing refused was saved: %s", out)
+
+	d.env = append(d.env, "TALLY_INVOICE_GRACE=5h")
+	status, out, stderr = set()
+	require.Equal(t, 0, status, stderr)
+	require.Contains(t, out, `"changed": true`, "left out: the node's default again")
+	require.NotContains(t, out, "invoice_grace", "the node's setting is not the mapping's")
+	status, out, stderr = d.cli("mappings", "tenants", "-h")
+	require.Equal(t, 0, status, stderr)
+	require.Contains(t, out+stderr, "the tenant's invoice finalization grace period")
+}

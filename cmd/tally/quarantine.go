@@ -51,7 +51,8 @@ func (f *quarantineFlags) run(ctx context.Context, e *env, _ []string) error {
 
 // requeueFlags are the flags of tally requeue.
 type requeueFlags struct {
-	mappingVersion int
+	mappingVersion     int
+	acceptPeriodClosed bool
 }
 
 // requeueCommand is tally requeue ID: a quarantined item back to export,
@@ -63,7 +64,13 @@ func requeueCommand() command {
 
 func (f *requeueFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.mappingVersion, "mapping-version", -1, "the current mapping version of the item's tenant and feature (required)")
+	fs.BoolVar(&f.acceptPeriodClosed, acceptPeriodClosedFlag, false,
+		"send usage whose billing period's invoice has closed (period_closed), knowingly: Stripe bills it on no finalized invoice")
 }
+
+// acceptPeriodClosedFlag names the flag, shared by both forms of tally
+// requeue, that sends late usage knowingly.
+const acceptPeriodClosedFlag = "accept-period-closed"
 
 func (f *requeueFlags) run(ctx context.Context, e *env, args []string) error {
 	id, err := strconv.ParseInt(args[0], 10, 64)
@@ -73,7 +80,8 @@ func (f *requeueFlags) run(ctx context.Context, e *env, args []string) error {
 	if f.mappingVersion < 0 {
 		return usageError{"--mapping-version is required: the current mapping version of the item's tenant and feature"}
 	}
-	res, err := e.parts.Requeuer.Requeue(ctx, e.db.Pool, id, f.mappingVersion, who())
+	res, err := e.parts.Requeuer.RequeueWith(ctx, e.db.Pool, id, f.mappingVersion, who(),
+		quarantine.RequeueOptions{AcceptPeriodClosed: f.acceptPeriodClosed})
 	if err != nil {
 		return err
 	}

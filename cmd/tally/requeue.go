@@ -99,8 +99,11 @@ func (f *requeueMatchingFlags) run(ctx context.Context, e *env) error {
 			return usageError{err.Error()}
 		}
 	}
+	// The flag is registered by the one-item form (requeueFlags), whose
+	// flag set this is too.
+	accept := f.fs.Lookup(acceptPeriodClosedFlag).Value.(flag.Getter).Get().(bool)
 	res, err := e.parts.Requeuer.RequeueMatching(ctx, e.db.Pool, quarantine.BulkRequest{Filter: filter, After: f.after,
-		Limit: f.limit, DryRun: f.dryRun, By: who()})
+		Limit: f.limit, DryRun: f.dryRun, By: who(), Options: quarantine.RequeueOptions{AcceptPeriodClosed: accept}})
 	if err != nil {
 		return err
 	}

@@ -86,7 +86,7 @@ func Build(cfg config.Config) (*Parts, error) {
 		}
 		return meter.Target{Exporter: d.Exporter, Account: d.Account, Mode: d.Mode,
 			AcceptPast: exporter.StripeAcceptPast, AcceptFuture: exporter.StripeAcceptFuture,
-			MaxValue: stripeapi.MaxValue}, true
+			MaxValue: stripeapi.MaxValue, InvoiceGrace: cfg.InvoiceGrace, LateUsage: meter.LatePolicy(cfg.LateUsage)}, true
 	}}
 	apiMetrics, err := api.NewMetrics(reg)
 	if err != nil {

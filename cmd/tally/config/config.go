@@ -83,6 +83,14 @@ type Config struct {
 	// WindowGrace is how long after its end a window waits for late usage.
 	// Defaults to meter.DefaultGrace.
 	WindowGrace time.Duration
+	// InvoiceGrace is how long after a billing period ends its invoice
+	// stays open to usage (Stripe's invoice finalization grace period).
+	// Defaults to meter.DefaultInvoiceGrace; at most meter.MaxInvoiceGrace.
+	InvoiceGrace time.Duration
+	// LateUsage is what staging does with usage staged after its period's
+	// invoice closed: "quarantine" or "send". Defaults to
+	// meter.DefaultLateUsage.
+	LateUsage string
 
 	// StripeTimeout bounds one call to Stripe. Defaults to
 	// exporter.DefaultRequestTimeout.

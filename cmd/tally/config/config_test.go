@@ -64,6 +64,7 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 			ClaimScan: outbox.DefaultClaimScan},
 		StripeAPIBase: stripeapi.DefaultAPIBase, StripeMeterEventsBase: stripeapi.DefaultMeterEventsBase,
 		Exporter: exporter.StripeMeterEvents, StageInterval: meter.DefaultStageInterval, WindowGrace: meter.DefaultGrace,
+		InvoiceGrace: meter.DefaultInvoiceGrace, LateUsage: string(meter.DefaultLateUsage),
 		StripeTimeout: exporter.DefaultRequestTimeout,
 		RateLive:      exporter.DefaultLiveRate, RateTest: exporter.DefaultTestRate,
 		StreamRateLive: exporter.DefaultStreamLiveRate, StreamRateTest: exporter.DefaultStreamTestRate,
@@ -90,6 +91,7 @@ func TestHelpPrintsTheDefaults(t *testing.T) {
 	fs.PrintDefaults()
 	for _, want := range []string{
 		`(env TALLY_WINDOW_GRACE) (default "2m")`, `(env TALLY_RECONCILE_SETTLE) (default "2h")`,
+		`(env TALLY_INVOICE_GRACE) (default "1h")`, `(env TALLY_LATE_USAGE) (default "quarantine")`,
 		`(env TALLY_STAGE_INTERVAL) (default "10s")`, `(env TALLY_POLL_INTERVAL) (default "1s")`,
 		`(env TALLY_STRIPE_TIMEOUT) (default "10s")`, `(env TALLY_MAINTENANCE_INTERVAL) (default "15s")`,
 		`(env TALLY_SHUTDOWN_TIMEOUT) (default "30s")`, `(env TALLY_OUTBOX_LEASE) (default "2m0s")`,
@@ -236,4 +238,29 @@ func TestREADMEConfigurationTableMatchesTheSettings(t *testing.T) {
 		}
 	})
 	require.Greater(t, n, 30, "the settings were not registered")
+}
+
+func TestLateUsageSettings(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env     map[string]string
+		wantErr string
+	}{
+		{map[string]string{"TALLY_INVOICE_GRACE": "72h", "TALLY_LATE_USAGE": "send"}, ""},
+		{map[string]string{"TALLY_INVOICE_GRACE": "0s"}, ""},
+		{map[string]string{"TALLY_INVOICE_GRACE": "73h"}, "TALLY_INVOICE_GRACE must be 0s to 72h"},
+		{map[string]string{"TALLY_INVOICE_GRACE": "-1m"}, "TALLY_INVOICE_GRACE must be 0s to 72h"},
+		{map[string]string{"TALLY_INVOICE_GRACE": "1.5s"}, "in whole seconds"},
+		{map[string]string{"TALLY_LATE_USAGE": "drop"}, `TALLY_LATE_USAGE must be quarantine or send, got "drop"`},
+	} {
+		c, err := load(t, tc.env)
+		if tc.wantErr != "" {
+			require.ErrorContains(t, err, tc.wantErr, tc.env)
+			continue
+		}
+		require.NoError(t, err, tc.env)
+		if v, ok := tc.env["TALLY_LATE_USAGE"]; ok {
+			require.Equal(t, v, c.LateUsage)
+		}
+	}
 }

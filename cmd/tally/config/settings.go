@@ -95,6 +95,10 @@ func exportSettings() []setting {
 			dur(func(c *Config) *time.Duration { return &c.StageInterval })},
 		{"TALLY_WINDOW_GRACE", "window-grace", "how long after its end a window waits for late usage", short(meter.DefaultGrace),
 			dur(func(c *Config) *time.Duration { return &c.WindowGrace })},
+		{"TALLY_INVOICE_GRACE", "invoice-grace", "how long after a billing period ends Stripe keeps its invoice open to usage (Stripe's invoice finalization grace period: 1h by default, at most 72h; a tenant mapping's invoice_grace overrides it); usage staged later is late", short(meter.DefaultInvoiceGrace),
+			dur(func(c *Config) *time.Duration { return &c.InvoiceGrace })},
+		{"TALLY_LATE_USAGE", "late-usage", "what staging does with late usage: quarantine (as period_closed, for finance to requeue knowingly) or send (Stripe records it on no finalized invoice)", string(meter.DefaultLateUsage),
+			str(func(c *Config) *string { return &c.LateUsage })},
 	}
 }
 

@@ -6,12 +6,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/robfig/cron/v3"
 
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -126,6 +128,13 @@ func (c *Config) exportProblems() []error {
 	}
 	if c.WindowGrace < 0 {
 		errs = append(errs, fmt.Errorf("TALLY_WINDOW_GRACE must not be negative, got %s", c.WindowGrace))
+	}
+	if c.InvoiceGrace < 0 || c.InvoiceGrace > meter.MaxInvoiceGrace || c.InvoiceGrace%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("TALLY_INVOICE_GRACE must be 0s to %s (Stripe's longest invoice finalization grace period), in whole seconds, got %s",
+			short(meter.MaxInvoiceGrace), c.InvoiceGrace))
+	}
+	if p := meter.LatePolicy(c.LateUsage); p != meter.LateQuarantine && p != meter.LateSend {
+		errs = append(errs, fmt.Errorf("TALLY_LATE_USAGE must be quarantine or send, got %q", c.LateUsage))
 	}
 	return errs
 }

@@ -43,7 +43,10 @@ func New(t testing.TB, cfg outbox.Config) *Env {
 	require.NoError(t, err)
 	e := &Env{Ctx: context.Background(), Pool: testdb.New(t), Outbox: ob, Maps: &mappings.Store{},
 		Target: meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
-			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute, MaxValue: stripeapi.MaxValue}}
+			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute, MaxValue: stripeapi.MaxValue,
+			// Tests date usage in periods whose invoices may have closed:
+			// it is sent, marked late, unless a test sets LateQuarantine.
+			InvoiceGrace: meter.DefaultInvoiceGrace, LateUsage: meter.LateSend}}
 	e.Stager = &meter.Stager{Outbox: ob, Grace: time.Minute, Target: func(context.Context) (meter.Target, bool) { return e.Target, true }}
 	e.Ingester = &meter.Ingester{Stager: e.Stager}
 	return e
