@@ -38,6 +38,10 @@ type Answer struct {
 // codeAuth is the error code of a 401 or 403: the key, not the item.
 const codeAuth = "stripe_auth"
 
+// codeAccountInvalid is Stripe's error code for a Stripe-Account header
+// the key may not use (stripe-go's ErrorCodeAccountInvalid).
+const codeAccountInvalid = "account_invalid"
+
 // duplicatePrefix starts Stripe's answer to a reused meter-event identifier:
 // the provider has the event already, which is success.
 const duplicatePrefix = "An event already exists with identifier"
@@ -55,7 +59,7 @@ const duplicatePrefix = "An event already exists with identifier"
 //	    or a value that is not a whole number     rejected, terminal
 //	any other 4xx but 401, 403, 404, 409, 429
 //	    (400, 402, 405, 413, 415, 422, …)         quarantined provider_refused: a human looks first
-//	401/403                                       retry with backoff (refused; alerted)
+//	401/403, or code account_invalid at any 4xx   retry with backoff (refused; alerted; export stalls)
 //	any other 404                                 retry with backoff (refused: the endpoint, not the item)
 //	409                                           retry with backoff (refused)
 //	429 from a limiter (Stripe-Rate-Limited-Reason
@@ -142,7 +146,13 @@ func itemRefusal(a Answer) (outbox.Outcome, bool) {
 func statusOutcome(a Answer) outbox.Outcome {
 	info := outbox.ErrorInfo{Status: a.Status, Message: a.Message}
 	switch {
-	case a.Status == http.StatusUnauthorized || a.Status == http.StatusForbidden:
+	case a.Status == http.StatusUnauthorized || a.Status == http.StatusForbidden ||
+		(a.Code == codeAccountInvalid && a.Status >= 400 && a.Status <= 499):
+		// account_invalid: the key may not act for the Stripe-Account
+		// destination (never connected, or access revoked). Stripe's pages
+		// give no status for it (docs/stripe.md §8): at any 4xx it is the
+		// destination's fault, not the item's, and must stall the
+		// destination rather than quarantine every item provider_refused.
 		info.Code = codeAuth
 		return outbox.Outcome{Kind: outbox.Retry, Error: info, Refused: true}
 

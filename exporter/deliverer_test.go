@@ -281,7 +281,7 @@ func TestRefusedKeyStallsVisibly(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	require.Eventually(t, func() bool { return res.Check(r.Ctx) != nil }, 10*time.Second, 10*time.Millisecond)
-	require.EqualError(t, res.Check(r.Ctx), "export stalled: Stripe refused the API key (status 401)")
+	require.EqualError(t, res.Check(r.Ctx), "export stalled: Stripe refused the API key, or its access to the destination account (status 401)")
 	var refused int
 	require.Eventually(t, func() bool {
 		require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM outbox_attempts WHERE error_code = 'stripe_auth' AND refused`).Scan(&refused))

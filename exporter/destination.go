@@ -232,13 +232,14 @@ func (r *Resolver) Check(context.Context) error {
 }
 
 // KeyRefused records that Stripe refused the key on a delivery (401 or
-// 403, a rolled or restricted key): export is stalled — Check says so —
+// 403, a rolled or restricted key; account_invalid, a destination account
+// the key may not act for): export is stalled — Check says so —
 // until a delivery with it is accepted. It reports whether that is news.
 func (r *Resolver) KeyRefused(status int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	news := r.keyErr == nil
-	r.keyErr = fmt.Errorf("export stalled: Stripe refused the API key (status %d)", status)
+	r.keyErr = fmt.Errorf("export stalled: Stripe refused the API key, or its access to the destination account (status %d)", status)
 	r.refused.Store(true)
 	return news
 }
