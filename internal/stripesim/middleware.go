@@ -165,7 +165,8 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		own, known := s.keys[key]
 		target := own
 		connect := r.Header.Get("Stripe-Account")
-		_, connectKnown := s.accounts[connect]
+		ca, connectKnown := s.accounts[connect]
+		connectKnown = connectKnown && !ca.revoked
 		s.mu.Unlock()
 		if !known {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="Stripe"`)
@@ -174,9 +175,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		if connect != "" {
 			if !connectKnown {
-				writeError(w, errInvalid(http.StatusForbidden, "account_invalid", "",
-					"The provided key '%s' does not have access to account '%s' (or that account does not exist). Application access may have been revoked.",
-					maskKey(key), connect))
+				writeError(w, s.accountInvalid(key, connect))
 				return
 			}
 			target = connect

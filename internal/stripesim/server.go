@@ -36,6 +36,12 @@ type Options struct {
 	// Seed seeds the random source the faults draw from, for reproducible
 	// runs. 0 seeds it randomly.
 	Seed uint64
+	// AccountInvalidStatus is the HTTP status of the account_invalid error
+	// a call with a Stripe-Account the key may not use gets (an unknown
+	// account, or one whose access was revoked, RevokeAccess). Stripe's
+	// pages give the code, not the status (docs/stripe.md §9): 403 by
+	// default, the status commonly seen; tests set 400 for the worst case.
+	AccountInvalidStatus int
 }
 
 // Server is the simulator. It is safe for concurrent use.
@@ -51,6 +57,7 @@ type Server struct {
 	idem     map[idemKey]*idemEntry
 	seq      uint64              // receipt order of meter events, all accounts
 	sessions map[string]*session // v2 meter event session token -> session
+	invalid  int                 // the status of account_invalid (Options.AccountInvalidStatus)
 	lim      limiter             // limits, faults and in-flight calls
 	closed   chan struct{}       // closed by Close: releases hung requests
 	close1   sync.Once
@@ -66,6 +73,9 @@ type account struct {
 	idents    map[modeID]*identSt // identifier -> its recordings
 	reports   []ErrorReport       // creation order
 	delivered map[string]bool     // error reports delivered by DeliverReports
+	// revoked: the platform's access to this connected account was
+	// revoked (RevokeAccess); its state is kept for RestoreAccess.
+	revoked bool
 }
 
 // modeID is an id scoped to one mode of an account.
@@ -109,6 +119,10 @@ func New(opts Options) *Server {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	s.invalid = opts.AccountInvalidStatus
+	if s.invalid == 0 {
+		s.invalid = http.StatusForbidden
 	}
 	s.lim.init(opts.Limits, opts.Seed)
 	keys := opts.Keys
@@ -178,6 +192,31 @@ func (s *Server) AddAccount(account string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.accountLocked(account)
+}
+
+// RevokeAccess revokes the platform's access to connected account
+// account, as its owner disconnecting the platform would: calls with
+// Stripe-Account: account, and stream sessions created for it, answer
+// account_invalid until RestoreAccess. Its meters, customers and events
+// are kept. The account is added if new.
+func (s *Server) RevokeAccess(account string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.accountLocked(account).revoked = true
+}
+
+// RestoreAccess gives the platform its access to account again.
+func (s *Server) RestoreAccess(account string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.accountLocked(account).revoked = false
+}
+
+// accountInvalid is the error of a Stripe-Account the key may not use.
+func (s *Server) accountInvalid(key, account string) *apiError {
+	return errInvalid(s.invalid, "account_invalid", "",
+		"The provided key '%s' does not have access to account '%s' (or that account does not exist). Application access may have been revoked.",
+		maskKey(key), account)
 }
 
 // accountLocked returns the account, adding it if new. s.mu must be held.

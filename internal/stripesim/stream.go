@@ -113,9 +113,16 @@ func (s *Server) authenticateSession(next http.Handler, w http.ResponseWriter, r
 	s.mu.Lock()
 	sess := s.sessions[tok]
 	now := s.now()
+	revoked := sess != nil && sess.connect && s.accounts[sess.account] != nil && s.accounts[sess.account].revoked
 	s.mu.Unlock()
 	if sess == nil || !now.Before(sess.expires) {
 		writeError(w, errSessionExpired())
+		return
+	}
+	if revoked {
+		// Not documented: what a live session of a revoked connected
+		// account gets. Designed for the worst: it stops working at once.
+		writeError(w, s.accountInvalid(tok, sess.account))
 		return
 	}
 	c := caller{account: sess.account, livemode: sess.livemode, connect: sess.connect}
