@@ -29,7 +29,7 @@ func TestRequeueLateUsageOnlyKnowingly(t *testing.T) {
 	url := testdb.URLOf(t, env.Pool)
 	requeue := func(args ...string) (int, string, string) {
 		return tally(t, url, append(append([]string{"requeue"}, args...),
-			"--stripe-api-key", stripesim.DefaultKey, "--stripe-api-base", srv.URL)...)
+			"--stripe-api-key", stripesim.DefaultKey, "--stripe-api-base", srv.URL, "--invoice-grace", "1h")...)
 	}
 	f := env.Feature(t, "calls", mappings.Count, time.Hour)
 	anchor := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour).Add(30 * time.Minute)
