@@ -54,9 +54,11 @@ type harness struct {
 func testTarget(context.Context) (meter.Target, bool) {
 	return meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
 		AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute,
-		// The tests' usage is dated in periods whose invoices may have
-		// closed: sent, marked late (late usage has its own tests).
-		InvoiceGrace: meter.DefaultInvoiceGrace, LateUsage: meter.LateSend}, true
+		// The tests date usage hours back, which in the first hours of a
+		// month is in a period whose invoice closed an hour after it ended:
+		// the longest grace keeps it from being late (late usage has its
+		// own tests, which set both).
+		InvoiceGrace: meter.MaxInvoiceGrace, LateUsage: meter.LateSend}, true
 }
 
 // newHarness builds the parts from a configuration read the way the binary

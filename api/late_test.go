@@ -25,7 +25,7 @@ func TestLateUsageThroughTheAPI(t *testing.T) {
 	h := newHarness(t, true)
 	h.parts.Stager.Target = func(ctx context.Context) (meter.Target, bool) {
 		target, ok := testTarget(ctx)
-		target.LateUsage = meter.LateQuarantine
+		target.LateUsage, target.InvoiceGrace = meter.LateQuarantine, time.Hour
 		return target, ok
 	}
 	op, fin, ing := h.as(h.token("op", auth.RoleOperator)), h.as(h.token("fin", auth.RoleFinance)), h.as(h.token("ing", auth.RoleIngest))

@@ -22,7 +22,7 @@ import (
 func TestOperatorRequeuesLateUsageOnlyKnowingly(t *testing.T) {
 	t.Parallel()
 	s := newSite(t)
-	s.env.Target.LateUsage = meter.LateQuarantine
+	s.env.Target.LateUsage, s.env.Target.InvoiceGrace = meter.LateQuarantine, time.Hour
 	s.env.Feature(t, "calls", mappings.Count, time.Hour)
 	anchor := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour).Add(30 * time.Minute)
 	_, _, err := s.env.Maps.PutTenant(s.env.Ctx, s.env.Pool, "late", mappings.TenantInput{StripeCustomerID: "cus_late", PeriodAnchor: &anchor}, "test")

@@ -97,7 +97,7 @@ func TestLateUsageCountsTowardTheQuarantineCap(t *testing.T) {
 		t.Run(string(policy), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			b.Target.LateUsage = policy
+			b.Target.LateUsage, b.Target.InvoiceGrace = policy, time.Hour
 			b.Ingester.MaxQuarantined = 1
 			b.Feature(t, "calls", mappings.Count, time.Hour)
 			anchor := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour).Add(30 * time.Minute)

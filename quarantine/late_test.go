@@ -19,7 +19,7 @@ import (
 // period_closed.
 func lateSetup(t *testing.T) (b *bundle, version int, anchor time.Time) {
 	b = setup(t)
-	b.Target.LateUsage = meter.LateQuarantine
+	b.Target.LateUsage, b.Target.InvoiceGrace = meter.LateQuarantine, time.Hour
 	f := b.Feature(t, "api", mappings.Sum, time.Hour)
 	c := b.Feature(t, "calls", mappings.Count, time.Hour)
 	anchor = time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour).Add(30 * time.Minute)

@@ -25,7 +25,7 @@ func TestRequeueLateUsageOnlyKnowingly(t *testing.T) {
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(func() { sim.Close(); srv.Close() })
 	env := stagetest.New(t, outbox.Config{})
-	env.Target.Account, env.Target.LateUsage = stripesim.DefaultAccount, meter.LateQuarantine
+	env.Target.Account, env.Target.LateUsage, env.Target.InvoiceGrace = stripesim.DefaultAccount, meter.LateQuarantine, time.Hour
 	url := testdb.URLOf(t, env.Pool)
 	requeue := func(args ...string) (int, string, string) {
 		return tally(t, url, append(append([]string{"requeue"}, args...),

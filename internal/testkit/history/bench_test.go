@@ -124,7 +124,7 @@ func newRig(ctx context.Context, b *testing.B, now time.Time) *rig {
 	must(b, err)
 	target := meter.Target{Exporter: history.Exporter, Account: history.Account, Mode: history.Mode,
 		AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute, MaxValue: stripeapi.MaxValue,
-		InvoiceGrace: meter.DefaultInvoiceGrace, LateUsage: meter.LateSend}
+		InvoiceGrace: meter.MaxInvoiceGrace, LateUsage: meter.LateSend}
 	stager := &meter.Stager{Outbox: store, Target: func(context.Context) (meter.Target, bool) { return target, true }}
 	r := &rig{pool: testdb.New(b), store: store, stager: stager, ingest: &meter.Ingester{Stager: stager},
 		exp: exporter.NewStripeV1(client, 5*time.Second), rec: rec, fresh: now.Truncate(time.Hour).Add(-3 * time.Hour)}

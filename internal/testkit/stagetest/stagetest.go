@@ -44,9 +44,11 @@ func New(t testing.TB, cfg outbox.Config) *Env {
 	e := &Env{Ctx: context.Background(), Pool: testdb.New(t), Outbox: ob, Maps: &mappings.Store{},
 		Target: meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
 			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute, MaxValue: stripeapi.MaxValue,
-			// Tests date usage in periods whose invoices may have closed:
-			// it is sent, marked late, unless a test sets LateQuarantine.
-			InvoiceGrace: meter.DefaultInvoiceGrace, LateUsage: meter.LateSend}}
+			// Tests date usage hours back, which in the first hours of a
+			// month is in a period whose invoice closed an hour after it
+			// ended: the longest grace keeps it from being late, and late
+			// usage would be sent anyway. Late-usage tests set both.
+			InvoiceGrace: meter.MaxInvoiceGrace, LateUsage: meter.LateSend}}
 	e.Stager = &meter.Stager{Outbox: ob, Grace: time.Minute, Target: func(context.Context) (meter.Target, bool) { return e.Target, true }}
 	e.Ingester = &meter.Ingester{Stager: e.Stager}
 	return e
