@@ -152,8 +152,11 @@ func TestEachFailure(t *testing.T) {
 		{name: "a mapped feature without its meter", prepare: func(t *testing.T, s *setup) {
 			s.env.Feature(t, "seats", mappings.Last, time.Hour)
 		}, check: "meters", status: doctor.Problem, says: "seats (seats last"},
-		{name: "clock skew", mutate: func(d *doctor.Deps) { d.Now = func() time.Time { return time.Now().Add(-5 * time.Second) } },
-			check: "clock", status: doctor.Problem, says: "differ by 5"},
+		// 5.5 s, not 5: the skew is measured to within half a round trip
+		// (4.999s was read once under load), and every reading of 5.5 s
+		// give or take a few milliseconds starts "5.".
+		{name: "clock skew", mutate: func(d *doctor.Deps) { d.Now = func() time.Time { return time.Now().Add(-5500 * time.Millisecond) } },
+			check: "clock", status: doctor.Problem, says: "differ by 5."},
 		{name: "a meter whose payload keys changed", prepare: func(t *testing.T, s *setup) {
 			// Stripe's meters cannot change their keys: a new meter takes the
 			// event name, and the mapping still sends the old one's.
