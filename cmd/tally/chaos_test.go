@@ -193,7 +193,7 @@ func (r *chaosRun) startNodes() {
 			"STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + r.simURL, "STRIPE_METER_EVENTS_BASE=" + r.simURL,
 			"TALLY_STAGE_INTERVAL=300ms", "TALLY_WINDOW_GRACE=1s", "TALLY_MAINTENANCE_INTERVAL=1s",
 			"TALLY_OUTBOX_BACKOFF_BASE=50ms", "TALLY_OUTBOX_BACKOFF_CAP=400ms", "TALLY_OUTBOX_RATE_LIMIT_DELAY=100ms",
-			"TALLY_OUTBOX_MAX_ATTEMPTS=200", "TALLY_OUTBOX_LEASE=2s", "TALLY_STRIPE_TIMEOUT=400ms",
+			"TALLY_OUTBOX_MAX_ATTEMPTS=200", "TALLY_OUTBOX_LEASE=2s", "TALLY_STRIPE_TIMEOUT=" + chaosStripeTimeout.String(),
 			"TALLY_RATE_TEST=1000", "TALLY_STREAM_RATE_TEST=1000", "TALLY_BASIC_RATE_TEST=3000", "TALLY_POLL_INTERVAL=100ms", "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=error",
 			"TALLY_DELIVERY_INFLIGHT=32",
 		}
@@ -477,7 +477,39 @@ func (r *chaosRun) checkFaultsAndRoutes(ledger int64) {
 	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*), count(*) FILTER (WHERE subject_ref LIKE '%#%') FROM outbox_items`).Scan(&items, &supplements))
 	r.t.Logf("chaos: %d events in the ledger, %d items (%d supplements of late usage)", ledger, items, supplements)
 	require.Empty(r.t, r.sim.RecordedTwice(), "no identifier recorded twice")
-	require.LessOrEqual(r.t, r.sim.MaxConcurrentPerKey(), 1, "never two calls in flight for one customer and meter: %v", r.sim.Overlaps())
+	live, all := liveOverlaps(r.sim, chaosStripeTimeout)
+	require.Empty(r.t, live, "never two calls in flight for one customer and meter (of the simulator's overlaps: %v)", all)
+}
+
+// chaosStripeTimeout is the chaos nodes' TALLY_STRIPE_TIMEOUT.
+const chaosStripeTimeout = 400 * time.Millisecond
+
+// liveOverlaps is the simulator's overlaps of v1 calls for one customer and
+// meter in which two calls were live: neither's client had given up. A
+// call older than the client's own timeout was abandoned by it, whether or
+// not the simulator had noticed the closed connection yet (under load it
+// takes tens of milliseconds): Tally then records the attempt as one that
+// may have reached Stripe and may send the key's next item, and whether
+// Stripe still counts the abandoned call is the unverified case
+// docs/stripe.md designs for (a 429, never a second event). Too many
+// overlaps to see them all fail.
+func liveOverlaps(sim *stripesim.Server, clientTimeout time.Duration) (live, all []stripesim.Overlap) {
+	all = sim.Overlaps()
+	if len(all) >= 50 {
+		return all, all
+	}
+	for _, o := range all {
+		n := 0
+		for _, c := range o.Calls {
+			if !c.ClientGone && c.Age < clientTimeout {
+				n++
+			}
+		}
+		if n > 1 {
+			live = append(live, o)
+		}
+	}
+	return live, all
 }
 
 // checkConservation checks conservation for every tenant, feature and
