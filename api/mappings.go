@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
 	"time"
@@ -107,31 +106,6 @@ type tenantView struct {
 	Warning string `json:"warning,omitempty"`
 }
 
-// MarshalJSON writes the mapping as mappings.Tenant marshals itself (its
-// invoice_grace as Go's duration text) and the view's own fields beside
-// it. Without it, Tenant's MarshalJSON, promoted to the view, would write
-// the mapping alone.
-func (v tenantView) MarshalJSON() ([]byte, error) {
-	mapping, err := json.Marshal(v.Tenant)
-	if err != nil {
-		return nil, err
-	}
-	more, err := json.Marshal(struct {
-		History []mappings.Tenant `json:"history,omitempty"`
-		Changed *bool             `json:"changed,omitempty"`
-		Warning string            `json:"warning,omitempty"`
-	}{v.History, v.Changed, v.Warning})
-	if err != nil {
-		return nil, err
-	}
-	// Both are JSON objects: {…mapping…, …more…}.
-	if len(more) == len("{}") {
-		return mapping, nil
-	}
-	out := append(mapping[:len(mapping)-1:len(mapping)-1], ',')
-	return append(out, more[1:]...), nil
-}
-
 func (h *handlers) listTenants(w http.ResponseWriter, r *http.Request) {
 	ts, err := h.Mappings.Tenants(r.Context(), h.Pool)
 	if err != nil {
@@ -185,7 +159,8 @@ func (h *handlers) putTenant(w http.ResponseWriter, r *http.Request) {
 				[]mappings.FieldError{{Field: "invoice_grace", Reason: "a Go duration from 0s to 72h in whole seconds, e.g. 1h, 90m, 72h"}})
 			return
 		}
-		in.InvoiceGrace = &g
+		grace := mappings.Duration(g)
+		in.InvoiceGrace = &grace
 	}
 	t, changed, err := h.Mappings.PutTenant(r.Context(), h.Pool, chi.URLParam(r, "tenant"), in, by(r))
 	if err != nil {

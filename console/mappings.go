@@ -111,7 +111,8 @@ func (c *Console) putTenant(w http.ResponseWriter, r *http.Request) {
 				{Field: "invoice_grace", Reason: "a Go duration from 0s to 72h in whole seconds, e.g. 1h, 90m, 72h"}}}, "")
 			return
 		}
-		in.InvoiceGrace = &g
+		grace := mappings.Duration(g)
+		in.InvoiceGrace = &grace
 	}
 	_, _, err := c.Mappings.PutTenant(r.Context(), c.pool, strings.TrimSpace(r.PostFormValue("tenant")), in, actor(r))
 	c.mappingResult(w, r, err, "tenant_saved")

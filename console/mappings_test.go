@@ -190,6 +190,6 @@ func TestMappingsPageShowsTheTenantsInvoiceGrace(t *testing.T) {
 	tn, err := s.env.Maps.GetTenant(s.env.Ctx, s.env.Pool, "acme")
 	require.NoError(t, err)
 	require.NotNil(t, tn.InvoiceGrace)
-	require.Equal(t, 90*time.Minute, *tn.InvoiceGrace, "nothing refused was saved")
+	require.Equal(t, mappings.Duration(90*time.Minute), *tn.InvoiceGrace, "nothing refused was saved")
 	require.Equal(t, "1h30m0s", graceOf(page(), "acme"))
 }

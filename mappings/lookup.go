@@ -80,11 +80,7 @@ func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]b
 				a := anchor.UTC()
 				p.Tenant.PeriodAnchor = &a
 			}
-			if grace != nil {
-				// A copy of its own, whatever the next row's scan does with grace.
-				g := *grace
-				p.Tenant.InvoiceGrace = &g
-			}
+			p.Tenant.InvoiceGrace = graceOf(grace) // a copy of its own, whatever the next row's scan does with grace
 		}
 		out[[2]string{tenant, feature}] = p
 		return nil

@@ -2,7 +2,6 @@ package mappings
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -19,52 +18,20 @@ import (
 const MaxInvoiceGrace = 72 * time.Hour
 
 // Tenant is the current (or a past) mapping of a tenant.
-//
-// In JSON, InvoiceGrace is "invoice_grace": Go's duration text ("2h0m0s"),
-// absent when nil. Tenant marshals itself for that (MarshalJSON): a struct
-// that embeds a Tenant and adds fields of its own must marshal itself too,
-// or the promoted MarshalJSON writes the Tenant alone.
 type Tenant struct {
 	Tenant           string     `json:"tenant"`
 	StripeCustomerID string     `json:"stripe_customer_id"`
 	PeriodAnchor     *time.Time `json:"period_anchor,omitempty"`
 	// InvoiceGrace is how long after a billing period ends Stripe finalizes
-	// the tenant's invoice; nil is the node's TALLY_INVOICE_GRACE.
-	InvoiceGrace *time.Duration `json:"-"`
-	Version      int            `json:"mapping_version"`
-	UpdatedAt    time.Time      `json:"updated_at"`
-	UpdatedBy    string         `json:"updated_by"`
+	// the tenant's invoice ("invoice_grace", Go's duration text); nil is
+	// the node's TALLY_INVOICE_GRACE.
+	InvoiceGrace *Duration `json:"invoice_grace,omitempty"`
+	Version      int       `json:"mapping_version"`
+	UpdatedAt    time.Time `json:"updated_at"`
+	UpdatedBy    string    `json:"updated_by"`
 }
 
-// tenantFields is Tenant without its methods: what its JSON methods encode
-// besides invoice_grace.
-type tenantFields Tenant
-
-// MarshalJSON writes the mapping with its invoice_grace as Go's duration
-// text, left out when nil.
-func (t Tenant) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
-		tenantFields
-		InvoiceGrace *Duration `json:"invoice_grace,omitempty"`
-	}{tenantFields(t), (*Duration)(t.InvoiceGrace)})
-}
-
-// UnmarshalJSON reads what MarshalJSON writes; an invoice_grace of null is
-// nil.
-func (t *Tenant) UnmarshalJSON(b []byte) error {
-	v := struct {
-		*tenantFields
-		InvoiceGrace *Duration `json:"invoice_grace"`
-	}{(*tenantFields)(t), (*Duration)(t.InvoiceGrace)}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	t.InvoiceGrace = (*time.Duration)(v.InvoiceGrace)
-	return nil
-}
-
-// TenantInput is what an operator sets for a tenant. In JSON, InvoiceGrace
-// is "invoice_grace" as Tenant's.
+// TenantInput is what an operator sets for a tenant.
 type TenantInput struct {
 	StripeCustomerID string `json:"stripe_customer_id"`
 	// PeriodAnchor starts the tenant's monthly billing periods; nil means
@@ -73,33 +40,25 @@ type TenantInput struct {
 	// InvoiceGrace is the tenant's invoice finalization grace period, from
 	// 0 to MaxInvoiceGrace in whole seconds; nil means the node's
 	// TALLY_INVOICE_GRACE.
-	InvoiceGrace *time.Duration `json:"-"`
+	InvoiceGrace *Duration `json:"invoice_grace"`
 }
 
-// tenantInputFields is TenantInput without its methods.
-type tenantInputFields TenantInput
-
-// MarshalJSON writes the input with its invoice_grace as Go's duration
-// text, null when nil.
-func (in TenantInput) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
-		tenantInputFields
-		InvoiceGrace *Duration `json:"invoice_grace"`
-	}{tenantInputFields(in), (*Duration)(in.InvoiceGrace)})
-}
-
-// UnmarshalJSON reads an invoice_grace of Go's duration text ("2h", "90m");
-// null or absent is nil.
-func (in *TenantInput) UnmarshalJSON(b []byte) error {
-	v := struct {
-		*tenantInputFields
-		InvoiceGrace *Duration `json:"invoice_grace"`
-	}{(*tenantInputFields)(in), (*Duration)(in.InvoiceGrace)}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
+// graceArg is a grace as the database takes it (an interval; NULL for nil).
+func graceArg(g *Duration) *time.Duration {
+	if g == nil {
+		return nil
 	}
-	in.InvoiceGrace = (*time.Duration)(v.InvoiceGrace)
-	return nil
+	d := time.Duration(*g)
+	return &d
+}
+
+// graceOf is a grace the database read (nil for NULL).
+func graceOf(d *time.Duration) *Duration {
+	if d == nil {
+		return nil
+	}
+	g := Duration(*d)
+	return &g
 }
 
 // ValidInvoiceGrace reports whether a tenant mapping may name g as its
@@ -120,7 +79,7 @@ func (in *TenantInput) validate(tenant string) error {
 		a := in.PeriodAnchor.UTC().Truncate(time.Second)
 		in.PeriodAnchor = &a
 	}
-	if in.InvoiceGrace != nil && !ValidInvoiceGrace(*in.InvoiceGrace) {
+	if in.InvoiceGrace != nil && !ValidInvoiceGrace(time.Duration(*in.InvoiceGrace)) {
 		fe = append(fe, FieldError{"invoice_grace", "a duration from 0s to 72h (Stripe's largest finalization grace period), in whole seconds"})
 	}
 	if len(fe) > 0 {
@@ -136,10 +95,14 @@ const tenantColumns = `tenant, stripe_customer_id, period_anchor, invoice_grace,
 // counting a day as 24 hours (and a month as 30 days, which the CHECK of
 // invoice_grace rules out), and NULL as nil.
 func scanTenant(row pgx.Row) (Tenant, error) {
-	var t Tenant
-	if err := row.Scan(&t.Tenant, &t.StripeCustomerID, &t.PeriodAnchor, &t.InvoiceGrace, &t.Version, &t.UpdatedAt, &t.UpdatedBy); err != nil {
+	var (
+		t     Tenant
+		grace *time.Duration
+	)
+	if err := row.Scan(&t.Tenant, &t.StripeCustomerID, &t.PeriodAnchor, &grace, &t.Version, &t.UpdatedAt, &t.UpdatedBy); err != nil {
 		return Tenant{}, err
 	}
+	t.InvoiceGrace = graceOf(grace)
 	if t.PeriodAnchor != nil {
 		a := t.PeriodAnchor.UTC()
 		t.PeriodAnchor = &a
@@ -154,7 +117,7 @@ func sameAnchor(a, b *time.Time) bool {
 	return a.Equal(*b)
 }
 
-func sameGrace(a, b *time.Duration) bool {
+func sameGrace(a, b *Duration) bool {
 	if a == nil || b == nil {
 		return a == nil && b == nil
 	}
@@ -201,7 +164,7 @@ func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in 
 				period_anchor = EXCLUDED.period_anchor, invoice_grace = EXCLUDED.invoice_grace, version = EXCLUDED.version,
 				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
 			RETURNING `+tenantColumns,
-			tenant, in.StripeCustomerID, in.PeriodAnchor, by, in.InvoiceGrace))
+			tenant, in.StripeCustomerID, in.PeriodAnchor, by, graceArg(in.InvoiceGrace)))
 		if err != nil {
 			return err
 		}

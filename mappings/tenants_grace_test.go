@@ -17,7 +17,7 @@ import (
 	"github.com/tallymeter/tally/mappings"
 )
 
-func grace(d time.Duration) *time.Duration { return &d }
+func grace(d time.Duration) *mappings.Duration { g := mappings.Duration(d); return &g }
 
 // graces lists each tenant's invoice grace as text, "-" for nil.
 func graces(ts []mappings.Tenant) []string {
@@ -37,7 +37,7 @@ func graces(ts []mappings.Tenant) []string {
 func TestTenantInvoiceGrace(t *testing.T) {
 	t.Parallel()
 	ctx, pool, s := context.Background(), testdb.New(t), &mappings.Store{}
-	put := func(g *time.Duration, by string) (mappings.Tenant, bool) {
+	put := func(g *mappings.Duration, by string) (mappings.Tenant, bool) {
 		t.Helper()
 		tn, changed, err := s.PutTenant(ctx, pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_1", InvoiceGrace: g}, by)
 		require.NoError(t, err)
@@ -222,7 +222,7 @@ func TestTenantInvoiceGraceJSON(t *testing.T) {
 	// Through a pointer, in a slice and in a map, as the CLI prints it.
 	b, err = json.Marshal(map[string]any{"mapping": &tn, "history": []mappings.Tenant{tn}})
 	require.NoError(t, err)
-	require.Contains(t, string(b), `"history":[{"tenant":"acme","stripe_customer_id":"cus_1","period_anchor":"2026-01-15T00:00:00Z","mapping_version":7,"updated_at":"2026-03-01T12:00:00Z","updated_by":"alice","invoice_grace":"2h0m0s"}]`)
+	require.Contains(t, string(b), `"history":[{"tenant":"acme","stripe_customer_id":"cus_1","period_anchor":"2026-01-15T00:00:00Z","invoice_grace":"2h0m0s","mapping_version":7,"updated_at":"2026-03-01T12:00:00Z","updated_by":"alice"}]`)
 
 	tn.InvoiceGrace, tn.PeriodAnchor = nil, nil
 	b, err = json.Marshal(tn)
@@ -233,7 +233,7 @@ func TestTenantInvoiceGraceJSON(t *testing.T) {
 	require.Nil(t, back.InvoiceGrace)
 	require.Equal(t, "acme", back.Tenant)
 
-	for body, want := range map[string]*time.Duration{
+	for body, want := range map[string]*mappings.Duration{
 		`{"stripe_customer_id":"cus_1","invoice_grace":"2h"}`:   grace(2 * time.Hour),
 		`{"stripe_customer_id":"cus_1","invoice_grace":"90m"}`:  grace(90 * time.Minute),
 		`{"stripe_customer_id":"cus_1","invoice_grace":"0s"}`:   grace(0),

@@ -334,7 +334,7 @@ func (in *Ingester) capQuarantine(ctx context.Context, tx pgx.Tx, events []Event
 			c.reason = outbox.ReasonNoCustomer
 		}
 		if c.reason == "" && known {
-			sc := stampCheck{at: c.at, periodEnd: PeriodEnd(c.at, anchorOf(c.pair)), grace: target.graceOf(c.pair)}
+			sc := target.stampCheckOf(c.pair, c.at, c.at)
 			stamps, check = append(stamps, sc), append(check, len(cands))
 		}
 		cands = append(cands, c)

@@ -20,12 +20,12 @@ import (
 // period never is.
 func TestLateUsage(t *testing.T) {
 	t.Parallel()
-	hours := func(h time.Duration) *time.Duration { h *= time.Hour; return &h }
+	hours := func(h time.Duration) *mappings.Duration { g := mappings.Duration(h * time.Hour); return &g }
 	for _, c := range []struct {
 		name        string
 		policy      meter.LatePolicy
 		nodeGrace   time.Duration
-		tenantGrace *time.Duration
+		tenantGrace *mappings.Duration
 		late        bool   // the closed period's usage is late
 		reason      string // its items' quarantine reason
 	}{

@@ -78,7 +78,7 @@ func (s *Stager) Rebuild(ctx context.Context, tx pgx.Tx, it outbox.Item, pair ma
 		return outbox.NewItem{}, fmt.Errorf("meter: item %d has no period: %w", it.ID, err)
 	}
 	ni := s.item(pair, target, it.TenantKey, feature, it.SubjectKind, it.SubjectRef, value, last, period)
-	verdicts, err := checkStamps(ctx, tx, target, []stampCheck{{at: last, periodEnd: PeriodEnd(period, anchorOf(pair)), grace: target.graceOf(pair)}})
+	verdicts, err := checkStamps(ctx, tx, target, []stampCheck{target.stampCheckOf(pair, last, period)})
 	if err != nil {
 		return outbox.NewItem{}, err
 	}

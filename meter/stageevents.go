@@ -80,7 +80,7 @@ type stagedEvent struct {
 func (s *Stager) enqueueEvents(ctx context.Context, tx pgx.Tx, target Target, tenant, feature string, pair mappings.Pair, evs []stagedEvent) (PassResult, error) {
 	checks := make([]stampCheck, len(evs))
 	for i, e := range evs {
-		checks[i] = stampCheck{at: e.at, periodEnd: PeriodEnd(e.at, anchorOf(pair)), grace: target.graceOf(pair)}
+		checks[i] = target.stampCheckOf(pair, e.at, e.at)
 	}
 	verdicts, err := checkStamps(ctx, tx, target, checks)
 	if err != nil {

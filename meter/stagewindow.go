@@ -121,7 +121,7 @@ func (s *Stager) enqueueChunks(ctx context.Context, tx pgx.Tx, pair mappings.Pai
 	}
 	checks := make([]stampCheck, len(chunks))
 	for k, c := range chunks {
-		checks[k] = stampCheck{at: c.at, periodEnd: PeriodEnd(w.PeriodStart, anchorOf(pair)), grace: target.graceOf(pair)}
+		checks[k] = target.stampCheckOf(pair, c.at, w.PeriodStart)
 	}
 	verdicts, err := checkStamps(ctx, tx, target, checks)
 	if err != nil {

@@ -70,7 +70,7 @@ const MaxInvoiceGrace = mappings.MaxInvoiceGrace
 // node's.
 func (t Target) graceOf(pair mappings.Pair) time.Duration {
 	if pair.Tenant != nil && pair.Tenant.InvoiceGrace != nil {
-		return *pair.Tenant.InvoiceGrace
+		return time.Duration(*pair.Tenant.InvoiceGrace)
 	}
 	return t.InvoiceGrace
 }
@@ -123,6 +123,12 @@ func timestampsAhead(ctx context.Context, tx pgx.Tx, target Target, evs []staged
 type stampCheck struct {
 	at, periodEnd time.Time
 	grace         time.Duration
+}
+
+// stampCheckOf is the check of an item of pair's usage stamped at, in the
+// billing period that contains inPeriod.
+func (t Target) stampCheckOf(pair mappings.Pair, at, inPeriod time.Time) stampCheck {
+	return stampCheck{at: at, periodEnd: PeriodEnd(inPeriod, anchorOf(pair)), grace: t.graceOf(pair)}
 }
 
 // stampVerdict is the database clock's answer to a stampCheck.

@@ -157,7 +157,8 @@ func (f *tenantFlags) run(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return usageError{"--invoice-grace: want a duration from 0s to 72h, e.g. 2h or 90m"}
 		}
-		in.InvoiceGrace = &g
+		grace := mappings.Duration(g)
+		in.InvoiceGrace = &grace
 	}
 	t, changed, err := m.PutTenant(ctx, pool, args[1], in, who())
 	if err != nil {
