@@ -133,9 +133,13 @@ func (h *handlers) getTenant(w http.ResponseWriter, r *http.Request) {
 func (h *handlers) putTenant(w http.ResponseWriter, r *http.Request) {
 	// The anchor and the grace arrive as text, so that a bad one is a field
 	// problem (422), as the window of a feature. Absent or null, each is
-	// unset: calendar months, the node's TALLY_INVOICE_GRACE.
+	// unset: calendar months, the node's TALLY_INVOICE_GRACE. The account
+	// is optional like a feature's exporter: absent, null or empty is the
+	// node's destination (a PUT sets the whole mapping, so leaving it out
+	// of a mapping that named one goes back to the node's).
 	var raw struct {
 		StripeCustomerID string  `json:"stripe_customer_id"`
+		StripeAccount    *string `json:"stripe_account"`
 		PeriodAnchor     *string `json:"period_anchor"`
 		InvoiceGrace     *string `json:"invoice_grace"`
 	}
@@ -143,6 +147,9 @@ func (h *handlers) putTenant(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	in := mappings.TenantInput{StripeCustomerID: raw.StripeCustomerID}
+	if raw.StripeAccount != nil {
+		in.StripeAccount = *raw.StripeAccount
+	}
 	if raw.PeriodAnchor != nil {
 		a, err := time.Parse(time.RFC3339, *raw.PeriodAnchor)
 		if err != nil {

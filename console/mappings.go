@@ -20,8 +20,11 @@ func (c *Console) mappingsPage(w http.ResponseWriter, r *http.Request) {
 
 // mappingsView is what the mappings page shows.
 type mappingsView struct {
-	Features      []mappings.Feature
-	Tenants       []mappings.Tenant
+	Features []mappings.Feature
+	Tenants  []mappings.Tenant
+	// Accounts are the connected accounts current tenant mappings name,
+	// by id, with how many tenants name each.
+	Accounts      []accountTenants
 	Unmapped      []meter.Unmapped
 	History       []audit.Entry
 	Exporters     []string
@@ -32,6 +35,13 @@ type mappingsView struct {
 	// Refusal, after a form was refused, is why: the code and message the
 	// API and the CLI give for the same mapping.
 	Refusal *mappings.Refusal
+}
+
+// accountTenants is a connected account and the number of tenants whose
+// current mapping names it.
+type accountTenants struct {
+	Account string
+	Tenants int
 }
 
 // renderMappings draws the mappings page; after a refused form, with the
@@ -51,6 +61,15 @@ func (c *Console) renderMappings(w http.ResponseWriter, r *http.Request, refusal
 		c.fail(w, r, err)
 		return
 	}
+	accounts, err := mappings.CurrentAccounts(ctx, c.pool)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	for a, n := range accounts {
+		v.Accounts = append(v.Accounts, accountTenants{Account: a, Tenants: n})
+	}
+	slices.SortFunc(v.Accounts, func(a, b accountTenants) int { return strings.Compare(a.Account, b.Account) })
 	if v.Unmapped, err = meter.UnmappedUsage(ctx, c.pool, unmappedSpan); err != nil {
 		c.fail(w, r, err)
 		return
@@ -102,7 +121,10 @@ func (c *Console) putFeature(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) putTenant(w http.ResponseWriter, r *http.Request) {
-	in := mappings.TenantInput{StripeCustomerID: strings.TrimSpace(r.PostFormValue("customer"))}
+	// An empty account is the node's destination (STRIPE_ACCOUNT, else the
+	// key's own account).
+	in := mappings.TenantInput{StripeCustomerID: strings.TrimSpace(r.PostFormValue("customer")),
+		StripeAccount: strings.TrimSpace(r.PostFormValue("stripe_account"))}
 	// An empty invoice grace is the node's default (TALLY_INVOICE_GRACE).
 	if s := strings.TrimSpace(r.PostFormValue("invoice_grace")); s != "" {
 		g, err := time.ParseDuration(s)

@@ -52,7 +52,7 @@ func TestRevokedConnectDestinationStallsNotQuarantines(t *testing.T) {
 	require.ErrorContains(t, res.Check(r.Ctx), "(status 400)")
 	var refused int
 	require.Eventually(t, func() bool {
-		require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM outbox_attempts WHERE error_code = 'stripe_auth' AND refused`).Scan(&refused))
+		require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM outbox_attempts WHERE error_code = 'stripe_account_refused' AND refused`).Scan(&refused))
 		return refused >= 4
 	}, 10*time.Second, 10*time.Millisecond)
 	c := r.counts(t)

@@ -65,6 +65,18 @@ type Rates struct {
 // a connected account (Connect calls count toward the basic limit).
 type Budget struct {
 	events, stream, reads, other *Limiter
+	basic                        *rate.Limiter
+}
+
+// connect makes the meter-event classes take from the basic bucket too:
+// the node exports to a connected account a tenant mapping names, and
+// Connect meter events count toward the basic limit. Whose basic limit —
+// the connected account's or the platform's — Stripe does not say
+// (docs/stripe.md §9): Tally assumes the worst, one bucket for every
+// account the platform's key calls. Idempotent.
+func (b *Budget) connect() {
+	b.events.shared.CompareAndSwap(nil, b.basic)
+	b.stream.shared.CompareAndSwap(nil, b.basic)
 }
 
 // NewBudget makes the budget of a destination in mode; connected says the
@@ -90,6 +102,7 @@ func NewBudget(mode stripeapi.Mode, connected bool, r Rates) *Budget {
 		stream: newLimiter(pick(r.Stream, DefaultStreamLiveRate, DefaultStreamTestRate), meterBasic),
 		reads:  newLimiter(pick(r.Reads, DefaultReadsLiveRate, DefaultReadsTestRate), basic),
 		other:  newLimiter(pick(r.Other, DefaultOtherLiveRate, DefaultOtherTestRate), basic),
+		basic:  basic,
 	}
 }
 

@@ -38,6 +38,14 @@ type Answer struct {
 // codeAuth is the error code of a 401 or 403: the key, not the item.
 const codeAuth = "stripe_auth"
 
+// codeAccountRefused is the error code of Stripe's account_invalid: the
+// key may not act for the Stripe-Account destination, not the item's fault.
+const codeAccountRefused = "stripe_account_refused"
+
+// refusedKeyOrAccount reports whether an error code is the key's or the
+// destination account's refusal.
+func refusedKeyOrAccount(code string) bool { return code == codeAuth || code == codeAccountRefused }
+
 // codeAccountInvalid is Stripe's error code for a Stripe-Account header
 // the key may not use (stripe-go's ErrorCodeAccountInvalid).
 const codeAccountInvalid = "account_invalid"
@@ -59,7 +67,8 @@ const duplicatePrefix = "An event already exists with identifier"
 //	    or a value that is not a whole number     rejected, terminal
 //	any other 4xx but 401, 403, 404, 409, 429
 //	    (400, 402, 405, 413, 415, 422, …)         quarantined provider_refused: a human looks first
-//	401/403, or code account_invalid at any 4xx   retry with backoff (refused; alerted; export stalls)
+//	code account_invalid at any 4xx               retry with backoff (refused; the account stalls)
+//	401/403                                       retry with backoff (refused; alerted; export stalls)
 //	any other 404                                 retry with backoff (refused: the endpoint, not the item)
 //	409                                           retry with backoff (refused)
 //	429 from a limiter (Stripe-Rate-Limited-Reason
@@ -146,13 +155,16 @@ func itemRefusal(a Answer) (outbox.Outcome, bool) {
 func statusOutcome(a Answer) outbox.Outcome {
 	info := outbox.ErrorInfo{Status: a.Status, Message: a.Message}
 	switch {
-	case a.Status == http.StatusUnauthorized || a.Status == http.StatusForbidden ||
-		(a.Code == codeAccountInvalid && a.Status >= 400 && a.Status <= 499):
+	case a.Code == codeAccountInvalid && a.Status >= 400 && a.Status <= 499:
 		// account_invalid: the key may not act for the Stripe-Account
 		// destination (never connected, or access revoked). Stripe's pages
 		// give no status for it (docs/stripe.md §8): at any 4xx it is the
 		// destination's fault, not the item's, and must stall the
 		// destination rather than quarantine every item provider_refused.
+		info.Code = codeAccountRefused
+		return outbox.Outcome{Kind: outbox.Retry, Error: info, Refused: true}
+
+	case a.Status == http.StatusUnauthorized || a.Status == http.StatusForbidden:
 		info.Code = codeAuth
 		return outbox.Outcome{Kind: outbox.Retry, Error: info, Refused: true}
 

@@ -32,10 +32,10 @@ func TestClassify(t *testing.T) {
 		// account_invalid stalls the destination whatever its status, which
 		// Stripe's pages do not give: never a per-item quarantine.
 		{"account_invalid as a 403", Answer{Status: 403, Code: "account_invalid",
-			Message: "The provided key does not have access to account 'acct_x'"}, outbox.Retry, "stripe_auth", true, ""},
+			Message: "The provided key does not have access to account 'acct_x'"}, outbox.Retry, "stripe_account_refused", true, ""},
 		{"account_invalid as a 400", Answer{Status: 400, Code: "account_invalid",
-			Message: "The account ID provided as a value for the Stripe-Account header is invalid."}, outbox.Retry, "stripe_auth", true, ""},
-		{"account_invalid as a 404", Answer{Status: 404, Code: "account_invalid"}, outbox.Retry, "stripe_auth", true, ""},
+			Message: "The account ID provided as a value for the Stripe-Account header is invalid."}, outbox.Retry, "stripe_account_refused", true, ""},
+		{"account_invalid as a 404", Answer{Status: 404, Code: "account_invalid"}, outbox.Retry, "stripe_account_refused", true, ""},
 		{"duplicate identifier is success", Answer{Status: 400, RequestID: "req_2",
 			Message: "An event already exists with identifier tly_abc.", ShouldRetry: &no}, outbox.Accepted, "", false, ""},
 		{"no meter for the event name", Answer{Status: 400, Code: "resource_missing", Param: "event_name",

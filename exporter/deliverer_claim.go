@@ -138,7 +138,7 @@ func (r *delivery) claim(ctx context.Context, owner string, n int) ([]outbox.Lea
 	past, future := r.exporter.Accepts()
 	leases, err := r.store.Claim(ctx, r.pool, outbox.ClaimOptions{
 		Owner: owner, Limit: n, Policy: r.cfg.Policy, AcceptPast: past, AcceptFuture: future,
-		Exporter: r.exporter.Name(),
+		Exporter: r.exporter.Name(), SkipAccounts: r.cfg.Accounts.skipped(),
 	})
 	for i := len(leases); i < n; i++ {
 		<-r.slots

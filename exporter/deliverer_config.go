@@ -77,6 +77,11 @@ type DelivererConfig struct {
 	// Keys, when set, hears whether the provider refuses this node's key
 	// (the Resolver: /readyz reports the stall).
 	Keys KeyHealth
+	// Accounts, when set, are the connected accounts tenant mappings name
+	// (Connect): an item staged for one is sent there with
+	// Stripe-Account, and one Stripe refuses stalls alone. Nil: every item
+	// must be staged for the node's own destination.
+	Accounts *Connected
 }
 
 // KeyHealth hears what deliveries say about the API key.

@@ -2,6 +2,7 @@ package exporter
 
 import (
 	"context"
+	"net/http"
 	"slices"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 func (r *delivery) sendBatches(be BatchExporter, leases []outbox.Lease, dest Destination, prepaid int, end time.Time) {
 	ready := leases[:0:0]
 	for _, l := range leases {
-		if o, ok := claimCheck(l, dest, be.Name()); ok {
+		if o, ok := r.claimCheck(l, dest, be.Name()); ok {
 			o.Lease = l
 			r.metrics.outcome(o)
 			r.outcomes <- o
@@ -24,23 +25,69 @@ func (r *delivery) sendBatches(be BatchExporter, leases []outbox.Lease, dest Des
 		}
 		ready = append(ready, l)
 	}
-	for batch := range slices.Chunk(ready, be.MaxBatch()) {
-		paid := prepaid > 0
-		prepaid--
-		r.sends.Add(1)
-		go func() {
-			defer r.sends.Done()
-			for _, o := range r.deliverBatch(be, batch, paid, end) {
-				r.outcomes <- o
-				<-r.slots
-			}
-		}()
+	// A request carries one account's items: a stream session belongs to
+	// the account it was created on.
+	for _, group := range byAccount(ready) {
+		for batch := range slices.Chunk(group, be.MaxBatch()) {
+			paid := prepaid > 0
+			prepaid--
+			r.sends.Add(1)
+			go func() {
+				defer r.sends.Done()
+				for _, o := range r.deliverBatch(be, batch, dest, paid, end) {
+					r.outcomes <- o
+					<-r.slots
+				}
+			}()
+		}
+	}
+}
+
+// byAccount splits leases by destination account, keeping their order
+// within each account and the accounts in order of first appearance.
+func byAccount(leases []outbox.Lease) [][]outbox.Lease {
+	if len(leases) == 0 {
+		return nil
+	}
+	one := true
+	for _, l := range leases[1:] {
+		if l.DestinationAccount != leases[0].DestinationAccount {
+			one = false
+			break
+		}
+	}
+	if one {
+		return [][]outbox.Lease{leases}
+	}
+	var groups [][]outbox.Lease
+	at := map[string]int{}
+	for _, l := range leases {
+		i, ok := at[l.DestinationAccount]
+		if !ok {
+			i = len(groups)
+			at[l.DestinationAccount] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], l)
+	}
+	return groups
+}
+
+// keySignals reads the key and account signals of a batch's outcomes: the
+// first outcome of each account.
+func (d *Deliverer) keySignals(out []outbox.Outcome, dest Destination) {
+	seen := map[string]bool{}
+	for _, o := range out {
+		if !seen[o.Lease.DestinationAccount] {
+			seen[o.Lease.DestinationAccount] = true
+			d.keySignal(o, dest)
+		}
 	}
 }
 
 // deliverBatch sends a batch of checked leases on a context of its own, like
 // deliver, and reads the flow-control and key signals of its outcomes.
-func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, paid bool, end time.Time) []outbox.Outcome {
+func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, dest Destination, paid bool, end time.Time) []outbox.Outcome {
 	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 	start := time.Now()
@@ -70,20 +117,36 @@ func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, paid bo
 		}
 		d.metrics.outcome(*o)
 	}
-	if len(out) > 0 {
-		d.keySignal(out[0])
-	}
+	d.keySignals(out, dest)
 	return out
 }
 
-// keySignal tells KeyHealth what an outcome says about the API key.
-func (d *Deliverer) keySignal(o outbox.Outcome) {
+// keySignal tells KeyHealth, or for a connected account Connected, what an
+// outcome says about the key's access. Stripe refusing a connected account
+// (account_invalid, or a 403 on a call for it) stalls that account alone;
+// a 401 is the key's, and any refusal of the node's own destination stalls
+// the node, as before Connect.
+func (d *Deliverer) keySignal(o outbox.Outcome, dest Destination) {
+	acct := o.Lease.DestinationAccount
+	if c := d.cfg.Accounts; c != nil && acct != "" && acct != dest.Account {
+		switch {
+		case (o.Error.Code == codeAccountRefused || o.Error.Code == codeAuth && o.Error.Status == http.StatusForbidden) && c.Refused(acct, o.Error.Status):
+			d.logger.Error("Stripe refused this platform's access to a connected account: its items wait, the others export; access is probed every 15s",
+				"account", acct, "status", o.Error.Status)
+			return
+		case o.Kind == outbox.Accepted && c.Works(acct):
+			d.logger.Info("Stripe accepts deliveries to the connected account again: its items export", "account", acct)
+			return
+		case o.Error.Code == codeAccountRefused || o.Error.Code == codeAuth && o.Error.Status == http.StatusForbidden:
+			return
+		}
+	}
 	k := d.cfg.Keys
 	if k == nil {
 		return
 	}
 	switch {
-	case o.Error.Code == codeAuth && k.KeyRefused(o.Error.Status):
+	case refusedKeyOrAccount(o.Error.Code) && k.KeyRefused(o.Error.Status):
 		d.logger.Error("Stripe refused the API key: export is stalled until the key is fixed; items are retried with backoff",
 			"status", o.Error.Status)
 	case o.Kind == outbox.Accepted && k.KeyWorks():
@@ -106,7 +169,7 @@ func (d *Deliverer) waitSlot(ctx context.Context, end time.Time) error {
 // and no call for the item is still in flight when another claimer may
 // take it over.
 func (d *Deliverer) deliver(l outbox.Lease, dest Destination, paid bool, end time.Time) outbox.Outcome {
-	if o, ok := claimCheck(l, dest, d.exporter.Name()); ok {
+	if o, ok := d.claimCheck(l, dest, d.exporter.Name()); ok {
 		o.Lease = l
 		d.metrics.outcome(o)
 		return o
@@ -128,15 +191,16 @@ func (d *Deliverer) deliver(l outbox.Lease, dest Destination, paid bool, end tim
 	} else if o.Error.Status != 0 || o.Kind == outbox.Accepted {
 		d.limiter.Ok()
 	}
-	d.keySignal(o)
+	d.keySignal(o, dest)
 	d.metrics.outcome(o)
 	return o
 }
 
 // claimCheck is T6: an item staged for another account, mode or exporter
 // than this node's, or one that cannot be sent as it stands, is quarantined
-// without being sent.
-func claimCheck(l outbox.Lease, dest Destination, exporter string) (outbox.Outcome, bool) {
+// without being sent. An account other than the node's own destination
+// must be a connected account some tenant mapping names.
+func (d *Deliverer) claimCheck(l outbox.Lease, dest Destination, exporter string) (outbox.Outcome, bool) {
 	q := func(r outbox.Reason, msg string) (outbox.Outcome, bool) {
 		return outbox.Outcome{Kind: outbox.Quarantined, Reason: r, Error: outbox.ErrorInfo{Code: string(r), Message: msg}}, true
 	}
@@ -144,7 +208,11 @@ func claimCheck(l outbox.Lease, dest Destination, exporter string) (outbox.Outco
 	case dest.Account == "":
 		return q(outbox.ReasonNoAccount, "this node has no destination account (STRIPE_ACCOUNT)")
 	case l.DestinationAccount != dest.Account:
-		return q(outbox.ReasonAccountMismatch, "staged for another account than this node exports to")
+		if o, stop := d.connectedCheck(l); stop {
+			return o, true
+		}
+	}
+	switch {
 	case l.Mode != dest.Mode:
 		return q(outbox.ReasonModeMismatch, "staged for another mode than this node exports to")
 	case l.Payload.EventName == "":
@@ -160,6 +228,29 @@ func claimCheck(l outbox.Lease, dest Destination, exporter string) (outbox.Outco
 		// without an attempt's refusal being its fault.
 		return outbox.Outcome{Kind: outbox.Retry, Refused: true,
 			Error: outbox.ErrorInfo{Code: "exporter_mismatch", Message: "staged for another exporter than this node runs"}}, true
+	}
+	return outbox.Outcome{}, false
+}
+
+// connectedCheck is T6 for an item staged for another account than the
+// node's own destination: it goes on when a tenant mapping has named that
+// account (a connected account), and is quarantined account_mismatch when
+// none has; when the mappings cannot be read it is put back.
+func (d *Deliverer) connectedCheck(l outbox.Lease) (outbox.Outcome, bool) {
+	mismatch := outbox.Outcome{Kind: outbox.Quarantined, Reason: outbox.ReasonAccountMismatch, Error: outbox.ErrorInfo{
+		Code: string(outbox.ReasonAccountMismatch), Message: "staged for an account that is neither this node's destination nor a connected account a tenant mapping names"}}
+	if d.cfg.Accounts == nil {
+		return mismatch, true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	known, err := d.cfg.Accounts.Known(ctx, l.DestinationAccount)
+	switch {
+	case err != nil:
+		return outbox.Outcome{Kind: outbox.Retry, Refused: true,
+			Error: outbox.ErrorInfo{Code: "account_lookup", Message: "the connected accounts of the tenant mappings could not be read"}}, true
+	case !known:
+		return mismatch, true
 	}
 	return outbox.Outcome{}, false
 }

@@ -105,6 +105,9 @@ type Resolver struct {
 	// reach hears whether this node's calls to Stripe get an answer
 	// (stall.go).
 	reach reachability
+	// connected are the connected accounts tenant mappings name, and which
+	// Stripe refused (accounts.go); nil without a key.
+	connected *Connected
 }
 
 // retryEvery bounds how often a failed account lookup is tried again.
@@ -134,8 +137,15 @@ func NewResolver(s Settings) (*Resolver, error) {
 		return nil, err
 	}
 	r.client = c
+	r.connected = NewConnected(nil, c.CheckAccess, nil)
+	r.connected.onKnown = r.budget.connect
 	return r, nil
 }
+
+// Connected is what this node knows of the connected accounts tenant
+// mappings name; nil without a key. Give it its source of accounts
+// (Connected.SetSource) before deliverers run.
+func (r *Resolver) Connected() *Connected { return r.connected }
 
 // Client is the Stripe client, nil without a key. Every call made with it
 // but v1 meter events and stream requests waits for the budget's Other
@@ -200,6 +210,17 @@ func (r *Resolver) Destination() (Destination, error) {
 		return Destination{}, r.lastErr
 	}
 	return Destination{}, errUnresolved
+}
+
+// Header is the Stripe-Account header of a call for an item staged for
+// account: none for the node's own destination (the client adds
+// STRIPE_ACCOUNT, when set, to every call), else the account — a
+// connected account a tenant mapping names.
+func (r *Resolver) Header(account string) string {
+	if d, err := r.Destination(); err == nil && account == d.Account {
+		return ""
+	}
+	return account
 }
 
 // Run resolves the destination in the background until it is known or ctx

@@ -3,6 +3,7 @@ package exporter
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -30,9 +31,12 @@ const (
 // the account's other classes (Stripe's basic limit), which is not
 // adaptive: a 429 slows the class whose call it answered, never the others.
 type Limiter struct {
-	mu       sync.Mutex
-	lim      *rate.Limiter
-	shared   *rate.Limiter // the account's basic limit; nil when the class has none
+	mu  sync.Mutex
+	lim *rate.Limiter
+	// shared is the account's basic limit; nil when the class has none.
+	// A live meter-event class gains it once the node exports to a
+	// connected account (Budget.connect).
+	shared   atomic.Pointer[rate.Limiter]
 	max      rate.Limit
 	cur      rate.Limit
 	lastSlow time.Time
@@ -43,7 +47,9 @@ type Limiter struct {
 func NewLimiter(perSecond float64) *Limiter { return newLimiter(perSecond, nil) }
 
 func newLimiter(perSecond float64, shared *rate.Limiter) *Limiter {
-	return &Limiter{lim: newBucket(perSecond), shared: shared, max: rate.Limit(perSecond), cur: rate.Limit(perSecond)}
+	l := &Limiter{lim: newBucket(perSecond), max: rate.Limit(perSecond), cur: rate.Limit(perSecond)}
+	l.shared.Store(shared)
+	return l
 }
 
 // Wait blocks until a call may go out — a slot of the class and, when it
@@ -52,8 +58,8 @@ func (l *Limiter) Wait(ctx context.Context) error {
 	if err := l.lim.Wait(ctx); err != nil {
 		return err
 	}
-	if l.shared != nil {
-		return l.shared.Wait(ctx)
+	if shared := l.shared.Load(); shared != nil {
+		return shared.Wait(ctx)
 	}
 	return nil
 }
@@ -67,18 +73,19 @@ func (l *Limiter) Wait(ctx context.Context) error {
 // not by n.
 func (l *Limiter) Take(ctx context.Context, n int) (int, error) {
 	now := time.Now()
+	shared := l.shared.Load()
 	avail := l.lim.TokensAt(now)
 	n = min(n, l.lim.Burst())
-	if l.shared != nil {
-		n = min(n, l.shared.Burst())
-		avail = min(avail, l.shared.TokensAt(now))
+	if shared != nil {
+		n = min(n, shared.Burst())
+		avail = min(avail, shared.TokensAt(now))
 	}
 	n = max(1, min(n, int(avail)))
 	if err := l.lim.WaitN(ctx, n); err != nil {
 		return 0, err
 	}
-	if l.shared != nil {
-		if err := l.shared.WaitN(ctx, n); err != nil {
+	if shared != nil {
+		if err := shared.WaitN(ctx, n); err != nil {
 			return 0, err
 		}
 	}

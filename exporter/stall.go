@@ -32,11 +32,15 @@ const (
 	// StallRetrying: an outbox item has kept failing for
 	// DefaultRetryingAfter since its first attempt.
 	StallRetrying StallReason = "retrying"
+	// StallAccountRefused: Stripe refused this node's key access to one or
+	// more connected accounts (Connect): their items wait, the others
+	// export; /readyz does not fail on it (Connected.Stalled names them).
+	StallAccountRefused StallReason = "account_refused"
 )
 
 // StallReasons lists every reason, in the order they are reported.
 func StallReasons() []StallReason {
-	return []StallReason{StallNoKey, StallKeyRefused, StallStripeUnreachable, StallRetrying}
+	return []StallReason{StallNoKey, StallKeyRefused, StallStripeUnreachable, StallRetrying, StallAccountRefused}
 }
 
 // Explain says what a reason means, in words fit for the console's banner:
@@ -51,6 +55,8 @@ func (s StallReason) Explain() string {
 		return "Stripe does not answer this node's calls (no answer, or a 5xx): deliveries are retried with backoff."
 	case StallRetrying:
 		return "Outbox items have kept failing for minutes since their first attempt: Stripe answers, but not with success."
+	case StallAccountRefused:
+		return "Stripe refused this platform's access to a connected account: that account's items wait pending, every other account's export."
 	}
 	return string(s)
 }
@@ -181,7 +187,7 @@ func NewStalls(r *Resolver, ob *outbox.Store, db outbox.Querier, retryingAfter t
 		retryingAfter = DefaultRetryingAfter
 	}
 	return &Stalls{resolver: r, outbox: ob, db: db, retryingAfter: retryingAfter, desc: prometheus.NewDesc("tally_export_stalled",
-		fmt.Sprintf("1 while export is stalled for the reason, else 0: no_key, key_refused, stripe_unreachable (this node's), retrying (an outbox item failing for over %s since its first attempt, any node's).", retryingAfter),
+		fmt.Sprintf("1 while export is stalled for the reason, else 0: no_key, key_refused, stripe_unreachable (this node's), retrying (an outbox item failing for over %s since its first attempt, any node's), account_refused (a connected account Stripe refused this node's key, its items only).", retryingAfter),
 		[]string{"reason"}, nil)}
 }
 
@@ -197,7 +203,19 @@ func (s *Stalls) Reasons(ctx context.Context) ([]StallReason, error) {
 	if retrying && age >= s.retryingAfter {
 		out = append(out, StallRetrying)
 	}
+	if c := s.resolver.Connected(); c != nil && len(c.Skip()) > 0 {
+		out = append(out, StallAccountRefused)
+	}
 	return out, err
+}
+
+// Connected lists the connected accounts Stripe refused this node's key
+// (the detail of account_refused); none without a key.
+func (s *Stalls) Connected() []AccountStall {
+	if c := s.resolver.Connected(); c != nil {
+		return c.Stalled()
+	}
+	return nil
 }
 
 func (s *Stalls) Describe(ch chan<- *prometheus.Desc) { ch <- s.desc }

@@ -62,8 +62,12 @@ type StripeStream struct {
 	timeout time.Duration
 	now     func() time.Time // the local clock the session's renewal is timed on
 
-	mu   sync.Mutex
-	sess *streamSession
+	header func(account string) string // the Stripe-Account rule (ForAccounts); nil: none
+
+	mu sync.Mutex
+	// sess holds a session per Stripe-Account header ("" for the client's
+	// own account): a session acts on the account it was created on.
+	sess map[string]*streamSession
 
 	sessions prometheus.Counter
 }
@@ -82,11 +86,19 @@ func NewStripeStream(client *stripeapi.Client, timeout time.Duration) *StripeStr
 	if timeout <= 0 {
 		timeout = DefaultRequestTimeout
 	}
-	return &StripeStream{client: client, timeout: timeout, now: time.Now,
+	return &StripeStream{client: client, timeout: timeout, now: time.Now, sess: map[string]*streamSession{},
 		sessions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tally_stream_sessions_total",
 			Help: "Meter event sessions created for the v2 stream (one every ~14 minutes, more after expired-session answers).",
 		})}
+}
+
+// ForAccounts makes the exporter send each item on a session created with
+// the Stripe-Account header header gives its destination account ("" for
+// none); see StripeV1.ForAccounts. It returns e.
+func (e *StripeStream) ForAccounts(header func(account string) string) *StripeStream {
+	e.header = header
+	return e
 }
 
 // Collector is the exporter's session counter, to register.
@@ -127,18 +139,30 @@ func (e *StripeStream) SendBatch(ctx context.Context, items []outbox.Lease, wait
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	out := make([]outbox.Outcome, len(items))
-	e.send(ctx, items, out, wait)
+	if len(items) == 0 {
+		return out
+	}
+	// A session acts on one account: a batch of several accounts' items
+	// (the deliverer sends none) goes as one request per account.
+	start := 0
+	for i := 1; i <= len(items); i++ {
+		if i == len(items) || items[i].DestinationAccount != items[start].DestinationAccount {
+			e.send(ctx, headerOf(e.header, items[start].DestinationAccount), items[start:i], out[start:i], wait)
+			start = i
+		}
+	}
 	return out
 }
 
-// send posts items and writes their outcomes into out.
-func (e *StripeStream) send(ctx context.Context, items []outbox.Lease, out []outbox.Outcome, wait func(context.Context) error) {
-	o, status := e.post(ctx, items, wait)
+// send posts items, all for the account of the Stripe-Account header
+// account ("" for the client's own), and writes their outcomes into out.
+func (e *StripeStream) send(ctx context.Context, account string, items []outbox.Lease, out []outbox.Outcome, wait func(context.Context) error) {
+	o, status := e.post(ctx, account, items, wait)
 	if len(items) > 1 && refusedWhole(status) {
 		// Nothing of the request was processed: find the refused events.
 		mid := len(items) / 2
-		e.send(ctx, items[:mid], out[:mid], wait)
-		e.send(ctx, items[mid:], out[mid:], wait)
+		e.send(ctx, account, items[:mid], out[:mid], wait)
+		e.send(ctx, account, items[mid:], out[mid:], wait)
 		return
 	}
 	for i := range out {
@@ -162,18 +186,18 @@ func refusedWhole(status int) bool {
 // post makes one stream request for items and classifies its answer; it
 // also returns the request's status (0 when none came back or nothing was
 // sent).
-func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func(context.Context) error) (outbox.Outcome, int) {
+func (e *StripeStream) post(ctx context.Context, account string, items []outbox.Lease, wait func(context.Context) error) (outbox.Outcome, int) {
 	params := &stripe.V2BillingMeterEventStreamCreateParams{Events: make([]*stripe.V2BillingMeterEventStreamCreateEventParams, len(items))}
 	for i, l := range items {
 		params.Events[i] = StreamEvent(l.Payload)
 	}
 	for try := 1; ; try++ {
-		sess, sresp, err := e.session(ctx)
+		sess, sresp, err := e.session(ctx, account)
 		if err != nil {
 			// Nothing was sent: the session could not be had.
 			o := Classify(answerOf(sresp, err))
 			o.Refused = true
-			if o.Kind != outbox.RateLimited && o.Error.Code != codeAuth {
+			if o.Kind != outbox.RateLimited && !refusedKeyOrAccount(o.Error.Code) {
 				o.Kind, o.Error.Code = outbox.Retry, "stream_session"
 			}
 			return o, 0
@@ -192,7 +216,7 @@ func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func
 			// renew the session. (A key Stripe refuses shows when the
 			// session is created; a 401 of the stream itself is the
 			// session's, never reported as the key's.)
-			e.forget(sess)
+			e.forget(account, sess)
 			if try < sessionTries {
 				continue
 			}
@@ -203,17 +227,22 @@ func (e *StripeStream) post(ctx context.Context, items []outbox.Lease, wait func
 	}
 }
 
-// session returns the current session, creating one when there is none or
-// it is due for replacement. Concurrent senders wait for one creation.
-func (e *StripeStream) session(ctx context.Context) (*streamSession, *stripeapi.Response, error) {
+// session returns the current session of the account (a Stripe-Account
+// header, "" for the client's own), creating one when there is none or it
+// is due for replacement. Concurrent senders wait for one creation.
+func (e *StripeStream) session(ctx context.Context, account string) (*streamSession, *stripeapi.Response, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if s := e.sess; s != nil && e.now().Before(s.renewAt) {
+	if s := e.sess[account]; s != nil && e.now().Before(s.renewAt) {
 		return s, nil, nil
 	}
 	started := e.now()
 	rctx, resp := stripeapi.WithResponse(ctx)
-	ms, err := e.client.Stripe().V2BillingMeterEventSessions.Create(rctx, &stripe.V2BillingMeterEventSessionCreateParams{})
+	params := &stripe.V2BillingMeterEventSessionCreateParams{}
+	if account != "" {
+		params.SetStripeAccount(account)
+	}
+	ms, err := e.client.Stripe().V2BillingMeterEventSessions.Create(rctx, params)
 	if err == nil && (ms.AuthenticationToken == "" || !ms.ExpiresAt.After(ms.Created)) {
 		err = &stripeapi.Error{Code: stripeapi.CodeBadResponse}
 	}
@@ -228,16 +257,17 @@ func (e *StripeStream) session(ctx context.Context) (*streamSession, *stripeapi.
 	// session).
 	life := ms.ExpiresAt.Sub(ms.Created)
 	margin := min(sessionMargin, life/2)
-	e.sess = &streamSession{sc: e.client.SessionClient(ms.AuthenticationToken), renewAt: started.Add(life - margin)}
+	s := &streamSession{sc: e.client.SessionClient(ms.AuthenticationToken), renewAt: started.Add(life - margin)}
+	e.sess[account] = s
 	e.sessions.Inc()
-	return e.sess, resp, nil
+	return s, resp, nil
 }
 
-// forget drops s if it is still the current session.
-func (e *StripeStream) forget(s *streamSession) {
+// forget drops s if it is still the account's current session.
+func (e *StripeStream) forget(account string, s *streamSession) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.sess == s {
-		e.sess = nil
+	if e.sess[account] == s {
+		delete(e.sess, account)
 	}
 }

@@ -22,7 +22,8 @@ const DefaultRequestTimeout = 10 * time.Second
 // per item, through stripe-go with no retries of its own, the item's
 // identifier as the event's identifier, an Idempotency-Key of its own for
 // every attempt (IdempotencyKey), Stripe-Account when the destination is a
-// connected account (set on the client), and a request timeout. Every
+// connected account (the node's, set on the client, or a tenant's:
+// ForAccounts), and a request timeout. Every
 // resend of an item carries the same parameters; only the key differs.
 //
 // Why a key per attempt: Stripe saves the first answer to a key once the
@@ -34,6 +35,16 @@ const DefaultRequestTimeout = 10 * time.Second
 type StripeV1 struct {
 	client  *stripeapi.Client
 	timeout time.Duration
+	header  func(account string) string
+}
+
+// ForAccounts makes the exporter send each item with the Stripe-Account
+// header header gives its destination account ("" for none: the client's
+// own account); Resolver.Header is the node's rule. Without it every item
+// goes to the client's account. It returns e.
+func (e *StripeV1) ForAccounts(header func(account string) string) *StripeV1 {
+	e.header = header
+	return e
 }
 
 // NewStripeV1 returns the v1 exporter over client; timeout 0 means
@@ -103,8 +114,21 @@ func (e *StripeV1) Send(ctx context.Context, item outbox.Lease) outbox.Outcome {
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	ctx, resp := stripeapi.WithResponse(ctx)
-	_, err := e.client.Stripe().V1BillingMeterEvents.Create(ctx, Params(item.Payload, item.Attempts))
+	params := Params(item.Payload, item.Attempts)
+	if h := headerOf(e.header, item.DestinationAccount); h != "" {
+		params.SetStripeAccount(h)
+	}
+	_, err := e.client.Stripe().V1BillingMeterEvents.Create(ctx, params)
 	return Classify(answerOf(resp, err))
+}
+
+// headerOf is the Stripe-Account header of a call for account: none
+// without a rule.
+func headerOf(header func(string) string, account string) string {
+	if header == nil {
+		return ""
+	}
+	return header(account)
 }
 
 // answerOf reduces a call's result to an Answer: the status and headers

@@ -6,21 +6,33 @@ import (
 	"fmt"
 )
 
-// Checker verifies mappings against the account the node exports to. Every
-// door — the API, `tally mappings … set` and the console — sets mappings
-// through PutFeature and PutTenant, which ask it: one set of checks,
-// whichever door a mapping comes through.
+// Checker verifies mappings against the account the node exports to (and
+// a tenant mapping against the connected account it names). Every door —
+// the API, `tally mappings … set` and the console — sets mappings through
+// PutFeature and PutTenant, which ask it: one set of checks, whichever
+// door a mapping comes through.
 type Checker interface {
 	MeterChecker
 	CustomerChecker
+	AccountChecker
 }
 
 // CustomerChecker verifies a tenant mapping's customer.
 type CustomerChecker interface {
-	// CheckCustomer returns nil when the account has the customer, a
-	// *CustomerError when it has none by that id or deleted it, and an
+	// CheckCustomer returns nil when account (a connected account, acct_…;
+	// "" is the account the node exports to) has the customer, a
+	// *CustomerError when it has none by that id or deleted it, an
+	// *AccountError when the key may not act for account, and an
 	// *ErrProviderUnavailable when it could not be asked.
-	CheckCustomer(ctx context.Context, customerID string) error
+	CheckCustomer(ctx context.Context, account, customerID string) error
+}
+
+// AccountChecker verifies a tenant mapping's connected account.
+type AccountChecker interface {
+	// CheckAccount returns nil when the platform's key may act for account
+	// (acct_…, Stripe Connect), an *AccountError when Stripe says it may
+	// not, and an *ErrProviderUnavailable when it could not be asked.
+	CheckAccount(ctx context.Context, account string) error
 }
 
 // The codes of a refused mapping, the same at every door (the API's error
@@ -34,6 +46,9 @@ const (
 	CodeCustomerNotFound = "customer_not_found"
 	// CodeCustomerDeleted: the account deleted the customer.
 	CodeCustomerDeleted = "customer_deleted"
+	// CodeAccountUnreachable: the platform's key may not act for the
+	// connected account a tenant mapping names (an *AccountError).
+	CodeAccountUnreachable = "account_unreachable"
 	// CodeStripeUnavailable: Stripe could not be asked; nothing was saved.
 	CodeStripeUnavailable = "stripe_unavailable"
 )
@@ -47,6 +62,19 @@ type CustomerError struct {
 }
 
 func (e *CustomerError) Error() string { return "mappings: " + e.Message }
+
+// AccountError says the platform's key may not act for the connected
+// account a tenant mapping names: Stripe answered account_invalid, or
+// refused the key (401, 403), for that account.
+type AccountError struct {
+	// Code is CodeAccountUnreachable.
+	Code string
+	// Account is the connected account (acct_…).
+	Account string
+	Message string
+}
+
+func (e *AccountError) Error() string { return "mappings: " + e.Message }
 
 // UncheckedWarning is what every door says of a mapping saved on a node
 // without a Stripe key (no Checker): it is saved — nothing can be exported
@@ -80,7 +108,7 @@ func (s *Store) auditReason() string {
 // door shows it.
 type Refusal struct {
 	// Code is CodeInvalidMapping, a *MeterError's code, CodeCustomerNotFound,
-	// CodeCustomerDeleted or CodeStripeUnavailable.
+	// CodeCustomerDeleted, CodeAccountUnreachable or CodeStripeUnavailable.
 	Code string
 	// Message says what is wrong and what to do, without a secret.
 	Message string
@@ -98,6 +126,7 @@ func RefusalOf(err error) (Refusal, bool) {
 		ve *ValidationError
 		me *MeterError
 		ce *CustomerError
+		ae *AccountError
 		pu *ErrProviderUnavailable
 	)
 	switch {
@@ -107,6 +136,8 @@ func RefusalOf(err error) (Refusal, bool) {
 		return Refusal{Code: me.Code, Message: me.Message}, true
 	case errors.As(err, &ce):
 		return Refusal{Code: ce.Code, Message: ce.Message}, true
+	case errors.As(err, &ae):
+		return Refusal{Code: ae.Code, Message: ae.Message}, true
 	case errors.As(err, &pu):
 		then := "try again"
 		if pu.Status == 401 || pu.Status == 403 { // the key refused, or not allowed to read

@@ -51,7 +51,7 @@ func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]b
 		SELECT u.t, u.f,
 		       f.event_name, f.aggregation, f.window_seconds, f.exporter, f.customer_payload_key, f.value_payload_key,
 		       f.version, f.updated_at, f.updated_by,
-		       t.stripe_customer_id, t.period_anchor, t.invoice_grace, t.version, t.updated_at, t.updated_by
+		       t.stripe_customer_id, t.stripe_account, t.period_anchor, t.invoice_grace, t.version, t.updated_at, t.updated_by
 		FROM unnest($1::text[], $2::text[]) AS u(t, f)
 		LEFT JOIN feature_mappings f ON f.feature = u.f
 		LEFT JOIN tenant_mappings t ON t.tenant = u.t`, tenants, features)
@@ -61,13 +61,13 @@ func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]b
 	var (
 		tenant, feature      string
 		ev, agg, exp, ck, vk *string
-		cust, fby, tby       *string
+		cust, acct, fby, tby *string
 		window, fv, tv       *int
 		anchor, fat, tat     *time.Time
 		grace                *time.Duration
 	)
 	_, err = pgx.ForEachRow(rows, []any{&tenant, &feature, &ev, &agg, &window, &exp, &ck, &vk, &fv, &fat, &fby,
-		&cust, &anchor, &grace, &tv, &tat, &tby}, func() error {
+		&cust, &acct, &anchor, &grace, &tv, &tat, &tby}, func() error {
 		var p Pair
 		if fv != nil {
 			p.Feature = &Feature{Feature: feature, EventName: *ev, Aggregation: Aggregation(*agg),
@@ -76,6 +76,9 @@ func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]b
 		}
 		if tv != nil {
 			p.Tenant = &Tenant{Tenant: tenant, StripeCustomerID: *cust, Version: *tv, UpdatedAt: *tat, UpdatedBy: *tby}
+			if acct != nil {
+				p.Tenant.StripeAccount = *acct
+			}
 			if anchor != nil {
 				a := anchor.UTC()
 				p.Tenant.PeriodAnchor = &a

@@ -3,14 +3,16 @@ package mappings
 import (
 	"context"
 	"fmt"
+	"net/http"
 
 	"github.com/tallymeter/tally/internal/stripeapi"
 )
 
 // StripeMeters is the Checker of a Stripe account: feature mappings
-// against its meters, tenant mappings against its customers. The client's
-// account (its Stripe-Account, else the key's own) is the account the node
-// exports to.
+// against its meters, tenant mappings against its customers, or those of
+// the connected account a tenant mapping names (Stripe Connect: the same
+// key, with Stripe-Account). The client's account (its Stripe-Account,
+// else the key's own) is the account the node exports to.
 type StripeMeters struct {
 	Client *stripeapi.Client
 }
@@ -26,25 +28,77 @@ func (e *ErrProviderUnavailable) Error() string {
 	return fmt.Sprintf("mappings: Stripe could not be asked (%s, status %d)", e.Code, e.Status)
 }
 
-// CheckCustomer implements CustomerChecker: the account must have the
-// customer, not deleted. Meter events for a customer the account does not
-// have are refused (meter_event_customer_not_found), and the items would
-// wait in quarantine.
-func (s StripeMeters) CheckCustomer(ctx context.Context, customerID string) error {
-	state, err := s.Client.Customer(ctx, customerID)
+// CheckCustomer implements CustomerChecker: the account — the connected
+// account account when one is named, else the one the node exports to —
+// must have the customer, not deleted. Meter events for a customer the
+// account does not have are refused (meter_event_customer_not_found), and
+// the items would wait in quarantine.
+func (s StripeMeters) CheckCustomer(ctx context.Context, account, customerID string) error {
+	c, err := s.Client.For(account)
 	if err != nil {
+		return accountUnreachable(account)
+	}
+	state, err := c.Customer(ctx, customerID)
+	if err != nil {
+		// account_invalid: the key may not act for the account. A 401 or
+		// 403 without it is the key's own (a restricted key without
+		// customers (read), say), as for the node's account.
 		code, status, _ := stripeapi.Describe(err)
+		if account != "" && code == "account_invalid" && status >= 400 && status < 500 {
+			return accountUnreachable(account)
+		}
 		return &ErrProviderUnavailable{Code: code, Status: status}
+	}
+	where, check := "the account this node exports to", "check the id, the key's mode and STRIPE_ACCOUNT"
+	if account != "" {
+		where, check = "Stripe account "+account+" (the tenant mapping's stripe_account)", "check the id, the key's mode and the account"
 	}
 	switch state {
 	case stripeapi.CustomerActive:
 		return nil
 	case stripeapi.CustomerDeleted:
 		return &CustomerError{Code: CodeCustomerDeleted,
-			Message: fmt.Sprintf("Stripe's customer %s is deleted in the account this node exports to; map a current customer", customerID)}
+			Message: fmt.Sprintf("Stripe's customer %s is deleted in %s; map a current customer", customerID, where)}
 	}
 	return &CustomerError{Code: CodeCustomerNotFound,
-		Message: fmt.Sprintf("Stripe has no customer %s in the account this node exports to (check the id, the key's mode and STRIPE_ACCOUNT); create it first", customerID)}
+		Message: fmt.Sprintf("Stripe has no customer %s in %s (%s); create it there first", customerID, where, check)}
+}
+
+// CheckAccount implements AccountChecker: the platform's key must be able
+// to act for account (GET /v1/account with Stripe-Account: account). A
+// key that may not — the account is not connected to the platform, or
+// its owner revoked the platform's access — is answered account_invalid
+// (docs/stripe.md §8), or refused outright (401, 403): meter events for
+// the account would be refused the same way, and its items would stall.
+func (s StripeMeters) CheckAccount(ctx context.Context, account string) error {
+	err := s.Client.CheckAccess(ctx, account)
+	if err == nil {
+		return nil
+	}
+	if accountRefused(err) {
+		return accountUnreachable(account)
+	}
+	code, status, _ := stripeapi.Describe(err)
+	if code == stripeapi.CodeInvalidConfig { // not an account id: validation rules it out first
+		return accountUnreachable(account)
+	}
+	return &ErrProviderUnavailable{Code: code, Status: status}
+}
+
+// accountRefused reports whether err, from a call made for a connected
+// account, says the key may not act for it: account_invalid at any 4xx
+// (Stripe's pages give the code, not the status), or 401 or 403.
+func accountRefused(err error) bool {
+	code, status, _ := stripeapi.Describe(err)
+	return (code == "account_invalid" && status >= 400 && status < 500) ||
+		status == http.StatusUnauthorized || status == http.StatusForbidden
+}
+
+// accountUnreachable is the refusal of a connected account the platform's
+// key may not act for.
+func accountUnreachable(account string) *AccountError {
+	return &AccountError{Code: CodeAccountUnreachable, Account: account,
+		Message: fmt.Sprintf("the platform's key may not act for Stripe account %s (not connected, or access revoked); connect it first or leave stripe_account empty", account)}
 }
 
 // CheckMeter implements MeterChecker: an active meter must have the event

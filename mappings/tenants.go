@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/stripeapi"
 )
 
 // MaxInvoiceGrace is the longest invoice finalization grace period Stripe
@@ -19,9 +21,14 @@ const MaxInvoiceGrace = 72 * time.Hour
 
 // Tenant is the current (or a past) mapping of a tenant.
 type Tenant struct {
-	Tenant           string     `json:"tenant"`
-	StripeCustomerID string     `json:"stripe_customer_id"`
-	PeriodAnchor     *time.Time `json:"period_anchor,omitempty"`
+	Tenant           string `json:"tenant"`
+	StripeCustomerID string `json:"stripe_customer_id"`
+	// StripeAccount is the Stripe Connect connected account (acct_…) the
+	// tenant's usage is exported to, with the Stripe-Account header; ""
+	// is the node's destination (STRIPE_ACCOUNT, else the key's own
+	// account).
+	StripeAccount string     `json:"stripe_account,omitempty"`
+	PeriodAnchor  *time.Time `json:"period_anchor,omitempty"`
 	// InvoiceGrace is how long after a billing period ends Stripe finalizes
 	// the tenant's invoice ("invoice_grace", Go's duration text); nil is
 	// the node's TALLY_INVOICE_GRACE.
@@ -34,6 +41,10 @@ type Tenant struct {
 // TenantInput is what an operator sets for a tenant.
 type TenantInput struct {
 	StripeCustomerID string `json:"stripe_customer_id"`
+	// StripeAccount is the connected account (acct_…) the tenant's usage
+	// goes to; "" means the node's destination. The customer must be one
+	// of that account's.
+	StripeAccount string `json:"stripe_account,omitempty"`
 	// PeriodAnchor starts the tenant's monthly billing periods; nil means
 	// calendar months UTC.
 	PeriodAnchor *time.Time `json:"period_anchor"`
@@ -41,6 +52,25 @@ type TenantInput struct {
 	// 0 to MaxInvoiceGrace in whole seconds; nil means the node's
 	// TALLY_INVOICE_GRACE.
 	InvoiceGrace *Duration `json:"invoice_grace"`
+}
+
+// accountPattern is the account ids a tenant mapping may name, as the
+// CHECK of migration 28 holds them (with stripeapi.ValidAccount's length).
+var accountPattern = regexp.MustCompile(`^acct_[A-Za-z0-9_]+$`)
+
+// ValidStripeAccount reports whether a tenant mapping may name account as
+// its destination: "" (the node's) or a Stripe account id, acct_ then
+// letters, digits and _, at most 255 characters.
+func ValidStripeAccount(account string) bool {
+	return account == "" || (stripeapi.ValidAccount(account) && accountPattern.MatchString(account))
+}
+
+// accountArg is an account as the database takes it (NULL for "").
+func accountArg(account string) *string {
+	if account == "" {
+		return nil
+	}
+	return &account
 }
 
 // graceArg is a grace as the database takes it (an interval; NULL for nil).
@@ -75,6 +105,9 @@ func (in *TenantInput) validate(tenant string) error {
 	if !customerPattern.MatchString(in.StripeCustomerID) {
 		fe = append(fe, FieldError{"stripe_customer_id", "a Stripe customer id (cus_…)"})
 	}
+	if !ValidStripeAccount(in.StripeAccount) {
+		fe = append(fe, FieldError{"stripe_account", "a Stripe account id (acct_…), or empty for this node's destination"})
+	}
 	if in.PeriodAnchor != nil {
 		a := in.PeriodAnchor.UTC().Truncate(time.Second)
 		in.PeriodAnchor = &a
@@ -88,19 +121,23 @@ func (in *TenantInput) validate(tenant string) error {
 	return nil
 }
 
-const tenantColumns = `tenant, stripe_customer_id, period_anchor, invoice_grace, version, updated_at, updated_by`
+const tenantColumns = `tenant, stripe_customer_id, stripe_account, period_anchor, invoice_grace, version, updated_at, updated_by`
 
 // scanTenant reads a row of tenantColumns (or the same columns of
 // tenant_mapping_versions). pgx reads an interval into a time.Duration
 // counting a day as 24 hours (and a month as 30 days, which the CHECK of
-// invoice_grace rules out), and NULL as nil.
+// invoice_grace rules out), and NULL as nil; a NULL stripe_account as "".
 func scanTenant(row pgx.Row) (Tenant, error) {
 	var (
-		t     Tenant
-		grace *time.Duration
+		t       Tenant
+		account *string
+		grace   *time.Duration
 	)
-	if err := row.Scan(&t.Tenant, &t.StripeCustomerID, &t.PeriodAnchor, &grace, &t.Version, &t.UpdatedAt, &t.UpdatedBy); err != nil {
+	if err := row.Scan(&t.Tenant, &t.StripeCustomerID, &account, &t.PeriodAnchor, &grace, &t.Version, &t.UpdatedAt, &t.UpdatedBy); err != nil {
 		return Tenant{}, err
+	}
+	if account != nil {
+		t.StripeAccount = *account
 	}
 	t.InvoiceGrace = graceOf(grace)
 	if t.PeriodAnchor != nil {
@@ -125,23 +162,30 @@ func sameGrace(a, b *Duration) bool {
 }
 
 // PutTenant sets a tenant's mapping, like PutFeature. With a Checker, the
-// account must have the customer, not deleted (a *CustomerError says why
-// not), whether or not the mapping changes; it is asked before the
+// platform's key must be able to act for the mapping's stripe_account, if
+// it names one (an *AccountError says it cannot), and that account (else
+// the node's) must have the customer, not deleted (a *CustomerError says
+// why not), whether or not the mapping changes; Stripe is asked before the
 // transaction, which holds no lock while Stripe answers.
 func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in TenantInput, by string) (t Tenant, changed bool, err error) {
 	if err := in.validate(tenant); err != nil {
 		return Tenant{}, false, err
 	}
 	if s.Checker != nil {
-		if err := s.Checker.CheckCustomer(ctx, in.StripeCustomerID); err != nil {
+		if in.StripeAccount != "" {
+			if err := s.Checker.CheckAccount(ctx, in.StripeAccount); err != nil {
+				return Tenant{}, false, err
+			}
+		}
+		if err := s.Checker.CheckCustomer(ctx, in.StripeAccount, in.StripeCustomerID); err != nil {
 			return Tenant{}, false, err
 		}
 	}
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		cur, err := scanTenant(tx.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1 FOR UPDATE", tenant))
 		switch {
-		case err == nil && cur.StripeCustomerID == in.StripeCustomerID && sameAnchor(cur.PeriodAnchor, in.PeriodAnchor) &&
-			sameGrace(cur.InvoiceGrace, in.InvoiceGrace):
+		case err == nil && cur.StripeCustomerID == in.StripeCustomerID && cur.StripeAccount == in.StripeAccount &&
+			sameAnchor(cur.PeriodAnchor, in.PeriodAnchor) && sameGrace(cur.InvoiceGrace, in.InvoiceGrace):
 			t = cur
 			return nil
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
@@ -155,16 +199,17 @@ func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in 
 		t, err = scanTenant(tx.QueryRow(ctx, `
 			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
 			hist AS (
-				INSERT INTO tenant_mapping_versions (version, tenant, stripe_customer_id, period_anchor, invoice_grace, changed_by)
-				SELECT version, $1, $2, $3, $5::interval, $4 FROM v
+				INSERT INTO tenant_mapping_versions (version, tenant, stripe_customer_id, stripe_account, period_anchor, invoice_grace, changed_by)
+				SELECT version, $1, $2, $6::text, $3, $5::interval, $4 FROM v
 			)
-			INSERT INTO tenant_mappings (tenant, stripe_customer_id, period_anchor, invoice_grace, version, updated_by)
-			SELECT $1, $2, $3, $5::interval, version, $4 FROM v
+			INSERT INTO tenant_mappings (tenant, stripe_customer_id, stripe_account, period_anchor, invoice_grace, version, updated_by)
+			SELECT $1, $2, $6::text, $3, $5::interval, version, $4 FROM v
 			ON CONFLICT (tenant) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id,
-				period_anchor = EXCLUDED.period_anchor, invoice_grace = EXCLUDED.invoice_grace, version = EXCLUDED.version,
+				stripe_account = EXCLUDED.stripe_account, period_anchor = EXCLUDED.period_anchor,
+				invoice_grace = EXCLUDED.invoice_grace, version = EXCLUDED.version,
 				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
 			RETURNING `+tenantColumns,
-			tenant, in.StripeCustomerID, in.PeriodAnchor, by, graceArg(in.InvoiceGrace)))
+			tenant, in.StripeCustomerID, in.PeriodAnchor, by, graceArg(in.InvoiceGrace), accountArg(in.StripeAccount)))
 		if err != nil {
 			return err
 		}
@@ -177,14 +222,19 @@ func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in 
 	return t, changed, nil
 }
 
-// tenantState is a tenant mapping as the audit log shows it; the invoice
-// grace only when the mapping names one ("… grace 2h0m0s").
+// tenantState is a tenant mapping as the audit log shows it; the account
+// and the invoice grace only when the mapping names them ("v7 cus_1
+// account acct_1 calendar months grace 2h0m0s").
 func tenantState(t Tenant) string {
 	anchor := "calendar months"
 	if t.PeriodAnchor != nil {
 		anchor = "anchor " + t.PeriodAnchor.Format(time.RFC3339)
 	}
-	s := fmt.Sprintf("v%d %s %s", t.Version, t.StripeCustomerID, anchor)
+	s := fmt.Sprintf("v%d %s", t.Version, t.StripeCustomerID)
+	if t.StripeAccount != "" {
+		s += " account " + t.StripeAccount
+	}
+	s += " " + anchor
 	if t.InvoiceGrace != nil {
 		s += " grace " + t.InvoiceGrace.String()
 	}
@@ -211,10 +261,47 @@ func (s *Store) Tenants(ctx context.Context, q Querier) ([]Tenant, error) {
 
 // TenantHistory lists every version of a tenant's mapping, oldest first.
 func (s *Store) TenantHistory(ctx context.Context, q Querier, tenant string) ([]Tenant, error) {
-	rows, err := q.Query(ctx, `SELECT tenant, stripe_customer_id, period_anchor, invoice_grace, version, changed_at, changed_by
+	rows, err := q.Query(ctx, `SELECT tenant, stripe_customer_id, stripe_account, period_anchor, invoice_grace, version, changed_at, changed_by
 		FROM tenant_mapping_versions WHERE tenant = $1 ORDER BY version`, tenant)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}
+
+// Accounts lists every connected account any version of any tenant
+// mapping has named (tenant_mapping_versions), each once, in byte order:
+// the accounts that items may have been staged for, current mappings or
+// not. The node's own destination (NULL) is not among them.
+func Accounts(ctx context.Context, q Querier) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT stripe_account COLLATE "C" FROM tenant_mapping_versions
+		WHERE stripe_account IS NOT NULL ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("mappings: listing the tenants' accounts: %w", err)
+	}
+	accounts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("mappings: listing the tenants' accounts: %w", err)
+	}
+	return accounts, nil
+}
+
+// CurrentAccounts counts the tenants whose current mapping names each
+// connected account: account -> tenants. Tenants of the node's own
+// destination (no stripe_account) are not counted.
+func CurrentAccounts(ctx context.Context, q Querier) (map[string]int, error) {
+	rows, err := q.Query(ctx, `SELECT stripe_account, count(*)::integer FROM tenant_mappings
+		WHERE stripe_account IS NOT NULL GROUP BY stripe_account`)
+	if err != nil {
+		return nil, fmt.Errorf("mappings: counting the tenants' accounts: %w", err)
+	}
+	out := map[string]int{}
+	var (
+		account string
+		n       int
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&account, &n}, func() error { out[account] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("mappings: counting the tenants' accounts: %w", err)
+	}
+	return out, nil
 }

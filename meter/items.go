@@ -20,7 +20,7 @@ func (s *Stager) item(pair mappings.Pair, target Target, tenant, feature, kind, 
 	it := outbox.NewItem{
 		Identity: outbox.Identity{
 			TenantKey: tenant, SubjectKind: kind, SubjectRef: ref, Exporter: pair.Feature.ExporterOr(target.Exporter),
-			DestinationAccount: target.Account, Mode: target.Mode, MappingVersion: pair.Version(),
+			DestinationAccount: target.accountOf(pair), Mode: target.Mode, MappingVersion: pair.Version(),
 		},
 		Payload: outbox.Payload{Value: value, Timestamp: at.Unix(), Feature: feature, Period: rfc3339(period)},
 	}
@@ -54,7 +54,7 @@ func ineligibility(pair mappings.Pair, target Target, event bool, value int64) o
 		return outbox.ReasonFeatureUnmapped
 	case pair.Tenant == nil:
 		return outbox.ReasonNoCustomer
-	case target.Account == "":
+	case target.accountOf(pair) == "":
 		return outbox.ReasonNoAccount
 	case event && pair.Feature.Aggregation.PerEvent() && value != 1:
 		return outbox.ReasonCountValue

@@ -168,6 +168,6 @@ func (s *Stager) stageNewEvents(ctx context.Context, tx pgx.Tx, events []Event, 
 // would be quarantined for a destination account an operator can still
 // supply. A missing feature or tenant mapping does not wait (see
 // sqlEventRows).
-func waits(_ mappings.Pair, target Target) bool {
-	return target.Account == ""
+func waits(pair mappings.Pair, target Target) bool {
+	return target.accountOf(pair) == ""
 }

@@ -19,8 +19,9 @@ type Target struct {
 	// item's identity; a feature mapping that names another exporter
 	// overrides it for that feature's items.
 	Exporter string
-	// Account is the destination account; empty stages items quarantined
-	// as no_account.
+	// Account is the node's destination account; empty stages items
+	// quarantined as no_account. A tenant mapping's stripe_account (a
+	// connected account) overrides it for that tenant's items.
 	Account string
 	// Mode is the destination's mode.
 	Mode outbox.Mode
@@ -73,6 +74,16 @@ func (t Target) graceOf(pair mappings.Pair) time.Duration {
 		return time.Duration(*pair.Tenant.InvoiceGrace)
 	}
 	return t.InvoiceGrace
+}
+
+// accountOf is the destination account of pair's usage: the tenant
+// mapping's connected account (stripe_account) when it names one, else the
+// node's (Account).
+func (t Target) accountOf(pair mappings.Pair) string {
+	if pair.Tenant != nil && pair.Tenant.StripeAccount != "" {
+		return pair.Tenant.StripeAccount
+	}
+	return t.Account
 }
 
 // maxValue is the largest magnitude a value may have.

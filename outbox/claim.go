@@ -66,6 +66,10 @@ type ClaimOptions struct {
 	// (Lease.TimestampOutside), decided in the claim's own statement. Zero
 	// means unbounded.
 	AcceptPast, AcceptFuture time.Duration
+	// SkipAccounts are destination accounts whose items this claim leaves
+	// alone: accounts Stripe refused the key's access to (Connect), whose
+	// items wait pending, without an attempt, until access is back.
+	SkipAccounts []string
 }
 
 // perKeyLockSpace is the first key of the two-key advisory locks a PerKey
@@ -99,24 +103,48 @@ const earlierInBudget = `p.attempts - p.attempts_base < @max
 // exporterMarkerP is exporterMarker for the alias p.
 const exporterMarkerP = "/*exporter p*/ true"
 
-// exporterMarker stands in every claim statement for the exporter filter:
-// o.exporter = '<name>' when ClaimOptions.Exporter is set, else true.
+// exporterMarker stands in every claim statement for the claim's filter
+// (claimFilter.apply): o.exporter = '<name>' when ClaimOptions.Exporter is
+// set, and the accounts to skip when ClaimOptions.SkipAccounts is; else
+// true.
 const exporterMarker = "/*exporter*/ true"
 
 // exporterName is what an exporter's name may be (the identity's check):
 // safe to write into a statement as a literal.
 var exporterName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
-// forExporter returns the variant of a claim statement that claims only one
-// exporter's items, or every item (exporter empty). The name is written as
-// a literal, not a parameter, so that even a cached statement's generic plan
-// can use the partial indexes of one exporter's items (migration 11).
-func forExporter(sql, exporter string) string {
-	if exporter == "" {
-		return sql
+// claimFilter is what a claim statement is narrowed to: one exporter's
+// items (ClaimOptions.Exporter), and none of some destination accounts'
+// (ClaimOptions.SkipAccounts).
+type claimFilter struct {
+	exporter string
+	skip     bool
+}
+
+// apply returns the variant of a claim statement that claims only one
+// exporter's items, or every item (exporter empty), and, with skip, none
+// of the accounts of @skip. The name is written as a literal, not a
+// parameter, so that even a cached statement's generic plan can use the
+// partial indexes of one exporter's items (migration 11). The accounts are
+// a parameter, read off the ordering key's first part (the item's
+// destination account): a statement without them is the one every claim
+// runs while no account is stalled.
+func (f claimFilter) apply(sql string) string {
+	var o, p []string
+	if f.exporter != "" {
+		o = append(o, "o.exporter = '"+f.exporter+"'")
+		p = append(p, "p.exporter = '"+f.exporter+"'")
 	}
-	sql = strings.ReplaceAll(sql, exporterMarkerP, "p.exporter = '"+exporter+"'")
-	return strings.ReplaceAll(sql, exporterMarker, "o.exporter = '"+exporter+"'")
+	if f.skip {
+		o = append(o, "split_part(o.ordering_key, '|', 1) <> ALL(@skip::text[])")
+	}
+	if len(p) > 0 {
+		sql = strings.ReplaceAll(sql, exporterMarkerP, strings.Join(p, " AND "))
+	}
+	if len(o) > 0 {
+		sql = strings.ReplaceAll(sql, exporterMarker, strings.Join(o, " AND "))
+	}
+	return sql
 }
 
 const claimable = `((o.state = 'pending' AND o.next_attempt_at <= clock_timestamp())
@@ -395,12 +423,15 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 	if opts.Exporter != "" && !exporterName.MatchString(opts.Exporter) {
 		return nil, fmt.Errorf("outbox: claim: %q is not an exporter name", opts.Exporter)
 	}
-	filtered := opts.Exporter
+	filtered := claimFilter{exporter: opts.Exporter, skip: len(opts.SkipAccounts) > 0}
+	if filtered.skip {
+		args["skip"] = opts.SkipAccounts
+	}
 
 	switch opts.Policy {
 	case BestEffort:
 		args["per_key"] = false
-		leases, err := claimTrip(ctx, db, forExporter(sqlClaimBestEffort, filtered), args)
+		leases, err := claimTrip(ctx, db, filtered.apply(sqlClaimBestEffort), args)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: claim: %w", err)
 		}
@@ -468,9 +499,9 @@ func isKeyConflict(err error) bool {
 // write (somebody else has it) and the statement runs again with a new
 // snapshot, at most keyConflicts times, after which the claim gets nothing
 // here and claimPerKeyRounds looks for itself.
-func (s *Store) claimPerKeyOne(ctx context.Context, db TxBeginner, args pgx.NamedArgs, limit int, filtered string) ([]Lease, error) {
+func (s *Store) claimPerKeyOne(ctx context.Context, db TxBeginner, args pgx.NamedArgs, limit int, filtered claimFilter) ([]Lease, error) {
 	args["limit"], args["scan"] = limit, limit*s.cfg.ClaimScan
-	sql := forExporter(sqlClaimPerKeyOne, filtered)
+	sql := filtered.apply(sqlClaimPerKeyOne)
 	for range keyConflicts {
 		leases, err := claimTrip(ctx, db, sql, args)
 		if !isKeyConflict(err) {
@@ -486,7 +517,7 @@ func (s *Store) claimPerKeyOne(ctx context.Context, db TxBeginner, args pgx.Name
 // claimPerKeyOne of another claimer took a key this one locked, in the
 // window before its snapshot) ends it with nothing: T1's "somebody else
 // has it", not an error.
-func (s *Store) claimPerKeyRounds(ctx context.Context, db TxBeginner, args pgx.NamedArgs, limit int, held []string, filtered string) ([]Lease, error) {
+func (s *Store) claimPerKeyRounds(ctx context.Context, db TxBeginner, args pgx.NamedArgs, limit int, held []string, filtered claimFilter) ([]Lease, error) {
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return nil, err
@@ -617,7 +648,7 @@ const perKeyRounds = 3
 // followed by another over keys not yet tried, so contention does not make a
 // claim return empty while work is due. Keys in held (leased by this claim
 // already, in claimPerKeyOne) count as tried from the start.
-func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, limit int, held []string, filtered string) ([]Lease, error) {
+func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, limit int, held []string, filtered claimFilter) ([]Lease, error) {
 	var (
 		leases []Lease
 		tried  = append([]string{}, held...)
@@ -638,7 +669,7 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 			continue
 		}
 		args["ids"] = ids
-		got, err := collectLeases(ctx, tx, forExporter(sqlClaimPerKey, filtered), args)
+		got, err := collectLeases(ctx, tx, filtered.apply(sqlClaimPerKey), args)
 		if err != nil {
 			return nil, err
 		}
@@ -653,15 +684,15 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 // (sqlClaimKeys, which locks as it finds), and, when that scan was cut off
 // before it found want keys, from the loose scan over all keys
 // (sqlClaimKeysLoose, then sqlClaimLockKeys for the rest of lockmax).
-func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered string) (cand []string, ids []int64, err error) {
+func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, want int, filtered claimFilter) (cand []string, ids []int64, err error) {
 	var saturated bool
-	if err := tx.QueryRow(ctx, forExporter(sqlClaimKeys, filtered), args).Scan(&cand, &ids, &saturated); err != nil {
+	if err := tx.QueryRow(ctx, filtered.apply(sqlClaimKeys), args).Scan(&cand, &ids, &saturated); err != nil {
 		return nil, nil, err
 	}
 	if !saturated || len(cand) >= want {
 		return cand, ids, nil
 	}
-	rows, err := tx.Query(ctx, forExporter(sqlClaimKeysLoose, filtered), args)
+	rows, err := tx.Query(ctx, filtered.apply(sqlClaimKeysLoose), args)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -20,6 +20,10 @@ type KeyFilter struct {
 	// Account and Mode are the destination the items were staged for.
 	Account string
 	Mode    Mode
+	// Accounts, when set, widens Account to several destination accounts
+	// (a platform's own and its connected accounts): their keys are listed
+	// together, in key order, which groups them by account.
+	Accounts []string
 	// Settle is how long an accepted item must have been accepted, by the
 	// database's clock, to count as settled.
 	Settle time.Duration
@@ -35,20 +39,22 @@ type KeyFilter struct {
 // timestamps (Unix seconds) of those items.
 type SettledKey struct {
 	OrderingKey, Customer, EventName string
-	Earliest, Latest                 int64
+	// Account is the destination account of the key's items.
+	Account          string
+	Earliest, Latest int64
 }
 
 // sqlSettledKeys lists the ordering keys of a destination with settled
 // accepted or uncertain items from a timestamp on, after a key, in order.
 const sqlSettledKeys = `
-SELECT b.ordering_key, b.payload ->> 'customer', b.payload ->> 'event_name',
+SELECT b.ordering_key, b.payload ->> 'customer', b.payload ->> 'event_name', b.destination_account,
        min((b.payload ->> 'timestamp')::bigint), max((b.payload ->> 'timestamp')::bigint)
 FROM outbox_item_states s JOIN outbox_item_bodies b ON b.id = s.id
-WHERE b.destination_account = @account AND s.mode = @mode
+WHERE b.destination_account = ANY(@accounts::text[]) AND s.mode = @mode
   AND ((s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval) OR s.state = 'uncertain')
   AND (b.payload ->> 'timestamp')::bigint >= @since
   AND s.ordering_key > @cursor
-GROUP BY 1, 2, 3
+GROUP BY 1, 2, 3, 4
 ORDER BY 1`
 
 // SettledKeys lists the ordering keys of f's destination that have items
@@ -57,14 +63,18 @@ ORDER BY 1`
 // compares with the provider's numbers, one at a time, resuming after the
 // last key it finished. The timestamps of each are those of these items.
 func (s *Store) SettledKeys(ctx context.Context, q Querier, f KeyFilter) ([]SettledKey, error) {
-	rows, err := q.Query(ctx, sqlSettledKeys, pgx.NamedArgs{"account": f.Account, "mode": string(f.Mode), "settle": f.Settle,
+	accounts := f.Accounts
+	if len(accounts) == 0 {
+		accounts = []string{f.Account}
+	}
+	rows, err := q.Query(ctx, sqlSettledKeys, pgx.NamedArgs{"accounts": accounts, "mode": string(f.Mode), "settle": f.Settle,
 		"since": f.Since, "cursor": f.After})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: listing settled keys: %w", err)
 	}
 	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (SettledKey, error) {
 		var k SettledKey
-		err := row.Scan(&k.OrderingKey, &k.Customer, &k.EventName, &k.Earliest, &k.Latest)
+		err := row.Scan(&k.OrderingKey, &k.Customer, &k.EventName, &k.Account, &k.Earliest, &k.Latest)
 		return k, err
 	})
 	if err != nil {

@@ -71,8 +71,8 @@ func TestSettledKeysListsKeysWithSettledItems(t *testing.T) {
 		require.NoError(t, err)
 		return keys
 	}
-	a := outbox.SettledKey{OrderingKey: orderingKey("cus_a"), Customer: "cus_a", EventName: "api_calls", Earliest: 1000, Latest: 5000}
-	bk := outbox.SettledKey{OrderingKey: orderingKey("cus_b"), Customer: "cus_b", EventName: "api_calls", Earliest: 2000, Latest: 2000}
+	a := outbox.SettledKey{OrderingKey: orderingKey("cus_a"), Customer: "cus_a", EventName: "api_calls", Account: "acct_123", Earliest: 1000, Latest: 5000}
+	bk := outbox.SettledKey{OrderingKey: orderingKey("cus_b"), Customer: "cus_b", EventName: "api_calls", Account: "acct_123", Earliest: 2000, Latest: 2000}
 	require.Equal(t, []outbox.SettledKey{a, bk}, list(outbox.KeyFilter{}),
 		"rejected, confirmed and pending items settle nothing; other modes and accounts are not listed")
 
@@ -88,7 +88,15 @@ func TestSettledKeysListsKeysWithSettledItems(t *testing.T) {
 	liveKeys, err := b.store.SettledKeys(b.ctx, b.pool, outbox.KeyFilter{Account: "acct_123", Mode: outbox.ModeLive})
 	require.NoError(t, err)
 	require.Equal(t, []outbox.SettledKey{{OrderingKey: orderingKey("cus_d"), Customer: "cus_d", EventName: "api_calls",
-		Earliest: 1000, Latest: 1000}}, liveKeys)
+		Account: "acct_123", Earliest: 1000, Latest: 1000}}, liveKeys)
+
+	// Several accounts (a platform's and its connected accounts) are listed
+	// together, in key order, each key with its account.
+	both, err := b.store.SettledKeys(b.ctx, b.pool, outbox.KeyFilter{Accounts: []string{"acct_other", "acct_123"}, Mode: outbox.ModeTest})
+	require.NoError(t, err)
+	e := outbox.SettledKey{OrderingKey: "acct_other|cus_e|api_calls", Customer: "cus_e", EventName: "api_calls", Account: "acct_other",
+		Earliest: 1000, Latest: 1000}
+	require.Equal(t, []outbox.SettledKey{a, bk, e}, both)
 }
 
 // A key's items as reconciliation compares them: accepted, confirmed,

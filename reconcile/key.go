@@ -13,15 +13,16 @@ import (
 // its confirmations, its discrepancies and the run's cursor past it. A key
 // whose summaries Stripe refuses with a 4xx about the key is one
 // discrepancy (ReasonSummariesRefused) committed the same way, and no
-// error: the run goes on to the next key.
-func (r *Reconciler) reconcileKey(ctx context.Context, db DB, id int64, dest exporter.Destination,
-	byEvent map[string]stripeapi.Meter, k outbox.SettledKey, settle time.Duration, sinceTS int64) error {
-	start := r.calls.Load()
+// error: the run goes on to the next key. The key's Stripe calls are those
+// made since start (its account's meters, read with its first key, count
+// with that key).
+func (r *Reconciler) reconcileKey(ctx context.Context, db DB, id int64, dest exporter.Destination, client *stripeapi.Client,
+	byEvent map[string]stripeapi.Meter, k outbox.SettledKey, settle time.Duration, sinceTS, start int64) error {
 	kh, err := r.readKeyHours(ctx, db, dest.Mode, k, settle, sinceTS)
 	if err != nil {
 		return err
 	}
-	out, err := r.compareKey(ctx, id, dest, byEvent, k, kh)
+	out, err := r.compareKey(ctx, id, dest, client, byEvent, k, kh)
 	if err != nil {
 		return err
 	}
@@ -70,7 +71,7 @@ type keyOutcome struct {
 // every hour worth comparing. A key whose event name no meter has any more
 // has its hours skipped; a key whose summaries Stripe refuses is one
 // discrepancy; any other failed read is the run's error.
-func (r *Reconciler) compareKey(ctx context.Context, id int64, dest exporter.Destination,
+func (r *Reconciler) compareKey(ctx context.Context, id int64, dest exporter.Destination, client *stripeapi.Client,
 	byEvent map[string]stripeapi.Meter, k outbox.SettledKey, kh keyHours) (keyOutcome, error) {
 	m, ok := byEvent[k.EventName]
 	if !ok {
@@ -87,7 +88,7 @@ func (r *Reconciler) compareKey(ctx context.Context, id int64, dest exporter.Des
 	}
 	var summaries []stripeapi.Summary
 	err := r.read(ctx, func() (err error) {
-		summaries, err = r.client.EventSummaries(ctx, m.ID, k.Customer, kh.from, kh.to, stripeapi.Hour)
+		summaries, err = client.EventSummaries(ctx, m.ID, k.Customer, kh.from, kh.to, stripeapi.Hour)
 		return err
 	})
 	if refusal, refused := refusedKey(ctx, err); refused {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -31,13 +32,24 @@ func (r *Reconciler) pass(ctx context.Context, db DB, id int64) error {
 		return err
 	}
 	start := r.calls.Load()
-	byEvent, err := r.metersByEvent(ctx)
-	if err != nil {
-		return err
+	// The node's own destination and the connected accounts tenant
+	// mappings have named: a run compares each account's items with that
+	// account's summaries.
+	accounts := []string{dest.Account}
+	if r.cfg.Connected != nil {
+		more, err := r.cfg.Connected(ctx, db)
+		if err != nil {
+			return fmt.Errorf("reconcile: reading the connected accounts: %w", err)
+		}
+		for _, a := range more {
+			if a != dest.Account {
+				accounts = append(accounts, a)
+			}
+		}
 	}
 	// The keys with settled accepted or uncertain items in the run's
 	// scope, after its cursor, in order.
-	keys, err := r.cfg.Outbox.SettledKeys(ctx, db, outbox.KeyFilter{Account: dest.Account, Mode: dest.Mode,
+	keys, err := r.cfg.Outbox.SettledKeys(ctx, db, outbox.KeyFilter{Accounts: accounts, Mode: dest.Mode,
 		Settle: scope.settle, Since: scope.sinceTS, After: scope.cursor})
 	if err != nil {
 		return err
@@ -48,15 +60,41 @@ func (r *Reconciler) pass(ctx context.Context, db DB, id int64) error {
 		return fmt.Errorf("reconcile: recording run %d: %w", id, err)
 	}
 
+	// Each account's meters, read once a run when its first key comes up:
+	// a meter's id differs from one account to the next.
+	meters := map[string]map[string]stripeapi.Meter{}
 	for _, k := range keys {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := r.reconcileKey(ctx, db, id, dest, byEvent, k, scope.settle, scope.sinceTS); err != nil {
+		kdest := dest
+		kdest.Account = k.Account
+		keyStart := r.calls.Load()
+		client, err := r.clientFor(k.Account, dest)
+		if err != nil {
+			return err
+		}
+		byEvent, ok := meters[k.Account]
+		if !ok {
+			if byEvent, err = r.metersByEvent(ctx, client); err != nil {
+				return err
+			}
+			meters[k.Account] = byEvent
+		}
+		if err := r.reconcileKey(ctx, db, id, kdest, client, byEvent, k, scope.settle, scope.sinceTS, keyStart); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// clientFor is the client of calls about account's items: the reconciler's
+// own for the node's destination, else one that sends Stripe-Account.
+func (r *Reconciler) clientFor(account string, dest exporter.Destination) (*stripeapi.Client, error) {
+	if account == dest.Account {
+		return r.client, nil
+	}
+	return r.client.For(account)
 }
 
 // readScope reads run id's settle delay, first hour and cursor.
@@ -77,10 +115,10 @@ func readScope(ctx context.Context, db DB, id int64) (runScope, error) {
 	return s, nil
 }
 
-// metersByEvent reads the account's meters, by event name.
-func (r *Reconciler) metersByEvent(ctx context.Context) (map[string]stripeapi.Meter, error) {
+// metersByEvent reads the meters of client's account, by event name.
+func (r *Reconciler) metersByEvent(ctx context.Context, client *stripeapi.Client) (map[string]stripeapi.Meter, error) {
 	var meters []stripeapi.Meter
-	if err := r.read(ctx, func() (err error) { meters, err = r.client.Meters(ctx); return err }); err != nil {
+	if err := r.read(ctx, func() (err error) { meters, err = client.Meters(ctx); return err }); err != nil {
 		return nil, err
 	}
 	byEvent := map[string]stripeapi.Meter{}

@@ -56,6 +56,10 @@ type Config struct {
 	// Destination is where this node exports: a run compares the items
 	// staged for it, and only those.
 	Destination func() (exporter.Destination, error)
+	// Connected, when set, lists the connected accounts tenant mappings
+	// have named (mappings.Accounts): a run compares their items too, each
+	// against its own account's meters and summaries.
+	Connected func(ctx context.Context, db outbox.Querier) ([]string, error)
 	// Limiter paces every Stripe call of a run (the account's limiter).
 	Limiter *exporter.Limiter
 	Logger  *slog.Logger

@@ -92,10 +92,12 @@ func (f *featureFlags) run(ctx context.Context, e *env, args []string) error {
 type tenantFlags struct {
 	customer, anchor string
 	invoiceGrace     string
+	stripeAccount    string
 }
 
 // mappingsTenantsCommand is tally mappings tenants list | get | set: which
-// Stripe customer each tenant is, and when its billing periods start.
+// Stripe customer each tenant is (in which connected account, if not the
+// node's), and when its billing periods start.
 func mappingsTenantsCommand() command {
 	f := &tenantFlags{}
 	return command{name: "mappings tenants", flags: f.register, args: mappingArgs, run: f.run}
@@ -105,6 +107,26 @@ func (f *tenantFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.customer, "customer", "", "set: the Stripe customer id (cus_…)")
 	fs.StringVar(&f.anchor, "anchor", "", "set: the billing-period anchor, RFC 3339 (default: calendar months UTC)")
 	f.registerInvoiceGrace(fs)
+	f.registerStripeAccount(fs)
+}
+
+// registerStripeAccount makes --stripe-account of `mappings tenants set`
+// the connected account the tenant mapping names, as registerInvoiceGrace
+// does for --invoice-grace: the service's own --stripe-account
+// (STRIPE_ACCOUNT, the node's destination) is taken over here, so that the
+// mapping's field is never silently read as the node's setting, nor the
+// node's as the mapping's. The node's setting still comes from
+// STRIPE_ACCOUNT in the environment. Left out (or empty), the mapping
+// names none: a set replaces the whole mapping, so setting a tenant again
+// without it goes back to the node's destination.
+func (f *tenantFlags) registerStripeAccount(fs *flag.FlagSet) {
+	usage := "set: the Stripe Connect connected account (acct_…) the tenant's usage is exported to, whose customer --customer is (default: none, the node's destination: STRIPE_ACCOUNT or the key's own account)"
+	set := func(v string) error { f.stripeAccount = v; return nil }
+	if fl := fs.Lookup("stripe-account"); fl != nil {
+		fl.Value, fl.Usage, fl.DefValue = funcValue(set), usage, ""
+		return
+	}
+	fs.Func("stripe-account", usage, set)
 }
 
 // registerInvoiceGrace makes --invoice-grace of `mappings tenants set` the
@@ -144,7 +166,7 @@ func (f *tenantFlags) run(ctx context.Context, e *env, args []string) error {
 		}
 		return printJSON(e.stdout, map[string]any{"mapping": t, "history": hist})
 	}
-	in := mappings.TenantInput{StripeCustomerID: f.customer}
+	in := mappings.TenantInput{StripeCustomerID: f.customer, StripeAccount: f.stripeAccount}
 	if f.anchor != "" {
 		a, err := time.Parse(time.RFC3339, f.anchor)
 		if err != nil {

@@ -112,7 +112,7 @@ func New(cfg Config) (*Client, error) {
 	if !baseURL(meterBase) {
 		return nil, configError("the Stripe meter events base must be an absolute http(s) URL without credentials, query or fragment")
 	}
-	if cfg.Account != "" && (!strings.HasPrefix(cfg.Account, "acct_") || strings.ContainsFunc(cfg.Account, func(r rune) bool { return r <= ' ' || r == 0x7f })) {
+	if cfg.Account != "" && !ValidAccount(cfg.Account) {
 		return nil, configError("the Stripe account must be an account id starting with acct_")
 	}
 
@@ -184,6 +184,50 @@ func (c *Client) AccountID(ctx context.Context) (string, error) {
 		return "", &Error{Code: CodeBadResponse, message: "Stripe returned an account without an id"}
 	}
 	return a.ID, nil
+}
+
+// ValidAccount reports whether id is a Stripe account id Tally may send as
+// Stripe-Account: acct_ and at least one more character, nothing below
+// space or DEL.
+func ValidAccount(id string) bool {
+	return strings.HasPrefix(id, "acct_") && len(id) > len("acct_") && len(id) <= 255 &&
+		!strings.ContainsFunc(id, func(r rune) bool { return r <= ' ' || r == 0x7f })
+}
+
+// For returns a client acting on account (a connected account, Connect):
+// the same key, backends and transport, with Stripe-Account: account on
+// every call its methods make. "" or the client's own account returns c.
+// Calls made through Stripe() set the header themselves.
+func (c *Client) For(account string) (*Client, error) {
+	if account == "" || account == c.account {
+		return c, nil
+	}
+	if !ValidAccount(account) {
+		return nil, configError("the Stripe account must be an account id starting with acct_")
+	}
+	cc := *c
+	cc.account = account
+	return &cc, nil
+}
+
+// CheckAccess asks Stripe whether the key may act for account (GET
+// /v1/account with Stripe-Account: account): nil when Stripe answers that
+// account. A key that may not answers account_invalid (docs/stripe.md §8);
+// any failure is an *Error.
+func (c *Client) CheckAccess(ctx context.Context, account string) error {
+	if !ValidAccount(account) {
+		return configError("the Stripe account must be an account id starting with acct_")
+	}
+	p := &stripe.AccountRetrieveParams{}
+	p.SetStripeAccount(account)
+	a, err := c.sc.V1Accounts.Retrieve(ctx, p)
+	if err != nil {
+		return WrapError(err)
+	}
+	if a.ID != account {
+		return &Error{Code: CodeBadResponse, HTTPStatus: http.StatusOK, message: "Stripe answered another account than the one asked for"}
+	}
+	return nil
 }
 
 // accountTransport sets the Stripe-Account header when a request lacks it,

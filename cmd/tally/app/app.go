@@ -73,6 +73,9 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c := res.Connected(); c != nil {
+		reg.MustRegister(c.Collector())
+	}
 	maps := &mappings.Store{RestrictedKey: config.RestrictedKey(cfg.StripeAPIKey)}
 	if c := res.Client(); c != nil {
 		maps.Checker = mappings.StripeMeters{Client: c}
@@ -100,7 +103,8 @@ func Build(cfg config.Config) (*Parts, error) {
 		// account's budget: its 429s slow its reads, never export.
 		if rec, err = reconcile.New(reconcile.Config{Outbox: ob, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
 			Account: cfg.StripeAccount, Destination: res.Destination, Limiter: b.Reads(),
-			Metrics: stripeMetrics, Registry: reg}); err != nil {
+			Connected: func(ctx context.Context, db outbox.Querier) ([]string, error) { return mappings.Accounts(ctx, db) },
+			Metrics:   stripeMetrics, Registry: reg}); err != nil {
 			return nil, err
 		}
 	}

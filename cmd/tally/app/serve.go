@@ -57,6 +57,10 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	defer cancel()
 	node := newServices(cancel)
 	list := []service{newLoop(p.Resolver.Run)}
+	if c := p.Resolver.Connected(); c != nil {
+		// Probes the connected accounts Stripe refused, until access is back.
+		list = append(list, newLoop(c.Run))
+	}
 	if watch := clusterWatch(db, node, logger); watch != nil {
 		list = append(list, watch)
 	}
@@ -147,12 +151,17 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	}
 	v1cfg, streamCfg := cfg.DelivererConfigs()
 	v1cfg.Keys, streamCfg.Keys = p.Resolver, p.Resolver
-	v1, err := exporter.NewDeliverer(v1cfg, p.Outbox, pools.Export, exporter.NewStripeV1(client, cfg.StripeTimeout), cfg.StripeTimeout,
-		p.Resolver.Destination, p.Limiter, logger, p.Registry)
+	// Items of tenants mapped to a connected account go there, with
+	// Stripe-Account; the mappings say which accounts those are.
+	connected := p.Resolver.Connected()
+	connected.SetSource(func(ctx context.Context) ([]string, error) { return mappings.Accounts(ctx, pools.Export) })
+	v1cfg.Accounts, streamCfg.Accounts = connected, connected
+	v1, err := exporter.NewDeliverer(v1cfg, p.Outbox, pools.Export, exporter.NewStripeV1(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header),
+		cfg.StripeTimeout, p.Resolver.Destination, p.Limiter, logger, p.Registry)
 	if err != nil {
 		return nil, err
 	}
-	stream := exporter.NewStripeStream(client, cfg.StripeTimeout)
+	stream := exporter.NewStripeStream(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header)
 	if err := p.Registry.Register(stream.Collector()); err != nil {
 		return nil, err
 	}

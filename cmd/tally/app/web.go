@@ -195,9 +195,17 @@ func ingestReadiness(db *DB) []api.Check {
 func consoleStalls(s *exporter.Stalls) func(context.Context) []console.ExportStall {
 	return func(ctx context.Context) []console.ExportStall {
 		reasons, _ := s.Reasons(ctx)
-		out := make([]console.ExportStall, len(reasons))
-		for i, r := range reasons {
-			out[i] = console.ExportStall{Reason: string(r), Text: r.Explain()}
+		out := make([]console.ExportStall, 0, len(reasons))
+		for _, r := range reasons {
+			if r != exporter.StallAccountRefused {
+				out = append(out, console.ExportStall{Reason: string(r), Text: r.Explain()})
+				continue
+			}
+			// One line per connected account Stripe refused, naming it: the
+			// metric counts them, the console says which.
+			for _, a := range s.Connected() {
+				out = append(out, console.ExportStall{Reason: string(r), Text: a.Explain()})
+			}
 		}
 		return out
 	}

@@ -15,10 +15,11 @@ import (
 const MaxCustomersChecked = 200
 
 // customers checks, at Stripe, that every mapped tenant's customer exists,
-// not deleted, in the account the node exports to: the check every door
+// not deleted, in the account the node exports to, or in the connected
+// account the tenant's mapping names (stripe_account): the check every door
 // makes when a tenant mapping is set (mappings.StripeMeters.CheckCustomer),
 // again for the mappings saved before, without a key, or whose customer
-// was deleted since. Each distinct customer is asked once, at most
+// was deleted since. Each distinct customer (of each account) is asked once, at most
 // Deps.MaxCustomers of them; it stops at the first that cannot be asked.
 func customers(ctx context.Context, d Deps) Result {
 	var st mappings.Store
@@ -27,23 +28,31 @@ func customers(ctx context.Context, d Deps) Result {
 		return Result{Check: "customers", Status: Problem, Detail: "the mappings could not be read: " + describe(err)}
 	}
 	checker := mappings.StripeMeters{Client: d.Resolver.Client()}
-	verdict := map[string]error{}
+	verdict := map[[2]string]error{} // (account, customer)
 	var bad []string
 	skipped := 0
 	for _, t := range ts {
-		err, asked := verdict[t.StripeCustomerID]
+		key := [2]string{t.StripeAccount, t.StripeCustomerID}
+		err, asked := verdict[key]
 		if !asked && len(verdict) >= d.MaxCustomers {
 			skipped++
 			continue
 		}
 		if !asked {
-			err = checker.CheckCustomer(ctx, t.StripeCustomerID)
-			verdict[t.StripeCustomerID] = err
+			err = checker.CheckCustomer(ctx, t.StripeAccount, t.StripeCustomerID)
+			verdict[key] = err
 		}
-		var ce *mappings.CustomerError
+		var (
+			ce *mappings.CustomerError
+			ae *mappings.AccountError
+		)
 		switch {
+		case errors.As(err, &ce) && t.StripeAccount != "":
+			bad = append(bad, fmt.Sprintf("%s (%s in %s: %s)", t.Tenant, t.StripeCustomerID, t.StripeAccount, ce.Code))
 		case errors.As(err, &ce):
 			bad = append(bad, fmt.Sprintf("%s (%s: %s)", t.Tenant, t.StripeCustomerID, ce.Code))
+		case errors.As(err, &ae):
+			bad = append(bad, fmt.Sprintf("%s (%s: %s)", t.Tenant, t.StripeAccount, ae.Code))
 		case err != nil:
 			return Result{Check: "customers", Status: Problem, Detail: "Stripe's customers could not be read: " + describe(err),
 				Fix: "see the stripe check; a restricted key needs customers (read)"}
@@ -51,8 +60,8 @@ func customers(ctx context.Context, d Deps) Result {
 	}
 	if len(bad) > 0 {
 		return Result{Check: "customers", Status: Problem,
-			Detail: "mapped tenants whose Stripe customer the account does not have, or deleted: " + list(bad),
-			Fix:    "map each to a current customer of this account (tally mappings tenants set T --customer cus_…); their usage is quarantined customer_not_found until then"}
+			Detail: "mapped tenants whose Stripe customer the account does not have, or deleted, or whose connected account the key may not act for (account_unreachable): " + list(bad),
+			Fix:    "map each to a current customer of its account (tally mappings tenants set T --customer cus_… [--stripe-account acct_…]), or connect the account again; until then their usage is quarantined customer_not_found, or waits for the account"}
 	}
 	if skipped > 0 {
 		return Result{Check: "customers", Status: Warning,

@@ -1,0 +1,59 @@
+package outbox_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/outbox"
+)
+
+// onAccount returns item n addressed to account.
+func onAccount(n int, account string) outbox.NewItem {
+	it := newItem(n)
+	it.DestinationAccount = account
+	return it
+}
+
+// A claim that skips a stalled account leaves its items pending without an
+// attempt, under both policies and whether or not it names the exporter,
+// and takes every other account's items; the next claim without the skip
+// takes them.
+func TestClaimSkipsStalledAccounts(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		policy   outbox.Policy
+		exporter string
+	}{
+		{"per key", outbox.PerKey, ""},
+		{"per key, one exporter", outbox.PerKey, "stripe_meter_events"},
+		{"best effort", outbox.BestEffort, ""},
+		{"best effort, one exporter", outbox.BestEffort, "stripe_meter_events"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, outbox.Config{})
+			ids := b.enqueue(t, onAccount(1, "acct_a"), onAccount(2, "acct_b"), onAccount(3, "acct_c"), onAccount(4, "acct_b"))
+			got := b.claim(t, outbox.ClaimOptions{Owner: "w1", Limit: 10, Policy: tc.policy, Exporter: tc.exporter,
+				SkipAccounts: []string{"acct_b", "acct_x"}})
+			require.ElementsMatch(t, []int64{ids[0], ids[2]}, leaseIDs(got), "only the accounts not skipped")
+			for _, id := range []int64{ids[1], ids[3]} {
+				it, err := b.store.Get(b.ctx, b.pool, id)
+				require.NoError(t, err)
+				require.Equal(t, outbox.StatePending, it.State)
+				require.Zero(t, it.Attempts, "a skipped item is not attempted")
+			}
+			rest := b.claim(t, outbox.ClaimOptions{Owner: "w2", Limit: 10, Policy: tc.policy, Exporter: tc.exporter})
+			require.ElementsMatch(t, []int64{ids[1], ids[3]}, leaseIDs(rest))
+		})
+	}
+}
+
+func leaseIDs(ls []outbox.Lease) []int64 {
+	out := make([]int64, len(ls))
+	for i, l := range ls {
+		out[i] = l.ID
+	}
+	return out
+}
