@@ -216,6 +216,6 @@ func TestQuarantineItemsAsJSONAndCSV(t *testing.T) {
 	records, err := csv.NewReader(bytes.NewReader(resp.body)).ReadAll()
 	require.NoError(t, err)
 	require.Len(t, records, 4)
-	require.Equal(t, []string{"id", "tenant", "feature", "customer", "reason"}, records[0][:5])
-	require.Equal(t, []string{"acme", "logins", "", "no_customer"}, records[1][1:5])
+	require.Equal(t, []string{"id", "tenant", "feature", "customer", "destination_account", "reason"}, records[0][:6])
+	require.Equal(t, []string{"acme", "logins", "", "acct_1", "no_customer"}, records[1][1:6])
 }

@@ -53,6 +53,7 @@ func TestLateUsageThroughTheAPI(t *testing.T) {
 	}
 	resp.decode(t, &list)
 	require.Len(t, list.Items, 2, "the closed period's two events, not the open one's")
+	require.Contains(t, string(resp.body), `"destination_account":"acct_`, "each item names the account it was staged for")
 
 	closedMonth := meter.PeriodStart(anchor.Add(-time.Minute), anchor).Format("2006-01")
 	c := completeness(t, h, fin, closedMonth+"&tenant=acme")

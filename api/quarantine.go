@@ -94,8 +94,10 @@ type quarantinedItemView struct {
 	Tenant   string `json:"tenant"`
 	Feature  string `json:"feature"`
 	Customer string `json:"customer"`
-	Period   string `json:"period"`
-	Value    string `json:"value"`
+	// Account is the destination account the item was staged for.
+	Account string `json:"destination_account"`
+	Period  string `json:"period"`
+	Value   string `json:"value"`
 	// LastError is as stored: sanitised when written.
 	LastError             *outbox.ErrorInfo `json:"last_error,omitempty"`
 	MappingVersion        int               `json:"mapping_version"`
@@ -154,7 +156,7 @@ func (h *handlers) getQuarantineItems(w http.ResponseWriter, r *http.Request) {
 	}
 	views := make([]quarantinedItemView, len(items))
 	for i, it := range items {
-		views[i] = quarantinedItemView{ID: it.ID, Reason: it.Reason, Tenant: it.Tenant, Feature: it.Feature, Customer: it.Customer,
+		views[i] = quarantinedItemView{ID: it.ID, Reason: it.Reason, Tenant: it.Tenant, Feature: it.Feature, Customer: it.Customer, Account: it.Account,
 			Period: it.Period, Value: it.Value, MappingVersion: it.ItemVersion, CurrentMappingVersion: it.CurrentVersion}
 		if it.LastError != (outbox.ErrorInfo{}) {
 			views[i].LastError = &it.LastError

@@ -142,8 +142,10 @@ func TestRequeueAllNeedsCSRFAndRoleAndItemsCSV(t *testing.T) {
 	records, err := csv.NewReader(resp.Body).ReadAll()
 	require.NoError(t, err)
 	require.Len(t, records, 2)
-	require.Equal(t, "id,tenant,feature,customer,reason", strings.Join(records[0][:5], ","))
+	require.Equal(t, "id,tenant,feature,customer,destination_account,reason", strings.Join(records[0][:6], ","))
 	var item int64
 	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT id FROM outbox_items WHERE quarantine_reason = 'no_customer'`).Scan(&item))
-	require.Equal(t, []string{fmt.Sprint(item), "acme", "api", "", "no_customer"}, records[1][:5])
+	var account string
+	require.NoError(t, s.env.Pool.QueryRow(s.env.Ctx, `SELECT destination_account FROM outbox_items WHERE id = $1`, item).Scan(&account))
+	require.Equal(t, []string{fmt.Sprint(item), "acme", "api", "", account, "no_customer"}, records[1][:6])
 }

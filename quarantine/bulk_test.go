@@ -242,17 +242,17 @@ func TestItemsCSVNeutralisesFormulas(t *testing.T) {
 	require.NoError(t, quarantine.ItemsCSV(&buf, items))
 	records, err := csv.NewReader(&buf).ReadAll()
 	require.NoError(t, err)
-	require.Equal(t, []string{"id", "tenant", "feature", "customer", "reason", "last_error_code", "last_error_status", "last_error",
+	require.Equal(t, []string{"id", "tenant", "feature", "customer", "destination_account", "reason", "last_error_code", "last_error_status", "last_error",
 		"period", "value", "mapping_version", "current_mapping_version"}, records[0])
 	require.Len(t, records, 2+len(hostile))
 	first := records[1]
-	require.Equal(t, []string{fmt.Sprint(id), "acme", "api", "cus_acme", "meter_not_found", "meter_not_found", "400"}, first[:7])
-	require.Equal(t, "5", first[9])
+	require.Equal(t, []string{fmt.Sprint(id), "acme", "api", "cus_acme", "acct_1", "meter_not_found", "meter_not_found", "400"}, first[:8])
+	require.Equal(t, "5", first[10])
 	for i, rec := range records[2:] {
 		require.Equal(t, "'"+hostile[i], rec[1], "the tenant cell")
 		require.Equal(t, "'"+hostile[i], rec[2], "the feature cell")
 		require.Equal(t, "'"+hostile[i], rec[3], "the customer cell")
-		require.Equal(t, fmt.Sprint(-i), rec[9], "a value is a number, a negative one a correction")
+		require.Equal(t, fmt.Sprint(-i), rec[10], "a value is a number, a negative one a correction")
 		for _, cell := range rec {
 			require.False(t, cell != "" && strings.ContainsRune("=+@\t\r", rune(cell[0])), "an unescaped cell: %q", cell)
 		}

@@ -31,6 +31,9 @@ type Item struct {
 	CurrentVersion int
 	// Customer is the payload's customer, empty when the tenant had none.
 	Customer string
+	// Account is the destination account the item was staged for: the
+	// node's, or the tenant mapping's connected account (Stripe Connect).
+	Account string
 	// LastError is the item's last error as stored (sanitised when
 	// written): empty when it has none.
 	LastError outbox.ErrorInfo
@@ -42,7 +45,7 @@ const sqlItems = `
 SELECT o.id, o.quarantine_reason, o.tenant_key, coalesce(o.payload ->> 'feature', ''), coalesce(o.payload ->> 'period', ''),
        o.payload ->> 'value', o.mapping_version,
        greatest(coalesce(fm.version, 0), coalesce(tm.version, 0)),
-       coalesce(o.payload ->> 'customer', ''), coalesce(o.last_error_code, ''), coalesce(o.last_error_status, 0),
+       coalesce(o.payload ->> 'customer', ''), o.destination_account, coalesce(o.last_error_code, ''), coalesce(o.last_error_status, 0),
        coalesce(o.last_error, '')
 FROM outbox_items o
 LEFT JOIN feature_mappings fm ON fm.feature = o.payload ->> 'feature'
@@ -77,7 +80,7 @@ func ItemsAfter(ctx context.Context, q Querier, f Filter, after int64, limit int
 	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Item, error) {
 		var it Item
 		err := row.Scan(&it.ID, &it.Reason, &it.Tenant, &it.Feature, &it.Period, &it.Value, &it.ItemVersion, &it.CurrentVersion,
-			&it.Customer, &it.LastError.Code, &it.LastError.Status, &it.LastError.Message)
+			&it.Customer, &it.Account, &it.LastError.Code, &it.LastError.Status, &it.LastError.Message)
 		return it, err
 	})
 	if err != nil {
@@ -92,12 +95,12 @@ func ItemsAfter(ctx context.Context, q Querier, f Filter, after int64, limit int
 const MaxItemsCSV = 50000
 
 // ItemsCSV writes quarantined items as CSV, one row an item — its id,
-// tenant, feature, customer, reason, last error (code, status and message
+// tenant, feature, customer, destination account, reason, last error (code, status and message
 // as stored: sanitised when written), period and value — every text cell
 // safe against spreadsheet formula injection.
 func ItemsCSV(w io.Writer, items []Item) error {
 	cw := csv.NewWriter(w)
-	_ = cw.Write([]string{"id", "tenant", "feature", "customer", "reason", "last_error_code", "last_error_status", "last_error",
+	_ = cw.Write([]string{"id", "tenant", "feature", "customer", "destination_account", "reason", "last_error_code", "last_error_status", "last_error",
 		"period", "value", "mapping_version", "current_mapping_version"})
 	for _, it := range items {
 		status := ""
@@ -105,7 +108,7 @@ func ItemsCSV(w io.Writer, items []Item) error {
 			status = strconv.Itoa(it.LastError.Status)
 		}
 		_ = cw.Write([]string{strconv.FormatInt(it.ID, 10), SafeCell(it.Tenant), SafeCell(it.Feature), SafeCell(it.Customer),
-			SafeCell(it.Reason), SafeCell(it.LastError.Code), status, SafeCell(it.LastError.Message), SafeCell(it.Period),
+			SafeCell(it.Account), SafeCell(it.Reason), SafeCell(it.LastError.Code), status, SafeCell(it.LastError.Message), SafeCell(it.Period),
 			wholeNumber(it.Value), strconv.Itoa(it.ItemVersion), strconv.Itoa(it.CurrentVersion)})
 	}
 	cw.Flush()

@@ -75,9 +75,13 @@ func (r *Reconciler) compareKey(ctx context.Context, id int64, dest exporter.Des
 	byEvent map[string]stripeapi.Meter, k outbox.SettledKey, kh keyHours) (keyOutcome, error) {
 	m, ok := byEvent[k.EventName]
 	if !ok {
-		// No meter has the event name any more: nothing to read evidence
-		// from. The hours are skipped, visibly in the run's totals.
-		r.cfg.Logger.Warn("reconcile: no meter for an event name with accepted items", "event_name", k.EventName)
+		// No meter has the event name any more, or (byEvent nil) Stripe
+		// refused the key's connected account: nothing to read evidence
+		// from. The hours are skipped, visibly in the run's totals, and the
+		// next run looks again.
+		if byEvent != nil {
+			r.cfg.Logger.Warn("reconcile: no meter for an event name with accepted items", "event_name", k.EventName)
+		}
 		var out keyOutcome
 		for _, h := range kh.hours {
 			if worthComparing(kh.byHour[h]) {

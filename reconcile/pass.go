@@ -76,7 +76,17 @@ func (r *Reconciler) pass(ctx context.Context, db DB, id int64) error {
 		}
 		byEvent, ok := meters[k.Account]
 		if !ok {
-			if byEvent, err = r.metersByEvent(ctx, client); err != nil {
+			byEvent, err = r.metersByEvent(ctx, client)
+			switch {
+			case err != nil && k.Account != dest.Account && accountRefused(ctx, err):
+				// Stripe refuses the platform's access to this connected
+				// account (the exporter stalls it too): its keys' hours are
+				// skipped, visibly, and the other accounts are compared.
+				code, status, _ := stripeapi.Describe(err)
+				r.cfg.Logger.Warn("reconcile: Stripe refuses the connected account; its keys are skipped this run",
+					"account", k.Account, "code", code, "status", status)
+				byEvent = nil
+			case err != nil:
 				return err
 			}
 			meters[k.Account] = byEvent

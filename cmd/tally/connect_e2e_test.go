@@ -167,6 +167,19 @@ func runConnect(t *testing.T, exporter string) {
 	require.LessOrEqual(t, attempts, 2, "a stalled account's items wait without attempts")
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'quarantined'`).Scan(&quarantined))
 	require.Zero(t, quarantined, "a revoked account quarantines nothing")
+	// A reconcile run meanwhile confirms the other accounts' items and
+	// skips the revoked account's keys: it neither fails nor confirms them.
+	r := &exportRun{t: t, ctx: ctx, base: base}
+	run := r.reconcileThroughAPI()
+	require.Equal(t, "succeeded", run.Status, "%+v", run)
+	require.Zero(t, run.Discrepancies, "%+v", run)
+	require.Positive(t, run.ItemsConfirmed)
+	var waiting, otherAccepted int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE destination_account = $1),
+			count(*) FILTER (WHERE destination_account <> $1) FROM outbox_items WHERE state = 'accepted'`,
+		connectRevoked).Scan(&waiting, &otherAccepted))
+	require.Positive(t, waiting, "the revoked account's accepted items are not confirmed while it is refused")
+	require.Zero(t, otherAccepted, "every other account's items are confirmed")
 
 	// Restored, everything drains.
 	sim.RestoreAccess(connectRevoked)
@@ -213,11 +226,12 @@ func runConnect(t *testing.T, exporter string) {
 	// A reconcile run confirms every item, each against its account.
 	var accepted int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&accepted))
-	r := &exportRun{t: t, ctx: ctx, base: base}
-	run := r.reconcileThroughAPI()
+	run = r.reconcileThroughAPI()
 	require.Equal(t, "succeeded", run.Status, "%+v", run)
 	require.Zero(t, run.Discrepancies, "%+v", run)
 	require.Equal(t, accepted, run.ItemsConfirmed)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state <> 'confirmed'`).Scan(&waiting))
+	require.Zero(t, waiting, "every item of every account is confirmed")
 	rows, err = pool.Query(ctx, `SELECT DISTINCT destination_account FROM outbox_items WHERE state = 'confirmed'`)
 	require.NoError(t, err)
 	confirmedIn, err := pgx.CollectRows(rows, pgx.RowTo[string])
