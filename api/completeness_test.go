@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,11 +190,11 @@ func (s *completenessScenario) asCSV(t *testing.T, h *harness) {
 	require.Contains(t, resp.header.Get("Content-Disposition"), "tally-completeness-"+s.month+".csv")
 	rows, err := csv.NewReader(bytes.NewReader(resp.body)).ReadAll()
 	require.NoError(t, err)
-	require.Equal(t, []string{"tenant", "feature", "period", "ingested_events", "ingested_value"}, rows[0][:5])
+	require.Equal(t, []string{"tenant", "feature", "period", "destination_accounts", "ingested_events", "ingested_value"}, rows[0][:6])
 	require.Len(t, rows, len(want.Lines)+1, "a row a line")
 	for i, l := range want.Lines {
 		row := rows[i+1]
-		require.Equal(t, []string{l.Tenant, l.Feature, l.Period, strconv.FormatInt(l.Ingested.Events, 10), strconv.FormatInt(l.Ingested.Value, 10)}, row[:5])
+		require.Equal(t, []string{l.Tenant, l.Feature, l.Period, strings.Join(l.Accounts, " "), strconv.FormatInt(l.Ingested.Events, 10), strconv.FormatInt(l.Ingested.Value, 10)}, row[:6])
 		require.Equal(t, strconv.FormatBool(l.Holds), row[len(row)-2])
 		// The harness computes anew for every request (no TALLY_REPORT_MAX_AGE).
 		require.GreaterOrEqual(t, row[len(row)-1], want.AsOf, "the snapshot's as_of on every row")

@@ -364,21 +364,22 @@ type bucket struct {
 
 // completenessLine is one tenant, feature and period of the report.
 type completenessLine struct {
-	Tenant            string `json:"tenant"`
-	Feature           string `json:"feature"`
-	Period            string `json:"period"`
-	Ingested          bucket `json:"ingested"`
-	Confirmed         bucket `json:"confirmed"`
-	Accepted          bucket `json:"accepted"`
-	Pending           bucket `json:"pending"`
-	Quarantined       bucket `json:"quarantined"`
-	Uncertain         bucket `json:"uncertain"`
-	Rejected          bucket `json:"rejected"`
-	Unstaged          bucket `json:"unstaged"`
-	PeriodClosed      bucket `json:"period_closed"`
-	InconsistentItems int64  `json:"inconsistent_items"`
-	Discrepancies     int64  `json:"discrepancies"`
-	Holds             bool   `json:"holds"`
+	Tenant            string   `json:"tenant"`
+	Feature           string   `json:"feature"`
+	Period            string   `json:"period"`
+	Accounts          []string `json:"destination_accounts"`
+	Ingested          bucket   `json:"ingested"`
+	Confirmed         bucket   `json:"confirmed"`
+	Accepted          bucket   `json:"accepted"`
+	Pending           bucket   `json:"pending"`
+	Quarantined       bucket   `json:"quarantined"`
+	Uncertain         bucket   `json:"uncertain"`
+	Rejected          bucket   `json:"rejected"`
+	Unstaged          bucket   `json:"unstaged"`
+	PeriodClosed      bucket   `json:"period_closed"`
+	InconsistentItems int64    `json:"inconsistent_items"`
+	Discrepancies     int64    `json:"discrepancies"`
+	Holds             bool     `json:"holds"`
 }
 
 // completenessReport is GET /v1/reports/completeness.

@@ -68,6 +68,10 @@ type StripeStream struct {
 	// sess holds a session per Stripe-Account header ("" for the client's
 	// own account): a session acts on the account it was created on.
 	sess map[string]*streamSession
+	// creating serialises the creation of each account's session, so that
+	// concurrent senders of one account wait for one creation while a slow
+	// or refused creation for one account never holds up another's sends.
+	creating map[string]*sync.Mutex
 
 	sessions prometheus.Counter
 }
@@ -86,7 +90,7 @@ func NewStripeStream(client *stripeapi.Client, timeout time.Duration) *StripeStr
 	if timeout <= 0 {
 		timeout = DefaultRequestTimeout
 	}
-	return &StripeStream{client: client, timeout: timeout, now: time.Now, sess: map[string]*streamSession{},
+	return &StripeStream{client: client, timeout: timeout, now: time.Now, sess: map[string]*streamSession{}, creating: map[string]*sync.Mutex{},
 		sessions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tally_stream_sessions_total",
 			Help: "Meter event sessions created for the v2 stream (one every ~14 minutes, more after expired-session answers).",
@@ -231,10 +235,20 @@ func (e *StripeStream) post(ctx context.Context, account string, items []outbox.
 // header, "" for the client's own), creating one when there is none or it
 // is due for replacement. Concurrent senders wait for one creation.
 func (e *StripeStream) session(ctx context.Context, account string) (*streamSession, *stripeapi.Response, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if s := e.sess[account]; s != nil && e.now().Before(s.renewAt) {
+	if s := e.current(account); s != nil {
 		return s, nil, nil
+	}
+	e.mu.Lock()
+	create := e.creating[account]
+	if create == nil {
+		create = &sync.Mutex{}
+		e.creating[account] = create
+	}
+	e.mu.Unlock()
+	create.Lock()
+	defer create.Unlock()
+	if s := e.current(account); s != nil {
+		return s, nil, nil // another sender created it meanwhile
 	}
 	started := e.now()
 	rctx, resp := stripeapi.WithResponse(ctx)
@@ -258,9 +272,22 @@ func (e *StripeStream) session(ctx context.Context, account string) (*streamSess
 	life := ms.ExpiresAt.Sub(ms.Created)
 	margin := min(sessionMargin, life/2)
 	s := &streamSession{sc: e.client.SessionClient(ms.AuthenticationToken), renewAt: started.Add(life - margin)}
+	e.mu.Lock()
 	e.sess[account] = s
+	e.mu.Unlock()
 	e.sessions.Inc()
 	return s, resp, nil
+}
+
+// current is the account's session while it is not due for replacement,
+// else nil.
+func (e *StripeStream) current(account string) *streamSession {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s := e.sess[account]; s != nil && e.now().Before(s.renewAt) {
+		return s
+	}
+	return nil
 }
 
 // forget drops s if it is still the account's current session.

@@ -5,7 +5,9 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,6 +28,11 @@ type Line struct {
 	Feature string `json:"feature"`
 	// Period is the start of the billing period (RFC 3339).
 	Period string `json:"period"`
+	// Accounts are the Stripe accounts the line's items were staged for,
+	// sorted: the node's destination, or the tenant mapping's connected
+	// account (Stripe Connect); two when the tenant moved during the
+	// period, none while nothing is staged.
+	Accounts []string `json:"destination_accounts"`
 	// Ingested is every usage event of the period in the ledger.
 	Ingested Bucket `json:"ingested"`
 	// The buckets, by the state of the item that carries each event now
@@ -128,7 +135,7 @@ chain (tenant, feature, start, n, v, last_value, id, next, state, depth) AS (
 ),
 per_item AS (
     SELECT c.tenant, c.feature, c.start AS item_id, c.n, c.v, c.last_value, c.state,
-           live.subject_kind, live.mapping_version, (live.payload ->> 'value')::numeric AS live_value,
+           live.subject_kind, live.mapping_version, (live.payload ->> 'value')::numeric AS live_value, live.destination_account,
            coalesce((live.payload ->> 'late')::boolean, false) AS late,
            (CASE WHEN c.id = c.start THEN live.payload ->> 'period'
                  ELSE (SELECT b.payload ->> 'period' FROM outbox_item_bodies b WHERE b.id = c.start) END)::timestamptz AS period
@@ -136,14 +143,14 @@ per_item AS (
     WHERE c.next IS NULL
     UNION ALL
     SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value,
-           CASE WHEN g.item_id IS NULL THEN 'unstaged' ELSE 'missing' END, NULL, NULL, NULL, false,
+           CASE WHEN g.item_id IS NULL THEN 'unstaged' ELSE 'missing' END, NULL, NULL, NULL, NULL, false,
            CASE WHEN g.item_id IS NULL THEN g.unstaged_period
                 ELSE (SELECT (b.payload ->> 'period')::timestamptz FROM outbox_item_bodies b WHERE b.id = g.item_id) END
     FROM grouped g
     WHERE g.item_id IS NULL OR g.item_id NOT IN (SELECT start FROM chain WHERE next IS NULL)
 ),
 resolved AS (
-    SELECT p.tenant, p.feature, p.period, p.state, p.n, p.v, p.late,
+    SELECT p.tenant, p.feature, p.period, p.state, p.n, p.v, p.late, p.destination_account,
            CASE
              WHEN p.subject_kind IS NULL THEN true
              WHEN p.subject_kind = 'usage_event' THEN p.live_value = p.v AND p.n = 1
@@ -160,11 +167,12 @@ resolved AS (
 ),
 buckets AS (
     SELECT tenant, feature, period, state, sum(n) AS n, sum(v) AS v, count(*) FILTER (WHERE NOT consistent) AS bad,
-           coalesce(sum(n) FILTER (WHERE late), 0) AS late_n, coalesce(sum(v) FILTER (WHERE late), 0) AS late_v
+           coalesce(sum(n) FILTER (WHERE late), 0) AS late_n, coalesce(sum(v) FILTER (WHERE late), 0) AS late_v,
+           coalesce(array_agg(DISTINCT destination_account) FILTER (WHERE destination_account IS NOT NULL), '{}') AS accounts
     FROM resolved GROUP BY 1, 2, 3, 4
 )
 SELECT tenant, feature, period,
-       (sum(n) OVER line)::bigint, (sum(v) OVER line)::text, state, n::bigint, v::text, bad, late_n::bigint, late_v::text
+       (sum(n) OVER line)::bigint, (sum(v) OVER line)::text, state, n::bigint, v::text, bad, late_n::bigint, late_v::text, accounts
 FROM buckets
 WINDOW line AS (PARTITION BY tenant, feature, period)
 ORDER BY 1, 2, 3, 6`
@@ -189,19 +197,26 @@ func CompletenessOf(ctx context.Context, q Querier, period, tenant string) (Comp
 		ingN, n, bad, lateN        int64
 		ingV, v, lateV             Value
 		per                        time.Time
+		accounts                   []string
 	)
 	index := map[[3]string]int{}
-	if _, err := pgx.ForEachRow(rows, []any{&tenantName, &feature, &per, &ingN, &ingV, &state, &n, &v, &bad, &lateN, &lateV}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&tenantName, &feature, &per, &ingN, &ingV, &state, &n, &v, &bad, &lateN, &lateV, &accounts}, func() error {
 		perText := per.UTC().Format(time.RFC3339)
 		key := [3]string{tenantName, feature, perText}
 		i, ok := index[key]
 		if !ok {
 			i = len(c.Lines)
 			index[key] = i
-			c.Lines = append(c.Lines, Line{Tenant: tenantName, Feature: feature, Period: perText,
+			c.Lines = append(c.Lines, Line{Tenant: tenantName, Feature: feature, Period: perText, Accounts: []string{},
 				Ingested: Bucket{Events: ingN, Value: ingV}})
 		}
 		l := &c.Lines[i]
+		for _, a := range accounts {
+			if !slices.Contains(l.Accounts, a) {
+				l.Accounts = append(l.Accounts, a)
+			}
+		}
+		slices.Sort(l.Accounts)
 		b := Bucket{Events: n, Value: v}
 		switch state {
 		case "confirmed":
@@ -268,21 +283,21 @@ func add(a, b Bucket) Bucket {
 
 // completenessColumns are the CSV's columns: each bucket as events and
 // value.
-var completenessColumns = []string{"tenant", "feature", "period",
+var completenessColumns = []string{"tenant", "feature", "period", "destination_accounts",
 	"ingested_events", "ingested_value", "confirmed_events", "confirmed_value", "accepted_events", "accepted_value",
 	"pending_events", "pending_value", "quarantined_events", "quarantined_value", "uncertain_events", "uncertain_value",
 	"rejected_events", "rejected_value", "unstaged_events", "unstaged_value",
 	"period_closed_events", "period_closed_value", "inconsistent_items", "discrepancies", "holds", "as_of"}
 
 // CSV writes the report's lines as CSV, one row a tenant, feature and
-// period, every bucket as events and value, and the snapshot's as_of on
+// period with its destination accounts (space-separated), every bucket as events and value, and the snapshot's as_of on
 // every row (a spreadsheet keeps it beside the numbers); every text cell is
 // safe against spreadsheet formula injection.
 func (c Completeness) CSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
 	_ = cw.Write(completenessColumns)
 	for _, l := range c.Lines {
-		row := []string{SafeCell(l.Tenant), SafeCell(l.Feature), SafeCell(l.Period)}
+		row := []string{SafeCell(l.Tenant), SafeCell(l.Feature), SafeCell(l.Period), SafeCell(strings.Join(l.Accounts, " "))}
 		for _, b := range []Bucket{l.Ingested, l.Confirmed, l.Accepted, l.Pending, l.Quarantined, l.Uncertain, l.Rejected, l.Unstaged, l.PeriodClosed} {
 			row = append(row, strconv.FormatInt(b.Events, 10), b.Value.String())
 		}

@@ -198,6 +198,13 @@ func (r *Reports) keep(period string, at time.Time, body []byte) (*snapshot, err
 	if err := json.Unmarshal(body, &snap.c); err != nil {
 		return nil, fmt.Errorf("quarantine: reading a completeness snapshot: %w", err)
 	}
+	for i := range snap.c.Lines {
+		if snap.c.Lines[i].Accounts == nil {
+			// A snapshot taken before lines named their accounts (migration
+			// 28's version): none known, never null.
+			snap.c.Lines[i].Accounts = []string{}
+		}
+	}
 	// Encoded again, once: jsonb keeps its keys in an order of its own,
 	// and the answers keep the report's.
 	out, err := json.Marshal(snap.c)

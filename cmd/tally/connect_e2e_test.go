@@ -250,6 +250,9 @@ func runConnect(t *testing.T, exporter string) {
 		rep, err := quarantine.CompletenessOf(ctx, pool, u, "")
 		require.NoError(t, err)
 		require.True(t, rep.Holds, "%+v", rep)
+		for _, l := range rep.Lines {
+			require.Equal(t, []string{accountOf[l.Tenant]}, l.Accounts, "the completeness report names each line's account")
+		}
 	}
 }
 
