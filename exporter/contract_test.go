@@ -169,3 +169,56 @@ func TestContractValidationIsLive(t *testing.T) {
 	require.LessOrEqual(t, len(msg), 200)
 	require.NotContains(t, msg, "{", "Stripe's message at most, never the body")
 }
+
+// A cancellation item: POST /v1/billing/meter_event_adjustments with
+// type=cancel, the event name and the identifier to cancel, nothing else,
+// an Idempotency-Key per attempt, and a tenant's connected account as
+// Stripe-Account (ForAccounts) on a client that has none of its own.
+func TestContractMeterEventAdjustment(t *testing.T) {
+	t.Parallel()
+	m := stripemock.Start(t)
+	c, err := stripeapi.New(stripeapi.Config{Key: mockKey, APIBase: m.URL})
+	require.NoError(t, err)
+	self, target := "tly_"+strings.Repeat("c", 64), "tly_"+strings.Repeat("e", 64)
+	for _, account := range []string{"", "acct_1Tenant"} {
+		item := outbox.Lease{Item: outbox.Item{Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageCancellation, DestinationAccount: account},
+			Attempts: 3, Payload: outbox.Payload{Customer: "cus_Contract", EventName: "logins", Identifier: self, Cancels: target}}}
+		v1 := exporter.NewStripeV1(c, 5*time.Second).ForAccounts(func(a string) string { return a })
+		o := v1.Send(context.Background(), item)
+		require.Equal(t, outbox.Accepted, o.Kind, "%+v", o.Error)
+		r := lastRequest(t, m, http.MethodPost, "/v1/billing/meter_event_adjustments")
+		require.Equal(t, http.StatusOK, r.Status, r.Body)
+		requireCommonHeaders(t, r)
+		require.Equal(t, self+"-a3", r.Header.Get("Idempotency-Key"))
+		require.Equal(t, account, r.Header.Get("Stripe-Account"))
+		require.Equal(t, map[string][]string{
+			"event_name":         {"logins"},
+			"type":               {"cancel"},
+			"cancel[identifier]": {target},
+		}, map[string][]string(r.Form))
+	}
+}
+
+// A tenant's connected account goes on the meter event of its item
+// (ForAccounts), and the node's own destination goes without one.
+func TestContractMeterEventForATenantsAccount(t *testing.T) {
+	t.Parallel()
+	m := stripemock.Start(t)
+	c, err := stripeapi.New(stripeapi.Config{Key: mockKey, APIBase: m.URL})
+	require.NoError(t, err)
+	const home = "acct_1Home"
+	v1 := exporter.NewStripeV1(c, 5*time.Second).ForAccounts(func(a string) string {
+		if a == home {
+			return ""
+		}
+		return a
+	})
+	for account, want := range map[string]string{home: "", "acct_1Tenant": "acct_1Tenant"} {
+		item := outbox.Lease{Item: outbox.Item{Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageEvent, DestinationAccount: account},
+			Attempts: 1, Payload: outbox.Payload{Customer: "cus_Contract", EventName: "api_calls", Value: 3,
+				Timestamp: time.Now().Add(-time.Hour).Unix(), Identifier: "tly_" + strings.Repeat("f", 64)}}}
+		require.Equal(t, outbox.Accepted, v1.Send(context.Background(), item).Kind)
+		r := lastRequest(t, m, http.MethodPost, "/v1/billing/meter_events")
+		require.Equal(t, want, r.Header.Get("Stripe-Account"), account)
+	}
+}

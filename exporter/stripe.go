@@ -109,8 +109,12 @@ func IdentifierOf(sample string) string {
 	return base
 }
 
-// Send posts the item's meter event and classifies the answer.
+// Send posts the item's meter event — or, for a cancellation item, its
+// meter event adjustment (adjust.go) — and classifies the answer.
 func (e *StripeV1) Send(ctx context.Context, item outbox.Lease) outbox.Outcome {
+	if item.SubjectKind == outbox.SubjectUsageCancellation {
+		return e.sendAdjustment(ctx, item)
+	}
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	ctx, resp := stripeapi.WithResponse(ctx)

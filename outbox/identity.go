@@ -38,6 +38,10 @@ type Identity struct {
 const (
 	SubjectUsageWindow = "usage_window"
 	SubjectUsageEvent  = "usage_event"
+	// SubjectUsageCancellation is an item that takes back an event Stripe
+	// may have: a meter event adjustment cancelling the identifier in
+	// Payload.Cancels (issue 19's cancellations).
+	SubjectUsageCancellation = "usage_cancellation"
 )
 
 // Mode is the provider's mode an item is addressed to.

@@ -119,6 +119,9 @@ type Payload struct {
 	// mapping carried keys have neither.
 	CustomerKey string `json:"customer_key,omitempty"`
 	ValueKey    string `json:"value_key,omitempty"`
+	// Cancels is, on an item of SubjectUsageCancellation, the identifier
+	// of the meter event it cancels; empty on every other item.
+	Cancels string `json:"cancels,omitempty"`
 	// Late says the item was staged after its billing period's invoice
 	// closed (Reason period_closed): quarantined so, or sent under
 	// TALLY_LATE_USAGE=send, it stays marked, and the completeness report

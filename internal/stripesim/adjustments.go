@@ -55,6 +55,8 @@ func (s *Server) createAdjustment(w http.ResponseWriter, r *http.Request) {
 		case s.now().Sub(ev.received) >= DedupWindow:
 			return errInvalid(http.StatusBadRequest, "", "cancel[identifier]",
 				"The meter event with identifier '%s' was received more than 24 hours ago and can no longer be cancelled.", ident)
+		case ev.status == EventCancelled && s.again:
+			return nil // Options.CancelAgainSucceeds: the worst case, a success that proves nothing
 		case ev.status == EventCancelled:
 			return errInvalid(http.StatusBadRequest, "", "cancel[identifier]",
 				"The meter event with identifier '%s' has already been cancelled.", ident)

@@ -42,6 +42,12 @@ type Options struct {
 	// pages give the code, not the status (docs/stripe.md §9): 403 by
 	// default, the status commonly seen; tests set 400 for the worst case.
 	AccountInvalidStatus int
+	// CancelAgainSucceeds makes a cancellation of an event already
+	// cancelled answer like the first (200, complete) instead of a 400:
+	// Stripe does not document what cancelling twice answers
+	// (docs/stripe.md §9), and the worst plausible answer is the one that
+	// looks like success and proves nothing.
+	CancelAgainSucceeds bool
 }
 
 // Server is the simulator. It is safe for concurrent use.
@@ -58,6 +64,7 @@ type Server struct {
 	seq      uint64              // receipt order of meter events, all accounts
 	sessions map[string]*session // v2 meter event session token -> session
 	invalid  int                 // the status of account_invalid (Options.AccountInvalidStatus)
+	again    bool                // Options.CancelAgainSucceeds
 	lim      limiter             // limits, faults and in-flight calls
 	closed   chan struct{}       // closed by Close: releases hung requests
 	close1   sync.Once
@@ -120,7 +127,7 @@ func New(opts Options) *Server {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.invalid = opts.AccountInvalidStatus
+	s.invalid, s.again = opts.AccountInvalidStatus, opts.CancelAgainSucceeds
 	if s.invalid == 0 {
 		s.invalid = http.StatusForbidden
 	}

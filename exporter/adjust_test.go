@@ -1,0 +1,124 @@
+package exporter_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// An answer to a meter event adjustment is never proof: a 2xx is accepted;
+// the key's, the account's, a conflict's and a limiter's answers are what
+// they are for events; every other 4xx — an identifier Stripe says it does
+// not know, one already cancelled, one received too long ago, in words
+// Tally cannot rely on — quarantines the cancellation for a human, never
+// rejects it and never resends it as new.
+func TestClassifyAdjustment(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		a      exporter.Answer
+		kind   outbox.OutcomeKind
+		code   string
+		reason outbox.Reason
+	}{
+		{"200 pending or complete", exporter.Answer{Status: 200, RequestID: "req_1"}, outbox.Accepted, "", ""},
+		{"already cancelled", exporter.Answer{Status: 400, Param: "cancel[identifier]",
+			Message: "The meter event with identifier 'tly_x' has already been cancelled."}, outbox.Quarantined, "stripe_refused", outbox.ReasonProviderRefused},
+		{"no such event as a 400", exporter.Answer{Status: 400, Code: "resource_missing"}, outbox.Quarantined, "resource_missing", outbox.ReasonProviderRefused},
+		{"no such event as a 404", exporter.Answer{Status: 404, Code: "resource_missing"}, outbox.Quarantined, "resource_missing", outbox.ReasonProviderRefused},
+		{"v2's invalid_cancel_configuration", exporter.Answer{Status: 400, Code: "invalid_cancel_configuration"}, outbox.Quarantined, "invalid_cancel_configuration", outbox.ReasonProviderRefused},
+		{"a 404 without a code is the endpoint", exporter.Answer{Status: 404}, outbox.Retry, "stripe_not_found", ""},
+		{"account_invalid", exporter.Answer{Status: 400, Code: "account_invalid"}, outbox.Retry, "stripe_account_refused", ""},
+		{"401", exporter.Answer{Status: 401}, outbox.Retry, "stripe_auth", ""},
+		{"409", exporter.Answer{Status: 409, Code: "lock_timeout"}, outbox.Retry, "stripe_conflict", ""},
+		{"429 from a limiter", exporter.Answer{Status: 429, RateLimitedReason: "global-rate"}, outbox.RateLimited, "rate_limited", ""},
+		{"500", exporter.Answer{Status: 500}, outbox.Retry, "stripe_5xx", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := exporter.ClassifyAdjustment(tc.a)
+			require.Equal(t, tc.kind, o.Kind, "%+v", o)
+			require.Equal(t, tc.code, o.Error.Code)
+			require.Equal(t, tc.reason, o.Reason)
+			require.NotEqual(t, outbox.Rejected, o.Kind, "a cancellation is never rejected")
+		})
+	}
+}
+
+// A cancellation item sent through the v1 exporter cancels the event at
+// the simulator (it leaves the aggregate), in the item's connected account;
+// a resend — a crash between the POST and its outcome — cancels nothing
+// twice: the default simulator refuses it (quarantined for a human), the
+// worst-case one answers it like the first (accepted); an unknown
+// identifier is quarantined.
+func TestAdjustmentCancelsOnceThroughTheV1Exporter(t *testing.T) {
+	t.Parallel()
+	for _, again := range []bool{false, true} {
+		t.Run(map[bool]string{false: "a second cancel refused", true: "a second cancel answered 200"}[again], func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			sim := stripesim.New(stripesim.Options{CancelAgainSucceeds: again})
+			srv := httptest.NewServer(sim.Handler())
+			t.Cleanup(func() { sim.Close(); srv.Close() })
+			const conn = "acct_1Tenant"
+			sim.AddAccount(conn)
+			sim.CreateMeter(conn, stripesim.MeterSpec{DisplayName: "logins", EventName: "logins", Formula: "count"})
+			sim.CreateCustomer(conn, "cus_a")
+			client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
+			require.NoError(t, err)
+			v1 := exporter.NewStripeV1(client, 5*time.Second).ForAccounts(func(a string) string { return a })
+
+			ident := func(c byte) string { return "tly_" + strings.Repeat(string(c), 64) }
+			event := func(id string) outbox.Lease {
+				return outbox.Lease{Item: outbox.Item{Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageEvent, DestinationAccount: conn},
+					Attempts: 1, Payload: outbox.Payload{Customer: "cus_a", EventName: "logins", Value: 1,
+						Timestamp: time.Now().Add(-time.Hour).Unix(), Identifier: id}}}
+			}
+			cancel := func(self byte, target string, attempt int) outbox.Lease {
+				return outbox.Lease{Item: outbox.Item{Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageCancellation, DestinationAccount: conn},
+					Attempts: attempt, Payload: outbox.Payload{Customer: "cus_a", EventName: "logins", Identifier: ident(self), Cancels: target}}}
+			}
+			for _, id := range []string{ident('a'), ident('b')} {
+				require.Equal(t, outbox.Accepted, v1.Send(ctx, event(id)).Kind)
+			}
+			_, n, _ := sim.Aggregate(conn, "logins", "cus_a")
+			require.Equal(t, 2, n)
+
+			o := v1.Send(ctx, cancel('c', ident('a'), 1))
+			require.Equal(t, outbox.Accepted, o.Kind, "%+v", o)
+			_, n, _ = sim.Aggregate(conn, "logins", "cus_a")
+			require.Equal(t, 1, n, "the event left the aggregate")
+
+			again2 := v1.Send(ctx, cancel('c', ident('a'), 2))
+			if again {
+				require.Equal(t, outbox.Accepted, again2.Kind, "%+v", again2)
+			} else {
+				require.Equal(t, outbox.Quarantined, again2.Kind, "%+v", again2)
+				require.Equal(t, outbox.ReasonProviderRefused, again2.Reason)
+			}
+			_, n, _ = sim.Aggregate(conn, "logins", "cus_a")
+			require.Equal(t, 1, n, "a resend cancels nothing more")
+
+			unknown := v1.Send(ctx, cancel('d', ident('z'), 1))
+			require.Equal(t, outbox.Quarantined, unknown.Kind, "%+v", unknown)
+
+			var keys []string
+			for _, r := range sim.Requests() {
+				if r.Path == "/v1/billing/meter_event_adjustments" {
+					require.Equal(t, conn, r.StripeAccount, "sent to the item's account")
+					keys = append(keys, r.IdempotencyKey)
+				}
+			}
+			require.Equal(t, []string{ident('c') + "-a1", ident('c') + "-a2", ident('d') + "-a1"}, keys, "a key per attempt")
+		})
+	}
+}
