@@ -17,6 +17,10 @@ type NewItem struct {
 	// (T0q) instead of pending (T0): ineligible usage is staged and
 	// quarantined, never dropped.
 	Quarantine Reason
+	// Withdrawn, when set, enqueues the item withdrawn (T0w): usage
+	// cancelled before it was staged, staged so that its ledger rows have
+	// an item, never sent. It needs nothing to be sendable.
+	Withdrawn bool
 }
 
 // Enqueued is the item an Enqueue landed on.
@@ -53,11 +57,16 @@ func (it *NewItem) validate() error {
 	if it.Payload.Period == "" {
 		errs = append(errs, errors.New("payload period is empty"))
 	}
-	if it.Quarantine != "" {
+	switch {
+	case it.Withdrawn && it.Quarantine != "":
+		errs = append(errs, errors.New("an item is enqueued withdrawn or quarantined, not both"))
+	case it.Withdrawn:
+		// Never sent: nothing needs to be sendable.
+	case it.Quarantine != "":
 		if !it.Quarantine.valid() {
 			errs = append(errs, fmt.Errorf("unknown quarantine reason %q", it.Quarantine))
 		}
-	} else {
+	default:
 		// An eligible item must be sendable as it stands.
 		if it.Payload.Customer == "" {
 			errs = append(errs, errors.New("payload customer is empty (quarantine it as no_customer)"))
@@ -120,8 +129,11 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 		return Enqueued{}, err
 	}
 	state := StatePending
-	if item.Quarantine != "" {
+	switch {
+	case item.Quarantine != "":
 		state = StateQuarantined
+	case item.Withdrawn:
+		state = StateWithdrawn
 	}
 	id := item.Identity
 	args := []any{id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter, id.DestinationAccount,
@@ -140,7 +152,7 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 		return Enqueued{}, fmt.Errorf("outbox: enqueueing %s %s: %w", id.SubjectKind, id.SubjectRef, err)
 	}
 	if res.Inserted {
-		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q"}[state], state)
+		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q", StateWithdrawn: "T0w"}[state], state)
 		s.metrics.enqueued(id.SubjectKind, item.Quarantine, item.Payload.Late)
 	}
 	return res, nil
@@ -197,6 +209,9 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 		tenants[i], kinds[i], refs[i], exporters[i] = id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter
 		accounts[i], modes[i], versions[i], payloads[i] = id.DestinationAccount, string(id.Mode), int32(id.MappingVersion), it.Payload
 		states[i] = string(StatePending)
+		if it.Withdrawn {
+			states[i] = string(StateWithdrawn)
+		}
 		if it.Quarantine != "" {
 			states[i] = string(StateQuarantined)
 			r := string(it.Quarantine)
@@ -222,7 +237,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 			return errNoStateRow
 		}
 		out[i] = Enqueued{ID: id, Identifier: identifier, State: state, Inserted: true, SamePayload: true}
-		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q"}[state], state)
+		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q", StateWithdrawn: "T0w"}[state], state)
 		s.metrics.enqueued(items[i].Identity.SubjectKind, items[i].Quarantine, items[i].Payload.Late)
 		return nil
 	}); err != nil {

@@ -38,6 +38,7 @@ SELECT (SELECT count(*) FROM outbox_item_states WHERE state = 'pending'),
        (SELECT count(*) FROM outbox_item_states WHERE state = 'rejected'),
        (SELECT count(*) FROM outbox_item_states WHERE state = 'quarantined'),
        (SELECT count(*) FROM outbox_item_states WHERE superseded_by IS NOT NULL),
+       (SELECT count(*) FROM outbox_item_states WHERE state = 'withdrawn'),
        @items::bigint + (SELECT count(*) FROM outbox_item_states WHERE id >= @below::bigint),
        coalesce(extract(epoch FROM clock_timestamp() - least(
            (SELECT min(created_at) FROM outbox_item_states WHERE state = 'pending'),
@@ -94,7 +95,7 @@ func advanceGauge(ctx context.Context, q Querier) error {
 
 // gaugeStates are sqlGauge's counted states, in its columns' order.
 var gaugeStates = []State{StatePending, StateLeased, StateAccepted, StateUncertain, StateRejected, StateQuarantined,
-	StateSuperseded}
+	StateSuperseded, StateWithdrawn}
 
 // ReadGauge reads the gauge and publishes it to the outbox's metrics.
 func (s *Store) ReadGauge(ctx context.Context, q Querier) (Gauge, error) {

@@ -27,12 +27,15 @@ const (
 	StateRejected    State = "rejected"
 	StateQuarantined State = "quarantined"
 	StateSuperseded  State = "superseded"
+	// StateWithdrawn: the item's usage was cancelled before any attempt of
+	// it could have reached the provider (T0w, T11). Terminal; never sent.
+	StateWithdrawn State = "withdrawn"
 )
 
 // States lists every state in the order reports show them.
 var States = []State{
 	StatePending, StateLeased, StateAccepted, StateConfirmed,
-	StateUncertain, StateRejected, StateQuarantined, StateSuperseded,
+	StateUncertain, StateRejected, StateQuarantined, StateSuperseded, StateWithdrawn,
 }
 
 // Reason says why an item is quarantined: a cause a human must fix, about

@@ -898,7 +898,7 @@ func TestGauge(t *testing.T) {
 	require.Len(t, g.Counts, len(outbox.States))
 	require.Equal(t, map[outbox.State]int64{
 		outbox.StatePending: 1, outbox.StateLeased: 1, outbox.StateAccepted: 1, outbox.StateConfirmed: 0,
-		outbox.StateUncertain: 0, outbox.StateRejected: 0, outbox.StateQuarantined: 1, outbox.StateSuperseded: 0,
+		outbox.StateUncertain: 0, outbox.StateRejected: 0, outbox.StateQuarantined: 1, outbox.StateSuperseded: 0, outbox.StateWithdrawn: 0,
 	}, g.Counts)
 	require.Greater(t, g.OldestPendingAgeSeconds, 0.01)
 	require.Less(t, g.OldestPendingAgeSeconds, 60.0)
@@ -914,6 +914,7 @@ tally_outbox_items{state="quarantined"} 1
 tally_outbox_items{state="rejected"} 0
 tally_outbox_items{state="superseded"} 0
 tally_outbox_items{state="uncertain"} 0
+tally_outbox_items{state="withdrawn"} 0
 `), "tally_outbox_items"))
 
 	empty := setup(t, outbox.Config{})
