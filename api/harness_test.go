@@ -375,6 +375,7 @@ type completenessLine struct {
 	Quarantined       bucket   `json:"quarantined"`
 	Uncertain         bucket   `json:"uncertain"`
 	Rejected          bucket   `json:"rejected"`
+	Cancelled         bucket   `json:"cancelled"`
 	Unstaged          bucket   `json:"unstaged"`
 	PeriodClosed      bucket   `json:"period_closed"`
 	InconsistentItems int64    `json:"inconsistent_items"`

@@ -23,7 +23,8 @@ var ErrAggregationChanged = errors.New("meter: the feature is now exported per e
 // Rebuild builds the item that would carry its usage under the mappings
 // pair (the current ones, as the caller read them in tx) and this node's
 // target: the same tenant and subject, the value
-// reduced again from the ledger rows it was staged from, the current
+// reduced again from the ledger rows it was staged from (less any
+// cancelled since), the current
 // customer, event name, mapping version, exporter (the feature mapping's,
 // else the node's) and destination, and the
 // quarantine reason it would be staged with, if any. Package quarantine uses
@@ -37,8 +38,10 @@ func (s *Stager) Rebuild(ctx context.Context, tx pgx.Tx, it outbox.Item, pair ma
 		return outbox.NewItem{}, err
 	}
 	feature := it.Payload.Feature
+	// A cancelled event left its window (meter.Cancel): it is in no item
+	// built again.
 	rows, err := tx.Query(ctx, `SELECT value, occurred_at FROM usage_events WHERE item_id = tally_root_item($1)
-		ORDER BY occurred_at, id`, it.ID)
+		AND cancelled_at IS NULL ORDER BY occurred_at, id`, it.ID)
 	if err != nil {
 		return outbox.NewItem{}, fmt.Errorf("meter: reading the rows of item %d: %w", it.ID, err)
 	}

@@ -41,6 +41,8 @@ func TestDocsSQL(t *testing.T) {
 		{"T9r — supersede (after the successor's T0, in the same transaction)", sqlSupersede},
 		{"T10 — fail accepted (the provider's error report)", sqlFailAccepted},
 		{"T11 — withdraw (a cancellation of usage none of whose attempts may have reached the provider)", sqlWithdraw},
+		{"T11r — supersede a window's item without a cancelled event (after the successor's T0, in the same transaction)", sqlSupersedeCancelled},
+		{"Cancellations lock the item that carries an event's usage now", sqlLockLive},
 		{"The provider's error report on an item in flight — a note for its next T2", sqlNoteFailures},
 		{"The gauge", sqlGauge},
 		{"The gauge's watermark (a step per maintenance pass)", sqlGaugeAdvance},

@@ -55,3 +55,72 @@ func (s *Store) Withdraw(ctx context.Context, tx pgx.Tx, id int64) error {
 	}
 	return fmt.Errorf("outbox: T11: item %d changed nothing for no reason found", id)
 }
+
+// sqlLockLive follows an item's chain of successors to the one that carries
+// its usage now and locks that item's state row: a cancellation decides on
+// it, and no transition of another writer may slip in before its own.
+const sqlLockLive = `
+SELECT id FROM outbox_item_states WHERE id = tally_live_item(@id) FOR UPDATE`
+
+// LockLive locks, inside the caller's transaction, the item that carries
+// the usage of item id now (id itself, or the end of its chain of
+// successors) and returns it as read under the lock.
+func (s *Store) LockLive(ctx context.Context, tx pgx.Tx, id int64) (Item, error) {
+	var live int64
+	err := tx.QueryRow(ctx, sqlLockLive, pgx.NamedArgs{"id": id}).Scan(&live)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return Item{}, fmt.Errorf("%w: %d", ErrNotFound, id)
+	case err != nil:
+		return Item{}, fmt.Errorf("outbox: locking the item that carries item %d: %w", id, err)
+	}
+	return s.Get(ctx, tx, live)
+}
+
+// sqlSupersedeCancelled is T11r: T9r's predicate, from pending as well as
+// quarantined.
+const sqlSupersedeCancelled = `
+UPDATE outbox_item_states SET state = 'superseded', superseded_by = @successor, updated_at = clock_timestamp()
+WHERE id = @id AND state IN ('pending', 'quarantined') AND refused_attempts = attempts`
+
+// SupersedeCancelled is T11r, inside the caller's transaction: a window's
+// item, pending or quarantined, none of whose attempts may have reached the
+// provider, is re-addressed without an event that was cancelled — the
+// successor (rebuilt from the rows left, under an identity of its own) is
+// enqueued and the item superseded by it. Otherwise ErrMayHaveReached or a
+// *StateError; the caller rolls back, and the successor is not kept.
+func (s *Store) SupersedeCancelled(ctx context.Context, tx pgx.Tx, id int64, successor NewItem) (Enqueued, error) {
+	old, err := s.Get(ctx, tx, id)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	if successor.TenantKey != old.TenantKey || successor.SubjectKind != old.SubjectKind || BaseRef(successor.SubjectRef) != BaseRef(old.SubjectRef) {
+		return Enqueued{}, fmt.Errorf("outbox: T11r: the successor of item %d must carry the same tenant and subject", id)
+	}
+	if successor.Identity == old.Identity {
+		return Enqueued{}, fmt.Errorf("outbox: T11r: the successor of item %d has the same identity", id)
+	}
+	enq, err := s.Enqueue(ctx, tx, successor)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	if !enq.Inserted {
+		return Enqueued{}, fmt.Errorf("%w: item %d", ErrSuccessorExists, enq.ID)
+	}
+	tag, err := tx.Exec(ctx, sqlSupersedeCancelled, pgx.NamedArgs{"id": id, "successor": enq.ID})
+	if err != nil {
+		return Enqueued{}, fmt.Errorf("outbox: T11r supersede item %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		s.metrics.staleWrites("T11r", 1)
+		switch {
+		case old.State != StatePending && old.State != StateQuarantined:
+			return Enqueued{}, &StateError{ID: id, Transition: "T11r", Expected: StatePending, Current: old.State, CurrentLeaseToken: old.LeaseToken}
+		case old.RefusedAttempts != old.Attempts:
+			return Enqueued{}, fmt.Errorf("%w: item %d", ErrMayHaveReached, id)
+		}
+		return Enqueued{}, fmt.Errorf("outbox: T11r: item %d changed meanwhile", id)
+	}
+	s.metrics.moved("T11r", StateSuperseded)
+	return enq, nil
+}

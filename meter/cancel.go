@@ -1,0 +1,255 @@
+package meter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/outbox"
+)
+
+// Cancellations (issue 19, part 2; docs/design.md, "Cancellations"). A
+// cancellation names an earlier event by tenant and id and ends in exactly
+// one outcome, decided in the caller's transaction with the event's ledger
+// row and the item that carries it locked.
+//
+// Built so far: usage no attempt of which may have reached Stripe leaves
+// its window — an unstaged event is staged straight into a withdrawn item
+// (T0w); a pending or quarantined per-event item is withdrawn (T11); a
+// window's item is re-addressed without the event (T11r), or withdrawn when
+// nothing else is left in it. Usage Stripe may have (an adjustment, a
+// negative supplement) is not built yet: Cancel refuses it with a
+// *CancelError of CodeCancelSent and stores nothing; no door calls Cancel
+// yet.
+
+// Cancellation names an earlier event.
+type Cancellation struct {
+	Tenant string `json:"tenant"`
+	ID     string `json:"id"`
+}
+
+// The outcomes of a cancellation (usage_cancellations.outcome).
+const (
+	// CancelWithdrawn: no attempt of the event may have reached Stripe; it
+	// left its window.
+	CancelWithdrawn = "withdrawn"
+)
+
+// CancelResult is what became of one cancellation.
+type CancelResult struct {
+	Tenant string `json:"tenant"`
+	ID     string `json:"id"`
+	// Outcome is one of the Cancel… outcomes.
+	Outcome string `json:"outcome"`
+	// Item is the item that takes the event back: the withdrawn item, or
+	// the successor its window was re-addressed to (nil when the window
+	// held nothing else and was withdrawn).
+	Item *int64 `json:"item"`
+	// Duplicate says the event was cancelled before (by this request or an
+	// earlier one): the first outcome is returned and nothing changes.
+	Duplicate bool `json:"duplicate"`
+}
+
+// The codes of a *CancelError.
+const (
+	// CodeCancelInFlight: the carrying item is leased; ask again once its
+	// lease ends.
+	CodeCancelInFlight = "item_in_flight"
+	// CodeCancelUncertain: the carrying item is uncertain; a human decides
+	// first whether Stripe has it.
+	CodeCancelUncertain = "item_uncertain"
+	// CodeCancelSent: Stripe may have the usage; taking it back is not
+	// built yet.
+	CodeCancelSent = "usage_sent"
+)
+
+// CancelError refuses a request because of one cancellation's carrying
+// item; nothing of the request is stored.
+type CancelError struct {
+	Index int
+	Code  string
+	Item  int64
+	State outbox.State
+}
+
+func (e *CancelError) Error() string {
+	return fmt.Sprintf("meter: cancellation %d: %s (item %d is %s)", e.Index, e.Code, e.Item, e.State)
+}
+
+// Cancel cancels the events cs names, inside the caller's transaction, as
+// by (the audit's actor). Malformed or unknown events are an
+// *InvalidBatchError listing every one; an event whose item cannot be
+// decided now is a *CancelError. On any error the caller rolls back:
+// nothing is half-stored.
+func (s *Stager) Cancel(ctx context.Context, tx pgx.Tx, by string, cs []Cancellation) ([]CancelResult, error) {
+	var problems []Problem
+	for i, c := range cs {
+		idx := i
+		if !mappings.ValidName(c.Tenant) {
+			problems = append(problems, Problem{Index: &idx, Field: "tenant", Reason: "1 to 64 characters: letters, digits and _.:- (starting with a letter or digit)"})
+		}
+		if !validEventID(c.ID) {
+			problems = append(problems, Problem{Index: &idx, Field: "id", Reason: "1 to 128 printable ASCII characters"})
+		}
+	}
+	if len(problems) > 0 {
+		return nil, &InvalidBatchError{Problems: problems}
+	}
+	out := make([]CancelResult, len(cs))
+	for i, c := range cs {
+		res, found, err := s.cancelOne(ctx, tx, by, i, c)
+		if err != nil {
+			return nil, err
+		}
+		if !found {
+			idx := i
+			problems = append(problems, Problem{Index: &idx, Field: "id", Reason: "no event with this id for this tenant"})
+			continue
+		}
+		out[i] = res
+	}
+	if len(problems) > 0 {
+		return nil, &InvalidBatchError{Problems: problems}
+	}
+	return out, nil
+}
+
+// ledgerRow is the locked ledger row of a cancelled event.
+type ledgerRow struct {
+	id      int64
+	feature string
+	value   int64
+	at      time.Time
+	item    *int64
+}
+
+// cancelOne decides one cancellation; found is false for an unknown event.
+func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int, c Cancellation) (CancelResult, bool, error) {
+	res := CancelResult{Tenant: c.Tenant, ID: c.ID}
+	err := tx.QueryRow(ctx, `SELECT outcome, item_id FROM usage_cancellations WHERE tenant = $1 AND event_id = $2`, c.Tenant, c.ID).
+		Scan(&res.Outcome, &res.Item)
+	switch {
+	case err == nil:
+		res.Duplicate = true
+		return res, true, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return res, false, fmt.Errorf("meter: reading the cancellation of %s/%s: %w", c.Tenant, c.ID, err)
+	}
+	var row ledgerRow
+	err = tx.QueryRow(ctx, `SELECT id, feature, value, occurred_at, item_id FROM usage_events
+		WHERE tenant = $1 AND event_id = $2 FOR UPDATE`, c.Tenant, c.ID).Scan(&row.id, &row.feature, &row.value, &row.at, &row.item)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return res, false, nil
+	case err != nil:
+		return res, false, fmt.Errorf("meter: locking the event %s/%s: %w", c.Tenant, c.ID, err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE usage_events SET cancelled_at = clock_timestamp() WHERE id = $1`, row.id); err != nil {
+		return res, false, fmt.Errorf("meter: marking the event %s/%s cancelled: %w", c.Tenant, c.ID, err)
+	}
+	var carried *int64
+	if row.item == nil {
+		item, err := s.withdrawUnstaged(ctx, tx, c.Tenant, row)
+		if err != nil {
+			return res, false, err
+		}
+		res.Outcome, res.Item = CancelWithdrawn, &item
+	} else {
+		live, err := s.Outbox.LockLive(ctx, tx, *row.item)
+		if err != nil {
+			return res, false, err
+		}
+		carried = &live.ID
+		switch {
+		case live.State == outbox.StateLeased:
+			return res, false, &CancelError{Index: index, Code: CodeCancelInFlight, Item: live.ID, State: live.State}
+		case live.State == outbox.StateUncertain:
+			return res, false, &CancelError{Index: index, Code: CodeCancelUncertain, Item: live.ID, State: live.State}
+		case (live.State == outbox.StatePending || live.State == outbox.StateQuarantined) && live.RefusedAttempts == live.Attempts:
+			item, err := s.leaveWindow(ctx, tx, live)
+			if err != nil {
+				return res, false, err
+			}
+			res.Outcome, res.Item = CancelWithdrawn, item
+		default:
+			return res, false, &CancelError{Index: index, Code: CodeCancelSent, Item: live.ID, State: live.State}
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO usage_cancellations (tenant, event_id, event_row, outcome, carried_by, item_id, requested_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`, c.Tenant, c.ID, row.id, res.Outcome, carried, res.Item, by); err != nil {
+		return res, false, fmt.Errorf("meter: recording the cancellation of %s/%s: %w", c.Tenant, c.ID, err)
+	}
+	return res, true, nil
+}
+
+// withdrawUnstaged stages an unstaged event straight into a withdrawn
+// per-event item (T0w), so that no ledger row is left without an item and
+// the stager never sees it.
+func (s *Stager) withdrawUnstaged(ctx context.Context, tx pgx.Tx, tenant string, row ledgerRow) (int64, error) {
+	target, ok := s.Target(ctx)
+	if !ok {
+		return 0, ErrStalled
+	}
+	var st mappings.Store
+	pair, err := st.Lookup(ctx, tx, tenant, row.feature)
+	if err != nil {
+		return 0, err
+	}
+	period := PeriodStart(row.at, anchorOf(pair))
+	it := s.item(pair, target, tenant, row.feature, outbox.SubjectUsageEvent, cancelledRef(row), row.value, row.at, period)
+	it.Quarantine, it.Withdrawn = "", true
+	enq, err := s.Outbox.Enqueue(ctx, tx, it)
+	if err != nil {
+		return 0, err
+	}
+	if !enq.Inserted || enq.State != outbox.StateWithdrawn {
+		return 0, fmt.Errorf("meter: the withdrawn item of ledger row %d exists already as item %d (%s)", row.id, enq.ID, enq.State)
+	}
+	return enq.ID, markRows(ctx, tx, []int64{row.id}, []int64{enq.ID})
+}
+
+// cancelledRef is the subject ref of the withdrawn item of a ledger row
+// cancelled before it was staged: unique to the row, and never a ref the
+// stager makes.
+func cancelledRef(row ledgerRow) string {
+	return fmt.Sprintf("cancelled:%d", row.id)
+}
+
+// leaveWindow takes the cancelled usage out of live, a pending or
+// quarantined item no attempt of which may have reached the provider: a
+// per-event item, or a window's with nothing else left, is withdrawn (T11);
+// a window's with other events is re-addressed without it (T11r), and the
+// successor returned.
+func (s *Stager) leaveWindow(ctx context.Context, tx pgx.Tx, live outbox.Item) (*int64, error) {
+	var left int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE item_id = tally_root_item($1) AND cancelled_at IS NULL`, live.ID).
+		Scan(&left); err != nil {
+		return nil, fmt.Errorf("meter: counting the rows left in item %d: %w", live.ID, err)
+	}
+	if live.SubjectKind == outbox.SubjectUsageEvent || left == 0 {
+		return nil, s.Outbox.Withdraw(ctx, tx, live.ID)
+	}
+	var st mappings.Store
+	pair, err := st.Lookup(ctx, tx, live.TenantKey, live.Payload.Feature)
+	if err != nil {
+		return nil, err
+	}
+	successor, err := s.Rebuild(ctx, tx, live, pair)
+	if err != nil {
+		return nil, err
+	}
+	if successor.Identity == live.Identity {
+		// The same mappings: the next re-address generation carries the
+		// smaller value under an identifier of its own.
+		successor.SubjectRef = outbox.ReaddressRef(live.SubjectRef)
+	}
+	enq, err := s.Outbox.SupersedeCancelled(ctx, tx, live.ID, successor)
+	if err != nil {
+		return nil, err
+	}
+	return &enq.ID, nil
+}
