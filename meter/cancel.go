@@ -17,8 +17,9 @@ import (
 // one outcome, decided in the caller's transaction with the event's ledger
 // row and the item that carries it locked.
 //
-// Built so far: usage no attempt of which may have reached Stripe leaves
-// its window — an unstaged event is staged straight into a withdrawn item
+// Built so far: an event whose item Stripe refused (rejected) needs
+// nothing taken back (not_billed); usage no attempt of which may have
+// reached Stripe leaves its window — an unstaged event is staged straight into a withdrawn item
 // (T0w); a pending or quarantined per-event item is withdrawn (T11); a
 // window's item is re-addressed without the event (T11r), or withdrawn when
 // nothing else is left in it. Usage Stripe may have (an adjustment, a
@@ -37,6 +38,9 @@ const (
 	// CancelWithdrawn: no attempt of the event may have reached Stripe; it
 	// left its window.
 	CancelWithdrawn = "withdrawn"
+	// CancelNotBilled: Stripe refused the item that carries the event
+	// (rejected): there is nothing to take back.
+	CancelNotBilled = "not_billed"
 )
 
 // CancelResult is what became of one cancellation.
@@ -169,6 +173,9 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 			return res, false, &CancelError{Index: index, Code: CodeCancelInFlight, Item: live.ID, State: live.State}
 		case live.State == outbox.StateUncertain:
 			return res, false, &CancelError{Index: index, Code: CodeCancelUncertain, Item: live.ID, State: live.State}
+		case live.State == outbox.StateRejected:
+			// Stripe refused the item (terminal): nothing of it was billed.
+			res.Outcome = CancelNotBilled
 		case (live.State == outbox.StatePending || live.State == outbox.StateQuarantined) && live.RefusedAttempts == live.Attempts:
 			item, err := s.leaveWindow(ctx, tx, live)
 			if err != nil {

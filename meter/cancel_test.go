@@ -140,7 +140,7 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 	e.Tenant(t, "acme", nil)
 	at := stagetest.Ago(3 * time.Hour)
 	e.MustIngest(t, stagetest.Ev("a", "acme", "logins", 1, at), stagetest.Ev("b", "acme", "logins", 1, at),
-		stagetest.Ev("c", "acme", "logins", 1, at))
+		stagetest.Ev("c", "acme", "logins", 1, at), stagetest.Ev("d", "acme", "logins", 1, at))
 	e.Pass(t)
 
 	_, err := cancel(t, e, meter.Cancellation{Tenant: "acme", ID: "a"}, meter.Cancellation{Tenant: "-bad", ID: ""},
@@ -152,7 +152,8 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 	require.True(t, errors.As(err, &ib), "%v", err)
 	require.Equal(t, 1, *ib.Problems[0].Index)
 
-	// b leased, c accepted (sent): in flight, and not built yet.
+	// b leased, c accepted (sent): in flight, and not built yet; d
+	// rejected: nothing to take back.
 	leases, err := e.Outbox.Claim(e.Ctx, e.Pool, outbox.ClaimOptions{Owner: "w", Limit: 10, Policy: outbox.BestEffort})
 	require.NoError(t, err)
 	var bID int64
@@ -167,6 +168,8 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 		case "a":
 			_, err := e.Outbox.Retry(e.Ctx, e.Pool, l, outbox.ErrorInfo{Code: "stripe_auth", Status: 401}, true)
 			require.NoError(t, err)
+		case "d":
+			require.NoError(t, e.Outbox.Reject(e.Ctx, e.Pool, l, outbox.ErrorInfo{Code: "invalid_timestamp", Status: 400}))
 		}
 	}
 	var ce *meter.CancelError
@@ -186,8 +189,16 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 	st, _, _ := itemOf(t, e, "acme", "a")
 	require.Equal(t, outbox.StatePending, st, "a refused attempt only: a is still pending, not withdrawn by the refused request")
 
-	// Alone, a (every attempt refused) is withdrawn.
-	out, err := cancel(t, e, meter.Cancellation{Tenant: "acme", ID: "a"})
+	// Alone, a (every attempt refused) is withdrawn; d, which Stripe
+	// refused, needs nothing taken back.
+	out, err := cancel(t, e, meter.Cancellation{Tenant: "acme", ID: "a"}, meter.Cancellation{Tenant: "acme", ID: "d"})
 	require.NoError(t, err)
 	require.Equal(t, meter.CancelWithdrawn, out[0].Outcome)
+	require.Equal(t, meter.CancelNotBilled, out[1].Outcome)
+	require.Nil(t, out[1].Item)
+	st, _, _ = itemOf(t, e, "acme", "d")
+	require.Equal(t, outbox.StateRejected, st, "the rejected item stays as it is")
+	rep, err := quarantine.CompletenessOf(e.Ctx, e.Pool, at.Format("2006-01"), "acme")
+	require.NoError(t, err)
+	require.True(t, rep.Holds, "%+v", rep)
 }
