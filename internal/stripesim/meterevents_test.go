@@ -459,9 +459,9 @@ func faultHang(t *testing.T) {
 	sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{Hang: 1}})
 	sc := client(ts, testKey)
 	p := eventParams("api_calls", "cus_acme", "ev-1", 1, base)
+	start := time.Now() // before the deadline's clock starts, as in streamHang
 	cctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	_, err := sc.V1BillingMeterEvents.Create(cctx, p)
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)

@@ -219,9 +219,12 @@ func (tc streamFaultCase) check(t *testing.T, events []*stripe.V2BillingMeterEve
 func streamHang(t *testing.T, events []*stripe.V2BillingMeterEventStreamCreateEventParams) {
 	sim, ts, _ := newMeterSim(t, stripesim.Limits{Faults: stripesim.Faults{Hang: 1}})
 	sc, _ := streamClient(ts, newSession(t, ts, ""))
+	// The clock starts before the deadline's: the call ends after the
+	// deadline, so at least 150 ms after start (taken after the context, it
+	// could read 149.7 ms on a loaded machine).
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	err := sc.V2BillingMeterEventStreams.Create(ctx, streamParams(events...))
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
