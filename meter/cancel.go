@@ -19,13 +19,15 @@ import (
 //
 // Built so far: an event whose item Stripe refused (rejected) needs
 // nothing taken back (not_billed); usage no attempt of which may have
-// reached Stripe leaves its window — an unstaged event is staged straight into a withdrawn item
-// (T0w); a pending or quarantined per-event item is withdrawn (T11); a
-// window's item is re-addressed without the event (T11r), or withdrawn when
-// nothing else is left in it. Usage Stripe may have (an adjustment, a
-// negative supplement) is not built yet: Cancel refuses it with a
-// *CancelError of CodeCancelSent and stores nothing; no door calls Cancel
-// yet.
+// reached Stripe leaves its window — an unstaged event is staged straight
+// into a withdrawn item (T0w); a pending or quarantined per-event item is
+// withdrawn (T11); a window's item is re-addressed without the event
+// (T11r), or withdrawn when nothing else is left in it. A count event
+// Stripe has gets an adjustment item within its 24 hours, else a
+// quarantined cancel_too_late item; a last window's event a quarantined
+// cancel_last_value item. A sum window's (a negative supplement) is not
+// built yet: Cancel refuses it with a *CancelError of CodeCancelSent and
+// stores nothing. No door calls Cancel yet.
 
 // Cancellation names an earlier event.
 type Cancellation struct {
@@ -41,7 +43,23 @@ const (
 	// CancelNotBilled: Stripe refused the item that carries the event
 	// (rejected): there is nothing to take back.
 	CancelNotBilled = "not_billed"
+	// CancelAdjustment: a count event Stripe received less than 24 hours
+	// ago; an item of its own cancels it (a meter event adjustment).
+	CancelAdjustment = "adjustment"
+	// CancelRefused: Stripe cannot take the usage back (too late, or a
+	// last value); a quarantined item of its own keeps it for finance
+	// (Reason cancel_too_late or cancel_last_value).
+	CancelRefused = "refused"
 )
+
+// DefaultCancelMargin is how long before Stripe's 24 hours, counted from
+// an event's first attempt, Tally stops asking Stripe to cancel it: time
+// for the adjustment to be claimed, sent and retried.
+const DefaultCancelMargin = time.Hour
+
+// cancelWindow is how long after receiving an event Stripe takes a
+// cancellation of it (docs/stripe.md §7).
+const cancelWindow = 24 * time.Hour
 
 // CancelResult is what became of one cancellation.
 type CancelResult struct {
@@ -53,6 +71,8 @@ type CancelResult struct {
 	// the successor its window was re-addressed to (nil when the window
 	// held nothing else and was withdrawn).
 	Item *int64 `json:"item"`
+	// Reason is why a refused cancellation cannot be applied.
+	Reason string `json:"reason,omitempty"`
 	// Duplicate says the event was cancelled before (by this request or an
 	// earlier one): the first outcome is returned and nothing changes.
 	Duplicate bool `json:"duplicate"`
@@ -67,8 +87,11 @@ const (
 	// first whether Stripe has it.
 	CodeCancelUncertain = "item_uncertain"
 	// CodeCancelSent: Stripe may have the usage; taking it back is not
-	// built yet.
+	// built yet (a sum window's).
 	CodeCancelSent = "usage_sent"
+	// CodeCancelUnsettled: Stripe may have the usage and its item is still
+	// being retried or waits in quarantine: ask again once it settles.
+	CodeCancelUnsettled = "item_unsettled"
 )
 
 // CancelError refuses a request because of one cancellation's carrying
@@ -134,8 +157,12 @@ type ledgerRow struct {
 // cancelOne decides one cancellation; found is false for an unknown event.
 func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int, c Cancellation) (CancelResult, bool, error) {
 	res := CancelResult{Tenant: c.Tenant, ID: c.ID}
-	err := tx.QueryRow(ctx, `SELECT outcome, item_id FROM usage_cancellations WHERE tenant = $1 AND event_id = $2`, c.Tenant, c.ID).
-		Scan(&res.Outcome, &res.Item)
+	var reason *string
+	err := tx.QueryRow(ctx, `SELECT outcome, item_id, reason FROM usage_cancellations WHERE tenant = $1 AND event_id = $2`, c.Tenant, c.ID).
+		Scan(&res.Outcome, &res.Item, &reason)
+	if reason != nil {
+		res.Reason = *reason
+	}
 	switch {
 	case err == nil:
 		res.Duplicate = true
@@ -182,12 +209,22 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 				return res, false, err
 			}
 			res.Outcome, res.Item = CancelWithdrawn, item
-		default:
-			return res, false, &CancelError{Index: index, Code: CodeCancelSent, Item: live.ID, State: live.State}
+		case live.State == outbox.StatePending || live.State == outbox.StateQuarantined:
+			return res, false, &CancelError{Index: index, Code: CodeCancelUnsettled, Item: live.ID, State: live.State}
+		default: // accepted or confirmed: Stripe has it
+			outcome, reason, item, err := s.takeBack(ctx, tx, index, row, live)
+			if err != nil {
+				return res, false, err
+			}
+			res.Outcome, res.Reason, res.Item = outcome, string(reason), &item
 		}
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO usage_cancellations (tenant, event_id, event_row, outcome, carried_by, item_id, requested_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`, c.Tenant, c.ID, row.id, res.Outcome, carried, res.Item, by); err != nil {
+	var reasonArg any
+	if res.Reason != "" {
+		reasonArg = res.Reason
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO usage_cancellations (tenant, event_id, event_row, outcome, reason, carried_by, item_id, requested_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, c.Tenant, c.ID, row.id, res.Outcome, reasonArg, carried, res.Item, by); err != nil {
 		return res, false, fmt.Errorf("meter: recording the cancellation of %s/%s: %w", c.Tenant, c.ID, err)
 	}
 	return res, true, nil
@@ -260,3 +297,63 @@ func (s *Stager) leaveWindow(ctx context.Context, tx pgx.Tx, live outbox.Item) (
 	}
 	return &enq.ID, nil
 }
+
+// takeBack asks Stripe to take back the usage of live, an accepted or
+// confirmed item: a count event received less than 24 hours ago (by its
+// first attempt, less the margin, by the database clock) gets a meter event
+// adjustment item; one received earlier, or an event of a last window,
+// gets a quarantined cancellation item of its own for finance; a sum
+// window's is not built yet (CodeCancelSent).
+func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerRow, live outbox.Item) (string, outbox.Reason, int64, error) {
+	var reason outbox.Reason
+	switch live.SubjectKind {
+	case outbox.SubjectUsageEvent:
+		margin := s.CancelMargin
+		if margin <= 0 {
+			margin = DefaultCancelMargin
+		}
+		var inTime bool
+		if err := tx.QueryRow(ctx, `SELECT first_attempt_at + @window::interval - @margin::interval > clock_timestamp()
+			FROM outbox_item_states WHERE id = @id`, pgx.NamedArgs{"window": cancelWindow, "margin": margin, "id": live.ID}).
+			Scan(&inTime); err != nil {
+			return "", "", 0, fmt.Errorf("meter: the cancellation deadline of item %d: %w", live.ID, err)
+		}
+		if !inTime {
+			reason = outbox.ReasonCancelTooLate
+		}
+	default:
+		var st mappings.Store
+		pair, err := st.Lookup(ctx, tx, live.TenantKey, live.Payload.Feature)
+		if err != nil {
+			return "", "", 0, err
+		}
+		if pair.Feature == nil || pair.Feature.Aggregation != mappings.Last {
+			return "", "", 0, &CancelError{Index: index, Code: CodeCancelSent, Item: live.ID, State: live.State}
+		}
+		reason = outbox.ReasonCancelLastValue
+	}
+	p := live.Payload
+	it := outbox.NewItem{
+		Identity: outbox.Identity{TenantKey: live.TenantKey, SubjectKind: outbox.SubjectUsageCancellation,
+			SubjectRef: fmt.Sprintf("cancel:%d", row.id), Exporter: exporterOfAdjustments,
+			DestinationAccount: live.DestinationAccount, Mode: live.Mode, MappingVersion: live.MappingVersion},
+		Payload: outbox.Payload{Customer: p.Customer, EventName: p.EventName, Timestamp: p.Timestamp,
+			Feature: p.Feature, Period: p.Period, Cancels: live.Identifier},
+		Quarantine: reason,
+	}
+	enq, err := s.Outbox.Enqueue(ctx, tx, it)
+	if err != nil {
+		return "", "", 0, err
+	}
+	if !enq.Inserted {
+		return "", "", 0, fmt.Errorf("meter: the cancellation item of ledger row %d exists already as item %d", row.id, enq.ID)
+	}
+	if reason != "" {
+		return CancelRefused, reason, enq.ID, nil
+	}
+	return CancelAdjustment, "", enq.ID, nil
+}
+
+// exporterOfAdjustments sends every cancellation: meter event adjustments
+// are a v1 call, and the v1 deliverer runs on every node with a key.
+const exporterOfAdjustments = "stripe_meter_events"

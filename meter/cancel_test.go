@@ -137,10 +137,11 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 	t.Parallel()
 	e := stagetest.New(t, outbox.Config{})
 	e.Feature(t, "logins", mappings.Count, time.Hour)
+	e.Feature(t, "api", mappings.Sum, time.Hour)
 	e.Tenant(t, "acme", nil)
 	at := stagetest.Ago(3 * time.Hour)
 	e.MustIngest(t, stagetest.Ev("a", "acme", "logins", 1, at), stagetest.Ev("b", "acme", "logins", 1, at),
-		stagetest.Ev("c", "acme", "logins", 1, at), stagetest.Ev("d", "acme", "logins", 1, at))
+		stagetest.Ev("c", "acme", "api", 4, at), stagetest.Ev("d", "acme", "logins", 1, at))
 	e.Pass(t)
 
 	_, err := cancel(t, e, meter.Cancellation{Tenant: "acme", ID: "a"}, meter.Cancellation{Tenant: "-bad", ID: ""},
@@ -152,14 +153,14 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 	require.True(t, errors.As(err, &ib), "%v", err)
 	require.Equal(t, 1, *ib.Problems[0].Index)
 
-	// b leased, c accepted (sent): in flight, and not built yet; d
-	// rejected: nothing to take back.
+	// b leased, c (a sum window) accepted: in flight, and not built yet;
+	// d rejected: nothing to take back.
 	leases, err := e.Outbox.Claim(e.Ctx, e.Pool, outbox.ClaimOptions{Owner: "w", Limit: 10, Policy: outbox.BestEffort})
 	require.NoError(t, err)
 	var bID int64
 	for _, l := range leases {
 		var ev string
-		require.NoError(t, e.Pool.QueryRow(e.Ctx, `SELECT event_id FROM usage_events WHERE item_id = $1`, l.ID).Scan(&ev))
+		require.NoError(t, e.Pool.QueryRow(e.Ctx, `SELECT min(event_id) FROM usage_events WHERE item_id = $1`, l.ID).Scan(&ev))
 		switch ev {
 		case "b":
 			bID = l.ID

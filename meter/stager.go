@@ -23,6 +23,10 @@ type Stager struct {
 	// stalled (no Stripe key): nothing is staged, usage stays in the ledger
 	// as pending.
 	Target func(ctx context.Context) (t Target, ok bool)
+	// CancelMargin is how long before Stripe's 24 hours a count event's
+	// cancellation is refused as too late (Cancel); 0 means
+	// DefaultCancelMargin.
+	CancelMargin time.Duration
 }
 
 // DefaultGrace is the default window grace.

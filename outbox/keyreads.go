@@ -103,17 +103,24 @@ type KeyItem struct {
 	// Settled is true for an item accepted longer ago than the range's
 	// Settle.
 	Settled bool
+	// Identifier is the item's identifier; Cancels, on a cancellation
+	// (SubjectUsageCancellation, which shares its event's key and
+	// timestamp), the identifier of the event it cancels.
+	Identifier, Cancels string
 }
 
 // sqlKeyItems reads the accepted, confirmed, uncertain, pending and leased
-// items of one key and mode in a range of timestamps, by timestamp and id.
+// items of one key and mode in a range of timestamps, by timestamp and id,
+// and its quarantined cancellations (whether Stripe applied one is unknown).
 const sqlKeyItems = `
 SELECT b.id, s.state, (b.payload ->> 'value')::bigint, (b.payload ->> 'timestamp')::bigint,
-       s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval
+       s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval,
+       b.identifier, coalesce(b.payload ->> 'cancels', '')
 FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id
 WHERE b.ordering_key = @key AND b.mode = @mode
   AND (b.payload ->> 'timestamp')::bigint >= @from AND (b.payload ->> 'timestamp')::bigint < @to
-  AND s.state IN ('accepted', 'confirmed', 'uncertain', 'pending', 'leased')
+  AND (s.state IN ('accepted', 'confirmed', 'uncertain', 'pending', 'leased')
+       OR (s.state = 'quarantined' AND b.subject_kind = 'usage_cancellation'))
 ORDER BY 4, 1`
 
 // KeyItems reads the items of r's key and mode with payload timestamps in
@@ -135,7 +142,7 @@ func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem,
 	args := pgx.NamedArgs{"key": r.OrderingKey, "mode": string(r.Mode), "settle": r.Settle, "from": r.From, "to": r.To}
 	items, err := queryOnGenericPlan(ctx, q, sqlKeyItems, args, func(row pgx.CollectableRow) (KeyItem, error) {
 		var it KeyItem
-		err := row.Scan(&it.ID, &it.State, &it.Value, &it.Timestamp, &it.Settled)
+		err := row.Scan(&it.ID, &it.State, &it.Value, &it.Timestamp, &it.Settled, &it.Identifier, &it.Cancels)
 		return it, err
 	})
 	if err != nil {

@@ -131,6 +131,11 @@ func TestKeyItemsReadsAKeysItemsInRange(t *testing.T) {
 	r := outbox.KeyRange{OrderingKey: orderingKey("cus_k"), Mode: outbox.ModeTest, From: 100, To: 500}
 	got, err := b.store.KeyItems(b.ctx, b.pool, r)
 	require.NoError(t, err)
+	for i := range got {
+		require.Equal(t, b.get(t, got[i].ID).Identifier, got[i].Identifier)
+		require.Empty(t, got[i].Cancels, "no cancellation among them")
+		got[i].Identifier = ""
+	}
 	require.Equal(t, []outbox.KeyItem{
 		{ID: pending, State: outbox.StatePending, Value: 90, Timestamp: 100},
 		{ID: ids[1], State: outbox.StateConfirmed, Value: 20, Timestamp: 200},
@@ -148,7 +153,8 @@ func TestKeyItemsReadsAKeysItemsInRange(t *testing.T) {
 	r.Mode = outbox.ModeLive
 	got, err = b.store.KeyItems(b.ctx, b.pool, r)
 	require.NoError(t, err)
-	require.Equal(t, []outbox.KeyItem{{ID: ids[8], State: outbox.StateAccepted, Value: 1, Timestamp: 300}}, got)
+	require.Equal(t, []outbox.KeyItem{{ID: ids[8], State: outbox.StateAccepted, Value: 1, Timestamp: 300,
+		Identifier: b.get(t, ids[8]).Identifier}}, got)
 }
 
 // KeyItems runs on its generic plan from the first call, and asks for it

@@ -80,6 +80,14 @@ const (
 	// Decided at staging under TALLY_LATE_USAGE=quarantine (the default);
 	// finance may requeue it knowingly (accept_period_closed).
 	ReasonPeriodClosed Reason = "period_closed"
+	// ReasonCancelTooLate: a cancellation of a count event Stripe received
+	// more than 24 hours ago (counted from its item's first attempt, less
+	// a margin): Stripe cannot apply it. Kept for finance; never sent.
+	ReasonCancelTooLate Reason = "cancel_too_late"
+	// ReasonCancelLastValue: a cancellation of an event of a last
+	// feature's window Stripe may have: a last value cannot be taken back.
+	// Kept for finance; never sent.
+	ReasonCancelLastValue Reason = "cancel_last_value"
 )
 
 // Reasons lists every quarantine reason.
@@ -87,6 +95,7 @@ var Reasons = []Reason{
 	ReasonFeatureUnmapped, ReasonNoCustomer, ReasonNoAccount, ReasonAccountMismatch,
 	ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound, ReasonCountValue,
 	ReasonValueDigits, ReasonPayloadKeys, ReasonProviderRefused, ReasonPeriodClosed,
+	ReasonCancelTooLate, ReasonCancelLastValue,
 }
 
 func (r Reason) valid() bool {

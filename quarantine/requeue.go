@@ -111,6 +111,12 @@ func (r *Requeuer) RequeueWith(ctx context.Context, db meter.TxBeginner, id int6
 		if it.State != outbox.StateQuarantined {
 			return &outbox.StateError{ID: id, Transition: "T9", Expected: outbox.StateQuarantined, Current: it.State, CurrentLeaseToken: it.LeaseToken}
 		}
+		if it.SubjectKind == outbox.SubjectUsageCancellation {
+			// A cancellation Stripe cannot apply (too late, a last value),
+			// or one whose answer Tally could not read: kept for finance,
+			// never sent again by a requeue (docs/design.md, "Cancellations").
+			return &StillIneligibleError{Reason: it.QuarantineReason}
+		}
 		// The version is checked and the item rebuilt from this one reading
 		// of the mappings, so a change committed meanwhile cannot slip in.
 		var st mappings.Store

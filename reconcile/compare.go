@@ -16,6 +16,10 @@ type held struct {
 	value   int64
 	ts      int64 // the event timestamp, Unix seconds
 	settled bool  // accepted longer ago than the settle delay
+	// identifier is the item's; cancels, on a cancellation (a meter event
+	// adjustment, which shares its event's key and hour), the identifier of
+	// the event it cancels.
+	identifier, cancels string
 }
 
 // later orders items as a last meter does: by event time, then by id (the
@@ -138,7 +142,16 @@ func compareHour(formula string, items []held, summary float64, found bool) verd
 // ones (which a match confirms), the accepted and confirmed ones (which
 // Tally counts) and the uncertain ones; or says why the hour is skipped.
 func classify(items []held) (skip string, accepted, counted, uncertain []held) {
+	// Cancellations first. No answer to one is proof (docs/stripe.md §7):
+	// the event an accepted or confirmed cancellation names is expected
+	// absent, and a match confirms the cancellation too; one pending or
+	// leased holds the hour back; one uncertain or quarantined (a 4xx Tally
+	// cannot read) leaves its event in doubt, like an uncertain item.
+	gone, doubt := map[string]bool{}, map[string]bool{}
 	for _, it := range items {
+		if it.cancels == "" {
+			continue
+		}
 		switch it.state {
 		case outbox.StatePending, outbox.StateLeased:
 			return skipInFlight, nil, nil, nil
@@ -147,11 +160,40 @@ func classify(items []held) (skip string, accepted, counted, uncertain []held) {
 				return skipUnsettled, nil, nil, nil
 			}
 			accepted = append(accepted, it)
-			counted = append(counted, it)
+			gone[it.cancels] = true
 		case outbox.StateConfirmed:
-			counted = append(counted, it)
+			gone[it.cancels] = true
+		default:
+			doubt[it.cancels] = true
+		}
+	}
+	for _, it := range items {
+		if it.cancels != "" {
+			continue
+		}
+		switch it.state {
+		case outbox.StatePending, outbox.StateLeased:
+			return skipInFlight, nil, nil, nil
+		case outbox.StateAccepted:
+			if !it.settled {
+				return skipUnsettled, nil, nil, nil
+			}
+			accepted = append(accepted, it)
+		case outbox.StateConfirmed:
 		case outbox.StateUncertain:
+			if !gone[it.identifier] {
+				uncertain = append(uncertain, it)
+			}
+			continue
+		default:
+			continue
+		}
+		switch {
+		case gone[it.identifier]:
+		case doubt[it.identifier]:
 			uncertain = append(uncertain, it)
+		default:
+			counted = append(counted, it)
 		}
 	}
 	if len(accepted) == 0 && len(uncertain) == 0 {

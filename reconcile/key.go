@@ -54,7 +54,8 @@ func (r *Reconciler) readKeyHours(ctx context.Context, db DB, mode outbox.Mode, 
 		if _, ok := kh.byHour[h]; !ok {
 			kh.hours = append(kh.hours, h)
 		}
-		kh.byHour[h] = append(kh.byHour[h], held{id: it.ID, state: it.State, value: it.Value, ts: it.Timestamp, settled: it.Settled})
+		kh.byHour[h] = append(kh.byHour[h], held{id: it.ID, state: it.State, value: it.Value, ts: it.Timestamp, settled: it.Settled,
+			identifier: it.Identifier, cancels: it.Cancels})
 	}
 	return kh, nil
 }
