@@ -10,8 +10,9 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// Meter event adjustments: an item of outbox.SubjectUsageCancellation
-// cancels the meter event whose identifier its payload names (Cancels),
+// Meter event adjustments: an item of outbox.SubjectUsageCancellation that
+// names an identifier (payload.cancels; one without is an offsetting meter
+// event of a negated value, sent as any event is) cancels that meter event
 // through POST /v1/billing/meter_event_adjustments (type=cancel), whichever
 // exporter sent the event: adjustments are a v1 call, and the v1 deliverer
 // runs on every node. Stripe takes a cancellation only within 24 hours of

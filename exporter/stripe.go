@@ -112,7 +112,7 @@ func IdentifierOf(sample string) string {
 // Send posts the item's meter event — or, for a cancellation item, its
 // meter event adjustment (adjust.go) — and classifies the answer.
 func (e *StripeV1) Send(ctx context.Context, item outbox.Lease) outbox.Outcome {
-	if item.SubjectKind == outbox.SubjectUsageCancellation {
+	if item.SubjectKind == outbox.SubjectUsageCancellation && item.Payload.Cancels != "" {
 		return e.sendAdjustment(ctx, item)
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)

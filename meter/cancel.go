@@ -25,9 +25,11 @@ import (
 // (T11r), or withdrawn when nothing else is left in it. A count event
 // Stripe has gets an adjustment item within its 24 hours, else a
 // quarantined cancel_too_late item; a last window's event a quarantined
-// cancel_last_value item. A sum window's (a negative supplement) is not
-// built yet: Cancel refuses it with a *CancelError of CodeCancelSent and
-// stores nothing. No door calls Cancel yet.
+// cancel_last_value item; a sum window's event an offsetting item of the
+// negated value (a supplement carrying no ledger row). A window whose
+// feature is unmapped now, or no longer a window, refuses the request with
+// a *CancelError of CodeCancelSent and stores nothing. No door calls
+// Cancel yet.
 
 // Cancellation names an earlier event.
 type Cancellation struct {
@@ -50,6 +52,9 @@ const (
 	// last value); a quarantined item of its own keeps it for finance
 	// (Reason cancel_too_late or cancel_last_value).
 	CancelRefused = "refused"
+	// CancelSupplement: an event of a sum window Stripe has; a supplement
+	// of the window with the negated value offsets it.
+	CancelSupplement = "supplement"
 )
 
 // DefaultCancelMargin is how long before Stripe's 24 hours, counted from
@@ -303,7 +308,7 @@ func (s *Stager) leaveWindow(ctx context.Context, tx pgx.Tx, live outbox.Item) (
 // first attempt, less the margin, by the database clock) gets a meter event
 // adjustment item; one received earlier, or an event of a last window,
 // gets a quarantined cancellation item of its own for finance; a sum
-// window's is not built yet (CodeCancelSent).
+// window's event an offsetting supplement (offset).
 func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerRow, live outbox.Item) (string, outbox.Reason, int64, error) {
 	var reason outbox.Reason
 	switch live.SubjectKind {
@@ -327,7 +332,18 @@ func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerR
 		if err != nil {
 			return "", "", 0, err
 		}
-		if pair.Feature == nil || pair.Feature.Aggregation != mappings.Last {
+		switch {
+		case pair.Feature != nil && pair.Feature.Aggregation == mappings.Sum:
+			id, reason, err := s.offset(ctx, tx, row, live, pair)
+			if err != nil {
+				return "", "", 0, err
+			}
+			if reason != "" {
+				return CancelRefused, reason, id, nil
+			}
+			return CancelSupplement, "", id, nil
+		case pair.Feature == nil || pair.Feature.Aggregation != mappings.Last:
+			// Unmapped since, or no longer a window: nothing tells how.
 			return "", "", 0, &CancelError{Index: index, Code: CodeCancelSent, Item: live.ID, State: live.State}
 		}
 		reason = outbox.ReasonCancelLastValue
@@ -357,3 +373,47 @@ func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerR
 // exporterOfAdjustments sends every cancellation: meter event adjustments
 // are a v1 call, and the v1 deliverer runs on every node with a key.
 const exporterOfAdjustments = "stripe_meter_events"
+
+// offset enqueues the supplement that offsets a cancelled event of live, a
+// sum window's item Stripe has: the negated value, addressed exactly as
+// live was (customer, meter, account, exporter, the window's timestamp and
+// period), a cancellation item (no payload.cancels: it is sent as a meter
+// event, by live's exporter) carrying no ledger row. Usage after
+// its invoice closed is judged as staging judges it: under
+// TALLY_LATE_USAGE=quarantine the supplement is quarantined period_closed
+// (outcome refused with that reason) — a finalized invoice is never
+// corrected.
+func (s *Stager) offset(ctx context.Context, tx pgx.Tx, row ledgerRow, live outbox.Item, pair mappings.Pair) (int64, outbox.Reason, error) {
+	target, ok := s.Target(ctx)
+	if !ok {
+		return 0, "", ErrStalled
+	}
+	if err := target.validate(); err != nil {
+		return 0, "", err
+	}
+	p := live.Payload
+	period, err := time.Parse(time.RFC3339, p.Period)
+	if err != nil {
+		return 0, "", fmt.Errorf("meter: item %d has no period: %w", live.ID, err)
+	}
+	it := outbox.NewItem{
+		Identity: outbox.Identity{TenantKey: live.TenantKey, SubjectKind: outbox.SubjectUsageCancellation,
+			SubjectRef: fmt.Sprintf("cancel:%d", row.id), Exporter: live.Exporter,
+			DestinationAccount: live.DestinationAccount, Mode: live.Mode, MappingVersion: live.MappingVersion},
+		Payload: outbox.Payload{Customer: p.Customer, EventName: p.EventName, Value: -row.value, Timestamp: p.Timestamp,
+			Feature: p.Feature, Period: p.Period, CustomerKey: p.CustomerKey, ValueKey: p.ValueKey},
+	}
+	verdicts, err := checkStamps(ctx, tx, target, []stampCheck{target.stampCheckOf(pair, time.Unix(p.Timestamp, 0), period)})
+	if err != nil {
+		return 0, "", err
+	}
+	verdicts[0].apply(target, &it)
+	enq, err := s.Outbox.Enqueue(ctx, tx, it)
+	if err != nil {
+		return 0, "", err
+	}
+	if !enq.Inserted {
+		return 0, "", fmt.Errorf("meter: the offsetting supplement of ledger row %d exists already as item %d", row.id, enq.ID)
+	}
+	return enq.ID, it.Quarantine, nil
+}

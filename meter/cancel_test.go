@@ -153,8 +153,8 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 	require.True(t, errors.As(err, &ib), "%v", err)
 	require.Equal(t, 1, *ib.Problems[0].Index)
 
-	// b leased, c (a sum window) accepted: in flight, and not built yet;
-	// d rejected: nothing to take back.
+	// b leased: in flight; c (a sum window) accepted; d rejected: nothing
+	// to take back.
 	leases, err := e.Outbox.Claim(e.Ctx, e.Pool, outbox.ClaimOptions{Owner: "w", Limit: 10, Policy: outbox.BestEffort})
 	require.NoError(t, err)
 	var bID int64
@@ -178,9 +178,6 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 	require.True(t, errors.As(err, &ce), "%v", err)
 	require.Equal(t, meter.CodeCancelInFlight, ce.Code)
 	require.Equal(t, bID, ce.Item)
-	_, err = cancel(t, e, meter.Cancellation{Tenant: "acme", ID: "c"})
-	require.True(t, errors.As(err, &ce), "%v", err)
-	require.Equal(t, meter.CodeCancelSent, ce.Code)
 
 	var n int
 	require.NoError(t, e.Pool.QueryRow(e.Ctx, `SELECT count(*) FROM usage_cancellations`).Scan(&n))
@@ -191,12 +188,26 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 	require.Equal(t, outbox.StatePending, st, "a refused attempt only: a is still pending, not withdrawn by the refused request")
 
 	// Alone, a (every attempt refused) is withdrawn; d, which Stripe
-	// refused, needs nothing taken back.
-	out, err := cancel(t, e, meter.Cancellation{Tenant: "acme", ID: "a"}, meter.Cancellation{Tenant: "acme", ID: "d"})
+	// refused, needs nothing taken back; c, in a sum window Stripe has, is
+	// offset by a supplement of the negated value, addressed as its window.
+	out, err := cancel(t, e, meter.Cancellation{Tenant: "acme", ID: "a"}, meter.Cancellation{Tenant: "acme", ID: "d"},
+		meter.Cancellation{Tenant: "acme", ID: "c"})
 	require.NoError(t, err)
 	require.Equal(t, meter.CancelWithdrawn, out[0].Outcome)
 	require.Equal(t, meter.CancelNotBilled, out[1].Outcome)
 	require.Nil(t, out[1].Item)
+	require.Equal(t, meter.CancelSupplement, out[2].Outcome)
+	sup, err := e.Outbox.Get(e.Ctx, e.Pool, *out[2].Item)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatePending, sup.State)
+	require.Equal(t, int64(-4), sup.Payload.Value)
+	require.Empty(t, sup.Payload.Cancels, "sent as a meter event, not an adjustment")
+	var window outbox.Item
+	require.NoError(t, e.Pool.QueryRow(e.Ctx, `SELECT item_id FROM usage_events WHERE event_id = 'c'`).Scan(&window.ID))
+	window, err = e.Outbox.Get(e.Ctx, e.Pool, window.ID)
+	require.NoError(t, err)
+	require.Equal(t, window.OrderingKey, sup.OrderingKey, "the window's customer, meter and account")
+	require.Equal(t, window.Payload.Timestamp, sup.Payload.Timestamp)
 	st, _, _ = itemOf(t, e, "acme", "d")
 	require.Equal(t, outbox.StateRejected, st, "the rejected item stays as it is")
 	rep, err := quarantine.CompletenessOf(e.Ctx, e.Pool, at.Format("2006-01"), "acme")

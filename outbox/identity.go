@@ -39,8 +39,9 @@ const (
 	SubjectUsageWindow = "usage_window"
 	SubjectUsageEvent  = "usage_event"
 	// SubjectUsageCancellation is an item that takes back an event Stripe
-	// may have: a meter event adjustment cancelling the identifier in
-	// Payload.Cancels (issue 19's cancellations).
+	// may have (issue 19's cancellations): a meter event adjustment
+	// cancelling the identifier in Payload.Cancels, or, without one, a
+	// meter event of the negated value offsetting an event of a sum window.
 	SubjectUsageCancellation = "usage_cancellation"
 )
 

@@ -111,7 +111,9 @@ type KeyItem struct {
 
 // sqlKeyItems reads the accepted, confirmed, uncertain, pending and leased
 // items of one key and mode in a range of timestamps, by timestamp and id,
-// and its quarantined cancellations (whether Stripe applied one is unknown).
+// and its quarantined cancellations an attempt of which may have reached
+// the provider (whether Stripe applied one is unknown; one never sent,
+// refused as too late say, changes nothing at Stripe).
 const sqlKeyItems = `
 SELECT b.id, s.state, (b.payload ->> 'value')::bigint, (b.payload ->> 'timestamp')::bigint,
        s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval,
@@ -120,7 +122,7 @@ FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id
 WHERE b.ordering_key = @key AND b.mode = @mode
   AND (b.payload ->> 'timestamp')::bigint >= @from AND (b.payload ->> 'timestamp')::bigint < @to
   AND (s.state IN ('accepted', 'confirmed', 'uncertain', 'pending', 'leased')
-       OR (s.state = 'quarantined' AND b.subject_kind = 'usage_cancellation'))
+       OR (s.state = 'quarantined' AND b.subject_kind = 'usage_cancellation' AND s.refused_attempts < s.attempts))
 ORDER BY 4, 1`
 
 // KeyItems reads the items of r's key and mode with payload timestamps in

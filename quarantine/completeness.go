@@ -116,7 +116,9 @@ type Completeness struct {
 // before these changes, 3.8 ms after; 5.7 and 3.6 ms on an empty database.
 const sqlCompleteness = `
 WITH RECURSIVE ev AS (
-    SELECT e.id, e.tenant, e.feature, e.value, e.occurred_at, e.item_id, e.cancelled_at IS NOT NULL AS cancelled,
+    SELECT e.id, e.tenant, e.feature, e.value, e.occurred_at, e.item_id,
+           CASE WHEN e.cancelled_at IS NOT NULL
+                THEN coalesce((SELECT c.outcome FROM usage_cancellations c WHERE c.event_row = e.id), 'withdrawn') END AS cancel,
            CASE WHEN e.item_id IS NULL THEN tally_period_start(e.occurred_at,
                coalesce((SELECT t.period_anchor FROM tenant_mappings t WHERE t.tenant = e.tenant), '1970-01-01T00:00:00Z'))
            END AS unstaged_period
@@ -125,21 +127,22 @@ WITH RECURSIVE ev AS (
       AND (@tenant = '' OR e.tenant = @tenant)
 ),
 grouped AS MATERIALIZED (
-    SELECT tenant, feature, item_id, unstaged_period, cancelled, count(*) AS n, sum(value) AS v,
-           (array_agg(value ORDER BY occurred_at DESC, id DESC))[1] AS last_value
+    SELECT tenant, feature, item_id, unstaged_period, coalesce(cancel = 'withdrawn', false) AS gone, count(*) AS n, sum(value) AS v,
+           (array_agg(value ORDER BY occurred_at DESC, id DESC))[1] AS last_value,
+           count(*) FILTER (WHERE cancel IS NOT NULL) AS cn, coalesce(sum(value) FILTER (WHERE cancel IS NOT NULL), 0) AS cv
     FROM ev GROUP BY 1, 2, 3, 4, 5
 ),
-chain (tenant, feature, start, n, v, last_value, id, next, state, depth) AS (
-    SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value, s.id, s.superseded_by, s.state, 0
+chain (tenant, feature, start, n, v, last_value, cn, cv, id, next, state, depth) AS (
+    SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value, g.cn, g.cv, s.id, s.superseded_by, s.state, 0
     FROM grouped g JOIN outbox_item_states s ON s.id = g.item_id
-    WHERE NOT g.cancelled
+    WHERE NOT g.gone
     UNION ALL
-    SELECT c.tenant, c.feature, c.start, c.n, c.v, c.last_value, s.id, s.superseded_by, s.state, c.depth + 1
+    SELECT c.tenant, c.feature, c.start, c.n, c.v, c.last_value, c.cn, c.cv, s.id, s.superseded_by, s.state, c.depth + 1
     FROM chain c JOIN outbox_item_states s ON s.id = c.next
     WHERE c.depth < 1000
 ),
 per_item AS (
-    SELECT c.tenant, c.feature, c.start AS item_id, c.n, c.v, c.last_value, c.state,
+    SELECT c.tenant, c.feature, c.start AS item_id, c.n, c.v, c.last_value, c.cn, c.cv, c.state,
            live.subject_kind, live.mapping_version, (live.payload ->> 'value')::numeric AS live_value, live.destination_account,
            coalesce((live.payload ->> 'late')::boolean, false) AS late,
            (CASE WHEN c.id = c.start THEN live.payload ->> 'period'
@@ -147,16 +150,16 @@ per_item AS (
     FROM chain c JOIN outbox_item_bodies live ON live.id = c.id
     WHERE c.next IS NULL
     UNION ALL
-    SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value,
-           CASE WHEN g.cancelled THEN 'cancelled' WHEN g.item_id IS NULL THEN 'unstaged' ELSE 'missing' END,
+    SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value, 0, 0,
+           CASE WHEN g.gone THEN 'cancelled' WHEN g.item_id IS NULL THEN 'unstaged' ELSE 'missing' END,
            NULL, NULL, NULL, NULL, false,
            CASE WHEN g.item_id IS NULL THEN g.unstaged_period
                 ELSE (SELECT (b.payload ->> 'period')::timestamptz FROM outbox_item_bodies b WHERE b.id = g.item_id) END
     FROM grouped g
-    WHERE g.cancelled OR g.item_id IS NULL OR g.item_id NOT IN (SELECT start FROM chain WHERE next IS NULL)
+    WHERE g.gone OR g.item_id IS NULL OR g.item_id NOT IN (SELECT start FROM chain WHERE next IS NULL)
 ),
 resolved AS (
-    SELECT p.tenant, p.feature, p.period, p.state, p.n, p.v, p.late, p.destination_account,
+    SELECT p.tenant, p.feature, p.period, p.state, p.n, p.v, p.cn, p.cv, p.late, p.destination_account,
            CASE
              WHEN p.subject_kind IS NULL THEN true
              WHEN p.subject_kind = 'usage_event' THEN p.live_value = p.v AND p.n = 1
@@ -172,10 +175,13 @@ resolved AS (
     WHERE p.period >= @from AND p.period < @to
 ),
 buckets AS (
-    SELECT tenant, feature, period, state, sum(n) AS n, sum(v) AS v, count(*) FILTER (WHERE NOT consistent) AS bad,
-           coalesce(sum(n) FILTER (WHERE late), 0) AS late_n, coalesce(sum(v) FILTER (WHERE late), 0) AS late_v,
+    SELECT tenant, feature, period, state, sum(n - cn) AS n, sum(v - cv) AS v, count(*) FILTER (WHERE NOT consistent) AS bad,
+           coalesce(sum(n - cn) FILTER (WHERE late), 0) AS late_n, coalesce(sum(v - cv) FILTER (WHERE late), 0) AS late_v,
            coalesce(array_agg(DISTINCT destination_account) FILTER (WHERE destination_account IS NOT NULL), '{}') AS accounts
     FROM resolved GROUP BY 1, 2, 3, 4
+    UNION ALL
+    SELECT tenant, feature, period, 'cancelled', sum(cn), sum(cv), 0, 0, 0, '{}'
+    FROM resolved WHERE cn > 0 GROUP BY 1, 2, 3
 )
 SELECT tenant, feature, period,
        (sum(n) OVER line)::bigint, (sum(v) OVER line)::text, state, n::bigint, v::text, bad, late_n::bigint, late_v::text, accounts

@@ -109,8 +109,10 @@ func TestAnAdjustmentQuarantinedLeavesItsEventInDoubt(t *testing.T) {
 }
 
 // Usage Stripe cannot take back is kept for finance: a count event
-// received too long ago, and an event of a last window; a sum window's is
-// not built yet and refuses the request.
+// received too long ago, and an event of a last window. An event of a sum
+// window Stripe has is offset by a supplement of the negated value: sent,
+// Stripe's sum drops by it, reconciliation matches, and the completeness
+// identity holds with it counted as cancelled.
 func TestCancellationsStripeCannotApply(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, outbox.Config{})
@@ -140,11 +142,22 @@ func TestCancellationsStripeCannotApply(t *testing.T) {
 	require.True(t, again[0].Duplicate)
 	require.Equal(t, string(outbox.ReasonCancelTooLate), again[0].Reason)
 
-	err = pgx.BeginFunc(r.Ctx, r.Pool, func(tx pgx.Tx) error {
-		_, err := r.Stager.Cancel(r.Ctx, tx, "token:ops", []meter.Cancellation{{Tenant: "t0", ID: "a1"}})
-		return err
-	})
-	var ce *meter.CancelError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, meter.CodeCancelSent, ce.Code)
+	sum := r.cancelEvents(t, "a1")
+	require.Equal(t, meter.CancelSupplement, sum[0].Outcome)
+	r.deliverAll(t)
+	require.Equal(t, outbox.StateAccepted, r.item(t, *sum[0].Item).State)
+	s, _, _ := r.sim.Aggregate("acct_sim", "api", "cus_t0")
+	require.Zero(t, s, "9 and its offset -9")
+	run, ds := r.run(t, reconcile.Options{Settle: settled})
+	require.Empty(t, ds)
+	require.Positive(t, run.ItemsConfirmed)
+	require.Equal(t, outbox.StateConfirmed, r.item(t, *sum[0].Item).State)
+	rep, err := quarantine.CompletenessOf(r.Ctx, r.Pool, at.Format("2006-01"), "t0")
+	require.NoError(t, err)
+	require.True(t, rep.Holds, "%+v", rep)
+	cancelled := int64(0)
+	for _, l := range rep.Lines {
+		cancelled += l.Cancelled.Events
+	}
+	require.Equal(t, int64(3), cancelled, "l1, s1 and a1, whatever became of them")
 }
