@@ -40,6 +40,11 @@ var v1Routes = []v1Route{
 		func(tag string) any {
 			return batch(event{"id": "auth-" + tag, "tenant": "t1", "feature": "api", "value": 1})
 		}, auth.RoleIngest, http.StatusAccepted},
+	// An empty list: refused alike for every role (a cancellation needs the
+	// corrections permission too, which ingest and finance tokens lack by
+	// default: TestCancellationsThroughTheAPI).
+	{http.MethodPost, "/v1/usage/cancellations", fixed("/v1/usage/cancellations"),
+		func(string) any { return map[string]any{"cancellations": []any{}} }, auth.RoleIngest, http.StatusUnprocessableEntity},
 	{http.MethodGet, "/v1/mappings/features", fixed("/v1/mappings/features"), nil, auth.RoleFinance, http.StatusOK},
 	{http.MethodGet, "/v1/mappings/features/{feature}", fixed("/v1/mappings/features/nosuch"), nil, auth.RoleFinance, http.StatusNotFound},
 	{http.MethodGet, "/v1/mappings/tenants", fixed("/v1/mappings/tenants"), nil, auth.RoleFinance, http.StatusOK},

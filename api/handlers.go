@@ -38,6 +38,7 @@ func (h *handlers) routes(r chi.Router) {
 func (h *handlers) authenticated(r chi.Router) {
 	r.Use(h.authenticate)
 	r.With(require(auth.RoleIngest)).Post("/usage", h.postUsage)
+	r.With(require(auth.RoleIngest)).Post("/usage/cancellations", h.postCancellations)
 
 	r.Group(func(r chi.Router) {
 		r.Use(require(auth.RoleFinance))
