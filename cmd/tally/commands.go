@@ -51,6 +51,7 @@ func commands() []command {
 		tokensListCommand(),
 		tokensRevokeCommand(),
 		importCommand(),
+		cancelCommand(),
 		mappingsFeaturesCommand(),
 		mappingsTenantsCommand(),
 		quarantineCommand(),

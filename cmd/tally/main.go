@@ -33,8 +33,9 @@ Commands:
   tokens list            list tokens (names, roles, scopes, corrections; never secrets)
   tokens revoke NAME     revoke a token
   import FILE…           post usage from files (JSON Lines or CSV) as POST /v1/usage would: [--format jsonl|csv] [--batch N] [--corrections]
+  cancel ID…             cancel earlier usage events, as POST /v1/usage/cancellations would: --tenant T
   mappings features      list | get FEATURE | set FEATURE --event-name E --aggregation sum|last|count [--window 1h] [--exporter NAME]
-  mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339] [--invoice-grace DURATION]
+  mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339] [--invoice-grace DURATION] [--stripe-account acct_…]
   quarantine             the quarantine report: [--format table|csv|json] [--reason R] [--tenant T] [--feature F] [--period YYYY-MM]
   requeue ID             requeue a quarantined item: --mapping-version N [--accept-period-closed]
   requeue                requeue every matching quarantined item under the current mappings: --reason R|--tenant T|--feature F|--period YYYY-MM|--all [--dry-run] [--accept-period-closed] [--limit N] [--after ID] [--format table|json]
