@@ -162,8 +162,20 @@ type ledgerRow struct {
 // cancelOne decides one cancellation; found is false for an unknown event.
 func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int, c Cancellation) (CancelResult, bool, error) {
 	res := CancelResult{Tenant: c.Tenant, ID: c.ID}
+	// The row first: a concurrent cancellation of the same event waits
+	// here, and then (a statement of its own, under READ COMMITTED) finds
+	// the first one's record below and answers it.
+	var row ledgerRow
+	err := tx.QueryRow(ctx, `SELECT id, feature, value, occurred_at, item_id FROM usage_events
+		WHERE tenant = $1 AND event_id = $2 FOR UPDATE`, c.Tenant, c.ID).Scan(&row.id, &row.feature, &row.value, &row.at, &row.item)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return res, false, nil
+	case err != nil:
+		return res, false, fmt.Errorf("meter: locking the event %s/%s: %w", c.Tenant, c.ID, err)
+	}
 	var reason *string
-	err := tx.QueryRow(ctx, `SELECT outcome, item_id, reason FROM usage_cancellations WHERE tenant = $1 AND event_id = $2`, c.Tenant, c.ID).
+	err = tx.QueryRow(ctx, `SELECT outcome, item_id, reason FROM usage_cancellations WHERE event_row = $1`, row.id).
 		Scan(&res.Outcome, &res.Item, &reason)
 	if reason != nil {
 		res.Reason = *reason
@@ -174,15 +186,6 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 		return res, true, nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return res, false, fmt.Errorf("meter: reading the cancellation of %s/%s: %w", c.Tenant, c.ID, err)
-	}
-	var row ledgerRow
-	err = tx.QueryRow(ctx, `SELECT id, feature, value, occurred_at, item_id FROM usage_events
-		WHERE tenant = $1 AND event_id = $2 FOR UPDATE`, c.Tenant, c.ID).Scan(&row.id, &row.feature, &row.value, &row.at, &row.item)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return res, false, nil
-	case err != nil:
-		return res, false, fmt.Errorf("meter: locking the event %s/%s: %w", c.Tenant, c.ID, err)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE usage_events SET cancelled_at = clock_timestamp() WHERE id = $1`, row.id); err != nil {
 		return res, false, fmt.Errorf("meter: marking the event %s/%s cancelled: %w", c.Tenant, c.ID, err)

@@ -214,3 +214,34 @@ func TestCancelRefusesWholeAndStoresNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, rep.Holds, "%+v", rep)
 }
+
+// Two requests cancelling the same event at once: one decides, the other
+// waits for its lock and answers the first's outcome; nothing fails.
+func TestConcurrentCancellationsOfOneEvent(t *testing.T) {
+	t.Parallel()
+	e := stagetest.New(t, outbox.Config{})
+	e.Feature(t, "logins", mappings.Count, time.Hour)
+	e.Tenant(t, "acme", nil)
+	e.MustIngest(t, stagetest.Ev("x", "acme", "logins", 1, stagetest.Ago(3*time.Hour)))
+	first, err := e.Pool.Begin(e.Ctx)
+	require.NoError(t, err)
+	defer func() { _ = first.Rollback(e.Ctx) }()
+	out, err := e.Stager.Cancel(e.Ctx, first, "token:a", []meter.Cancellation{{Tenant: "acme", ID: "x"}})
+	require.NoError(t, err)
+	require.False(t, out[0].Duplicate)
+
+	done := make(chan []meter.CancelResult, 1)
+	go func() {
+		res, err := cancel(t, e, meter.Cancellation{Tenant: "acme", ID: "x"})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, first.Commit(e.Ctx))
+	second := <-done
+	require.Len(t, second, 1)
+	require.True(t, second[0].Duplicate)
+	require.Equal(t, out[0].Outcome, second[0].Outcome)
+}
