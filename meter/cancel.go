@@ -219,12 +219,16 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 			res.Outcome, res.Item = CancelWithdrawn, item
 		case live.State == outbox.StatePending || live.State == outbox.StateQuarantined:
 			return res, false, &CancelError{Index: index, Code: CodeCancelUnsettled, Item: live.ID, State: live.State}
-		default: // accepted or confirmed: Stripe has it
+		case live.State == outbox.StateAccepted || live.State == outbox.StateConfirmed: // Stripe has it
 			outcome, reason, item, err := s.takeBack(ctx, tx, index, row, live)
 			if err != nil {
 				return res, false, err
 			}
 			res.Outcome, res.Reason, res.Item = outcome, string(reason), &item
+		default:
+			// Withdrawn or superseded items carry no live usage of an event
+			// not cancelled yet: the ledger and the outbox disagree.
+			return res, false, fmt.Errorf("meter: the event %s/%s is carried by item %d, which is %s", c.Tenant, c.ID, live.ID, live.State)
 		}
 	}
 	var reasonArg any
