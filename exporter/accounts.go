@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"slices"
-	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -162,7 +161,7 @@ func (c *Connected) resetSkip() {
 	for a := range c.stalled {
 		skip = append(skip, a)
 	}
-	sort.Strings(skip)
+	slices.Sort(skip)
 	c.skip = skip
 }
 
@@ -193,15 +192,7 @@ func (c *Connected) Stalled() []AccountStall {
 	for _, s := range c.stalled {
 		out = append(out, *s)
 	}
-	slices.SortFunc(out, func(a, b AccountStall) int {
-		switch {
-		case a.Account < b.Account:
-			return -1
-		case a.Account > b.Account:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b AccountStall) int { return strings.Compare(a.Account, b.Account) })
 	return out
 }
 
@@ -224,7 +215,7 @@ func (c *Connected) ProbeOnce(ctx context.Context) {
 			if c.Works(s.Account) {
 				c.logger.Info("Stripe answers for the connected account again: its items export", "account", s.Account)
 			}
-		case accountRefusal(err):
+		case stripeapi.AccessRefused(err):
 			// Still refused.
 		default:
 			code, status, _ := stripeapi.Describe(err)
@@ -257,17 +248,6 @@ func (c *Connected) refresh(ctx context.Context) {
 	if _, err := c.Known(ctx, ""); err != nil && !errors.Is(err, errNoSource) && ctx.Err() == nil {
 		c.logger.Warn("reading the connected accounts of the tenant mappings failed; trying again", "error", err)
 	}
-}
-
-// accountRefusal reports whether err is Stripe refusing the key's access
-// to the account asked about: account_invalid at any 4xx, or a 401/403.
-func accountRefusal(err error) bool {
-	var se *stripeapi.Error
-	if !errors.As(err, &se) {
-		return false
-	}
-	return (se.Code == codeAccountInvalid && se.HTTPStatus >= 400 && se.HTTPStatus < 500) ||
-		se.HTTPStatus == http.StatusUnauthorized || se.HTTPStatus == http.StatusForbidden
 }
 
 // Explain says, for the console, what a stalled account means.

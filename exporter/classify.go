@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -47,8 +48,8 @@ const codeAccountRefused = "stripe_account_refused"
 func refusedKeyOrAccount(code string) bool { return code == codeAuth || code == codeAccountRefused }
 
 // codeAccountInvalid is Stripe's error code for a Stripe-Account header
-// the key may not use (stripe-go's ErrorCodeAccountInvalid).
-const codeAccountInvalid = "account_invalid"
+// the key may not use.
+const codeAccountInvalid = stripeapi.CodeAccountInvalid
 
 // duplicatePrefix starts Stripe's answer to a reused meter-event identifier:
 // the provider has the event already, which is success.

@@ -129,15 +129,16 @@ func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, dest De
 func (d *Deliverer) keySignal(o outbox.Outcome, dest Destination) {
 	acct := o.Lease.DestinationAccount
 	if c := d.cfg.Accounts; c != nil && acct != "" && acct != dest.Account {
+		refused := o.Error.Code == codeAccountRefused || o.Error.Code == codeAuth && o.Error.Status == http.StatusForbidden
 		switch {
-		case (o.Error.Code == codeAccountRefused || o.Error.Code == codeAuth && o.Error.Status == http.StatusForbidden) && c.Refused(acct, o.Error.Status):
-			d.logger.Error("Stripe refused this platform's access to a connected account: its items wait, the others export; access is probed every 15s",
-				"account", acct, "status", o.Error.Status)
+		case refused:
+			if c.Refused(acct, o.Error.Status) {
+				d.logger.Error("Stripe refused this platform's access to a connected account: its items wait, the others export; access is probed every 15s",
+					"account", acct, "status", o.Error.Status)
+			}
 			return
 		case o.Kind == outbox.Accepted && c.Works(acct):
 			d.logger.Info("Stripe accepts deliveries to the connected account again: its items export", "account", acct)
-			return
-		case o.Error.Code == codeAccountRefused || o.Error.Code == codeAuth && o.Error.Status == http.StatusForbidden:
 			return
 		}
 	}

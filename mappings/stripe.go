@@ -3,7 +3,6 @@ package mappings
 import (
 	"context"
 	"fmt"
-	"net/http"
 
 	"github.com/tallymeter/tally/internal/stripeapi"
 )
@@ -43,10 +42,10 @@ func (s StripeMeters) CheckCustomer(ctx context.Context, account, customerID str
 		// account_invalid: the key may not act for the account. A 401 or
 		// 403 without it is the key's own (a restricted key without
 		// customers (read), say), as for the node's account.
-		code, status, _ := stripeapi.Describe(err)
-		if account != "" && code == "account_invalid" && status >= 400 && status < 500 {
+		if account != "" && stripeapi.InvalidAccount(err) {
 			return accountUnreachable(account)
 		}
+		code, status, _ := stripeapi.Describe(err)
 		return &ErrProviderUnavailable{Code: code, Status: status}
 	}
 	where, check := "the account this node exports to", "check the id, the key's mode and STRIPE_ACCOUNT"
@@ -75,7 +74,7 @@ func (s StripeMeters) CheckAccount(ctx context.Context, account string) error {
 	if err == nil {
 		return nil
 	}
-	if accountRefused(err) {
+	if stripeapi.AccessRefused(err) {
 		return accountUnreachable(account)
 	}
 	code, status, _ := stripeapi.Describe(err)
@@ -83,15 +82,6 @@ func (s StripeMeters) CheckAccount(ctx context.Context, account string) error {
 		return accountUnreachable(account)
 	}
 	return &ErrProviderUnavailable{Code: code, Status: status}
-}
-
-// accountRefused reports whether err, from a call made for a connected
-// account, says the key may not act for it: account_invalid at any 4xx
-// (Stripe's pages give the code, not the status), or 401 or 403.
-func accountRefused(err error) bool {
-	code, status, _ := stripeapi.Describe(err)
-	return (code == "account_invalid" && status >= 400 && status < 500) ||
-		status == http.StatusUnauthorized || status == http.StatusForbidden
 }
 
 // accountUnreachable is the refusal of a connected account the platform's

@@ -169,22 +169,9 @@ WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_versi
 // the provider may be re-addressed: otherwise ErrMayHaveReached, and the item
 // keeps its identifier for good. On any error the caller must roll back.
 func (s *Store) Supersede(ctx context.Context, tx pgx.Tx, id int64, mappingVersion int, successor NewItem) (Enqueued, error) {
-	old, err := s.Get(ctx, tx, id)
+	_, enq, err := s.enqueueSuccessor(ctx, tx, "T9r", id, successor)
 	if err != nil {
 		return Enqueued{}, err
-	}
-	if successor.TenantKey != old.TenantKey || successor.SubjectKind != old.SubjectKind || BaseRef(successor.SubjectRef) != BaseRef(old.SubjectRef) {
-		return Enqueued{}, fmt.Errorf("outbox: T9r: the successor of item %d must carry the same tenant and subject", id)
-	}
-	if successor.Identity == old.Identity {
-		return Enqueued{}, fmt.Errorf("outbox: T9r: the successor of item %d has the same identity; requeue it (T9) instead", id)
-	}
-	enq, err := s.Enqueue(ctx, tx, successor)
-	if err != nil {
-		return Enqueued{}, err
-	}
-	if !enq.Inserted {
-		return Enqueued{}, fmt.Errorf("%w: item %d", ErrSuccessorExists, enq.ID)
 	}
 	tag, err := tx.Exec(ctx, sqlSupersede, pgx.NamedArgs{"id": id, "version": mappingVersion, "successor": enq.ID})
 	if err != nil {
@@ -196,4 +183,29 @@ func (s *Store) Supersede(ctx context.Context, tx pgx.Tx, id int64, mappingVersi
 	}
 	s.metrics.moved("T9r", StateSuperseded)
 	return enq, nil
+}
+
+// enqueueSuccessor is the first step of T9r and T11r, inside the caller's
+// transaction: the successor of item id must carry its tenant and subject
+// under another identity, and is enqueued (T0 or T0q) as a new row. It
+// returns the item as read and the successor's row.
+func (s *Store) enqueueSuccessor(ctx context.Context, tx pgx.Tx, transition string, id int64, successor NewItem) (Item, Enqueued, error) {
+	old, err := s.Get(ctx, tx, id)
+	if err != nil {
+		return Item{}, Enqueued{}, err
+	}
+	if successor.TenantKey != old.TenantKey || successor.SubjectKind != old.SubjectKind || BaseRef(successor.SubjectRef) != BaseRef(old.SubjectRef) {
+		return Item{}, Enqueued{}, fmt.Errorf("outbox: %s: the successor of item %d must carry the same tenant and subject", transition, id)
+	}
+	if successor.Identity == old.Identity {
+		return Item{}, Enqueued{}, fmt.Errorf("outbox: %s: the successor of item %d has the same identity", transition, id)
+	}
+	enq, err := s.Enqueue(ctx, tx, successor)
+	if err != nil {
+		return Item{}, Enqueued{}, err
+	}
+	if !enq.Inserted {
+		return Item{}, Enqueued{}, fmt.Errorf("%w: item %d", ErrSuccessorExists, enq.ID)
+	}
+	return old, enq, nil
 }

@@ -90,22 +90,9 @@ WHERE id = @id AND state IN ('pending', 'quarantined') AND refused_attempts = at
 // enqueued and the item superseded by it. Otherwise ErrMayHaveReached or a
 // *StateError; the caller rolls back, and the successor is not kept.
 func (s *Store) SupersedeCancelled(ctx context.Context, tx pgx.Tx, id int64, successor NewItem) (Enqueued, error) {
-	old, err := s.Get(ctx, tx, id)
+	old, enq, err := s.enqueueSuccessor(ctx, tx, "T11r", id, successor)
 	if err != nil {
 		return Enqueued{}, err
-	}
-	if successor.TenantKey != old.TenantKey || successor.SubjectKind != old.SubjectKind || BaseRef(successor.SubjectRef) != BaseRef(old.SubjectRef) {
-		return Enqueued{}, fmt.Errorf("outbox: T11r: the successor of item %d must carry the same tenant and subject", id)
-	}
-	if successor.Identity == old.Identity {
-		return Enqueued{}, fmt.Errorf("outbox: T11r: the successor of item %d has the same identity", id)
-	}
-	enq, err := s.Enqueue(ctx, tx, successor)
-	if err != nil {
-		return Enqueued{}, err
-	}
-	if !enq.Inserted {
-		return Enqueued{}, fmt.Errorf("%w: item %d", ErrSuccessorExists, enq.ID)
 	}
 	tag, err := tx.Exec(ctx, sqlSupersedeCancelled, pgx.NamedArgs{"id": id, "successor": enq.ID})
 	if err != nil {

@@ -78,7 +78,7 @@ func (r *Reconciler) pass(ctx context.Context, db DB, id int64) error {
 		if !ok {
 			byEvent, err = r.metersByEvent(ctx, client)
 			switch {
-			case err != nil && k.Account != dest.Account && accountRefused(ctx, err):
+			case err != nil && ctx.Err() == nil && k.Account != dest.Account && stripeapi.AccessRefused(err):
 				// Stripe refuses the platform's access to this connected
 				// account (the exporter stalls it too): its keys' hours are
 				// skipped, visibly, and the other accounts are compared.

@@ -37,18 +37,6 @@ func (r *Reconciler) read(ctx context.Context, f func() error) error {
 	}, backoff.WithContext(b, ctx))
 }
 
-// accountRefused says whether err is Stripe refusing the key's access to
-// the connected account of the call: account_invalid at any 4xx, or a
-// 401/403.
-func accountRefused(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil {
-		return false
-	}
-	code, status, _ := stripeapi.Describe(err)
-	return (code == "account_invalid" && status >= 400 && status < 500) ||
-		status == http.StatusUnauthorized || status == http.StatusForbidden
-}
-
 // refusedKey says whether err, the end of a key's summaries read, is
 // Stripe refusing that key alone — a 4xx about the request (400, 404: a
 // customer Stripe does not know or deleted, a meter it no longer has; 402,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -244,4 +245,27 @@ func sanitize(s string) string {
 		s = string(r[:maxMessageRunes-1]) + "…"
 	}
 	return s
+}
+
+// CodeAccountInvalid is Stripe's error code for a Stripe-Account the key
+// may not act for (stripe-go's ErrorCodeAccountInvalid).
+const CodeAccountInvalid = "account_invalid"
+
+// InvalidAccount reports whether err is Stripe's account_invalid: the key
+// may not act for the Stripe-Account of the call. Stripe's pages give the
+// code, not the status (docs/stripe.md §8, §9), so any 4xx counts.
+func InvalidAccount(err error) bool {
+	code, status, _ := Describe(err)
+	return code == CodeAccountInvalid && status >= 400 && status < 500
+}
+
+// AccessRefused reports whether err, from a call made for a connected
+// account, says the key may not act for it: account_invalid, or a 401 or
+// 403.
+func AccessRefused(err error) bool {
+	if err == nil {
+		return false
+	}
+	_, status, _ := Describe(err)
+	return InvalidAccount(err) || status == http.StatusUnauthorized || status == http.StatusForbidden
 }
