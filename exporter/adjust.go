@@ -3,6 +3,7 @@ package exporter
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/stripe/stripe-go/v82"
 
@@ -43,22 +44,104 @@ func AdjustmentParams(p outbox.Payload, attempt int) *stripe.BillingMeterEventAd
 	return params
 }
 
+// maxKeyProbes bounds how many earlier attempts' keys a refused resend
+// asks Stripe about (sendAdjustment).
+const maxKeyProbes = 3
+
 // sendAdjustment posts a cancellation item's adjustment and classifies the
 // answer (ClassifyAdjustment).
+//
+// A resend that Stripe refuses with a 4xx Tally cannot read is most often
+// the second cancellation of an identifier: an earlier attempt of the item
+// was carried out, but its answer never came back — a lost reply, a
+// timeout, a crash between sending and recording. Before quarantining it,
+// sendAdjustment asks Stripe what the earlier attempts got: it resends the
+// same request under each of the up to maxKeyProbes previous attempts'
+// Idempotency-Keys, newest first. Stripe keeps the first answer to a key
+// for 24 hours, the adjustment's own window, and replays it to a request
+// with the same key and parameters (docs/stripe.md §2); a key that was
+// never carried out is carried out now, which cancels nothing twice. A 2xx
+// under any of them is accepted, as any 2xx is (it proves nothing;
+// reconciliation decides by absence). A kept 500 or a 4xx under a key says
+// nothing of that attempt, and the next key is asked. A probe without an
+// answer, a conflict (that attempt is still being executed), a limiter's
+// 429 or the key's or account's refusal ends the probing: the item is
+// retried and the next attempt asks again. Only when every key asked
+// answers a refusal or a kept 500 is the item quarantined provider_refused,
+// with its own attempt's answer.
+//
+// The item's own call goes out on the slot the deliverer paid for before
+// the claim. Each probe waits for a slot of its own (PaceProbes); every
+// call has its own request timeout, and no probe starts unless a whole
+// timeout fits before ctx's deadline: the deliverer ends ctx inside the
+// item's lease, so no call of the item is in flight when another claimer
+// may take it over. A probe without a slot, or cut short, is a probe
+// without an answer.
 func (e *StripeV1) sendAdjustment(ctx context.Context, item outbox.Lease) outbox.Outcome {
 	if item.Payload.Cancels == "" || item.Payload.EventName == "" {
 		return outbox.Outcome{Kind: outbox.Quarantined, Reason: outbox.ReasonProviderRefused, Error: outbox.ErrorInfo{
 			Code: "cancel_incomplete", Message: "the cancellation names no meter event identifier or event name"}}
 	}
+	out := e.adjust(ctx, item, item.Attempts)
+	if out.Kind != outbox.Quarantined {
+		return out
+	}
+	for k := item.Attempts - 1; k >= 1 && k >= item.Attempts-maxKeyProbes; k-- {
+		p := e.adjust(ctx, item, k)
+		switch {
+		case p.Kind == outbox.Accepted:
+			return p
+		case p.Kind == outbox.Quarantined, p.Error.Status >= 500:
+			// That key's refusal or kept 500: nothing learnt of it.
+		default:
+			// This attempt's own call reached Stripe, whatever the probe
+			// met: never a refused attempt (a RateLimited one would be).
+			if p.Kind == outbox.RateLimited {
+				p.Kind = outbox.Retry
+			}
+			p.Refused = false
+			return p
+		}
+	}
+	return out
+}
+
+// adjust posts the item's adjustment under attempt's Idempotency-Key — a
+// probe (an earlier attempt's key) once the limiter gives it a slot while a
+// request still fits in ctx — and classifies the answer.
+func (e *StripeV1) adjust(ctx context.Context, item outbox.Lease, attempt int) outbox.Outcome {
+	probe := attempt != item.Attempts
+	if l := e.probes; l != nil && probe {
+		wctx := ctx
+		if end, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithDeadline(ctx, end.Add(-e.timeout))
+			defer cancel()
+		}
+		if err := l.Wait(wctx); err != nil {
+			return outbox.Outcome{Kind: outbox.Retry, Refused: true, Error: outbox.ErrorInfo{
+				Code: "limiter", Message: "the rate limiter gave no slot while the lease had time for a request"}}
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
 	defer cancel()
 	ctx, resp := stripeapi.WithResponse(ctx)
-	params := AdjustmentParams(item.Payload, item.Attempts)
+	params := AdjustmentParams(item.Payload, attempt)
 	if h := headerOf(e.header, item.DestinationAccount); h != "" {
 		params.SetStripeAccount(h)
 	}
+	start := time.Now()
 	_, err := e.client.Stripe().V1BillingMeterEventAdjustments.Create(ctx, params)
-	return ClassifyAdjustment(answerOf(resp, err))
+	o := ClassifyAdjustment(answerOf(resp, err))
+	if l := e.probes; l != nil && probe {
+		// The deliverer reads the item's own answer.
+		if o.Kind == outbox.RateLimited {
+			l.Slow(start)
+		} else if o.Error.Status != 0 || o.Kind == outbox.Accepted {
+			l.Ok()
+		}
+	}
+	return o
 }
 
 // ClassifyAdjustment turns the answer to a meter event adjustment into an

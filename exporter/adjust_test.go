@@ -57,9 +57,10 @@ func TestClassifyAdjustment(t *testing.T) {
 // A cancellation item sent through the v1 exporter cancels the event at
 // the simulator (it leaves the aggregate), in the item's connected account;
 // a resend — a crash between the POST and its outcome — cancels nothing
-// twice: the default simulator refuses it (quarantined for a human), the
-// worst-case one answers it like the first (accepted); an unknown
-// identifier is quarantined.
+// twice: the default simulator refuses it, and the exporter learns from
+// the first attempt's key that Stripe took it (accepted); the worst-case
+// simulator answers it like the first (accepted); an unknown identifier is
+// quarantined.
 func TestAdjustmentCancelsOnceThroughTheV1Exporter(t *testing.T) {
 	t.Parallel()
 	for _, again := range []bool{false, true} {
@@ -99,12 +100,7 @@ func TestAdjustmentCancelsOnceThroughTheV1Exporter(t *testing.T) {
 			require.Equal(t, 1, n, "the event left the aggregate")
 
 			again2 := v1.Send(ctx, cancel('c', ident('a'), 2))
-			if again {
-				require.Equal(t, outbox.Accepted, again2.Kind, "%+v", again2)
-			} else {
-				require.Equal(t, outbox.Quarantined, again2.Kind, "%+v", again2)
-				require.Equal(t, outbox.ReasonProviderRefused, again2.Reason)
-			}
+			require.Equal(t, outbox.Accepted, again2.Kind, "%+v", again2)
 			_, n, _ = sim.Aggregate(conn, "logins", "cus_a")
 			require.Equal(t, 1, n, "a resend cancels nothing more")
 
@@ -118,7 +114,90 @@ func TestAdjustmentCancelsOnceThroughTheV1Exporter(t *testing.T) {
 					keys = append(keys, r.IdempotencyKey)
 				}
 			}
-			require.Equal(t, []string{ident('c') + "-a1", ident('c') + "-a2", ident('d') + "-a1"}, keys, "a key per attempt")
+			want := []string{ident('c') + "-a1", ident('c') + "-a2", ident('d') + "-a1"}
+			if !again {
+				// The refused resend asked the first attempt's key.
+				want = []string{ident('c') + "-a1", ident('c') + "-a2", ident('c') + "-a1", ident('d') + "-a1"}
+			}
+			require.Equal(t, want, keys, "a key per attempt")
+		})
+	}
+}
+
+// A resend of a cancellation that Stripe refuses asks the earlier
+// attempts' keys what they got before quarantining: a kept success is
+// accepted; a kept 500, or a key never carried out that now meets the
+// refusal too, says nothing, and the item is quarantined with its own
+// attempt's answer; a probe the limiter refuses retries the item, and the
+// attempt does not count as refused — its own call reached Stripe.
+func TestAdjustmentResendAsksEarlierKeys(t *testing.T) {
+	t.Parallel()
+	const acct = stripesim.DefaultAccount
+	ident := func(c byte) string { return "tly_" + strings.Repeat(string(c), 64) }
+	target := ident('e')
+	cancel := func(attempt int) outbox.Lease {
+		return outbox.Lease{Item: outbox.Item{Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageCancellation},
+			Attempts: attempt, Payload: outbox.Payload{Customer: "cus_a", EventName: "logins", Identifier: ident('c'), Cancels: target}}}
+	}
+	for _, tc := range []struct {
+		name string
+		// first sends what happens before the resend under test (attempt
+		// 3), with the simulator's limits for it.
+		first  func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1)
+		resend stripesim.Limits
+		kind   outbox.OutcomeKind
+		probes []string // the keys the resend used, its own first
+	}{
+		{"attempt 2 carried out, its reply lost", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
+			sim.Configure(acct, stripesim.Limits{Faults: stripesim.Faults{LoseReply: 1}})
+			require.Equal(t, outbox.Retry, v1.Send(context.Background(), cancel(2)).Kind)
+		}, stripesim.Limits{}, outbox.Accepted, []string{"-a3", "-a2"}},
+		{"attempt 1 carried out, a kept 500", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
+			sim.Configure(acct, stripesim.Limits{Faults: stripesim.Faults{FailAfterRecord: 1}})
+			require.Equal(t, outbox.Retry, v1.Send(context.Background(), cancel(1)).Kind)
+		}, stripesim.Limits{}, outbox.Quarantined, []string{"-a3", "-a2", "-a1"}},
+		{"cancelled elsewhere, no attempt carried out", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
+			require.Equal(t, outbox.Accepted, v1.Send(context.Background(), outbox.Lease{Item: outbox.Item{
+				Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageCancellation}, Attempts: 1,
+				Payload: outbox.Payload{EventName: "logins", Identifier: ident('x'), Cancels: target}}}).Kind)
+		}, stripesim.Limits{}, outbox.Quarantined, []string{"-a3", "-a2", "-a1"}},
+		{"the probe rate-limited", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
+			sim.Configure(acct, stripesim.Limits{Faults: stripesim.Faults{LoseReply: 1}})
+			require.Equal(t, outbox.Retry, v1.Send(context.Background(), cancel(2)).Kind)
+		}, stripesim.Limits{BasicRatePerSecond: 0.001, BasicBurst: 1}, outbox.Retry, []string{"-a3", "-a2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			sim := stripesim.New(stripesim.Options{})
+			srv := httptest.NewServer(sim.Handler())
+			t.Cleanup(func() { sim.Close(); srv.Close() })
+			sim.CreateMeter(acct, stripesim.MeterSpec{DisplayName: "logins", EventName: "logins", Formula: "count"})
+			sim.CreateCustomer(acct, "cus_a")
+			client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
+			require.NoError(t, err)
+			v1 := exporter.NewStripeV1(client, 5*time.Second)
+			require.Equal(t, outbox.Accepted, v1.Send(context.Background(), outbox.Lease{Item: outbox.Item{
+				Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageEvent}, Attempts: 1,
+				Payload: outbox.Payload{Customer: "cus_a", EventName: "logins", Value: 1,
+					Timestamp: time.Now().Add(-time.Hour).Unix(), Identifier: target}}}).Kind)
+			tc.first(t, sim, v1)
+			before := len(sim.Requests())
+			sim.Configure(acct, tc.resend)
+
+			o := v1.Send(context.Background(), cancel(3))
+			require.Equal(t, tc.kind, o.Kind, "%+v", o)
+			require.False(t, o.Refused, "the attempt's own call reached Stripe")
+			if o.Kind == outbox.Quarantined {
+				require.Equal(t, outbox.ReasonProviderRefused, o.Reason)
+				require.Equal(t, 400, o.Error.Status, "the attempt's own answer")
+			}
+			var keys []string
+			for _, r := range sim.Requests()[before:] {
+				keys = append(keys, strings.TrimPrefix(r.IdempotencyKey, ident('c')))
+			}
+			require.Equal(t, tc.probes, keys)
+			_, n, _ := sim.Aggregate(acct, "logins", "cus_a")
+			require.Zero(t, n, "cancelled once, whatever was asked")
 		})
 	}
 }

@@ -122,9 +122,13 @@ func (b *Budget) Other() *Limiter { return b.other }
 
 // pace is the client's hook for calls no deliverer paced: every call but v1
 // meter events and stream requests (paced before their items were claimed)
+// and meter event adjustments (items of the v1 deliverer, paced with its
+// class before they are claimed: a wait here, after the claim, would be
+// taken from the request's timeout and turn a queue into failed attempts)
 // waits for a slot of the Other class.
 func (b *Budget) pace(ctx context.Context, method, path string) error {
-	if method == http.MethodPost && (path == stripeapi.MeterEventsPath || strings.HasSuffix(path, stripeapi.StreamPath)) {
+	if method == http.MethodPost && (path == stripeapi.MeterEventsPath || path == stripeapi.AdjustmentsPath ||
+		strings.HasSuffix(path, stripeapi.StreamPath)) {
 		return nil
 	}
 	return b.other.Wait(ctx)

@@ -76,8 +76,8 @@ func TestBudgetClassesSlowAlone(t *testing.T) {
 }
 
 // The client's pace hook waits for the Other class for every call no
-// deliverer paced, and lets v1 meter events and stream requests through
-// (their deliverers took their slots before claiming).
+// deliverer paced, and lets v1 meter events, adjustments and stream
+// requests through (their deliverers took their slots before claiming).
 func TestBudgetPacesEveryOtherCall(t *testing.T) {
 	t.Parallel()
 	b := NewBudget(stripeapi.ModeTest, false, Rates{Other: 1, Basic: 100})
@@ -85,6 +85,7 @@ func TestBudgetPacesEveryOtherCall(t *testing.T) {
 	require.Error(t, b.pace(soon(t), http.MethodPost, "/v2/billing/meter_event_session"), "the one Other slot is gone")
 	require.NoError(t, b.pace(soon(t), http.MethodPost, "/v1/billing/meter_events"))
 	require.NoError(t, b.pace(soon(t), http.MethodPost, stripeapi.StreamPath))
+	require.NoError(t, b.pace(soon(t), http.MethodPost, stripeapi.AdjustmentsPath), "adjustments are v1 items, paced before the claim")
 	require.Error(t, b.pace(soon(t), http.MethodGet, "/v2/core/events/evt_1"))
 }
 

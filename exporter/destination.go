@@ -148,8 +148,9 @@ func NewResolver(s Settings) (*Resolver, error) {
 func (r *Resolver) Connected() *Connected { return r.connected }
 
 // Client is the Stripe client, nil without a key. Every call made with it
-// but v1 meter events and stream requests waits for the budget's Other
-// class; those two are paced by their deliverers.
+// but v1 meter events, stream requests and meter event adjustments waits
+// for the budget's Other class; those are paced by their deliverers
+// (adjustments are v1 items).
 func (r *Resolver) Client() *stripeapi.Client { return r.client }
 
 // Budget is the destination account's budget, nil without a key.

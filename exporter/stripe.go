@@ -36,6 +36,17 @@ type StripeV1 struct {
 	client  *stripeapi.Client
 	timeout time.Duration
 	header  func(account string) string
+	probes  *Limiter
+}
+
+// PaceProbes makes each probe of an earlier attempt's key (sendAdjustment)
+// wait first for a slot of l — the v1 deliverer's limiter, which paid for
+// the item's own call before the claim — and only while a whole request
+// timeout still fits before the send's deadline; without one, the item is
+// retried. It returns e.
+func (e *StripeV1) PaceProbes(l *Limiter) *StripeV1 {
+	e.probes = l
+	return e
 }
 
 // ForAccounts makes the exporter send each item with the Stripe-Account

@@ -44,9 +44,12 @@ type Line struct {
 	Quarantined Bucket `json:"quarantined"`
 	Uncertain   Bucket `json:"uncertain"`
 	Rejected    Bucket `json:"rejected"`
-	// Cancelled is the usage cancelled (meter.Cancel) that left its
-	// window before any attempt of it could have reached Stripe: in no
-	// item that is or will be sent.
+	// Cancelled is the usage whose event was cancelled (meter.Cancel),
+	// whatever the outcome: withdrawn before any attempt could reach
+	// Stripe (in no item that is or will be sent), taken back by an
+	// adjustment or a supplement, or refused (a cancellation item
+	// quarantined for finance). How each take-back stands is its own
+	// item's state, not a part of this line.
 	Cancelled Bucket `json:"cancelled"`
 	// Unstaged is the part of Pending not yet staged into an item.
 	Unstaged Bucket `json:"unstaged"`

@@ -21,6 +21,8 @@ const (
 	MaxValue int64 = 999_999_999_999_999
 	// MeterEventsPath is v1's meter-event endpoint.
 	MeterEventsPath = "/v1/billing/meter_events"
+	// AdjustmentsPath is v1's meter event adjustment endpoint.
+	AdjustmentsPath = "/v1/billing/meter_event_adjustments"
 )
 
 // Meter is a Stripe billing meter, as Tally needs it.

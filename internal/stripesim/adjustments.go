@@ -2,6 +2,8 @@ package stripesim
 
 import "net/http"
 
+const adjustmentsPath = "/v1/billing/meter_event_adjustments"
+
 // adjustmentJSON is the billing.meter_event_adjustment object stripe-go
 // decodes.
 type adjustmentJSON struct {

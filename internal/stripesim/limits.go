@@ -1,6 +1,7 @@
 package stripesim
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -13,9 +14,11 @@ import (
 	"github.com/go-chi/chi/v5"
 )
 
-// Faults are injected into meter-event calls: v1 POST
+// Faults are injected into meter-event calls — v1 POST
 // /v1/billing/meter_events and POST /v2/billing/meter_event_stream, the v2
-// stream, whose requests carry up to 100 events each. Each probability is in
+// stream, whose requests carry up to 100 events each — and into meter event
+// adjustments (POST /v1/billing/meter_event_adjustments), which draw every
+// fault but AsyncDrop. Each probability is in
 // [0, 1] and is drawn per call — per stream request — from the simulator's
 // seedable random source ([Options.Seed]), except AsyncDrop, which the
 // stream draws per event.
@@ -77,6 +80,14 @@ type Faults struct {
 	// meanwhile leaves nothing executed or kept.
 	Latency       time.Duration
 	LatencyJitter time.Duration
+	// ReplyDelay holds the answer of every meter-event, stream or
+	// adjustment call that passed the rate limits — executed, its result
+	// kept for its Idempotency-Key — this long before writing it, on the
+	// real clock, as a slow way back would. A client that gives up
+	// meanwhile (a timeout, a process killed between sending and
+	// recording) never hears that its call was carried out;
+	// [Server.Unheard] counts those successes.
+	ReplyDelay time.Duration
 }
 
 // Limits are the rate limits and faults of one account, and how it
@@ -193,6 +204,7 @@ type limiter struct {
 	inflight   map[flightKey][]*flight
 	maxFlight  int
 	overlaps   []Overlap
+	unheard    int                             // successes whose client had gone (Faults.ReplyDelay)
 	limited    map[string]map[RateLimitKey]int // account -> 429s
 	rng        *rand.Rand
 }
@@ -305,6 +317,15 @@ func (s *Server) MaxConcurrentPerKey() int {
 	return s.lim.maxFlight
 }
 
+// Unheard returns how many meter-event, stream and adjustment calls
+// succeeded while their client had already gone, during Faults.ReplyDelay:
+// calls carried out whose client never learnt it.
+func (s *Server) Unheard() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lim.unheard
+}
+
 // Overlaps returns the first overlaps of v1 meter-event calls for one
 // account, customer and event name (up to 50): what
 // [Server.MaxConcurrentPerKey] counts, call by call.
@@ -397,7 +418,7 @@ var rateLimitedReasons = map[string]string{
 // the gate (lose) and the execute layer (the others).
 type decision struct {
 	err                               *apiError
-	delay                             time.Duration
+	delay, replyDelay                 time.Duration
 	hang, fail, failAfter, lose, drop bool
 	dropP                             float64 // the stream's per-event AsyncDrop
 }
@@ -514,6 +535,28 @@ func (l *limiter) rollFaults(d *decision, f Faults) {
 	d.hang, d.fail = l.roll(f.Hang), l.roll(f.FailBeforeRecord)
 	d.lose = l.roll(f.LoseReply)
 	d.failAfter = l.roll(f.FailAfterRecord)
+	d.replyDelay = f.ReplyDelay
+}
+
+// admitAdjustment decides the fate of a meter event adjustment: the basic
+// and endpoint limits of any API call, the rate-limit fault, then the
+// faults of a meter-event call but AsyncDrop. An adjustment is not counted
+// in flight: the one-call-per-customer rule is the meter events'.
+func (s *Server) admitAdjustment(c caller, endpoint string) decision {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := &s.lim
+	lim := l.limitsOf(c.account)
+	var d decision
+	if d.err = l.basicLocked(c, lim, endpoint, false, time.Now()); d.err != nil {
+		return d
+	}
+	if l.roll(lim.Faults.RateLimitFault) {
+		d.err = l.limit(c.account, LimiterFault, endpoint)
+		return d
+	}
+	l.rollFaults(&d, lim.Faults)
+	return d
 }
 
 // admitStream decides the fate of one v2 stream request: the basic limit
@@ -575,8 +618,9 @@ func (s *Server) endpointOf(r *http.Request) string {
 }
 
 // gate applies the account's rate limits to every authenticated call, the
-// read fault to GETs, and to meter-event calls (v1 and the v2 stream) their
-// own limits and the rate-limit and lose-reply faults. It runs in front of
+// read fault to GETs, and to meter-event calls (v1 and the v2 stream) and
+// adjustments their own limits and the rate-limit, lose-reply and
+// reply-delay faults. It runs in front of
 // the idempotency layer, so that a rate-limited call keeps nothing for its
 // key, and a lost reply's answer is kept for it. The other faults it draws
 // are carried out by the execute layer, behind the idempotency layer.
@@ -591,6 +635,8 @@ func (s *Server) gate(next http.Handler) http.Handler {
 			defer release()
 		case r.Method == http.MethodPost && r.URL.Path == streamPath:
 			d = s.admitStream(c, endpoint)
+		case r.Method == http.MethodPost && r.URL.Path == adjustmentsPath:
+			d = s.admitAdjustment(c, endpoint)
 		default:
 			if e := s.admitCall(c, r.Method, endpoint); e != nil {
 				writeError(w, e)
@@ -610,12 +656,62 @@ func (s *Server) gate(next http.Handler) http.Handler {
 				Message: "Bad gateway. (stripesim: Faults.LoseReply)"})
 			return
 		}
+		if d.replyDelay > 0 {
+			s.delayReply(w, r, next, d.replyDelay)
+			return
+		}
 		next.ServeHTTP(w, r)
 	})
 }
 
+// delayReply serves r into a buffer, then writes the answer after delay
+// unless the client gave up (or the simulator closed) meanwhile: a success
+// it never hears is counted (Unheard).
+func (s *Server) delayReply(w http.ResponseWriter, r *http.Request, next http.Handler, delay time.Duration) {
+	buf := &bufferWriter{header: http.Header{}}
+	next.ServeHTTP(buf, r)
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-r.Context().Done():
+		if buf.status >= 200 && buf.status < 300 {
+			s.mu.Lock()
+			s.lim.unheard++
+			s.mu.Unlock()
+		}
+		return
+	case <-s.closed:
+	}
+	for k, v := range buf.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(buf.status)
+	_, _ = w.Write(buf.body.Bytes())
+}
+
+// bufferWriter keeps an answer to write later.
+type bufferWriter struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (w *bufferWriter) Header() http.Header { return w.header }
+func (w *bufferWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.body.Write(b)
+}
+func (w *bufferWriter) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+}
+
 // execute carries out, behind the idempotency layer, the faults the gate
-// drew for a meter-event call that is executed (a replay never gets here):
+// drew for a meter-event or adjustment call that is executed (a replay never gets here):
 // latency and the hang before it executes, whose 500 to a client that gave
 // up is not kept; FailBeforeRecord, a kept 500 instead of executing; and
 // FailAfterRecord, a kept 500 after executing. Both 500s carry

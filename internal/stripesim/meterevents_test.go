@@ -976,6 +976,97 @@ func TestCancelAdjustment(t *testing.T) {
 	}
 }
 
+// TestAdjustmentFaults checks that adjustments meet the faults of meter
+// events where their real counterparts would: a 500 after the cancel was
+// applied, kept for the key; a lost reply; a 429 that applies nothing; and
+// an answer delayed past the client's patience, which Unheard counts while
+// the cancel stays applied — the crash between sending an adjustment and
+// recording its answer.
+func TestAdjustmentFaults(t *testing.T) {
+	t.Parallel()
+	at := base.Add(-time.Hour)
+	cancelParams := func(ident, key string) *stripe.BillingMeterEventAdjustmentCreateParams {
+		p := &stripe.BillingMeterEventAdjustmentCreateParams{
+			EventName: stripe.String("logins"), Type: stripe.String("cancel"),
+			Cancel: &stripe.BillingMeterEventAdjustmentCreateCancelParams{Identifier: stripe.String(ident)},
+		}
+		p.SetIdempotencyKey(key)
+		return p
+	}
+	setup := func(t *testing.T, f stripesim.Faults) (*stripesim.Server, *stripe.Client) {
+		sim, ts, _ := newMeterSim(t, stripesim.Limits{})
+		sc := client(ts, testKey)
+		_, err := send(t, sc, eventParams("logins", "cus_acme", "ev-1", 1, at))
+		require.NoError(t, err)
+		sim.Configure(acct, stripesim.Limits{Faults: f})
+		return sim, sc
+	}
+	status := func(sim *stripesim.Server) string { return sim.Events(acct)[0].Status }
+	ctx := context.Background()
+
+	t.Run("FailAfterRecord", func(t *testing.T) {
+		t.Parallel()
+		sim, sc := setup(t, stripesim.Faults{FailAfterRecord: 1})
+		_, err := sc.V1BillingMeterEventAdjustments.Create(ctx, cancelParams("ev-1", "k1"))
+		se := stripeErr(t, err)
+		assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
+		assert.Equal(t, stripesim.EventCancelled, status(sim), "applied before the 500")
+		sim.Configure(acct, stripesim.Limits{})
+		_, err = sc.V1BillingMeterEventAdjustments.Create(ctx, cancelParams("ev-1", "k1"))
+		se = stripeErr(t, err)
+		assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode, "the 500 is kept for the key")
+		assert.Equal(t, "true", se.LastResponse.Header.Get("Idempotent-Replayed"))
+		_, err = sc.V1BillingMeterEventAdjustments.Create(ctx, cancelParams("ev-1", "k2"))
+		se = stripeErr(t, err)
+		assert.Equal(t, http.StatusBadRequest, se.HTTPStatusCode, "another key meets the cancelled event")
+		assert.Contains(t, se.Msg, "already been cancelled")
+	})
+	for _, c := range []struct {
+		name   string
+		f      stripesim.Faults
+		status int
+	}{
+		{"FailBeforeRecord", stripesim.Faults{FailBeforeRecord: 1}, http.StatusInternalServerError},
+		{"RateLimitFault", stripesim.Faults{RateLimitFault: 1}, http.StatusTooManyRequests},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			sim, sc := setup(t, c.f)
+			_, err := sc.V1BillingMeterEventAdjustments.Create(ctx, cancelParams("ev-1", "k1"))
+			assert.Equal(t, c.status, stripeErr(t, err).HTTPStatusCode)
+			assert.Equal(t, stripesim.EventRecorded, status(sim), "nothing applied")
+		})
+	}
+	t.Run("LoseReply", func(t *testing.T) {
+		t.Parallel()
+		sim, sc := setup(t, stripesim.Faults{LoseReply: 1})
+		_, err := sc.V1BillingMeterEventAdjustments.Create(ctx, cancelParams("ev-1", "k1"))
+		assert.Equal(t, http.StatusBadGateway, stripeErr(t, err).HTTPStatusCode)
+		assert.Equal(t, stripesim.EventCancelled, status(sim))
+		sim.Configure(acct, stripesim.Limits{})
+		adj, err := sc.V1BillingMeterEventAdjustments.Create(ctx, cancelParams("ev-1", "k1"))
+		require.NoError(t, err, "the kept success is replayed")
+		assert.Equal(t, "true", adj.LastResponse.Header.Get("Idempotent-Replayed"))
+	})
+	t.Run("ReplyDelay", func(t *testing.T) {
+		t.Parallel()
+		sim, sc := setup(t, stripesim.Faults{ReplyDelay: 300 * time.Millisecond})
+		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		_, err := sc.V1BillingMeterEventAdjustments.Create(cctx, cancelParams("ev-1", "k1"))
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Equal(t, stripesim.EventCancelled, status(sim), "carried out though never heard")
+		require.Eventually(t, func() bool { return sim.Unheard() == 1 }, 2*time.Second, 5*time.Millisecond)
+		// A patient client hears the kept answer, late.
+		start := time.Now()
+		adj, err := sc.V1BillingMeterEventAdjustments.Create(ctx, cancelParams("ev-1", "k1"))
+		require.NoError(t, err)
+		assert.Equal(t, "true", adj.LastResponse.Header.Get("Idempotent-Replayed"))
+		assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+		assert.Equal(t, 1, sim.Unheard())
+	})
+}
+
 // doJSON posts a JSON body with a bearer token and decodes the answer.
 func doJSON(t *testing.T, ts *httptest.Server, path, token string, body any) response {
 	t.Helper()

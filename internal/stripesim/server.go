@@ -164,7 +164,7 @@ func (s *Server) routes() http.Handler {
 	r.Delete("/v1/customers/{id}", s.deleteCustomer)
 
 	r.Post(meterEventsPath, s.createMeterEvent)
-	r.Post("/v1/billing/meter_event_adjustments", s.createAdjustment)
+	r.Post(adjustmentsPath, s.createAdjustment)
 
 	r.Get("/v2/core/events/{id}", s.getEvent)
 	r.Post("/v2/billing/meter_event_session", s.createSession)

@@ -156,7 +156,7 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	connected := p.Resolver.Connected()
 	connected.SetSource(func(ctx context.Context) ([]string, error) { return mappings.Accounts(ctx, pools.Export) })
 	v1cfg.Accounts, streamCfg.Accounts = connected, connected
-	v1, err := exporter.NewDeliverer(v1cfg, p.Outbox, pools.Export, exporter.NewStripeV1(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header),
+	v1, err := exporter.NewDeliverer(v1cfg, p.Outbox, pools.Export, exporter.NewStripeV1(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header).PaceProbes(p.Limiter),
 		cfg.StripeTimeout, p.Resolver.Destination, p.Limiter, logger, p.Registry)
 	if err != nil {
 		return nil, err
