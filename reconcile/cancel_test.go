@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
@@ -77,11 +78,12 @@ func TestReconcileConfirmsACountEventCancelledByAnAdjustment(t *testing.T) {
 	require.Equal(t, int64(2), rep.Lines[0].Confirmed.Events)
 }
 
-// An adjustment whose answer Tally cannot read (the simulator refuses a
-// second cancel of one identifier with a 400, as a resend after a crash
-// would meet) is quarantined provider_refused, never rejected or resent:
-// its event is in doubt, and the hour matches without it, so nothing is
-// reported missing.
+// An adjustment whose answer Tally cannot read is quarantined
+// provider_refused, never rejected or resent: Stripe cancelled the event on
+// the first attempt but answered 500 (kept for its key), and refuses the
+// resend as a second cancel; asking the first attempt's key again replays
+// the 500. Its event is in doubt, and the hour matches without it, so
+// nothing is reported missing.
 func TestAnAdjustmentQuarantinedLeavesItsEventInDoubt(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, outbox.Config{})
@@ -91,14 +93,17 @@ func TestAnAdjustmentQuarantinedLeavesItsEventInDoubt(t *testing.T) {
 	out := r.cancelEvents(t, "l2")
 	adj := r.item(t, *out[0].Item)
 
-	// Stripe cancels the event before Tally's adjustment reaches it (the
-	// first of two sends, whose outcome a crash lost).
-	leases, err := r.Outbox.Claim(r.Ctx, r.Pool, outbox.ClaimOptions{Owner: "crashed", Limit: 10, Lease: 20 * time.Millisecond})
+	r.sim.Configure("acct_sim", stripesim.Limits{Faults: stripesim.Faults{FailAfterRecord: 1}})
+	leases, err := r.Outbox.Claim(r.Ctx, r.Pool, outbox.ClaimOptions{Owner: "test", Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, leases, 1)
-	require.Equal(t, outbox.Accepted, r.exp.Send(r.Ctx, leases[0]).Kind)
-	time.Sleep(40 * time.Millisecond)
-	r.deliverAll(t)
+	o := r.exp.Send(r.Ctx, leases[0])
+	require.Equal(t, outbox.Retry, o.Kind, "%+v", o)
+	o.Lease = leases[0]
+	_, err = r.Outbox.Record(r.Ctx, r.Pool, []outbox.Outcome{o})
+	require.NoError(t, err)
+	r.sim.Configure("acct_sim", stripesim.Limits{})
+	r.deliverAll(t) // once the backoff ends
 	require.Equal(t, outbox.StateQuarantined, r.item(t, adj.ID).State, "the resend's 400 goes to a human")
 	require.Equal(t, outbox.ReasonProviderRefused, r.item(t, adj.ID).QuarantineReason)
 	_, n, _ := r.sim.Aggregate("acct_sim", "logins", "cus_t0")
