@@ -64,18 +64,33 @@ SELECT id FROM outbox_item_states WHERE id = tally_live_item(@id) FOR UPDATE`
 
 // LockLive locks, inside the caller's transaction, the item that carries
 // the usage of item id now (id itself, or the end of its chain of
-// successors) and returns it as read under the lock.
+// successors) and returns it as read under the lock. A re-address that
+// commits between following the chain and taking the lock (T9r or T11r of
+// another transaction, which the lock waited for) leaves the locked item
+// superseded: LockLive then follows on from it, and locks its successor.
 func (s *Store) LockLive(ctx context.Context, tx pgx.Tx, id int64) (Item, error) {
-	var live int64
-	err := tx.QueryRow(ctx, sqlLockLive, pgx.NamedArgs{"id": id}).Scan(&live)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return Item{}, fmt.Errorf("%w: %d", ErrNotFound, id)
-	case err != nil:
-		return Item{}, fmt.Errorf("outbox: locking the item that carries item %d: %w", id, err)
+	from := id
+	for range maxChain {
+		var live int64
+		err := tx.QueryRow(ctx, sqlLockLive, pgx.NamedArgs{"id": from}).Scan(&live)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return Item{}, fmt.Errorf("%w: %d", ErrNotFound, id)
+		case err != nil:
+			return Item{}, fmt.Errorf("outbox: locking the item that carries item %d: %w", id, err)
+		}
+		it, err := s.Get(ctx, tx, live)
+		if err != nil || it.State != StateSuperseded || it.SupersededBy == nil {
+			return it, err
+		}
+		from = *it.SupersededBy
 	}
-	return s.Get(ctx, tx, live)
+	return Item{}, fmt.Errorf("outbox: the chain of successors of item %d is longer than %d", id, maxChain)
 }
+
+// maxChain bounds the chains of successors LockLive follows, as
+// tally_live_item bounds its own.
+const maxChain = 1000
 
 // sqlSupersedeCancelled is T11r: T9r's predicate, from pending as well as
 // quarantined.

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -112,4 +113,49 @@ func TestEnqueueWithdrawn(t *testing.T) {
 		return err
 	})
 	require.ErrorContains(t, err, "withdrawn or quarantined, not both")
+}
+
+// LockLive follows a re-address that commits while it waits for the lock:
+// the item it found at the end of the chain is superseded by the time the
+// lock is granted, and it locks and returns the successor instead — a
+// cancellation racing the stager decides on the item that carries the
+// usage, never on a superseded one.
+func TestLockLiveFollowsAReaddressItWaitedFor(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	id := b.enqueue(t, newItem(1))[0]
+
+	readdress, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = readdress.Rollback(b.ctx) }()
+	succ := newItem(1)
+	succ.SubjectRef = outbox.ReaddressRef(succ.SubjectRef)
+	enq, err := b.store.SupersedeCancelled(b.ctx, readdress, id, succ)
+	require.NoError(t, err)
+
+	type locked struct {
+		it  outbox.Item
+		err error
+	}
+	cancel, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = cancel.Rollback(b.ctx) }()
+	got := make(chan locked, 1)
+	go func() {
+		it, err := b.store.LockLive(b.ctx, cancel, id)
+		got <- locked{it, err}
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		_ = b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database())`).Scan(&waiting)
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "LockLive waits for the re-address")
+	require.NoError(t, readdress.Commit(b.ctx))
+
+	r := <-got
+	require.NoError(t, r.err)
+	require.Equal(t, enq.ID, r.it.ID, "the successor carries the usage now")
+	require.Equal(t, outbox.StatePending, r.it.State)
+	_, err = b.pool.Exec(b.ctx, `SELECT id FROM outbox_item_states WHERE id = $1 FOR UPDATE NOWAIT`, enq.ID)
+	require.ErrorContains(t, err, "could not obtain lock", "the successor is locked for the caller")
 }
