@@ -220,8 +220,17 @@ func (d *Deliverer) claimCheck(l outbox.Lease, dest Destination, exporter string
 		return q(outbox.ReasonFeatureUnmapped, "no meter event name")
 	case l.Payload.Customer == "":
 		return q(outbox.ReasonNoCustomer, "no Stripe customer")
-	case l.TimestampOutside:
+	case l.TimestampOutside && l.Payload.Cancels == "":
+		// An adjustment names its event by identifier and carries no
+		// timestamp of its own: the event's may have aged past Stripe's
+		// window since it was received, which does not matter to it.
 		return q(outbox.ReasonTimestampWindow, "the timestamp is outside what Stripe accepts")
+	case l.PastDeadline && l.RefusedAttempts == l.Attempts-1:
+		// Stripe cancels an event only within 24 hours of receiving it, and
+		// this lease ends after them; no earlier attempt may have reached
+		// Stripe, so nothing of it was applied. One that may have is sent:
+		// Stripe's refusal then sends the exporter to the earlier keys.
+		return q(outbox.ReasonCancelTooLate, "the lease would end after Stripe's 24 hours to cancel the event")
 	case !ValueFits(l.Payload.Value):
 		return q(outbox.ReasonValueDigits, "the value has more digits than Stripe accepts (15); it is never sent or truncated")
 	case l.Exporter != exporter:

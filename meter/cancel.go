@@ -317,17 +317,21 @@ func (s *Stager) leaveWindow(ctx context.Context, tx pgx.Tx, live outbox.Item) (
 // gets a quarantined cancellation item of its own for finance; a sum
 // window's event an offsetting supplement (offset).
 func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerRow, live outbox.Item) (string, outbox.Reason, int64, error) {
-	var reason outbox.Reason
+	var (
+		reason   outbox.Reason
+		inTime   bool
+		cancelBy int64 // Stripe's own deadline, which the claim checks again
+	)
 	switch live.SubjectKind {
 	case outbox.SubjectUsageEvent:
 		margin := s.CancelMargin
 		if margin <= 0 {
 			margin = DefaultCancelMargin
 		}
-		var inTime bool
-		if err := tx.QueryRow(ctx, `SELECT first_attempt_at + @window::interval - @margin::interval > clock_timestamp()
+		if err := tx.QueryRow(ctx, `SELECT first_attempt_at + @window::interval - @margin::interval > clock_timestamp(),
+			floor(extract(epoch FROM first_attempt_at + @window::interval))::bigint
 			FROM outbox_item_states WHERE id = @id`, pgx.NamedArgs{"window": cancelWindow, "margin": margin, "id": live.ID}).
-			Scan(&inTime); err != nil {
+			Scan(&inTime, &cancelBy); err != nil {
 			return "", "", 0, fmt.Errorf("meter: the cancellation deadline of item %d: %w", live.ID, err)
 		}
 		if !inTime {
@@ -361,7 +365,7 @@ func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerR
 			SubjectRef: fmt.Sprintf("cancel:%d", row.id), Exporter: exporterOfAdjustments,
 			DestinationAccount: live.DestinationAccount, Mode: live.Mode, MappingVersion: live.MappingVersion},
 		Payload: outbox.Payload{Customer: p.Customer, EventName: p.EventName, Timestamp: p.Timestamp,
-			Feature: p.Feature, Period: p.Period, Cancels: live.Identifier},
+			Feature: p.Feature, Period: p.Period, Cancels: live.Identifier, CancelBy: cancelBy},
 		Quarantine: reason,
 	}
 	enq, err := s.Outbox.Enqueue(ctx, tx, it)

@@ -189,7 +189,8 @@ abandoned AS (
 SELECT ` + "%s" + `,
        to_timestamp((b.payload ->> 'timestamp')::bigint) NOT BETWEEN clock_timestamp() - @accept_past::interval
                                                           AND clock_timestamp() + @accept_future::interval
-           AS timestamp_outside
+           AS timestamp_outside,
+       coalesce(to_timestamp((b.payload ->> 'cancel_by')::bigint) < o.lease_expires_at, false) AS past_deadline
 FROM claimed o JOIN outbox_item_bodies b ON b.id = o.id
 ORDER BY o.id`
 
@@ -631,7 +632,7 @@ func collectLeases(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArg
 func scanLeases(rows pgx.Rows) ([]Lease, error) {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Lease, error) {
 		var l Lease
-		it, err := scanItem(rowWithExtra{row, &l.TimestampOutside})
+		it, err := scanItem(rowWithExtra{row, []any{&l.TimestampOutside, &l.PastDeadline}})
 		l.Item = it
 		return l, err
 	})
@@ -736,10 +737,10 @@ func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, wan
 	return cand, ids, nil
 }
 
-// rowWithExtra scans an item's columns followed by one more value.
+// rowWithExtra scans an item's columns followed by more values.
 type rowWithExtra struct {
 	row   pgx.Row
-	extra any
+	extra []any
 }
 
-func (r rowWithExtra) Scan(dest ...any) error { return r.row.Scan(append(dest, r.extra)...) }
+func (r rowWithExtra) Scan(dest ...any) error { return r.row.Scan(append(dest, r.extra...)...) }

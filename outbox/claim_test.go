@@ -183,6 +183,30 @@ func TestClaimTimestampOutside(t *testing.T) {
 	require.False(t, l[0].TimestampOutside, "no bounds given: nothing is outside")
 }
 
+// The claim decides, by the database clock, whether a cancellation's
+// deadline (payload.cancel_by) falls before its lease ends: passed, or
+// inside the lease, it is past; after the lease, or unknown, it is not.
+// Under both policies.
+func TestClaimPastDeadline(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []outbox.Policy{outbox.BestEffort, outbox.PerKey} {
+		b := setup(t, outbox.Config{})
+		at := func(n int, by time.Duration) outbox.NewItem {
+			it := newItem(n)
+			it.Payload.CancelBy = time.Now().Add(by).Unix()
+			return it
+		}
+		ids := b.enqueue(t, at(1, -time.Hour), at(2, 10*time.Second), at(3, time.Hour), newItem(4))
+		leases := b.claim(t, outbox.ClaimOptions{Owner: "w", Limit: 10, Lease: time.Minute, Policy: policy})
+		require.Len(t, leases, 4)
+		got := map[int64]bool{}
+		for _, l := range leases {
+			got[l.ID] = l.PastDeadline
+		}
+		require.Equal(t, map[int64]bool{ids[0]: true, ids[1]: true, ids[2]: false, ids[3]: false}, got, "policy %v", policy)
+	}
+}
+
 // A claim is one transaction: under BestEffort sent in one round trip
 // (BEGIN, the statement, COMMIT), where a failed statement makes the
 // server skip the rest, COMMIT included; under PerKey statement by

@@ -134,6 +134,12 @@ type Payload struct {
 	// Cancels is, on an item of SubjectUsageCancellation, the identifier
 	// of the meter event it cancels; empty on every other item.
 	Cancels string `json:"cancels,omitempty"`
+	// CancelBy is, on an item that cancels a meter event (Cancels), the
+	// last moment (Unix seconds, by the database's clock) the provider
+	// takes the cancellation: the original's first attempt plus Stripe's
+	// 24 hours, rounded down. A claim whose lease would end after it says
+	// so (Lease.PastDeadline). Zero when unknown (items made before it).
+	CancelBy int64 `json:"cancel_by,omitempty"`
 	// Late says the item was staged after its billing period's invoice
 	// closed (Reason period_closed): quarantined so, or sent under
 	// TALLY_LATE_USAGE=send, it stays marked, and the completeness report
@@ -193,6 +199,10 @@ type Lease struct {
 	// provider accepts (ClaimOptions.AcceptPast/AcceptFuture), by the
 	// database clock at the claim.
 	TimestampOutside bool
+	// PastDeadline says the item has a CancelBy that the lease ends after,
+	// by the database clock at the claim: the provider may refuse to apply
+	// it by the time it is sent. Decided in the claim's own statement.
+	PastDeadline bool
 }
 
 // Querier runs SQL: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.

@@ -56,6 +56,10 @@ func TestReconcileConfirmsACountEventCancelledByAnAdjustment(t *testing.T) {
 	require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT o.identifier FROM usage_events u JOIN outbox_items o ON o.id = u.item_id
 		WHERE u.event_id = 'l2'`).Scan(&cancels))
 	require.Equal(t, cancels, adj.Payload.Cancels)
+	var by int64
+	require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT floor(extract(epoch FROM first_attempt_at + interval '24 hours'))::bigint
+		FROM outbox_items WHERE identifier = $1`, cancels).Scan(&by))
+	require.Equal(t, by, adj.Payload.CancelBy, "Stripe's deadline, for the claim to check again")
 
 	r.deliverAll(t)
 	require.Equal(t, outbox.StateAccepted, r.item(t, adj.ID).State)

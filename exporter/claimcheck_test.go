@@ -1,0 +1,51 @@
+package exporter
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/outbox"
+)
+
+// T6 for cancellations: an adjustment whose lease ends after Stripe's 24
+// hours (Lease.PastDeadline, decided by the claim) is quarantined
+// cancel_too_late unsent when no earlier attempt may have reached Stripe,
+// and sent when one may have (Stripe's refusal then sends the exporter to
+// the earlier keys); the event's timestamp, which an adjustment does not
+// carry, never stops it, while it still stops a meter event.
+func TestClaimCheckOfCancellations(t *testing.T) {
+	t.Parallel()
+	dest := Destination{Exporter: StripeMeterEvents, Account: "acct_1", Mode: outbox.ModeTest}
+	lease := func(cancels string, attempts, refused int, past, outside bool) outbox.Lease {
+		return outbox.Lease{Item: outbox.Item{
+			Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageCancellation, Exporter: StripeMeterEvents,
+				DestinationAccount: "acct_1", Mode: outbox.ModeTest},
+			Attempts: attempts, RefusedAttempts: refused,
+			Payload: outbox.Payload{Customer: "cus_1", EventName: "logins", Cancels: cancels},
+		}, PastDeadline: past, TimestampOutside: outside}
+	}
+	for _, tc := range []struct {
+		name   string
+		l      outbox.Lease
+		stop   bool
+		reason outbox.Reason
+	}{
+		{"in time", lease("tly_a", 1, 0, false, false), false, ""},
+		{"past, first attempt", lease("tly_a", 1, 0, true, false), true, outbox.ReasonCancelTooLate},
+		{"past, every earlier attempt refused", lease("tly_a", 3, 2, true, false), true, outbox.ReasonCancelTooLate},
+		{"past, an earlier attempt may have reached Stripe", lease("tly_a", 2, 0, true, false), false, ""},
+		{"the event's timestamp aged past Stripe's window", lease("tly_a", 1, 0, false, true), false, ""},
+		{"a supplement's timestamp outside", lease("", 1, 0, false, true), true, outbox.ReasonTimestampWindow},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o, stop := (&Deliverer{}).claimCheck(tc.l, dest, StripeMeterEvents)
+			require.Equal(t, tc.stop, stop, "%+v", o)
+			if stop {
+				require.Equal(t, outbox.Quarantined, o.Kind)
+				require.Equal(t, tc.reason, o.Reason)
+			}
+		})
+	}
+}
