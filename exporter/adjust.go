@@ -64,11 +64,12 @@ const maxKeyProbes = 3
 // under any of them is accepted, as any 2xx is (it proves nothing;
 // reconciliation decides by absence). A kept 500 or a 4xx under a key says
 // nothing of that attempt, and the next key is asked. A probe without an
-// answer, a conflict (that attempt is still being executed), a limiter's
-// 429 or the key's or account's refusal ends the probing: the item is
-// retried and the next attempt asks again. Only when every key asked
-// answers a refusal or a kept 500 is the item quarantined provider_refused,
-// with its own attempt's answer.
+// answer, a 5xx Stripe did not keep (a proxy's 502: kept5xx), a conflict
+// (that attempt is still being executed), a limiter's 429 or the key's or
+// account's refusal ends the probing: the item is retried and the next
+// attempt asks again. Only when every key asked answers a refusal or a
+// kept 500 is the item quarantined provider_refused, with its own
+// attempt's answer.
 //
 // The item's own call goes out on the slot the deliverer paid for before
 // the claim. Each probe waits for a slot of its own (PaceProbes); every
@@ -82,17 +83,18 @@ func (e *StripeV1) sendAdjustment(ctx context.Context, item outbox.Lease) outbox
 		return outbox.Outcome{Kind: outbox.Quarantined, Reason: outbox.ReasonProviderRefused, Error: outbox.ErrorInfo{
 			Code: "cancel_incomplete", Message: "the cancellation names no meter event identifier or event name"}}
 	}
-	out := e.adjust(ctx, item, item.Attempts)
+	out, _ := e.adjust(ctx, item, item.Attempts)
 	if out.Kind != outbox.Quarantined {
 		return out
 	}
 	for k := item.Attempts - 1; k >= 1 && k >= item.Attempts-maxKeyProbes; k-- {
-		p := e.adjust(ctx, item, k)
+		p, a := e.adjust(ctx, item, k)
 		switch {
 		case p.Kind == outbox.Accepted:
 			return p
-		case p.Kind == outbox.Quarantined, p.Error.Status >= 500:
-			// That key's refusal or kept 500: nothing learnt of it.
+		case p.Kind == outbox.Quarantined, kept5xx(a):
+			// That key's refusal, or the 500 Stripe kept for it: nothing
+			// learnt of that attempt.
 		default:
 			// This attempt's own call reached Stripe, whatever the probe
 			// met: never a refused attempt (a RateLimited one would be).
@@ -106,10 +108,20 @@ func (e *StripeV1) sendAdjustment(ctx context.Context, item outbox.Lease) outbox
 	return out
 }
 
+// kept5xx reports whether a 5xx is one Stripe keeps for its key and
+// replays: marked Idempotent-Replayed, or Stripe-Should-Retry: false, which
+// Stripe sets on a 500 its idempotency layer would replay (docs/stripe.md
+// §2). A 5xx without either — a proxy's 502, a fresh failure — may hide an
+// answer still to come: the probe learnt nothing, and the item is retried.
+func kept5xx(a Answer) bool {
+	return a.Status >= 500 && (a.Replayed || (a.ShouldRetry != nil && !*a.ShouldRetry))
+}
+
 // adjust posts the item's adjustment under attempt's Idempotency-Key — a
 // probe (an earlier attempt's key) once the limiter gives it a slot while a
-// request still fits in ctx — and classifies the answer.
-func (e *StripeV1) adjust(ctx context.Context, item outbox.Lease, attempt int) outbox.Outcome {
+// request still fits in ctx — and classifies the answer, which it returns
+// too.
+func (e *StripeV1) adjust(ctx context.Context, item outbox.Lease, attempt int) (outbox.Outcome, Answer) {
 	probe := attempt != item.Attempts
 	if l := e.probes; l != nil && probe {
 		wctx := ctx
@@ -120,7 +132,7 @@ func (e *StripeV1) adjust(ctx context.Context, item outbox.Lease, attempt int) o
 		}
 		if err := l.Wait(wctx); err != nil {
 			return outbox.Outcome{Kind: outbox.Retry, Refused: true, Error: outbox.ErrorInfo{
-				Code: "limiter", Message: "the rate limiter gave no slot while the lease had time for a request"}}
+				Code: "limiter", Message: "the rate limiter gave no slot while the lease had time for a request"}}, Answer{}
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)
@@ -132,7 +144,8 @@ func (e *StripeV1) adjust(ctx context.Context, item outbox.Lease, attempt int) o
 	}
 	start := time.Now()
 	_, err := e.client.Stripe().V1BillingMeterEventAdjustments.Create(ctx, params)
-	o := ClassifyAdjustment(answerOf(resp, err))
+	a := answerOf(resp, err)
+	o := ClassifyAdjustment(a)
 	if l := e.probes; l != nil && probe {
 		// The deliverer reads the item's own answer.
 		if o.Kind == outbox.RateLimited {
@@ -141,7 +154,7 @@ func (e *StripeV1) adjust(ctx context.Context, item outbox.Lease, attempt int) o
 			l.Ok()
 		}
 	}
-	return o
+	return o, a
 }
 
 // ClassifyAdjustment turns the answer to a meter event adjustment into an

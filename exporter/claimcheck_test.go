@@ -49,3 +49,26 @@ func TestClaimCheckOfCancellations(t *testing.T) {
 		})
 	}
 }
+
+// A probe of an earlier attempt's key learns nothing from a 5xx Stripe
+// kept for that key (Idempotent-Replayed, or Stripe-Should-Retry: false)
+// and asks the next key; any other 5xx — a proxy's 502, a fresh failure
+// Stripe says to retry — may hide an answer still to come, and retries.
+func TestKept5xx(t *testing.T) {
+	t.Parallel()
+	no, yes := false, true
+	for _, tc := range []struct {
+		a    Answer
+		kept bool
+	}{
+		{Answer{Status: 500, ShouldRetry: &no}, true},
+		{Answer{Status: 500, Replayed: true}, true},
+		{Answer{Status: 502}, false},
+		{Answer{Status: 503, ShouldRetry: &yes}, false},
+		{Answer{Status: 500}, false},
+		{Answer{Status: 400, Replayed: true}, false},
+		{Answer{}, false},
+	} {
+		require.Equal(t, tc.kept, kept5xx(tc.a), "%+v", tc.a)
+	}
+}

@@ -29,6 +29,9 @@ type Answer struct {
 	// RateLimitedReason is the Stripe-Rate-Limited-Reason header: present
 	// when one of Stripe's rate or concurrency limiters refused the call.
 	RateLimitedReason string
+	// Replayed is the Idempotent-Replayed header: the answer Stripe kept
+	// for the request's Idempotency-Key.
+	Replayed bool
 	// Err is the transport error when no answer came back.
 	Err error
 	// NotSent says the request provably never left (the connection could not

@@ -153,7 +153,7 @@ func headerOf(header func(string) string, account string) string {
 func answerOf(resp *stripeapi.Response, err error) Answer {
 	var a Answer
 	if resp != nil {
-		a.Status, a.RequestID, a.RateLimitedReason = resp.Status, resp.RequestID, resp.RateLimitedReason
+		a.Status, a.RequestID, a.RateLimitedReason, a.Replayed = resp.Status, resp.RequestID, resp.RateLimitedReason, resp.Replayed
 		switch resp.ShouldRetry {
 		case "true":
 			a.ShouldRetry = ptr(true)

@@ -282,6 +282,7 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 			m.Status, m.RequestID = status, sanitize(resp.Header.Get("Request-Id"))
 			m.ShouldRetry, m.RetryAfter = resp.Header.Get("Stripe-Should-Retry"), resp.Header.Get("Retry-After")
 			m.RateLimitedReason = sanitize(resp.Header.Get("Stripe-Rate-Limited-Reason"))
+			m.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 		}
 		span.SetAttributes(semconv.HTTPResponseStatusCode(status))
 		if status >= 400 {
@@ -313,6 +314,9 @@ type Response struct {
 	// which of Stripe's limiters refused the call (a 429 without it did not
 	// come from a limiter).
 	RateLimitedReason string
+	// Replayed is the Idempotent-Replayed header: the answer is the one
+	// Stripe kept for the request's Idempotency-Key.
+	Replayed bool
 }
 
 type responseKey struct{}
