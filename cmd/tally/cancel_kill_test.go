@@ -78,11 +78,6 @@ func runCancelKills(t *testing.T, again bool) {
 		"TALLY_RATE_TEST=1000", "TALLY_BASIC_RATE_TEST=3000", "TALLY_POLL_INTERVAL=50ms",
 		"TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=warn",
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(tail(n.out.String(), 3000)) // why the node did not start
-		}
-	})
 	n.start()
 	t.Cleanup(n.stop)
 	base := "http://" + n.addr

@@ -43,10 +43,15 @@ func (n *node) start() {
 	n.cmd.Env = append(os.Environ(), n.env...)
 	n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
 	require.NoError(n.t, n.cmd.Start())
-	require.Eventually(n.t, func() bool {
-		code, _ := get("http://" + n.addr + "/healthz")
-		return code == http.StatusOK
-	}, 30*time.Second, 20*time.Millisecond, "tally serve starts")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if code, _ := get("http://" + n.addr + "/healthz"); code == http.StatusOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			// What it said is why: a refused setting, a port taken.
+			n.t.Fatalf("tally serve never answered /healthz:\n%s", tail(n.out.String(), 3000))
+		}
+	}
 }
 
 func (n *node) kill() {
