@@ -17,8 +17,8 @@ import (
 // one outcome, decided in the caller's transaction with the event's ledger
 // row and the item that carries it locked.
 //
-// Built so far: an event whose item Stripe refused (rejected) needs
-// nothing taken back (not_billed); usage no attempt of which may have
+// An event whose item Stripe refused (rejected) needs nothing taken back
+// (not_billed); usage no attempt of which may have
 // reached Stripe leaves its window — an unstaged event is staged straight
 // into a withdrawn item (T0w); a pending or quarantined per-event item is
 // withdrawn (T11); a window's item is re-addressed without the event
@@ -28,8 +28,8 @@ import (
 // cancel_last_value item; a sum window's event an offsetting item of the
 // negated value (a supplement carrying no ledger row). A window whose
 // feature is unmapped now, or no longer a window, refuses the request with
-// a *CancelError of CodeCancelSent and stores nothing. No door calls
-// Cancel yet.
+// a *CancelError of CodeCancelSent and stores nothing. The doors are POST
+// /v1/usage/cancellations and tally cancel.
 
 // Cancellation names an earlier event.
 type Cancellation struct {
@@ -72,9 +72,10 @@ type CancelResult struct {
 	ID     string `json:"id"`
 	// Outcome is one of the Cancel… outcomes.
 	Outcome string `json:"outcome"`
-	// Item is the item that takes the event back: the withdrawn item, or
-	// the successor its window was re-addressed to (nil when the window
-	// held nothing else and was withdrawn).
+	// Item is the item that takes the event back: the withdrawn item, the
+	// successor its window was re-addressed to (nil when the window held
+	// nothing else and was withdrawn), or the adjustment, supplement or
+	// refused cancellation item.
 	Item *int64 `json:"item"`
 	// Reason is why a refused cancellation cannot be applied.
 	Reason string `json:"reason,omitempty"`
@@ -91,8 +92,9 @@ const (
 	// CodeCancelUncertain: the carrying item is uncertain; a human decides
 	// first whether Stripe has it.
 	CodeCancelUncertain = "item_uncertain"
-	// CodeCancelSent: Stripe may have the usage; taking it back is not
-	// built yet (a sum window's).
+	// CodeCancelSent: Stripe may have the usage of a window whose feature
+	// is unmapped now, or no longer a window: nothing tells how to take it
+	// back.
 	CodeCancelSent = "usage_sent"
 	// CodeCancelUnsettled: Stripe may have the usage and its item is still
 	// being retried or waits in quarantine: ask again once it settles.
@@ -360,14 +362,9 @@ func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerR
 		reason = outbox.ReasonCancelLastValue
 	}
 	p := live.Payload
-	it := outbox.NewItem{
-		Identity: outbox.Identity{TenantKey: live.TenantKey, SubjectKind: outbox.SubjectUsageCancellation,
-			SubjectRef: fmt.Sprintf("cancel:%d", row.id), Exporter: exporterOfAdjustments,
-			DestinationAccount: live.DestinationAccount, Mode: live.Mode, MappingVersion: live.MappingVersion},
-		Payload: outbox.Payload{Customer: p.Customer, EventName: p.EventName, Timestamp: p.Timestamp,
-			Feature: p.Feature, Period: p.Period, Cancels: live.Identifier, CancelBy: cancelBy},
-		Quarantine: reason,
-	}
+	it := cancellationItem(row, live, exporterOfAdjustments, outbox.Payload{Customer: p.Customer, EventName: p.EventName,
+		Timestamp: p.Timestamp, Feature: p.Feature, Period: p.Period, Cancels: live.Identifier, CancelBy: cancelBy})
+	it.Quarantine = reason
 	enq, err := s.Outbox.Enqueue(ctx, tx, it)
 	if err != nil {
 		return "", "", 0, err
@@ -379,6 +376,18 @@ func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerR
 		return CancelRefused, reason, enq.ID, nil
 	}
 	return CancelAdjustment, "", enq.ID, nil
+}
+
+// cancellationItem is the item of its own (subject kind
+// usage_cancellation, ref cancel:<ledger row>) that takes row's usage back
+// from live: addressed as live was, sent by exporter, carrying p.
+func cancellationItem(row ledgerRow, live outbox.Item, exporter string, p outbox.Payload) outbox.NewItem {
+	return outbox.NewItem{
+		Identity: outbox.Identity{TenantKey: live.TenantKey, SubjectKind: outbox.SubjectUsageCancellation,
+			SubjectRef: fmt.Sprintf("cancel:%d", row.id), Exporter: exporter,
+			DestinationAccount: live.DestinationAccount, Mode: live.Mode, MappingVersion: live.MappingVersion},
+		Payload: p,
+	}
 }
 
 // exporterOfAdjustments sends every cancellation: meter event adjustments
@@ -407,13 +416,8 @@ func (s *Stager) offset(ctx context.Context, tx pgx.Tx, row ledgerRow, live outb
 	if err != nil {
 		return 0, "", fmt.Errorf("meter: item %d has no period: %w", live.ID, err)
 	}
-	it := outbox.NewItem{
-		Identity: outbox.Identity{TenantKey: live.TenantKey, SubjectKind: outbox.SubjectUsageCancellation,
-			SubjectRef: fmt.Sprintf("cancel:%d", row.id), Exporter: live.Exporter,
-			DestinationAccount: live.DestinationAccount, Mode: live.Mode, MappingVersion: live.MappingVersion},
-		Payload: outbox.Payload{Customer: p.Customer, EventName: p.EventName, Value: -row.value, Timestamp: p.Timestamp,
-			Feature: p.Feature, Period: p.Period, CustomerKey: p.CustomerKey, ValueKey: p.ValueKey},
-	}
+	it := cancellationItem(row, live, live.Exporter, outbox.Payload{Customer: p.Customer, EventName: p.EventName,
+		Value: -row.value, Timestamp: p.Timestamp, Feature: p.Feature, Period: p.Period, CustomerKey: p.CustomerKey, ValueKey: p.ValueKey})
 	verdicts, err := checkStamps(ctx, tx, target, []stampCheck{target.stampCheckOf(pair, time.Unix(p.Timestamp, 0), period)})
 	if err != nil {
 		return 0, "", err

@@ -149,16 +149,14 @@ func classify(items []held) (skip string, accepted, counted, uncertain []held) {
 	// cannot read) leaves its event in doubt, like an uncertain item.
 	gone, doubt := map[string]bool{}, map[string]bool{}
 	for _, it := range items {
+		if skip := heldBack(it); skip != "" {
+			return skip, nil, nil, nil
+		}
 		if it.cancels == "" {
 			continue
 		}
 		switch it.state {
-		case outbox.StatePending, outbox.StateLeased:
-			return skipInFlight, nil, nil, nil
 		case outbox.StateAccepted:
-			if !it.settled {
-				return skipUnsettled, nil, nil, nil
-			}
 			accepted = append(accepted, it)
 			gone[it.cancels] = true
 		case outbox.StateConfirmed:
@@ -172,12 +170,7 @@ func classify(items []held) (skip string, accepted, counted, uncertain []held) {
 			continue
 		}
 		switch it.state {
-		case outbox.StatePending, outbox.StateLeased:
-			return skipInFlight, nil, nil, nil
 		case outbox.StateAccepted:
-			if !it.settled {
-				return skipUnsettled, nil, nil, nil
-			}
 			accepted = append(accepted, it)
 		case outbox.StateConfirmed:
 		case outbox.StateUncertain:
@@ -200,6 +193,18 @@ func classify(items []held) (skip string, accepted, counted, uncertain []held) {
 		return skipNothing, nil, nil, nil
 	}
 	return "", accepted, counted, uncertain
+}
+
+// heldBack is why an item keeps its hour out of a comparison: in flight
+// (pending or leased), or accepted but not settled; "" when it does not.
+func heldBack(it held) string {
+	switch {
+	case it.state == outbox.StatePending || it.state == outbox.StateLeased:
+		return skipInFlight
+	case it.state == outbox.StateAccepted && !it.settled:
+		return skipUnsettled
+	}
+	return ""
 }
 
 // expectedOf is what Stripe should hold for the counted items by the

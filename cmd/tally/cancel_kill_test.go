@@ -7,8 +7,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -78,12 +76,7 @@ func runCancelKills(t *testing.T, again bool) {
 		"TALLY_RATE_TEST=1000", "TALLY_BASIC_RATE_TEST=3000", "TALLY_POLL_INTERVAL=50ms",
 		"TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=warn",
 	}
-	n.start()
-	t.Cleanup(n.stop)
-	base := "http://" + n.addr
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	base, pool := n.serve(ctx, url)
 
 	code, body := post(t, http.MethodPut, base+"/v1/mappings/features/logins", exportAdmin, map[string]string{"event_name": "logins", "aggregation": "count"})
 	require.Equal(t, http.StatusOK, code, body)
@@ -246,19 +239,12 @@ func runCancelKills(t *testing.T, again bool) {
 	}
 
 	// Stripe's summaries agree with Tally's ledger.
-	rc := exec.Command(binary, "reconcile", "--settle", "0s", "--format", "json")
-	rc.Env = append(os.Environ(), n.env...)
-	out, err := rc.Output()
-	require.NoError(t, err, "%s", out)
-	var res struct {
-		Run reconcileRunResult `json:"run"`
-	}
-	require.NoError(t, json.Unmarshal(out, &res), "%s", out)
-	require.Equal(t, "succeeded", res.Run.Status, "%+v", res.Run)
-	require.Zero(t, res.Run.Discrepancies, "%+v", res.Run)
+	run := reconcileCLI(t, n.env)
+	require.Equal(t, "succeeded", run.Status, "%+v", run)
+	require.Zero(t, run.Discrepancies, "%+v", run)
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
-	require.Zero(t, left, "the run confirms every accepted event and adjustment: %+v", res.Run)
+	require.Zero(t, left, "the run confirms every accepted event and adjustment: %+v", run)
 
 	t.Logf("%s: reconciled", time.Since(now))
 	// Completeness: ingested = the buckets, the cancelled usage in its own.

@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -29,19 +25,10 @@ func TestCancelCommand(t *testing.T) {
 	sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: "logins", EventName: "logins", Formula: "count"})
 	sim.CreateCustomer(stripesim.DefaultAccount, "cus_acme")
 	url := testdb.URL(t)
+	env := []string{"TALLY_DATABASE_URL=" + url, "STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + srv.URL}
 	run := func(args ...string) (int, string, string) {
 		t.Helper()
-		var out, errb bytes.Buffer
-		cmd := exec.Command(binary, args...)
-		cmd.Env = append(os.Environ(), "TALLY_DATABASE_URL="+url, "STRIPE_API_KEY="+stripesim.DefaultKey, "STRIPE_API_BASE="+srv.URL)
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return ee.ExitCode(), out.String(), errb.String()
-		}
-		require.NoError(t, err)
-		return 0, out.String(), errb.String()
+		return tallyEnv(t, env, args...)
 	}
 	code, _, errs := run("mappings", "features", "set", "logins", "--event-name", "logins", "--aggregation", "count")
 	require.Equal(t, 0, code, errs)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
@@ -77,12 +76,7 @@ func runConnect(t *testing.T, exporter string) {
 		"TALLY_RATE_TEST=1000", "TALLY_STREAM_RATE_TEST=1000", "TALLY_BASIC_RATE_TEST=3000", "TALLY_SHUTDOWN_TIMEOUT=5s",
 		"TALLY_LOG_LEVEL=warn",
 	}
-	n.start()
-	t.Cleanup(n.stop)
-	base := "http://" + n.addr
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	base, pool := n.serve(ctx, url)
 
 	for _, f := range features {
 		code, body := post(t, http.MethodPut, base+"/v1/mappings/features/"+f.name, exportAdmin, map[string]string{"event_name": f.name, "aggregation": f.formula})

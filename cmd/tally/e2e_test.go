@@ -172,13 +172,8 @@ func (r *exportRun) startNode() {
 		// for secrets at the end.
 		n.env = append(n.env, "TALLY_LOG_LEVEL=debug")
 	}
-	n.start()
-	r.t.Cleanup(n.stop)
-	r.n, r.base = n, "http://"+n.addr
-	pool, err := pgxpool.New(r.ctx, url)
-	require.NoError(r.t, err)
-	r.t.Cleanup(pool.Close)
-	r.pool = pool
+	r.n = n
+	r.base, r.pool = n.serve(r.ctx, url)
 }
 
 // expireSessions expires the stream's sessions mid-run, again and again,
@@ -537,14 +532,21 @@ func (r *exportRun) reconcileThroughAPI() reconcileRunResult {
 // reconcileFromCommandLine runs `tally reconcile` beside the running node.
 func (r *exportRun) reconcileFromCommandLine() reconcileRunResult {
 	r.t.Helper()
+	return reconcileCLI(r.t, r.n.env)
+}
+
+// reconcileCLI runs `tally reconcile --settle 0s --format json` with a
+// node's environment and returns the run it reports.
+func reconcileCLI(t *testing.T, env []string) reconcileRunResult {
+	t.Helper()
 	rc := exec.Command(binary, "reconcile", "--settle", "0s", "--format", "json")
-	rc.Env = append(os.Environ(), r.n.env...)
+	rc.Env = append(os.Environ(), env...)
 	out, err := rc.Output()
-	require.NoError(r.t, err, "%s", out)
+	require.NoError(t, err, "%s", out)
 	var res struct {
 		Run reconcileRunResult `json:"run"`
 	}
-	require.NoError(r.t, json.Unmarshal(out, &res), "%s", out)
+	require.NoError(t, json.Unmarshal(out, &res), "%s", out)
 	return res.Run
 }
 

@@ -54,6 +54,18 @@ func (n *node) start() {
 	}
 }
 
+// serve starts n, stopped when the test ends, and returns its base URL
+// and a pool on url, its database, closed when the test ends.
+func (n *node) serve(ctx context.Context, url string) (string, *pgxpool.Pool) {
+	n.t.Helper()
+	n.start()
+	n.t.Cleanup(n.stop)
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(n.t, err)
+	n.t.Cleanup(pool.Close)
+	return "http://" + n.addr, pool
+}
+
 func (n *node) kill() {
 	_ = n.cmd.Process.Signal(syscall.SIGKILL)
 	_ = n.cmd.Wait()

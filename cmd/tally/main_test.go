@@ -174,9 +174,16 @@ func TestRestrictedKeyWithAStreamFeatureRefusesToStart(t *testing.T) {
 // stderr.
 func tally(t *testing.T, url string, args ...string) (int, string, string) {
 	t.Helper()
+	return tallyEnv(t, []string{"TALLY_DATABASE_URL=" + url}, args...)
+}
+
+// tallyEnv is tally with env (TALLY_DATABASE_URL among it) added to the
+// test's environment.
+func tallyEnv(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
 	var out, errb bytes.Buffer
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), "TALLY_DATABASE_URL="+url)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
 	code := 0
