@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -100,11 +101,11 @@ func (r *reachability) down() bool {
 	return r.failed >= UnreachableAfter
 }
 
-// client is hc (nil: a client with stripeapi's default timeout) with its
+// client is hc (nil: stripeapi's default client with timeout) with its
 // transport observed.
 func (r *reachability) client(hc *http.Client, timeout time.Duration) *http.Client {
 	if hc == nil {
-		hc = &http.Client{Timeout: timeout}
+		hc = stripeapi.DefaultHTTPClient(timeout)
 	}
 	observed := *hc
 	observed.Transport = reachTransport{base: hc.Transport, reach: r}
@@ -120,7 +121,7 @@ type reachTransport struct {
 func (t reachTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	base := t.base
 	if base == nil {
-		base = http.DefaultTransport
+		base = stripeapi.Transport()
 	}
 	resp, err := base.RoundTrip(req)
 	switch {

@@ -37,8 +37,9 @@ type Config struct {
 	// Account, when set, is sent as the Stripe-Account header on every
 	// request (the Connect destination). It must start with acct_.
 	Account string
-	// HTTPClient sends the requests. Default: a client with a
-	// DefaultTimeout timeout. It is not modified.
+	// HTTPClient sends the requests. Default: DefaultHTTPClient with a
+	// DefaultTimeout timeout; a client whose Transport is nil sends on
+	// Transport. It is not modified.
 	HTTPClient *http.Client
 	// BeforeRequest, when set, runs before every HTTP request the client
 	// sends — each page of a list, too — with the request's context; an
@@ -118,7 +119,7 @@ func New(cfg Config) (*Client, error) {
 
 	hc := cfg.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Timeout: DefaultTimeout}
+		hc = DefaultHTTPClient(DefaultTimeout)
 	}
 	// Every request goes through accountTransport: the Stripe-Account header
 	// (when set), the BeforeRequest hook, the metrics and the span —
@@ -243,7 +244,7 @@ type accountTransport struct {
 func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	base := t.base
 	if base == nil {
-		base = http.DefaultTransport
+		base = Transport()
 	}
 	stop := func(err error) (*http.Response, error) {
 		if r.Body != nil {

@@ -1,0 +1,58 @@
+package stripeapi_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/internal/stripesim"
+)
+
+// A client built without an HTTP client of its own keeps the connections
+// a burst of concurrent calls opened for the next burst: with Go's default
+// of two idle connections a host, every burst but the first opened (and,
+// against Stripe, handshook) nearly all of its connections again.
+func TestDefaultClientReusesConnectionsAcrossBursts(t *testing.T) {
+	t.Parallel()
+	const concurrent, bursts = 32, 4
+	sim := stripesim.New(stripesim.Options{Keys: map[string]string{testKey: acct}})
+	var opened atomic.Int64
+	ts := httptest.NewUnstartedServer(sim.Handler())
+	ts.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	ts.Start()
+	t.Cleanup(ts.Close)
+	c, err := stripeapi.New(stripeapi.Config{Key: testKey, APIBase: ts.URL})
+	require.NoError(t, err)
+
+	var first int64
+	for burst := range bursts {
+		var wg sync.WaitGroup
+		for range concurrent {
+			wg.Go(func() {
+				// The answer (a 404 for a customer nobody made) does not
+				// matter: only that the call was answered and its body read.
+				_, _ = c.Customer(context.Background(), "cus_nobody")
+			})
+		}
+		wg.Wait()
+		if burst == 0 {
+			first = opened.Load()
+			require.Positive(t, first)
+		}
+	}
+	// The later bursts reuse the first's connections; a few may still be
+	// opened where a call finds every idle one taken for a moment.
+	require.LessOrEqual(t, opened.Load(), first+concurrent/4,
+		"connections opened: %d in the first burst, %d in all %d", first, opened.Load(), bursts)
+}
