@@ -278,3 +278,35 @@ func TestWindowItemCountOnePerRef(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
+
+// The reconciler confirms a key's items in the key's transaction, once per
+// key: the confirmation runs on its generic plan, planned once per
+// connection, and leaves the session's plan_cache_mode as it was.
+func TestConfirmRunsOnItsGenericPlan(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	conn, err := pgx.Connect(b.ctx, testdb.URLOf(t, b.pool))
+	require.NoError(t, err)
+	defer conn.Close(b.ctx)
+	_, err = conn.Exec(b.ctx, "SET plan_cache_mode = force_custom_plan")
+	require.NoError(t, err)
+
+	for n := range 7 {
+		l := b.accepted(t, n+1)
+		tx, err := conn.Begin(b.ctx)
+		require.NoError(t, err)
+		confirmed, refused, err := b.store.Confirm(b.ctx, tx, []int64{l.ID})
+		require.NoError(t, err)
+		require.Empty(t, refused)
+		require.Equal(t, []int64{l.ID}, confirmed)
+		var mode string
+		require.NoError(t, tx.QueryRow(b.ctx, "SHOW plan_cache_mode").Scan(&mode))
+		require.Equal(t, "force_custom_plan", mode, "the session's own setting comes back inside the transaction")
+		require.NoError(t, tx.Commit(b.ctx))
+		require.Equal(t, outbox.StateConfirmed, b.get(t, l.ID).State)
+	}
+	var generic, custom int64
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements
+		WHERE statement LIKE '%SET state = ''confirmed''%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&generic, &custom))
+	require.Equal(t, [2]int64{7, 0}, [2]int64{generic, custom}, "planned once, generic, and reused, though the session asks for custom plans")
+}
