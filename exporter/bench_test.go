@@ -136,6 +136,10 @@ type deliverRun struct {
 	items  int
 	stream bool
 	record int
+	// recorders is how many batches of outcomes are written at once
+	// (default exporter.DefaultStreamRecorders for the stream, v1's
+	// default otherwise).
+	recorders int
 }
 
 // deliver runs a deliverer over a fresh outbox until every item is
@@ -163,9 +167,12 @@ func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 	cfg := exporter.DelivererConfig{Workers: r.workers, Batch: r.batch, InFlight: r.inflight, PollInterval: 100 * time.Millisecond}
 	if r.stream {
 		exp = exporter.NewStripeStream(client, benchTimeout)
-		cfg.Policy, cfg.RecordBatch = outbox.BestEffort, r.record
+		cfg.Policy, cfg.RecordBatch, cfg.Recorders = outbox.BestEffort, r.record, r.recorders
 		if r.record == 0 {
 			cfg.RecordBatch = exporter.DefaultStreamRecordBatch
+		}
+		if r.recorders == 0 {
+			cfg.Recorders = exporter.DefaultStreamRecorders
 		}
 	}
 	if r.exp != nil {
@@ -412,28 +419,30 @@ func streamDirect(b *testing.B, apiBase string, n, concurrency int) time.Duratio
 
 // streamShapes are the stream deliverer's shapes BenchmarkDeliverStreamVsV1
 // runs, each on a fresh database and simulator: every workers × claim batch
-// of TALLY_BENCH_STREAM_WORKERS and TALLY_BENCH_STREAM_BATCH
-// (comma-separated; by default 2, 3 and 4 workers claiming
-// exporter.DefaultStreamBatch and outbox.MaxClaim),
-// TALLY_BENCH_STREAM_ROUNDS times over (default 1), interleaved: each round
-// runs every shape once. Every shape
+// × recorders of TALLY_BENCH_STREAM_WORKERS, TALLY_BENCH_STREAM_BATCH and
+// TALLY_BENCH_STREAM_RECORDERS (comma-separated; by default 2, 3 and 4
+// workers claiming exporter.DefaultStreamBatch and outbox.MaxClaim, with
+// exporter.DefaultStreamRecorders; the instant exporter's ceiling once for
+// each number of recorders), TALLY_BENCH_STREAM_ROUNDS times over (default
+// 1), interleaved: each round runs every shape once. Every shape
 // has TALLY_BENCH_STREAM_INFLIGHT events in flight and writes outcomes
 // TALLY_BENCH_STREAM_RECORD at a time (default the service's:
 // exporter.DefaultStreamInFlight, DefaultStreamRecordBatch).
 type streamShapes struct {
-	workers, batches         []int
-	rounds, inflight, record int
+	workers, batches, recorders []int
+	rounds, inflight, record    int
 }
 
 func streamShapesFromEnv(b *testing.B) streamShapes {
 	b.Helper()
 	one := func(env string, def int) int { return benchInts(b, env, def)[0] }
 	return streamShapes{
-		workers:  benchInts(b, "TALLY_BENCH_STREAM_WORKERS", 2, 3, 4),
-		batches:  benchInts(b, "TALLY_BENCH_STREAM_BATCH", exporter.DefaultStreamBatch, outbox.MaxClaim),
-		rounds:   one("TALLY_BENCH_STREAM_ROUNDS", 1),
-		inflight: one("TALLY_BENCH_STREAM_INFLIGHT", exporter.DefaultStreamInFlight),
-		record:   one("TALLY_BENCH_STREAM_RECORD", exporter.DefaultStreamRecordBatch),
+		workers:   benchInts(b, "TALLY_BENCH_STREAM_WORKERS", 2, 3, 4),
+		batches:   benchInts(b, "TALLY_BENCH_STREAM_BATCH", exporter.DefaultStreamBatch, outbox.MaxClaim),
+		recorders: benchInts(b, "TALLY_BENCH_STREAM_RECORDERS", exporter.DefaultStreamRecorders),
+		rounds:    one("TALLY_BENCH_STREAM_ROUNDS", 1),
+		inflight:  one("TALLY_BENCH_STREAM_INFLIGHT", exporter.DefaultStreamInFlight),
+		record:    one("TALLY_BENCH_STREAM_RECORD", exporter.DefaultStreamRecordBatch),
 	}
 }
 
@@ -482,21 +491,26 @@ func loadAverage() string {
 func streamRound(b *testing.B, shapes streamShapes, n, round int) []streamRow {
 	b.Helper()
 	type run struct {
-		name          string
-		workers, size int
-		instant       bool
+		name                     string
+		workers, size, recorders int
+		instant                  bool
 	}
-	runs := []run{{fmt.Sprintf("stream deliverer %d × %d, instant batch exporter (no HTTP)", exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch),
-		exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch, true}}
+	var runs []run
+	for _, rec := range shapes.recorders {
+		runs = append(runs, run{fmt.Sprintf("stream deliverer %d × %d, %d recorders, instant batch exporter (no HTTP)", exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch, rec),
+			exporter.DefaultStreamWorkers, exporter.DefaultStreamBatch, rec, true})
+	}
 	for _, w := range shapes.workers {
 		for _, size := range shapes.batches {
-			runs = append(runs, run{fmt.Sprintf("stream deliverer %d workers × claim %d", w, size), w, size, false})
+			for _, rec := range shapes.recorders {
+				runs = append(runs, run{fmt.Sprintf("stream deliverer %d workers × claim %d, %d recorders", w, size, rec), w, size, rec, false})
+			}
 		}
 	}
 	var rows []streamRow
 	for i := range runs {
 		r := runs[(i+round-1)%len(runs)]
-		dr := deliverRun{workers: r.workers, batch: r.size, inflight: shapes.inflight, record: shapes.record, rate: 1e6, items: n, stream: true}
+		dr := deliverRun{workers: r.workers, batch: r.size, inflight: shapes.inflight, record: shapes.record, recorders: r.recorders, rate: 1e6, items: n, stream: true}
 		if r.instant {
 			dr.exp = func(*stripeapi.Client) exporter.Exporter { return instantBatch{} }
 		}
@@ -506,7 +520,7 @@ func streamRound(b *testing.B, shapes streamShapes, n, round int) []streamRow {
 		scope.end()
 		rows = append(rows, streamRow{fmt.Sprintf("%s (round %d)", r.name, round), n, el, loadAverage()})
 		if !r.instant {
-			b.ReportMetric(float64(n)/el.Seconds(), fmt.Sprintf("stream_w%d_b%d_r%d_items/s", r.workers, r.size, round))
+			b.ReportMetric(float64(n)/el.Seconds(), fmt.Sprintf("stream_w%d_b%d_rec%d_r%d_items/s", r.workers, r.size, r.recorders, round))
 		}
 	}
 	return rows
@@ -544,11 +558,11 @@ func BenchmarkDeliverStreamVsV1(b *testing.B) {
 	fmt.Printf("\nitems over %d customers, one meter; simulator without limits on loopback; each item is one meter event; "+
 		"stream: %d events in flight, outcomes written %d at a time; load: the 1-minute load average at the run's end\n",
 		benchCustomers, shapes.inflight, shapes.record)
-	fmt.Printf("%-76s %8s %8s %10s %12s %6s\n", "", "items", "seconds", "items/s", "vs v1 deliv.", "load")
+	fmt.Printf("%-86s %8s %8s %10s %12s %6s\n", "", "items", "seconds", "items/s", "vs v1 deliv.", "load")
 	v1 := float64(v1Items) / el.Seconds()
 	for _, r := range rows {
 		rate := float64(r.items) / r.el.Seconds()
-		fmt.Printf("%-76s %8d %8.1f %10.0f %11.1fx %6s\n", r.name, r.items, r.el.Seconds(), rate, rate/v1, r.load)
+		fmt.Printf("%-86s %8d %8.1f %10.0f %11.1fx %6s\n", r.name, r.items, r.el.Seconds(), rate, rate/v1, r.load)
 	}
 	fmt.Println()
 }

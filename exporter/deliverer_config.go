@@ -11,7 +11,7 @@ import (
 // A deliverer's defaults, the one source of the service's settings
 // (TALLY_DELIVERY_WORKERS, TALLY_DELIVERY_BATCH, TALLY_DELIVERY_INFLIGHT,
 // TALLY_POLL_INTERVAL, TALLY_STREAM_INFLIGHT, TALLY_STREAM_WORKERS,
-// TALLY_STREAM_BATCH, TALLY_STREAM_RECORD_BATCH).
+// TALLY_STREAM_BATCH, TALLY_STREAM_RECORD_BATCH, TALLY_STREAM_RECORDERS).
 const (
 	// DefaultWorkers is how many claim loops a deliverer runs: v1's
 	// (TALLY_DELIVERY_WORKERS).
@@ -29,6 +29,10 @@ const (
 	DefaultFlushEvery = 20 * time.Millisecond
 	// DefaultRecordBatch is the most outcomes written in one transaction.
 	DefaultRecordBatch = 100
+	// DefaultRecorders is how many batches of outcomes v1's deliverer
+	// writes at once: one, on a connection of its own, is far from its
+	// bound (its sends are).
+	DefaultRecorders = 1
 	// DefaultStreamInFlight bounds the v2 stream's events in flight on a
 	// node: 20 requests of StreamMaxEvents.
 	DefaultStreamInFlight = 20 * StreamMaxEvents
@@ -48,6 +52,11 @@ const (
 	// DefaultStreamRecordBatch is the most outcomes of the v2 stream
 	// written in one transaction: a whole claim's.
 	DefaultStreamRecordBatch = 1000
+	// DefaultStreamRecorders is how many batches of the v2 stream's
+	// outcomes are written at once. One recorder was the stream's bound:
+	// writing 1,000 accepts took 45-50 ms on two cores, its connection
+	// busy 90% of a run at ~20,000 items a second (docs/performance.md).
+	DefaultStreamRecorders = 2
 )
 
 // DelivererConfig are a deliverer's knobs; zero values mean the defaults.
@@ -71,6 +80,9 @@ type DelivererConfig struct {
 	// RecordBatch is the most outcomes written in one transaction.
 	// Defaults to DefaultRecordBatch.
 	RecordBatch int
+	// Recorders is how many batches of outcomes are written at once, each
+	// on a connection of its own. Defaults to DefaultRecorders.
+	Recorders int
 	// Owner prefixes the lease owner of every claim. Defaults to
 	// hostname:pid.
 	Owner string
@@ -107,6 +119,9 @@ func (c DelivererConfig) withDefaults() DelivererConfig {
 	}
 	if c.RecordBatch <= 0 {
 		c.RecordBatch = DefaultRecordBatch
+	}
+	if c.Recorders <= 0 {
+		c.Recorders = DefaultRecorders
 	}
 	if c.FlushEvery <= 0 {
 		c.FlushEvery = DefaultFlushEvery

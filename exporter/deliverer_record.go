@@ -3,6 +3,7 @@ package exporter
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/tallymeter/tally/outbox"
@@ -11,44 +12,77 @@ import (
 // recordTimeout bounds writing one batch of outcomes.
 const recordTimeout = 30 * time.Second
 
-// record writes outcomes in batches: every FlushEvery, or at RecordBatch.
+// record writes outcomes in batches: every FlushEvery, or at RecordBatch,
+// up to Recorders batches at once, each a transaction of its own. While
+// every recorder is busy the batch being gathered grows to RecordBatch,
+// then record stops reading outcomes until a recorder is free (the sends
+// wait on the channel: back-pressure). Concurrent batches cannot deadlock:
+// each locks its rows in ascending id order before it writes (outbox.Record),
+// and an item named in two of them (an outcome of each of two leases) is
+// settled by the lease-token fence, whichever commits first. It returns
+// once outcomes is closed and every batch is written.
 func (d *Deliverer) record(outcomes <-chan outbox.Outcome) {
 	t := time.NewTicker(d.cfg.FlushEvery)
 	defer t.Stop()
+	idle := make(chan struct{}, d.cfg.Recorders) // a token per batch being written
+	var writing sync.WaitGroup
 	var batch []outbox.Outcome
-	flush := func() {
+	// flush hands the batch to a recorder; when every recorder is busy it
+	// waits for one (wait) or leaves the batch to grow.
+	flush := func(wait bool) {
 		if len(batch) == 0 {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
-		defer cancel()
-		batch = d.latestPerItem(batch)
-		res, err := d.store.Record(ctx, d.pool, batch)
-		if err != nil {
-			// The items stay leased until their leases expire; the resend
-			// carries the same identifier, so the provider deduplicates it.
-			d.logger.Error("recording delivery outcomes failed; their items will be claimed again", "items", len(batch), "error", err)
-		}
-		for _, r := range res {
-			if errors.Is(r.Err, outbox.ErrStaleLease) {
-				d.logger.Warn("a delivery outcome was fenced out: the item was claimed again meanwhile", "item", r.ID)
+		if wait {
+			idle <- struct{}{}
+		} else {
+			select {
+			case idle <- struct{}{}:
+			default:
+				return
 			}
 		}
-		batch = batch[:0]
+		b := batch
+		batch = make([]outbox.Outcome, 0, len(b))
+		writing.Add(1)
+		go func() {
+			defer writing.Done()
+			defer func() { <-idle }()
+			d.write(b)
+		}()
 	}
 	for {
 		select {
 		case o, ok := <-outcomes:
 			if !ok {
-				flush()
+				flush(true)
+				writing.Wait()
 				return
 			}
 			batch = append(batch, o)
 			if len(batch) >= d.cfg.RecordBatch {
-				flush()
+				flush(true)
 			}
 		case <-t.C:
-			flush()
+			flush(false)
+		}
+	}
+}
+
+// write writes one batch of outcomes.
+func (d *Deliverer) write(batch []outbox.Outcome) {
+	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
+	defer cancel()
+	batch = d.latestPerItem(batch)
+	res, err := d.store.Record(ctx, d.pool, batch)
+	if err != nil {
+		// The items stay leased until their leases expire; the resend
+		// carries the same identifier, so the provider deduplicates it.
+		d.logger.Error("recording delivery outcomes failed; their items will be claimed again", "items", len(batch), "error", err)
+	}
+	for _, r := range res {
+		if errors.Is(r.Err, outbox.ErrStaleLease) {
+			d.logger.Warn("a delivery outcome was fenced out: the item was claimed again meanwhile", "item", r.ID)
 		}
 	}
 }

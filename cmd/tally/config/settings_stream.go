@@ -23,12 +23,21 @@ type StreamConfig struct {
 	// RecordBatch is the most of its outcomes written in one transaction.
 	// Defaults to exporter.DefaultStreamRecordBatch.
 	RecordBatch int
+	// Recorders is how many batches of its outcomes are written at once,
+	// each on a connection of the export pool, 1 to maxStreamRecorders.
+	// Defaults to exporter.DefaultStreamRecorders.
+	Recorders int
 }
 
 // maxStreamRecordBatch bounds TALLY_STREAM_RECORD_BATCH: outcomes are
 // written in one transaction that first locks every row of the batch, so
 // ten claims' worth is already more than a claim loop ever waits for.
 const maxStreamRecordBatch = 10 * outbox.MaxClaim
+
+// maxStreamRecorders bounds TALLY_STREAM_RECORDERS: each writes on a
+// connection of the export pool (TALLY_POOL_EXPORT, 8), which the claim
+// loops, staging and reconciliation share.
+const maxStreamRecorders = 8
 
 // streamSettings size the v2 stream's deliverer (StreamConfig).
 func streamSettings() []setting {
@@ -39,6 +48,8 @@ func streamSettings() []setting {
 			strconv.Itoa(exporter.DefaultStreamBatch), integer(func(c *Config) *int { return &c.Stream.Batch })},
 		{"TALLY_STREAM_RECORD_BATCH", "stream-record-batch", "the most outcomes of the v2 stream's deliverer written in one transaction", strconv.Itoa(exporter.DefaultStreamRecordBatch),
 			integer(func(c *Config) *int { return &c.Stream.RecordBatch })},
+		{"TALLY_STREAM_RECORDERS", "stream-recorders", fmt.Sprintf("how many batches of the v2 stream's outcomes are written at once, 1 to %d", maxStreamRecorders),
+			strconv.Itoa(exporter.DefaultStreamRecorders), integer(func(c *Config) *int { return &c.Stream.Recorders })},
 	}
 }
 
@@ -55,13 +66,16 @@ func (c *Config) streamProblems() []error {
 	if s.RecordBatch < 1 || s.RecordBatch > maxStreamRecordBatch {
 		errs = append(errs, fmt.Errorf("TALLY_STREAM_RECORD_BATCH must be 1 to %d, got %d", maxStreamRecordBatch, s.RecordBatch))
 	}
+	if s.Recorders < 1 || s.Recorders > maxStreamRecorders {
+		errs = append(errs, fmt.Errorf("TALLY_STREAM_RECORDERS must be 1 to %d, got %d", maxStreamRecorders, s.Recorders))
+	}
 	return errs
 }
 
 // DelivererConfigs are the two deliverers' knobs from the configuration:
 // v1's from TALLY_DELIVERY_WORKERS, _BATCH and _INFLIGHT, claiming per key;
-// the v2 stream's from TALLY_STREAM_WORKERS, _BATCH, _RECORD_BATCH and
-// _INFLIGHT, claiming regardless of key (the stream has no per-key rule).
+// the v2 stream's from TALLY_STREAM_WORKERS, _BATCH, _RECORD_BATCH,
+// _RECORDERS and _INFLIGHT, claiming regardless of key (the stream has no per-key rule).
 // A stream claim takes no more than its events in flight. Both poll every
 // TALLY_POLL_INTERVAL. The caller adds what is not configuration
 // (KeyHealth).
@@ -72,7 +86,7 @@ func (c Config) DelivererConfigs() (v1, stream exporter.DelivererConfig) {
 	}
 	stream = exporter.DelivererConfig{
 		Workers: c.Stream.Workers, Batch: min(c.Stream.Batch, c.StreamInFlight), InFlight: c.StreamInFlight,
-		RecordBatch: c.Stream.RecordBatch, Policy: outbox.BestEffort, PollInterval: c.PollInterval,
+		RecordBatch: c.Stream.RecordBatch, Recorders: c.Stream.Recorders, Policy: outbox.BestEffort, PollInterval: c.PollInterval,
 	}
 	return v1, stream
 }

@@ -28,6 +28,8 @@ func TestStreamSettingsRefuseWhatCouldNotWork(t *testing.T) {
 		{map[string]string{"TALLY_STREAM_RECORD_BATCH": "0"}, nil, "TALLY_STREAM_RECORD_BATCH must be 1 to 10000, got 0"},
 		{map[string]string{"TALLY_STREAM_RECORD_BATCH": "10001"}, nil, "TALLY_STREAM_RECORD_BATCH must be 1 to 10000, got 10001"},
 		{nil, []string{"--stream-record-batch", "1e3"}, `--stream-record-batch: not a whole number: "1e3"`},
+		{map[string]string{"TALLY_STREAM_RECORDERS": "0"}, nil, "TALLY_STREAM_RECORDERS must be 1 to 8, got 0"},
+		{nil, []string{"--stream-recorders", "9"}, "TALLY_STREAM_RECORDERS must be 1 to 8, got 9"},
 	} {
 		_, err := load(t, tc.env, tc.args...)
 		require.ErrorContains(t, err, tc.wantErr, "%v %v", tc.env, tc.args)
@@ -44,17 +46,17 @@ func TestStreamSettingsDefaultThenEnvThenFlag(t *testing.T) {
 	c, err := load(t, nil)
 	require.NoError(t, err)
 	require.Equal(t, config.StreamConfig{Workers: exporter.DefaultStreamWorkers, Batch: exporter.DefaultStreamBatch,
-		RecordBatch: exporter.DefaultStreamRecordBatch}, c.Stream)
+		RecordBatch: exporter.DefaultStreamRecordBatch, Recorders: exporter.DefaultStreamRecorders}, c.Stream)
 	require.LessOrEqual(t, exporter.DefaultStreamBatch, outbox.MaxClaim, "the default claim is one the outbox takes")
 
-	env := map[string]string{"TALLY_STREAM_WORKERS": "5", "TALLY_STREAM_BATCH": "700", "TALLY_STREAM_RECORD_BATCH": "200"}
+	env := map[string]string{"TALLY_STREAM_WORKERS": "5", "TALLY_STREAM_BATCH": "700", "TALLY_STREAM_RECORD_BATCH": "200", "TALLY_STREAM_RECORDERS": "3"}
 	c, err = load(t, env)
 	require.NoError(t, err)
-	require.Equal(t, config.StreamConfig{Workers: 5, Batch: 700, RecordBatch: 200}, c.Stream)
+	require.Equal(t, config.StreamConfig{Workers: 5, Batch: 700, RecordBatch: 200, Recorders: 3}, c.Stream)
 
-	c, err = load(t, env, "--stream-workers", "1", "--stream-batch", "1000", "--stream-record-batch", "2000")
+	c, err = load(t, env, "--stream-workers", "1", "--stream-batch", "1000", "--stream-record-batch", "2000", "--stream-recorders", "1")
 	require.NoError(t, err)
-	require.Equal(t, config.StreamConfig{Workers: 1, Batch: 1000, RecordBatch: 2000}, c.Stream)
+	require.Equal(t, config.StreamConfig{Workers: 1, Batch: 1000, RecordBatch: 2000, Recorders: 1}, c.Stream)
 }
 
 // Each deliverer is sized by its own settings: TALLY_DELIVERY_* never size
@@ -64,13 +66,13 @@ func TestDeliverersAreSizedByTheirOwnSettings(t *testing.T) {
 	c, err := load(t, map[string]string{
 		"TALLY_DELIVERY_WORKERS": "7", "TALLY_DELIVERY_BATCH": "30", "TALLY_DELIVERY_INFLIGHT": "40",
 		"TALLY_STREAM_WORKERS": "3", "TALLY_STREAM_BATCH": "600", "TALLY_STREAM_RECORD_BATCH": "900",
-		"TALLY_STREAM_INFLIGHT": "3000", "TALLY_POLL_INTERVAL": "250ms",
+		"TALLY_STREAM_RECORDERS": "4", "TALLY_STREAM_INFLIGHT": "3000", "TALLY_POLL_INTERVAL": "250ms",
 	})
 	require.NoError(t, err)
 	v1, stream := c.DelivererConfigs()
 	require.Equal(t, exporter.DelivererConfig{Workers: 7, Batch: 30, InFlight: 40, Policy: outbox.PerKey,
 		PollInterval: 250 * time.Millisecond}, v1)
-	require.Equal(t, exporter.DelivererConfig{Workers: 3, Batch: 600, InFlight: 3000, RecordBatch: 900,
+	require.Equal(t, exporter.DelivererConfig{Workers: 3, Batch: 600, InFlight: 3000, RecordBatch: 900, Recorders: 4,
 		Policy: outbox.BestEffort, PollInterval: 250 * time.Millisecond}, stream)
 
 	c, err = load(t, nil)
@@ -79,7 +81,7 @@ func TestDeliverersAreSizedByTheirOwnSettings(t *testing.T) {
 	require.Equal(t, exporter.DelivererConfig{Workers: exporter.DefaultWorkers, Batch: exporter.DefaultBatch,
 		InFlight: exporter.DefaultInFlight, Policy: outbox.PerKey, PollInterval: exporter.DefaultPollInterval}, v1)
 	require.Equal(t, exporter.DelivererConfig{Workers: exporter.DefaultStreamWorkers, Batch: exporter.DefaultStreamBatch,
-		InFlight: exporter.DefaultStreamInFlight, RecordBatch: exporter.DefaultStreamRecordBatch,
+		InFlight: exporter.DefaultStreamInFlight, RecordBatch: exporter.DefaultStreamRecordBatch, Recorders: exporter.DefaultStreamRecorders,
 		Policy: outbox.BestEffort, PollInterval: exporter.DefaultPollInterval}, stream)
 
 	// A stream claim takes no more than the events the node may have in
