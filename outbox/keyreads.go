@@ -153,10 +153,11 @@ func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem,
 	return items, nil
 }
 
-// queryOnGenericPlan runs sql, a read its caller repeats with new arguments
-// (once per key, say), on its generic plan, and collects its rows: on one
-// round trip it asks for generic plans, reads, and puts the session's
-// plan_cache_mode back. A Querier that cannot pipeline runs sql as it is.
+// queryOnGenericPlan runs sql, a statement its caller repeats with new
+// arguments (once per key, say: KeyItems' read, Confirm's T7), on its
+// generic plan, and collects its rows: on one round trip it asks for
+// generic plans, runs sql, and puts the session's plan_cache_mode back. A
+// Querier that cannot pipeline runs sql as it is.
 func queryOnGenericPlan[T any](ctx context.Context, q Querier, sql string, args any, scan pgx.RowToFunc[T]) ([]T, error) {
 	p, ok := q.(pipeliner)
 	if !ok {
