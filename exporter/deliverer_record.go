@@ -24,7 +24,7 @@ const recordTimeout = 30 * time.Second
 func (d *Deliverer) record(outcomes <-chan outbox.Outcome) {
 	t := time.NewTicker(d.cfg.FlushEvery)
 	defer t.Stop()
-	idle := make(chan struct{}, d.cfg.Recorders) // a token per batch being written
+	busy := make(chan struct{}, d.cfg.Recorders) // a token per batch being written
 	var writing sync.WaitGroup
 	var batch []outbox.Outcome
 	// flush hands the batch to a recorder; when every recorder is busy it
@@ -34,10 +34,10 @@ func (d *Deliverer) record(outcomes <-chan outbox.Outcome) {
 			return
 		}
 		if wait {
-			idle <- struct{}{}
+			busy <- struct{}{}
 		} else {
 			select {
-			case idle <- struct{}{}:
+			case busy <- struct{}{}:
 			default:
 				return
 			}
@@ -47,7 +47,7 @@ func (d *Deliverer) record(outcomes <-chan outbox.Outcome) {
 		writing.Add(1)
 		go func() {
 			defer writing.Done()
-			defer func() { <-idle }()
+			defer func() { <-busy }()
 			d.write(b)
 		}()
 	}
