@@ -29,7 +29,13 @@ type Gauge struct {
 // beyond it (by the primary key's actual end). The oldest item not yet
 // answered is the older of the oldest pending one (its own index) and the
 // oldest leased one (among the few in flight): no index a claim writes
-// serves the gauge alone (migration 23).
+// serves the gauge alone (migration 23). The oldest pending one is the
+// index's first entry, asked for as such (ORDER BY … LIMIT 1), not as
+// min(): the planner may compute min() by reading every entry, and chose
+// to where its statistics said nothing was pending (a database whose
+// history was analysed before the backlog; 2,800 entries read, 0.47 ms of
+// a 1.9 ms gauge, measured), which a backlog of a million would make a
+// million.
 const sqlGauge = `
 SELECT (SELECT count(*) FROM outbox_item_states WHERE state = 'pending'),
        (SELECT count(*) FROM outbox_item_states WHERE state = 'leased'),
@@ -41,7 +47,7 @@ SELECT (SELECT count(*) FROM outbox_item_states WHERE state = 'pending'),
        (SELECT count(*) FROM outbox_item_states WHERE state = 'withdrawn'),
        @items::bigint + (SELECT count(*) FROM outbox_item_states WHERE id >= @below::bigint),
        coalesce(extract(epoch FROM clock_timestamp() - least(
-           (SELECT min(created_at) FROM outbox_item_states WHERE state = 'pending'),
+           (SELECT created_at FROM outbox_item_states WHERE state = 'pending' ORDER BY created_at LIMIT 1),
            (SELECT min(created_at) FROM outbox_item_states WHERE state = 'leased'))), 0)::float8`
 
 // sqlGaugeSettled reads the watermark and the items below it. A pair read

@@ -98,3 +98,77 @@ func planNodes(n any) []map[string]any {
 	}
 	return out
 }
+
+// TestGaugeReadsOneEntryForTheOldestPending keeps the gauge's oldest
+// pending item one index entry away whatever the statistics say: asked
+// as min(created_at), the planner read every pending entry to find the
+// smallest where its statistics said almost nothing was pending (the table
+// analysed before a backlog, as here), a million reads for a backlog of a
+// million on every GET /v1/outbox/summary and maintenance pass.
+func TestGaugeReadsOneEntryForTheOldestPending(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	store, err := New(Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue := func(from, n int) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := from; i < from+n; i++ {
+			it := NewItem{
+				Identity: Identity{TenantKey: "acme", SubjectKind: SubjectUsageEvent, SubjectRef: fmt.Sprintf("event:calls:e%d", i),
+					Exporter: "stripe_meter_events", DestinationAccount: "acct_123", Mode: ModeTest, MappingVersion: 1},
+				Payload: Payload{Customer: fmt.Sprintf("cus_%d", i), EventName: "calls", Value: 1, Timestamp: 1796000000,
+					Feature: "calls", Period: "2026-11-01T00:00:00Z"},
+			}
+			if _, err := store.Enqueue(ctx, tx, it); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue(0, 1000)
+	for range 10 { // every item leased: none pending when the table is analysed
+		if _, err := store.Claim(ctx, pool, ClaimOptions{Owner: "plan", Limit: 100, Policy: BestEffort, Lease: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_states"); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(1000, 3000) // the backlog the statistics have not seen
+
+	var below, items int64
+	if err := pool.QueryRow(ctx, sqlGaugeSettled).Scan(&below, &items); err != nil {
+		t.Fatal(err)
+	}
+	var plan []map[string]any
+	if err := pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sqlGauge, pgx.QueryExecModeExec,
+		pgx.NamedArgs{"below": below, "items": items}).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, n := range planNodes(plan[0]["Plan"]) {
+		if n["Node Type"] != "Limit" {
+			continue
+		}
+		for _, c := range planNodes(n)[1:] {
+			if c["Index Name"] == "outbox_item_states_pending_created" {
+				found = true
+				if rows, _ := c["Actual Rows"].(float64); rows > 1 {
+					t.Errorf("the oldest pending item took %v index entries", rows)
+				}
+			}
+		}
+	}
+	if !found {
+		b, _ := json.Marshal(plan)
+		t.Errorf("no Limit over pending_created: the oldest pending item is found by reading every pending entry: %s", b)
+	}
+}
