@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
@@ -27,24 +28,7 @@ func TestClaimNeverReadsTheLeasedKeyIndexWhole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 2000 {
-		it := NewItem{
-			Identity: Identity{TenantKey: "acme", SubjectKind: SubjectUsageEvent, SubjectRef: fmt.Sprintf("event:calls:e%d", i),
-				Exporter: "stripe_meter_events", DestinationAccount: "acct_123", Mode: ModeTest, MappingVersion: 1},
-			Payload: Payload{Customer: fmt.Sprintf("cus_%d", i), EventName: "calls", Value: 1, Timestamp: 1796000000,
-				Feature: "calls", Period: "2026-11-01T00:00:00Z"},
-		}
-		if _, err := store.Enqueue(ctx, tx, it); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	enqueueCalls(t, pool, store, 0, 2000)
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_states"); err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +67,32 @@ func TestClaimNeverReadsTheLeasedKeyIndexWhole(t *testing.T) {
 	}
 }
 
+// enqueueCalls enqueues n pending items in one transaction, each of its own
+// customer (an ordering key each), numbered from from.
+func enqueueCalls(t *testing.T, pool *pgxpool.Pool, store *Store, from, n int) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for i := from; i < from+n; i++ {
+		it := NewItem{
+			Identity: Identity{TenantKey: "acme", SubjectKind: SubjectUsageEvent, SubjectRef: fmt.Sprintf("event:calls:e%d", i),
+				Exporter: "stripe_meter_events", DestinationAccount: "acct_123", Mode: ModeTest, MappingVersion: 1},
+			Payload: Payload{Customer: fmt.Sprintf("cus_%d", i), EventName: "calls", Value: 1, Timestamp: 1796000000,
+				Feature: "calls", Period: "2026-11-01T00:00:00Z"},
+		}
+		if _, err := store.Enqueue(ctx, tx, it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // planNodes returns a plan node of EXPLAIN (FORMAT JSON) and every node
 // under it.
 func planNodes(n any) []map[string]any {
@@ -113,27 +123,7 @@ func TestGaugeReadsOneEntryForTheOldestPending(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	enqueue := func(from, n int) {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := from; i < from+n; i++ {
-			it := NewItem{
-				Identity: Identity{TenantKey: "acme", SubjectKind: SubjectUsageEvent, SubjectRef: fmt.Sprintf("event:calls:e%d", i),
-					Exporter: "stripe_meter_events", DestinationAccount: "acct_123", Mode: ModeTest, MappingVersion: 1},
-				Payload: Payload{Customer: fmt.Sprintf("cus_%d", i), EventName: "calls", Value: 1, Timestamp: 1796000000,
-					Feature: "calls", Period: "2026-11-01T00:00:00Z"},
-			}
-			if _, err := store.Enqueue(ctx, tx, it); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	enqueue(0, 1000)
+	enqueueCalls(t, pool, store, 0, 1000)
 	for range 10 { // every item leased: none pending when the table is analysed
 		if _, err := store.Claim(ctx, pool, ClaimOptions{Owner: "plan", Limit: 100, Policy: BestEffort, Lease: time.Hour}); err != nil {
 			t.Fatal(err)
@@ -142,7 +132,7 @@ func TestGaugeReadsOneEntryForTheOldestPending(t *testing.T) {
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_states"); err != nil {
 		t.Fatal(err)
 	}
-	enqueue(1000, 3000) // the backlog the statistics have not seen
+	enqueueCalls(t, pool, store, 1000, 3000) // the backlog the statistics have not seen
 
 	var below, items int64
 	if err := pool.QueryRow(ctx, sqlGaugeSettled).Scan(&below, &items); err != nil {
