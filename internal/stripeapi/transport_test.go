@@ -38,21 +38,28 @@ func TestDefaultClientReusesConnectionsAcrossBursts(t *testing.T) {
 	var first int64
 	for burst := range bursts {
 		var wg sync.WaitGroup
+		start := make(chan struct{})
 		for range concurrent {
 			wg.Go(func() {
+				<-start
 				// The answer (a 404 for a customer nobody made) does not
 				// matter: only that the call was answered and its body read.
 				_, _ = c.Customer(context.Background(), "cus_nobody")
 			})
 		}
+		close(start)
 		wg.Wait()
 		if burst == 0 {
 			first = opened.Load()
 			require.Positive(t, first)
 		}
 	}
-	// The later bursts reuse the first's connections; a few may still be
-	// opened where a call finds every idle one taken for a moment.
-	require.LessOrEqual(t, opened.Load(), first+concurrent/4,
+	// No burst needs more than concurrent connections at once, and each
+	// burst leaves its connections idle for the next: all four together
+	// open about one burst's worth, a few more where a call finds every
+	// idle one taken for a moment. (A burst of the first may overlap less
+	// than a later one, so the bound is on the total, not on the first
+	// burst's count.) Go's default transport opened 121.
+	require.LessOrEqual(t, opened.Load(), int64(concurrent+concurrent/4),
 		"connections opened: %d in the first burst, %d in all %d", first, opened.Load(), bursts)
 }
