@@ -213,6 +213,17 @@ func (d *devRun) checkReconcile(printed string) {
 		}
 	}
 	require.NotEmpty(d.t, admin, printed)
+	// The simulator records an event before dev records Stripe's answer:
+	// the run confirms only what Tally holds as accepted, so wait for both.
+	require.Eventually(d.t, func() bool {
+		code, body := post(d.t, http.MethodGet, "http://"+d.addr+"/v1/outbox/summary", admin, nil)
+		require.Equal(d.t, http.StatusOK, code, body)
+		var summary struct {
+			Counts map[string]int64 `json:"counts"`
+		}
+		require.NoError(d.t, json.Unmarshal([]byte(body), &summary))
+		return summary.Counts["accepted"] == 2
+	}, 30*time.Second, 100*time.Millisecond, "both items accepted before the run")
 	code, body := post(d.t, http.MethodPost, "http://"+d.addr+"/v1/reconcile/runs", admin, map[string]string{"settle": "0s"})
 	require.Equal(d.t, http.StatusAccepted, code, body)
 	var run struct {
