@@ -22,12 +22,7 @@ import (
 // only a probe of one key can use it. It fails on migration 24's schema.
 func TestClaimNeverReadsTheLeasedKeyIndexWhole(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.New(t)
-	store, err := New(Config{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, pool, store := planDB(t)
 	enqueueCalls(t, pool, store, 0, 2000)
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_states"); err != nil {
 		t.Fatal(err)
@@ -65,6 +60,16 @@ func TestClaimNeverReadsTheLeasedKeyIndexWhole(t *testing.T) {
 			}
 		}
 	}
+}
+
+// planDB is a fresh database and a Store with the default configuration.
+func planDB(t *testing.T) (context.Context, *pgxpool.Pool, *Store) {
+	t.Helper()
+	store, err := New(Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return context.Background(), testdb.New(t), store
 }
 
 // enqueueCalls enqueues n pending items in one transaction, each of its own
@@ -117,12 +122,7 @@ func planNodes(n any) []map[string]any {
 // million on every GET /v1/outbox/summary and maintenance pass.
 func TestGaugeReadsOneEntryForTheOldestPending(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := testdb.New(t)
-	store, err := New(Config{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, pool, store := planDB(t)
 	enqueueCalls(t, pool, store, 0, 1000)
 	for range 10 { // every item leased: none pending when the table is analysed
 		if _, err := store.Claim(ctx, pool, ClaimOptions{Owner: "plan", Limit: 100, Policy: BestEffort, Lease: time.Hour}); err != nil {
