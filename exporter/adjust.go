@@ -45,8 +45,22 @@ func AdjustmentParams(p outbox.Payload, attempt int) *stripe.BillingMeterEventAd
 }
 
 // maxKeyProbes bounds how many earlier attempts' keys a refused resend
-// asks Stripe about (sendAdjustment).
-const maxKeyProbes = 3
+// asks Stripe about (sendAdjustment), beyond one per refused attempt;
+// maxKeyProbesRefused bounds the whole.
+const (
+	maxKeyProbes        = 3
+	maxKeyProbesRefused = 8
+)
+
+// probeWindow returns how many earlier attempts' keys, oldest first, a
+// refused resend of item asks (sendAdjustment): maxKeyProbes beyond the
+// attempts Stripe refused before executing them (429s: RefusedAttempts),
+// which cannot have cancelled anything and may stand before the attempt
+// that did, but never more than maxKeyProbesRefused and never the
+// attempt's own.
+func probeWindow(item outbox.Lease) int {
+	return min(item.Attempts-1, maxKeyProbes+max(item.RefusedAttempts, 0), maxKeyProbesRefused)
+}
 
 // sendAdjustment posts a cancellation item's adjustment and classifies the
 // answer (ClassifyAdjustment).
@@ -56,12 +70,12 @@ const maxKeyProbes = 3
 // was carried out, but its answer never came back — a lost reply, a
 // timeout, a crash between sending and recording. Before quarantining it,
 // sendAdjustment asks Stripe what the earlier attempts got: it resends the
-// same request under each of the up to maxKeyProbes previous attempts'
-// Idempotency-Keys, newest first. Stripe keeps the first answer to a key
-// for 24 hours, the adjustment's own window, and replays it to a request
-// with the same key and parameters (docs/stripe.md §2); a key that was
-// never carried out is carried out now, which cancels nothing twice. A 2xx
-// under any of them is accepted, as any 2xx is (it proves nothing;
+// same request under the earlier attempts' Idempotency-Keys, oldest first
+// (probeWindow of them). Stripe keeps the first answer to a key for 24
+// hours, the adjustment's own window, and replays it to a request with the
+// same key and parameters (docs/stripe.md §2); a key that was never
+// carried out is carried out now, which cancels nothing twice. A 2xx under
+// any of them is accepted, as any 2xx is (it proves nothing;
 // reconciliation decides by absence). A kept 500 or a 4xx under a key says
 // nothing of that attempt, and the next key is asked. A probe without an
 // answer, a 5xx Stripe did not keep (a proxy's 502: kept5xx), a conflict
@@ -70,6 +84,17 @@ const maxKeyProbes = 3
 // attempt asks again. Only when every key asked answers a refusal or a
 // kept 500 is the item quarantined provider_refused, with its own
 // attempt's answer.
+//
+// Oldest first, because only one key can hold the success: the first
+// attempt Stripe executed cancelled the event, and every one executed
+// after it was refused. The keys before it are attempts Stripe never
+// executed (refused with a 429, failed before executing, killed before
+// sending), so the window is anchored at the first attempt and widened by
+// the attempts Stripe refused. Newest first would let each retried probe
+// push the attempt that cancelled out of the window: a lost reply, then
+// three attempts whose probes of it met a 502 or a 429, and the fourth
+// quarantined a cancellation Stripe had carried out
+// (TestCancelAdjustmentsSurviveKills found it).
 //
 // The item's own call goes out on the slot the deliverer paid for before
 // the claim. Each probe waits for a slot of its own (PaceProbes); every
@@ -87,7 +112,7 @@ func (e *StripeV1) sendAdjustment(ctx context.Context, item outbox.Lease) outbox
 	if out.Kind != outbox.Quarantined {
 		return out
 	}
-	for k := item.Attempts - 1; k >= 1 && k >= item.Attempts-maxKeyProbes; k-- {
+	for k := 1; k <= probeWindow(item); k++ {
 		p, a := e.adjust(ctx, item, k)
 		switch {
 		case p.Kind == outbox.Accepted:

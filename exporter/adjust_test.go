@@ -1,6 +1,7 @@
 package exporter_test
 
 import (
+	"cmp"
 	"context"
 	"net/http/httptest"
 	"strings"
@@ -125,46 +126,68 @@ func TestAdjustmentCancelsOnceThroughTheV1Exporter(t *testing.T) {
 }
 
 // A resend of a cancellation that Stripe refuses asks the earlier
-// attempts' keys what they got before quarantining: a kept success is
-// accepted; a kept 500, or a key never carried out that now meets the
-// refusal too, says nothing, and the item is quarantined with its own
-// attempt's answer; a probe the limiter refuses retries the item, and the
-// attempt does not count as refused — its own call reached Stripe.
+// attempts' keys, oldest first, what they got before quarantining: a kept
+// success is accepted, however many refused attempts came after it or
+// (within the window) 429s before it; a kept 500, or a key never carried
+// out that now meets the refusal too, says nothing, and the item is
+// quarantined with its own attempt's answer; a probe the limiter refuses
+// retries the item, and the attempt does not count as refused — its own
+// call reached Stripe.
 func TestAdjustmentResendAsksEarlierKeys(t *testing.T) {
 	t.Parallel()
 	const acct = stripesim.DefaultAccount
 	ident := func(c byte) string { return "tly_" + strings.Repeat(string(c), 64) }
 	target := ident('e')
-	cancel := func(attempt int) outbox.Lease {
+	cancel := func(attempt, refused int) outbox.Lease {
 		return outbox.Lease{Item: outbox.Item{Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageCancellation},
-			Attempts: attempt, Payload: outbox.Payload{Customer: "cus_a", EventName: "logins", Identifier: ident('c'), Cancels: target}}}
+			Attempts: attempt, RefusedAttempts: refused,
+			Payload: outbox.Payload{Customer: "cus_a", EventName: "logins", Identifier: ident('c'), Cancels: target}}}
+	}
+	send := func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1, f stripesim.Faults, want outbox.OutcomeKind, attempts ...int) {
+		sim.Configure(acct, stripesim.Limits{Faults: f})
+		for _, a := range attempts {
+			require.Equal(t, want, v1.Send(context.Background(), cancel(a, 0)).Kind, "attempt %d", a)
+		}
 	}
 	for _, tc := range []struct {
 		name string
 		// first sends what happens before the resend under test (attempt
-		// 3), with the simulator's limits for it.
-		first  func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1)
-		resend stripesim.Limits
-		kind   outbox.OutcomeKind
-		probes []string // the keys the resend used, its own first
+		// 3 unless attempt says otherwise, after refused attempts Stripe
+		// refused), with the simulator's limits for it.
+		first            func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1)
+		attempt, refused int
+		resend           stripesim.Limits
+		kind             outbox.OutcomeKind
+		probes           []string // the keys the resend used, its own first
 	}{
 		{"attempt 2 carried out, its reply lost", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
-			sim.Configure(acct, stripesim.Limits{Faults: stripesim.Faults{LoseReply: 1}})
-			require.Equal(t, outbox.Retry, v1.Send(context.Background(), cancel(2)).Kind)
-		}, stripesim.Limits{}, outbox.Accepted, []string{"-a3", "-a2"}},
+			send(t, sim, v1, stripesim.Faults{LoseReply: 1}, outbox.Retry, 2)
+		}, 0, 0, stripesim.Limits{}, outbox.Accepted, []string{"-a3", "-a1", "-a2"}},
 		{"attempt 1 carried out, a kept 500", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
-			sim.Configure(acct, stripesim.Limits{Faults: stripesim.Faults{FailAfterRecord: 1}})
-			require.Equal(t, outbox.Retry, v1.Send(context.Background(), cancel(1)).Kind)
-		}, stripesim.Limits{}, outbox.Quarantined, []string{"-a3", "-a2", "-a1"}},
+			send(t, sim, v1, stripesim.Faults{FailAfterRecord: 1}, outbox.Retry, 1)
+		}, 0, 0, stripesim.Limits{}, outbox.Quarantined, []string{"-a3", "-a1", "-a2"}},
 		{"cancelled elsewhere, no attempt carried out", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
 			require.Equal(t, outbox.Accepted, v1.Send(context.Background(), outbox.Lease{Item: outbox.Item{
 				Identity: outbox.Identity{SubjectKind: outbox.SubjectUsageCancellation}, Attempts: 1,
 				Payload: outbox.Payload{EventName: "logins", Identifier: ident('x'), Cancels: target}}}).Kind)
-		}, stripesim.Limits{}, outbox.Quarantined, []string{"-a3", "-a2", "-a1"}},
+		}, 0, 0, stripesim.Limits{}, outbox.Quarantined, []string{"-a3", "-a1", "-a2"}},
 		{"the probe rate-limited", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
-			sim.Configure(acct, stripesim.Limits{Faults: stripesim.Faults{LoseReply: 1}})
-			require.Equal(t, outbox.Retry, v1.Send(context.Background(), cancel(2)).Kind)
-		}, stripesim.Limits{BasicRatePerSecond: 0.001, BasicBurst: 1}, outbox.Retry, []string{"-a3", "-a2"}},
+			send(t, sim, v1, stripesim.Faults{LoseReply: 1}, outbox.Retry, 2)
+		}, 0, 0, stripesim.Limits{BasicRatePerSecond: 0.001, BasicBurst: 1}, outbox.Retry, []string{"-a3", "-a1"}},
+		// TestCancelAdjustmentsSurviveKills's story: the attempt that
+		// cancelled lost its reply, and three more met the refusal while
+		// their probes of it failed. Newest first asked a4, a3 and a2 and
+		// quarantined what Stripe had carried out.
+		{"attempt 1 carried out, three refused after it", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
+			send(t, sim, v1, stripesim.Faults{LoseReply: 1}, outbox.Retry, 1, 2, 3, 4)
+		}, 5, 0, stripesim.Limits{}, outbox.Accepted, []string{"-a5", "-a1"}},
+		// Stripe's limiter refused the first three attempts unexecuted;
+		// the fourth cancelled and lost its reply. The window widens by
+		// the three refusals.
+		{"attempt 4 carried out after three 429s", func(t *testing.T, sim *stripesim.Server, v1 *exporter.StripeV1) {
+			send(t, sim, v1, stripesim.Faults{RateLimitFault: 1}, outbox.RateLimited, 1, 2, 3)
+			send(t, sim, v1, stripesim.Faults{LoseReply: 1}, outbox.Retry, 4)
+		}, 5, 3, stripesim.Limits{}, outbox.Accepted, []string{"-a5", "-a1", "-a2", "-a3", "-a4"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -184,7 +207,7 @@ func TestAdjustmentResendAsksEarlierKeys(t *testing.T) {
 			before := len(sim.Requests())
 			sim.Configure(acct, tc.resend)
 
-			o := v1.Send(context.Background(), cancel(3))
+			o := v1.Send(context.Background(), cancel(cmp.Or(tc.attempt, 3), tc.refused))
 			require.Equal(t, tc.kind, o.Kind, "%+v", o)
 			require.False(t, o.Refused, "the attempt's own call reached Stripe")
 			if o.Kind == outbox.Quarantined {
