@@ -205,6 +205,7 @@ type limiter struct {
 	maxFlight  int
 	overlaps   []Overlap
 	unheard    int                             // successes whose client had gone (Faults.ReplyDelay)
+	holding    int                             // successes being held now (Faults.ReplyDelay)
 	limited    map[string]map[RateLimitKey]int // account -> 429s
 	rng        *rand.Rand
 }
@@ -324,6 +325,16 @@ func (s *Server) Unheard() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lim.unheard
+}
+
+// HeldSuccesses returns how many successful meter-event, stream and
+// adjustment answers the simulator is holding at this moment
+// (Faults.ReplyDelay): calls carried out whose client has not heard yet.
+// A crash test kills its client while one is held.
+func (s *Server) HeldSuccesses() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lim.holding
 }
 
 // Overlaps returns the first overlaps of v1 meter-event calls for one
@@ -670,6 +681,16 @@ func (s *Server) gate(next http.Handler) http.Handler {
 func (s *Server) delayReply(w http.ResponseWriter, r *http.Request, next http.Handler, delay time.Duration) {
 	buf := &bufferWriter{header: http.Header{}}
 	next.ServeHTTP(buf, r)
+	if buf.status >= 200 && buf.status < 300 {
+		s.mu.Lock()
+		s.lim.holding++
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.lim.holding--
+			s.mu.Unlock()
+		}()
+	}
 	t := time.NewTimer(delay)
 	defer t.Stop()
 	select {
