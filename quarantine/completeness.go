@@ -99,7 +99,14 @@ type Completeness struct {
 // Its cost is linear in the month's events and items, whatever plan the
 // planner picks from statistics that have not seen the month (a fresh
 // month's rows are believed few until the next ANALYZE, so every join may
-// become a nested loop):
+// become a nested loop) or that believe it larger than it is:
+//   - an item's state and body are read by a probe of the primary key per
+//     item (a LATERAL subquery with LIMIT 1, which the planner cannot turn
+//     into a join), never by a join: once ANALYZE had seen the month,
+//     the planner estimated 15,618 events where there were 400 and merged
+//     the month's 100 items with all 500,100 states, read in key order —
+//     2.2 s of history beside 2 million ledger rows, 111× the empty
+//     database (BenchmarkHistory, docs/performance.md);
 //   - the month's events are grouped by the item that carries them first,
 //     so that each item is read once, not once per event; a tenant's period
 //     anchor is read only for an event not yet staged;
@@ -145,11 +152,13 @@ grouped AS MATERIALIZED (
 ),
 chain (tenant, feature, start, n, v, last_value, cn, cv, id, next, state, depth) AS (
     SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value, g.cn, g.cv, s.id, s.superseded_by, s.state, 0
-    FROM grouped g JOIN outbox_item_states s ON s.id = g.item_id
+    FROM grouped g
+    CROSS JOIN LATERAL (SELECT s.id, s.superseded_by, s.state FROM outbox_item_states s WHERE s.id = g.item_id LIMIT 1) s
     WHERE NOT g.gone
     UNION ALL
     SELECT c.tenant, c.feature, c.start, c.n, c.v, c.last_value, c.cn, c.cv, s.id, s.superseded_by, s.state, c.depth + 1
-    FROM chain c JOIN outbox_item_states s ON s.id = c.next
+    FROM chain c
+    CROSS JOIN LATERAL (SELECT s.id, s.superseded_by, s.state FROM outbox_item_states s WHERE s.id = c.next LIMIT 1) s
     WHERE c.depth < 1000
 ),
 per_item AS (
@@ -158,7 +167,9 @@ per_item AS (
            coalesce((live.payload ->> 'late')::boolean, false) AS late,
            (CASE WHEN c.id = c.start THEN live.payload ->> 'period'
                  ELSE (SELECT b.payload ->> 'period' FROM outbox_item_bodies b WHERE b.id = c.start) END)::timestamptz AS period
-    FROM chain c JOIN outbox_item_bodies live ON live.id = c.id
+    FROM chain c
+    CROSS JOIN LATERAL (SELECT b.subject_kind, b.mapping_version, b.payload, b.destination_account
+                        FROM outbox_item_bodies b WHERE b.id = c.id LIMIT 1) live
     WHERE c.next IS NULL
     UNION ALL
     SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value, 0, 0,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
+	"github.com/tallymeter/tally/internal/pgsession"
 	"github.com/tallymeter/tally/migrations"
 )
 
@@ -105,6 +106,7 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		// drives a domain part as serve would (dev's set-up, benchmarks).
 		pcfg.MaxConns = defaultMaxConns
 	}
+	pgsession.Defaults(pcfg.ConnConfig.RuntimeParams)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		d.stopCluster()
@@ -152,6 +154,7 @@ func Connect(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 		return nil, errors.New("TALLY_DATABASE_URL is not a valid Postgres URL")
 	}
 	pcfg.MaxConns = connectMaxConns
+	pgsession.Defaults(pcfg.ConnConfig.RuntimeParams)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Postgres: %w", err)
@@ -240,6 +243,7 @@ func (d *DB) workloadPool(ctx context.Context, size int, timeout time.Duration) 
 	params := pcfg.ConnConfig.RuntimeParams
 	params["statement_timeout"] = strconv.FormatInt(timeout.Milliseconds(), 10)
 	params["idle_in_transaction_session_timeout"] = strconv.FormatInt(min(timeout, idleInTransactionTimeout).Milliseconds(), 10)
+	pgsession.Defaults(params)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Postgres: %w", err)

@@ -52,8 +52,14 @@ func TestWorkloadPoolsCutStatementsAtTheirOwnTimeoutsAndKeepTheirSizes(t *testin
 		require.Equal(t, c.size, c.pool.Config().MaxConns, c.name)
 		require.Equal(t, c.timeout, show(c.pool, "statement_timeout"), c.name)
 		require.Equal(t, c.idle, show(c.pool, "idle_in_transaction_session_timeout"), c.name)
+		require.Equal(t, "off", show(c.pool, "jit"), "%s: no statement of Tally's pays a JIT compilation (pgsession)", c.name)
 	}
 	require.Equal(t, "0", show(db.Pool, "statement_timeout"), "migrations and the operator commands have no timeout")
+	require.Equal(t, "off", show(db.Pool, "jit"))
+	conn, err := app.Connect(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close()
+	require.Equal(t, "off", show(conn, "jit"))
 
 	_, err = pools.Reads.Exec(ctx, "SELECT pg_sleep(2)")
 	var pgErr *pgconn.PgError

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tallymeter/tally/internal/embeddedpg"
+	"github.com/tallymeter/tally/internal/pgsession"
 	"github.com/tallymeter/tally/migrations"
 )
 
@@ -78,6 +79,7 @@ func New(t testing.TB) *pgxpool.Pool {
 		t.Fatalf("testdb: %v", err)
 	}
 	cfg.MaxConns = 20
+	pgsession.Defaults(cfg.ConnConfig.RuntimeParams) // as Tally's own pools
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("testdb: connecting: %v", err)
