@@ -53,9 +53,11 @@ func TestWorkloadPoolsCutStatementsAtTheirOwnTimeoutsAndKeepTheirSizes(t *testin
 		require.Equal(t, c.timeout, show(c.pool, "statement_timeout"), c.name)
 		require.Equal(t, c.idle, show(c.pool, "idle_in_transaction_session_timeout"), c.name)
 		require.Equal(t, "off", show(c.pool, "jit"), "%s: no statement of Tally's pays a JIT compilation (pgsession)", c.name)
+		require.Equal(t, "0", show(c.pool, "max_parallel_workers_per_gather"), "%s: nor a parallel worker's start", c.name)
 	}
 	require.Equal(t, "0", show(db.Pool, "statement_timeout"), "migrations and the operator commands have no timeout")
 	require.Equal(t, "off", show(db.Pool, "jit"))
+	require.Equal(t, "0", show(db.Pool, "max_parallel_workers_per_gather"))
 	conn, err := app.Connect(ctx, cfg)
 	require.NoError(t, err)
 	defer conn.Close()

@@ -75,6 +75,9 @@ func TestCompletenessReadsNoHistoryOnceAnalysed(t *testing.T) {
 	read := map[string]float64{}
 	var walk func(n map[string]any)
 	walk = func(n map[string]any) {
+		if typ, _ := n["Node Type"].(string); strings.HasPrefix(typ, "Gather") {
+			t.Errorf("a %s: the report starts parallel workers (pgsession turns them off)", typ)
+		}
 		if rel, _ := n["Relation Name"].(string); rel != "" {
 			rows, _ := n["Actual Rows"].(float64)
 			loops, _ := n["Actual Loops"].(float64)
