@@ -18,16 +18,16 @@ package pgsession
 //     and a statement over a table with a long history gets such
 //     estimates. Once ANALYZE had seen the current month, the
 //     completeness report beside 2 million ledger rows was estimated at
-//     2.6 million and spent 1.5–1.8 s compiling (inlining, optimisation,
+//     0.7–2.6 million and spent 1.5–1.8 s compiling (inlining, optimisation,
 //     emission of 140 functions) to run 12 ms of work: 111× the empty
-//     database (docs/performance.md, "JIT"). A routine statement never
+//     database (docs/performance.md, "Measured once analysed"). A routine statement never
 //     runs long enough to pay a compilation back.
 //   - max_parallel_workers_per_gather=0, for the same estimates: beside 20
 //     million ledger rows the analysed statistics put the current month
 //     at 77,933 events where there were 1,070, and the completeness
 //     report's scan of them became a parallel one. Starting the workers
 //     took 45 ms of a 75 ms report whose workers then spent 4 ms each:
-//     5.4× the empty database (docs/performance.md). Tally's statements
+//     5.4× the empty database (the same section). Tally's statements
 //     read a month, a batch or an hour; on the two cores it is sized for,
 //     a worker takes a core from the deliverers besides.
 func Defaults(params map[string]string) {
