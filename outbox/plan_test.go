@@ -162,3 +162,66 @@ func TestGaugeReadsOneEntryForTheOldestPending(t *testing.T) {
 		t.Errorf("no Limit over pending_created: the oldest pending item is found by reading every pending entry: %s", b)
 	}
 }
+
+// TestClaimReadsNoBacklogItWillNotLease keeps a claim's cost independent of
+// the backlog when the statistics have not seen it (the table analysed
+// while nothing was pending, then a backlog: the usual case, since
+// autovacuum analyses a large table only after a tenth of it changed).
+// The claim must lease its rows by the primary key, and pick them from the
+// head of pending_due in its order: planned for "one pending row", the
+// lease's UPDATE read every pending item through a BitmapOr of the
+// pending and leased partial indexes and filtered them by id (6,000 rows
+// removed for a claim of 100 in BenchmarkHistory, growing with every
+// claim), and the pick could read pending_created whole and sort it.
+func TestClaimReadsNoBacklogItWillNotLease(t *testing.T) {
+	t.Parallel()
+	ctx, pool, store := planDB(t)
+	enqueueCalls(t, pool, store, 0, 200)
+	for range 2 { // every item leased: none pending when the table is analysed
+		if _, err := store.Claim(ctx, pool, ClaimOptions{Owner: "plan", Limit: 100, Policy: BestEffort, Lease: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_states"); err != nil {
+		t.Fatal(err)
+	}
+	enqueueCalls(t, pool, store, 200, 3000) // the backlog the statistics have not seen
+
+	args := pgx.NamedArgs{"owner": "plan", "limit": 100, "scan": 400, "lease": time.Hour, "max": DefaultMaxAttempts,
+		"horizon": DefaultHorizon, "accept_past": 24 * time.Hour, "accept_future": time.Hour}
+	for _, c := range []struct {
+		name, sql string
+		perKey    bool
+	}{
+		{"BestEffort", sqlClaimBestEffort, false},
+		{"PerKey, first try", sqlClaimPerKeyOne, true},
+	} {
+		args["per_key"] = c.perKey
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []map[string]any
+		err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+c.sql, pgx.QueryExecModeExec, args).Scan(&plan)
+		_ = tx.Rollback(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var read float64
+		for _, n := range planNodes(plan[0]["Plan"]) {
+			if rel, _ := n["Relation Name"].(string); rel == "outbox_item_states" {
+				rows, _ := n["Actual Rows"].(float64)
+				loops, _ := n["Actual Loops"].(float64)
+				removed, _ := n["Rows Removed by Filter"].(float64)
+				recheck, _ := n["Rows Removed by Index Recheck"].(float64)
+				read += (rows + removed + recheck) * max(loops, 1)
+			}
+		}
+		// The pick reads about the 100 it leases (PerKey also the keys'
+		// other items it steps over: one each here), the lease 100 more.
+		if read > 600 {
+			b, _ := json.Marshal(plan)
+			t.Errorf("%s: %v state rows read to lease 100 of a backlog of 3,000: %s", c.name, read, b)
+		}
+	}
+}
