@@ -21,10 +21,10 @@ import (
 // of the current month (100 items) beside 50,000 historic items, after
 // ANALYZE has seen the month, as autovacuum would have, and reads the plan
 // Postgres executed (auto_explain): the items' states and bodies must be
-// read by a probe per item, never by a scan of their tables. Joined, they
-// were hashed or merged whole once the statistics believed the month large
-// (50,100 states read here for 100 items; 500,100 beside 2 million ledger
-// rows, 0.6 s).
+// read as the month's range of ids or by a probe per item, never by a scan
+// of their tables. Joined without the range, they were hashed or merged
+// whole once the statistics believed the month large (50,100 states read
+// here for 100 items; 500,100 beside 2 million ledger rows, 0.6 s).
 func TestCompletenessReadsNoHistoryOnceAnalysed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
