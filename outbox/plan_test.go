@@ -72,6 +72,27 @@ func planDB(t *testing.T) (context.Context, *pgxpool.Pool, *Store) {
 	return context.Background(), testdb.New(t), store
 }
 
+// backlogUnseen is a fresh database whose state table was analysed while
+// it held leased items only (leased, a multiple of 100), and which then
+// got a backlog of pending items its statistics have not seen: how
+// autovacuum leaves a large table, which it analyses only after a tenth
+// of it changed.
+func backlogUnseen(t *testing.T, leased, backlog int) (context.Context, *pgxpool.Pool, *Store) {
+	t.Helper()
+	ctx, pool, store := planDB(t)
+	enqueueCalls(t, pool, store, 0, leased)
+	for range leased / 100 {
+		if _, err := store.Claim(ctx, pool, ClaimOptions{Owner: "plan", Limit: 100, Policy: BestEffort, Lease: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_states"); err != nil {
+		t.Fatal(err)
+	}
+	enqueueCalls(t, pool, store, leased, backlog)
+	return ctx, pool, store
+}
+
 // enqueueCalls enqueues n pending items in one transaction, each of its own
 // customer (an ordering key each), numbered from from.
 func enqueueCalls(t *testing.T, pool *pgxpool.Pool, store *Store, from, n int) {
@@ -122,17 +143,7 @@ func planNodes(n any) []map[string]any {
 // million on every GET /v1/outbox/summary and maintenance pass.
 func TestGaugeReadsOneEntryForTheOldestPending(t *testing.T) {
 	t.Parallel()
-	ctx, pool, store := planDB(t)
-	enqueueCalls(t, pool, store, 0, 1000)
-	for range 10 { // every item leased: none pending when the table is analysed
-		if _, err := store.Claim(ctx, pool, ClaimOptions{Owner: "plan", Limit: 100, Policy: BestEffort, Lease: time.Hour}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_states"); err != nil {
-		t.Fatal(err)
-	}
-	enqueueCalls(t, pool, store, 1000, 3000) // the backlog the statistics have not seen
+	ctx, pool, _ := backlogUnseen(t, 1000, 3000)
 
 	var below, items int64
 	if err := pool.QueryRow(ctx, sqlGaugeSettled).Scan(&below, &items); err != nil {
@@ -175,17 +186,7 @@ func TestGaugeReadsOneEntryForTheOldestPending(t *testing.T) {
 // claim), and the pick could read pending_created whole and sort it.
 func TestClaimReadsNoBacklogItWillNotLease(t *testing.T) {
 	t.Parallel()
-	ctx, pool, store := planDB(t)
-	enqueueCalls(t, pool, store, 0, 200)
-	for range 2 { // every item leased: none pending when the table is analysed
-		if _, err := store.Claim(ctx, pool, ClaimOptions{Owner: "plan", Limit: 100, Policy: BestEffort, Lease: time.Hour}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE outbox_item_states"); err != nil {
-		t.Fatal(err)
-	}
-	enqueueCalls(t, pool, store, 200, 3000) // the backlog the statistics have not seen
+	ctx, pool, _ := backlogUnseen(t, 200, 3000)
 
 	args := pgx.NamedArgs{"owner": "plan", "limit": 100, "scan": 400, "lease": time.Hour, "max": DefaultMaxAttempts,
 		"horizon": DefaultHorizon, "accept_past": 24 * time.Hour, "accept_future": time.Hour}
