@@ -38,15 +38,8 @@ func TestClaimNeverReadsTheLeasedKeyIndexWhole(t *testing.T) {
 		}
 	}
 
-	args := pgx.NamedArgs{"owner": "plan", "limit": 100, "scan": 400, "lease": time.Hour, "max": DefaultMaxAttempts,
-		"horizon": DefaultHorizon, "accept_past": 24 * time.Hour, "accept_future": time.Hour}
-	for _, c := range []struct {
-		name, sql string
-		perKey    bool
-	}{
-		{"BestEffort", sqlClaimBestEffort, false},
-		{"PerKey, first try", sqlClaimPerKeyOne, true},
-	} {
+	args := claimPlanArgs()
+	for _, c := range claimPlanStatements {
 		args["per_key"] = c.perKey
 		// EXPLAIN without ANALYZE plans the statement and runs nothing.
 		var plan []map[string]any
@@ -60,6 +53,23 @@ func TestClaimNeverReadsTheLeasedKeyIndexWhole(t *testing.T) {
 			}
 		}
 	}
+}
+
+// claimPlanStatements are the one-statement claims the plan tests
+// explain, with whether each leases per key.
+var claimPlanStatements = []struct {
+	name, sql string
+	perKey    bool
+}{
+	{"BestEffort", sqlClaimBestEffort, false},
+	{"PerKey, first try", sqlClaimPerKeyOne, true},
+}
+
+// claimPlanArgs are the arguments of a claim of 100 at the defaults, but
+// "per_key", which each statement sets.
+func claimPlanArgs() pgx.NamedArgs {
+	return pgx.NamedArgs{"owner": "plan", "limit": 100, "scan": 400, "lease": time.Hour, "max": DefaultMaxAttempts,
+		"horizon": DefaultHorizon, "accept_past": 24 * time.Hour, "accept_future": time.Hour}
 }
 
 // planDB is a fresh database and a Store with the default configuration.
@@ -188,15 +198,8 @@ func TestClaimReadsNoBacklogItWillNotLease(t *testing.T) {
 	t.Parallel()
 	ctx, pool, _ := backlogUnseen(t, 200, 3000)
 
-	args := pgx.NamedArgs{"owner": "plan", "limit": 100, "scan": 400, "lease": time.Hour, "max": DefaultMaxAttempts,
-		"horizon": DefaultHorizon, "accept_past": 24 * time.Hour, "accept_future": time.Hour}
-	for _, c := range []struct {
-		name, sql string
-		perKey    bool
-	}{
-		{"BestEffort", sqlClaimBestEffort, false},
-		{"PerKey, first try", sqlClaimPerKeyOne, true},
-	} {
+	args := claimPlanArgs()
+	for _, c := range claimPlanStatements {
 		args["per_key"] = c.perKey
 		tx, err := pool.Begin(ctx)
 		if err != nil {
