@@ -45,7 +45,9 @@ type SettledKey struct {
 }
 
 // sqlSettledKeys lists the ordering keys of a destination with settled
-// accepted or uncertain items from a timestamp on, after a key, in order.
+// accepted or uncertain items from a timestamp on, after a key, in byte
+// order (collation "C", whatever the database's: a caller merges them with
+// keys of its own and compares them as Go does).
 const sqlSettledKeys = `
 SELECT b.ordering_key, b.payload ->> 'customer', b.payload ->> 'event_name', b.destination_account,
        min((b.payload ->> 'timestamp')::bigint), max((b.payload ->> 'timestamp')::bigint)
@@ -53,15 +55,17 @@ FROM outbox_item_states s JOIN outbox_item_bodies b ON b.id = s.id
 WHERE b.destination_account = ANY(@accounts::text[]) AND s.mode = @mode
   AND ((s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval) OR s.state = 'uncertain')
   AND (b.payload ->> 'timestamp')::bigint >= @since
-  AND s.ordering_key > @cursor
+  AND s.ordering_key COLLATE "C" > @cursor
 GROUP BY 1, 2, 3, 4
-ORDER BY 1`
+ORDER BY b.ordering_key COLLATE "C"`
 
 // SettledKeys lists the ordering keys of f's destination that have items
 // accepted longer ago than f.Settle or uncertain, with payload timestamps
-// from f.Since on, after f.After, in key order: the keys reconciliation
-// compares with the provider's numbers, one at a time, resuming after the
-// last key it finished. The timestamps of each are those of these items.
+// from f.Since on, after f.After, in byte order (as Go compares strings):
+// the keys reconciliation compares with the provider's numbers because they
+// hold items to confirm or to learn about, one at a time, resuming after
+// the last key it finished. The timestamps of each are those of these
+// items.
 func (s *Store) SettledKeys(ctx context.Context, q Querier, f KeyFilter) ([]SettledKey, error) {
 	accounts := f.Accounts
 	if len(accounts) == 0 {
@@ -107,6 +111,10 @@ type KeyItem struct {
 	// (SubjectUsageCancellation, which shares its event's key and
 	// timestamp), the identifier of the event it cancels.
 	Identifier, Cancels string
+	// Tenant and Period are the item's tenant key and the start of the
+	// billing period its payload names: whose period it counts in.
+	Tenant string
+	Period time.Time
 }
 
 // sqlKeyItems reads the accepted, confirmed, uncertain, pending and leased
@@ -117,7 +125,7 @@ type KeyItem struct {
 const sqlKeyItems = `
 SELECT b.id, s.state, (b.payload ->> 'value')::bigint, (b.payload ->> 'timestamp')::bigint,
        s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval,
-       b.identifier, coalesce(b.payload ->> 'cancels', '')
+       b.identifier, coalesce(b.payload ->> 'cancels', ''), b.tenant_key, (b.payload ->> 'period')::timestamptz
 FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id
 WHERE b.ordering_key = @key AND b.mode = @mode
   AND (b.payload ->> 'timestamp')::bigint >= @from AND (b.payload ->> 'timestamp')::bigint < @to
@@ -130,7 +138,10 @@ ORDER BY 4, 1`
 // should have counted — or pending or leased — still in flight — in
 // timestamp order, then by id: what reconciliation compares with the
 // provider's hourly numbers of the key, and the items in flight that hold
-// an hour back from the comparison.
+// an hour back from the comparison. Each comes with its tenant and billing
+// period, which say until when reconciliation reads its hours again. It
+// reads the key's items in the range alone (the key-and-time index), so
+// its cost is the range's items, never the key's history.
 //
 // Reconciliation runs it once per key, so its planning counts: on a large
 // table the plan cache keeps planning it afresh at every call (its custom
@@ -144,7 +155,8 @@ func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem,
 	args := pgx.NamedArgs{"key": r.OrderingKey, "mode": string(r.Mode), "settle": r.Settle, "from": r.From, "to": r.To}
 	items, err := queryOnGenericPlan(ctx, q, sqlKeyItems, args, func(row pgx.CollectableRow) (KeyItem, error) {
 		var it KeyItem
-		err := row.Scan(&it.ID, &it.State, &it.Value, &it.Timestamp, &it.Settled, &it.Identifier, &it.Cancels)
+		err := row.Scan(&it.ID, &it.State, &it.Value, &it.Timestamp, &it.Settled, &it.Identifier, &it.Cancels, &it.Tenant, &it.Period)
+		it.Period = it.Period.UTC()
 		return it, err
 	})
 	if err != nil {

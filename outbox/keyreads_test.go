@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -91,7 +92,7 @@ func TestSettledKeysListsKeysWithSettledItems(t *testing.T) {
 		Account: "acct_123", Earliest: 1000, Latest: 1000}}, liveKeys)
 
 	// Several accounts (a platform's and its connected accounts) are listed
-	// together, in key order, each key with its account.
+	// together, in byte order, each key with its account.
 	both, err := b.store.SettledKeys(b.ctx, b.pool, outbox.KeyFilter{Accounts: []string{"acct_other", "acct_123"}, Mode: outbox.ModeTest})
 	require.NoError(t, err)
 	e := outbox.SettledKey{OrderingKey: "acct_other|cus_e|api_calls", Customer: "cus_e", EventName: "api_calls", Account: "acct_other",
@@ -136,13 +137,14 @@ func TestKeyItemsReadsAKeysItemsInRange(t *testing.T) {
 		require.Empty(t, got[i].Cancels, "no cancellation among them")
 		got[i].Identifier = ""
 	}
+	nov := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
 	require.Equal(t, []outbox.KeyItem{
-		{ID: pending, State: outbox.StatePending, Value: 90, Timestamp: 100},
-		{ID: ids[1], State: outbox.StateConfirmed, Value: 20, Timestamp: 200},
-		{ID: ids[2], State: outbox.StateUncertain, Value: 30, Timestamp: 200},
-		{ID: ids[0], State: outbox.StateAccepted, Value: 10, Timestamp: 300, Settled: true},
-		{ID: ids[3], State: outbox.StateLeased, Value: 40, Timestamp: 400},
-	}, got)
+		{ID: pending, State: outbox.StatePending, Value: 90, Timestamp: 100, Tenant: "acme", Period: nov},
+		{ID: ids[1], State: outbox.StateConfirmed, Value: 20, Timestamp: 200, Tenant: "acme", Period: nov},
+		{ID: ids[2], State: outbox.StateUncertain, Value: 30, Timestamp: 200, Tenant: "acme", Period: nov},
+		{ID: ids[0], State: outbox.StateAccepted, Value: 10, Timestamp: 300, Settled: true, Tenant: "acme", Period: nov},
+		{ID: ids[3], State: outbox.StateLeased, Value: 40, Timestamp: 400, Tenant: "acme", Period: nov},
+	}, got, "each with its tenant and billing period")
 
 	r.Settle = time.Hour
 	got, err = b.store.KeyItems(b.ctx, b.pool, r)
@@ -154,7 +156,7 @@ func TestKeyItemsReadsAKeysItemsInRange(t *testing.T) {
 	got, err = b.store.KeyItems(b.ctx, b.pool, r)
 	require.NoError(t, err)
 	require.Equal(t, []outbox.KeyItem{{ID: ids[8], State: outbox.StateAccepted, Value: 1, Timestamp: 300,
-		Identifier: b.get(t, ids[8]).Identifier}}, got)
+		Identifier: b.get(t, ids[8]).Identifier, Tenant: "acme", Period: nov}}, got)
 }
 
 // KeyItems runs on its generic plan from the first call, and asks for it
@@ -309,4 +311,35 @@ func TestConfirmRunsOnItsGenericPlan(t *testing.T) {
 	require.NoError(t, conn.QueryRow(b.ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements
 		WHERE statement LIKE '%SET state = ''confirmed''%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&generic, &custom))
 	require.Equal(t, [2]int64{7, 0}, [2]int64{generic, custom}, "planned once, generic, and reused, though the session asks for custom plans")
+}
+
+// SettledKeys lists keys in byte order, as Go compares strings, and resumes
+// after a key by that order too: reconciliation merges these keys with keys
+// of its own. The statement names collation "C" because a database's own
+// may be a natural-language one, which orders "cus_a|…" and "cus_A_…"
+// otherwise (the test databases' is C already).
+func TestSettledKeysAreInByteOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	custs := []string{"cus_b", "cus_A_1", "cus_a", "cus_a_z", "cus_Z"}
+	var items []outbox.NewItem
+	for i, c := range custs {
+		items = append(items, customerItem(fmt.Sprint("k", i), c, 1, 1000))
+	}
+	b.enqueue(t, items...)
+	for _, l := range b.leaseAll(t) {
+		require.NoError(t, b.store.Accept(b.ctx, b.pool, l, "req"))
+	}
+	keys, err := b.store.SettledKeys(b.ctx, b.pool, outbox.KeyFilter{Account: "acct_123", Mode: outbox.ModeTest})
+	require.NoError(t, err)
+	var got []string
+	for _, k := range keys {
+		got = append(got, k.OrderingKey)
+	}
+	require.True(t, slices.IsSorted(got), "%q", got)
+	require.Len(t, got, len(custs))
+	after, err := b.store.SettledKeys(b.ctx, b.pool, outbox.KeyFilter{Account: "acct_123", Mode: outbox.ModeTest, After: got[1]})
+	require.NoError(t, err)
+	require.Len(t, after, len(custs)-2)
+	require.Equal(t, got[2], after[0].OrderingKey)
 }

@@ -62,10 +62,15 @@ type Line struct {
 	// InconsistentItems counts items whose value is not the reduction of the
 	// events they carry (a sum, the last value, or the event's own value).
 	InconsistentItems int64 `json:"inconsistent_items"`
-	// Discrepancies counts the hours of this line's items where the latest
-	// finished reconcile run found Stripe's numbers different from Tally's
-	// (see ReconcileRun): their items stay accepted until it is resolved.
+	// Discrepancies counts the open discrepancies (of any reconcile run:
+	// unresolved, and not cleared by a later run) that involve this line's
+	// usage: hours where Stripe's numbers differ from Tally's, and keys
+	// whose summaries Stripe refused. Their accepted items stay accepted
+	// until finance resolves them.
 	Discrepancies int64 `json:"discrepancies"`
+	// DiscrepanciesStripeHasMore counts those where Stripe has more than
+	// Tally: the customer may be billed too much.
+	DiscrepanciesStripeHasMore int64 `json:"discrepancies_stripe_has_more"`
 	// Holds is the conservation identity: ingested = confirmed + accepted +
 	// pending + quarantined + uncertain + rejected + cancelled, in events
 	// and in value, and every item consistent with its events.
@@ -76,8 +81,9 @@ type Line struct {
 type Completeness struct {
 	Period string `json:"period"`
 	Lines  []Line `json:"lines"`
-	// ReconcileRun is the latest finished reconcile run, whose
-	// discrepancies the lines count; nil before the first.
+	// ReconcileRun is the latest reconcile run that succeeded, for
+	// reference (the lines count the open discrepancies of every run); nil
+	// before the first.
 	ReconcileRun *int64 `json:"reconcile_run"`
 	// Holds is true when every line holds.
 	Holds bool `json:"holds"`
@@ -357,21 +363,24 @@ func (c *Completeness) readLines(ctx context.Context, q TxQuerier, from, to time
 	return index, nil
 }
 
-// addDiscrepancies counts on each line the discrepancy hours of the latest
-// succeeded reconcile run that involve its items, and names the run.
+// addDiscrepancies counts on each line the open discrepancies that involve
+// its usage, and names the latest succeeded reconcile run.
 func (c *Completeness) addDiscrepancies(ctx context.Context, q Querier, from, to time.Time, tenant string, index map[[3]string]int) error {
 	run, ok, err := reconcile.LatestSucceeded(ctx, q)
-	if err != nil || !ok {
+	if err != nil {
 		return err
 	}
-	c.ReconcileRun = &run
-	per, err := reconcile.DiscrepanciesByPeriod(ctx, q, run, from, to, tenant)
+	if ok {
+		c.ReconcileRun = &run
+	}
+	per, err := reconcile.DiscrepanciesByPeriod(ctx, q, from, to, tenant)
 	if err != nil {
 		return err
 	}
 	for _, d := range per {
 		if i, ok := index[[3]string{d.Tenant, d.Feature, d.Period.UTC().Format(time.RFC3339)}]; ok {
 			c.Lines[i].Discrepancies += d.Hours
+			c.Lines[i].DiscrepanciesStripeHasMore += d.StripeHasMore
 		}
 	}
 	return nil
@@ -387,7 +396,8 @@ var completenessColumns = []string{"tenant", "feature", "period", "destination_a
 	"ingested_events", "ingested_value", "confirmed_events", "confirmed_value", "accepted_events", "accepted_value",
 	"pending_events", "pending_value", "quarantined_events", "quarantined_value", "uncertain_events", "uncertain_value",
 	"rejected_events", "rejected_value", "cancelled_events", "cancelled_value", "unstaged_events", "unstaged_value",
-	"period_closed_events", "period_closed_value", "inconsistent_items", "discrepancies", "holds", "as_of"}
+	"period_closed_events", "period_closed_value", "inconsistent_items", "discrepancies", "discrepancies_stripe_has_more",
+	"holds", "as_of"}
 
 // CSV writes the report's lines as CSV, one row a tenant, feature and
 // period with its destination accounts (space-separated), every bucket as events and value, and the snapshot's as_of on
@@ -402,7 +412,7 @@ func (c Completeness) CSV(w io.Writer) error {
 			row = append(row, strconv.FormatInt(b.Events, 10), b.Value.String())
 		}
 		row = append(row, strconv.FormatInt(l.InconsistentItems, 10), strconv.FormatInt(l.Discrepancies, 10),
-			strconv.FormatBool(l.Holds), SafeCell(c.AsOf))
+			strconv.FormatInt(l.DiscrepanciesStripeHasMore, 10), strconv.FormatBool(l.Holds), SafeCell(c.AsOf))
 		_ = cw.Write(row)
 	}
 	cw.Flush()
@@ -412,11 +422,12 @@ func (c Completeness) CSV(w io.Writer) error {
 // Table writes the report for a terminal.
 func (c Completeness) Table(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tCANCELLED\tPERIOD CLOSED\tDISCREPANCIES\tHOLDS\t")
+	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tCANCELLED\tPERIOD CLOSED\tDISCREPANCIES\tSTRIPE HAS MORE\tHOLDS\t")
 	for _, l := range c.Lines {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%v\t\n", l.Tenant, l.Feature, l.Period,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%v\t\n", l.Tenant, l.Feature, l.Period,
 			l.Ingested.Value, l.Confirmed.Value, l.Accepted.Value, l.Pending.Value, l.Quarantined.Value,
-			l.Uncertain.Value, l.Rejected.Value, l.Cancelled.Value, l.PeriodClosed.Value, l.Discrepancies, l.Holds)
+			l.Uncertain.Value, l.Rejected.Value, l.Cancelled.Value, l.PeriodClosed.Value, l.Discrepancies,
+			l.DiscrepanciesStripeHasMore, l.Holds)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -39,6 +39,7 @@ type verdict struct {
 	provider     *big.Float
 	providerText string
 	counted      []int64 // accepted and confirmed items: what Tally expects
+	confirmed    []int64 // those of counted confirmed already: Stripe's number had matched
 	uncertain    []int64
 	explainedBy  []int64
 	explanation  string
@@ -48,7 +49,7 @@ type verdict struct {
 const (
 	skipInFlight  = "in_flight" // an item of the hour is pending or leased
 	skipUnsettled = "unsettled" // an accepted item of the hour is younger than the settle delay
-	skipNothing   = "nothing"   // no accepted or uncertain item: nothing to learn
+	skipNothing   = "nothing"   // no accepted or uncertain item, and the period closed: nothing to learn
 )
 
 // maxSubset bounds the uncertain items whose subsets are searched for an
@@ -57,15 +58,19 @@ const maxSubset = 20
 
 // compareHour compares the items of one hour of one key with Stripe's
 // summary of it (found false: no summary, i.e. no event in the hour), by
-// the meter's formula.
-func compareHour(formula string, items []held, summary float64, found bool) verdict {
+// the meter's formula. An hour of an open billing period (open) is
+// compared even when all its items are confirmed, or it has none.
+func compareHour(formula string, items []held, summary float64, found, open bool) verdict {
 	var v verdict
-	skip, accepted, counted, uncertain := classify(items)
+	skip, accepted, counted, uncertain := classify(items, open)
 	if skip != "" {
 		return verdict{skip: skip}
 	}
 	for _, it := range counted {
 		v.counted = append(v.counted, it.id)
+		if it.state == outbox.StateConfirmed {
+			v.confirmed = append(v.confirmed, it.id)
+		}
 	}
 	for _, it := range uncertain {
 		v.uncertain = append(v.uncertain, it.id)
@@ -141,7 +146,10 @@ func compareHour(formula string, items []held, summary float64, found bool) verd
 // classify sorts one hour's items for a comparison: the settled accepted
 // ones (which a match confirms), the accepted and confirmed ones (which
 // Tally counts) and the uncertain ones; or says why the hour is skipped.
-func classify(items []held) (skip string, accepted, counted, uncertain []held) {
+// An hour of a closed billing period with nothing accepted or uncertain
+// is skipped (nothing to learn); one of an open period (open) is not: its
+// confirmed items are compared again.
+func classify(items []held, open bool) (skip string, accepted, counted, uncertain []held) {
 	// Cancellations first. No answer to one is proof (docs/stripe.md §7):
 	// the event an accepted or confirmed cancellation names is expected
 	// absent, and a match confirms the cancellation too; one pending or
@@ -189,7 +197,7 @@ func classify(items []held) (skip string, accepted, counted, uncertain []held) {
 			counted = append(counted, it)
 		}
 	}
-	if len(accepted) == 0 && len(uncertain) == 0 {
+	if !open && len(accepted) == 0 && len(uncertain) == 0 {
 		return skipNothing, nil, nil, nil
 	}
 	return "", accepted, counted, uncertain
@@ -243,21 +251,22 @@ type uncompared struct {
 	counted, uncertain []int64 // ascending
 }
 
-// holdOver sums up the given hours of a key (each with its items) as a
-// run that could read no summary of the key sees them: the hours a
-// comparison would skip (an item in flight or unsettled) are left out,
-// and the rest give the items involved and what Tally expects.
-func holdOver(formula string, byHour map[int64][]held, hours []int64) uncompared {
+// holdOver sums up the given hours of a key (each with its items, those of
+// an open period said by open) as a run that could read no summary of the
+// key sees them: the hours a comparison would skip (an item in flight or
+// unsettled) are left out, and the rest give the items involved and what
+// Tally expects.
+func holdOver(formula string, byHour map[int64][]held, hours []int64, open func(int64) bool) uncompared {
 	var (
 		u       uncompared
 		counted []held
 	)
 	u.counted, u.uncertain = []int64{}, []int64{}
 	for _, h := range hours {
-		if !worthComparing(byHour[h]) {
+		skip, _, c, unc := classify(byHour[h], open(h))
+		if skip == skipNothing {
 			continue // nothing this run would confirm or learn
 		}
-		skip, _, c, unc := classify(byHour[h])
 		if skip != "" {
 			u.skipped++
 			continue

@@ -26,6 +26,7 @@ func TestCompareHour(t *testing.T) {
 		items       []held
 		summary     float64
 		found       bool
+		open        bool // an hour of an open billing period
 		skip        string
 		match       bool
 		confirm     []int64
@@ -33,6 +34,7 @@ func TestCompareHour(t *testing.T) {
 		diff        string
 		explanation string
 		explainedBy []int64
+		confirmed   []int64
 	}{
 		{name: "sum equal confirms the accepted, not the confirmed", formula: "sum",
 			items: []held{acc(1, 5, 10), conf(2, 7, 20), acc(3, -2, 30)}, summary: 10, found: true,
@@ -88,11 +90,28 @@ func TestCompareHour(t *testing.T) {
 			items: []held{acc(1, 5, 10), {id: 2, state: outbox.StateAccepted, value: 1, ts: 20}}, skip: skipUnsettled},
 		{name: "only confirmed items: nothing to do", formula: "sum",
 			items: []held{conf(1, 5, 10)}, summary: 5, found: true, skip: skipNothing},
+		{name: "only confirmed items of an open period, equal: a match that changes nothing", formula: "sum",
+			items: []held{conf(1, 5, 10)}, summary: 5, found: true, open: true, match: true, expected: "5"},
+		{name: "only confirmed items of an open period, Stripe has more", formula: "sum",
+			items: []held{conf(1, 5, 10), conf(2, 2, 20)}, summary: 9, found: true, open: true,
+			expected: "7", diff: "2", explanation: "unexplained", confirmed: []int64{1, 2}},
+		{name: "only confirmed items of an open period, Stripe has less", formula: "count",
+			items: []held{conf(1, 1, 10), conf(2, 1, 20)}, summary: 1, found: true, open: true,
+			expected: "2", diff: "-1", explanation: "unexplained", confirmed: []int64{1, 2}},
+		{name: "confirmed and accepted of an open period, Stripe has more: the accepted is not confirmed", formula: "sum",
+			items: []held{conf(1, 5, 10), acc(2, 2, 20)}, summary: 8, found: true, open: true,
+			expected: "7", diff: "1", explanation: "unexplained", confirmed: []int64{1}},
+		{name: "no item of an open period, Stripe has a sum", formula: "sum",
+			summary: 4, found: true, open: true, expected: "0", diff: "4", explanation: "unexplained"},
+		{name: "no item of an open period, Stripe has a last value", formula: "last",
+			summary: 0, found: true, open: true, expected: "0", diff: "0", explanation: "unexplained"},
+		{name: "an open period's hour in flight is still skipped", formula: "sum", open: true,
+			items: []held{conf(1, 5, 10), {id: 2, state: outbox.StateLeased, value: 1, ts: 20}}, skip: skipInFlight},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			v := compareHour(tc.formula, tc.items, tc.summary, tc.found)
+			v := compareHour(tc.formula, tc.items, tc.summary, tc.found, tc.open)
 			require.Equal(t, tc.skip, v.skip)
 			if tc.skip != "" {
 				return
@@ -106,6 +125,7 @@ func TestCompareHour(t *testing.T) {
 			require.Equal(t, tc.diff, v.differenceText())
 			require.Equal(t, tc.explanation, v.explanation)
 			require.Equal(t, tc.explainedBy, v.explainedBy)
+			require.Equal(t, tc.confirmed, v.confirmed)
 		})
 	}
 }

@@ -19,14 +19,27 @@ const resolutionMatches = `r.destination_account = d.destination_account AND r.m
 	AND r.event_name = d.event_name AND r.customer = d.customer AND r.hour = d.hour AND r.reason = d.reason
 	AND r.expected = d.expected AND r.provider IS NOT DISTINCT FROM d.provider`
 
+// isOpen is the condition under which discrepancy d is open: no later run
+// cleared it, and no resolution covers it.
+const isOpen = `d.cleared_by_run IS NULL
+	AND NOT EXISTS (SELECT 1 FROM reconcile_resolutions r WHERE ` + resolutionMatches + `)`
+
+// kindOrder orders discrepancies by kind as Kinds lists them: Stripe has
+// more (a customer may be billed too much) first.
+const kindOrder = `CASE d.kind WHEN 'stripe_has_more' THEN 0 WHEN 'stripe_has_less' THEN 1 ELSE 2 END`
+
 // sqlDiscrepancies reads discrepancies (the caller adds the WHERE clause on
 // d), each with the tenants and features of its items and the resolution
-// that covers it, if any.
+// that covers it, if any; Stripe-has-more first, then by meter, customer,
+// hour and run. A discrepancy that names no item (an hour Stripe has and
+// Tally has nothing of) is the tenants' whose mapping names its customer
+// (in its account) and the features mapped to its event name.
 const sqlDiscrepancies = `
-SELECT d.id, d.run_id, d.destination_account, d.mode, d.event_name, d.meter, d.customer, d.reason,
+SELECT d.id, d.run_id, d.destination_account, d.mode, d.event_name, d.meter, d.customer, d.reason, d.kind,
        coalesce(d.error_code, ''), coalesce(d.error_status, 0), d.hour, d.formula,
-       d.expected::text, d.provider::text, d.difference::text, d.expected_items, d.uncertain_items, d.explained_by,
-       d.explanation, d.reported_items, coalesce(w.tenants, '{}'), coalesce(w.features, '{}'),
+       d.expected::text, d.provider::text, d.difference::text, d.expected_items, d.uncertain_items, d.confirmed_items,
+       d.explained_by, d.explanation, d.reported_items,
+       coalesce(w.tenants, m.tenants, '{}'), coalesce(w.features, m.features, '{}'), d.cleared_by_run,
        r.id, r.discrepancy_id, r.resolution, r.note, r.resolved_by, r.resolved_at, r.settled_items
 FROM reconcile_discrepancies d
 LEFT JOIN LATERAL (
@@ -35,9 +48,15 @@ LEFT JOIN LATERAL (
                FILTER (WHERE o.payload ->> 'feature' IS NOT NULL) AS features
     FROM outbox_items o WHERE o.id = ANY(d.expected_items || d.uncertain_items)
 ) w ON true
+LEFT JOIN LATERAL (
+    SELECT (SELECT array_agg(t.tenant ORDER BY t.tenant) FROM tenant_mappings t
+            WHERE t.stripe_customer_id = d.customer AND (t.stripe_account IS NULL OR t.stripe_account = d.destination_account)) AS tenants,
+           (SELECT array_agg(f.feature ORDER BY f.feature) FROM feature_mappings f WHERE f.event_name = d.event_name) AS features
+    WHERE cardinality(d.expected_items) + cardinality(d.uncertain_items) = 0
+) m ON true
 LEFT JOIN reconcile_resolutions r ON ` + resolutionMatches + `
 /*where*/
-ORDER BY d.event_name, d.customer, d.hour, d.run_id`
+ORDER BY ` + kindOrder + `, d.event_name, d.customer, d.hour, d.run_id`
 
 // readDiscrepancies runs sqlDiscrepancies with the WHERE clause where.
 func readDiscrepancies(ctx context.Context, q outbox.Querier, where string, args pgx.NamedArgs) ([]Discrepancy, error) {
@@ -66,9 +85,9 @@ func scanDiscrepancy(row pgx.CollectableRow) (Discrepancy, error) {
 		at     *time.Time
 		items  []int64
 	)
-	err := row.Scan(&d.ID, &d.RunID, &d.Account, &d.Mode, &d.EventName, &d.Meter, &d.Customer, &d.Reason, &d.ErrorCode,
+	err := row.Scan(&d.ID, &d.RunID, &d.Account, &d.Mode, &d.EventName, &d.Meter, &d.Customer, &d.Reason, &d.Kind, &d.ErrorCode,
 		&d.ErrorStatus, &d.Hour, &d.Formula, &d.Expected, &d.Provider, &d.Difference, &d.ExpectedItems, &d.UncertainItems,
-		&d.ExplainedBy, &d.Explanation, &d.ReportedItems, &d.Tenants, &d.Features,
+		&d.ConfirmedItems, &d.ExplainedBy, &d.Explanation, &d.ReportedItems, &d.Tenants, &d.Features, &d.ClearedByRun,
 		&resID, &of, &reason, &note, &by, &at, &items)
 	d.Hour = d.Hour.UTC()
 	if resID != nil {
@@ -94,14 +113,17 @@ func GetDiscrepancy(ctx context.Context, q outbox.Querier, id int64) (Discrepanc
 	return ds[0], nil
 }
 
-// DiscrepancyStatus selects discrepancies by whether they are resolved.
+// DiscrepancyStatus selects discrepancies by whether they are open.
 type DiscrepancyStatus string
 
 // The statuses a list selects.
 const (
-	StatusOpen     DiscrepancyStatus = "open"
+	// StatusOpen: unresolved and not cleared by a later run (Open).
+	StatusOpen DiscrepancyStatus = "open"
+	// StatusResolved: resolved by finance.
 	StatusResolved DiscrepancyStatus = "resolved"
-	StatusAll      DiscrepancyStatus = "all"
+	// StatusAll: every one.
+	StatusAll DiscrepancyStatus = "all"
 )
 
 // DefaultStatus is what a list of discrepancies selects unless told:
@@ -119,27 +141,68 @@ func ParseStatus(s string) (DiscrepancyStatus, error) {
 	return "", fmt.Errorf("reconcile: status must be open, resolved or all, not %q", s)
 }
 
-// ListDiscrepancies reads the discrepancies of run (0: the latest run that
-// succeeded, whose findings are the current ones; none before the first)
-// with the given status, by meter, customer and hour. It returns the run
-// it read.
+// ListDiscrepancies reads discrepancies with the given status,
+// Stripe-has-more first, then by meter, customer and hour. With run 0 it
+// reads the current ones across runs — those no later run cleared: the
+// open ones are finance's work, whichever run found them — and returns the
+// latest run that succeeded (0 before the first), for reference; else the
+// discrepancies of that run, and run. The current ones are few whatever
+// the history: an hour has one, and a resolved one is current only while
+// no run compares its hour again.
 func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status DiscrepancyStatus) (int64, []Discrepancy, error) {
+	var where string
 	if run == 0 {
-		latest, ok, err := LatestSucceeded(ctx, q)
-		if err != nil || !ok {
-			return 0, []Discrepancy{}, err
+		latest, _, err := LatestSucceeded(ctx, q)
+		if err != nil {
+			return 0, nil, err
+		}
+		where = `WHERE d.cleared_by_run IS NULL`
+		if status == StatusOpen {
+			where += ` AND r.id IS NULL`
 		}
 		run = latest
-	} else if _, err := Get(ctx, q, run); err != nil {
-		return 0, nil, err
+	} else {
+		if _, err := Get(ctx, q, run); err != nil {
+			return 0, nil, err
+		}
+		where = `WHERE d.run_id = @run`
+		if status == StatusOpen {
+			where += ` AND r.id IS NULL AND d.cleared_by_run IS NULL`
+		}
 	}
-	where := `WHERE d.run_id = @run`
-	switch status {
-	case StatusOpen:
-		where += ` AND r.id IS NULL`
-	case StatusResolved:
+	if status == StatusResolved {
 		where += ` AND r.id IS NOT NULL`
 	}
 	ds, err := readDiscrepancies(ctx, q, where, pgx.NamedArgs{"run": run})
 	return run, ds, err
+}
+
+// OpenDiscrepancies reads every open discrepancy, across runs,
+// Stripe-has-more first.
+func OpenDiscrepancies(ctx context.Context, q outbox.Querier) ([]Discrepancy, error) {
+	return readDiscrepancies(ctx, q, `WHERE `+isOpen, pgx.NamedArgs{})
+}
+
+// OpenCounts counts the open discrepancies by kind, every kind of Kinds
+// present (0 when none is open).
+func OpenCounts(ctx context.Context, q outbox.Querier) (map[string]int64, error) {
+	rows, err := q.Query(ctx, `SELECT d.kind, count(*) FROM reconcile_discrepancies d WHERE `+isOpen+` GROUP BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: counting open discrepancies: %w", err)
+	}
+	out := make(map[string]int64, len(Kinds))
+	for _, k := range Kinds {
+		out[k] = 0
+	}
+	var (
+		kind string
+		n    int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&kind, &n}, func() error {
+		out[kind] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reconcile: counting open discrepancies: %w", err)
+	}
+	return out, nil
 }

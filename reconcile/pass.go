@@ -9,7 +9,6 @@ import (
 
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
-	"github.com/tallymeter/tally/outbox"
 )
 
 // runScope is what a run compares, as recorded when it was queued, and
@@ -48,9 +47,8 @@ func (r *Reconciler) pass(ctx context.Context, db DB, id int64) error {
 		}
 	}
 	// The keys with settled accepted or uncertain items in the run's
-	// scope, after its cursor, in order.
-	keys, err := r.cfg.Outbox.SettledKeys(ctx, db, outbox.KeyFilter{Accounts: accounts, Mode: dest.Mode,
-		Settle: scope.settle, Since: scope.sinceTS, After: scope.cursor})
+	// scope, or with an open billing period, after its cursor, in order.
+	keys, err := r.keysOf(ctx, db, accounts, dest.Mode, scope)
 	if err != nil {
 		return err
 	}
@@ -91,7 +89,7 @@ func (r *Reconciler) pass(ctx context.Context, db DB, id int64) error {
 			}
 			meters[k.Account] = byEvent
 		}
-		if err := r.reconcileKey(ctx, db, id, kdest, client, byEvent, k, scope.settle, scope.sinceTS, keyStart); err != nil {
+		if err := r.reconcileKey(ctx, db, id, kdest, client, byEvent, k, scope, keyStart); err != nil {
 			return err
 		}
 	}

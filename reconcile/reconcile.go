@@ -60,6 +60,11 @@ type Config struct {
 	// have named (mappings.Accounts): a run compares their items too, each
 	// against its own account's meters and summaries.
 	Connected func(ctx context.Context, db outbox.Querier) ([]string, error)
+	// InvoiceGrace is how long after a billing period ends its invoice
+	// stays open (TALLY_INVOICE_GRACE); a tenant mapping's invoice_grace
+	// overrides it. A run reads every hour of a period again until then.
+	// Zero closes a period at its end.
+	InvoiceGrace time.Duration
 	// Limiter paces every Stripe call of a run (the account's limiter).
 	Limiter *exporter.Limiter
 	Logger  *slog.Logger

@@ -18,6 +18,7 @@ import (
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
 	"github.com/tallymeter/tally/reconcile"
@@ -74,10 +75,15 @@ func (r *rig) reconcilerRetrying(t *testing.T, rate float64, retryMax time.Durat
 	rec, err := reconcile.New(reconcile.Config{Outbox: r.Outbox, Key: stripesim.DefaultKey, APIBase: r.base,
 		Destination: func() (exporter.Destination, error) {
 			return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
-		}, Limiter: exporter.NewLimiter(rate), RetryInitial: time.Millisecond, RetryMax: retryMax})
+		}, Limiter: exporter.NewLimiter(rate), RetryInitial: time.Millisecond, RetryMax: retryMax, InvoiceGrace: testGrace})
 	require.NoError(t, err)
 	return rec
 }
+
+// testGrace is the rig's invoice grace, the longest Stripe allows (as the
+// staging harness's): usage dated hours back is in an open period even in
+// the first hours of a month.
+const testGrace = meter.MaxInvoiceGrace
 
 // deliverAll stages what is due and sends every pending item until none is
 // pending or leased: claims, sends and records, as the deliverer does, one
@@ -230,11 +236,14 @@ func TestAllMatchingConfirmsEverything(t *testing.T) {
 	require.Zero(t, c[outbox.StateAccepted])
 	require.Equal(t, accepted, c[outbox.StateConfirmed])
 
-	// A second run finds nothing to do and changes nothing.
+	// A second run reads every key of the open period again, finds every
+	// hour matching, and changes nothing.
 	before := r.states(t)
 	again, ds := r.run(t, reconcile.Options{Settle: settled})
 	require.Empty(t, ds)
-	require.Zero(t, again.KeysTotal)
+	require.Equal(t, 30, again.KeysTotal, "the billing period is open: its keys are read again")
+	require.Equal(t, run.HoursCompared, again.HoursCompared)
+	require.Equal(t, again.HoursCompared, again.HoursMatched)
 	require.Zero(t, again.ItemsConfirmed)
 	require.Equal(t, before, r.states(t))
 }

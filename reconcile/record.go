@@ -3,15 +3,21 @@ package reconcile
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/outbox"
 )
 
 // commitKey commits what the comparison of key k came to, in one
-// transaction: the confirmations (T7), the discrepancies, and the run's
-// progress past the key, with the Stripe calls made since start.
-func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, k outbox.SettledKey, out keyOutcome, start int64) error {
+// transaction: the confirmations (T7), the discrepancies, the older
+// discrepancies of the hours it looked at cleared, the key's open billing
+// periods noted, and the run's progress past the key, with the Stripe
+// calls made since start.
+func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, dest exporter.Destination, k runKey, kh keyHours,
+	out keyOutcome, start int64) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -30,6 +36,12 @@ func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, k outbox.Se
 		if recorded {
 			found++
 		}
+	}
+	if err := clearOlder(ctx, tx, id, dest, k.SettledKey, out); err != nil {
+		return err
+	}
+	if err := r.notePeriods(ctx, tx, dest, k.SettledKey, kh.periods); err != nil {
+		return err
 	}
 	if _, err := tx.Exec(ctx, `UPDATE reconcile_runs SET cursor = @cursor, keys_done = keys_done + 1,
 			hours_compared = hours_compared + @compared, hours_matched = hours_matched + @matched,
@@ -68,6 +80,33 @@ func (r *Reconciler) confirm(ctx context.Context, tx pgx.Tx, ids []int64) (int, 
 		ids = ids[n:]
 	}
 	return confirmed, nil
+}
+
+// sqlClearOlder marks the discrepancies of earlier runs that the key's
+// comparison in this run makes old: those of the hours it looked at, and,
+// when it read the key's summaries (or was refused them), the key's
+// refusals. One statement per key, through the index of the current
+// discrepancies.
+const sqlClearOlder = `
+UPDATE reconcile_discrepancies SET cleared_by_run = @run
+WHERE destination_account = @account AND mode = @mode AND event_name = @event AND customer = @customer
+  AND cleared_by_run IS NULL AND run_id < @run
+  AND (hour = ANY(@hours::timestamptz[]) OR (@read AND reason = 'summaries_refused'))`
+
+// clearOlder runs sqlClearOlder for key k's outcome out in run id.
+func clearOlder(ctx context.Context, tx pgx.Tx, id int64, dest exporter.Destination, k outbox.SettledKey, out keyOutcome) error {
+	if len(out.looked) == 0 && !out.read {
+		return nil
+	}
+	hours := make([]time.Time, len(out.looked))
+	for i, h := range out.looked {
+		hours[i] = time.Unix(h, 0).UTC()
+	}
+	if _, err := tx.Exec(ctx, sqlClearOlder, pgx.NamedArgs{"run": id, "account": dest.Account, "mode": string(dest.Mode),
+		"event": k.EventName, "customer": k.Customer, "hours": hours, "read": out.read}); err != nil {
+		return fmt.Errorf("reconcile: clearing older discrepancies: %w", err)
+	}
+	return nil
 }
 
 // sqlResolvedBefore says whether a resolution covers a discrepancy with
@@ -112,16 +151,17 @@ func recordDiscrepancy(ctx context.Context, tx pgx.Tx, id int64, d *Discrepancy)
 	}
 	tag, err := tx.Exec(ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name, meter, customer,
 			reason, error_code, error_status, hour, formula, expected, provider, difference, expected_items, uncertain_items,
-			explained_by, explanation, reported_items)
+			explained_by, explanation, reported_items, confirmed_items)
 		VALUES (@run, @account, @mode, @event, @meter, @customer, @reason, @error_code, @error_status, @hour, @formula,
 			@expected::numeric, @provider::numeric, @diff::numeric, @expected_items, @uncertain_items, @explained_by,
-			@explanation, @reported)
+			@explanation, @reported, @confirmed)
 		ON CONFLICT DO NOTHING`,
 		pgx.NamedArgs{"run": id, "account": d.Account, "mode": d.Mode, "event": d.EventName, "meter": d.Meter,
 			"customer": d.Customer, "reason": d.Reason, "error_code": errCode, "error_status": errStatus,
 			"hour": d.Hour, "formula": d.Formula, "expected": d.Expected, "provider": provider,
 			"diff": diff, "expected_items": d.ExpectedItems, "uncertain_items": d.UncertainItems,
-			"explained_by": d.ExplainedBy, "explanation": d.Explanation, "reported": d.ReportedItems})
+			"explained_by": d.ExplainedBy, "explanation": d.Explanation, "reported": d.ReportedItems,
+			"confirmed": nonNil(d.ConfirmedItems)})
 	if err != nil {
 		return false, fmt.Errorf("reconcile: recording a discrepancy: %w", err)
 	}

@@ -35,7 +35,7 @@ func TestHoldOverSumsUpTheComparableHours(t *testing.T) {
 	} {
 		t.Run(tc.formula, func(t *testing.T) {
 			t.Parallel()
-			u := holdOver(tc.formula, byHour, hours)
+			u := holdOver(tc.formula, byHour, hours, closed)
 			require.Equal(t, tc.expected, u.expected.String())
 			require.Equal(t, 2, u.hours)
 			require.Equal(t, 1, u.skipped)
@@ -43,10 +43,20 @@ func TestHoldOverSumsUpTheComparableHours(t *testing.T) {
 			require.Equal(t, []int64{3, 9}, u.uncertain)
 		})
 	}
-	u := holdOver("sum", map[int64][]held{h1: byHour[h1]}, []int64{h1})
+	u := holdOver("sum", map[int64][]held{h1: byHour[h1]}, []int64{h1}, closed)
 	require.Equal(t, uncompared{skipped: 1, expected: u.expected, counted: []int64{}, uncertain: []int64{}}, u)
 	require.Equal(t, "0", u.expected.String())
+
+	// In an open period the confirmed hour is read again, so a refusal
+	// names its items too.
+	u = holdOver("sum", byHour, hours, func(int64) bool { return true })
+	require.Equal(t, "23", u.expected.String(), "item 6's 2 as well")
+	require.Equal(t, 3, u.hours)
+	require.Equal(t, []int64{1, 2, 6, 7, 8}, u.counted)
 }
+
+// closed says no hour is of an open billing period.
+func closed(int64) bool { return false }
 
 // Which failed summaries reads refuse one key, and what is kept of them.
 func TestRefusedKeyIsA4xxAboutTheKey(t *testing.T) {

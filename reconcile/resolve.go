@@ -20,15 +20,19 @@ import (
 type ResolutionReason string
 
 // The reasons a discrepancy is resolved with. Each settles the
-// discrepancy's accepted items as confirmed (T7): its numbers are closed,
-// and the resolution says how billing was made right.
+// discrepancy's items that are still accepted as confirmed (T7) — those
+// confirmed already, in an hour whose number Stripe moved after it
+// matched, are left as they are — so its numbers are closed, and the
+// resolution says how billing was made right.
 const (
 	// ResolvedCreditedInStripe: Stripe counted more than Tally (another
-	// sender, a duplicate) and the customer was credited the difference
-	// in Stripe.
+	// sender, a duplicate, a replayed import; in an hour confirmed before
+	// too) and the customer was credited the difference in Stripe. Only for
+	// a discrepancy where Stripe has more.
 	ResolvedCreditedInStripe ResolutionReason = "credited_in_stripe"
-	// ResolvedReposted: Stripe counted less than Tally and the missing
-	// usage was posted to Stripe again under a new identifier.
+	// ResolvedReposted: Stripe counted less than Tally (or refused the
+	// key's summaries) and the missing usage was posted to Stripe again
+	// under a new identifier. Not for a discrepancy where Stripe has more.
 	ResolvedReposted ResolutionReason = "reposted"
 	// ResolvedAcceptStripe: Stripe's number stands; the difference is
 	// written off (or billed) as it is.
@@ -43,6 +47,19 @@ var ResolutionReasons = []ResolutionReason{ResolvedCreditedInStripe, ResolvedRep
 
 // Valid says whether r is one of ResolutionReasons.
 func (r ResolutionReason) Valid() bool { return slices.Contains(ResolutionReasons, r) }
+
+// Fits says whether r can close a discrepancy of kind: a credit answers
+// Stripe having more, a repost Stripe having less (or refusing the key);
+// accepting either side's number answers any.
+func (r ResolutionReason) Fits(kind string) bool {
+	switch r {
+	case ResolvedCreditedInStripe:
+		return kind == KindStripeHasMore
+	case ResolvedReposted:
+		return kind != KindStripeHasMore
+	}
+	return r.Valid()
+}
 
 // Resolution is finance's decision about the numbers of one hour of one
 // key: it covers every discrepancy of that hour with the same reason and
@@ -123,7 +140,10 @@ func Subject(id int64) string { return fmt.Sprintf("discrepancy:%d", id) }
 // (ErrResolved), that a later run found with other numbers
 // (ErrSuperseded), or whose items moved out of accepted and confirmed
 // (*ItemsMovedError); an item that moves while it is being confirmed is
-// refused the same way, never retried.
+// refused the same way, never retried. A reason that does not fit the
+// discrepancy's kind (ResolutionReason.Fits) is ErrInvalidResolution.
+// Resolving closes the discrepancy: it is no longer open, and runs do not
+// record its numbers of its hour again.
 func Resolve(ctx context.Context, db DB, store *outbox.Store, id int64, req Decision) (Discrepancy, error) {
 	if !req.Reason.Valid() {
 		return Discrepancy{}, fmt.Errorf("%w: the reason must be credited_in_stripe, reposted, accept_stripe or accept_tally", ErrInvalidResolution)
@@ -137,6 +157,9 @@ func Resolve(ctx context.Context, db DB, store *outbox.Store, id int64, req Deci
 		d, err := lockDiscrepancy(ctx, tx, id)
 		if err != nil {
 			return err
+		}
+		if !req.Reason.Fits(d.Kind) {
+			return fmt.Errorf("%w: %s does not answer a discrepancy where %s", ErrInvalidResolution, req.Reason, kindText(d.Kind))
 		}
 		settled, err := settleItems(ctx, tx, store, d)
 		if err != nil {
@@ -189,9 +212,22 @@ func lockDiscrepancy(ctx context.Context, tx pgx.Tx, id int64) (Discrepancy, err
 	return d, nil
 }
 
+// kindText says what a kind of discrepancy means, for an error.
+func kindText(kind string) string {
+	switch kind {
+	case KindStripeHasMore:
+		return "Stripe has more than Tally"
+	case KindStripeHasLess:
+		return "Stripe has less than Tally"
+	}
+	return "Stripe refused the summaries"
+}
+
 // settleItems confirms (T7) the accepted items discrepancy d counts and
-// returns those it confirmed; an item neither accepted nor confirmed, now
-// or when it is confirmed, refuses the resolution.
+// returns those it confirmed; one confirmed already (before the run, or
+// meanwhile) is not confirmed again and not among them. An item neither
+// accepted nor confirmed, now or when it is confirmed, refuses the
+// resolution.
 func settleItems(ctx context.Context, tx pgx.Tx, store *outbox.Store, d Discrepancy) ([]int64, error) {
 	states, err := store.StatesOf(ctx, tx, d.ExpectedItems)
 	if err != nil {

@@ -140,23 +140,36 @@ func TestResolveRefusesADiscrepancyALaterRunSuperseded(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// Each reason resolves a discrepancy: its accepted items are confirmed
-// (T7), the resolution names who, when and why and is audited in the same
-// transaction, conservation holds, the completeness report no longer
-// counts it, and the next run does not report it again.
+// Each reason that answers Stripe having less resolves a discrepancy: its
+// accepted items are confirmed (T7), the resolution names who, when and
+// why and is audited in the same transaction, conservation holds, the
+// completeness report no longer counts it, and the next run does not
+// report it again. A credit in Stripe answers Stripe having more, not
+// less: refused, it changes nothing.
 func TestResolvingWithEachReasonSettlesAuditsAndIsNotReportedAgain(t *testing.T) {
 	t.Parallel()
 	r, run, ds, _ := droppedRun(t)
 	months := map[string]bool{}
 	for _, d := range ds {
 		months[d.Hour.Format("2006-01")] = true
+		require.Equal(t, reconcile.KindStripeHasLess, d.Kind)
 	}
 	require.Equal(t, int64(4), r.completenessDiscrepancies(t, months, run.ID))
-	require.Len(t, reconcile.ResolutionReasons, len(ds))
 
-	for i, reason := range reconcile.ResolutionReasons {
+	before := r.states(t)
+	_, err := reconcile.Resolve(r.Ctx, r.Pool, r.Outbox, ds[0].ID, reconcile.Decision{Reason: reconcile.ResolvedCreditedInStripe,
+		Note: "credit note CN-0", By: "token:fiona"})
+	require.ErrorIs(t, err, reconcile.ErrInvalidResolution)
+	require.Contains(t, err.Error(), "Stripe has less")
+	require.Empty(t, r.auditOf(t, ds[0].ID))
+	require.Equal(t, before, r.states(t))
+
+	reasons := []reconcile.ResolutionReason{reconcile.ResolvedReposted, reconcile.ResolvedAcceptStripe, reconcile.ResolvedAcceptTally,
+		reconcile.ResolvedReposted}
+	require.Len(t, reasons, len(ds))
+	for i, reason := range reasons {
 		d := ds[i]
-		t.Run(string(reason), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%d", reason, i), func(t *testing.T) {
 			tenant := "t" + strings.TrimPrefix(d.Customer, "cus_t")
 			require.Equal(t, []string{tenant}, d.Tenants)
 			require.Equal(t, []string{d.EventName}, d.Features, "each feature is mapped to the meter of its name")

@@ -43,7 +43,8 @@ type Run struct {
 // one (customer, meter) where Stripe's summary and what Tally holds as
 // accepted or confirmed differ (ReasonMismatch), or a whole key whose
 // summaries Stripe refused (ReasonSummariesRefused). Its items stay
-// accepted.
+// accepted. It is open until finance resolves it or a later run compares
+// the hour again (ClearedByRun).
 type Discrepancy struct {
 	// ID names the discrepancy (to resolve it); 0 before it is recorded.
 	ID        int64  `json:"id"`
@@ -55,6 +56,10 @@ type Discrepancy struct {
 	Customer  string `json:"customer"`
 	// Reason is ReasonMismatch or ReasonSummariesRefused.
 	Reason string `json:"reason"`
+	// Kind is what the numbers say (KindStripeHasMore, KindStripeHasLess,
+	// KindSummariesRefused), derived by the database from the reason and
+	// the numbers.
+	Kind string `json:"kind"`
 	// ErrorCode and ErrorStatus are, for ReasonSummariesRefused, Stripe's
 	// error code (else its error type) and HTTP status; empty and 0 for a
 	// mismatch.
@@ -79,6 +84,10 @@ type Discrepancy struct {
 	// "ambiguous" or "unexplained"; "not_compared" for a refused key).
 	ExpectedItems  []int64 `json:"expected_items"`
 	UncertainItems []int64 `json:"uncertain_items"`
+	// ConfirmedItems are the expected items that were confirmed already
+	// when the hour was compared: Stripe's number had matched Tally's, and
+	// moved since. Empty for a refused key.
+	ConfirmedItems []int64 `json:"confirmed_items"`
 	ExplainedBy    []int64 `json:"explained_by"`
 	Explanation    string  `json:"explanation"`
 	// ReportedItems are the expected items Stripe's meter error reports
@@ -92,12 +101,40 @@ type Discrepancy struct {
 	Tenants  []string `json:"tenants"`
 	Features []string `json:"features"`
 	// Resolution is finance's decision about these numbers of this hour,
-	// nil while the discrepancy is open (see Resolve).
+	// nil while nobody has resolved them (see Resolve).
 	Resolution *Resolution `json:"resolution"`
+	// ClearedByRun is the later run that compared the hour of the key
+	// again (for a refused key: read the key again) and found it matching,
+	// or recorded, or found resolved, numbers of its own: this discrepancy
+	// is no longer the current one. nil while it is.
+	ClearedByRun *int64 `json:"cleared_by_run"`
 }
 
-// Open says whether nobody has resolved d.
-func (d Discrepancy) Open() bool { return d.Resolution == nil }
+// Open says whether d is finance's work: nobody resolved it and no later
+// run cleared it.
+func (d Discrepancy) Open() bool { return d.Resolution == nil && d.ClearedByRun == nil }
+
+// AfterConfirmation says whether Stripe's number moved away from Tally's
+// after the hour had matched: some of its items were confirmed already.
+func (d Discrepancy) AfterConfirmation() bool { return len(d.ConfirmedItems) > 0 }
+
+// The kinds of discrepancy, in the order lists show them.
+const (
+	// KindStripeHasMore: Stripe's number is above Tally's (an event Tally
+	// did not send, a correction Stripe did not count): the customer may
+	// be billed too much.
+	KindStripeHasMore = "stripe_has_more"
+	// KindStripeHasLess: Stripe's number is below Tally's, or Stripe has
+	// no value where Tally expects one: usage that is not billed.
+	KindStripeHasLess = "stripe_has_less"
+	// KindSummariesRefused: Stripe refused the key's summaries; no number
+	// to compare.
+	KindSummariesRefused = "summaries_refused"
+)
+
+// Kinds are every kind, Stripe-has-more first: the order lists, the
+// console and the metric show them in.
+var Kinds = []string{KindStripeHasMore, KindStripeHasLess, KindSummariesRefused}
 
 // Discrepancy reasons.
 const (

@@ -49,47 +49,65 @@ func EventRecorded(ctx context.Context, q outbox.Querier, id string) (bool, erro
 	return seen, nil
 }
 
-// PeriodDiscrepancies is how many discrepancy hours of one reconcile run
-// involve the items of one tenant, feature and billing period.
+// PeriodDiscrepancies is how many open discrepancy hours involve the
+// usage of one tenant, feature and billing period.
 type PeriodDiscrepancies struct {
 	Tenant  string
 	Feature string
 	// Period is the start of the billing period the items carry.
 	Period time.Time
-	// Hours counts the run's open discrepancies (event name, customer and
-	// hour) that name any of these items as expected or uncertain.
+	// Hours counts the open discrepancies (event name, customer and hour),
+	// of any run, that name any of these items as expected or uncertain —
+	// or, naming no item (an hour Stripe has and Tally has nothing of),
+	// whose customer the tenant's mapping names and whose event name the
+	// feature's, in a period of the tenant.
 	Hours int64
+	// StripeHasMore counts those of KindStripeHasMore: a customer may be
+	// billed too much.
+	StripeHasMore int64
 }
 
 // sqlDiscrepanciesByPeriod counts, per tenant, feature and period, the open
-// discrepancy hours of one reconcile run that involve their items.
+// discrepancy hours that involve their usage. It reads the open
+// discrepancies alone (the index of the current ones), each item they name
+// by its key, and the mappings of those that name none.
 const sqlDiscrepanciesByPeriod = `
-SELECT o.tenant_key, o.payload ->> 'feature', (o.payload ->> 'period')::timestamptz,
-       count(DISTINCT (d.event_name, d.customer, d.hour))
-FROM reconcile_discrepancies d
-JOIN outbox_items o ON o.id = ANY(d.expected_items || d.uncertain_items)
-WHERE d.run_id = @run
-  AND NOT EXISTS (SELECT 1 FROM reconcile_resolutions r WHERE ` + resolutionMatches + `)
-  AND (o.payload ->> 'period')::timestamptz >= @from AND (o.payload ->> 'period')::timestamptz < @to
-  AND (@tenant = '' OR o.tenant_key = @tenant)
+WITH open AS (
+    SELECT d.event_name, d.customer, d.hour, d.kind, d.destination_account, d.expected_items || d.uncertain_items AS items
+    FROM reconcile_discrepancies d WHERE ` + isOpen + `
+),
+involved AS (
+    SELECT o.tenant_key AS tenant, o.payload ->> 'feature' AS feature, (o.payload ->> 'period')::timestamptz AS period,
+           d.event_name, d.customer, d.hour, d.kind
+    FROM open d JOIN outbox_items o ON o.id = ANY(d.items)
+    UNION ALL
+    SELECT t.tenant, f.feature, tally_period_start(d.hour, coalesce(t.period_anchor, '1970-01-01T00:00:00Z')),
+           d.event_name, d.customer, d.hour, d.kind
+    FROM open d
+    JOIN tenant_mappings t ON t.stripe_customer_id = d.customer
+        AND (t.stripe_account IS NULL OR t.stripe_account = d.destination_account)
+    JOIN feature_mappings f ON f.event_name = d.event_name
+    WHERE cardinality(d.items) = 0
+)
+SELECT tenant, feature, period, count(DISTINCT (event_name, customer, hour)),
+       count(DISTINCT (event_name, customer, hour)) FILTER (WHERE kind = 'stripe_has_more')
+FROM involved
+WHERE period >= @from AND period < @to AND (@tenant = '' OR tenant = @tenant) AND feature IS NOT NULL
 GROUP BY 1, 2, 3`
 
-// DiscrepanciesByPeriod counts the open (unresolved) discrepancy hours of
-// the reconcile run which involve the items (expected or uncertain) of each tenant, feature
-// and billing period starting in [from, to), for one tenant or all (""), in
-// no particular order: with the latest succeeded run (LatestSucceeded), the
-// completeness report's column of what finance still has to resolve. The
-// caller names the run, so that the counts and the run it shows are the
-// same one even when another run finishes in between. A period whose items
-// no discrepancy names is absent.
-func DiscrepanciesByPeriod(ctx context.Context, q outbox.Querier, run int64, from, to time.Time, tenant string) ([]PeriodDiscrepancies, error) {
-	rows, err := q.Query(ctx, sqlDiscrepanciesByPeriod, pgx.NamedArgs{"run": run, "from": from, "to": to, "tenant": tenant})
+// DiscrepanciesByPeriod counts the open discrepancy hours, of any run,
+// which involve the usage of each tenant, feature and billing period
+// starting in [from, to), for one tenant or all (""), in no particular
+// order: the completeness report's column of what finance still has to
+// resolve. A period no open discrepancy involves is absent.
+func DiscrepanciesByPeriod(ctx context.Context, q outbox.Querier, from, to time.Time, tenant string) ([]PeriodDiscrepancies, error) {
+	rows, err := q.Query(ctx, sqlDiscrepanciesByPeriod, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: counting discrepancies by period: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (PeriodDiscrepancies, error) {
 		var p PeriodDiscrepancies
-		err := row.Scan(&p.Tenant, &p.Feature, &p.Period, &p.Hours)
+		err := row.Scan(&p.Tenant, &p.Feature, &p.Period, &p.Hours, &p.StripeHasMore)
 		return p, err
 	})
 	if err != nil {

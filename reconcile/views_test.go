@@ -11,6 +11,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
+	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/reconcile"
 )
@@ -73,12 +74,21 @@ func TestEventRecorded(t *testing.T) {
 }
 
 // The completeness report's discrepancies: per tenant, feature and billing
-// period, the hours of the latest succeeded run's discrepancies that name
-// any of their items, expected or uncertain; none before a run succeeds.
+// period, the open discrepancy hours of any run that name any of their
+// items, expected or uncertain — or, naming none (an hour Stripe has and
+// Tally has nothing of), whose customer the tenant's mapping names and
+// whose event name the feature's — with those where Stripe has more apart.
+// A discrepancy a later run cleared is not counted.
 func TestDiscrepanciesByPeriod(t *testing.T) {
 	t.Parallel()
 	ctx, pool := context.Background(), testdb.New(t)
 	store, err := outbox.New(outbox.Config{}, nil)
+	require.NoError(t, err)
+	maps := &mappings.Store{}
+	_, _, err = maps.PutFeature(ctx, pool, "api_calls", mappings.FeatureInput{EventName: "api_calls", Aggregation: mappings.Sum,
+		Window: mappings.Duration(time.Hour)}, "test")
+	require.NoError(t, err)
+	_, _, err = maps.PutTenant(ctx, pool, "acme", mappings.TenantInput{StripeCustomerID: "cus_acme"}, "test")
 	require.NoError(t, err)
 	item := func(tenant, ref, period string) int64 {
 		tx, err := pool.Begin(ctx)
@@ -103,51 +113,41 @@ func TestDiscrepanciesByPeriod(t *testing.T) {
 		require.NoError(t, err)
 		runs = append(runs, id)
 	}
-	discrepancy := func(run int64, customer string, hour int, expected, uncertain []int64) {
-		_, err := pool.Exec(ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name, meter,
-			customer, hour, formula, expected, expected_items, uncertain_items, explained_by, explanation)
-			VALUES ($1, 'acct_123', 'test', 'api_calls', 'mtr_1', $2, $3, 'sum', 1, $4, $5, '{}', 'unexplained')`,
-			run, customer, time.Date(2026, 11, 30, hour, 0, 0, 0, time.UTC), expected, uncertain)
-		require.NoError(t, err)
+	discrepancy := func(run int64, customer string, hour int, expected, uncertain []int64, provider *int) int64 {
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name,
+			meter, customer, hour, formula, expected, provider, expected_items, uncertain_items, explained_by, explanation)
+			VALUES ($1, 'acct_123', 'test', 'api_calls', 'mtr_1', $2, $3, 'sum', 1, $4, $5, $6, '{}', 'unexplained') RETURNING id`,
+			run, customer, time.Date(2026, 11, 30, hour, 0, 0, 0, time.UTC), provider, expected, uncertain).Scan(&id))
+		return id
 	}
-	for _, run := range runs { // every run found the first hour
-		discrepancy(run, "cus_acme", 1, []int64{a1, a2}, []int64{})
-	}
-	discrepancy(runs[1], "cus_acme", 2, []int64{}, []int64{a1})
-	discrepancy(runs[1], "cus_globex", 1, []int64{g1, late}, []int64{})
+	five := 5
+	old := discrepancy(runs[0], "cus_acme", 1, []int64{a1, a2}, []int64{}, nil)
+	_, err = pool.Exec(ctx, `UPDATE reconcile_discrepancies SET cleared_by_run = $1 WHERE id = $2`, runs[1], old)
+	require.NoError(t, err)
+	discrepancy(runs[1], "cus_acme", 1, []int64{a1, a2}, []int64{}, nil)
+	second := discrepancy(runs[1], "cus_acme", 2, []int64{}, []int64{a1}, nil)
+	discrepancy(runs[1], "cus_globex", 1, []int64{g1, late}, []int64{}, nil)
+	discrepancy(runs[2], "cus_acme", 3, []int64{}, []int64{}, &five) // Stripe has it, Tally nothing
 
 	from, to := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	_, ok, err := reconcile.LatestSucceeded(ctx, pool)
-	require.NoError(t, err)
-	require.False(t, ok, "no run succeeded yet")
-
-	// The first two succeeded, the third failed: the second is the one the
-	// completeness report shows.
-	_, err = pool.Exec(ctx, `UPDATE reconcile_runs SET status = CASE WHEN id = $1 THEN 'failed' ELSE 'succeeded' END,
-		finished_at = clock_timestamp()`, runs[2])
-	require.NoError(t, err)
-	latest, ok, err := reconcile.LatestSucceeded(ctx, pool)
-	require.NoError(t, err)
-	require.True(t, ok)
-	require.Equal(t, runs[1], latest)
-	got, err := reconcile.DiscrepanciesByPeriod(ctx, pool, latest, from, to, "")
-	require.NoError(t, err)
-	slices.SortFunc(got, func(a, b reconcile.PeriodDiscrepancies) int { return strings.Compare(a.Tenant, b.Tenant) })
-	for i := range got {
-		got[i].Period = got[i].Period.UTC()
+	byTenant := func(tenant string) []reconcile.PeriodDiscrepancies {
+		got, err := reconcile.DiscrepanciesByPeriod(ctx, pool, from, to, tenant)
+		require.NoError(t, err)
+		slices.SortFunc(got, func(a, b reconcile.PeriodDiscrepancies) int { return strings.Compare(a.Tenant, b.Tenant) })
+		for i := range got {
+			got[i].Period = got[i].Period.UTC()
+		}
+		return got
 	}
 	require.Equal(t, []reconcile.PeriodDiscrepancies{
-		{Tenant: "acme", Feature: "api_calls", Period: from, Hours: 2},
+		{Tenant: "acme", Feature: "api_calls", Period: from, Hours: 3, StripeHasMore: 1},
 		{Tenant: "globex", Feature: "api_calls", Period: from, Hours: 1},
-	}, got, "an hour counts once however many of a line's items it names; December's item is out of range")
+	}, byTenant(""), "an hour counts once however many of a line's items it names, and once across runs; December's item is out of range")
+	require.Equal(t, []reconcile.PeriodDiscrepancies{{Tenant: "globex", Feature: "api_calls", Period: from, Hours: 1}}, byTenant("globex"))
 
-	got, err = reconcile.DiscrepanciesByPeriod(ctx, pool, runs[0], from, to, "")
+	// Cleared by a later run, the second hour is no longer counted.
+	_, err = pool.Exec(ctx, `UPDATE reconcile_discrepancies SET cleared_by_run = $1 WHERE id = $2`, runs[2], second)
 	require.NoError(t, err)
-	require.Len(t, got, 1, "only the named run's discrepancies count")
-	require.Equal(t, int64(1), got[0].Hours)
-
-	got, err = reconcile.DiscrepanciesByPeriod(ctx, pool, latest, from, to, "globex")
-	require.NoError(t, err)
-	require.Len(t, got, 1)
-	require.Equal(t, "globex", got[0].Tenant)
+	require.Equal(t, int64(2), byTenant("acme")[0].Hours)
 }

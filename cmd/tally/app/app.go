@@ -102,7 +102,7 @@ func Build(cfg config.Config) (*Parts, error) {
 		// Reconciliation's reads have a class of their own in the
 		// account's budget: its 429s slow its reads, never export.
 		if rec, err = reconcile.New(reconcile.Config{Outbox: ob, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
-			Account: cfg.StripeAccount, Destination: res.Destination, Limiter: b.Reads(),
+			Account: cfg.StripeAccount, Destination: res.Destination, Limiter: b.Reads(), InvoiceGrace: cfg.InvoiceGrace,
 			Connected: func(ctx context.Context, db outbox.Querier) ([]string, error) { return mappings.Accounts(ctx, db) },
 			Metrics:   stripeMetrics, Registry: reg}); err != nil {
 			return nil, err
