@@ -69,7 +69,9 @@ const maxOpenSpan = "34 days"
 // with its open periods as whole hours up to the current one (which is not
 // over: the next run reads it), first hours and ends in two arrays of
 // Unix seconds. It reads the recent rows of reconcile_key_periods alone
-// (its period_start index): its cost is the open keys', never history's.
+// (its period_start index: the bound is a subquery, evaluated once, so
+// that the volatile clock can bound an index scan): its cost is the open
+// keys', never history's.
 const sqlOpenKeys = `
 SELECT p.ordering_key, p.customer, p.event_name, p.destination_account,
        array_agg(floor(extract(epoch FROM p.period_start) / 3600)::bigint * 3600 ORDER BY p.period_start),
@@ -78,7 +80,7 @@ FROM reconcile_key_periods p
 LEFT JOIN tenant_mappings t ON t.tenant = p.tenant_key
 CROSS JOIN LATERAL (SELECT tally_period_end(p.period_start, coalesce(t.period_anchor, '1970-01-01T00:00:00Z')) AS period_end) e
 CROSS JOIN (SELECT floor(extract(epoch FROM clock_timestamp()) / 3600)::bigint * 3600 AS hour) c
-WHERE p.period_start > clock_timestamp() - interval '` + maxOpenSpan + `'
+WHERE p.period_start > (SELECT clock_timestamp() - interval '` + maxOpenSpan + `')
   AND p.destination_account = ANY(@accounts::text[]) AND p.mode = @mode
   AND p.ordering_key COLLATE "C" > @cursor
   AND e.period_end + coalesce(t.invoice_grace, @grace::interval) > clock_timestamp()
@@ -86,7 +88,7 @@ GROUP BY p.ordering_key, p.customer, p.event_name, p.destination_account
 ORDER BY p.ordering_key COLLATE "C"`
 
 // sqlPruneKeyPeriods forgets the periods no grace keeps open any more.
-const sqlPruneKeyPeriods = `DELETE FROM reconcile_key_periods WHERE period_start <= clock_timestamp() - interval '` + maxOpenSpan + `'`
+const sqlPruneKeyPeriods = `DELETE FROM reconcile_key_periods WHERE period_start <= (SELECT clock_timestamp() - interval '` + maxOpenSpan + `')`
 
 // sqlKeyPeriods notes, in a key's commit, the billing periods of the key's
 // items (tenant and period start) that are still open, so that later runs
