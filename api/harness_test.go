@@ -380,6 +380,7 @@ type completenessLine struct {
 	PeriodClosed      bucket   `json:"period_closed"`
 	InconsistentItems int64    `json:"inconsistent_items"`
 	Discrepancies     int64    `json:"discrepancies"`
+	StripeHasMore     int64    `json:"discrepancies_stripe_has_more"`
 	Holds             bool     `json:"holds"`
 }
 

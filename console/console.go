@@ -125,7 +125,7 @@ func New(d Deps) (*Console, error) {
 		d.Reports, _ = quarantine.NewReports(0, nil) // no registry: cannot fail
 	}
 	c := &Console{Deps: d, pool: d.Pool, pages: map[string]*template.Template{}, throttle: newSignInThrottle(defaultSignInLimits())}
-	funcs := template.FuncMap{}
+	funcs := template.FuncMap{"kindLabel": func(kind string) string { return kindLabels[kind] }}
 	layout, err := template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
 	if err != nil {
 		return nil, err

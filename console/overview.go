@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/reconcile"
 )
 
 // chartSpan is how far back the overview's charts reach.
@@ -44,15 +45,41 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
+	// The open discrepancies of every reconcile run, by kind.
+	counts, err := reconcile.OpenCounts(ctx, c.pool)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	var open []kindCount
+	for _, k := range reconcile.Kinds {
+		open = append(open, kindCount{Kind: k, Label: kindLabels[k], Count: counts[k]})
+	}
 	now := time.Now()
 	c.render(w, r, "overview", "Overview", struct {
 		States        []stateCount
 		OldestPending string
+		Open          []kindCount
+		StripeHasMore int64
 		BacklogChart  template.HTML
 		RateChart     template.HTML
-	}{states, (time.Duration(g.OldestPendingAgeSeconds) * time.Second).String(),
+	}{states, (time.Duration(g.OldestPendingAgeSeconds) * time.Second).String(), open, counts[reconcile.KindStripeHasMore],
 		lineChart(backlogSeries(snapshots), stateNames(backlogStates), now.Add(-chartSpan), now, "items"),
 		barChart(ratePoints(hours), now.Add(-chartSpan), now, "accepted")})
+}
+
+// kindCount is how many discrepancies of a kind are open.
+type kindCount struct {
+	Kind, Label string
+	Count       int64
+}
+
+// kindLabels say what each kind of discrepancy means, on the overview and
+// the reconciliation page.
+var kindLabels = map[string]string{
+	reconcile.KindStripeHasMore:    "Stripe has more: a customer may be billed too much",
+	reconcile.KindStripeHasLess:    "Stripe has less: usage not billed",
+	reconcile.KindSummariesRefused: "summaries refused: nothing compared",
 }
 
 // backlogSeries is the snapshots as one series of points per state.

@@ -15,16 +15,20 @@ import (
 	"github.com/tallymeter/tally/reconcile"
 )
 
-// reconcilePageData is what the reconciliation page shows: the latest runs
-// and, on a run's page, that run with its discrepancies and plan; on the
-// plan's page (Review), the plan to confirm, or (Results) what applying it
-// came to.
+// reconcilePageData is what the reconciliation page shows: the open
+// discrepancies of every run (Stripe-has-more first) and the latest runs;
+// on a run's page, that run with its discrepancies and plan; on the plan's
+// page (Review), the plan to confirm, or (Results) what applying it came
+// to.
 type reconcilePageData struct {
-	Runs          []reconcile.Run
-	Run           *reconcile.Run
+	Runs []reconcile.Run
+	Run  *reconcile.Run
+	// Discrepancies are the open ones of every run, or the run's.
 	Discrepancies []reconcile.Discrepancy
-	Plan          reconcile.Plan
-	Settle        string
+	// OpenCounts count the open ones by kind (the index page).
+	OpenCounts []kindCount
+	Plan       reconcile.Plan
+	Settle     string
 	// CanResolve: finance and above resolve discrepancies.
 	CanResolve bool
 	Reasons    []reconcile.ResolutionReason
@@ -62,6 +66,17 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 	}
 	s := chi.URLParam(r, "id")
 	if s == "" {
+		if data.Discrepancies, err = reconcile.OpenDiscrepancies(ctx, c.pool); err != nil {
+			c.fail(w, r, err)
+			return data, false
+		}
+		n := map[string]int64{}
+		for _, d := range data.Discrepancies {
+			n[d.Kind]++
+		}
+		for _, k := range reconcile.Kinds {
+			data.OpenCounts = append(data.OpenCounts, kindCount{Kind: k, Label: kindLabels[k], Count: n[k]})
+		}
 		return data, true
 	}
 	id, err := strconv.ParseInt(s, 10, 64)
@@ -131,7 +146,7 @@ func (c *Console) reconcileRoutes(r chi.Router) {
 // code, so that a link cannot make the page say anything else.
 var reconcileNotices = map[string]flash{
 	"resolved":           {Text: "Resolved: its accepted items are confirmed, and the next runs do not report these numbers again."},
-	"invalid_resolution": {Text: "Not resolved: choose a reason and say in the note what was done.", Error: true},
+	"invalid_resolution": {Text: "Not resolved: choose a reason that fits (a credit in Stripe when Stripe has more, a repost when it has less) and say in the note what was done.", Error: true},
 	"already_resolved":   {Text: "Not resolved: these numbers of this hour are resolved already.", Error: true},
 	"superseded":         {Text: "Not resolved: a later run found other numbers for this hour; resolve its discrepancy.", Error: true},
 	"items_moved":        {Text: "Not resolved: some of its items are no longer accepted or confirmed; run reconcile again and resolve what it finds.", Error: true},

@@ -140,7 +140,7 @@ func execute(ctx context.Context, cmd command, e *env, args []string) int {
 }
 
 // exitStatus reports a command's error: 2 for a mistake in how it was
-// called, 1 for a failure.
+// called, a findings error's own status, 1 for a failure.
 func exitStatus(cmd command, stderr io.Writer, err error) int {
 	if err == nil {
 		return 0
@@ -150,8 +150,22 @@ func exitStatus(cmd command, stderr io.Writer, err error) int {
 	if errors.As(err, &ue) {
 		return 2
 	}
+	var fe findingsError
+	if errors.As(err, &fe) {
+		return fe.status
+	}
 	return 1
 }
+
+// findingsError is a command that did its work and found what a human must
+// look at (tally reconcile leaving discrepancies open): its exit status is
+// its own, not a failure's.
+type findingsError struct {
+	status int
+	msg    string
+}
+
+func (e findingsError) Error() string { return e.msg }
 
 // usageError is a mistake in how a command was called (exit status 2).
 type usageError struct{ msg string }

@@ -44,8 +44,16 @@ func (f *reconcileFlags) register(fs *flag.FlagSet) {
 	f.discrepancyFlags.register(fs)
 }
 
-// run runs a reconcile and reports it. A run that failed part way is
-// reported too, and its error returned after the report.
+// exitOpen is tally reconcile's exit status when its run succeeded and
+// discrepancies are open after it (of this run or an earlier one): finance
+// has work. 1 stays "could not run"; 2 is also a mistake in how the
+// command was called, which runs nothing.
+const exitOpen = 2
+
+// run runs a reconcile and reports it with the discrepancies open after it,
+// Stripe-has-more first. A run that failed part way is reported too, and
+// its error returned after the report; a run that succeeded and leaves any
+// discrepancy open ends in exitOpen.
 func (f *reconcileFlags) run(ctx context.Context, e *env) error {
 	if e.parts.Reconciler == nil {
 		return errors.New("no Stripe key (STRIPE_API_KEY): there is nothing to reconcile against")
@@ -68,27 +76,46 @@ func (f *reconcileFlags) run(ctx context.Context, e *env) error {
 	if derr != nil {
 		return derr
 	}
+	open, derr := reconcile.OpenDiscrepancies(ctx, e.db.Pool)
+	if derr != nil {
+		return derr
+	}
 	if f.planOut != "" {
 		if perr := f.writePlan(ctx, e, run.ID); perr != nil {
 			return perr
 		}
 	}
 	if f.format == "json" {
-		if perr := printJSON(e.stdout, map[string]any{"run": run, "discrepancies": ds}); perr != nil {
+		if perr := printJSON(e.stdout, map[string]any{"run": run, "discrepancies": ds, "open_discrepancies": open}); perr != nil {
 			return perr
 		}
-		return err
-	}
-	if perr := printRun(e.stdout, run); perr != nil {
-		return perr
-	}
-	if len(ds) > 0 {
-		fmt.Fprintln(e.stdout)
-		if perr := printDiscrepancies(e.stdout, ds); perr != nil {
+	} else {
+		if perr := printRun(e.stdout, run); perr != nil {
 			return perr
 		}
+		if len(open) > 0 {
+			fmt.Fprintf(e.stdout, "\nopen discrepancies, of this run and earlier ones (%s):\n", openSummary(open))
+			if perr := printDiscrepancies(e.stdout, open); perr != nil {
+				return perr
+			}
+		}
+	}
+	if err == nil && len(open) > 0 {
+		return findingsError{status: exitOpen, msg: fmt.Sprintf("%d discrepancies are open (%s); "+
+			"see them with tally reconcile discrepancies, resolve each with tally reconcile resolve ID", len(open), openSummary(open))}
 	}
 	return err
+}
+
+// openSummary counts open discrepancies by kind, Stripe-has-more first and
+// said to mean a customer may be billed too much.
+func openSummary(open []reconcile.Discrepancy) string {
+	n := map[string]int{}
+	for _, d := range open {
+		n[d.Kind]++
+	}
+	return fmt.Sprintf("%d where Stripe has more: a customer may be billed too much; %d where Stripe has less; %d refused",
+		n[reconcile.KindStripeHasMore], n[reconcile.KindStripeHasLess], n[reconcile.KindSummariesRefused])
 }
 
 // options are the run's options from the flags; settle is the configured
@@ -146,12 +173,12 @@ func printRun(out io.Writer, run reconcile.Run) error {
 	return w.Flush()
 }
 
-// printDiscrepancies writes discrepancies as a table, one a line: whose
-// (tenants and features, customer and meter), the numbers, and whether
-// finance resolved it.
+// printDiscrepancies writes discrepancies as a table, one a line: its kind
+// and run, whose (tenants and features, customer and meter), the numbers,
+// the items confirmed before Stripe's number moved, and whether it is open.
 func printDiscrepancies(out io.Writer, ds []reconcile.Discrepancy) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tREASON\tTENANT\tFEATURE\tMETER\tCUSTOMER\tHOUR\tFORMULA\tEXPECTED\tSTRIPE\tDIFFERENCE\tEXPLANATION\tUNCERTAIN ITEMS\tRESOLVED")
+	fmt.Fprintln(w, "ID\tKIND\tRUN\tTENANT\tFEATURE\tMETER\tCUSTOMER\tHOUR\tFORMULA\tEXPECTED\tSTRIPE\tDIFFERENCE\tEXPLANATION\tUNCERTAIN ITEMS\tCONFIRMED BEFORE\tRESOLVED")
 	for _, d := range ds {
 		provider, diff := "(none)", ""
 		if d.Provider != nil {
@@ -162,9 +189,9 @@ func printDiscrepancies(out io.Writer, ds []reconcile.Discrepancy) error {
 			// Stripe refused the key's summaries: nothing was compared.
 			hour, provider = "from "+hour, fmt.Sprintf("refused: %s (%d)", d.ErrorCode, d.ErrorStatus)
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\n", d.ID, d.Reason, listOr(d.Tenants),
+		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t%v\t%s\n", d.ID, d.Kind, d.RunID, listOr(d.Tenants),
 			listOr(d.Features), d.EventName, d.Customer, hour, d.Formula, d.Expected, provider, diff, d.Explanation,
-			d.UncertainItems, resolvedText(d.Resolution))
+			d.UncertainItems, d.ConfirmedItems, resolvedText(d))
 	}
 	return w.Flush()
 }

@@ -22,7 +22,7 @@ type discrepancyFlags struct {
 }
 
 func (f *discrepancyFlags) register(fs *flag.FlagSet) {
-	fs.Int64Var(&f.runID, "run", 0, "with discrepancies: the run to list (default: the latest that succeeded)")
+	fs.Int64Var(&f.runID, "run", 0, "with discrepancies: the run to list (default: every run's current ones)")
 	fs.StringVar(&f.status, "status", string(reconcile.DefaultStatus), "with discrepancies: open, resolved or all")
 	fs.StringVar(&f.reason, "reason", "", "with resolve: credited_in_stripe, reposted, accept_stripe or accept_tally (required)")
 	fs.StringVar(&f.note, "note", "", "with resolve: what was done, and where to find it (required)")
@@ -69,8 +69,9 @@ func (f *reconcileFlags) dispatch(ctx context.Context, e *env, args []string) er
 	return f.run(ctx, e)
 }
 
-// listDiscrepancies prints the discrepancies of a run (default the latest
-// that succeeded) with the status asked for.
+// listDiscrepancies prints the discrepancies with the status asked for,
+// Stripe-has-more first: of every run unless --run names one (the current
+// ones: those no later run cleared).
 func (f *reconcileFlags) listDiscrepancies(ctx context.Context, e *env) error {
 	if f.runID < 0 {
 		return usageError{"--run must be a positive run id"}
@@ -89,11 +90,14 @@ func (f *reconcileFlags) listDiscrepancies(ctx context.Context, e *env) error {
 	if f.format == "json" {
 		return printJSON(e.stdout, map[string]any{"run": run, "status": status, "discrepancies": ds})
 	}
-	if run == 0 {
-		fmt.Fprintln(e.stdout, "no reconcile run has succeeded yet")
-		return nil
+	switch {
+	case f.runID != 0:
+		fmt.Fprintf(e.stdout, "run %d: %d %s discrepancies\n", run, len(ds), status)
+	case run == 0:
+		fmt.Fprintf(e.stdout, "%d %s discrepancies (no reconcile run has succeeded yet)\n", len(ds), status)
+	default:
+		fmt.Fprintf(e.stdout, "%d %s discrepancies, of every run (the latest that succeeded: %d)\n", len(ds), status, run)
 	}
-	fmt.Fprintf(e.stdout, "run %d: %d %s discrepancies\n", run, len(ds), status)
 	if len(ds) == 0 {
 		return nil
 	}
@@ -126,18 +130,22 @@ func (f *reconcileFlags) resolve(ctx context.Context, e *env, arg string) error 
 	if f.format == "json" {
 		return printJSON(e.stdout, d)
 	}
-	fmt.Fprintf(e.stdout, "discrepancy %d: %s; %d accepted items confirmed\n", d.ID, resolvedText(d.Resolution),
+	fmt.Fprintf(e.stdout, "discrepancy %d: %s; %d accepted items confirmed\n", d.ID, resolvedText(d),
 		len(d.Resolution.SettledItems))
 	return nil
 }
 
 // resolvedText says who resolved a discrepancy, when and why; "open"
-// while nobody has.
-func resolvedText(r *reconcile.Resolution) string {
-	if r == nil {
-		return "open"
+// while nobody has and no later run cleared it, else the run that did.
+func resolvedText(d reconcile.Discrepancy) string {
+	r := d.Resolution
+	switch {
+	case r != nil:
+		return fmt.Sprintf("%s by %s at %s: %s", r.Reason, r.By, r.At.Format(time.RFC3339), r.Note)
+	case d.ClearedByRun != nil:
+		return fmt.Sprintf("cleared by run %d", *d.ClearedByRun)
 	}
-	return fmt.Sprintf("%s by %s at %s: %s", r.Reason, r.By, r.At.Format(time.RFC3339), r.Note)
+	return "open"
 }
 
 // listOr joins a list with commas; "-" when it is empty.
