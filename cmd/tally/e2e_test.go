@@ -615,6 +615,7 @@ func checkMetrics(t *testing.T, base string, stream bool) {
 		"tally_reconcile_runs_total":               {"status"},
 		"tally_reconcile_items_confirmed_total":    nil,
 		"tally_reconcile_discrepancies_total":      nil,
+		"tally_reconcile_open_discrepancies":       {"kind"},
 		"tally_job_last_success_age_seconds":       {"task"},
 		"tally_export_stalled":                     {"reason"},
 		"tally_ledger_unstaged_events":             nil,

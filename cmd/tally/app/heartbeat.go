@@ -27,12 +27,17 @@ import (
 // tally_ledger_unstaged_events and tally_ledger_oldest_unstaged_age_seconds:
 // the usage waiting in the ledger, not yet staged into outbox items (through
 // package meter). While export is stalled it waits here, not in the outbox.
+//
+// tally_reconcile_open_discrepancies{kind}: the discrepancies with Stripe
+// open now, of every reconcile run (through package reconcile), the same
+// on every node.
 type heartbeats struct {
 	pool     *pgxpool.Pool
 	outbox   *outbox.Store
 	desc     *prometheus.Desc
 	unstaged *prometheus.Desc
 	oldest   *prometheus.Desc
+	open     *prometheus.Desc
 }
 
 func newHeartbeats(pool *pgxpool.Pool, ob *outbox.Store) *heartbeats {
@@ -45,13 +50,17 @@ func newHeartbeats(pool *pgxpool.Pool, ob *outbox.Store) *heartbeats {
 			nil, nil),
 		oldest: prometheus.NewDesc("tally_ledger_oldest_unstaged_age_seconds",
 			"Seconds since the oldest unstaged usage event was received; 0 when none waits.",
-			nil, nil)}
+			nil, nil),
+		open: prometheus.NewDesc("tally_reconcile_open_discrepancies",
+			"Discrepancies with Stripe open now, of every reconcile run (unresolved, and no later run compared the hour again), by kind: stripe_has_more (Stripe counts more than Tally: a customer may be billed too much), stripe_has_less (usage not billed), summaries_refused (Stripe refused a key's summaries). Read from the database: the same on every node.",
+			[]string{"kind"}, nil)}
 }
 
 func (h *heartbeats) Describe(ch chan<- *prometheus.Desc) {
 	ch <- h.desc
 	ch <- h.unstaged
 	ch <- h.oldest
+	ch <- h.open
 }
 
 func (h *heartbeats) Collect(ch chan<- prometheus.Metric) {
@@ -65,6 +74,11 @@ func (h *heartbeats) Collect(ch chan<- prometheus.Metric) {
 	if b, err := meter.ReadBacklog(ctx, h.pool); err == nil {
 		ch <- prometheus.MustNewConstMetric(h.unstaged, prometheus.GaugeValue, float64(b.Events))
 		ch <- prometheus.MustNewConstMetric(h.oldest, prometheus.GaugeValue, b.OldestAge.Seconds())
+	}
+	if open, err := reconcile.OpenCounts(ctx, h.pool); err == nil {
+		for _, kind := range reconcile.Kinds {
+			ch <- prometheus.MustNewConstMetric(h.open, prometheus.GaugeValue, float64(open[kind]), kind)
+		}
 	}
 	stage, staged, err := meter.SinceLastStage(ctx, h.pool)
 	if err != nil {
