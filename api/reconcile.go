@@ -205,8 +205,9 @@ func (h *handlers) listAudit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"entries": entries})
 }
 
-// listDiscrepancies lists discrepancies: ?run=N (default: the latest
-// succeeded run) and ?status=open|resolved|all (default open).
+// listDiscrepancies lists discrepancies, Stripe-has-more first: ?run=N
+// (default: the current ones of every run) and ?status=open|resolved|all
+// (default open).
 func (h *handlers) listDiscrepancies(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for k := range q {

@@ -4,21 +4,29 @@
 // confirmation (T7) of items the evidence proves.
 //
 // A run works through every (account, customer, meter) with accepted items
-// older than the settle delay, one key at a time: it reads the key's hourly
+// older than the settle delay or uncertain ones, and every one with a
+// billing period still open (not past its end plus the invoice grace, by
+// the database's clock), one key at a time: it reads the key's hourly
 // summaries (through its own class of the account's budget, so that its
-// 429s never slow export), compares each hour by the meter's formula, and
-// commits the hour's confirmations, its discrepancies and the run's
-// progress in one transaction per key, so that a run killed mid-way resumes
-// after its last key, and a rerun ends where an uninterrupted run would
-// have. A key whose summaries Stripe refuses with a 4xx about that key (a
-// customer or meter it does not know) is recorded as one discrepancy of
-// its own and the run goes on.
+// 429s never slow export), compares each hour by the meter's formula —
+// every hour of an open period, confirmed or not, and one where Stripe has
+// a number and Tally no item — and commits the hour's confirmations, its
+// discrepancies, the older discrepancies of the hours it compared (cleared),
+// the key's open periods and the run's progress in one transaction per
+// key, so that a run killed mid-way resumes after its last key, and a
+// rerun ends where an uninterrupted run would have. A key whose summaries
+// Stripe refuses with a 4xx about that key (a customer or meter it does
+// not know) is recorded as one discrepancy of its own and the run goes on.
 //
-// Finance resolves a discrepancy (Resolve) with a reason from a fixed set
-// and a note: the discrepancy's accepted items are confirmed (T7, through
-// package outbox), and the resolution and its audit entry recorded, in one
-// transaction. A resolution covers the same numbers of the same hour of the
-// key in every run: a later run does not record them again.
+// A discrepancy has a kind (Stripe has more — a customer may be billed too
+// much —, Stripe has less, summaries refused), and every list shows Stripe
+// having more first. It is open until finance resolves it or a later run
+// compares its hour again. Finance resolves a discrepancy (Resolve) with a
+// reason from a fixed set that fits its kind and a note: the
+// discrepancy's items still accepted are confirmed (T7, through package
+// outbox), and the resolution and its audit entry recorded, in one
+// transaction. A resolution covers the same numbers of the same hour of
+// the key in every run: a later run does not record them again.
 //
 // It also records Stripe's meter error reports (RecordReport): evidence,
 // T10 on the accepted items they name, and a note on the items still in
