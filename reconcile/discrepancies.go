@@ -143,12 +143,12 @@ func ParseStatus(s string) (DiscrepancyStatus, error) {
 
 // ListDiscrepancies reads discrepancies with the given status,
 // Stripe-has-more first, then by meter, customer and hour. With run 0 it
-// reads the current ones across runs — those no later run cleared: the
-// open ones are finance's work, whichever run found them — and returns the
-// latest run that succeeded (0 before the first), for reference; else the
-// discrepancies of that run, and run. The current ones are few whatever
-// the history: an hour has one, and a resolved one is current only while
-// no run compares its hour again.
+// reads across runs — the open ones (finance's work, whichever run found
+// them), every one finance resolved, or both — and returns the latest run
+// that succeeded (0 before the first), for reference; else the
+// discrepancies of that run, and run. Either way it reads no history: the
+// open ones are found by the index of the current ones (an hour has one),
+// the resolved ones by their resolutions.
 func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status DiscrepancyStatus) (int64, []Discrepancy, error) {
 	var where string
 	if run == 0 {
@@ -156,9 +156,14 @@ func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status 
 		if err != nil {
 			return 0, nil, err
 		}
-		where = `WHERE d.cleared_by_run IS NULL`
-		if status == StatusOpen {
-			where += ` AND r.id IS NULL`
+		switch status {
+		case StatusOpen:
+			where = `WHERE ` + isOpen
+		case StatusResolved:
+			where = `WHERE d.id IN (SELECT discrepancy_id FROM reconcile_resolutions)`
+		default:
+			where = `WHERE d.id IN (SELECT id FROM reconcile_discrepancies WHERE cleared_by_run IS NULL
+				UNION SELECT discrepancy_id FROM reconcile_resolutions)`
 		}
 		run = latest
 	} else {
@@ -166,12 +171,12 @@ func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status 
 			return 0, nil, err
 		}
 		where = `WHERE d.run_id = @run`
-		if status == StatusOpen {
+		switch status {
+		case StatusOpen:
 			where += ` AND r.id IS NULL AND d.cleared_by_run IS NULL`
+		case StatusResolved:
+			where += ` AND r.id IS NOT NULL`
 		}
-	}
-	if status == StatusResolved {
-		where += ` AND r.id IS NOT NULL`
 	}
 	ds, err := readDiscrepancies(ctx, q, where, pgx.NamedArgs{"run": run})
 	return run, ds, err

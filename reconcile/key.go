@@ -132,6 +132,14 @@ func (r *Reconciler) compareKey(ctx context.Context, id int64, dest exporter.Des
 func (r *Reconciler) refusedKeyOutcome(id int64, dest exporter.Destination, m stripeapi.Meter, k runKey, kh keyHours,
 	refusal outbox.ErrorInfo) keyOutcome {
 	u := holdOver(m.Formula, kh.byHour, kh.candidates, k.inOpen)
+	if !k.settled && len(u.counted)+len(u.uncertain) == 0 {
+		// Read for its open period alone, the key holds nothing Stripe
+		// could count any more (its items left accepted since: an error
+		// report named them): there is nothing to record.
+		r.cfg.Logger.Warn("reconcile: Stripe refused the summaries of a key that holds nothing to compare; nothing is recorded",
+			"run", id, "event_name", k.EventName, "meter", m.ID, "error", refusal.String())
+		return keyOutcome{}
+	}
 	d := keyDiscrepancy(dest, m, k.SettledKey)
 	d.Reason, d.ErrorCode, d.ErrorStatus = ReasonSummariesRefused, refusal.Code, refusal.Status
 	d.Hour, d.Expected = time.Unix(kh.from, 0).UTC(), u.expected.String()

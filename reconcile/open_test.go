@@ -164,6 +164,17 @@ func TestStripeHasMoreInAConfirmedHourStaysOpenUntilResolved(t *testing.T) {
 	require.Equal(t, 2, third.HoursCompared)
 	require.Empty(t, r.open(t))
 	r.holds(t)
+
+	// Across runs, the resolved list has the discrepancy finance resolved,
+	// though a later run compared its hour again; every list has it once.
+	for _, st := range []reconcile.DiscrepancyStatus{reconcile.StatusResolved, reconcile.StatusAll} {
+		_, listed, err := reconcile.ListDiscrepancies(r.Ctx, r.Pool, 0, st)
+		require.NoError(t, err)
+		require.Len(t, listed, 1, st)
+		require.Equal(t, open[0].ID, listed[0].ID)
+		require.Equal(t, third.ID, *listed[0].ClearedByRun)
+		require.Equal(t, reconcile.ResolvedCreditedInStripe, listed[0].Resolution.Reason)
+	}
 }
 
 // Stripe having less after confirmation: an event Stripe drops after the

@@ -22,7 +22,7 @@ type discrepancyFlags struct {
 }
 
 func (f *discrepancyFlags) register(fs *flag.FlagSet) {
-	fs.Int64Var(&f.runID, "run", 0, "with discrepancies: the run to list (default: every run's current ones)")
+	fs.Int64Var(&f.runID, "run", 0, "with discrepancies: the run to list (default: across runs)")
 	fs.StringVar(&f.status, "status", string(reconcile.DefaultStatus), "with discrepancies: open, resolved or all")
 	fs.StringVar(&f.reason, "reason", "", "with resolve: credited_in_stripe, reposted, accept_stripe or accept_tally (required)")
 	fs.StringVar(&f.note, "note", "", "with resolve: what was done, and where to find it (required)")
@@ -70,8 +70,8 @@ func (f *reconcileFlags) dispatch(ctx context.Context, e *env, args []string) er
 }
 
 // listDiscrepancies prints the discrepancies with the status asked for,
-// Stripe-has-more first: of every run unless --run names one (the current
-// ones: those no later run cleared).
+// Stripe-has-more first: across runs (the open ones, every one resolved,
+// or both) unless --run names one.
 func (f *reconcileFlags) listDiscrepancies(ctx context.Context, e *env) error {
 	if f.runID < 0 {
 		return usageError{"--run must be a positive run id"}
