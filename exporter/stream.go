@@ -177,8 +177,10 @@ func (e *StripeStream) send(ctx context.Context, account string, items []outbox.
 // refusedWhole reports whether a stream request's status is Stripe refusing
 // it for what it carries — any 4xx but the key's (401, 403), the endpoint's
 // (404), a conflict (409) or the rate limit (429) — which processed none of
-// its events, whatever the message says (even v1's duplicate-identifier
-// 400, which would otherwise read as success for every event of it).
+// its events, whatever the message or code says (even a duplicate, v1's
+// words or v2's duplicate_meter_event, which would otherwise read as
+// success for every event of it: split, the event Stripe has is accepted
+// alone).
 func refusedWhole(status int) bool {
 	switch status {
 	case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusConflict, http.StatusTooManyRequests:
