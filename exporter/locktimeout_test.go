@@ -25,13 +25,14 @@ import (
 // The outbox's backoff is the default's at a thousandth (5 ms to 900 ms),
 // so the hour of retries runs in 3.6 s: an hour of the default backoff
 // (5 s doubling to 900 s) makes 11 attempts, at 0, 5, 15, 35, 75, 155, 315,
-// 635, 1,275, 2,175 and 3,075 s. The contended customer's events arrive in
-// waves through that hour, a backlog first, while the other tenants'
-// flow. The horizon is 0.7 s, so it passes during the test for the items that met lock
-// timeouts and waited behind their key: counting such an attempt as one
-// that may have reached Stripe, as Tally did, would have made each of them
-// uncertain (the claim and the sweep refuse an item past the horizon once
-// an attempt may have reached Stripe); the test counts them.
+// 635, 1,275, 2,175 and 3,075 s. The contended customer's events arrive
+// in waves through that hour, a backlog first, while the other tenants'
+// flow. The horizon is 0.7 s, so it passes during the test for the items
+// that met lock timeouts and waited behind their key: counting such an
+// attempt as one that may have reached Stripe, as Tally did, would have
+// made each of them uncertain (the claim and the sweep refuse an item past
+// the horizon once an attempt may have reached Stripe); the test counts
+// them.
 func TestLockTimeoutsForAnHourLeaveNothingUncertain(t *testing.T) {
 	t.Parallel()
 	const (
