@@ -15,10 +15,15 @@ import (
 // names an identifier (payload.cancels; one without is an offsetting meter
 // event of a negated value, sent as any event is) cancels that meter event
 // through POST /v1/billing/meter_event_adjustments (type=cancel), whichever
-// exporter sent the event: adjustments are a v1 call, and the v1 deliverer
-// runs on every node. Stripe takes a cancellation only within 24 hours of
-// receiving the event; the item's deadline is the caller's to keep
-// (docs/design.md, "Cancellations").
+// exporter sent the event. Such items are staged for the exporter
+// StripeMeterEventAdjustments (StripeAdjustments), whose deliverer runs on
+// every node with a key, paced by the budget's Adjust class: Stripe counts
+// adjustments toward the account's basic limit and the default 25 requests
+// a second of an endpoint, not the meter events' own limit. Those staged
+// for the v1 exporter before it existed are still sent by the v1 deliverer,
+// on the Adjust class too (StripeV1.PaceAdjustments). Stripe takes a
+// cancellation only within 24 hours of receiving the event; the item's
+// deadline is the caller's to keep (docs/design.md, "Cancellations").
 //
 // What a second cancellation of one identifier answers is not documented
 // (docs/stripe.md §9), and a resend after a crash is exactly that: no
@@ -29,6 +34,57 @@ import (
 // adjustment provider_refused for a human: never rejected (a refusal of the
 // identifier may mean it was cancelled already) and never retried as if
 // new.
+
+// StripeAdjustments is the exporter of meter event adjustments
+// (StripeMeterEventAdjustments): every item it sends is a cancellation,
+// posted as StripeV1 posts one (sendAdjustment), through stripe-go with no
+// retries of its own, an Idempotency-Key per attempt and the item's
+// Stripe-Account. Its deliverer pays each item's own call on its limiter
+// (the budget's Adjust class) before the claim; the probes of earlier keys
+// wait for theirs (PaceProbes).
+type StripeAdjustments struct{ v1 *StripeV1 }
+
+// NewStripeAdjustments returns the adjustments exporter over client;
+// timeout 0 means DefaultRequestTimeout.
+func NewStripeAdjustments(client *stripeapi.Client, timeout time.Duration) *StripeAdjustments {
+	return &StripeAdjustments{v1: NewStripeV1(client, timeout)}
+}
+
+// ForAccounts is StripeV1.ForAccounts. It returns e.
+func (e *StripeAdjustments) ForAccounts(header func(account string) string) *StripeAdjustments {
+	e.v1.ForAccounts(header)
+	return e
+}
+
+// PaceProbes is StripeV1.PaceProbes: l is the limiter of this exporter's
+// deliverer. It returns e.
+func (e *StripeAdjustments) PaceProbes(l *Limiter) *StripeAdjustments {
+	e.v1.PaceProbes(l)
+	return e
+}
+
+// Name is StripeMeterEventAdjustments.
+func (e *StripeAdjustments) Name() string { return StripeMeterEventAdjustments }
+
+// DedupWindow is Stripe's 24 hours, as for v1: the horizon of an
+// adjustment's identifier, whose attempts' keys Stripe keeps that long.
+func (e *StripeAdjustments) DedupWindow() time.Duration { return StripeDedupWindow }
+
+// Accepts is v1's window; an adjustment carries no timestamp of its own and
+// the claim check ignores it.
+func (e *StripeAdjustments) Accepts() (past, future time.Duration) { return e.v1.Accepts() }
+
+// Send posts the item's meter event adjustment and classifies the answer;
+// an item that names no identifier to cancel is quarantined unsent.
+func (e *StripeAdjustments) Send(ctx context.Context, item outbox.Lease) outbox.Outcome {
+	return e.v1.sendAdjustment(ctx, item)
+}
+
+// isAdjustment reports whether item is a cancellation sent as a meter event
+// adjustment: one that names the identifier it cancels.
+func isAdjustment(item outbox.Lease) bool {
+	return item.SubjectKind == outbox.SubjectUsageCancellation && item.Payload.Cancels != ""
+}
 
 // AdjustmentParams is the request of an attempt of a cancellation item: the
 // event name and the identifier to cancel, the same on every attempt, and
@@ -97,7 +153,9 @@ func probeWindow(item outbox.Lease) int {
 // (TestCancelAdjustmentsSurviveKills found it).
 //
 // The item's own call goes out on the slot the deliverer paid for before
-// the claim. Each probe waits for a slot of its own (PaceProbes); every
+// the claim (on a slot of its own, PaceAdjustments, when the deliverer's
+// class is not the Adjust class). Each probe waits for a slot of its own
+// (PaceProbes); every
 // call has its own request timeout, and no probe starts unless a whole
 // timeout fits before ctx's deadline: the deliverer ends ctx inside the
 // item's lease, so no call of the item is in flight when another claimer
@@ -143,12 +201,12 @@ func kept5xx(a Answer) bool {
 }
 
 // adjust posts the item's adjustment under attempt's Idempotency-Key — a
-// probe (an earlier attempt's key) once the limiter gives it a slot while a
-// request still fits in ctx — and classifies the answer, which it returns
-// too.
+// probe (an earlier attempt's key), or any call under PaceAdjustments, once
+// the limiter gives it a slot while a request still fits in ctx — and
+// classifies the answer, which it returns too.
 func (e *StripeV1) adjust(ctx context.Context, item outbox.Lease, attempt int) (outbox.Outcome, Answer) {
-	probe := attempt != item.Attempts
-	if l := e.probes; l != nil && probe {
+	paced := e.probes != nil && (attempt != item.Attempts || e.paceOwn)
+	if l := e.probes; paced {
 		wctx := ctx
 		if end, ok := ctx.Deadline(); ok {
 			var cancel context.CancelFunc
@@ -171,8 +229,8 @@ func (e *StripeV1) adjust(ctx context.Context, item outbox.Lease, attempt int) (
 	_, err := e.client.Stripe().V1BillingMeterEventAdjustments.Create(ctx, params)
 	a := answerOf(resp, err)
 	o := ClassifyAdjustment(a)
-	if l := e.probes; l != nil && probe {
-		// The deliverer reads the item's own answer.
+	if l := e.probes; paced {
+		// The deliverer reads the item's own answer, unless it is self-paced.
 		if o.Kind == outbox.RateLimited {
 			l.Slow(start)
 		} else if o.Error.Status != 0 || o.Kind == outbox.Accepted {

@@ -181,7 +181,11 @@ func deliver(b *testing.B, apiBase string, r deliverRun) time.Duration {
 	dest := func() (exporter.Destination, error) {
 		return exporter.Destination{Exporter: name, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
 	}
-	d, err := exporter.NewDeliverer(cfg, store, pool, exp, benchTimeout, dest, exporter.NewLimiter(r.rate), nil, nil)
+	limiter := exporter.NewLimiter(r.rate)
+	if r.stream {
+		limiter = exporter.NewStreamLimiter(r.rate)
+	}
+	d, err := exporter.NewDeliverer(cfg, store, pool, exp, benchTimeout, dest, limiter, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -365,7 +369,7 @@ type instantBatch struct{ instant }
 
 func (instantBatch) Name() string  { return exporter.StripeMeterEventStream }
 func (instantBatch) MaxBatch() int { return exporter.StreamMaxEvents }
-func (instantBatch) SendBatch(_ context.Context, items []outbox.Lease, _ func(context.Context) error) []outbox.Outcome {
+func (instantBatch) SendBatch(_ context.Context, items []outbox.Lease, _ func(context.Context, int) error) []outbox.Outcome {
 	out := make([]outbox.Outcome, len(items))
 	for i := range out {
 		out[i] = outbox.Outcome{Kind: outbox.Accepted}

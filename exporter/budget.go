@@ -33,6 +33,12 @@ const (
 	// change, the events an error report's notification names.
 	DefaultOtherLiveRate = 20
 	DefaultOtherTestRate = 5
+	// DefaultAdjustLiveRate and DefaultAdjustTestRate pace meter event
+	// adjustments (cancellations), an endpoint of Stripe's default 25
+	// requests a second that counts toward the basic limit in both modes:
+	// below it live, and in test mode a quarter of the basic budget.
+	DefaultAdjustLiveRate = 20
+	DefaultAdjustTestRate = 5
 )
 
 // Rates are the request rates of a destination's budget, calls a second;
@@ -41,8 +47,9 @@ type Rates struct {
 	// Events paces v1 meter events (TALLY_RATE_LIVE / TALLY_RATE_TEST).
 	// Defaults to DefaultLiveRate or DefaultTestRate.
 	Events float64
-	// Stream paces v2 stream requests (TALLY_STREAM_RATE_LIVE / _TEST).
-	// Defaults to DefaultStreamLiveRate or DefaultStreamTestRate.
+	// Stream paces v2 stream events, a request of n events taking n
+	// (TALLY_STREAM_RATE_LIVE / _TEST). Defaults to DefaultStreamLiveRate
+	// or DefaultStreamTestRate.
 	Stream float64
 	// Basic is the share of Stripe's basic limit. Defaults to
 	// DefaultBasicLiveRate or DefaultBasicTestRate.
@@ -53,19 +60,25 @@ type Rates struct {
 	// Other paces every other call. Defaults to DefaultOtherLiveRate or
 	// DefaultOtherTestRate.
 	Other float64
+	// Adjust paces meter event adjustments (TALLY_ADJUST_RATE_LIVE /
+	// _TEST). Defaults to DefaultAdjustLiveRate or DefaultAdjustTestRate.
+	Adjust float64
 }
 
 // Budget is every call Tally makes to one Stripe account, in classes that
 // each have an adaptive limiter of their own — v1 meter events, v2 stream
-// requests, reconciliation's reads, everything else — so that one class's
-// 429s slow that class alone (a reconcile run refused by Stripe never halves
-// export's rate), and a shared bucket for Stripe's basic limit that every
-// class counting toward it also takes from: in test mode every class, in
-// live mode every class but the meter-event ones, unless the destination is
-// a connected account (Connect calls count toward the basic limit).
+// requests, meter event adjustments, reconciliation's reads, everything
+// else — so that one class's 429s slow that class alone (a reconcile run or
+// a bulk cancellation refused by Stripe never halves export's rate), and a
+// shared bucket for Stripe's basic limit that every class counting toward
+// it also takes from: in test mode every class, in live mode every class
+// but the meter-event ones, unless the destination is a connected account
+// (Connect calls count toward the basic limit). Only POST
+// /v1/billing/meter_events (and the stream) has a live limit of its own;
+// adjustments are an endpoint like any other.
 type Budget struct {
-	events, stream, reads, other *Limiter
-	basic                        *rate.Limiter
+	events, stream, adjust, reads, other *Limiter
+	basic                                *rate.Limiter
 }
 
 // connect makes the meter-event classes take from the basic bucket too:
@@ -98,10 +111,11 @@ func NewBudget(mode stripeapi.Mode, connected bool, r Rates) *Budget {
 		meterBasic = nil // live meter events have limits of their own
 	}
 	return &Budget{
-		events: newLimiter(pick(r.Events, DefaultLiveRate, DefaultTestRate), meterBasic),
-		stream: newLimiter(pick(r.Stream, DefaultStreamLiveRate, DefaultStreamTestRate), meterBasic),
-		reads:  newLimiter(pick(r.Reads, DefaultReadsLiveRate, DefaultReadsTestRate), basic),
-		other:  newLimiter(pick(r.Other, DefaultOtherLiveRate, DefaultOtherTestRate), basic),
+		events: newLimiter(pick(r.Events, DefaultLiveRate, DefaultTestRate), 1, meterBasic),
+		stream: newLimiter(pick(r.Stream, DefaultStreamLiveRate, DefaultStreamTestRate), StreamMaxEvents, meterBasic),
+		adjust: newLimiter(pick(r.Adjust, DefaultAdjustLiveRate, DefaultAdjustTestRate), 1, basic),
+		reads:  newLimiter(pick(r.Reads, DefaultReadsLiveRate, DefaultReadsTestRate), 1, basic),
+		other:  newLimiter(pick(r.Other, DefaultOtherLiveRate, DefaultOtherTestRate), 1, basic),
 		basic:  basic,
 	}
 }
@@ -110,9 +124,13 @@ func NewBudget(mode stripeapi.Mode, connected bool, r Rates) *Budget {
 // send.
 func (b *Budget) Events() *Limiter { return b.events }
 
-// Stream paces v2 stream requests; the stream deliverer takes its slots
-// before it claims.
+// Stream paces v2 stream events, and its requests in the shared bucket;
+// the stream deliverer takes its slots before it claims.
 func (b *Budget) Stream() *Limiter { return b.stream }
+
+// Adjust paces meter event adjustments; their deliverer takes its slots
+// before it claims, and a probe of an earlier attempt's key waits for one.
+func (b *Budget) Adjust() *Limiter { return b.adjust }
 
 // Reads paces reconciliation's reads.
 func (b *Budget) Reads() *Limiter { return b.reads }
@@ -121,11 +139,11 @@ func (b *Budget) Reads() *Limiter { return b.reads }
 func (b *Budget) Other() *Limiter { return b.other }
 
 // pace is the client's hook for calls no deliverer paced: every call but v1
-// meter events and stream requests (paced before their items were claimed)
-// and meter event adjustments (items of the v1 deliverer, paced with its
-// class before they are claimed: a wait here, after the claim, would be
-// taken from the request's timeout and turn a queue into failed attempts)
-// waits for a slot of the Other class.
+// meter events, stream requests and meter event adjustments (paced by
+// their deliverers before their items are claimed, and an adjustment's
+// probes by its exporter: a wait here, after the claim, would be taken
+// from the request's timeout and turn a queue into failed attempts) waits
+// for a slot of the Other class.
 func (b *Budget) pace(ctx context.Context, method, path string) error {
 	if method == http.MethodPost && (path == stripeapi.MeterEventsPath || path == stripeapi.AdjustmentsPath ||
 		strings.HasSuffix(path, stripeapi.StreamPath)) {

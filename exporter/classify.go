@@ -58,11 +58,22 @@ const codeAccountInvalid = stripeapi.CodeAccountInvalid
 // the provider has the event already, which is success.
 const duplicatePrefix = "An event already exists with identifier"
 
+// codeDuplicate is the error code Stripe's v2 API documents for a meter
+// event whose identifier it has already ("A meter event with a duplicate
+// identifier has already been submitted."): success, like v1's wording.
+const codeDuplicate = "duplicate_meter_event"
+
+// codeLockTimeout is Stripe's code for a 429 that timed out waiting for an
+// object's lock (stripe-go ErrorCodeLockTimeout): not a rate limiter's, and
+// "Stripe doesn't process these failed requests".
+const codeLockTimeout = "lock_timeout"
+
 // Classify turns a provider's answer into an outcome, per README's "What
 // Stripe's answers do" (the sources are in docs/stripe.md):
 //
 //	2xx                                           accepted (provider_ref = Request-Id)
 //	400 duplicate identifier                      accepted
+//	4xx code duplicate_meter_event                accepted
 //	400/404 naming no meter for the event name    quarantined meter_not_found
 //	400/404 naming no such customer               quarantined customer_not_found
 //	400 a payload key missing                     quarantined payload_keys
@@ -77,7 +88,8 @@ const duplicatePrefix = "An event already exists with identifier"
 //	409                                           retry with backoff (refused)
 //	429 from a limiter (Stripe-Rate-Limited-Reason
 //	    or code rate_limit)                       rate-limited (refused; after Retry-After if given)
-//	any other 429 (lock_timeout, …)               retry with backoff (may have reached Stripe)
+//	429 code lock_timeout                         retry with backoff (refused; slows no limiter)
+//	any other 429                                 retry with backoff (may have reached Stripe)
 //	5xx, with or without Stripe-Should-Retry      retry with backoff (may have reached Stripe)
 //	no answer: never sent                         retry with backoff (refused)
 //	no answer: timeout, reset, cancelled          retry with backoff (may have reached Stripe)
@@ -107,7 +119,10 @@ func Classify(a Answer) outbox.Outcome {
 		}
 		return outbox.Outcome{Kind: outbox.Retry, Error: info, Refused: a.NotSent}
 
-	case a.Status == http.StatusBadRequest && strings.HasPrefix(a.Message, duplicatePrefix):
+	case a.Status == http.StatusBadRequest && strings.HasPrefix(a.Message, duplicatePrefix),
+		a.Status >= 400 && a.Status <= 499 && a.Code == codeDuplicate:
+		// Stripe has the event already: v1 says so in words, v2 by its
+		// code (no status is documented for it).
 		return outbox.Outcome{Kind: outbox.Accepted, ProviderRef: a.RequestID}
 	}
 	if o, ok := itemRefusal(a); ok {
@@ -184,9 +199,18 @@ func statusOutcome(a Answer) outbox.Outcome {
 		info.Code = "rate_limited"
 		return outbox.Outcome{Kind: outbox.RateLimited, Error: info, MinDelay: a.RetryAfter}
 
+	case a.Status == http.StatusTooManyRequests && a.Code == codeLockTimeout:
+		// The call waited for an object's lock and gave up: "Stripe
+		// doesn't process these failed requests" (docs/stripe.md §5). A
+		// refused attempt, so the horizon does not bind the item; it is
+		// contention on one object, not a rate, so it slows no limiter, and
+		// the exponential backoff spaces the retries as Stripe asks.
+		info.Code = codeLockTimeout
+		return outbox.Outcome{Kind: outbox.Retry, Error: info, Refused: true, MinDelay: a.RetryAfter}
+
 	case a.Status == http.StatusTooManyRequests:
-		// Not a limiter's refusal (a lock timeout, say): Stripe's pages do
-		// not say that nothing was recorded, so it counts as an attempt
+		// Neither a limiter's refusal nor a lock timeout: Stripe's pages
+		// do not say that nothing was recorded, so it counts as an attempt
 		// that may have reached Stripe, and it slows no limiter.
 		info.Code = cmp.Or(a.Code, "stripe_429")
 		return outbox.Outcome{Kind: outbox.Retry, Error: info, MinDelay: a.RetryAfter}
@@ -215,12 +239,12 @@ const (
 	reportArchivedMeter     = "archived_meter"                  // the meter for the event name is archived
 	reportCustomerNotFound  = "meter_event_customer_not_found"  // no such customer
 	reportNoCustomerDefined = "meter_event_no_customer_defined" // the payload lacks the meter's customer key
-	reportValueNotFound     = "meter_event_value_not_found"     // the payload lacks the meter's value key
-	reportInvalidValue      = "meter_event_invalid_value"       // the value is not a whole number
+	reportValueNotFound     = "meter_event_value_not_found"     // the payload lacks the meter's value key (older pages)
+	reportInvalidValue      = "meter_event_invalid_value"       // no value under the meter's key, or not a whole number
 	reportTooFarInPast      = "timestamp_too_far_in_past"
 	reportInFuture          = "timestamp_in_future"
 	reportDimensionCount    = "meter_event_dimension_count_too_high"
-	reportMissingDimensions = "missing_dimension_payload_keys"
+	reportMissingDimensions = "missing_dimension_payload_keys" // the payload lacks a dimension key of the meter
 	// codeTooManyDigits is Stripe's code for a value with more than 15
 	// significant digits, as an answer's code and as a report's.
 	codeTooManyDigits = "meter_event_value_too_many_digits"
@@ -230,40 +254,47 @@ const (
 // meter error report to where T10 moves the accepted item, by the rule for
 // provider answers: a cause a mapping fix can cure is quarantined with the
 // matching reason, a refusal Tally recognises as the item's own is rejected
-// (terminal, visible), and a code Tally does not know is quarantined for a
-// human to look at first:
+// (terminal, visible), a duplicate is no failure at all, and a code Tally
+// does not know is quarantined for a human to look at first:
 //
 //	no_meter, archived_meter                  quarantined meter_not_found
 //	meter_event_customer_not_found            quarantined customer_not_found
 //	meter_event_no_customer_defined,
-//	meter_event_value_not_found               quarantined payload_keys
-//	meter_event_value_too_many_digits         quarantined value_digits
 //	meter_event_invalid_value,
+//	meter_event_value_not_found,
+//	missing_dimension_payload_keys            quarantined payload_keys
+//	meter_event_value_too_many_digits         quarantined value_digits
 //	timestamp_too_far_in_past,
 //	timestamp_in_future,
-//	meter_event_dimension_count_too_high,
-//	missing_dimension_payload_keys            rejected
+//	meter_event_dimension_count_too_high      rejected
+//	duplicate_meter_event                     no failure: Stripe has the event
 //	any other code                            quarantined provider_refused
 //
-// The reason is empty for rejected.
+// Tally sends whole numbers only, so meter_event_invalid_value — the code
+// Stripe now gives for a payload without the meter's value key too — says
+// that the meter reads its value under another key than the mapping's: a
+// mapping problem a human cures. The reason is empty for rejected; the
+// state and the reason are both empty for a code that is no failure of the
+// item, whose report is evidence only.
 func ClassifyReport(code string) (outbox.State, outbox.Reason) {
 	switch code {
 	case reportNoMeter, reportArchivedMeter:
 		return outbox.StateQuarantined, outbox.ReasonMeterNotFound
 	case reportCustomerNotFound:
 		return outbox.StateQuarantined, outbox.ReasonCustomerNotFound
-	case reportNoCustomerDefined, reportValueNotFound:
+	case reportNoCustomerDefined, reportInvalidValue, reportValueNotFound, reportMissingDimensions:
 		return outbox.StateQuarantined, outbox.ReasonPayloadKeys
 	case codeTooManyDigits:
 		return outbox.StateQuarantined, outbox.ReasonValueDigits
-	case reportInvalidValue, reportTooFarInPast, reportInFuture, reportDimensionCount, reportMissingDimensions:
+	case reportTooFarInPast, reportInFuture, reportDimensionCount:
 		return outbox.StateRejected, ""
+	case codeDuplicate:
+		return "", ""
 	default:
 		return outbox.StateQuarantined, outbox.ReasonProviderRefused
 	}
 }
 
-// names reports whether an error answer names param, or says so in words.
 func names(a Answer, param, words string) bool {
 	return a.Param == param || strings.Contains(a.Message, words)
 }

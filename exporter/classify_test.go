@@ -38,6 +38,14 @@ func TestClassify(t *testing.T) {
 		{"account_invalid as a 404", Answer{Status: 404, Code: "account_invalid"}, outbox.Retry, "stripe_account_refused", true, ""},
 		{"duplicate identifier is success", Answer{Status: 400, RequestID: "req_2",
 			Message: "An event already exists with identifier tly_abc.", ShouldRetry: &no}, outbox.Accepted, "", false, ""},
+		// Stripe's v2 error duplicate_meter_event (its OpenAPI spec gives
+		// no status): the coded duplicate, whatever the words.
+		{"a coded duplicate is success", Answer{Status: 400, RequestID: "req_3", Code: "duplicate_meter_event",
+			Message: "A meter event with a duplicate identifier has already been submitted."}, outbox.Accepted, "", false, ""},
+		{"a coded duplicate at another 4xx is success", Answer{Status: 409, RequestID: "req_4", Code: "duplicate_meter_event"},
+			outbox.Accepted, "", false, ""},
+		{"the duplicate code at a 5xx is no answer about the item", Answer{Status: 500, Code: "duplicate_meter_event"},
+			outbox.Retry, "stripe_5xx", false, ""},
 		{"no meter for the event name", Answer{Status: 400, Code: "resource_missing", Param: "event_name",
 			Message: "No active meter found for event_name 'x'"}, outbox.Quarantined, "meter_not_found", false, outbox.ReasonMeterNotFound},
 		{"no meter, as a 404", Answer{Status: 404, Message: "No active meter found for event_name 'x'"}, outbox.Quarantined, "meter_not_found", false, outbox.ReasonMeterNotFound},
@@ -67,11 +75,18 @@ func TestClassify(t *testing.T) {
 		{"409 retries", Answer{Status: 409, Code: "idempotency_key_in_use"}, outbox.Retry, "stripe_conflict", true, ""},
 		{"429 is rate-limited", Answer{Status: 429, Code: "rate_limit", RetryAfter: 2 * time.Second}, outbox.RateLimited, "rate_limited", false, ""},
 		{"429 from a limiter, by its header", Answer{Status: 429, RateLimitedReason: "endpoint-rate"}, outbox.RateLimited, "rate_limited", false, ""},
-		// A 429 without Stripe-Rate-Limited-Reason did not come from a
-		// limiter (docs.stripe.com/rate-limits, "Object lock timeouts"),
-		// and nothing says it recorded nothing.
-		{"a lock timeout may have reached Stripe", Answer{Status: 429, Code: "lock_timeout"}, outbox.Retry, "lock_timeout", false, ""},
+		// A lock timeout is not a limiter's (no Stripe-Rate-Limited-Reason),
+		// and "Stripe doesn't process these failed requests"
+		// (docs.stripe.com/rate-limits, "Object lock timeouts"): a refused
+		// attempt, retried with backoff, slowing no limiter.
+		{"a lock timeout is a refused attempt", Answer{Status: 429, Code: "lock_timeout", Type: "invalid_request_error",
+			Message: "This object cannot be accessed right now because another API request or Stripe process is currently accessing it."},
+			outbox.Retry, "lock_timeout", true, ""},
+		{"a limiter's 429 is rate-limited whatever its code", Answer{Status: 429, Code: "lock_timeout", RateLimitedReason: "global-rate"},
+			outbox.RateLimited, "rate_limited", false, ""},
+		// Any other 429 without the header: nothing says it recorded nothing.
 		{"a bare 429 may have reached Stripe", Answer{Status: 429}, outbox.Retry, "stripe_429", false, ""},
+		{"an unknown 429 may have reached Stripe", Answer{Status: 429, Code: "some_new_code"}, outbox.Retry, "some_new_code", false, ""},
 		{"500 retries and may have reached Stripe", Answer{Status: 500}, outbox.Retry, "stripe_5xx", false, ""},
 		{"502 (a lost reply) retries", Answer{Status: 502}, outbox.Retry, "stripe_5xx", false, ""},
 		{"503 that says retry", Answer{Status: 503, ShouldRetry: &yes}, outbox.Retry, "stripe_5xx", false, ""},
@@ -105,10 +120,12 @@ func TestClassify(t *testing.T) {
 }
 
 // Every error code of Stripe's meter error reports (stripe-go v82's
-// V1BillingMeterErrorReportTriggeredEventDataReasonErrorTypeCode, and the
+// V1BillingMeterErrorReportTriggeredEventDataReasonErrorTypeCode, the older
+// pages' meter_event_value_not_found, v2's duplicate_meter_event, and the
 // simulator's own "dropped"), and unknown ones: what a mapping fix can cure
 // is quarantined with its reason, a refusal of the item's own content
-// rejected, and a code Tally does not know quarantined for a human.
+// rejected, a duplicate no failure, and a code Tally does not know
+// quarantined for a human.
 func TestClassifyReport(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -120,13 +137,17 @@ func TestClassifyReport(t *testing.T) {
 		{"archived_meter", outbox.StateQuarantined, outbox.ReasonMeterNotFound},
 		{"meter_event_customer_not_found", outbox.StateQuarantined, outbox.ReasonCustomerNotFound},
 		{"meter_event_no_customer_defined", outbox.StateQuarantined, outbox.ReasonPayloadKeys},
+		// The current code of a payload without the meter's value key: Tally
+		// sends whole numbers only, so the key is what is wrong.
+		{"meter_event_invalid_value", outbox.StateQuarantined, outbox.ReasonPayloadKeys},
 		{"meter_event_value_not_found", outbox.StateQuarantined, outbox.ReasonPayloadKeys},
+		{"missing_dimension_payload_keys", outbox.StateQuarantined, outbox.ReasonPayloadKeys},
 		{"meter_event_value_too_many_digits", outbox.StateQuarantined, outbox.ReasonValueDigits},
-		{"meter_event_invalid_value", outbox.StateRejected, ""},
 		{"meter_event_dimension_count_too_high", outbox.StateRejected, ""},
-		{"missing_dimension_payload_keys", outbox.StateRejected, ""},
 		{"timestamp_too_far_in_past", outbox.StateRejected, ""},
 		{"timestamp_in_future", outbox.StateRejected, ""},
+		// Stripe has the event: evidence, no failure.
+		{"duplicate_meter_event", "", ""},
 		{"dropped", outbox.StateQuarantined, outbox.ReasonProviderRefused},
 		{"", outbox.StateQuarantined, outbox.ReasonProviderRefused},
 		{"a_code_stripe_adds_later", outbox.StateQuarantined, outbox.ReasonProviderRefused},
@@ -142,20 +163,22 @@ func TestClassifyReport(t *testing.T) {
 }
 
 // FuzzClassifyReport: every code lands on quarantined with a known reason
-// or on rejected with none, and only the codes Tally recognises as the
-// item's own refusal are rejected: anything else waits for a human.
+// or on rejected with none, only the codes Tally recognises as the item's
+// own refusal are rejected, and only the coded duplicate is no failure:
+// anything else waits for a human.
 func FuzzClassifyReport(f *testing.F) {
 	for _, c := range []string{"no_meter", "archived_meter", "meter_event_customer_not_found",
-		"meter_event_no_customer_defined", "meter_event_invalid_value", "timestamp_in_future", "dropped", ""} {
+		"meter_event_no_customer_defined", "meter_event_invalid_value", "missing_dimension_payload_keys",
+		"timestamp_in_future", "duplicate_meter_event", "dropped", ""} {
 		f.Add(c)
 	}
-	terminal := map[string]bool{
-		reportInvalidValue: true, reportTooFarInPast: true, reportInFuture: true,
-		reportDimensionCount: true, reportMissingDimensions: true,
-	}
+	terminal := map[string]bool{reportTooFarInPast: true, reportInFuture: true, reportDimensionCount: true}
 	f.Fuzz(func(t *testing.T, code string) {
 		state, reason := ClassifyReport(code)
 		switch {
+		case code == codeDuplicate && (state != "" || reason != ""):
+			t.Fatalf("%q classified %s %q, want no failure", code, state, reason)
+		case code == codeDuplicate:
 		case terminal[code] && (state != outbox.StateRejected || reason != ""):
 			t.Fatalf("%q classified %s %q, want rejected", code, state, reason)
 		case !terminal[code] && (state != outbox.StateQuarantined || !slices.Contains(outbox.Reasons, reason)):

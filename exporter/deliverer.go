@@ -57,7 +57,8 @@ func NewDeliverer(cfg DelivererConfig, store *outbox.Store, pool *pgxpool.Pool, 
 	if timeout <= 0 {
 		timeout = DefaultRequestTimeout
 	}
-	queue := time.Duration(float64(requestsIn(cfg.InFlight, exp)) / limiter.Rate() * float64(time.Second))
+	// An item is a unit of the limiter: a v1 call, or a stream event.
+	queue := time.Duration(float64(cfg.InFlight) / limiter.Rate() * float64(time.Second))
 	if 2*(timeout+queue) > oc.Lease {
 		return nil, fmt.Errorf("exporter: the lease %s must be at least twice a send's worst time (request timeout %s plus %s queued at the limiter's rate)",
 			oc.Lease, timeout, queue.Round(time.Millisecond))
@@ -85,14 +86,6 @@ func batchOf(exp Exporter) BatchExporter {
 		return be
 	}
 	return nil
-}
-
-// requestsIn is how many requests n items in flight make with exp.
-func requestsIn(n int, exp Exporter) int {
-	if be := batchOf(exp); be != nil {
-		return (n + be.MaxBatch() - 1) / be.MaxBatch()
-	}
-	return n
 }
 
 // delivery is one Run of a deliverer: the channels its listener, claim

@@ -107,29 +107,26 @@ func gatherShare(c DelivererConfig) int {
 	return max(1, min(c.Batch, c.InFlight/8))
 }
 
-// prepay takes the requests' slots at the limiter for n items first (one
-// request an item, or a batch exporter's MaxBatch items a request), then
-// gives back the send slots of the items they cannot carry: leased items
-// must not wait at the limiter, where a slowed rate would hold them past
-// their leases (a slot unused because the claim finds less is lost). It
-// returns the items to claim and the requests paid for. Without ok, ctx
-// ended and it holds no send slot.
+// prepay takes the slots at the limiter for n items first — an item is a
+// unit of the limiter: a v1 call, or an event of a stream request, whose
+// requests take their slots of the shared bucket with them — then gives
+// back the send slots of the items they cannot carry: leased items must
+// not wait at the limiter, where a slowed rate would hold them past their
+// leases (a slot unused because the claim finds less is lost). It returns
+// the items to claim and the requests paid for in the shared bucket.
+// Without ok, ctx ended and it holds no send slot.
 func (r *delivery) prepay(ctx context.Context, n int) (int, int, bool) {
-	per := 1
-	if be := r.batch; be != nil {
-		per = be.MaxBatch()
-	}
-	calls, err := r.limiter.Take(ctx, (n+per-1)/per)
+	units, err := r.limiter.Take(ctx, n)
 	if err != nil {
 		for ; n > 0; n-- {
 			<-r.slots
 		}
 		return 0, 0, false
 	}
-	for ; n > calls*per; n-- {
+	for ; n > units; n-- {
 		<-r.slots
 	}
-	return n, calls, true
+	return n, r.limiter.requests(units), true
 }
 
 // claim leases at most n items of this deliverer's exporter (T1) and gives

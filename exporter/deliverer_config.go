@@ -52,12 +52,29 @@ const (
 	// DefaultStreamRecordBatch is the most outcomes of the v2 stream
 	// written in one transaction: a whole claim's.
 	DefaultStreamRecordBatch = 1000
+	// DefaultAdjustWorkers, DefaultAdjustBatch and DefaultAdjustInFlight
+	// size the deliverer of meter event adjustments: one claim loop of a
+	// few items, since a handful of calls in flight keep pace with the
+	// budget's Adjust class (20 a second live), and the class, not the
+	// loop, is what bounds a bulk cancellation. DefaultAdjustInFlight is
+	// the most in flight (AdjustInFlight).
+	DefaultAdjustWorkers  = 1
+	DefaultAdjustBatch    = 10
+	DefaultAdjustInFlight = 10
 	// DefaultStreamRecorders is how many batches of the v2 stream's
 	// outcomes are written at once. One recorder was the stream's bound:
 	// writing 1,000 accepts took 45-50 ms on two cores, its connection
 	// busy 90% of a run at ~20,000 items a second (docs/performance.md).
 	DefaultStreamRecorders = 2
 )
+
+// AdjustInFlight is how many adjustments the deliverer of meter event
+// adjustments keeps in flight at perSecond: half a second's worth, at least
+// one and at most DefaultAdjustInFlight, so that a send's queue at the
+// limiter stays short beside the lease (NewDeliverer checks it).
+func AdjustInFlight(perSecond float64) int {
+	return max(1, min(DefaultAdjustInFlight, int(perSecond/2)))
+}
 
 // DelivererConfig are a deliverer's knobs; zero values mean the defaults.
 type DelivererConfig struct {

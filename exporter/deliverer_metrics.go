@@ -34,7 +34,7 @@ func newDeliveryMetrics(l *Limiter, exporter string) *deliveryMetrics {
 		}),
 		rate: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "tally_export_limiter_rate",
-			Help:        "The destination's current limiter rate per exporter, in requests a second (halved on 429, recovering gradually).",
+			Help:        "The destination's current limiter rate per exporter, in calls a second (events a second for the v2 stream; halved on 429, recovering gradually).",
 			ConstLabels: labels,
 		}, l.Rate),
 	}

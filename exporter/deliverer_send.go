@@ -11,8 +11,10 @@ import (
 
 // sendBatches checks the leases against this node (T6) and sends the rest
 // in requests of up to MaxBatch items, each on its own goroutine, to end
-// by end; every item holds its send slot until its outcome is out. The
-// first prepaid requests go on the limiter's slots taken before the claim.
+// by end; every item holds its send slot until its outcome is out. Every
+// request's events were taken from the limiter before the claim; the first
+// prepaid requests also go on the shared bucket's slots taken with them,
+// and any more (a claim of several accounts' items) wait for their own.
 func (r *delivery) sendBatches(be BatchExporter, leases []outbox.Lease, dest Destination, prepaid int, end time.Time) {
 	ready := leases[:0:0]
 	for _, l := range leases {
@@ -91,15 +93,21 @@ func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, dest De
 	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 	start := time.Now()
-	// The first request goes on the slot taken before the claim; any more
-	// (a split, a renewed session) wait for their own, but only while a
-	// request timeout still fits before end.
-	wait := func(ctx context.Context) error {
-		if paid {
-			paid = false
+	// The first request goes on the events taken before the claim, and on
+	// the shared slot taken with them when paid; any more (a split, a
+	// renewed session) wait for their own, but only while a request
+	// timeout still fits before end.
+	first := true
+	wait := func(ctx context.Context, events int) error {
+		switch {
+		case first && paid:
+			first = false
 			return nil
+		case first:
+			first = false
+			return d.waitSlot(ctx, end, 0)
 		}
-		return d.waitSlot(ctx, end)
+		return d.waitSlot(ctx, end, events)
 	}
 	out := be.SendBatch(ctx, batch, wait)
 	d.metrics.sent(outbox.Outcome{}, time.Since(start))
@@ -155,12 +163,13 @@ func (d *Deliverer) keySignal(o outbox.Outcome, dest Destination) {
 	}
 }
 
-// waitSlot waits for a slot at the limiter while a request timeout still
-// fits before end; past that it gives up without one.
-func (d *Deliverer) waitSlot(ctx context.Context, end time.Time) error {
+// waitSlot waits for a request's slot at the limiter, carrying units (0:
+// units taken already), while a request timeout still fits before end;
+// past that it gives up without one.
+func (d *Deliverer) waitSlot(ctx context.Context, end time.Time, units int) error {
 	ctx, cancel := context.WithDeadline(ctx, end.Add(-d.timeout))
 	defer cancel()
-	return d.limiter.Wait(ctx)
+	return d.limiter.WaitN(ctx, units)
 }
 
 // deliver checks a leased item against this node (T6) and sends it: on the
@@ -178,7 +187,7 @@ func (d *Deliverer) deliver(l outbox.Lease, dest Destination, paid bool, end tim
 	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 	if !paid {
-		if err := d.waitSlot(ctx, end); err != nil {
+		if err := d.waitSlot(ctx, end, 1); err != nil {
 			return outbox.Outcome{Lease: l, Kind: outbox.Retry, Refused: true,
 				Error: outbox.ErrorInfo{Code: "limiter", Message: "the rate limiter gave no slot while the lease had time for a request"}}
 		}
@@ -187,14 +196,28 @@ func (d *Deliverer) deliver(l outbox.Lease, dest Destination, paid bool, end tim
 	o := d.exporter.Send(ctx, l)
 	o.Lease = l
 	d.metrics.sent(o, time.Since(start))
-	if o.Kind == outbox.RateLimited {
+	switch {
+	case d.selfPaced(l):
+		// Its calls were paced, and their answers read, by the exporter on
+		// another class's limiter.
+	case o.Kind == outbox.RateLimited:
 		d.limiter.Slow(start)
-	} else if o.Error.Status != 0 || o.Kind == outbox.Accepted {
+	case o.Error.Status != 0 || o.Kind == outbox.Accepted:
 		d.limiter.Ok()
 	}
 	d.keySignal(o, dest)
 	d.metrics.outcome(o)
 	return o
+}
+
+// selfPacer is an exporter that paces some items' calls on a limiter of its
+// own (StripeV1.PaceAdjustments).
+type selfPacer interface{ SelfPaced(outbox.Lease) bool }
+
+// selfPaced reports whether the exporter paces the calls of l itself.
+func (d *Deliverer) selfPaced(l outbox.Lease) bool {
+	sp, ok := d.exporter.(selfPacer)
+	return ok && sp.SelfPaced(l)
 }
 
 // claimCheck is T6: an item staged for another account, mode or exporter

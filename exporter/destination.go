@@ -21,6 +21,12 @@ const (
 	// StripeMeterEventStream is the v2 exporter: POST
 	// /v2/billing/meter_event_stream, in batches.
 	StripeMeterEventStream = "stripe_meter_event_stream"
+	// StripeMeterEventAdjustments is the exporter of cancellations: POST
+	// /v1/billing/meter_event_adjustments, on a deliverer and a class of
+	// the budget of its own (StripeAdjustments). Never a node's or a
+	// feature's exporter: cancellation items are staged for it whichever
+	// exporter sent the event.
+	StripeMeterEventAdjustments = "stripe_meter_event_adjustments"
 )
 
 // What Stripe's v1 meter events accept.
@@ -149,8 +155,8 @@ func (r *Resolver) Connected() *Connected { return r.connected }
 
 // Client is the Stripe client, nil without a key. Every call made with it
 // but v1 meter events, stream requests and meter event adjustments waits
-// for the budget's Other class; those are paced by their deliverers
-// (adjustments are v1 items).
+// for the budget's Other class; those are paced by their deliverers, on
+// the budget's Events, Stream and Adjust classes.
 func (r *Resolver) Client() *stripeapi.Client { return r.client }
 
 // Budget is the destination account's budget, nil without a key.

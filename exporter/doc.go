@@ -1,11 +1,13 @@
 // Package exporter owns the provider side of delivery: the Exporter and
-// BatchExporter interfaces, the Stripe v1 meter-events exporter and the v2
-// meter event stream exporter (StripeStream: sessions, batches of 100; both
-// on stripe-go, no retries inside the client), the classification of
+// BatchExporter interfaces, the Stripe v1 meter-events exporter, the v2
+// meter event stream exporter (StripeStream: sessions, batches of 100) and
+// the meter event adjustments' exporter (StripeAdjustments: cancellations;
+// all on stripe-go, no retries inside the client), the classification of
 // provider answers into outcomes (Classify: README's "What Stripe's answers
 // do", with its sources in docs/stripe.md, in one function) and of Stripe's
-// asynchronous error reports (ClassifyReport), flow control (an adaptive
-// token bucket per destination and exporter, Limiter), the Deliverer that
+// asynchronous error reports (ClassifyReport), flow control (a Budget per
+// destination: an adaptive token bucket per class of call, Limiter, inside
+// a bucket for Stripe's basic limit), the Deliverer that
 // claims one exporter's outbox items, sends them and hands every outcome
 // back to package outbox, and where this node exports to — the destination
 // account and mode, from configuration or from Stripe's GET /v1/account

@@ -61,11 +61,13 @@ func TestStreamRenewsTheSessionBeforeItExpires(t *testing.T) {
 }
 
 // fakeStream is a stream host that answers every multi-event request with
-// status (and body), every single-event request with 200, and sessions
-// with a fresh token; it counts sessions and requests.
+// status (and body), every single-event request with 200 — or, for the
+// identifier duplicate, with status and body too — and sessions with a
+// fresh token; it counts sessions and requests.
 type fakeStream struct {
 	status            int
 	body              string
+	duplicate         string
 	sessions, streams atomic.Int64
 }
 
@@ -80,10 +82,13 @@ func (f *fakeStream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v2/billing/meter_event_stream":
 		f.streams.Add(1)
 		var req struct {
-			Events []json.RawMessage `json:"events"`
+			Events []struct {
+				Identifier string `json:"identifier"`
+			} `json:"events"`
 		}
 		_ = json.NewDecoder(r.Body).Decode(&req)
-		if len(req.Events) > 1 || f.status == http.StatusUnauthorized {
+		if len(req.Events) > 1 || f.status == http.StatusUnauthorized ||
+			(f.duplicate != "" && req.Events[0].Identifier == f.duplicate) {
 			w.WriteHeader(f.status)
 			_, _ = io.WriteString(w, f.body)
 			return
@@ -126,6 +131,19 @@ func TestStreamSplitsEvenADuplicateAnswer(t *testing.T) {
 	// 5 events: the whole, then halves down to singles — 1 + 2 + 2 (of the
 	// 3-event half: 1 + 2) + the singles' own requests.
 	require.Greater(t, f.streams.Load(), int64(5), "every event was answered on its own")
+}
+
+// Stripe's coded duplicate (v2's duplicate_meter_event) refuses a request
+// of several events as a whole: it is split, and the event Stripe has
+// already, answered alone with the code, is accepted like the others.
+func TestStreamAcceptsACodedDuplicate(t *testing.T) {
+	t.Parallel()
+	f := &fakeStream{status: http.StatusBadRequest, duplicate: "tly_fake_2",
+		body: `{"error":{"type":"invalid_request_error","code":"duplicate_meter_event","message":"A meter event with a duplicate identifier has already been submitted."}}`}
+	out := fakeStreamExporter(t, f).SendBatch(context.Background(), leasesOf(5), nil)
+	for i, o := range out {
+		require.Equal(t, outbox.Accepted, o.Kind, "item %d: %+v", i, o)
+	}
 }
 
 // A 401 of the stream itself is the session's, not the key's: the exporter

@@ -32,7 +32,7 @@ func (r *rig) runStreamWith(t *testing.T, timeout time.Duration, cfg exporter.De
 	t.Helper()
 	exp = exporter.NewStripeStream(r.resolver.Client(), timeout)
 	cfg.RecordBatch, cfg.Policy, cfg.PollInterval = 1000, outbox.BestEffort, 50*time.Millisecond
-	d, err := exporter.NewDeliverer(cfg, r.Outbox, r.Pool, exp, timeout, r.resolver.Destination, exporter.NewLimiter(2000), nil, nil)
+	d, err := exporter.NewDeliverer(cfg, r.Outbox, r.Pool, exp, timeout, r.resolver.Destination, exporter.NewStreamLimiter(200_000), nil, nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -225,7 +225,8 @@ func TestStreamSplitsARefusedRequest(t *testing.T) {
 	}
 	items[6].Payload.Identifier = "tly_" + strings.Repeat("x", 120) // over Stripe's 100 characters
 	var waits atomic.Int64
-	out := exp.SendBatch(r.Ctx, items, func(context.Context) error { waits.Add(1); return nil })
+	var events atomic.Int64
+	out := exp.SendBatch(r.Ctx, items, func(_ context.Context, n int) error { waits.Add(1); events.Add(int64(n)); return nil })
 	for i, o := range out {
 		if i == 6 {
 			require.Equal(t, outbox.Quarantined, o.Kind, "%+v", o)
@@ -238,6 +239,9 @@ func TestStreamSplitsARefusedRequest(t *testing.T) {
 	require.Len(t, r.sim.Events(stripesim.DefaultAccount), 9)
 	calls := streamCalls(r.sim)
 	require.Equal(t, int(waits.Load()), calls[200]+calls[202]+calls[400], "every request waited for the limiter: %v", calls)
+	// 10, then halves of 5 down to the refused event alone: each request
+	// waited for its own events.
+	require.Greater(t, events.Load(), int64(len(items)), "a split's requests wait for their events")
 	require.LessOrEqual(t, calls[400], 4, "a refused request is split in halves: %v", calls)
 }
 

@@ -36,11 +36,14 @@ type StripeV1 struct {
 	client  *stripeapi.Client
 	timeout time.Duration
 	header  func(account string) string
+	// probes paces an adjustment's probes of earlier keys, and with paceOwn
+	// its own call too (PaceProbes, PaceAdjustments); nil: none.
 	probes  *Limiter
+	paceOwn bool
 }
 
 // PaceProbes makes each probe of an earlier attempt's key (sendAdjustment)
-// wait first for a slot of l — the v1 deliverer's limiter, which paid for
+// wait first for a slot of l — the limiter of the deliverer that paid for
 // the item's own call before the claim — and only while a whole request
 // timeout still fits before the send's deadline; without one, the item is
 // retried. It returns e.
@@ -48,6 +51,23 @@ func (e *StripeV1) PaceProbes(l *Limiter) *StripeV1 {
 	e.probes = l
 	return e
 }
+
+// PaceAdjustments makes every call of an adjustment this exporter sends —
+// its own and its probes — wait for a slot of l, the budget's Adjust
+// class, as PaceProbes does, and slow or speed l by the answer (SelfPaced).
+// These are cancellations staged for the v1 exporter before adjustments
+// had an exporter of their own (StripeMeterEventAdjustments): the v1
+// deliverer claims them on a slot of its meter-event class, which is not
+// theirs. It returns e.
+func (e *StripeV1) PaceAdjustments(l *Limiter) *StripeV1 {
+	e.probes, e.paceOwn = l, true
+	return e
+}
+
+// SelfPaced reports whether the exporter paces the calls of item on a
+// limiter of its own (PaceAdjustments): its deliverer then reads no
+// flow-control signal from its outcome, which is not its class's.
+func (e *StripeV1) SelfPaced(item outbox.Lease) bool { return e.paceOwn && isAdjustment(item) }
 
 // ForAccounts makes the exporter send each item with the Stripe-Account
 // header header gives its destination account ("" for none: the client's
@@ -123,7 +143,7 @@ func IdentifierOf(sample string) string {
 // Send posts the item's meter event — or, for a cancellation item, its
 // meter event adjustment (adjust.go) — and classifies the answer.
 func (e *StripeV1) Send(ctx context.Context, item outbox.Lease) outbox.Outcome {
-	if item.SubjectKind == outbox.SubjectUsageCancellation && item.Payload.Cancels != "" {
+	if isAdjustment(item) {
 		return e.sendAdjustment(ctx, item)
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)

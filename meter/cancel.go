@@ -390,9 +390,12 @@ func cancellationItem(row ledgerRow, live outbox.Item, exporter string, p outbox
 	}
 }
 
-// exporterOfAdjustments sends every cancellation: meter event adjustments
-// are a v1 call, and the v1 deliverer runs on every node with a key.
-const exporterOfAdjustments = "stripe_meter_events"
+// exporterOfAdjustments sends every cancellation
+// (exporter.StripeMeterEventAdjustments; package meter does not import
+// package exporter): meter event adjustments have a deliverer and a rate
+// of their own, on every node with a key. Cancellations staged before it
+// carry the v1 exporter's name, and the v1 deliverer still sends them.
+const exporterOfAdjustments = "stripe_meter_event_adjustments"
 
 // offset enqueues the supplement that offsets a cancelled event of live, a
 // sum window's item Stripe has: the negated value, addressed exactly as

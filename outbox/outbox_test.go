@@ -545,14 +545,66 @@ func TestRetryPastHorizonBecomesUncertain(t *testing.T) {
 	require.Equal(t, outbox.StateUncertain, st)
 	require.Equal(t, outbox.StateUncertain, b.get(t, ids[0]).State)
 
-	// The rule is literal (docs/outbox.md, "Where Tally differs"): a retry
-	// past the horizon is uncertain even when this answer was a refusal.
+	// A refusal of an item some earlier attempt of which may have reached
+	// the provider is uncertain past the horizon too: that attempt may
+	// have been recorded.
 	ids = b.enqueue(t, newItem(2))
 	l = b.claimOne(t)
 	require.Equal(t, ids[0], l.ID)
-	st, err = b.store.Retry(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "stripe_auth", Status: 401}, true)
+	_, err = b.store.Retry(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "stripe_5xx", Status: 500}, false)
 	require.NoError(t, err)
-	require.Equal(t, outbox.StateUncertain, st)
+	require.Equal(t, outbox.StateUncertain, b.get(t, ids[0]).State)
+
+	// Only when every attempt was refused, this one included, does a retry
+	// past the horizon stay pending (docs/outbox.md, "Where Tally
+	// differs"): nothing of it can have been recorded, and the claim takes
+	// it again; only the attempt cap ends it.
+	ids = b.enqueue(t, newItem(3))
+	l = b.claimOne(t)
+	require.Equal(t, ids[0], l.ID)
+	st, err = b.store.Retry(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "lock_timeout", Status: 429}, true)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StatePending, st)
+	it := b.get(t, ids[0])
+	require.Equal(t, it.Attempts, it.RefusedAttempts)
+}
+
+// An item every attempt of which was refused is never made uncertain by the
+// horizon — not by a retry, the claim or the sweep — only by the attempt
+// cap.
+func TestRefusedAttemptsOutliveTheHorizonUntilTheCap(t *testing.T) {
+	t.Parallel()
+	const horizon = 300 * time.Millisecond
+	b := setup(t, outbox.Config{Horizon: horizon, Lease: 100 * time.Millisecond, MaxAttempts: 3,
+		BackoffBase: time.Millisecond, BackoffCap: time.Millisecond})
+	ids := b.enqueue(t, newItem(1))
+	for attempt := 1; attempt <= 3; attempt++ {
+		var l outbox.Lease
+		require.Eventually(t, func() bool {
+			got := b.claim(t, outbox.ClaimOptions{})
+			if len(got) == 0 {
+				return false
+			}
+			l = got[0]
+			return true
+		}, 5*time.Second, 5*time.Millisecond, "attempt %d is claimed past the horizon", attempt)
+		require.Equal(t, ids[0], l.ID)
+		st, err := b.store.Retry(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "lock_timeout", Status: 429}, true)
+		require.NoError(t, err)
+		if attempt == 1 {
+			time.Sleep(horizon + 50*time.Millisecond)
+		}
+		if attempt < 3 {
+			require.Equal(t, outbox.StatePending, st, "attempt %d", attempt)
+			res, err := b.store.Maintain(b.ctx, b.pool)
+			require.NoError(t, err)
+			require.Empty(t, res.Swept, "the sweep leaves a refused item alone past the horizon")
+			continue
+		}
+		require.Equal(t, outbox.StateUncertain, st, "the attempt cap ends it")
+	}
+	it := b.get(t, ids[0])
+	require.Equal(t, 3, it.RefusedAttempts, "still provably unrecorded: recovery to pending needs no evidence")
 }
 
 func TestNothingAutomaticLeavesRejected(t *testing.T) {

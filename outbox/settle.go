@@ -74,7 +74,9 @@ log AS (
 SELECT id, state, coalesce(quarantine_reason, '') FROM t`
 
 	// T3 becomes T4 in the same statement when the retry is past the cap, or
-	// would happen past the horizon (measured from first_attempt_at). Both
+	// would happen past the horizon (measured from first_attempt_at) while
+	// some attempt, this one included, may have reached the provider: the
+	// claim's budget (withinBudget) and the sweep draw the same line. Both
 	// sides of the horizon comparison are the database clock.
 	sqlRetry = `
 WITH b AS (
@@ -89,7 +91,8 @@ t AS (
     UPDATE outbox_item_states o SET
         state = CASE
             WHEN o.attempts - o.attempts_base >= @max THEN 'uncertain'
-            WHEN clock_timestamp() + b.delay_us * interval '1 microsecond' > o.first_attempt_at + @horizon::interval
+            WHEN o.refused_attempts + b.refused::int < o.attempts
+                 AND clock_timestamp() + b.delay_us * interval '1 microsecond' > o.first_attempt_at + @horizon::interval
                 THEN 'uncertain'
             ELSE 'pending' END,
         next_attempt_at   = clock_timestamp() + b.delay_us * interval '1 microsecond',

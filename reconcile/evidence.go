@@ -212,6 +212,9 @@ func readNamed(ctx context.Context, tx pgx.Tx, rep stripeapi.MeterErrorReport) (
 			return nil // evidence only
 		}
 		to, reason := exporter.ClassifyReport(code)
+		if to == "" {
+			return nil // no failure (Stripe has the event): evidence only
+		}
 		f, seen := n.failures[id]
 		// The first code decides, unless a later one is not curable: a
 		// mapping fix would not cure the item then.

@@ -57,7 +57,7 @@ func TestRecordReportFailsNamedAcceptedItemsOnce(t *testing.T) {
 	rep := stripeapi.MeterErrorReport{ID: "evt_test_t10", Type: stripeapi.EventMeterErrorReport, Created: time.Now(),
 		Meter: "mtr_x", ErrorCount: 9, Samples: []stripeapi.MeterErrorSample{
 			{Identifier: noMeter.identifier, Code: "no_meter", Message: "No active meter for event_name"},
-			{Identifier: invalid.identifier, Code: "meter_event_invalid_value", Message: "Invalid value"},
+			{Identifier: invalid.identifier, Code: "timestamp_too_far_in_past", Message: "Timestamp too far in the past"},
 			{Identifier: twoCodes.identifier, Code: "archived_meter", Message: "The meter is archived"},
 			{Identifier: twoCodes.identifier, Code: "timestamp_in_future", Message: "Timestamp in the future"},
 			{Identifier: confirmed.identifier, Code: "no_meter"},
@@ -74,7 +74,7 @@ func TestRecordReportFailsNamedAcceptedItemsOnce(t *testing.T) {
 	require.Equal(t, "No active meter for event_name", it.LastError.Message)
 	it = r.item(t, invalid.id)
 	require.Equal(t, outbox.StateRejected, it.State)
-	require.Equal(t, "meter_event_invalid_value", it.LastError.Code)
+	require.Equal(t, "timestamp_too_far_in_past", it.LastError.Code)
 	it = r.item(t, twoCodes.id)
 	require.Equal(t, outbox.StateRejected, it.State, "a mapping fix would not cure the second code")
 	require.Equal(t, "timestamp_in_future", it.LastError.Code)
@@ -240,7 +240,7 @@ func TestReportWhileLeasedTakesEffectAtTheAccept(t *testing.T) {
 	rep := stripeapi.MeterErrorReport{ID: "evt_overtaken", Type: stripeapi.EventMeterErrorReport, Created: time.Now(), ErrorCount: 2,
 		Samples: []stripeapi.MeterErrorSample{
 			{Identifier: exporter.IdempotencyKey(byKey.Identifier, byKey.Attempts), Code: "meter_event_customer_not_found", Message: "No such customer"},
-			{Identifier: byIdentifier.Identifier, Code: "meter_event_invalid_value", Message: "Invalid value"},
+			{Identifier: byIdentifier.Identifier, Code: "timestamp_too_far_in_past", Message: "Timestamp too far in the past"},
 		}}
 	res, err := reconcile.RecordReport(r.Ctx, r.Pool, r.Outbox, rep)
 	require.NoError(t, err)
@@ -260,7 +260,7 @@ func TestReportWhileLeasedTakesEffectAtTheAccept(t *testing.T) {
 	require.Equal(t, it.Attempts, it.RefusedAttempts, "proven unrecorded: a requeue re-addresses it")
 	it = r.item(t, byIdentifier.ID)
 	require.Equal(t, outbox.StateRejected, it.State)
-	require.Equal(t, "meter_event_invalid_value", it.LastError.Code)
+	require.Equal(t, "timestamp_too_far_in_past", it.LastError.Code)
 	require.Equal(t, outbox.StateAccepted, r.item(t, untouched.ID).State)
 	ev, err := reconcile.EvidenceOf(r.Ctx, r.Pool, []int64{byKey.ID, byIdentifier.ID})
 	require.NoError(t, err)

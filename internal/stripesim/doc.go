@@ -36,8 +36,8 @@
 // API-key call, each endpoint's default limit, and the meter events' own
 // limits (v1 calls and v2 stream requests alike, each with its own token
 // bucket) — and injected faults (failures before and after recording,
-// lost replies, latency, hangs, asynchronous drops, read failures) per
-// account, changeable while running with [Server.Configure]. A successful
+// lost replies, latency, hangs, asynchronous drops, read failures, a
+// customer's lock timeouts) per account, changeable while running with [Server.Configure]. A successful
 // stream request is answered 200 with an empty object, as Stripe does;
 // [Server.ExpireSessions] ends stream sessions before their 15 minutes.
 // Time is the [Options.Now] clock, which tests move.

@@ -58,6 +58,18 @@ type Faults struct {
 	// RateLimitFault answers 429 rate_limit without processing the call;
 	// nothing is kept for its key.
 	RateLimitFault float64
+	// LockTimeouts answers a v1 meter-event call for one of its customers
+	// (a Stripe customer id, the payload's customer under the meter's key)
+	// 429 lock_timeout with the customer's probability, as Stripe answers a
+	// call that timed out waiting for an object's lock
+	// (https://docs.stripe.com/rate-limits, "Object lock timeouts"): type
+	// invalid_request_error, code lock_timeout, Stripe's message, and no
+	// Stripe-Rate-Limited-Reason, since no limiter refused it. It acts after
+	// the rate limits, in front of the idempotency layer: "Stripe doesn't
+	// process these failed requests", so nothing is recorded and nothing is
+	// kept for the call's Idempotency-Key. [Server.LockTimeouts] counts
+	// them.
+	LockTimeouts map[string]float64
 	// Hang holds the call before it executes until the client gives up
 	// (its request context ends) or [Server.Close], then answers 500.
 	// Nothing is recorded and nothing is kept for its key; while held, a
@@ -173,6 +185,11 @@ func (l Limits) validate() error {
 			return fmt.Errorf("fault probability %v is outside [0, 1]", p)
 		}
 	}
+	for customer, p := range f.LockTimeouts {
+		if !(p >= 0 && p <= 1) {
+			return fmt.Errorf("lock-timeout probability %v of %s is outside [0, 1]", p, customer)
+		}
+	}
 	if f.Latency < 0 || f.LatencyJitter < 0 {
 		return fmt.Errorf("negative latency")
 	}
@@ -207,6 +224,7 @@ type limiter struct {
 	unheard    int                             // successes whose client had gone (Faults.ReplyDelay)
 	holding    int                             // successes being held now (Faults.ReplyDelay)
 	limited    map[string]map[RateLimitKey]int // account -> 429s
+	locked     map[string]int                  // account -> lock timeouts (Faults.LockTimeouts)
 	rng        *rand.Rand
 }
 
@@ -281,6 +299,7 @@ func (l *limiter) init(defaults Limits, seed uint64) {
 	l.buckets = map[bucketKey]*bucket{}
 	l.inflight = map[flightKey][]*flight{}
 	l.limited = map[string]map[RateLimitKey]int{}
+	l.locked = map[string]int{}
 	l.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
 
@@ -356,6 +375,14 @@ func (s *Server) RateLimited(account string) map[RateLimitKey]int {
 		out[k] = n
 	}
 	return out
+}
+
+// LockTimeouts returns how many v1 meter-event calls of account (both
+// modes) were answered 429 lock_timeout so far (Faults.LockTimeouts).
+func (s *Server) LockTimeouts(account string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lim.locked[account]
 }
 
 func (l *limiter) limitsOf(account string) Limits {
@@ -441,6 +468,19 @@ func decisionOf(r *http.Request) (decision, bool) {
 	return d, ok
 }
 
+// errLockTimeout is Stripe's answer to a call that timed out waiting for an
+// object's lock (https://docs.stripe.com/rate-limits, "Object lock
+// timeouts"): not a limiter's, so without Stripe-Rate-Limited-Reason, and
+// not executed, so nothing is kept for its key.
+func errLockTimeout() *apiError {
+	e := errInvalid(http.StatusTooManyRequests, "lock_timeout", "",
+		"This object cannot be accessed right now because another API request or Stripe process is currently accessing it. "+
+			"If you see this error intermittently, retry the request. If you see this error frequently and are making multiple "+
+			"concurrent requests to a single object, make your requests serially or at a lower rate.")
+	e.notExecuted = true
+	return e
+}
+
 func errRateLimit() *apiError {
 	e := errInvalid(http.StatusTooManyRequests, "rate_limit", "",
 		"Request rate limit exceeded. You can learn more about rate limits here https://stripe.com/docs/rate-limits.")
@@ -483,8 +523,8 @@ func (s *Server) admitCall(c caller, method, endpoint string) *apiError {
 
 // admit counts a v1 meter-event call in flight and decides its fate: the
 // basic limit in test mode or for a connected account, the v1 bucket, the
-// one-call-per-customer rule and the rate-limit fault, then the other
-// faults. The caller must call release once the call is answered.
+// one-call-per-customer rule, the rate-limit fault and the customer's lock
+// timeouts, then the other faults. The caller must call release once the call is answered.
 func (s *Server) admit(c caller, r *http.Request, endpoint string) (d decision, release func()) {
 	form := r.Form
 	s.mu.Lock()
@@ -527,6 +567,9 @@ func (s *Server) admit(c caller, r *http.Request, endpoint string) (d decision, 
 			key.customer, key.eventName)
 	case l.roll(lim.Faults.RateLimitFault):
 		d.err = l.limit(c.account, LimiterFault, endpoint)
+	case l.roll(lim.Faults.LockTimeouts[key.customer]):
+		l.locked[c.account]++
+		d.err = errLockTimeout()
 	}
 	if d.err != nil {
 		return d, release

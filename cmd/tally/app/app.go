@@ -32,9 +32,12 @@ type Parts struct {
 	// reconciliation's reads and every other call have classes of their
 	// own); nil without a key.
 	Limiter *exporter.Limiter
-	// StreamLimiter paces the v2 meter event stream's requests, the Stream
+	// StreamLimiter paces the v2 meter event stream's events, the Stream
 	// class of the budget; nil without a key.
 	StreamLimiter *exporter.Limiter
+	// AdjustLimiter paces meter event adjustments (cancellations), the
+	// Adjust class of the budget; nil without a key.
+	AdjustLimiter *exporter.Limiter
 	// Reconciler is nil without a key.
 	Reconciler *reconcile.Reconciler
 	// ReadLimit bounds the expensive reads of the API and the console
@@ -63,9 +66,9 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	rates := exporter.Rates{Events: cfg.RateTest, Stream: cfg.StreamRateTest, Basic: cfg.BasicRateTest}
+	rates := exporter.Rates{Events: cfg.RateTest, Stream: cfg.StreamRateTest, Adjust: cfg.AdjustRateTest, Basic: cfg.BasicRateTest}
 	if mode, err := stripeapi.ModeOfKey(cfg.StripeAPIKey); err == nil && mode == stripeapi.ModeLive {
-		rates = exporter.Rates{Events: cfg.RateLive, Stream: cfg.StreamRateLive, Basic: cfg.BasicRateLive}
+		rates = exporter.Rates{Events: cfg.RateLive, Stream: cfg.StreamRateLive, Adjust: cfg.AdjustRateLive, Basic: cfg.BasicRateLive}
 	}
 	res, err := exporter.NewResolver(exporter.Settings{Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
 		MeterEventsBase: cfg.StripeMeterEventsBase, Account: cfg.StripeAccount, Exporter: cfg.Exporter, Metrics: stripeMetrics,
@@ -95,10 +98,10 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	var limiter, streamLimiter *exporter.Limiter
+	var limiter, streamLimiter, adjustLimiter *exporter.Limiter
 	var rec *reconcile.Reconciler
 	if b := res.Budget(); b != nil {
-		limiter, streamLimiter = b.Events(), b.Stream()
+		limiter, streamLimiter, adjustLimiter = b.Events(), b.Stream(), b.Adjust()
 		// Reconciliation's reads have a class of their own in the
 		// account's budget: its 429s slow its reads, never export.
 		if rec, err = reconcile.New(reconcile.Config{Outbox: ob, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
@@ -121,7 +124,7 @@ func Build(cfg config.Config) (*Parts, error) {
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
 		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, Coalesce: cfg.Coalesce},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
-		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, Reconciler: rec,
+		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, AdjustLimiter: adjustLimiter, Reconciler: rec,
 		ReadLimit: readLimit, Reports: reports,
 	}, nil
 }

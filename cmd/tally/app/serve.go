@@ -16,6 +16,7 @@ import (
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
+	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -25,7 +26,7 @@ import (
 // start in this order and stop in reverse:
 //
 //	destination lookup → embedded cluster watch → outbox maintenance →
-//	deliverers (v1, stream) → River → HTTP
+//	deliverers (v1, stream, adjustments) → River → HTTP
 //
 // It shuts down gracefully, bounded by cfg.ShutdownTimeout (the HTTP
 // server's and River's stops; the loops end when their sends and passes
@@ -139,11 +140,13 @@ func clusterWatch(db *DB, node *services, logger *slog.Logger) service {
 
 // newDeliverers makes one deliverer per exporter, each claiming only its
 // own items: v1 one item per call and per key at a time, sized by
-// TALLY_DELIVERY_*, and the v2 stream in batches of 100 regardless of key
+// TALLY_DELIVERY_*, the v2 stream in batches of 100 regardless of key
 // (the stream has no per-key concurrency rule), sized by TALLY_STREAM_*
-// (config.Config.DelivererConfigs), each under its own limiter. Both run
-// whatever TALLY_EXPORTER says, since a feature mapping may name either.
-// None without a key.
+// (config.Config.DelivererConfigs), and meter event adjustments
+// (cancellations) one per call and per key, across deliverers, sized by
+// the exporter's defaults; each under its own class of the budget. All
+// run whatever TALLY_EXPORTER says, since a feature mapping may name
+// either exporter and any node may cancel. None without a key.
 func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logger) ([]*exporter.Deliverer, error) {
 	client := p.Resolver.Client()
 	if client == nil {
@@ -156,8 +159,20 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	connected := p.Resolver.Connected()
 	connected.SetSource(func(ctx context.Context) ([]string, error) { return mappings.Accounts(ctx, pools.Export) })
 	v1cfg.Accounts, streamCfg.Accounts = connected, connected
-	v1, err := exporter.NewDeliverer(v1cfg, p.Outbox, pools.Export, exporter.NewStripeV1(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header).PaceProbes(p.Limiter),
+	// Cancellations staged for the v1 exporter before adjustments had their
+	// own are still its items: their calls wait for the Adjust class.
+	v1, err := exporter.NewDeliverer(v1cfg, p.Outbox, pools.Export,
+		exporter.NewStripeV1(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header).PaceAdjustments(p.AdjustLimiter),
 		cfg.StripeTimeout, p.Resolver.Destination, p.Limiter, logger, p.Registry)
+	if err != nil {
+		return nil, err
+	}
+	adjustCfg := exporter.DelivererConfig{Workers: exporter.DefaultAdjustWorkers, Batch: exporter.DefaultAdjustBatch,
+		InFlight: exporter.AdjustInFlight(p.AdjustLimiter.Rate()), Policy: outbox.PerKey, PollInterval: cfg.PollInterval,
+		Keys: p.Resolver, Accounts: connected}
+	adjust, err := exporter.NewDeliverer(adjustCfg, p.Outbox, pools.Export,
+		exporter.NewStripeAdjustments(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header).PaceProbes(p.AdjustLimiter),
+		cfg.StripeTimeout, p.Resolver.Destination, p.AdjustLimiter, logger, p.Registry)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +184,7 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	return []*exporter.Deliverer{v1, v2}, nil
+	return []*exporter.Deliverer{v1, v2, adjust}, nil
 }
 
 // newRiver makes the River client on its own pool: the staging worker and

@@ -98,10 +98,15 @@ type Config struct {
 	// RateLive and RateTest are the destination's calls a second in live and
 	// test mode. Default to exporter.DefaultLiveRate and DefaultTestRate.
 	RateLive, RateTest float64
-	// StreamRateLive and StreamRateTest are the v2 stream's requests a
-	// second (each up to 100 events) in live and test mode. Default to
+	// StreamRateLive and StreamRateTest are the v2 stream's events a second
+	// (a request of n events counts n) in live and test mode. Default to
 	// exporter.DefaultStreamLiveRate and DefaultStreamTestRate.
 	StreamRateLive, StreamRateTest float64
+	// AdjustRateLive and AdjustRateTest are meter event adjustments
+	// (cancellations) a second in live and test mode, inside the basic
+	// limit. Default to exporter.DefaultAdjustLiveRate and
+	// DefaultAdjustTestRate.
+	AdjustRateLive, AdjustRateTest float64
 	// BasicRateLive and BasicRateTest are Tally's share of Stripe's basic
 	// rate limit of the destination account (100 and 25 operations a
 	// second), which every call counts toward: in test mode meter events

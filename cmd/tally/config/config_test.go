@@ -68,6 +68,7 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 		StripeTimeout: exporter.DefaultRequestTimeout,
 		RateLive:      exporter.DefaultLiveRate, RateTest: exporter.DefaultTestRate,
 		StreamRateLive: exporter.DefaultStreamLiveRate, StreamRateTest: exporter.DefaultStreamTestRate,
+		AdjustRateLive: exporter.DefaultAdjustLiveRate, AdjustRateTest: exporter.DefaultAdjustTestRate,
 		BasicRateLive: exporter.DefaultBasicLiveRate, BasicRateTest: exporter.DefaultBasicTestRate,
 		StreamInFlight: exporter.DefaultStreamInFlight, DeliveryWorkers: exporter.DefaultWorkers,
 		DeliveryBatch: exporter.DefaultBatch, DeliveryInFlight: exporter.DefaultInFlight, PollInterval: exporter.DefaultPollInterval,

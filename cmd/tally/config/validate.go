@@ -151,6 +151,9 @@ func (c *Config) deliveryProblems() []error {
 	if c.BasicRateLive <= 0 || c.BasicRateTest <= 0 {
 		errs = append(errs, errors.New("TALLY_BASIC_RATE_LIVE and TALLY_BASIC_RATE_TEST must be positive"))
 	}
+	if c.AdjustRateLive <= 0 || c.AdjustRateTest <= 0 {
+		errs = append(errs, errors.New("TALLY_ADJUST_RATE_LIVE and TALLY_ADJUST_RATE_TEST must be positive"))
+	}
 	if c.StreamRateLive <= 0 || c.StreamRateTest <= 0 || c.StreamInFlight < 1 {
 		errs = append(errs, errors.New("TALLY_STREAM_RATE_LIVE and TALLY_STREAM_RATE_TEST must be positive, TALLY_STREAM_INFLIGHT at least 1"))
 	}
