@@ -181,7 +181,8 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 // newStripeEvents makes the recorder of Stripe's events, which the event
 // destination's route and the listing share, and the listing (the
 // Backfill, paced by the Reads class of the destination's budget, as
-// reconciliation). Both are nil without a key.
+// reconciliation). Both are nil without a key; the listing is nil with a
+// restricted key.
 func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconcile.Events, *reconcile.Backfill, error) {
 	b := p.Resolver.Budget()
 	if b == nil {
@@ -192,6 +193,12 @@ func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconci
 		Connected: connected, Logger: logger, Registry: p.Registry})
 	if err != nil {
 		return nil, nil, err
+	}
+	if config.RestrictedKey(cfg.StripeAPIKey) {
+		// Stripe's v2 API, which lists events, takes only secret keys
+		// (docs/stripe.md §6); tally doctor says so.
+		logger.Warn("STRIPE_API_KEY is a restricted key: Stripe's error reports are not listed (GET /v2/core/events takes only secret keys)")
+		return events, nil, nil
 	}
 	backfill, err := reconcile.NewBackfill(reconcile.BackfillConfig{Events: events, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
 		Account: cfg.StripeAccount, Destination: p.Resolver.Destination, Connected: connected, Limiter: b.Reads(),
