@@ -70,8 +70,8 @@ type BackfillConfig struct {
 //
 // Each (account, mode) keeps a cursor in the database, the created time of
 // the newest report seen: a listing goes back to an hour before it, never
-// more than 30 days (Stripe keeps events 30 days), and stops paging at it,
-// Stripe listing v2 events newest first. It asks Stripe for the report
+// more than 30 days (Stripe keeps events 30 days), and stops paging after
+// the first page wholly before it, Stripe listing v2 events newest first. It asks Stripe for the report
 // types and that time (types[], created[gt]) and filters by both itself
 // too; if Stripe refuses the filters (400) it lists without them, and if
 // it refuses that too, it lists each of the account's meters' events
@@ -306,8 +306,12 @@ func refused(err error) bool {
 	return errors.As(err, &fail) && fail.info.Status == http.StatusBadRequest
 }
 
-// pages lists q's pages until one holds an event created at or before
-// since (the pages are newest first) or there is none left.
+// pages lists q's pages, calling seen with each event created after since,
+// until a page holds none (the pages are newest first, so the ones after
+// it are older still) or there is no page left. A page that reaches back
+// past since is not the last one read: were Stripe's order not strictly
+// newest first, the next page could still hold a newer event, and the
+// cost is one page.
 func (b *Backfill) pages(ctx context.Context, stripeContext string, q stripeapi.EventList, since time.Time, seen func(stripeapi.Event) error) error {
 	next := ""
 	for {
@@ -315,17 +319,17 @@ func (b *Backfill) pages(ctx context.Context, stripeContext string, q stripeapi.
 		if err := b.read(ctx, func() (err error) { page, err = b.client.ListEvents(ctx, stripeContext, q, next); return err }); err != nil {
 			return b.failure(err)
 		}
-		older := false
+		newer := false
 		for _, ev := range page.Events {
 			if !ev.Created.After(since) {
-				older = true
 				continue
 			}
+			newer = true
 			if err := seen(ev); err != nil {
 				return err
 			}
 		}
-		if older || page.Next == "" {
+		if !newer || page.Next == "" {
 			return nil
 		}
 		next = page.Next

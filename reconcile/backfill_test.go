@@ -248,7 +248,7 @@ func TestBackfillRecordsWhatTheDestinationMissed(t *testing.T) {
 
 // Stripe refuses the filters (400, as a listing that does not know them
 // would): the listing goes on without them, filters by type and time
-// itself, and stops paging at the first page that reaches back past its
+// itself, and stops paging after the first page wholly older than its
 // cursor (v2 lists newest first).
 func TestBackfillWithoutFilters(t *testing.T) {
 	t.Parallel()
@@ -265,8 +265,9 @@ func TestBackfillWithoutFilters(t *testing.T) {
 	require.Equal(t, 30, res.Recorded)
 	require.Equal(t, map[outbox.State]int{outbox.StateQuarantined: 30}, r.states(t)["ghost"])
 
-	// Five hours on, 25 more: the listing pages through the new ones and
-	// stops at the page that reaches an hour before the newest it had seen.
+	// Five hours on, 25 more: the listing pages through the new ones, and
+	// past the page that reaches an hour before the newest it had seen to
+	// the next, wholly older, where it stops.
 	r.clk.Add(5 * time.Hour)
 	for i := range 25 {
 		r.send(t, "new"+string(rune('a'+i)), "ghost")
@@ -283,11 +284,11 @@ func TestBackfillWithoutFilters(t *testing.T) {
 			platform = append(platform, l)
 		}
 	}
-	require.Len(t, platform, 3, "the refused filtered call, then two pages of 20 of the unfiltered listing")
+	require.Len(t, platform, 4, "the refused filtered call, then three pages of 20 of the unfiltered listing, of 55 reports")
 	require.Equal(t, http.StatusBadRequest, platform[0].Status)
 	require.NotEmpty(t, platform[0].Form["types[0]"])
 	require.Empty(t, platform[1].Form, "no filters")
-	require.NotEmpty(t, platform[2].Form.Get("page"))
+	require.NotEmpty(t, platform[3].Form.Get("page"))
 }
 
 // A listing that requires object_id (Stripe's earlier reference): the

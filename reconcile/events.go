@@ -228,7 +228,7 @@ func (e *Events) receive(ctx context.Context, db DB, thin stripeapi.Event, fetch
 	}
 	full, err := fetch(ctx, thin.ID, thin.Context)
 	if err == nil && (full.ID != thin.ID || full.Type != thin.Type) {
-		err = &badEventError{errors.New("Stripe answered another event than the one asked for")}
+		err = &badEventError{errors.New("reconcile: the event read is another than the one asked for")}
 	}
 	if err != nil {
 		return e.unreadable(ctx, db, thin, from, err)

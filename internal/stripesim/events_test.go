@@ -242,7 +242,7 @@ func TestListEventsSupport(t *testing.T) {
 	t.Parallel()
 	filters := url.Values{"types[0]": {stripesim.ReportErrorTriggered}, "created[gt]": {base.Add(-time.Hour).Format(time.RFC3339)}}
 
-	sim, ts, _ := newEventsSim(t, stripesim.Options{EventsList: stripesim.ListUnfiltered})
+	_, ts, _ := newEventsSim(t, stripesim.Options{EventsList: stripesim.ListUnfiltered})
 	failEvent(t, ts, acct, "ev-1", "k-1", base.Add(-time.Hour))
 	r := do(t, ts, http.MethodGet, "/v2/core/events", testKey, filters, nil)
 	assert.Equal(t, http.StatusBadRequest, r.status)
@@ -250,7 +250,7 @@ func TestListEventsSupport(t *testing.T) {
 	ids, _ := listIDs(t, ts, url.Values{"limit": {"10"}}, nil)
 	assert.Len(t, ids, 1)
 
-	sim, ts, _ = newEventsSim(t, stripesim.Options{EventsList: stripesim.ListByObject})
+	sim, ts, _ := newEventsSim(t, stripesim.Options{EventsList: stripesim.ListByObject})
 	failEvent(t, ts, acct, "ev-1", "k-1", base.Add(-time.Hour))
 	assert.Equal(t, http.StatusBadRequest, do(t, ts, http.MethodGet, "/v2/core/events", testKey, nil, nil).status)
 	assert.Equal(t, http.StatusBadRequest, do(t, ts, http.MethodGet, "/v2/core/events", testKey, filters, nil).status)
