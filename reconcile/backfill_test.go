@@ -380,3 +380,27 @@ func TestBackfillReadsUnreadableAgain(t *testing.T) {
 	require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT status, arrival FROM stripe_events WHERE id = $1`, conn.ID).Scan(&status, &arrival))
 	require.Equal(t, [2]string{"recorded", "destination"}, [2]string{status, arrival}, "as it first arrived")
 }
+
+// Whatever shape Stripe's samples name the failed request in — the example
+// payload's {"id", "idempotency_key"} (the simulator's default), stripe-go
+// v82's {"identifier"}, or the request's id alone — a v1 report reaches its
+// item.
+func TestBackfillEverySampleShape(t *testing.T) {
+	t.Parallel()
+	for name, shape := range map[string]stripesim.SampleShape{
+		"request": stripesim.SamplesRequest, "identifier": stripesim.SamplesIdentifier, "request id": stripesim.SamplesRequestID,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := newBackfillRig(t, stripesim.Options{Samples: shape})
+			r.send(t, "a", "plat", "ghost", "ghostc")
+			res, err := r.backfill(t).Run(r.Ctx, r.Pool)
+			require.NoError(t, err)
+			require.Equal(t, 2, res.Recorded)
+			st := r.states(t)
+			require.Equal(t, map[outbox.State]int{outbox.StateQuarantined: 1}, st["ghost"])
+			require.Equal(t, map[outbox.State]int{outbox.StateQuarantined: 1}, st["ghostc"])
+			require.Equal(t, map[outbox.State]int{outbox.StateAccepted: 1}, st["plat"])
+		})
+	}
+}
