@@ -225,6 +225,11 @@ func (b *Backfill) listAccount(ctx context.Context, db DB, account, stripeContex
 		if !Records(ev.Type) || !ev.Created.After(since) || ev.Livemode != (mode == outbox.ModeLive) {
 			return nil
 		}
+		if ev.Context != "" && stripeapi.ContextAccount(ev.Context) != account {
+			// Another account's, were Stripe to list it here: that
+			// account's own listing records it, if Tally exports to it.
+			return nil
+		}
 		n.listed++
 		if ev.Created.After(newest) {
 			newest = ev.Created
