@@ -1,12 +1,10 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -22,8 +20,11 @@ type WebhookDeps struct {
 	// Secret is STRIPE_WEBHOOK_SECRET, the event destination's signing
 	// secret.
 	Secret string
-	// Fetch reads the full event of a thin one from Stripe.
-	Fetch func(ctx context.Context, id string) (stripeapi.MeterErrorReport, error)
+	// Events records Stripe's events; nil without a key.
+	Events *reconcile.Events
+	// Fetch reads the full event of a thin one from Stripe, in its
+	// context (stripeapi.Client.Event).
+	Fetch reconcile.Fetcher
 }
 
 // stripeEventsPath is the event destination's route under /v1.
@@ -38,18 +39,35 @@ const webhookTolerance = 300 * time.Second
 // otherwise stay valid until its date plus the tolerance.
 const webhookSkew = 300 * time.Second
 
-// eventIDPattern is what a Stripe event id looks like (evt_ and letters,
-// digits or underscores). The id is used to fetch the event from Stripe, so
-// nothing else — a slash, a dot, a query — may reach that path.
-var eventIDPattern = regexp.MustCompile(`^evt_[A-Za-z0-9_]{1,250}$`)
-
 // maxWebhookBody bounds a thin event's body.
 const maxWebhookBody = 64 << 10
 
 // ThinEvent is what Tally reads of a thin event's body.
 type ThinEvent struct {
-	ID   string `json:"id"`
-	Type string `json:"type"`
+	ID   string
+	Type string
+	// Created is the event's creation time; zero when the body has none
+	// Tally can read.
+	Created  time.Time
+	Livemode bool
+	// Context is "the authentication context needed to fetch the event"
+	// (Stripe's event types reference): the account the event is about,
+	// empty (null) for the key's own account.
+	Context string
+}
+
+// thinJSON is a thin event's body as Stripe posts it.
+type thinJSON struct {
+	ID       string  `json:"id"`
+	Type     string  `json:"type"`
+	Created  string  `json:"created"`
+	Livemode bool    `json:"livemode"`
+	Context  *string `json:"context"`
+}
+
+// event is the thin event as package reconcile receives it.
+func (t ThinEvent) event() stripeapi.Event {
+	return stripeapi.Event{ID: t.ID, Type: t.Type, Created: t.Created, Livemode: t.Livemode, Context: t.Context}
 }
 
 type signatureError struct{ msg string }
@@ -59,7 +77,8 @@ func (e *signatureError) Error() string { return e.msg }
 // ParseStripeEvent verifies body against its Stripe-Signature header with
 // the signing secret (stripe-go's webhook package, 300 s tolerance; a
 // signature dated more than 300 s ahead is refused too) and reads the thin
-// event: an id of Stripe's shape and a type, or an error.
+// event: an id of Stripe's shape and a type, or an error; its created time
+// (RFC 3339; zero when unreadable), livemode and context besides.
 func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) {
 	if err := webhook.ValidatePayloadWithTolerance(body, signature, secret, webhookTolerance); err != nil {
 		msg := "the Stripe-Signature header does not match the body with the signing secret"
@@ -73,9 +92,16 @@ func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) 
 	if at, ok := signedAt(signature); !ok || time.Until(at) > webhookSkew {
 		return ThinEvent{}, &signatureError{"the signature is dated in the future"}
 	}
-	var thin ThinEvent
-	if err := json.Unmarshal(body, &thin); err != nil || !eventIDPattern.MatchString(thin.ID) || thin.Type == "" || len(thin.Type) > 200 {
+	var raw thinJSON
+	if err := json.Unmarshal(body, &raw); err != nil || !stripeapi.ValidEventID(raw.ID) || raw.Type == "" || len(raw.Type) > 200 {
 		return ThinEvent{}, errors.New("the body is not a Stripe thin event")
+	}
+	thin := ThinEvent{ID: raw.ID, Type: raw.Type, Livemode: raw.Livemode}
+	if raw.Context != nil {
+		thin.Context = *raw.Context
+	}
+	if t, err := time.Parse(time.RFC3339Nano, raw.Created); err == nil {
+		thin.Created = t
 	}
 	return thin, nil
 }
@@ -106,12 +132,17 @@ func signedAt(header string) (time.Time, bool) {
 }
 
 // stripeEvents receives Stripe's thin events. A bad or stale signature
-// answers 400 and records nothing; a meter error report is fetched in full
-// and recorded once, however often it is delivered, and the accepted items
-// it names are quarantined or rejected (T10) in the same transaction;
-// other types are acknowledged and ignored.
+// answers 400 and records nothing. An event of a type Tally records is
+// received through package reconcile (Events.Receive) — read in full in
+// its context and recorded once, however often it is delivered; a meter
+// error report moves the accepted items it names (T10) in the same
+// transaction — and answered 2xx whatever came of it: recorded, a
+// duplicate, about an account Tally does not export to (foreign), or
+// refused to Tally by Stripe (unreadable, read again by the listing). Only
+// a read of the event that got no usable answer is a 502, for Stripe to
+// deliver it again. Other types are acknowledged and ignored.
 func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
-	if h.Webhook == nil || h.Webhook.Secret == "" || h.Webhook.Fetch == nil {
+	if h.Webhook == nil || h.Webhook.Secret == "" || h.Webhook.Events == nil || h.Webhook.Fetch == nil {
 		WriteError(w, http.StatusServiceUnavailable, "webhooks_not_configured", "STRIPE_WEBHOOK_SECRET and STRIPE_API_KEY are required to receive Stripe's events")
 		return
 	}
@@ -130,52 +161,34 @@ func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_event", "the body is not a Stripe thin event")
 		return
 	}
-	switch thin.Type {
-	case stripeapi.EventMeterErrorReport, stripeapi.EventNoMeterFound:
-	default:
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ignored"})
-		return
-	}
-	seen, err := reconcile.EventRecorded(r.Context(), h.Pool, thin.ID)
-	if err != nil {
-		h.internal(w, r, err)
-		return
-	}
-	if seen {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "duplicate"})
-		return
-	}
-	rep, err := h.Webhook.Fetch(r.Context(), thin.ID)
-	if err != nil {
-		// Stripe delivers again later.
-		code, status, _ := stripeapi.Describe(err)
-		h.log.WarnContext(r.Context(), "fetching a Stripe event failed", "event", thin.ID, "code", code, "status", status)
+	rec, err := h.Webhook.Events.Receive(r.Context(), h.Pool, thin.event(), h.Webhook.Fetch, reconcile.ArrivalDestination)
+	var unavailable *reconcile.UnavailableError
+	switch {
+	case errors.As(err, &unavailable):
 		WriteError(w, http.StatusBadGateway, "event_unavailable", "the event could not be read from Stripe; deliver it again later")
 		return
-	}
-	res, err := reconcile.RecordReport(r.Context(), h.Pool, h.Outbox, rep)
-	if err != nil {
+	case err != nil:
 		h.internal(w, r, err)
 		return
 	}
-	if !res.Recorded {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "duplicate"})
-		return
+	answer := stripeEventAnswer{Status: rec.Status}
+	if rec.Status == reconcile.ReceiptRecorded {
+		res := rec.Report
+		answer.Failed, answer.Noted, answer.EvidenceOnly, answer.Unmatched = &res.Failed, &res.Noted, &res.EvidenceOnly, &res.Unmatched
 	}
-	h.log.InfoContext(r.Context(), "Stripe meter error report recorded", "event", rep.ID, "type", rep.Type,
-		"failed", res.Failed, "noted", res.Noted, "evidence_only", res.EvidenceOnly, "unmatched", res.Unmatched)
-	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: "recorded", Failed: res.Failed, Noted: res.Noted,
-		EvidenceOnly: res.EvidenceOnly, Unmatched: res.Unmatched})
+	writeJSON(w, http.StatusOK, answer)
 }
 
-// stripeEventAnswer is the answer to a meter error report recorded now:
-// how many of the items it names it moved from accepted (T10: quarantined
-// or rejected), how many it only recorded evidence against (they were in
-// another state), and how many of its identifiers no item has.
+// stripeEventAnswer is the answer to one of Stripe's events: what came of
+// it (reconcile.Receipt's status) and, for a meter error report recorded
+// now, how many of the items it names it moved from accepted (T10:
+// quarantined or rejected), how many it only recorded evidence against
+// (they were in another state), and how many of its identifiers no item
+// has.
 type stripeEventAnswer struct {
 	Status       string `json:"status"`
-	Failed       int    `json:"failed"`
-	Noted        int    `json:"noted"`
-	EvidenceOnly int    `json:"evidence_only"`
-	Unmatched    int    `json:"unmatched"`
+	Failed       *int   `json:"failed,omitempty"`
+	Noted        *int   `json:"noted,omitempty"`
+	EvidenceOnly *int   `json:"evidence_only,omitempty"`
+	Unmatched    *int   `json:"unmatched,omitempty"`
 }

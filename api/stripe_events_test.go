@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -23,24 +24,48 @@ import (
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
+	"github.com/tallymeter/tally/reconcile"
 )
 
 const webhookSecret = "whsec_test_0123456789abcdef"
 
+// webhookConnected is the connected account a tenant mapping of the
+// webhook harness names (its Connected source is fixed: the harness has no
+// key to check mappings with); webhookForeign one none names.
+const (
+	webhookConnected = "acct_1Conn"
+	webhookForeign   = "acct_1Foreign"
+)
+
 // webhookHarness is a simulator for acct_1 (meter logins, customer cus_1),
-// its URL, a client of it, and an API harness whose webhook fetches events
-// from it.
+// the node's destination, and two connected accounts, webhookConnected and
+// webhookForeign, each with that meter and validating asynchronously; its
+// URL, a client of it, and an API harness whose webhook records events
+// about acct_1 and webhookConnected, read from the simulator.
 func webhookHarness(t *testing.T) (*stripesim.Server, string, *stripeapi.Client, *harness) {
 	t.Helper()
 	sim := stripesim.New(stripesim.Options{Keys: map[string]string{stripesim.DefaultKey: "acct_1"}})
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(func() { sim.Close(); srv.Close() })
-	sim.CreateMeter("acct_1", stripesim.MeterSpec{DisplayName: "logins", EventName: "logins", Formula: "count"})
-	sim.CreateCustomer("acct_1", "cus_1")
+	for _, a := range []string{"acct_1", webhookConnected, webhookForeign} {
+		sim.AddAccount(a)
+		sim.CreateMeter(a, stripesim.MeterSpec{DisplayName: "logins", EventName: "logins", Formula: "count"})
+		sim.CreateCustomer(a, "cus_1")
+		if a != "acct_1" {
+			sim.Configure(a, stripesim.Limits{AsyncValidation: true})
+		}
+	}
 	client, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
 	require.NoError(t, err)
 	h := newHarnessWith(t, true, func(d *api.Deps) {
-		d.Webhook = &api.WebhookDeps{Secret: webhookSecret, Fetch: client.MeterErrorEvent}
+		events, err := reconcile.NewEvents(reconcile.EventsConfig{Outbox: d.Outbox,
+			Destination: func() (exporter.Destination, error) {
+				return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: "acct_1", Mode: outbox.ModeTest}, nil
+			},
+			Connected: func(context.Context, outbox.Querier) ([]string, error) { return []string{webhookConnected}, nil },
+			Logger:    slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		d.Webhook = &api.WebhookDeps{Secret: webhookSecret, Events: events, Fetch: client.Event}
 	})
 	return sim, srv.URL, client, h
 }

@@ -28,9 +28,14 @@
 // transaction. A resolution covers the same numbers of the same hour of
 // the key in every run: a later run does not record them again.
 //
-// It also records Stripe's meter error reports (RecordReport): evidence,
-// T10 on the accepted items they name, and a note on the items still in
-// flight that their next accept honours.
+// It also records Stripe's events (Events), however they arrive: posted by
+// the event destination, or found by the hourly listing of every exported
+// account's events (Backfill, a River job). An event about an account
+// Tally exports to is read in its context and recorded once; one about
+// another account is recorded as foreign, one Stripe refuses to let Tally
+// read as unreadable (the listing reads it again). A meter error report
+// (RecordReport) records evidence, T10 on the accepted items it names, and
+// a note on the items still in flight that their next accept honours.
 //
 // It must never confirm on a mismatch finance has not resolved, never move an item other than
 // through package outbox, never resend anything, and never compare an hour

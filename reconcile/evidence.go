@@ -1,9 +1,11 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,17 +53,45 @@ type ReportResult struct {
 
 // RecordReport records a meter error report once and acts on it, in one
 // transaction: the event; per failed event it names, the evidence against
-// the item with that identifier; T10 (store.FailAccepted) for every named
+// the item it names (traceSamples); T10 (store.FailAccepted) for every named
 // item still accepted, to quarantined or rejected as
 // exporter.ClassifyReport says of its code; and a note on every named item
 // still in flight (store.NoteFailures) — the report overtook the answer to
 // the request it is about, and the accept recorded afterwards lands where
 // the report says. An item named with several codes is rejected if any of
 // them is not curable by a mapping fix. A named item in another state keeps
-// it. An event recorded before changes nothing (Recorded false). A report's
-// samples are a sample: items it does not name stay accepted, and the
-// reconciler finds them.
+// it. An event recorded before changes nothing (Recorded false); one
+// recorded only as foreign or unreadable (Events) is recorded now. A
+// report's samples are a sample: items it does not name stay accepted, and
+// the reconciler finds them. The event is recorded as delivered by the
+// event destination, about no account in particular: Events records how
+// each event arrived and which account it is about.
 func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi.MeterErrorReport) (ReportResult, error) {
+	return recordReport(ctx, db, store, rep, origin{arrival: ArrivalDestination})
+}
+
+// origin is how an event reached Tally and the account it is about ("":
+// not known).
+type origin struct {
+	arrival Arrival
+	account string
+}
+
+// sqlRecordEvent records a readable event, or makes one recorded before
+// as foreign or unreadable readable; it returns no row for an event
+// recorded readable before (a redelivery). How the event first arrived and
+// the account recorded first stay.
+const sqlRecordEvent = `
+INSERT INTO stripe_events (id, type, livemode, created, meter, error_count, account, context, arrival, status, read_at)
+VALUES (@id, @type, @livemode, @created, @meter, @error_count, nullif(@account, ''), nullif(@context, ''), @arrival, 'recorded', clock_timestamp())
+ON CONFLICT (id) DO UPDATE SET
+    status = 'recorded', read_at = clock_timestamp(), meter = EXCLUDED.meter, error_count = EXCLUDED.error_count,
+    account = coalesce(stripe_events.account, EXCLUDED.account), context = coalesce(stripe_events.context, EXCLUDED.context),
+    fetch_code = NULL, fetch_status = NULL
+WHERE stripe_events.status <> 'recorded'
+RETURNING id`
+
+func recordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi.MeterErrorReport, from origin) (ReportResult, error) {
 	if store == nil {
 		return ReportResult{}, errors.New("reconcile: recording a report needs the outbox")
 	}
@@ -72,16 +102,24 @@ func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi
 		if rep.Meter != "" {
 			meter = &rep.Meter
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO stripe_events (id, type, livemode, created, meter, error_count)
-			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING`,
-			rep.ID, rep.Type, rep.Livemode, rep.Created, meter, rep.ErrorCount)
+		rows, err := tx.Query(ctx, sqlRecordEvent, pgx.NamedArgs{"id": rep.ID, "type": rep.Type, "livemode": rep.Livemode,
+			"created": rep.Created, "meter": meter, "error_count": rep.ErrorCount, "account": from.account,
+			"context": rep.Context, "arrival": string(from.arrival)})
 		if err != nil {
 			return fmt.Errorf("reconcile: recording event %s: %w", rep.ID, err)
 		}
-		if tag.RowsAffected() == 0 {
+		recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("reconcile: recording event %s: %w", rep.ID, err)
+		}
+		if len(recorded) == 0 {
 			return nil // delivered again
 		}
 		res.Recorded = true
+		names, err := traceSamples(ctx, tx, rep.Samples)
+		if err != nil {
+			return fmt.Errorf("reconcile: tracing the samples of event %s: %w", rep.ID, err)
+		}
 		// The evidence's foreign key share-locks the named items, and T10
 		// then locks them for update: lock them for update first, in
 		// ascending id order, the order every waiting writer of the outbox
@@ -89,26 +127,29 @@ func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi
 		// over the same items — or two reports naming one item — never
 		// deadlock (two share locks each waiting to become an update lock
 		// would).
-		// A sample names the event's identifier, or the request's
-		// Idempotency-Key, which for v1 is the identifier and the attempt.
-		identifiers := make([]string, len(rep.Samples))
-		for i, s := range rep.Samples {
-			identifiers[i] = exporter.IdentifierOf(s.Identifier)
+		var candidates []string
+		for _, n := range names {
+			candidates = append(candidates, n.candidates...)
 		}
-		itemOf, err := store.LockIdentified(ctx, tx, identifiers)
+		itemOf, err := store.LockIdentified(ctx, tx, candidates)
 		if err != nil {
 			return fmt.Errorf("reconcile: locking the items event %s names: %w", rep.ID, err)
 		}
 		for i, s := range rep.Samples {
-			// The item with the identifier; none (NULL) when Tally has none.
+			// The item the sample names; none (NULL) when Tally has none,
+			// and the evidence keeps what the sample named.
 			var item *int64
-			if id, ok := itemOf[identifiers[i]]; ok {
-				item = &id
+			identifier := names[i].named
+			for _, c := range names[i].candidates {
+				if id, ok := itemOf[c]; ok {
+					item, identifier = &id, c
+					break
+				}
 			}
 			msg := redact.Message(s.Message)
 			if _, err := tx.Exec(ctx, `INSERT INTO meter_error_evidence (event_id, identifier, item_id, code, message)
 				VALUES ($1, $2, $3, $4, nullif($5, ''))
-				ON CONFLICT DO NOTHING`, rep.ID, identifiers[i], item, s.Code, msg); err != nil {
+				ON CONFLICT DO NOTHING`, rep.ID, identifier, item, s.Code, msg); err != nil {
 				return fmt.Errorf("reconcile: recording evidence of event %s: %w", rep.ID, err)
 			}
 		}
@@ -118,6 +159,70 @@ func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi
 		return ReportResult{}, err
 	}
 	return res, nil
+}
+
+// sampleNames is what one sample of a report names: the identifiers of
+// the items it may be about, in the order they are tried, and what the
+// evidence records when none is Tally's.
+type sampleNames struct {
+	candidates []string
+	named      string
+}
+
+// sqlItemOfRequest finds the accepted v1 item whose accepted answer had
+// each Request-Id (provider_ref): a v1 call carries one event, so its id
+// names one item. A stream request carries up to 100 events and names none
+// of them alone: its items are left out (and a Request-Id that more than
+// one item has names nothing). Only accepted items are read, through their
+// partial index: an item in another state is not moved by a report, and
+// the evidence of a sample that names it by id alone is not kept on it.
+const sqlItemOfRequest = `
+SELECT s.provider_ref, min(b.identifier)
+FROM outbox_item_states s JOIN outbox_item_bodies b ON b.id = s.id
+WHERE s.state = 'accepted' AND s.provider_ref = ANY(@refs::text[])
+GROUP BY s.provider_ref
+HAVING count(*) = 1 AND bool_and(s.exporter = @v1)`
+
+// traceSamples says what each sample names: the item identifier its
+// request.identifier or request.idempotency_key is — a v1 request's key is
+// the identifier and the attempt (exporter.IdentifierOf), and Stripe has
+// shown both fields — and, failing those, the one accepted v1 item whose
+// answer had its request.id.
+func traceSamples(ctx context.Context, tx pgx.Tx, samples []stripeapi.MeterErrorSample) ([]sampleNames, error) {
+	var refs []string
+	for _, s := range samples {
+		if s.RequestID != "" {
+			refs = append(refs, s.RequestID)
+		}
+	}
+	byRequest := map[string]string{}
+	if len(refs) > 0 {
+		rows, err := tx.Query(ctx, sqlItemOfRequest, pgx.NamedArgs{"refs": refs, "v1": exporter.StripeMeterEvents})
+		if err != nil {
+			return nil, err
+		}
+		var ref, identifier string
+		if _, err := pgx.ForEachRow(rows, []any{&ref, &identifier}, func() error {
+			byRequest[ref] = identifier
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]sampleNames, len(samples))
+	for i, s := range samples {
+		n := &out[i]
+		for _, name := range []string{s.Identifier, s.IdempotencyKey} {
+			if name != "" && !slices.Contains(n.candidates, exporter.IdentifierOf(name)) {
+				n.candidates = append(n.candidates, exporter.IdentifierOf(name))
+			}
+		}
+		if id, ok := byRequest[s.RequestID]; ok && !slices.Contains(n.candidates, id) {
+			n.candidates = append(n.candidates, id)
+		}
+		n.named = cmp.Or(exporter.IdentifierOf(s.Identifier), exporter.IdentifierOf(s.IdempotencyKey), s.RequestID)
+	}
+	return out, nil
 }
 
 // failNamed applies T10 to the accepted items the event's evidence names,

@@ -2,22 +2,28 @@ package reconcile
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
 
-// read runs a Stripe read, again with exponential backoff and jitter after
-// a transient failure (429 — which also slows the account's limiter — 409,
-// 5xx, no answer), until it succeeds, fails for good, or RetryMax has
-// passed.
+// read runs a Stripe read of the run (retryRead).
 func (r *Reconciler) read(ctx context.Context, f func() error) error {
+	return retryRead(ctx, r.cfg.Limiter, r.cfg.Logger, r.cfg.RetryInitial, r.cfg.RetryMax, f)
+}
+
+// retryRead runs a Stripe read, again with exponential backoff and jitter
+// after a transient failure (429 — which also slows limiter — 409, 5xx, no
+// answer), until it succeeds, fails for good, or max has passed.
+func retryRead(ctx context.Context, limiter *exporter.Limiter, logger *slog.Logger, initial, max time.Duration, f func() error) error {
 	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxElapsedTime = r.cfg.RetryInitial, r.cfg.RetryMax
+	b.InitialInterval, b.MaxElapsedTime = initial, max
 	return backoff.Retry(func() error {
 		sent := time.Now()
 		err := f()
@@ -27,12 +33,12 @@ func (r *Reconciler) read(ctx context.Context, f func() error) error {
 		code, status, _ := stripeapi.Describe(err)
 		switch {
 		case status == http.StatusTooManyRequests:
-			r.cfg.Limiter.Slow(sent)
+			limiter.Slow(sent)
 		case status >= 500, status == http.StatusConflict, code == stripeapi.CodeNetwork, code == stripeapi.CodeTimeout:
 		default:
 			return backoff.Permanent(err)
 		}
-		r.cfg.Logger.Debug("reconcile: a Stripe read failed; trying again", "status", status)
+		logger.Debug("reconcile: a Stripe read failed; trying again", "status", status)
 		return err
 	}, backoff.WithContext(b, ctx))
 }

@@ -39,11 +39,12 @@ func SinceLastSuccess(ctx context.Context, q outbox.Querier) (time.Duration, boo
 }
 
 // EventRecorded reports whether Stripe's event with the id is recorded
-// already (RecordReport records each once): a delivery of it again is a
-// duplicate.
+// already, read in full (RecordReport records each once): a delivery of it
+// again is a duplicate. An event recorded as foreign or unreadable
+// (Events) is not.
 func EventRecorded(ctx context.Context, q outbox.Querier, id string) (bool, error) {
 	var seen bool
-	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM stripe_events WHERE id = $1)`, id).Scan(&seen); err != nil {
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM stripe_events WHERE id = $1 AND status = 'recorded')`, id).Scan(&seen); err != nil {
 		return false, fmt.Errorf("reconcile: reading Stripe event %s: %w", id, err)
 	}
 	return seen, nil

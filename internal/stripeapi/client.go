@@ -35,7 +35,8 @@ type Config struct {
 	// (STRIPE_METER_EVENTS_BASE). Default DefaultMeterEventsBase.
 	MeterEventsBase string
 	// Account, when set, is sent as the Stripe-Account header on every
-	// request (the Connect destination). It must start with acct_.
+	// request that names no Stripe-Context (the Connect destination). It
+	// must start with acct_.
 	Account string
 	// HTTPClient sends the requests. Default: DefaultHTTPClient with a
 	// DefaultTimeout timeout; a client whose Transport is nil sends on
@@ -83,6 +84,7 @@ func ModeOfKey(key string) (Mode, error) {
 type Client struct {
 	sc       *stripe.Client
 	backends *stripe.Backends
+	key      string // for calls made on the backends directly
 	mode     Mode
 	account  string
 }
@@ -144,6 +146,7 @@ func New(cfg Config) (*Client, error) {
 	return &Client{
 		sc:       stripe.NewClient(cfg.Key, stripe.WithBackends(backends)),
 		backends: backends,
+		key:      cfg.Key,
 		mode:     mode,
 		account:  cfg.Account,
 	}, nil
@@ -231,8 +234,8 @@ func (c *Client) CheckAccess(ctx context.Context, account string) error {
 	return nil
 }
 
-// accountTransport sets the Stripe-Account header when a request lacks it,
-// and runs the BeforeRequest hook.
+// accountTransport sets the Stripe-Account header when a request lacks it
+// and names no Stripe-Context, and runs the Pace and BeforeRequest hooks.
 type accountTransport struct {
 	base    http.RoundTripper
 	account string
@@ -263,8 +266,11 @@ func (t accountTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	// The stream's session fixed the account; the header is for API-key
-	// calls only.
-	if t.account != "" && r.Header.Get("Stripe-Account") == "" && !strings.HasSuffix(r.URL.Path, StreamPath) {
+	// calls only. A call in a Stripe-Context (an event of a connected
+	// account) gets none: the context supersedes Stripe-Account, and a
+	// second account beside it would be ambiguous.
+	if t.account != "" && r.Header.Get("Stripe-Account") == "" && r.Header.Get("Stripe-Context") == "" &&
+		!strings.HasSuffix(r.URL.Path, StreamPath) {
 		r = r.Clone(r.Context())
 		r.Header.Set("Stripe-Account", t.account)
 	}

@@ -1,7 +1,9 @@
 // Package stripeapi builds Tally's stripe-go client and holds the Stripe
 // read calls that are not on the export path: the account behind a key,
-// the billing meters and the meter of an event name, and whether the
-// account has a customer.
+// the billing meters and the meter of an event name, whether the account
+// has a customer, and v2 events — one read in the context its thin event
+// names (Stripe-Context), a page of a listing — with their meter error
+// reports read from the raw JSON.
 //
 // What it never does: it never retries on its own (stripe-go runs with
 // MaxNetworkRetries 0 — retrying belongs to the outbox), it never logs (its

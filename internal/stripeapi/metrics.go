@@ -51,7 +51,7 @@ func EndpointOf(path string) string {
 		return "meters"
 	case path == "/v1/account":
 		return "account"
-	case strings.HasPrefix(path, "/v2/core/events/"):
+	case path == EventsPath || strings.HasPrefix(path, EventsPath+"/"):
 		return "events"
 	case path == StreamPath:
 		return "meter_event_stream"

@@ -12,6 +12,7 @@ func TestEndpointAndClass(t *testing.T) {
 		"/proxy/stripe/v1/billing/meters/mtr_1/event_summaries": "event_summaries",
 		"/v1/account":                                           "account",
 		"/v2/core/events/evt_1":                                 "events",
+		"/v2/core/events":                                       "events",
 		"/v1/customers/cus_1":                                   "other",
 	} {
 		if got := EndpointOf(path); got != want {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"time"
 
 	"github.com/stripe/stripe-go/v82"
 )
@@ -56,74 +55,6 @@ func (c *Client) EventSummaries(ctx context.Context, meter, customer string, sta
 			return nil, &Error{Code: CodeBadResponse, message: "Stripe returned a summary without a finite value"}
 		}
 		out = append(out, Summary{Start: s.StartTime, End: s.EndTime, Value: s.AggregatedValue})
-	}
-	return out, nil
-}
-
-// MeterErrorReport is a v1.billing.meter.error_report_triggered or
-// v1.billing.meter.no_meter_found event, as Tally records it.
-type MeterErrorReport struct {
-	ID, Type string
-	Livemode bool
-	Created  time.Time
-	// Meter is the related meter; empty for no_meter_found.
-	Meter string
-	// Samples are the failed events Stripe names (a sample, not all of
-	// them: ErrorCount says how many failed).
-	Samples    []MeterErrorSample
-	ErrorCount int64
-}
-
-// MeterErrorSample is one failed meter event of a report.
-type MeterErrorSample struct {
-	Identifier, Code, Message string
-}
-
-// The event types of meter error reports.
-const (
-	EventMeterErrorReport = "v1.billing.meter.error_report_triggered"
-	EventNoMeterFound     = "v1.billing.meter.no_meter_found"
-)
-
-// MeterErrorEvent fetches the full event id (GET /v2/core/events/{id}), a
-// meter error report; another type is an error. Messages are sanitised.
-func (c *Client) MeterErrorEvent(ctx context.Context, id string) (MeterErrorReport, error) {
-	p := &stripe.V2CoreEventRetrieveParams{}
-	if c.account != "" {
-		p.SetStripeAccount(c.account)
-	}
-	ev, err := c.sc.V2CoreEvents.Retrieve(ctx, id, p)
-	if err != nil {
-		return MeterErrorReport{}, WrapError(err)
-	}
-	var out MeterErrorReport
-	switch e := ev.(type) {
-	case *stripe.V1BillingMeterErrorReportTriggeredEvent:
-		out = MeterErrorReport{ID: e.ID, Type: e.Type, Livemode: e.Livemode, Created: e.Created, Meter: e.RelatedObject.ID}
-		if e.Data.Reason != nil {
-			out.ErrorCount = e.Data.Reason.ErrorCount
-			for _, t := range e.Data.Reason.ErrorTypes {
-				for _, s := range t.SampleErrors {
-					if s.Request != nil {
-						out.Samples = append(out.Samples, MeterErrorSample{Identifier: s.Request.Identifier, Code: string(t.Code), Message: sanitize(s.ErrorMessage)})
-					}
-				}
-			}
-		}
-	case *stripe.V1BillingMeterNoMeterFoundEvent:
-		out = MeterErrorReport{ID: e.ID, Type: e.Type, Livemode: e.Livemode, Created: e.Created}
-		if e.Data.Reason != nil {
-			out.ErrorCount = e.Data.Reason.ErrorCount
-			for _, t := range e.Data.Reason.ErrorTypes {
-				for _, s := range t.SampleErrors {
-					if s.Request != nil {
-						out.Samples = append(out.Samples, MeterErrorSample{Identifier: s.Request.Identifier, Code: string(t.Code), Message: sanitize(s.ErrorMessage)})
-					}
-				}
-			}
-		}
-	default:
-		return MeterErrorReport{}, &Error{Code: CodeBadResponse, message: "the event is not a meter error report"}
 	}
 	return out, nil
 }

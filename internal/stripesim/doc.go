@@ -42,6 +42,15 @@
 // [Server.ExpireSessions] ends stream sessions before their 15 minutes.
 // Time is the [Options.Now] clock, which tests move.
 //
+// Error reports are thin events: GET /v2/core/events/{id} serves one in
+// full and GET /v2/core/events lists them (newest first, types and created
+// filters, next_page_url pages, 30 days back), each only to a request that
+// names the account's context — Stripe-Context, which supersedes
+// Stripe-Account — for a connected account, whose thin events carry it
+// ([ErrorReport.Context]); [Options.Samples] chooses the shape their
+// samples name the failed requests in, and [Server.DeliverReports] posts
+// them to an event destination, retrying for three days like Stripe.
+//
 // Errors of /v2 paths keep Stripe's {"error":{"type","code","message"}}
 // shape; stripe-go v82 parses them by type into a
 // *stripe.TemporarySessionExpiredError (an expired or unknown stream

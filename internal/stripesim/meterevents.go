@@ -363,17 +363,19 @@ func (s *Server) recordMeterEvent(r *http.Request, in eventInput, now time.Time,
 }
 
 // sampleOf is f as the sample of a v1 error report names it: by the
-// request's idempotency key when it had one. stripe-go documents the
-// sample's request.identifier as "The request idempotency key"
-// (V1BillingMeterErrorReportTriggeredEventDataReason
-// ErrorTypeSampleErrorRequest), while Stripe's examples show the event's
-// identifier too. The simulator takes the documented field's meaning when
-// the request had a key, the worst case for a client that matches samples
-// to its events; the stream's samples name the event.
+// request's Idempotency-Key when it had one, and by the request's
+// Request-Id. stripe-go documents the sample's request.identifier as "The
+// request idempotency key"
+// (V1BillingMeterErrorReportTriggeredEventDataReasonErrorTypeSampleErrorRequest),
+// and Stripe's example names the request by id and idempotency_key
+// (Options.Samples chooses the shape): the simulator names the key when
+// the request had one, the worst case for a client that matches samples
+// to its events by identifier; the stream's samples name the event.
 func sampleOf(r *http.Request, f streamFailure) streamFailure {
 	if k := r.Header.Get("Idempotency-Key"); k != "" {
 		f.identifier = k
 	}
+	f.requestID = recordOf(r).RequestID
 	return f
 }
 

@@ -31,7 +31,9 @@ type reqState struct {
 type caller struct {
 	account  string // the account the request acts on
 	livemode bool   // the key's mode
-	connect  bool   // acting on a connected account (the Stripe-Account header)
+	connect  bool   // acting on a connected account (Stripe-Account or Stripe-Context)
+	own      string // the key's own account
+	context  string // the account Stripe-Context names, empty without it
 }
 
 // callerOf returns the authenticated caller of r. Only handlers behind
@@ -87,6 +89,7 @@ func (s *Server) begin(next http.Handler) http.Handler {
 			Method:         r.Method,
 			Path:           r.URL.Path,
 			StripeAccount:  r.Header.Get("Stripe-Account"),
+			StripeContext:  r.Header.Get("Stripe-Context"),
 			IdempotencyKey: r.Header.Get("Idempotency-Key"),
 		}
 		w.Header().Set("Request-Id", rec.RequestID)
@@ -161,10 +164,20 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				"You did not provide an API key. You need to provide your API key in the Authorization header, using Bearer auth (e.g. 'Authorization: Bearer YOUR_SECRET_KEY'). See https://stripe.com/docs/api#authentication for details, or we can help at https://support.stripe.com/."))
 			return
 		}
+		// Stripe-Context supersedes Stripe-Account (docs.stripe.com/context):
+		// with both, the context names the account. Its value is a path of
+		// accounts ("acct_…", or "acct_…/acct_…" below an organization);
+		// the last one is the account acted on.
+		header := r.Header.Get("Stripe-Account")
+		scope := r.Header.Get("Stripe-Context")
+		connect := header
+		if scope != "" {
+			connect = scope[strings.LastIndexByte(scope, '/')+1:]
+			header = scope
+		}
 		s.mu.Lock()
 		own, known := s.keys[key]
 		target := own
-		connect := r.Header.Get("Stripe-Account")
 		ca, connectKnown := s.accounts[connect]
 		connectKnown = connectKnown && !ca.revoked
 		s.mu.Unlock()
@@ -175,12 +188,15 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		if connect != "" {
 			if !connectKnown {
-				writeError(w, s.accountInvalid(key, connect))
+				writeError(w, s.accountInvalid(key, header))
 				return
 			}
 			target = connect
 		}
-		c := caller{account: target, livemode: isLiveKey(key), connect: connect != ""}
+		c := caller{account: target, livemode: isLiveKey(key), connect: connect != "", own: own}
+		if scope != "" {
+			c.context = connect
+		}
 		rec := recordOf(r)
 		rec.Account, rec.Livemode = c.account, c.livemode
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey, c)))

@@ -31,30 +31,40 @@ const (
 // with Limits.AsyncValidation, and events lost by the AsyncDrop fault. An
 // event for an event name without any meter of its mode is reported with
 // ReportNoMeterFound and CodeNoMeter; one whose meter is inactive with
-// ReportErrorTriggered, CodeArchivedMeter and that meter. The simulator only stores them; see
-// [Server.ErrorReports].
+// ReportErrorTriggered, CodeArchivedMeter and that meter. The simulator
+// stores them (see [Server.ErrorReports]), serves them on GET
+// /v2/core/events for 30 days, and posts them with [Server.DeliverReports].
 type ErrorReport struct {
 	ID       string // evt_…
 	Type     string // ReportErrorTriggered or ReportNoMeterFound
 	Created  time.Time
 	Livemode bool
+	// Context is the thin event's context: the account's id when it is a
+	// connected account (one without a key of its own, reached with
+	// Stripe-Account or Stripe-Context), else empty.
+	Context string
 	// Meter is the id of the meter the events were meant for (the related
 	// object); empty for ReportNoMeterFound.
 	Meter     string
 	EventName string
 	// Code is the error type's code, one of the Code constants.
 	Code string
-	// ErrorCount is the number of failed events; Identifiers are their
-	// identifiers (the error samples) and Message the first one's error
+	// ErrorCount is the number of failed events; Identifiers name each
+	// (the error samples): a v1 event by the Idempotency-Key of its
+	// request when it had one, else by the event's identifier. RequestIDs
+	// are the Request-Ids of the requests that carried them, in the same
+	// order ("" for none: DropEvent's). Message is the first one's error
 	// message.
 	ErrorCount  int
 	Identifiers []string
+	RequestIDs  []string
 	Message     string
 }
 
 // streamFailure is one event that failed after it was accepted.
 type streamFailure struct {
 	identifier string
+	requestID  string // the Request-Id of the request that carried it
 	eventName  string
 	meter      *Meter // nil when no meter was found
 	code       string
@@ -80,7 +90,7 @@ func (s *Server) reportLocked(a *account, now time.Time, livemode bool, failures
 		g := groups[k]
 		if g == nil {
 			g = &ErrorReport{
-				ID: randomID("evt_test_", 24), Type: typ, Created: now, Livemode: livemode,
+				ID: randomID("evt_test_", 24), Type: typ, Created: now, Livemode: livemode, Context: s.contextLocked(a),
 				Meter: k.meter, EventName: k.eventName, Code: f.code, Message: f.message,
 			}
 			if livemode {
@@ -91,6 +101,7 @@ func (s *Server) reportLocked(a *account, now time.Time, livemode bool, failures
 		}
 		g.ErrorCount++
 		g.Identifiers = append(g.Identifiers, f.identifier)
+		g.RequestIDs = append(g.RequestIDs, f.requestID)
 	}
 	for _, k := range order {
 		a.reports = append(a.reports, *groups[k])
@@ -110,6 +121,18 @@ func (s *Server) ErrorReports(account string) []ErrorReport {
 	out := slices.Clone(a.reports)
 	for i := range out {
 		out[i].Identifiers = slices.Clone(out[i].Identifiers)
+		out[i].RequestIDs = slices.Clone(out[i].RequestIDs)
 	}
 	return out
+}
+
+// contextLocked is the context of account a's thin events: its id when no
+// key is its own (a connected account), else empty. s.mu must be held.
+func (s *Server) contextLocked(a *account) string {
+	for _, own := range s.keys {
+		if own == a.id {
+			return ""
+		}
+	}
+	return a.id
 }

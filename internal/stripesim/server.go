@@ -48,6 +48,22 @@ type Options struct {
 	// (docs/stripe.md §9), and the worst plausible answer is the one that
 	// looks like success and proves nothing.
 	CancelAgainSucceeds bool
+	// Samples is the shape of the request an error report's sample names
+	// (data.reason.error_types[].sample_errors[].request). Default
+	// SamplesRequest, Stripe's documented example.
+	Samples SampleShape
+	// EventsList is which parameters GET /v2/core/events takes. Default
+	// ListFiltered.
+	EventsList ListSupport
+	// ListWithoutData leaves data out of the events GET /v2/core/events
+	// lists, as thin events: a client must fetch each to read it. Stripe's
+	// example lists them with data.
+	ListWithoutData bool
+	// DeliveryRetries is how long after an error report was created
+	// [Server.DeliverReports] still tries to deliver it, by the simulator's
+	// clock; past it an undelivered report is abandoned, as Stripe stops
+	// retrying. Default DefaultDeliveryRetries.
+	DeliveryRetries time.Duration
 }
 
 // Server is the simulator. It is safe for concurrent use.
@@ -65,6 +81,10 @@ type Server struct {
 	sessions map[string]*session // v2 meter event session token -> session
 	invalid  int                 // the status of account_invalid (Options.AccountInvalidStatus)
 	again    bool                // Options.CancelAgainSucceeds
+	samples  SampleShape         // Options.Samples
+	listing  ListSupport         // Options.EventsList
+	thinList bool                // Options.ListWithoutData
+	retries  time.Duration       // Options.DeliveryRetries
 	lim      limiter             // limits, faults and in-flight calls
 	closed   chan struct{}       // closed by Close: releases hung requests
 	close1   sync.Once
@@ -80,6 +100,7 @@ type account struct {
 	idents    map[modeID]*identSt // identifier -> its recordings
 	reports   []ErrorReport       // creation order
 	delivered map[string]bool     // error reports delivered by DeliverReports
+	abandoned map[string]bool     // error reports DeliverReports gave up on
 	// revoked: the platform's access to this connected account was
 	// revoked (RevokeAccess); its state is kept for RestoreAccess.
 	revoked bool
@@ -98,12 +119,14 @@ type Recorded struct {
 	RequestID string // the Request-Id the simulator answered with
 	Method    string
 	Path      string
-	// Account is the account the request acted on: the Stripe-Account
-	// header when accepted, else the key's own account. Empty when
-	// authentication failed.
+	// Account is the account the request acted on: the Stripe-Context or
+	// Stripe-Account header when accepted (the context when both are
+	// sent), else the key's own account. Empty when authentication failed.
 	Account string
-	// StripeAccount is the Stripe-Account header as sent (empty if absent).
+	// StripeAccount and StripeContext are the Stripe-Account and
+	// Stripe-Context headers as sent (empty if absent).
 	StripeAccount  string
+	StripeContext  string
 	Livemode       bool
 	IdempotencyKey string
 	// Form holds the query and form-body values.
@@ -128,6 +151,10 @@ func New(opts Options) *Server {
 		s.now = time.Now
 	}
 	s.invalid, s.again = opts.AccountInvalidStatus, opts.CancelAgainSucceeds
+	s.samples, s.listing, s.thinList, s.retries = opts.Samples, opts.EventsList, opts.ListWithoutData, opts.DeliveryRetries
+	if s.retries <= 0 {
+		s.retries = DefaultDeliveryRetries
+	}
 	if s.invalid == 0 {
 		s.invalid = http.StatusForbidden
 	}
@@ -166,7 +193,8 @@ func (s *Server) routes() http.Handler {
 	r.Post(meterEventsPath, s.createMeterEvent)
 	r.Post(adjustmentsPath, s.createAdjustment)
 
-	r.Get("/v2/core/events/{id}", s.getEvent)
+	r.Get(eventsPath, s.listEvents)
+	r.Get(eventsPath+"/{id}", s.getEvent)
 	r.Post("/v2/billing/meter_event_session", s.createSession)
 	r.Post(streamPath, s.stream)
 	return r
@@ -231,7 +259,7 @@ func (s *Server) accountLocked(id string) *account {
 	a := s.accounts[id]
 	if a == nil {
 		a = &account{id: id, created: s.now(), customers: map[modeID]*customer{}, idents: map[modeID]*identSt{},
-			delivered: map[string]bool{}}
+			delivered: map[string]bool{}, abandoned: map[string]bool{}}
 		s.accounts[id] = a
 	}
 	return a

@@ -171,6 +171,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	a := s.accountLocked(c.account)
 	failures := s.recordStreamLocked(a, c, ins, d.dropP, now)
+	for i := range failures {
+		// A stream request carries up to 100 events: its id names none alone.
+		failures[i].requestID = recordOf(r).RequestID
+	}
 	s.reportLocked(a, now, c.livemode, failures)
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, struct{}{})

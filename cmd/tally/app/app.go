@@ -47,6 +47,8 @@ type Parts struct {
 	// Reports answers the completeness report, in the API and the
 	// console, from snapshots no older than cfg.Pools.ReportMaxAge.
 	Reports *quarantine.Reports
+	// StripeMetrics counts every Stripe call by endpoint and status class.
+	StripeMetrics *stripeapi.RequestMetrics
 }
 
 // readsHeadroom is how many connections of the reads pool the expensive
@@ -125,6 +127,6 @@ func Build(cfg config.Config) (*Parts, error) {
 		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, Coalesce: cfg.Coalesce},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, AdjustLimiter: adjustLimiter, Reconciler: rec,
-		ReadLimit: readLimit, Reports: reports,
+		ReadLimit: readLimit, Reports: reports, StripeMetrics: stripeMetrics,
 	}, nil
 }

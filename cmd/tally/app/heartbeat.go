@@ -21,8 +21,16 @@ import (
 // completed staging jobs through package meter — a pass skipped because
 // export is stalled does not count —, the reconcile runs through package
 // reconcile); the outbox maintenance runs on every node, so its heartbeat
-// is this node's. A job that never completed has no series (alert on its
+// is this node's. task="reports" is the listing of Stripe's events: how
+// long ago any account's listing last succeeded, any node (package
+// reconcile). A job that never completed has no series (alert on its
 // absence too).
+//
+// tally_stripe_events_last_delivery_age_seconds: how long ago the event
+// destination last delivered an event Tally records, any node; absent
+// until it has. Reports are rare when all is well: the listing's
+// recordings (tally_stripe_events_total{arrival="listing"}) say better
+// whether the destination misses some.
 //
 // tally_ledger_unstaged_events and tally_ledger_oldest_unstaged_age_seconds:
 // the usage waiting in the ledger, not yet staged into outbox items (through
@@ -38,12 +46,13 @@ type heartbeats struct {
 	unstaged *prometheus.Desc
 	oldest   *prometheus.Desc
 	open     *prometheus.Desc
+	delivery *prometheus.Desc
 }
 
 func newHeartbeats(pool *pgxpool.Pool, ob *outbox.Store) *heartbeats {
 	return &heartbeats{pool: pool, outbox: ob,
 		desc: prometheus.NewDesc("tally_job_last_success_age_seconds",
-			"Seconds since each periodic job last completed: stage (a staging pass that was not skipped for a stalled export, any node), reconcile (a reconcile run that succeeded, any node), maintenance (the outbox maintenance pass, this node).",
+			"Seconds since each periodic job last completed: stage (a staging pass that was not skipped for a stalled export, any node), reconcile (a reconcile run that succeeded, any node), reports (a listing of an account's Stripe events that succeeded, any node), maintenance (the outbox maintenance pass, this node).",
 			[]string{"task"}, nil),
 		unstaged: prometheus.NewDesc("tally_ledger_unstaged_events",
 			fmt.Sprintf("Usage events in the ledger not yet staged into outbox items, counted up to %d (at it: at least that many).", meter.BacklogCountCap),
@@ -53,7 +62,10 @@ func newHeartbeats(pool *pgxpool.Pool, ob *outbox.Store) *heartbeats {
 			nil, nil),
 		open: prometheus.NewDesc("tally_reconcile_open_discrepancies",
 			"Discrepancies with Stripe open now, of every reconcile run (unresolved, and no later run compared the hour again), by kind: stripe_has_more (Stripe counts more than Tally: a customer may be billed too much), stripe_has_less (usage not billed), summaries_refused (Stripe refused a key's summaries). Read from the database: the same on every node.",
-			[]string{"kind"}, nil)}
+			[]string{"kind"}, nil),
+		delivery: prometheus.NewDesc("tally_stripe_events_last_delivery_age_seconds",
+			"Seconds since Stripe's event destination last delivered an event Tally records (POST /v1/stripe/events), any node; absent until it has.",
+			nil, nil)}
 }
 
 func (h *heartbeats) Describe(ch chan<- *prometheus.Desc) {
@@ -61,6 +73,7 @@ func (h *heartbeats) Describe(ch chan<- *prometheus.Desc) {
 	ch <- h.unstaged
 	ch <- h.oldest
 	ch <- h.open
+	ch <- h.delivery
 }
 
 func (h *heartbeats) Collect(ch chan<- prometheus.Metric) {
@@ -93,5 +106,11 @@ func (h *heartbeats) Collect(ch chan<- prometheus.Metric) {
 	}
 	if reconciled {
 		ch <- prometheus.MustNewConstMetric(h.desc, prometheus.GaugeValue, rec.Seconds(), "reconcile")
+	}
+	if since, listed, err := reconcile.SinceLastListing(ctx, h.pool); err == nil && listed {
+		ch <- prometheus.MustNewConstMetric(h.desc, prometheus.GaugeValue, since.Seconds(), "reports")
+	}
+	if since, delivered, err := reconcile.SinceLastDelivery(ctx, h.pool); err == nil && delivered {
+		ch <- prometheus.MustNewConstMetric(h.delivery, prometheus.GaugeValue, since.Seconds())
 	}
 }

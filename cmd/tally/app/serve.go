@@ -22,7 +22,8 @@ import (
 
 // Serve runs the service on db until ctx ends: the HTTP API on cfg.Listen,
 // the outbox maintenance loop, a deliverer per exporter, and River with the
-// periodic staging job (inserted by River's leader alone). Its services
+// periodic staging, reconcile and Stripe events listing jobs (inserted by
+// River's leader alone). Its services
 // start in this order and stop in reverse:
 //
 //	destination lookup → embedded cluster watch → outbox maintenance →
@@ -49,7 +50,11 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	if err != nil {
 		return err
 	}
-	rc, err := newRiver(cfg, pools, p, logger)
+	events, backfill, err := newStripeEvents(cfg, p, logger)
+	if err != nil {
+		return err
+	}
+	rc, err := newRiver(cfg, pools, p, backfill, logger)
 	if err != nil {
 		return err
 	}
@@ -73,7 +78,7 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		// flight finish and records their outcomes before it returns.
 		list = append(list, newLoop(func(ctx context.Context) { _ = d.Run(ctx) }))
 	}
-	web := &webServer{cfg: cfg, db: db, pools: pools, parts: p, logger: logger, ready: ready,
+	web := &webServer{cfg: cfg, db: db, pools: pools, parts: p, events: events, logger: logger, ready: ready,
 		enqueue: func(ctx context.Context, tx pgx.Tx, runID int64) error {
 			_, err := rc.InsertTx(ctx, tx, reconcile.Args{RunID: runID}, nil)
 			return err
@@ -187,12 +192,45 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	return []*exporter.Deliverer{v1, v2, adjust}, nil
 }
 
+// newStripeEvents makes the recorder of Stripe's events, which the event
+// destination's route and the listing share, and the listing (the
+// Backfill, paced by the Reads class of the destination's budget, as
+// reconciliation). Both are nil without a key; the listing is nil with a
+// restricted key.
+func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconcile.Events, *reconcile.Backfill, error) {
+	b := p.Resolver.Budget()
+	if b == nil {
+		return nil, nil, nil
+	}
+	connected := func(ctx context.Context, q outbox.Querier) ([]string, error) { return mappings.Accounts(ctx, q) }
+	events, err := reconcile.NewEvents(reconcile.EventsConfig{Outbox: p.Outbox, Destination: p.Resolver.Destination,
+		Connected: connected, Logger: logger, Registry: p.Registry})
+	if err != nil {
+		return nil, nil, err
+	}
+	if config.RestrictedKey(cfg.StripeAPIKey) {
+		// Stripe's v2 API, which lists events, takes only secret keys
+		// (docs/stripe.md §6); tally doctor says so.
+		logger.Warn("STRIPE_API_KEY is a restricted key: Stripe's error reports are not listed (GET /v2/core/events takes only secret keys)")
+		return events, nil, nil
+	}
+	backfill, err := reconcile.NewBackfill(reconcile.BackfillConfig{Events: events, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
+		Account: cfg.StripeAccount, Destination: p.Resolver.Destination, Connected: connected, Limiter: b.Reads(),
+		Logger: logger, Metrics: p.StripeMetrics, Registry: p.Registry})
+	if err != nil {
+		return nil, nil, err
+	}
+	return events, backfill, nil
+}
+
 // newRiver makes the River client on its own pool: the staging worker and
-// its periodic job, and the reconcile worker with its periodic job when
-// there is a reconciler and a schedule. The jobs run on the export pool, so
-// that a long pass never takes the connections River's leader election
-// and fetches need.
-func newRiver(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
+// its periodic job, the reconcile worker with its periodic job when there
+// is a reconciler and a schedule, and the listing of Stripe's events
+// (backfill, when there is a key) every cfg.ReportsInterval and once when
+// River's leader starts. The jobs run on the export pool, so that a long
+// pass never takes the connections River's leader election and fetches
+// need.
+func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Backfill, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
 	riverLevel := slog.LevelWarn // River's own progress only when debugging
 	if cfg.LogLevel == "debug" {
 		riverLevel = slog.LevelDebug
@@ -200,16 +238,21 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logger) (*
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: pools.Export, Logger: logger})
 	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: pools.Export, Settle: cfg.ReconcileSettle, Logger: logger})
+	river.AddWorker(workers, &reconcile.BackfillWorker{Backfill: backfill, DB: pools.Export, Logger: logger})
 	periodic := []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)}
 	if job, err := reconcile.Periodic(cfg.ReconcileSchedule); err != nil {
 		return nil, err
 	} else if job != nil && p.Reconciler != nil {
 		periodic = append(periodic, job)
 	}
+	if backfill != nil {
+		periodic = append(periodic, reconcile.PeriodicBackfill(cfg.ReportsInterval))
+	}
 	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
-			river.QueueDefault:  {MaxWorkers: 2},
-			reconcile.QueueName: {MaxWorkers: 1}, // a run takes long; it must not hold up staging
+			river.QueueDefault:      {MaxWorkers: 2},
+			reconcile.QueueName:     {MaxWorkers: 1}, // a run takes long; it must not hold up staging
+			reconcile.BackfillQueue: {MaxWorkers: 1}, // nor the listing of Stripe's events, nor staging it
 		},
 		Workers:      workers,
 		PeriodicJobs: periodic,

@@ -19,6 +19,7 @@ import (
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/httpsec"
 	"github.com/tallymeter/tally/migrations"
+	"github.com/tallymeter/tally/reconcile"
 )
 
 // The HTTP server's bounds on slow or idle clients.
@@ -37,10 +38,13 @@ const (
 // line and ready) and serves; Stop shuts the server down gracefully, bounded
 // by its ctx.
 type webServer struct {
-	cfg    config.Config
-	db     *DB
-	pools  *Pools
-	parts  *Parts
+	cfg   config.Config
+	db    *DB
+	pools *Pools
+	parts *Parts
+	// events records Stripe's events posted to /v1/stripe/events; nil
+	// without a key.
+	events *reconcile.Events
 	logger *slog.Logger
 	// enqueue inserts a reconcile run's job in the caller's transaction.
 	enqueue func(ctx context.Context, tx pgx.Tx, runID int64) error
@@ -134,7 +138,7 @@ func (w *webServer) handler() (http.Handler, error) {
 		V1: &api.Deps{Pool: w.pools.Ingest, Reads: w.pools.Reads, ReadLimit: p.ReadLimit, Outbox: p.Outbox, Mappings: p.Mappings, Ingester: p.Ingester,
 			Requeuer: p.Requeuer, Metrics: p.API, Reconcile: &api.ReconcileDeps{
 				Enabled: p.Reconciler != nil, Settle: cfg.ReconcileSettle, Enqueue: w.enqueue},
-			Webhook: webhookDeps(cfg, p), Quota: cfg.Quota.Ingest, Reports: p.Reports},
+			Webhook: webhookDeps(cfg, p, w.events), Quota: cfg.Quota.Ingest, Reports: p.Reports},
 	})
 	// /readyz?scope=ingest is what a load balancer should ask: ingest and
 	// the reports need the database and its schema, not Stripe.
@@ -211,12 +215,13 @@ func consoleStalls(s *exporter.Stalls) func(context.Context) []console.ExportSta
 	}
 }
 
-// webhookDeps are the event destination's: the secret, and Stripe to read
-// full events from (none without a key).
-func webhookDeps(cfg config.Config, p *Parts) *api.WebhookDeps {
-	d := &api.WebhookDeps{Secret: cfg.StripeWebhookSecret}
+// webhookDeps are the event destination's: the secret, the recorder of
+// events, and Stripe to read full events from in their context (none
+// without a key).
+func webhookDeps(cfg config.Config, p *Parts, events *reconcile.Events) *api.WebhookDeps {
+	d := &api.WebhookDeps{Secret: cfg.StripeWebhookSecret, Events: events}
 	if c := p.Resolver.Client(); c != nil {
-		d.Fetch = c.MeterErrorEvent
+		d.Fetch = c.Event
 	}
 	return d
 }

@@ -132,6 +132,10 @@ type Config struct {
 	// ReconcileSettle is how long an accepted item waits before a run
 	// compares it. Defaults to reconcile.DefaultSettle.
 	ReconcileSettle time.Duration
+	// ReportsInterval is how often Stripe's error reports are listed
+	// (GET /v2/core/events) to record those the event destination did
+	// not deliver. Defaults to reconcile.DefaultBackfillInterval.
+	ReportsInterval time.Duration
 
 	// TLS is how the node meets its clients: its certificate, or the
 	// reverse proxies it believes.

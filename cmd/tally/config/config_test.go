@@ -73,11 +73,12 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 		StreamInFlight: exporter.DefaultStreamInFlight, DeliveryWorkers: exporter.DefaultWorkers,
 		DeliveryBatch: exporter.DefaultBatch, DeliveryInFlight: exporter.DefaultInFlight, PollInterval: exporter.DefaultPollInterval,
 		ReconcileSchedule: reconcile.DefaultSchedule, ReconcileSettle: reconcile.DefaultSettle,
-		Console:  config.ConsoleConfig{SessionTTL: console.DefaultSessionTTL, SessionIdle: console.DefaultSessionIdle},
-		Quota:    config.QuotaConfig{Ingest: api.IngestQuota{EventsPerSecond: api.DefaultIngestEventsPerSecond, EventsBurst: api.DefaultIngestEventsBurst, RequestsPerSecond: api.DefaultIngestRequestsPerSecond, MaxEvents: meter.MaxEvents}, MaxQuarantined: meter.DefaultMaxQuarantined},
-		Pools:    config.PoolsConfig{Ingest: config.DefaultPoolIngest, Export: config.DefaultPoolExport, River: config.DefaultPoolRiver, Reads: config.DefaultPoolReads, ReadTimeout: config.DefaultReadTimeout, ReadsPerToken: config.DefaultReadsPerToken, ReportMaxAge: config.DefaultReportMaxAge, ReportTimeout: quarantine.DefaultReportTimeout},
-		Coalesce: meter.Coalescing{Wait: meter.DefaultCoalesceWait, MaxEvents: meter.DefaultCoalesceEvents, MaxBytes: meter.DefaultCoalesceBytes, Commits: meter.DefaultCoalesceCommits},
-		Stream:   config.StreamConfig{Workers: exporter.DefaultStreamWorkers, Batch: exporter.DefaultStreamBatch, RecordBatch: exporter.DefaultStreamRecordBatch, Recorders: exporter.DefaultStreamRecorders},
+		ReportsInterval: reconcile.DefaultBackfillInterval,
+		Console:         config.ConsoleConfig{SessionTTL: console.DefaultSessionTTL, SessionIdle: console.DefaultSessionIdle},
+		Quota:           config.QuotaConfig{Ingest: api.IngestQuota{EventsPerSecond: api.DefaultIngestEventsPerSecond, EventsBurst: api.DefaultIngestEventsBurst, RequestsPerSecond: api.DefaultIngestRequestsPerSecond, MaxEvents: meter.MaxEvents}, MaxQuarantined: meter.DefaultMaxQuarantined},
+		Pools:           config.PoolsConfig{Ingest: config.DefaultPoolIngest, Export: config.DefaultPoolExport, River: config.DefaultPoolRiver, Reads: config.DefaultPoolReads, ReadTimeout: config.DefaultReadTimeout, ReadsPerToken: config.DefaultReadsPerToken, ReportMaxAge: config.DefaultReportMaxAge, ReportTimeout: quarantine.DefaultReportTimeout},
+		Coalesce:        meter.Coalescing{Wait: meter.DefaultCoalesceWait, MaxEvents: meter.DefaultCoalesceEvents, MaxBytes: meter.DefaultCoalesceBytes, Commits: meter.DefaultCoalesceCommits},
+		Stream:          config.StreamConfig{Workers: exporter.DefaultStreamWorkers, Batch: exporter.DefaultStreamBatch, RecordBatch: exporter.DefaultStreamRecordBatch, Recorders: exporter.DefaultStreamRecorders},
 	}, c)
 }
 
@@ -119,6 +120,8 @@ func TestReconcileSchedule(t *testing.T) {
 	}
 	_, err := load(t, map[string]string{"TALLY_RECONCILE_SETTLE": "-1h"})
 	require.ErrorContains(t, err, "TALLY_RECONCILE_SETTLE must not be negative")
+	_, err = load(t, map[string]string{"TALLY_REPORTS_INTERVAL": "0s"})
+	require.ErrorContains(t, err, "TALLY_REPORTS_INTERVAL must be at least 1s")
 }
 
 func TestFlagBeatsEnvBeatsDefault(t *testing.T) {

@@ -144,6 +144,8 @@ func reconcileSettings() []setting {
 			str(func(c *Config) *string { return &c.ReconcileSchedule })},
 		{"TALLY_RECONCILE_SETTLE", "reconcile-settle", "how long an accepted item waits before reconciliation compares it", short(reconcile.DefaultSettle),
 			dur(func(c *Config) *time.Duration { return &c.ReconcileSettle })},
+		{"TALLY_REPORTS_INTERVAL", "reports-interval", "how often Stripe's error reports of every account Tally exports to are listed (GET /v2/core/events), to record those the event destination did not deliver; also once at start", short(reconcile.DefaultBackfillInterval),
+			dur(func(c *Config) *time.Duration { return &c.ReportsInterval })},
 	}
 }
 

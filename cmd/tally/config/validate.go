@@ -48,6 +48,9 @@ func (c *Config) validate() error {
 	if c.ReconcileSettle < 0 {
 		errs = append(errs, fmt.Errorf("TALLY_RECONCILE_SETTLE must not be negative, got %s", c.ReconcileSettle))
 	}
+	if c.ReportsInterval < time.Second {
+		errs = append(errs, fmt.Errorf("TALLY_REPORTS_INTERVAL must be at least 1s, got %s", c.ReportsInterval))
+	}
 	if c.PollInterval <= 0 {
 		errs = append(errs, fmt.Errorf("TALLY_POLL_INTERVAL must be positive, got %s", c.PollInterval))
 	}

@@ -3,11 +3,13 @@
 // dev.env), the database and its migrations, Stripe (reachable, the key's
 // mode and account, a restricted key where the v2 API is needed, the
 // mapped meters and their payload keys, the mapped tenants' customers),
-// the mappings' coverage of recent usage, and the clock skew between the
-// node and the database. Each check says what is wrong and how to fix it.
+// the mappings' coverage of recent usage, how Stripe's error reports reach
+// Tally (the listing of each account's events, the event destination's
+// deliveries), and the clock skew between the node and the database. Each
+// check says what is wrong and how to fix it.
 //
 // It only reads, and only through the packages that own what it reads
-// (migrations, meter, mappings): it runs no SQL of its own, never migrates,
+// (migrations, meter, mappings, reconcile): it runs no SQL of its own, never migrates,
 // stages, sends or changes a row, and never prints a secret.
 package doctor
 
@@ -106,6 +108,9 @@ func Run(ctx context.Context, d Deps) []Result {
 	}
 	if dbOK {
 		out = append(out, coverage(ctx, d, stripeOK)...)
+		if r := reports(ctx, d); r != nil {
+			out = append(out, *r)
+		}
 	}
 	return out
 }
