@@ -155,6 +155,7 @@ func (s *Server) addMeterLocked(a *account, spec MeterSpec) (*Meter, *apiError) 
 		Status: MeterActive, Livemode: spec.Livemode, Created: now, Updated: now,
 	}
 	a.meters = append(a.meters, m)
+	s.meterEventLocked(a, EventMeterCreated, m)
 	return m, nil
 }
 
@@ -206,20 +207,52 @@ func (s *Server) Meters(account string) []Meter {
 // DeactivateMeter deactivates a meter of account without HTTP. It is a no-op
 // for a meter already inactive and an error for an unknown one.
 func (s *Server) DeactivateMeter(account, id string) error {
+	return s.setMeterStatus(account, id, MeterInactive)
+}
+
+// ReactivateMeter reactivates a meter of account without HTTP. It is a
+// no-op for a meter already active, and an error for an unknown one or
+// when another active meter of its mode has its event name.
+func (s *Server) ReactivateMeter(account, id string) error {
+	return s.setMeterStatus(account, id, MeterActive)
+}
+
+// setMeterStatus moves a meter of account to status, recording the event
+// Stripe would send.
+func (s *Server) setMeterStatus(account, id, status string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if a := s.accounts[account]; a != nil {
 		for _, m := range a.meters {
-			if m.ID == id {
-				if m.Status == MeterActive {
-					now := s.now()
-					m.Status, m.Updated, m.DeactivatedAt = MeterInactive, now, now
-				}
+			if m.ID != id {
+				continue
+			}
+			if m.Status == status {
 				return nil
 			}
+			if status == MeterActive && a.activeMeterLocked(m.Livemode, m.EventName, m) != nil {
+				return fmt.Errorf("stripesim: another active meter has event name %q", m.EventName)
+			}
+			s.transitionLocked(a, m, status)
+			return nil
 		}
 	}
 	return fmt.Errorf("stripesim: no meter %q in account %q", id, account)
+}
+
+// transitionLocked moves m of account a to status and records the event
+// Stripe would send. s.mu must be held.
+func (s *Server) transitionLocked(a *account, m *Meter, status string) {
+	now := s.now()
+	m.Status, m.Updated = status, now
+	typ := EventMeterReactivated
+	if status == MeterInactive {
+		m.DeactivatedAt = now
+		typ = EventMeterDeactivated
+	} else {
+		m.DeactivatedAt = time.Time{}
+	}
+	s.meterEventLocked(a, typ, m)
 }
 
 // listMeters is GET /v1/billing/meters.
@@ -380,13 +413,7 @@ func (s *Server) transitionMeter(w http.ResponseWriter, r *http.Request, from, t
 		case to == MeterActive && a.activeMeterLocked(m.Livemode, m.EventName, m) != nil:
 			return meterJSON{}, errDuplicateEventName(m.EventName)
 		}
-		now := s.now()
-		m.Status, m.Updated = to, now
-		if to == MeterInactive {
-			m.DeactivatedAt = now
-		} else {
-			m.DeactivatedAt = time.Time{}
-		}
+		s.transitionLocked(a, m, to)
 		return m.json(), nil
 	}()
 	if e != nil {

@@ -99,8 +99,11 @@ type account struct {
 	events    []*event            // every recording, receipt order, both modes
 	idents    map[modeID]*identSt // identifier -> its recordings
 	reports   []ErrorReport       // creation order
-	delivered map[string]bool     // error reports delivered by DeliverReports
+	delivered map[string]bool     // events delivered by DeliverReports and DeliverMeterEvents
 	abandoned map[string]bool     // error reports DeliverReports gave up on
+	// meterEvents are the v1 events about meters (created, deactivated,
+	// reactivated), creation order.
+	meterEvents []MeterEvent
 	// revoked: the platform's access to this connected account was
 	// revoked (RevokeAccess); its state is kept for RestoreAccess.
 	revoked bool

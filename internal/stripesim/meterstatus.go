@@ -1,0 +1,153 @@
+package stripesim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/stripe/stripe-go/v82/webhook"
+)
+
+// Types of the v1 events Stripe sends when a meter is created or its
+// status changes (stripe-go's EventTypeBillingMeter*).
+const (
+	EventMeterCreated     = "billing.meter.created"
+	EventMeterDeactivated = "billing.meter.deactivated"
+	EventMeterReactivated = "billing.meter.reactivated"
+)
+
+// MeterEvent is one v1 event about a meter, as an event destination with
+// the snapshot payload style posts it: the meter as it was when the event
+// happened.
+type MeterEvent struct {
+	ID       string // evt_…
+	Type     string // one of the EventMeter* types
+	Created  time.Time
+	Livemode bool
+	// Account is the connected account the event happened on; empty for
+	// an account that is a key's own.
+	Account string
+	Meter   Meter
+}
+
+// snapshotEventJSON is a v1 event (object "event") with its data.object.
+type snapshotEventJSON struct {
+	ID         string  `json:"id"`
+	Object     string  `json:"object"`
+	Account    *string `json:"account,omitempty"`
+	APIVersion string  `json:"api_version"`
+	Created    int64   `json:"created"`
+	Data       struct {
+		Object meterJSON `json:"object"`
+	} `json:"data"`
+	Livemode        bool   `json:"livemode"`
+	PendingWebhooks int    `json:"pending_webhooks"`
+	Type            string `json:"type"`
+}
+
+// apiVersion is the version the simulator renders snapshot events in:
+// stripe-go v82's.
+const apiVersion = "2025-08-27.basil"
+
+func snapshotOf(e MeterEvent) snapshotEventJSON {
+	out := snapshotEventJSON{ID: e.ID, Object: "event", APIVersion: apiVersion, Created: e.Created.Unix(),
+		Livemode: e.Livemode, PendingWebhooks: 1, Type: e.Type}
+	if e.Account != "" {
+		acct := e.Account
+		out.Account = &acct
+	}
+	m := e.Meter
+	out.Data.Object = m.json()
+	return out
+}
+
+// meterEventLocked records an event of type typ about m, in account a, at
+// the simulator's now. s.mu must be held.
+func (s *Server) meterEventLocked(a *account, typ string, m *Meter) {
+	prefix := "evt_test_"
+	if m.Livemode {
+		prefix = "evt_"
+	}
+	e := MeterEvent{ID: randomID(prefix, 24), Type: typ, Created: s.now(), Livemode: m.Livemode, Meter: *m}
+	if !s.ownAccountLocked(a.id) {
+		e.Account = a.id
+	}
+	a.meterEvents = append(a.meterEvents, e)
+}
+
+// ownAccountLocked reports whether id is the own account of one of the
+// simulator's keys (not reached through Stripe-Account). s.mu must be
+// held.
+func (s *Server) ownAccountLocked(id string) bool {
+	for _, own := range s.keys {
+		if own == id {
+			return true
+		}
+	}
+	return false
+}
+
+// MeterEvents returns the meter events of account, both modes, oldest
+// first.
+func (s *Server) MeterEvents(account string) []MeterEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.accounts[account]; a != nil {
+		return slices.Clone(a.meterEvents)
+	}
+	return nil
+}
+
+// SignedSnapshotEvent is the body and Stripe-Signature header of the
+// snapshot event e, signed with secret at t, as an event destination with
+// the snapshot payload style would post it.
+func SignedSnapshotEvent(e MeterEvent, secret string, t time.Time) (body []byte, signature string) {
+	b, _ := json.Marshal(snapshotOf(e))
+	p := webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: b, Secret: secret, Timestamp: t})
+	return p.Payload, p.Header
+}
+
+// DeliverMeterEvents posts every meter event of account not delivered yet
+// to url as a signed snapshot event, and marks those answered 2xx
+// delivered. It returns how many were delivered; the first answer that is
+// not 2xx stops it with an error.
+func (s *Server) DeliverMeterEvents(ctx context.Context, account, url, secret string) (int, error) {
+	s.mu.Lock()
+	a := s.accounts[account]
+	var pending []MeterEvent
+	if a != nil {
+		for _, e := range a.meterEvents {
+			if !a.delivered[e.ID] {
+				pending = append(pending, e)
+			}
+		}
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, e := range pending {
+		body, sig := SignedSnapshotEvent(e, secret, time.Now())
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return n, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Stripe-Signature", sig)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return n, err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			return n, fmt.Errorf("stripesim: delivering %s: status %d", e.ID, resp.StatusCode)
+		}
+		s.mu.Lock()
+		a.delivered[e.ID] = true
+		s.mu.Unlock()
+		n++
+	}
+	return n, nil
+}
