@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -70,7 +71,17 @@ type ClaimOptions struct {
 	// alone: accounts Stripe refused the key's access to (Connect), whose
 	// items wait pending, without an attempt, until access is back.
 	SkipAccounts []string
+	// SkipMeters are the event names of destination accounts whose items
+	// this claim leaves alone (MeterSkipKey): names whose meters are all
+	// deactivated, whose items wait pending, without an attempt, until a
+	// meter of the name is active again.
+	SkipMeters []string
 }
+
+// MeterSkipKey names the items of one event name of one destination
+// account for ClaimOptions.SkipMeters: the first and last parts of their
+// ordering key. Neither an account id nor an event name holds "|".
+func MeterSkipKey(account, eventName string) string { return account + "|" + eventName }
 
 // perKeyLockSpace is the first key of the two-key advisory locks a PerKey
 // claim takes on its keys ("TALY"); the two-key space does not overlap the
@@ -117,7 +128,8 @@ var exporterName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
 // claimFilter is what a claim statement is narrowed to: one exporter's
 // items (ClaimOptions.Exporter), and none of some destination accounts'
-// (ClaimOptions.SkipAccounts).
+// (ClaimOptions.SkipAccounts) or of some event names of an account
+// (ClaimOptions.SkipMeters).
 type claimFilter struct {
 	exporter string
 	skip     bool
@@ -125,12 +137,13 @@ type claimFilter struct {
 
 // apply returns the variant of a claim statement that claims only one
 // exporter's items, or every item (exporter empty), and, with skip, none
-// of the accounts of @skip. The name is written as a literal, not a
-// parameter, so that even a cached statement's generic plan can use the
-// partial indexes of one exporter's items (migration 11). The accounts are
-// a parameter, read off the ordering key's first part (the item's
-// destination account): a statement without them is the one every claim
-// runs while no account is stalled.
+// of the accounts or account event names of @skip. The name is written as
+// a literal, not a parameter, so that even a cached statement's generic
+// plan can use the partial indexes of one exporter's items (migration 11).
+// The skipped keys are a parameter, read off the ordering key's first part
+// (the item's destination account) and its last (the event name): a
+// statement without them is the one every claim runs while nothing is
+// stalled or paused.
 func (f claimFilter) apply(sql string) string {
 	var o, p []string
 	if f.exporter != "" {
@@ -138,7 +151,8 @@ func (f claimFilter) apply(sql string) string {
 		p = append(p, "p.exporter = '"+f.exporter+"'")
 	}
 	if f.skip {
-		o = append(o, "split_part(o.ordering_key, '|', 1) <> ALL(@skip::text[])")
+		o = append(o, "split_part(o.ordering_key, '|', 1) <> ALL(@skip::text[])",
+			"split_part(o.ordering_key, '|', 1) || '|' || split_part(o.ordering_key, '|', 3) <> ALL(@skip::text[])")
 	}
 	if len(p) > 0 {
 		sql = strings.ReplaceAll(sql, exporterMarkerP, strings.Join(p, " AND "))
@@ -430,9 +444,9 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 	if opts.Exporter != "" && !exporterName.MatchString(opts.Exporter) {
 		return nil, fmt.Errorf("outbox: claim: %q is not an exporter name", opts.Exporter)
 	}
-	filtered := claimFilter{exporter: opts.Exporter, skip: len(opts.SkipAccounts) > 0}
+	filtered := claimFilter{exporter: opts.Exporter, skip: len(opts.SkipAccounts)+len(opts.SkipMeters) > 0}
 	if filtered.skip {
-		args["skip"] = opts.SkipAccounts
+		args["skip"] = slices.Concat(opts.SkipAccounts, opts.SkipMeters)
 	}
 
 	switch opts.Policy {

@@ -50,6 +50,41 @@ func TestClaimSkipsStalledAccounts(t *testing.T) {
 	}
 }
 
+// onMeter returns item n addressed to account, for event name.
+func onMeter(n int, account, eventName string) outbox.NewItem {
+	it := onAccount(n, account)
+	it.Payload.EventName = eventName
+	return it
+}
+
+// A claim that skips paused event names leaves the items of those names of
+// those accounts pending without an attempt — the same name in another
+// account, and another name in the same account, are claimed — and skips
+// stalled accounts at the same time; the next claim without the skips
+// takes them.
+func TestClaimSkipsPausedMeters(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []outbox.Policy{outbox.PerKey, outbox.BestEffort} {
+		t.Run(policy.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, outbox.Config{})
+			ids := b.enqueue(t, onMeter(1, "acct_a", "api_calls"), onMeter(2, "acct_a", "storage"),
+				onMeter(3, "acct_b", "api_calls"), onMeter(4, "acct_a", "api_calls"), onMeter(5, "acct_c", "storage"))
+			got := b.claim(t, outbox.ClaimOptions{Owner: "w1", Limit: 10, Policy: policy, Exporter: "stripe_meter_events",
+				SkipMeters: []string{outbox.MeterSkipKey("acct_a", "api_calls")}, SkipAccounts: []string{"acct_c"}})
+			require.ElementsMatch(t, []int64{ids[1], ids[2]}, leaseIDs(got), "neither the paused name nor the stalled account")
+			for _, id := range []int64{ids[0], ids[3], ids[4]} {
+				it, err := b.store.Get(b.ctx, b.pool, id)
+				require.NoError(t, err)
+				require.Equal(t, outbox.StatePending, it.State)
+				require.Zero(t, it.Attempts, "a skipped item is not attempted")
+			}
+			rest := b.claim(t, outbox.ClaimOptions{Owner: "w2", Limit: 10, Policy: policy})
+			require.ElementsMatch(t, []int64{ids[0], ids[3], ids[4]}, leaseIDs(rest))
+		})
+	}
+}
+
 func leaseIDs(ls []outbox.Lease) []int64 {
 	out := make([]int64, len(ls))
 	for i, l := range ls {
