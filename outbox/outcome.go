@@ -55,6 +55,9 @@ type Outcome struct {
 	// ProviderRef is the provider's reference for an Accepted item (Stripe's
 	// Request-Id).
 	ProviderRef string
+	// Meter is, for an Accepted item, the provider's meter its event name
+	// resolved to when it was sent (Stripe's meter id); empty when unknown.
+	Meter string
 	// Error describes a failure; it is sanitised before it is written.
 	Error ErrorInfo
 	// Refused says the provider refused this attempt outright, so it cannot

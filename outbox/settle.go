@@ -48,7 +48,7 @@ import (
 // the only one that may have reached the provider.
 const (
 	sqlAccept = `
-WITH b AS (SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @refs::text[]) AS b(id, token, ref)),
+WITH b AS (SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @refs::text[], @meters::text[]) AS b(id, token, ref, meter)),
 locked AS MATERIALIZED (
     SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 ),
@@ -61,7 +61,7 @@ t AS (
         last_error_status = CASE WHEN o.reported_state IS NULL THEN o.last_error_status END,
         last_error        = CASE WHEN o.reported_state IS NULL THEN o.last_error ELSE o.reported_message END,
         reported_state = NULL, reported_reason = NULL, reported_code = NULL, reported_message = NULL,
-        provider_ref = nullif(b.ref, ''), accepted_at = clock_timestamp(),
+        provider_ref = nullif(b.ref, ''), meter = nullif(b.meter, ''), accepted_at = clock_timestamp(),
         lease_expires_at = NULL, updated_at = clock_timestamp()
     FROM b
     WHERE o.id = b.id AND (SELECT count(*) FROM locked) >= 0 AND o.lease_token = b.token AND o.state = 'leased' COLLATE "C"
@@ -424,11 +424,12 @@ func (s *Store) countSettled(outcomes []Outcome, results []Result) {
 
 // acceptArgs are the arguments of sqlAccept for the outcomes at idx.
 func (s *Store) acceptArgs(outcomes []Outcome, idx []int) pgx.NamedArgs {
-	ids, tokens, refs := make([]int64, len(idx)), make([]int64, len(idx)), make([]string, len(idx))
+	ids, tokens, refs, meters := make([]int64, len(idx)), make([]int64, len(idx)), make([]string, len(idx)), make([]string, len(idx))
 	for j, i := range idx {
-		ids[j], tokens[j], refs[j] = outcomes[i].Lease.ID, outcomes[i].Lease.LeaseToken, outcomes[i].ProviderRef
+		o := outcomes[i]
+		ids[j], tokens[j], refs[j], meters[j] = o.Lease.ID, o.Lease.LeaseToken, o.ProviderRef, o.Meter
 	}
-	return pgx.NamedArgs{"ids": ids, "tokens": tokens, "refs": refs}
+	return pgx.NamedArgs{"ids": ids, "tokens": tokens, "refs": refs, "meters": meters}
 }
 
 // retryDelay is the delay of a Retry or RateLimited outcome, jittered.

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -91,4 +92,30 @@ func leaseIDs(ls []outbox.Lease) []int64 {
 		out[i] = l.ID
 	}
 	return out
+}
+
+// An accept records the meter the item's event name resolved to, and an
+// accept that names none records none.
+func TestAcceptRecordsTheMeter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ids := b.enqueue(t, newItem(1), newItem(2))
+	ls := b.claim(t, outbox.ClaimOptions{Owner: "w", Limit: 2, Policy: outbox.BestEffort})
+	require.Len(t, ls, 2)
+	_, err := b.store.Record(b.ctx, b.pool, []outbox.Outcome{
+		{Lease: ls[0], Kind: outbox.Accepted, ProviderRef: "req_1", Meter: "mtr_" + fmt.Sprint(ls[0].ID)},
+		{Lease: ls[1], Kind: outbox.Accepted, ProviderRef: "req_2"},
+	})
+	require.NoError(t, err)
+	for _, l := range ls {
+		var meter *string
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT meter FROM outbox_item_states WHERE id = $1`, l.ID).Scan(&meter))
+		if l.ID == ls[0].ID {
+			require.NotNil(t, meter)
+			require.Equal(t, "mtr_"+fmt.Sprint(l.ID), *meter)
+		} else {
+			require.Nil(t, meter)
+		}
+	}
+	require.ElementsMatch(t, ids, leaseIDs(ls))
 }
