@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -25,6 +26,11 @@ type WebhookDeps struct {
 	// Fetch reads the full event of a thin one from Stripe, in its
 	// context (stripeapi.Client.Event).
 	Fetch reconcile.Fetcher
+	// Meters reads at once the meters of the account a billing.meter.*
+	// event is about ("": the key's own) and reports whether Tally
+	// exports to it (reconcile.Backfill.MetersChanged); nil: such events
+	// are ignored, and the hourly listing reads the meters.
+	Meters func(ctx context.Context, db reconcile.DB, account string) (bool, error)
 }
 
 // stripeEventsPath is the event destination's route under /v1.
@@ -42,10 +48,18 @@ const webhookSkew = 300 * time.Second
 // maxWebhookBody bounds a thin event's body.
 const maxWebhookBody = 64 << 10
 
-// ThinEvent is what Tally reads of a thin event's body.
+// ThinEvent is what Tally reads of the body of one of Stripe's events: a
+// thin event (object v2.core.event), or a v1 event in the snapshot style
+// (object event).
 type ThinEvent struct {
 	ID   string
 	Type string
+	// Object is the body's object: "v2.core.event" for a thin event,
+	// "event" for a v1 snapshot event.
+	Object string
+	// Account is a v1 snapshot event's connected account ("account"),
+	// empty for the key's own.
+	Account string
 	// Created is the event's creation time; zero when the body has none
 	// Tally can read.
 	Created  time.Time
@@ -58,12 +72,18 @@ type ThinEvent struct {
 
 // thinJSON is a thin event's body as Stripe posts it.
 type thinJSON struct {
-	ID       string  `json:"id"`
-	Type     string  `json:"type"`
-	Created  string  `json:"created"`
-	Livemode bool    `json:"livemode"`
-	Context  *string `json:"context"`
+	ID     string `json:"id"`
+	Type   string `json:"type"`
+	Object string `json:"object"`
+	// Created is RFC 3339 text in a thin event, Unix seconds in a v1 one.
+	Created  json.RawMessage `json:"created"`
+	Livemode bool            `json:"livemode"`
+	Context  *string         `json:"context"`
+	Account  *string         `json:"account"`
 }
+
+// snapshotObject is the object of a v1 event.
+const snapshotObject = "event"
 
 // event is the thin event as package reconcile receives it.
 func (t ThinEvent) event() stripeapi.Event {
@@ -80,7 +100,7 @@ func (e *signatureError) Error() string { return e.msg }
 // event: an id of Stripe's shape and a type, or an error; its created time
 // (RFC 3339; zero when unreadable), livemode and context besides.
 func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) {
-	if err := webhook.ValidatePayloadWithTolerance(body, signature, secret, webhookTolerance); err != nil {
+	if err := verifySignature(body, signature, secret); err != nil {
 		msg := "the Stripe-Signature header does not match the body with the signing secret"
 		if errors.Is(err, webhook.ErrTooOld) {
 			msg = "the signature is older than 300 seconds"
@@ -96,14 +116,37 @@ func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) 
 	if err := json.Unmarshal(body, &raw); err != nil || !stripeapi.ValidEventID(raw.ID) || raw.Type == "" || len(raw.Type) > 200 {
 		return ThinEvent{}, errors.New("the body is not a Stripe thin event")
 	}
-	thin := ThinEvent{ID: raw.ID, Type: raw.Type, Livemode: raw.Livemode}
+	thin := ThinEvent{ID: raw.ID, Type: raw.Type, Object: raw.Object, Livemode: raw.Livemode}
 	if raw.Context != nil {
 		thin.Context = *raw.Context
 	}
-	if t, err := time.Parse(time.RFC3339Nano, raw.Created); err == nil {
-		thin.Created = t
+	if raw.Account != nil {
+		thin.Account = *raw.Account
+	}
+	var text string
+	var unix int64
+	if json.Unmarshal(raw.Created, &text) == nil {
+		if t, err := time.Parse(time.RFC3339Nano, text); err == nil {
+			thin.Created = t
+		}
+	} else if json.Unmarshal(raw.Created, &unix) == nil {
+		thin.Created = time.Unix(unix, 0).UTC()
 	}
 	return thin, nil
+}
+
+// verifySignature checks body's signature with each of the signing
+// secrets, separated by commas (one per event destination posting here:
+// a thin one and a snapshot one each have their own); the error is the
+// last secret's when none matches.
+func verifySignature(body []byte, signature, secrets string) error {
+	var err error
+	for _, secret := range strings.Split(secrets, ",") {
+		if err = webhook.ValidatePayloadWithTolerance(body, signature, strings.TrimSpace(secret), webhookTolerance); err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 // signedAt reads the timestamp (t=) of a Stripe-Signature header that has
@@ -161,6 +204,10 @@ func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_event", "the body is not a Stripe thin event")
 		return
 	}
+	if thin.Object == snapshotObject {
+		h.snapshotEvent(w, r, thin)
+		return
+	}
 	rec, err := h.Webhook.Events.Receive(r.Context(), h.Pool, thin.event(), h.Webhook.Fetch, reconcile.ArrivalDestination)
 	var unavailable *reconcile.UnavailableError
 	switch {
@@ -178,6 +225,40 @@ func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, answer)
 }
+
+// snapshotEvent receives a v1 event in the snapshot style: a
+// billing.meter.* event makes Tally read that account's meters at once
+// (its items pause or resume, and accepts record the new meter), which is
+// all it takes from the event — the snapshot may be older than the meter —
+// and every other type is ignored. Stripe failing that read is a 502, for
+// Stripe to deliver the event again (the hourly listing reads the meters
+// anyway).
+func (h *handlers) snapshotEvent(w http.ResponseWriter, r *http.Request, ev ThinEvent) {
+	if !stripeapi.MeterStatusEvent(ev.Type) || h.Webhook.Meters == nil {
+		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptIgnored})
+		return
+	}
+	ours, err := h.Webhook.Meters(r.Context(), h.Pool, ev.Account)
+	switch {
+	case errors.Is(err, reconcile.ErrMetersUnread):
+		h.log.WarnContext(r.Context(), "reading the meters a Stripe event is about failed; Stripe delivers it again",
+			"event", ev.ID, "type", ev.Type)
+		WriteError(w, http.StatusBadGateway, "event_unavailable", "the meters could not be read from Stripe; deliver the event again later")
+		return
+	case err != nil:
+		h.internal(w, r, err)
+		return
+	case !ours:
+		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptForeign})
+		return
+	}
+	h.log.InfoContext(r.Context(), "a Stripe meter changed: the account's meters were read again", "event", ev.ID, "type", ev.Type)
+	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: statusMetersRead})
+}
+
+// statusMetersRead answers a billing.meter.* event after which the
+// account's meters were read.
+const statusMetersRead = "meters_read"
 
 // stripeEventAnswer is the answer to one of Stripe's events: what came of
 // it (reconcile.Receipt's status) and, for a meter error report recorded

@@ -27,7 +27,7 @@ func (r *delivery) work(ctx context.Context, owner string) {
 		// The leases start after this instant, on the database's clock:
 		// measured from here, a send ends before its lease expires.
 		claimedAt := time.Now()
-		leases, err := r.claim(ctx, owner, n)
+		leases, err := r.claim(ctx, owner, n, dest)
 		if err != nil || len(leases) == 0 {
 			r.idle(ctx)
 			continue
@@ -129,14 +129,31 @@ func (r *delivery) prepay(ctx context.Context, n int) (int, int, bool) {
 	return n, r.limiter.requests(units), true
 }
 
-// claim leases at most n items of this deliverer's exporter (T1) and gives
-// back the send slots of those it did not find.
-func (r *delivery) claim(ctx context.Context, owner string, n int) ([]outbox.Lease, error) {
+// claim leases at most n items of this deliverer's exporter (T1), but none
+// of a stalled account or a paused event name, and gives back the send
+// slots of those it did not find.
+func (r *delivery) claim(ctx context.Context, owner string, n int, dest Destination) ([]outbox.Lease, error) {
 	past, future := r.exporter.Accepts()
-	leases, err := r.store.Claim(ctx, r.pool, outbox.ClaimOptions{
+	opts := outbox.ClaimOptions{
 		Owner: owner, Limit: n, Policy: r.cfg.Policy, AcceptPast: past, AcceptFuture: future,
 		Exporter: r.exporter.Name(), SkipAccounts: r.cfg.Accounts.skipped(),
-	})
+	}
+	if m := r.cfg.Meters; m != nil {
+		skip, err := m.SkipKeys(ctx, r.pool, dest.Mode)
+		if err != nil {
+			// Unknown which names are paused: claim nothing this round
+			// rather than send to a deactivated meter.
+			for ; n > 0; n-- {
+				<-r.slots
+			}
+			if ctx.Err() == nil {
+				r.logger.ErrorContext(ctx, "reading the paused meters failed", "error", err)
+			}
+			return nil, err
+		}
+		opts.SkipMeters = skip
+	}
+	leases, err := r.store.Claim(ctx, r.pool, opts)
 	for i := len(leases); i < n; i++ {
 		<-r.slots
 	}

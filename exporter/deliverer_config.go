@@ -111,6 +111,11 @@ type DelivererConfig struct {
 	// Stripe-Account, and one Stripe refuses stalls alone. Nil: every item
 	// must be staged for the node's own destination.
 	Accounts *Connected
+	// Meters, when set, is the directory of the destination accounts'
+	// meters: claims leave the items of paused event names alone (their
+	// meters are all deactivated), and each accepted item records the meter
+	// its event name resolved to. Nil: neither.
+	Meters *MeterDirectory
 }
 
 // KeyHealth hears what deliveries say about the API key.

@@ -74,6 +74,7 @@ func (d *Deliverer) write(batch []outbox.Outcome) {
 	ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
 	defer cancel()
 	batch = d.latestPerItem(batch)
+	d.meterOf(ctx, batch)
 	res, err := d.store.Record(ctx, d.pool, batch)
 	if err != nil {
 		// The items stay leased until their leases expire; the resend
@@ -109,4 +110,28 @@ func (d *Deliverer) latestPerItem(batch []outbox.Outcome) []outbox.Outcome {
 		}
 	}
 	return out
+}
+
+// meterOf names, on each accepted outcome of batch, the meter its item's
+// event name resolves to in its account (Config.Meters), which the accept
+// records for reconciliation. An unknown meter is left unnamed: the item
+// is compared with its event name's meter, as before meters by id.
+func (d *Deliverer) meterOf(ctx context.Context, batch []outbox.Outcome) {
+	if d.cfg.Meters == nil {
+		return
+	}
+	for i := range batch {
+		o := &batch[i]
+		if o.Kind != outbox.Accepted || o.Meter != "" {
+			continue
+		}
+		id, ok, err := d.cfg.Meters.ActiveMeter(ctx, d.pool, o.Lease.DestinationAccount, o.Lease.Mode, o.Lease.Payload.EventName)
+		if err != nil {
+			d.logger.Warn("reading the meters failed; accepted items are recorded without their meter", "error", err)
+			return
+		}
+		if ok {
+			o.Meter = id
+		}
+	}
 }

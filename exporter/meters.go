@@ -40,6 +40,13 @@ type PausedMeter struct {
 	Since time.Time `json:"since"`
 }
 
+// Explain says, for the console and /readyz, what a paused event name
+// means.
+func (p PausedMeter) Explain() string {
+	return fmt.Sprintf("Meter %s of event name %s is deactivated in %s and no active meter has the name: its items wait pending, without attempts, and export once a meter of the name is active.",
+		p.Meter, p.EventName, p.Account)
+}
+
 // SkipKey is what a claim leaves alone for p: its account's items of its
 // event name (outbox.ClaimOptions.SkipMeters).
 func (p PausedMeter) SkipKey() string { return outbox.MeterSkipKey(p.Account, p.EventName) }
@@ -135,14 +142,13 @@ type meterSnapshot struct {
 // destination accounts: reading it whole is reading a few hundred rows at
 // most, whatever the volume of usage. It is safe for concurrent use.
 type MeterDirectory struct {
-	db outbox.Querier
-
 	mu   sync.Mutex
 	snap *meterSnapshot
 }
 
-// NewMeterDirectory reads stripe_meters through db.
-func NewMeterDirectory(db outbox.Querier) *MeterDirectory { return &MeterDirectory{db: db} }
+// NewMeterDirectory makes an empty directory; its lookups read
+// stripe_meters through the Querier they are given.
+func NewMeterDirectory() *MeterDirectory { return &MeterDirectory{} }
 
 // Invalidate makes the next lookup read the table again: after this node
 // recorded a change.
@@ -152,15 +158,16 @@ func (d *MeterDirectory) Invalidate() {
 	d.mu.Unlock()
 }
 
-// snapshot returns a snapshot no older than MeterRefreshEvery.
-func (d *MeterDirectory) snapshot(ctx context.Context) (*meterSnapshot, error) {
+// snapshot returns a snapshot no older than MeterRefreshEvery, read
+// through q when the last one is older.
+func (d *MeterDirectory) snapshot(ctx context.Context, q outbox.Querier) (*meterSnapshot, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.snap != nil && time.Since(d.snap.at) < MeterRefreshEvery {
 		return d.snap, nil
 	}
 	s := &meterSnapshot{active: map[meterKey]string{}, at: time.Now()}
-	rows, err := d.db.Query(ctx, sqlActiveMeters)
+	rows, err := q.Query(ctx, sqlActiveMeters)
 	if err != nil {
 		return nil, fmt.Errorf("exporter: reading the meters: %w", err)
 	}
@@ -172,7 +179,7 @@ func (d *MeterDirectory) snapshot(ctx context.Context) (*meterSnapshot, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("exporter: reading the meters: %w", err)
 	}
-	rows, err = d.db.Query(ctx, sqlPausedMeters)
+	rows, err = q.Query(ctx, sqlPausedMeters)
 	if err != nil {
 		return nil, fmt.Errorf("exporter: reading the paused meters: %w", err)
 	}
@@ -190,8 +197,8 @@ func (d *MeterDirectory) snapshot(ctx context.Context) (*meterSnapshot, error) {
 
 // ActiveMeter returns the id of the active meter of eventName in account
 // and mode; false when the directory knows none.
-func (d *MeterDirectory) ActiveMeter(ctx context.Context, account string, mode outbox.Mode, eventName string) (string, bool, error) {
-	s, err := d.snapshot(ctx)
+func (d *MeterDirectory) ActiveMeter(ctx context.Context, q outbox.Querier, account string, mode outbox.Mode, eventName string) (string, bool, error) {
+	s, err := d.snapshot(ctx, q)
 	if err != nil {
 		return "", false, err
 	}
@@ -201,8 +208,8 @@ func (d *MeterDirectory) ActiveMeter(ctx context.Context, account string, mode o
 
 // Paused lists the event names whose meters are all deactivated, by
 // account, mode and event name.
-func (d *MeterDirectory) Paused(ctx context.Context) ([]PausedMeter, error) {
-	s, err := d.snapshot(ctx)
+func (d *MeterDirectory) Paused(ctx context.Context, q outbox.Querier) ([]PausedMeter, error) {
+	s, err := d.snapshot(ctx, q)
 	if err != nil {
 		return nil, err
 	}
@@ -211,8 +218,8 @@ func (d *MeterDirectory) Paused(ctx context.Context) ([]PausedMeter, error) {
 
 // SkipKeys is what claims in mode leave alone: the skip key of every
 // paused event name of that mode, sorted.
-func (d *MeterDirectory) SkipKeys(ctx context.Context, mode outbox.Mode) ([]string, error) {
-	s, err := d.snapshot(ctx)
+func (d *MeterDirectory) SkipKeys(ctx context.Context, q outbox.Querier, mode outbox.Mode) ([]string, error) {
+	s, err := d.snapshot(ctx, q)
 	if err != nil {
 		return nil, err
 	}
@@ -224,4 +231,17 @@ func (d *MeterDirectory) SkipKeys(ctx context.Context, mode outbox.Mode) ([]stri
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// RefreshMeters reads every meter of account from Stripe through client
+// (a client acting for that account: the node's own, or Client.For) and
+// records them (RecordMeters). A node refreshes each account it exports to
+// every hour, and at once when Stripe reports a meter's creation or status
+// change.
+func RefreshMeters(ctx context.Context, db beginner, client *stripeapi.Client, account string) ([]MeterChange, error) {
+	meters, err := client.Meters(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return RecordMeters(ctx, db, account, client.Mode(), meters)
 }

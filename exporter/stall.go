@@ -37,11 +37,16 @@ const (
 	// more connected accounts (Connect): their items wait, the others
 	// export; /readyz does not fail on it (Connected.Stalled names them).
 	StallAccountRefused StallReason = "account_refused"
+	// StallMeterDeactivated: every meter of an event name that items are
+	// staged for is deactivated in its account: those items wait, the
+	// others export; /readyz reports it as degraded (Stalls.Meters names
+	// them).
+	StallMeterDeactivated StallReason = "meter_deactivated"
 )
 
 // StallReasons lists every reason, in the order they are reported.
 func StallReasons() []StallReason {
-	return []StallReason{StallNoKey, StallKeyRefused, StallStripeUnreachable, StallRetrying, StallAccountRefused}
+	return []StallReason{StallNoKey, StallKeyRefused, StallStripeUnreachable, StallRetrying, StallAccountRefused, StallMeterDeactivated}
 }
 
 // Explain says what a reason means, in words fit for the console's banner:
@@ -58,6 +63,8 @@ func (s StallReason) Explain() string {
 		return "Outbox items have kept failing for minutes since their first attempt: Stripe answers, but not with success."
 	case StallAccountRefused:
 		return "Stripe refused this platform's access to a connected account: that account's items wait pending, every other account's export."
+	case StallMeterDeactivated:
+		return "A meter is deactivated in Stripe and no active meter has its event name: that event name's items wait pending until a meter of the name is active again."
 	}
 	return string(s)
 }
@@ -178,6 +185,39 @@ type Stalls struct {
 	// retryingAfter is how long an item fails before retrying counts.
 	retryingAfter time.Duration
 	desc          *prometheus.Desc
+	// meters, when set, names the paused event names.
+	meters *MeterDirectory
+}
+
+// WithMeters makes s report the event names whose meters are all
+// deactivated (StallMeterDeactivated), from m; it returns s.
+func (s *Stalls) WithMeters(m *MeterDirectory) *Stalls {
+	s.meters = m
+	return s
+}
+
+// Meters lists the event names of this node's mode whose meters are all
+// deactivated (the detail of meter_deactivated); none without a directory
+// or a destination.
+func (s *Stalls) Meters(ctx context.Context) ([]PausedMeter, error) {
+	if s.meters == nil {
+		return nil, nil
+	}
+	dest, err := s.resolver.Destination()
+	if err != nil {
+		return nil, nil
+	}
+	all, err := s.meters.Paused(ctx, s.db)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, p := range all {
+		if p.Mode == string(dest.Mode) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // NewStalls reads r, and the outbox ob through db; retryingAfter (0:
@@ -188,7 +228,7 @@ func NewStalls(r *Resolver, ob *outbox.Store, db outbox.Querier, retryingAfter t
 		retryingAfter = DefaultRetryingAfter
 	}
 	return &Stalls{resolver: r, outbox: ob, db: db, retryingAfter: retryingAfter, desc: prometheus.NewDesc("tally_export_stalled",
-		fmt.Sprintf("1 while export is stalled for the reason, else 0: no_key, key_refused, stripe_unreachable (this node's), retrying (an outbox item failing for over %s since its first attempt, any node's), account_refused (a connected account Stripe refused this node's key, its items only).", retryingAfter),
+		fmt.Sprintf("1 while export is stalled for the reason, else 0: no_key, key_refused, stripe_unreachable (this node's), retrying (an outbox item failing for over %s since its first attempt, any node's), account_refused (a connected account Stripe refused this node's key, its items only), meter_deactivated (an event name whose meters are all deactivated, its items only).", retryingAfter),
 		[]string{"reason"}, nil)}
 }
 
@@ -207,7 +247,11 @@ func (s *Stalls) Reasons(ctx context.Context) ([]StallReason, error) {
 	if c := s.resolver.Connected(); c != nil && len(c.Skip()) > 0 {
 		out = append(out, StallAccountRefused)
 	}
-	return out, err
+	paused, merr := s.Meters(ctx)
+	if len(paused) > 0 {
+		out = append(out, StallMeterDeactivated)
+	}
+	return out, errors.Join(err, merr)
 }
 
 // Connected lists the connected accounts Stripe refused this node's key
@@ -221,15 +265,16 @@ func (s *Stalls) Connected() []AccountStall {
 
 func (s *Stalls) Describe(ch chan<- *prometheus.Desc) { ch <- s.desc }
 
-// Collect reports every reason, 1 or 0. When the outbox cannot be read the
-// retrying series is absent meanwhile (the database's health is /readyz's).
+// Collect reports every reason, 1 or 0. When the database cannot be read
+// the retrying and meter_deactivated series are absent meanwhile (the
+// database's health is /readyz's).
 func (s *Stalls) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	reasons, err := s.Reasons(ctx)
 	for _, r := range StallReasons() {
-		if r == StallRetrying && err != nil {
-			continue
+		if (r == StallRetrying || r == StallMeterDeactivated) && err != nil {
+			continue // unread: absent rather than a false 0
 		}
 		v := 0.0
 		for _, got := range reasons {

@@ -67,6 +67,9 @@ func (w *StageWorker) Work(ctx context.Context, _ *river.Job[StageArgs]) error {
 		err = errors.Join(err, fmt.Errorf("meter: recording the staging pass's output: %w", oerr))
 	}
 	switch {
+	case err != nil && errors.Is(ctx.Err(), context.Canceled):
+		// The node is stopping: the next pass, on any node, goes on.
+		w.Logger.InfoContext(ctx, "staging pass interrupted by the node stopping", "items", res.Items, "events", res.Events)
 	case err != nil:
 		w.Logger.ErrorContext(ctx, "staging pass failed in part", "error", err, "items", res.Items, "events", res.Events)
 	case res.Stalled:

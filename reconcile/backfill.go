@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +59,10 @@ type BackfillConfig struct {
 	// transiently (429, 5xx, no answer), as Config's. Default 500ms and 2
 	// minutes.
 	RetryInitial, RetryMax time.Duration
+	// Meters, when set, is refreshed with each account's meters at every
+	// listing (exporter.RefreshMeters): which meter each event name
+	// resolves to, and which names are paused.
+	Meters *exporter.MeterDirectory
 }
 
 // Backfill lists Stripe's error reports (GET /v2/core/events) of every
@@ -178,6 +183,9 @@ func (b *Backfill) Run(ctx context.Context, db DB) (BackfillResult, error) {
 			return res, ctx.Err()
 		}
 		res.Accounts++
+		if err := b.refreshMeters(ctx, db, t.account, t.context); err != nil {
+			return res, err
+		}
 		n, err := b.listAccount(ctx, db, t.account, t.context, dest.Mode)
 		res.Listed, res.Recorded, res.Unreadable = res.Listed+n.listed, res.Recorded+n.recorded, res.Unreadable+n.unreadable
 		if err == nil {
@@ -197,6 +205,96 @@ func (b *Backfill) Run(ctx context.Context, db DB) (BackfillResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// refreshMeters reads account's meters (in stripeContext: "" as every
+// call of the node) into the directory, when there is one. A read Stripe
+// fails is logged and the directory keeps what it knew: the next listing
+// reads again. The error is the database's.
+func (b *Backfill) refreshMeters(ctx context.Context, db DB, account, stripeContext string) error {
+	err := b.readMeters(ctx, db, account, stripeContext)
+	var fail *listingError
+	if errors.As(err, &fail) {
+		b.cfg.Logger.WarnContext(ctx, "reading an account's meters failed; the directory keeps what it knew",
+			"account", account, "code", fail.info.Code, "status", fail.info.Status)
+		return nil
+	}
+	return err
+}
+
+// readMeters reads account's meters into the directory; a *listingError
+// is Stripe's failure, any other the database's.
+func (b *Backfill) readMeters(ctx context.Context, db DB, account, stripeContext string) error {
+	if b.cfg.Meters == nil {
+		return nil
+	}
+	client := b.client
+	if stripeContext != "" {
+		var err error
+		if client, err = b.client.For(account); err != nil {
+			return err
+		}
+	}
+	var meters []stripeapi.Meter
+	if err := b.read(ctx, func() (err error) { meters, err = client.Meters(ctx); return err }); err != nil {
+		return b.failure(err)
+	}
+	changes, err := exporter.RecordMeters(ctx, db, account, client.Mode(), meters)
+	if err != nil {
+		return err
+	}
+	logMeterChanges(ctx, b.cfg.Logger, changes)
+	b.cfg.Meters.Invalidate()
+	return nil
+}
+
+// ErrMetersUnread is a read of an account's meters that Stripe failed:
+// the event that asked for it should be delivered again.
+var ErrMetersUnread = errors.New("reconcile: Stripe did not answer the read of the account's meters")
+
+// MetersChanged reads at once the meters of the account a billing.meter.*
+// event is about (account "": the key's own, the node's destination) into
+// the directory, when Tally exports to it: a deactivation pauses its event
+// name's claims, a new or reactivated meter resumes them, on every node
+// within exporter.MeterRefreshEvery. It reports whether Tally exports to
+// the account; a read Stripe fails is ErrMetersUnread.
+func (b *Backfill) MetersChanged(ctx context.Context, db DB, account string) (bool, error) {
+	dest, err := b.cfg.Destination()
+	if err != nil {
+		return false, fmt.Errorf("%w: %w", ErrMetersUnread, err)
+	}
+	stripeContext := account
+	switch {
+	case account == "" || (account == dest.Account && b.cfg.Account == ""):
+		account, stripeContext = dest.Account, ""
+	case account != dest.Account:
+		connected, err := b.cfg.Connected(ctx, db)
+		if err != nil {
+			return false, fmt.Errorf("reconcile: reading the connected accounts: %w", err)
+		}
+		if !slices.Contains(connected, account) {
+			return false, nil
+		}
+	}
+	err = b.readMeters(ctx, db, account, stripeContext)
+	var fail *listingError
+	if errors.As(err, &fail) {
+		return true, fmt.Errorf("%w (%s)", ErrMetersUnread, fail.info.String())
+	}
+	return true, err
+}
+
+// logMeterChanges says which meters changed status since Tally last read
+// them: a deactivation pauses its event name's items, a new or reactivated
+// meter resumes them.
+func logMeterChanges(ctx context.Context, logger *slog.Logger, changes []exporter.MeterChange) {
+	for _, c := range changes {
+		if c.From == "" && c.To == "active" {
+			continue // a meter seen for the first time, as expected
+		}
+		logger.InfoContext(ctx, "a Stripe meter's status changed", "account", c.Account, "mode", c.Mode, "meter", c.ID,
+			"event_name", c.EventName, "from", c.From, "to", c.To)
+	}
 }
 
 // listingError is Stripe's failure of one account's listing, content-free.

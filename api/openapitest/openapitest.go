@@ -96,6 +96,9 @@ func New(document []byte) (*Checker, error) {
 		config.WithStrictIgnorePaths(
 			// An audit entry's details are free-form by design.
 			"$.body.entries[*].details.**", "$.body.audit[*].details.**",
+			// A Stripe v1 event's snapshot of its object: Stripe's, not
+			// Tally's; only its envelope is read.
+			"$.body.data.object.**",
 			// GET /v1/openapi.json: the parts of an OpenAPI document,
 			// which ValidateDocument checks against OpenAPI's own schema.
 			// (** is any depth, brackets included: paths['/v1/usage']).

@@ -24,6 +24,27 @@ const (
 // EventsPath/{id} reads one.
 const EventsPath = "/v2/core/events"
 
+// The v1 events Stripe sends about a meter (stripe-go's
+// EventTypeBillingMeter*): an event destination with the snapshot payload
+// style posts them with the meter in data.object, and "account" on a
+// connected account's.
+const (
+	EventMeterCreated     = "billing.meter.created"
+	EventMeterUpdated     = "billing.meter.updated"
+	EventMeterDeactivated = "billing.meter.deactivated"
+	EventMeterReactivated = "billing.meter.reactivated"
+)
+
+// MeterStatusEvent reports whether typ is a v1 event about a meter's
+// existence or status.
+func MeterStatusEvent(typ string) bool {
+	switch typ {
+	case EventMeterCreated, EventMeterUpdated, EventMeterDeactivated, EventMeterReactivated:
+		return true
+	}
+	return false
+}
+
 // EventRetention is how long Stripe keeps an event readable and listable:
 // "List events, going back up to 30 days" (stripe-go's
 // V2CoreEventListParams; docs/stripe.md §3).

@@ -49,6 +49,10 @@ type Parts struct {
 	Reports *quarantine.Reports
 	// StripeMetrics counts every Stripe call by endpoint and status class.
 	StripeMetrics *stripeapi.RequestMetrics
+	// Meters is the directory of the destination accounts' meters, which
+	// the listing refreshes: claims skip paused event names, accepts
+	// record their meter. Nil without a key.
+	Meters *exporter.MeterDirectory
 }
 
 // readsHeadroom is how many connections of the reads pool the expensive
@@ -100,6 +104,10 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
+	var meters *exporter.MeterDirectory
+	if res.Client() != nil {
+		meters = exporter.NewMeterDirectory()
+	}
 	var limiter, streamLimiter, adjustLimiter *exporter.Limiter
 	var rec *reconcile.Reconciler
 	if b := res.Budget(); b != nil {
@@ -127,6 +135,6 @@ func Build(cfg config.Config) (*Parts, error) {
 		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, Coalesce: cfg.Coalesce},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, AdjustLimiter: adjustLimiter, Reconciler: rec,
-		ReadLimit: readLimit, Reports: reports, StripeMetrics: stripeMetrics,
+		ReadLimit: readLimit, Reports: reports, StripeMetrics: stripeMetrics, Meters: meters,
 	}, nil
 }

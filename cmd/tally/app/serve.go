@@ -78,7 +78,7 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		// flight finish and records their outcomes before it returns.
 		list = append(list, newLoop(func(ctx context.Context) { _ = d.Run(ctx) }))
 	}
-	web := &webServer{cfg: cfg, db: db, pools: pools, parts: p, events: events, logger: logger, ready: ready,
+	web := &webServer{cfg: cfg, db: db, pools: pools, parts: p, events: events, backfill: backfill, logger: logger, ready: ready,
 		enqueue: func(ctx context.Context, tx pgx.Tx, runID int64) error {
 			_, err := rc.InsertTx(ctx, tx, reconcile.Args{RunID: runID}, nil)
 			return err
@@ -164,6 +164,9 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	connected := p.Resolver.Connected()
 	connected.SetSource(func(ctx context.Context) ([]string, error) { return mappings.Accounts(ctx, pools.Export) })
 	v1cfg.Accounts, streamCfg.Accounts = connected, connected
+	// Claims skip the event names whose meters are all deactivated, and
+	// accepts record their meter.
+	v1cfg.Meters, streamCfg.Meters = p.Meters, p.Meters
 	// Cancellations staged for the v1 exporter before adjustments had their
 	// own are still its items: their calls wait for the Adjust class.
 	v1, err := exporter.NewDeliverer(v1cfg, p.Outbox, pools.Export,
@@ -174,7 +177,7 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	}
 	adjustCfg := exporter.DelivererConfig{Workers: exporter.DefaultAdjustWorkers, Batch: exporter.DefaultAdjustBatch,
 		InFlight: exporter.AdjustInFlight(p.AdjustLimiter.Rate()), Policy: outbox.PerKey, PollInterval: cfg.PollInterval,
-		Keys: p.Resolver, Accounts: connected}
+		Keys: p.Resolver, Accounts: connected, Meters: p.Meters}
 	adjust, err := exporter.NewDeliverer(adjustCfg, p.Outbox, pools.Export,
 		exporter.NewStripeAdjustments(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header).PaceProbes(p.AdjustLimiter),
 		cfg.StripeTimeout, p.Resolver.Destination, p.AdjustLimiter, logger, p.Registry)
@@ -216,7 +219,7 @@ func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconci
 	}
 	backfill, err := reconcile.NewBackfill(reconcile.BackfillConfig{Events: events, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
 		Account: cfg.StripeAccount, Destination: p.Resolver.Destination, Connected: connected, Limiter: b.Reads(),
-		Logger: logger, Metrics: p.StripeMetrics, Registry: p.Registry})
+		Logger: logger, Metrics: p.StripeMetrics, Registry: p.Registry, Meters: p.Meters})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,7 +46,9 @@ type webServer struct {
 	// events records Stripe's events posted to /v1/stripe/events; nil
 	// without a key.
 	events *reconcile.Events
-	logger *slog.Logger
+	// backfill is the listing of Stripe's events; nil without a secret key.
+	backfill *reconcile.Backfill
+	logger   *slog.Logger
 	// enqueue inserts a reconcile run's job in the caller's transaction.
 	enqueue func(ctx context.Context, tx pgx.Tx, runID int64) error
 	// ready, if not nil, receives the bound address once the listener is
@@ -120,7 +123,7 @@ func (w *webServer) handler() (http.Handler, error) {
 	}
 	// Why export is stalled: tally_export_stalled on /metrics, and the
 	// console's banner.
-	stalls := exporter.NewStalls(p.Resolver, p.Outbox, db.Pool, 0)
+	stalls := exporter.NewStalls(p.Resolver, p.Outbox, db.Pool, 0).WithMeters(p.Meters)
 	if err := p.Registry.Register(stalls); err != nil {
 		return nil, err
 	}
@@ -133,12 +136,12 @@ func (w *webServer) handler() (http.Handler, error) {
 	full := api.New(api.Options{
 		Console: con.Handler(),
 		Logger:  w.logger,
-		Ready:   readiness(db, p),
+		Ready:   readiness(db, p, stalls),
 		Metrics: promhttp.HandlerFor(p.Registry, promhttp.HandlerOpts{}),
 		V1: &api.Deps{Pool: w.pools.Ingest, Reads: w.pools.Reads, ReadLimit: p.ReadLimit, Outbox: p.Outbox, Mappings: p.Mappings, Ingester: p.Ingester,
 			Requeuer: p.Requeuer, Metrics: p.API, Reconcile: &api.ReconcileDeps{
 				Enabled: p.Reconciler != nil, Settle: cfg.ReconcileSettle, Enqueue: w.enqueue},
-			Webhook: webhookDeps(cfg, p, w.events), Quota: cfg.Quota.Ingest, Reports: p.Reports},
+			Webhook: webhookDeps(cfg, p, w.events, w.backfill), Quota: cfg.Quota.Ingest, Reports: p.Reports},
 	})
 	// /readyz?scope=ingest is what a load balancer should ask: ingest and
 	// the reports need the database and its schema, not Stripe.
@@ -168,8 +171,29 @@ const readyScopeIngest = "ingest"
 // is not ready: 503, with the reason. It is readiness, not liveness (a
 // restart fixes none of them), and ingest still works on the node, so a
 // load balancer asks /readyz?scope=ingest instead (README, "Health").
-func readiness(db *DB, p *Parts) []api.Check {
-	return append(ingestReadiness(db), api.Check{Name: "export", Func: p.Resolver.Ready})
+func readiness(db *DB, p *Parts, stalls *exporter.Stalls) []api.Check {
+	return append(ingestReadiness(db), api.Check{Name: "export", Func: p.Resolver.Ready},
+		api.Check{Name: "meters", Func: pausedMeters(stalls), Degraded: true})
+}
+
+// pausedMeters is /readyz's degraded check of the event names whose
+// meters are all deactivated: their items wait, the others export, so the
+// node stays in service and says which.
+func pausedMeters(s *exporter.Stalls) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		paused, err := s.Meters(ctx)
+		if err != nil {
+			return errors.New("unreadable")
+		}
+		if len(paused) == 0 {
+			return nil
+		}
+		names := make([]string, len(paused))
+		for i, m := range paused {
+			names[i] = m.Account + "/" + m.EventName
+		}
+		return fmt.Errorf("items wait: every meter of %s is deactivated", strings.Join(names, ", "))
+	}
 }
 
 // ingestReadiness are /readyz?scope=ingest's checks: the database and its
@@ -201,14 +225,22 @@ func consoleStalls(s *exporter.Stalls) func(context.Context) []console.ExportSta
 		reasons, _ := s.Reasons(ctx)
 		out := make([]console.ExportStall, 0, len(reasons))
 		for _, r := range reasons {
-			if r != exporter.StallAccountRefused {
+			switch r {
+			case exporter.StallAccountRefused:
+				// One line per connected account Stripe refused, naming it:
+				// the metric counts them, the console says which.
+				for _, a := range s.Connected() {
+					out = append(out, console.ExportStall{Reason: string(r), Text: a.Explain()})
+				}
+			case exporter.StallMeterDeactivated:
+				// One line per paused event name, naming its account and
+				// meter.
+				paused, _ := s.Meters(ctx)
+				for _, m := range paused {
+					out = append(out, console.ExportStall{Reason: string(r), Text: m.Explain()})
+				}
+			default:
 				out = append(out, console.ExportStall{Reason: string(r), Text: r.Explain()})
-				continue
-			}
-			// One line per connected account Stripe refused, naming it: the
-			// metric counts them, the console says which.
-			for _, a := range s.Connected() {
-				out = append(out, console.ExportStall{Reason: string(r), Text: a.Explain()})
 			}
 		}
 		return out
@@ -218,10 +250,14 @@ func consoleStalls(s *exporter.Stalls) func(context.Context) []console.ExportSta
 // webhookDeps are the event destination's: the secret, the recorder of
 // events, and Stripe to read full events from in their context (none
 // without a key).
-func webhookDeps(cfg config.Config, p *Parts, events *reconcile.Events) *api.WebhookDeps {
+func webhookDeps(cfg config.Config, p *Parts, events *reconcile.Events, backfill *reconcile.Backfill) *api.WebhookDeps {
 	d := &api.WebhookDeps{Secret: cfg.StripeWebhookSecret, Events: events}
 	if c := p.Resolver.Client(); c != nil {
 		d.Fetch = c.Event
+	}
+	if backfill != nil {
+		// A billing.meter.* event reads its account's meters at once.
+		d.Meters = backfill.MetersChanged
 	}
 	return d
 }

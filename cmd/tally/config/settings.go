@@ -85,7 +85,7 @@ func exportSettings() []setting {
 			str(func(c *Config) *string { return &c.StripeMeterEventsBase })},
 		{"STRIPE_ACCOUNT", "stripe-account", "destination account (Connect); unset: the key's own account", "",
 			str(func(c *Config) *string { return &c.StripeAccount })},
-		{"STRIPE_WEBHOOK_SECRET", "stripe-webhook-secret", "signing secret of the event destination posting to /v1/stripe/events (whsec_…); unset: it answers 503", "",
+		{"STRIPE_WEBHOOK_SECRET", "stripe-webhook-secret", "signing secrets of the event destinations posting to /v1/stripe/events (whsec_…, separated by commas: a thin and a snapshot destination each have one); unset: it answers 503", "",
 			str(func(c *Config) *string { return &c.StripeWebhookSecret })},
 		{"TALLY_EXPORTER", "exporter", "the exporter of features whose mapping names none: stripe_meter_events (v1) or stripe_meter_event_stream (v2)", exporter.StripeMeterEvents,
 			str(func(c *Config) *string { return &c.Exporter })},

@@ -69,7 +69,7 @@ func TestSecretsReadFromFiles(t *testing.T) {
 	require.Equal(t, "postgres://tally:pw@db:5432/tally", c.DatabaseURL)
 
 	_, err = load(t, map[string]string{"STRIPE_WEBHOOK_SECRET_FILE": secretFile(t, "not-a-secret\n")})
-	require.ErrorContains(t, err, "STRIPE_WEBHOOK_SECRET must be an event destination's signing secret")
+	require.ErrorContains(t, err, "STRIPE_WEBHOOK_SECRET must be the signing secrets of the event destinations")
 
 	// Only the secret settings read files.
 	c, err = load(t, map[string]string{"TALLY_LISTEN_FILE": secretFile(t, "0.0.0.0:1\n")})

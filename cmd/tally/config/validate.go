@@ -111,8 +111,13 @@ func (c *Config) exportProblems() []error {
 	if c.StripeAccount != "" && !strings.HasPrefix(c.StripeAccount, "acct_") {
 		errs = append(errs, errors.New("STRIPE_ACCOUNT must be an account id (acct_…)"))
 	}
-	if c.StripeWebhookSecret != "" && !strings.HasPrefix(c.StripeWebhookSecret, "whsec_") {
-		errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET must be an event destination's signing secret (whsec_…)"))
+	if c.StripeWebhookSecret != "" {
+		for _, secret := range strings.Split(c.StripeWebhookSecret, ",") {
+			if !strings.HasPrefix(strings.TrimSpace(secret), "whsec_") {
+				errs = append(errs, errors.New("STRIPE_WEBHOOK_SECRET must be the signing secrets of the event destinations (whsec_…), separated by commas"))
+				break
+			}
+		}
 	}
 	switch c.Exporter {
 	case exporter.StripeMeterEvents:
