@@ -115,6 +115,9 @@ type KeyItem struct {
 	// billing period its payload names: whose period it counts in.
 	Tenant string
 	Period time.Time
+	// Meter is the provider's meter the item was accepted for (Outcome's
+	// Meter); empty when not recorded.
+	Meter string
 }
 
 // sqlKeyItems reads the accepted, confirmed, uncertain, pending and leased
@@ -125,7 +128,8 @@ type KeyItem struct {
 const sqlKeyItems = `
 SELECT b.id, s.state, (b.payload ->> 'value')::bigint, (b.payload ->> 'timestamp')::bigint,
        s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval,
-       b.identifier, coalesce(b.payload ->> 'cancels', ''), b.tenant_key, (b.payload ->> 'period')::timestamptz
+       b.identifier, coalesce(b.payload ->> 'cancels', ''), b.tenant_key, (b.payload ->> 'period')::timestamptz,
+       coalesce(s.meter, '')
 FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id
 WHERE b.ordering_key = @key AND b.mode = @mode
   AND (b.payload ->> 'timestamp')::bigint >= @from AND (b.payload ->> 'timestamp')::bigint < @to
@@ -155,7 +159,8 @@ func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem,
 	args := pgx.NamedArgs{"key": r.OrderingKey, "mode": string(r.Mode), "settle": r.Settle, "from": r.From, "to": r.To}
 	items, err := queryOnGenericPlan(ctx, q, sqlKeyItems, args, func(row pgx.CollectableRow) (KeyItem, error) {
 		var it KeyItem
-		err := row.Scan(&it.ID, &it.State, &it.Value, &it.Timestamp, &it.Settled, &it.Identifier, &it.Cancels, &it.Tenant, &it.Period)
+		err := row.Scan(&it.ID, &it.State, &it.Value, &it.Timestamp, &it.Settled, &it.Identifier, &it.Cancels, &it.Tenant, &it.Period,
+			&it.Meter)
 		it.Period = it.Period.UTC()
 		return it, err
 	})

@@ -1,11 +1,13 @@
 package reconcile
 
 import (
+	"cmp"
 	"math"
 	"math/big"
 	"slices"
 	"strconv"
 
+	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -20,6 +22,9 @@ type held struct {
 	// adjustment, which shares its event's key and hour), the identifier of
 	// the event it cancels.
 	identifier, cancels string
+	// meter is the provider's meter the item was accepted for; empty when
+	// not recorded (the event name's meter, then).
+	meter string
 }
 
 // later orders items as a last meter does: by event time, then by id (the
@@ -363,4 +368,61 @@ func worthComparing(items []held) bool {
 		}
 	}
 	return false
+}
+
+// combineMeters folds the summaries of meter other, a meter of the event
+// name that some of the key's items were accepted for, into sums, the
+// summaries of def, the event name's meter: what Stripe counted of the
+// key in each hour. A sum or a count adds up over the meters, since each
+// event reached one of them. A last meter's hour is the value of the
+// meter its latest counted item was accepted for (an item naming no meter
+// is def's).
+func combineMeters(formula string, byHour map[int64][]held, def string, sums []stripeapi.Summary, other string, more []stripeapi.Summary) []stripeapi.Summary {
+	value := map[int64]float64{}
+	for _, s := range sums {
+		value[s.Start] = s.Value
+	}
+	if formula != "last" {
+		for _, s := range more {
+			value[s.Start] += s.Value
+		}
+	} else {
+		theirs := map[int64]float64{}
+		for _, s := range more {
+			theirs[s.Start] = s.Value
+		}
+		for h, items := range byHour {
+			latest, ok := latestCounted(items)
+			if !ok || latest.meter != other {
+				continue
+			}
+			if v, found := theirs[h]; found {
+				value[h] = v
+			} else {
+				delete(value, h)
+			}
+		}
+	}
+	out := make([]stripeapi.Summary, 0, len(value))
+	for h, v := range value {
+		out = append(out, stripeapi.Summary{Start: h, End: h + hour, Value: v})
+	}
+	slices.SortFunc(out, func(a, b stripeapi.Summary) int { return cmp.Compare(a.Start, b.Start) })
+	return out
+}
+
+// latestCounted is the latest accepted or confirmed item of an hour that is
+// not a cancellation: the one a last meter's value comes from.
+func latestCounted(items []held) (held, bool) {
+	var latest held
+	found := false
+	for _, it := range items {
+		if it.cancels != "" || (it.state != outbox.StateAccepted && it.state != outbox.StateConfirmed) {
+			continue
+		}
+		if !found || later(it, latest) {
+			latest, found = it, true
+		}
+	}
+	return latest, found
 }

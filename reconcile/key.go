@@ -68,7 +68,7 @@ func (r *Reconciler) readKeyHours(ctx context.Context, db DB, mode outbox.Mode, 
 			kh.hours = append(kh.hours, h)
 		}
 		kh.byHour[h] = append(kh.byHour[h], held{id: it.ID, state: it.State, value: it.Value, ts: it.Timestamp, settled: it.Settled,
-			identifier: it.Identifier, cancels: it.Cancels})
+			identifier: it.Identifier, cancels: it.Cancels, meter: it.Meter})
 		kh.periods[keyPeriod{tenant: it.Tenant, start: it.Period}] = true
 	}
 	for _, h := range kh.hours {
@@ -123,7 +123,57 @@ func (r *Reconciler) compareKey(ctx context.Context, id int64, dest exporter.Des
 	if err != nil {
 		return keyOutcome{}, err
 	}
+	// Items accepted for another meter of the event name (one deactivated
+	// and replaced since) are compared with that meter's summaries over
+	// their hours.
+	for _, other := range kh.otherMeters(m.ID) {
+		from, to := kh.rangeOf(other)
+		var more []stripeapi.Summary
+		err := r.read(ctx, func() (err error) {
+			more, err = client.EventSummaries(ctx, other, k.Customer, from, to, stripeapi.Hour)
+			return err
+		})
+		if refusal, refused := refusedKey(ctx, err); refused {
+			return r.refusedKeyOutcome(id, dest, m, k, kh, refusal), nil
+		}
+		if err != nil {
+			return keyOutcome{}, err
+		}
+		summaries = combineMeters(m.Formula, kh.byHour, m.ID, summaries, other, more)
+	}
 	return compareSummaries(dest, m, k, kh, summaries), nil
+}
+
+// otherMeters are the meters, other than the event name's meter def, that
+// items of the key were accepted for, sorted.
+func (kh keyHours) otherMeters(def string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, items := range kh.byHour {
+		for _, it := range items {
+			if it.meter != "" && it.meter != def && !seen[it.meter] {
+				seen[it.meter] = true
+				out = append(out, it.meter)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// rangeOf is the hours [from, to) of the key's items accepted for meter.
+func (kh keyHours) rangeOf(meter string) (from, to int64) {
+	for h, items := range kh.byHour {
+		for _, it := range items {
+			if it.meter == meter {
+				if from == 0 || h < from {
+					from = h
+				}
+				to = max(to, h+hour)
+			}
+		}
+	}
+	return from, to
 }
 
 // refusedKeyOutcome is a key whose summaries Stripe refused (a customer or
