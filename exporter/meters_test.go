@@ -3,12 +3,17 @@ package exporter_test
 import (
 	"context"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -84,4 +89,62 @@ func TestMeterDirectoryPausesAndResumesEventNames(t *testing.T) {
 	id, _, err = dir.ActiveMeter(ctx, pool, "acct_a", outbox.ModeTest, "storage")
 	require.NoError(t, err)
 	assert.Equal(t, "mtr_s", id)
+}
+
+// A deliverer with the directory leaves a paused event name's items
+// pending without attempts — tally_export_stalled{reason="meter_deactivated"}
+// is 1 and Stalls.Meters names the meter — and sends every other name's;
+// once the meter is active again the items go out and record it.
+func TestDeactivatedMeterPausesItsEventName(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{})
+	dir := exporter.NewMeterDirectory()
+	client := r.resolver.Client()
+	refresh := func() {
+		t.Helper()
+		_, err := exporter.RefreshMeters(r.Ctx, r.Pool, client, stripesim.DefaultAccount)
+		require.NoError(t, err)
+		dir.Invalidate()
+	}
+	var logins string
+	for _, m := range r.sim.Meters(stripesim.DefaultAccount) {
+		if m.EventName == "logins" {
+			logins = m.ID
+		}
+	}
+	require.NoError(t, r.sim.DeactivateMeter(stripesim.DefaultAccount, logins))
+	refresh()
+	stalls := exporter.NewStalls(r.resolver, r.Outbox, r.Pool, 0).WithMeters(dir)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(stalls)
+	require.Equal(t, 1.0, stalledSeries(t, reg)["meter_deactivated"])
+	paused, err := stalls.Meters(r.Ctx)
+	require.NoError(t, err)
+	require.Len(t, paused, 1)
+	require.Equal(t, logins, paused[0].Meter)
+	require.Contains(t, paused[0].Explain(), "logins")
+
+	d, err := exporter.NewDeliverer(exporter.DelivererConfig{PollInterval: 20 * time.Millisecond, Meters: dir}, r.Outbox, r.Pool,
+		exporter.NewStripeV1(client, time.Second), time.Second, r.resolver.Destination, exporter.NewLimiter(5000), nil, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(r.Ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	r.MustIngest(t, stagetest.Ev("l1", "t1", "logins", 1, nil), stagetest.Ev("l2", "t2", "logins", 1, nil))
+	require.Never(t, func() bool {
+		var attempted int
+		require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM outbox_item_states WHERE attempts > 0`).Scan(&attempted))
+		return attempted > 0
+	}, 300*time.Millisecond, 20*time.Millisecond, "a paused name's items are not attempted")
+
+	require.NoError(t, r.sim.ReactivateMeter(stripesim.DefaultAccount, logins))
+	refresh()
+	r.waitDrained(t)
+	var recorded int
+	require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM outbox_item_states WHERE state = 'accepted' AND meter = $1`,
+		logins).Scan(&recorded))
+	require.Equal(t, 2, recorded)
+	require.Equal(t, 0.0, stalledSeries(t, reg)["meter_deactivated"])
 }

@@ -154,7 +154,7 @@ func TestStripeUnreachableStallsExport(t *testing.T) {
 	const retryingAfter = 500 * time.Millisecond
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(exporter.NewStalls(res, env.Outbox, env.Pool, retryingAfter))
-	require.Equal(t, map[string]float64{"no_key": 0, "key_refused": 0, "stripe_unreachable": 0, "retrying": 0, "account_refused": 0}, stalledSeries(t, reg))
+	require.Equal(t, map[string]float64{"no_key": 0, "key_refused": 0, "stripe_unreachable": 0, "retrying": 0, "account_refused": 0, "meter_deactivated": 0}, stalledSeries(t, reg))
 
 	rg := &rig{Env: env, sim: sim, resolver: res, base: base}
 	stop := rg.run(t, time.Second)
@@ -170,12 +170,12 @@ func TestStripeUnreachableStallsExport(t *testing.T) {
 
 	g.down.Store(false)
 	rg.waitDrained(t)
-	require.Equal(t, map[string]float64{"no_key": 0, "key_refused": 0, "stripe_unreachable": 0, "retrying": 0, "account_refused": 0}, stalledSeries(t, reg),
+	require.Equal(t, map[string]float64{"no_key": 0, "key_refused": 0, "stripe_unreachable": 0, "retrying": 0, "account_refused": 0, "meter_deactivated": 0}, stalledSeries(t, reg),
 		"export resumed")
 
 	none, err := exporter.NewResolver(exporter.Settings{})
 	require.NoError(t, err)
 	reg = prometheus.NewRegistry()
 	reg.MustRegister(exporter.NewStalls(none, env.Outbox, env.Pool, 0))
-	require.Equal(t, map[string]float64{"no_key": 1, "key_refused": 0, "stripe_unreachable": 0, "retrying": 0, "account_refused": 0}, stalledSeries(t, reg))
+	require.Equal(t, map[string]float64{"no_key": 1, "key_refused": 0, "stripe_unreachable": 0, "retrying": 0, "account_refused": 0, "meter_deactivated": 0}, stalledSeries(t, reg))
 }

@@ -63,6 +63,10 @@ type BackfillConfig struct {
 	// listing (exporter.RefreshMeters): which meter each event name
 	// resolves to, and which names are paused.
 	Meters *exporter.MeterDirectory
+	// MetersOnly reads the meters and lists no events: a restricted key
+	// (rk_) may read meters, but Stripe's v2 API, which lists events,
+	// takes only secret keys.
+	MetersOnly bool
 }
 
 // Backfill lists Stripe's error reports (GET /v2/core/events) of every
@@ -185,6 +189,9 @@ func (b *Backfill) Run(ctx context.Context, db DB) (BackfillResult, error) {
 		res.Accounts++
 		if err := b.refreshMeters(ctx, db, t.account, t.context); err != nil {
 			return res, err
+		}
+		if b.cfg.MetersOnly {
+			continue
 		}
 		n, err := b.listAccount(ctx, db, t.account, t.context, dest.Mode)
 		res.Listed, res.Recorded, res.Unreadable = res.Listed+n.listed, res.Recorded+n.recorded, res.Unreadable+n.unreadable

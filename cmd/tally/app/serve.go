@@ -198,8 +198,8 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 // newStripeEvents makes the recorder of Stripe's events, which the event
 // destination's route and the listing share, and the listing (the
 // Backfill, paced by the Reads class of the destination's budget, as
-// reconciliation). Both are nil without a key; the listing is nil with a
-// restricted key.
+// reconciliation). Both are nil without a key; with a restricted key the
+// listing reads the meters alone.
 func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconcile.Events, *reconcile.Backfill, error) {
 	b := p.Resolver.Budget()
 	if b == nil {
@@ -211,15 +211,16 @@ func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconci
 	if err != nil {
 		return nil, nil, err
 	}
-	if config.RestrictedKey(cfg.StripeAPIKey) {
+	restricted := config.RestrictedKey(cfg.StripeAPIKey)
+	if restricted {
 		// Stripe's v2 API, which lists events, takes only secret keys
-		// (docs/stripe.md §6); tally doctor says so.
+		// (docs/stripe.md §6); tally doctor says so. The listing still
+		// reads the meters.
 		logger.Warn("STRIPE_API_KEY is a restricted key: Stripe's error reports are not listed (GET /v2/core/events takes only secret keys)")
-		return events, nil, nil
 	}
 	backfill, err := reconcile.NewBackfill(reconcile.BackfillConfig{Events: events, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
 		Account: cfg.StripeAccount, Destination: p.Resolver.Destination, Connected: connected, Limiter: b.Reads(),
-		Logger: logger, Metrics: p.StripeMetrics, Registry: p.Registry, Meters: p.Meters})
+		Logger: logger, Metrics: p.StripeMetrics, Registry: p.Registry, Meters: p.Meters, MetersOnly: restricted})
 	if err != nil {
 		return nil, nil, err
 	}
