@@ -161,7 +161,7 @@ func (d *devRun) checkReady() {
 	}
 	code, body := get("http://" + d.addr + "/readyz")
 	require.Equal(d.t, http.StatusOK, code, body)
-	require.JSONEq(d.t, `{"status":"ready","checks":{"database":"ok","schema":"ok","export":"ok"}}`, body)
+	require.JSONEq(d.t, `{"status":"ready","checks":{"database":"ok","schema":"ok","export":"ok","meters":"ok"}}`, body)
 }
 
 // runCurlLine runs the curl line dev printed, as printed.

@@ -166,14 +166,18 @@ func (w *webServer) handler() (http.Handler, error) {
 // readyScopeIngest is /readyz's scope without export.
 const readyScopeIngest = "ingest"
 
-// readiness are /readyz's checks: the database, its schema, and export.
+// readiness are /readyz's checks: the database, its schema, export, and
+// (with a key) the paused event names, a degraded check.
 // A node that cannot export (no key, a refused key, Stripe not answering)
 // is not ready: 503, with the reason. It is readiness, not liveness (a
 // restart fixes none of them), and ingest still works on the node, so a
 // load balancer asks /readyz?scope=ingest instead (README, "Health").
 func readiness(db *DB, p *Parts, stalls *exporter.Stalls) []api.Check {
-	return append(ingestReadiness(db), api.Check{Name: "export", Func: p.Resolver.Ready},
-		api.Check{Name: "meters", Func: pausedMeters(stalls), Degraded: true})
+	checks := append(ingestReadiness(db), api.Check{Name: "export", Func: p.Resolver.Ready})
+	if p.Meters != nil {
+		checks = append(checks, api.Check{Name: "meters", Func: pausedMeters(stalls), Degraded: true})
+	}
+	return checks
 }
 
 // pausedMeters is /readyz's degraded check of the event names whose
