@@ -220,14 +220,20 @@ func TestClaimTimeChecks(t *testing.T) {
 }
 
 // A shutdown lets the sends in flight finish and records their outcomes.
+// The ten items are staged together, so that one claim leases them all and
+// they wait on Stripe at once, for a second: long enough to be seen leased
+// on a loaded machine.
 func TestShutdownRecordsInFlightSends(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, outbox.Config{Lease: 10 * time.Second})
-	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{Latency: 400 * time.Millisecond}})
+	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{Latency: time.Second}})
 	stop := r.run(t, 2*time.Second)
-	for i := 0; i < 10; i++ {
-		r.MustIngest(t, stagetest.Ev(fmt.Sprintf("l%d", i), fmt.Sprintf("t%d", i), "logins", 1, nil))
+	defer stop()
+	evs := make([]meter.Event, 10)
+	for i := range evs {
+		evs[i] = stagetest.Ev(fmt.Sprintf("l%d", i), fmt.Sprintf("t%d", i), "logins", 1, nil)
 	}
+	r.MustIngest(t, evs...)
 	require.Eventually(t, func() bool { return r.counts(t)[outbox.StateLeased] == 10 }, 5*time.Second, 5*time.Millisecond)
 	stop() // while the sends wait on Stripe
 	c := r.counts(t)
