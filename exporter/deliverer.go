@@ -112,8 +112,9 @@ type delivery struct {
 	sends sync.WaitGroup
 }
 
-// Run delivers until ctx ends, then stops claiming, lets the sends in flight
-// finish, writes their outcomes and returns.
+// Run delivers until ctx ends, then stops claiming, lets the claims and the
+// sends in flight finish (a claim's leases are sent), writes their outcomes
+// and returns.
 func (d *Deliverer) Run(ctx context.Context) error {
 	r := &delivery{
 		Deliverer: d,

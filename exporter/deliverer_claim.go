@@ -26,13 +26,12 @@ func (r *delivery) work(ctx context.Context, owner string) {
 		}
 		// The leases start after this instant, on the database's clock:
 		// measured from here, a send ends before its lease expires.
-		claimedAt := time.Now()
-		leases, err := r.claim(ctx, owner, n, dest)
+		end := time.Now().Add(r.sendWindow())
+		leases, err := r.claim(ctx, owner, n, dest, end)
 		if err != nil || len(leases) == 0 {
 			r.idle(ctx)
 			continue
 		}
-		end := claimedAt.Add(r.sendWindow())
 		if be := r.batch; be != nil {
 			r.sendBatches(be, leases, dest, prepaid, end)
 			continue
@@ -131,8 +130,12 @@ func (r *delivery) prepay(ctx context.Context, n int) (int, int, bool) {
 
 // claim leases at most n items of this deliverer's exporter (T1), but none
 // of a stalled account or a paused event name, and gives back the send
-// slots of those it did not find.
-func (r *delivery) claim(ctx context.Context, owner string, n int, dest Destination) ([]outbox.Lease, error) {
+// slots of those it did not find. The end of ctx (a shutdown) does not cut
+// a claim short: the database may have committed it, and its items would
+// wait leased and unsent until their leases expired, with an attempt
+// counted that never went out. The claim runs until end at most, when the
+// sends of its leases would have to stop.
+func (r *delivery) claim(ctx context.Context, owner string, n int, dest Destination, end time.Time) ([]outbox.Lease, error) {
 	past, future := r.exporter.Accepts()
 	opts := outbox.ClaimOptions{
 		Owner: owner, Limit: n, Policy: r.cfg.Policy, AcceptPast: past, AcceptFuture: future,
@@ -153,7 +156,9 @@ func (r *delivery) claim(ctx context.Context, owner string, n int, dest Destinat
 		}
 		opts.SkipMeters = skip
 	}
-	leases, err := r.store.Claim(ctx, r.pool, opts)
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), end)
+	defer cancel()
+	leases, err := r.store.Claim(cctx, r.pool, opts)
 	for i := len(leases); i < n; i++ {
 		<-r.slots
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/exporter"
@@ -18,6 +19,7 @@ import (
 	"github.com/tallymeter/tally/internal/testkit/syncbuf"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -218,18 +220,89 @@ func TestClaimTimeChecks(t *testing.T) {
 }
 
 // A shutdown lets the sends in flight finish and records their outcomes.
+// The ten items are staged together, so that one claim leases them all and
+// they wait on Stripe at once, for a second: long enough to be seen leased
+// on a loaded machine.
 func TestShutdownRecordsInFlightSends(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, outbox.Config{Lease: 10 * time.Second})
-	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{Latency: 400 * time.Millisecond}})
+	r.sim.ConfigureDefault(stripesim.Limits{Faults: stripesim.Faults{Latency: time.Second}})
 	stop := r.run(t, 2*time.Second)
-	for i := 0; i < 10; i++ {
-		r.MustIngest(t, stagetest.Ev(fmt.Sprintf("l%d", i), fmt.Sprintf("t%d", i), "logins", 1, nil))
+	defer stop()
+	evs := make([]meter.Event, 10)
+	for i := range evs {
+		evs[i] = stagetest.Ev(fmt.Sprintf("l%d", i), fmt.Sprintf("t%d", i), "logins", 1, nil)
 	}
+	r.MustIngest(t, evs...)
 	require.Eventually(t, func() bool { return r.counts(t)[outbox.StateLeased] == 10 }, 5*time.Second, 5*time.Millisecond)
 	stop() // while the sends wait on Stripe
 	c := r.counts(t)
 	require.Equal(t, int64(10), c[outbox.StateAccepted], "%v", c)
+}
+
+// A shutdown that comes while a claim is at the database lets the claim
+// answer and sends what it leased. Cut short, the claim commits at the
+// server unheard: its items wait leased, unsent, until their leases
+// expire, and the attempt that never went out counts as one that may have
+// reached Stripe. A table lock holds the claim at the database here, after
+// its transaction began: the deliverer's one connection has run the
+// claim's statements once already, so that none waits to be prepared.
+func TestShutdownLetsAClaimInFlightSend(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, outbox.Config{Lease: 10 * time.Second})
+	cfg := r.Pool.Config()
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(r.Ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	exp := exporter.NewStripeV1(r.resolver.Client(), 2*time.Second)
+	past, future := exp.Accepts()
+	leases, err := r.Outbox.Claim(r.Ctx, pool, outbox.ClaimOptions{Owner: "warm", Limit: 10, AcceptPast: past, AcceptFuture: future,
+		Exporter: exp.Name()})
+	require.NoError(t, err)
+	require.Empty(t, leases)
+
+	evs := make([]meter.Event, 10)
+	for i := range evs {
+		evs[i] = stagetest.Ev(fmt.Sprintf("l%d", i), fmt.Sprintf("t%d", i), "logins", 1, nil)
+	}
+	r.MustIngest(t, evs...)
+	lock, err := r.Pool.Begin(r.Ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(r.Ctx) }()
+	_, err = lock.Exec(r.Ctx, `LOCK TABLE outbox_item_states IN EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	d, err := exporter.NewDeliverer(exporter.DelivererConfig{Workers: 1, PollInterval: 50 * time.Millisecond}, r.Outbox, pool,
+		exp, 2*time.Second, r.resolver.Destination, exporter.NewLimiter(5000), nil, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND datname = current_database() AND state = 'active')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the claim waits for the lock")
+	cancel() // the shutdown, while the claim waits
+	select { // a claim cut short ends Run at once
+	case <-done:
+	case <-time.After(200 * time.Millisecond):
+	}
+	require.NoError(t, lock.Rollback(r.Ctx))
+	<-done
+	require.Eventually(t, func() bool {
+		var busy bool
+		require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE state = 'active' AND datname = current_database() AND pid <> pg_backend_pid())`).Scan(&busy))
+		return !busy
+	}, 10*time.Second, 5*time.Millisecond, "the claim ends at the database")
+	c := r.counts(t)
+	require.Zero(t, c[outbox.StateLeased], "leased and never sent: %v", c)
+	require.Equal(t, int64(10), c[outbox.StateAccepted], "%v", c)
+	require.Len(t, r.sim.Events(stripesim.DefaultAccount), 10)
 }
 
 // Without a destination (no key) the deliverer sends nothing: items stay

@@ -74,8 +74,9 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 		_ = p.Outbox.RunMaintenance(ctx, pools.Export, cfg.MaintenanceInterval, logger)
 	}))
 	for _, d := range deliverers {
-		// A deliverer stops claiming when ctx ends, lets the sends in
-		// flight finish and records their outcomes before it returns.
+		// A deliverer stops claiming when ctx ends, lets the claims and
+		// the sends in flight finish and records their outcomes before it
+		// returns.
 		list = append(list, newLoop(func(ctx context.Context) { _ = d.Run(ctx) }))
 	}
 	web := &webServer{cfg: cfg, db: db, pools: pools, parts: p, events: events, backfill: backfill, logger: logger, ready: ready,
