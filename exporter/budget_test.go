@@ -111,6 +111,13 @@ func TestStreamClassCountsEvents(t *testing.T) {
 	require.Equal(t, StreamMaxEvents, n)
 	require.GreaterOrEqual(t, time.Since(start), 15*time.Millisecond, "100 events at 4,000 a second")
 	require.Equal(t, 3, l.requests(250))
+
+	// 429s slow the stream to a request a second at the least: a full
+	// request of events, never one event a second.
+	for range 20 {
+		l.Slow(time.Now())
+	}
+	require.Equal(t, float64(StreamMaxEvents), l.Rate(), "the floor is one request's events")
 }
 
 // The client's pace hook waits for the Other class for every call no

@@ -128,7 +128,9 @@ func (l *Limiter) Take(ctx context.Context, n int) (int, error) {
 }
 
 // Slow halves the rate after a 429 to a call that went out at sent, unless
-// that call went out before the last halving.
+// that call went out before the last halving. It never goes below one
+// request a second: perRequest units (for the stream, a full request of
+// events, which would otherwise wait longer than its lease).
 func (l *Limiter) Slow(sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -136,7 +138,7 @@ func (l *Limiter) Slow(sent time.Time) {
 		return
 	}
 	l.lastSlow = time.Now()
-	l.cur = max(l.cur/2, 1)
+	l.cur = max(l.cur/2, min(l.max, rate.Limit(l.perRequest)))
 	l.lim.SetLimit(l.cur)
 }
 

@@ -255,6 +255,10 @@ func (b *Backfill) readMeters(ctx context.Context, db DB, account, stripeContext
 	return nil
 }
 
+// meterEventTimeout bounds the read of an account's meters that a
+// billing.meter.* event asks for.
+const meterEventTimeout = 10 * time.Second
+
 // ErrMetersUnread is a read of an account's meters that Stripe failed:
 // the event that asked for it should be delivered again.
 var ErrMetersUnread = errors.New("reconcile: Stripe did not answer the read of the account's meters")
@@ -266,6 +270,10 @@ var ErrMetersUnread = errors.New("reconcile: Stripe did not answer the read of t
 // within exporter.MeterRefreshEvery. It reports whether Tally exports to
 // the account; a read Stripe fails is ErrMetersUnread.
 func (b *Backfill) MetersChanged(ctx context.Context, db DB, account string) (bool, error) {
+	// The read answers Stripe's delivery: it must end well before Stripe
+	// gives up on it, retries included (the hourly read is the backstop).
+	ctx, cancel := context.WithTimeout(ctx, meterEventTimeout)
+	defer cancel()
 	dest, err := b.cfg.Destination()
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", ErrMetersUnread, err)
@@ -285,8 +293,11 @@ func (b *Backfill) MetersChanged(ctx context.Context, db DB, account string) (bo
 	}
 	err = b.readMeters(ctx, db, account, stripeContext)
 	var fail *listingError
-	if errors.As(err, &fail) {
+	switch {
+	case errors.As(err, &fail):
 		return true, fmt.Errorf("%w (%s)", ErrMetersUnread, fail.info.String())
+	case errors.Is(err, context.DeadlineExceeded) && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return true, fmt.Errorf("%w (no answer within %s)", ErrMetersUnread, meterEventTimeout)
 	}
 	return true, err
 }

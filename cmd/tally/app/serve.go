@@ -166,7 +166,9 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	connected.SetSource(func(ctx context.Context) ([]string, error) { return mappings.Accounts(ctx, pools.Export) })
 	v1cfg.Accounts, streamCfg.Accounts = connected, connected
 	// Claims skip the event names whose meters are all deactivated, and
-	// accepts record their meter.
+	// accepts record their meter. Adjustments are not held back: each must
+	// reach Stripe within 24 hours of its event, and Stripe cancels an event
+	// by identifier whatever its meter became.
 	v1cfg.Meters, streamCfg.Meters = p.Meters, p.Meters
 	// Cancellations staged for the v1 exporter before adjustments had their
 	// own are still its items: their calls wait for the Adjust class.
@@ -178,7 +180,7 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	}
 	adjustCfg := exporter.DelivererConfig{Workers: exporter.DefaultAdjustWorkers, Batch: exporter.DefaultAdjustBatch,
 		InFlight: exporter.AdjustInFlight(p.AdjustLimiter.Rate()), Policy: outbox.PerKey, PollInterval: cfg.PollInterval,
-		Keys: p.Resolver, Accounts: connected, Meters: p.Meters}
+		Keys: p.Resolver, Accounts: connected}
 	adjust, err := exporter.NewDeliverer(adjustCfg, p.Outbox, pools.Export,
 		exporter.NewStripeAdjustments(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header).PaceProbes(p.AdjustLimiter),
 		cfg.StripeTimeout, p.Resolver.Destination, p.AdjustLimiter, logger, p.Registry)
