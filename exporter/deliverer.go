@@ -44,6 +44,8 @@ type Deliverer struct {
 	logger   *slog.Logger
 	metrics  *deliveryMetrics
 	timeout  time.Duration
+	// parking is what this deliverer parked of the keys its claims skip.
+	parking parking
 }
 
 // NewDeliverer validates the configuration against the outbox's: a send

@@ -2,6 +2,7 @@ package exporter
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/tallymeter/tally/outbox"
@@ -156,6 +157,7 @@ func (r *delivery) claim(ctx context.Context, owner string, n int, dest Destinat
 		}
 		opts.SkipMeters = skip
 	}
+	r.park(ctx, slices.Concat(opts.SkipAccounts, opts.SkipMeters))
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), end)
 	defer cancel()
 	leases, err := r.store.Claim(cctx, r.pool, opts)

@@ -92,9 +92,10 @@ func TestMeterDirectoryPausesAndResumesEventNames(t *testing.T) {
 }
 
 // A deliverer with the directory leaves a paused event name's items
-// pending without attempts — tally_export_stalled{reason="meter_deactivated"}
-// is 1 and Stalls.Meters names the meter — and sends every other name's;
-// once the meter is active again the items go out and record it.
+// pending without attempts, parked out of its claims' way —
+// tally_export_stalled{reason="meter_deactivated"} is 1 and Stalls.Meters
+// names the meter — and sends every other name's; once the meter is active
+// again the items are due at once, go out and record it.
 func TestDeactivatedMeterPausesItsEventName(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, outbox.Config{})
@@ -124,6 +125,8 @@ func TestDeactivatedMeterPausesItsEventName(t *testing.T) {
 	require.Equal(t, logins, paused[0].Meter)
 	require.Contains(t, paused[0].Explain(), "logins")
 
+	// Usage staged before the deliverer starts: its first claim parks it.
+	r.MustIngest(t, stagetest.Ev("l1", "t1", "logins", 1, nil), stagetest.Ev("l2", "t2", "logins", 1, nil))
 	d, err := exporter.NewDeliverer(exporter.DelivererConfig{PollInterval: 20 * time.Millisecond, Meters: dir}, r.Outbox, r.Pool,
 		exporter.NewStripeV1(client, time.Second), time.Second, r.resolver.Destination, exporter.NewLimiter(5000), nil, nil)
 	require.NoError(t, err)
@@ -132,12 +135,15 @@ func TestDeactivatedMeterPausesItsEventName(t *testing.T) {
 	go func() { defer close(done); _ = d.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	r.MustIngest(t, stagetest.Ev("l1", "t1", "logins", 1, nil), stagetest.Ev("l2", "t2", "logins", 1, nil))
 	require.Never(t, func() bool {
 		var attempted int
 		require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM outbox_item_states WHERE attempts > 0`).Scan(&attempted))
 		return attempted > 0
 	}, 300*time.Millisecond, 20*time.Millisecond, "a paused name's items are not attempted")
+	var parked int
+	require.NoError(t, r.Pool.QueryRow(r.Ctx, `SELECT count(*) FROM outbox_item_states
+		WHERE state = 'pending' AND next_attempt_at > clock_timestamp() + interval '30 seconds'`).Scan(&parked))
+	require.Equal(t, 2, parked, "parked out of the claims' way")
 
 	require.NoError(t, r.sim.ReactivateMeter(stripesim.DefaultAccount, logins))
 	refresh()

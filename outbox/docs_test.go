@@ -44,6 +44,8 @@ func TestDocsSQL(t *testing.T) {
 		{"T11r — supersede a window's item without a cancelled event (after the successor's T0, in the same transaction)", sqlSupersedeCancelled},
 		{"Cancellations lock the item that carries an event's usage now", sqlLockLive},
 		{"The provider's error report on an item in flight — a note for its next T2", sqlNoteFailures},
+		{"Park — no transition: a skipped key's due pending items move out of the claims' way, no attempt spent", sqlPark},
+		{"Unpark — a key skipped no longer: its parked items are due at once", sqlUnpark},
 		{"The gauge", sqlGauge},
 		{"The gauge's watermark (a step per maintenance pass)", sqlGaugeAdvance},
 	} {

@@ -21,6 +21,8 @@ type meterRig struct {
 	*rig
 	dir    *exporter.MeterDirectory
 	client *stripeapi.Client
+	// dl is the node's deliverer, which keeps what it parked across runs.
+	dl *exporter.Deliverer
 }
 
 // refresh reads the simulator's meters into the directory, as the hourly
@@ -37,15 +39,18 @@ func (m *meterRig) refresh(t *testing.T) {
 func (m *meterRig) deliver(t *testing.T, d time.Duration) {
 	t.Helper()
 	m.Pass(t)
-	dl, err := exporter.NewDeliverer(exporter.DelivererConfig{PollInterval: 10 * time.Millisecond, Meters: m.dir}, m.Outbox, m.Pool, m.exp,
-		2*time.Second, func() (exporter.Destination, error) {
-			return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
-		}, exporter.NewLimiter(1000), nil, nil)
-	require.NoError(t, err)
+	if m.dl == nil {
+		dl, err := exporter.NewDeliverer(exporter.DelivererConfig{PollInterval: 10 * time.Millisecond, Meters: m.dir}, m.Outbox, m.Pool,
+			m.exp, 2*time.Second, func() (exporter.Destination, error) {
+				return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
+			}, exporter.NewLimiter(1000), nil, nil)
+		require.NoError(t, err)
+		m.dl = dl
+	}
 	ctx, cancel := context.WithTimeout(m.Ctx, d)
 	defer cancel()
 	done := make(chan struct{})
-	go func() { defer close(done); _ = dl.Run(ctx) }()
+	go func() { defer close(done); _ = m.dl.Run(ctx) }()
 	for ctx.Err() == nil {
 		if c := m.counts(t); c[outbox.StatePending]+c[outbox.StateLeased] == 0 {
 			break
