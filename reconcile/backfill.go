@@ -77,10 +77,12 @@ type BackfillConfig struct {
 // their items. It also reads again the events recorded as unreadable,
 // while Stripe keeps them.
 //
-// Each (account, mode) keeps a cursor in the database, the created time of
-// the newest report seen: a listing goes back to an hour before it, never
+// Each (account, mode) keeps a cursor in the database: the created time of
+// the newest report seen, or an hour before the previous successful
+// listing ended if later. A listing goes back to an hour before it, never
 // more than 30 days (Stripe keeps events 30 days), and stops paging after
-// the first page wholly before it, Stripe listing v2 events newest first. It asks Stripe for the report
+// the first page wholly before it, Stripe listing v2 events newest first.
+// It asks Stripe for the report
 // types and that time (types[], created[gt]) and filters by both itself
 // too; if Stripe refuses the filters (400) it lists without them, and if
 // it refuses that too, it lists each of the account's meters' events
@@ -538,7 +540,9 @@ func listingSince(ctx context.Context, q outbox.Querier, account string, mode ou
 }
 
 // recordListing records a listing of account that succeeded, and moves its
-// cursor to newest (zero: it saw no report), never back.
+// cursor, never back: to newest (zero: it saw no report), or to an hour
+// before the previous successful listing ended, whichever is later — an
+// account without reports is not listed 30 days back every time.
 func recordListing(ctx context.Context, q outbox.Querier, account string, mode outbox.Mode, newest time.Time) error {
 	var last *time.Time
 	if !newest.IsZero() {
@@ -547,9 +551,10 @@ func recordListing(ctx context.Context, q outbox.Querier, account string, mode o
 	_, err := q.Exec(ctx, `INSERT INTO stripe_event_listings (account, mode, last_created, listed_at)
 		VALUES ($1, $2, $3, clock_timestamp())
 		ON CONFLICT (account, mode) DO UPDATE SET
-		    last_created = greatest(stripe_event_listings.last_created, EXCLUDED.last_created),
+		    last_created = greatest(stripe_event_listings.last_created, EXCLUDED.last_created,
+		                            stripe_event_listings.listed_at - make_interval(secs => $4)),
 		    listed_at = clock_timestamp(), failed_at = NULL, fail_code = NULL, fail_status = NULL`,
-		account, string(mode), last)
+		account, string(mode), last, listOverlap.Seconds())
 	if err != nil {
 		return fmt.Errorf("reconcile: recording the events listing of %s: %w", account, err)
 	}

@@ -333,6 +333,31 @@ func TestBackfillThirtyDays(t *testing.T) {
 	require.Equal(t, r.sim.ErrorReports(stripesim.DefaultAccount)[1].ID, recorded, "the recent one")
 }
 
+// An account without reports is not listed 30 days back every time: a
+// listing resumes two hours before the previous successful one ended (an
+// hour of the cursor's margin, an hour of the listing's), and a report
+// created meanwhile is still found.
+func TestBackfillCursorMovesWithoutReports(t *testing.T) {
+	t.Parallel()
+	r := newBackfillRig(t, stripesim.Options{})
+	b := r.backfill(t)
+	for range 2 {
+		_, err := b.Run(r.Ctx, r.Pool)
+		require.NoError(t, err)
+	}
+	n := len(r.sim.Requests())
+	_, err := b.Run(r.Ctx, r.Pool)
+	require.NoError(t, err)
+	since, err := time.Parse(time.RFC3339Nano, r.listings(n)[0].Form.Get("created[gt]"))
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(-2*time.Hour), since, time.Minute, "not 30 days back")
+
+	r.send(t, "late", "ghost")
+	res, err := b.Run(r.Ctx, r.Pool)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Recorded, "a report after the cursor is found")
+}
+
 // An event recorded as unreadable (Stripe refused the read when the
 // destination delivered it) is read again by the listing, even when the
 // listing itself no longer reaches back to it; a listing Stripe refuses for
