@@ -24,13 +24,23 @@ var (
 	// secretish matches tokens that look like credentials: Stripe keys and
 	// webhook secrets, bearer tokens, Tally tokens, long base64/hex runs.
 	secretish = regexp.MustCompile(`(?i)(?:sk|rk|pk)_(?:live|test)_[a-z0-9_*]*|\b(?:sk|rk|pk|whsec|tly_tok)_[a-z0-9_*]+|\bbearer\s+\S+|\b[a-z0-9+/=_-]{32,}\b`)
-	spaces    = regexp.MustCompile(`\s+`)
+	// keyish matches the credentials secretish names by their prefix.
+	keyish = regexp.MustCompile(`(?i)(?:sk|rk|pk)_(?:live|test)_|\b(?:sk|rk|pk|whsec|tly_tok)_|\bbearer\s`)
+	spaces = regexp.MustCompile(`\s+`)
+	// wordCode is the shape of a provider's error code: lower-case words
+	// joined by underscores (meter_event_dimension_count_too_high), long
+	// as a run but nothing like a credential.
+	wordCode = regexp.MustCompile(`^[a-z]{1,24}(?:_[a-z]{1,24})+$`)
 )
 
 // Code folds s to a lower-case token of at most 64 characters of
 // [a-z0-9_.:-] with anything secret-looking replaced by "redacted"; "error"
-// when nothing is left.
+// when nothing is left. A code of lower-case words joined by underscores
+// is kept as it is, however long its run.
 func Code(s string) string {
+	if t := strings.TrimSpace(s); len(t) <= 64 && wordCode.MatchString(t) && !keyish.MatchString(t) {
+		return t
+	}
 	code := secretish.ReplaceAllString(s, "redacted")
 	code = codeInvalid.ReplaceAllString(strings.ToLower(strings.TrimSpace(code)), "_")
 	code = strings.Trim(code, "_.:-")

@@ -35,12 +35,15 @@ func TestMessageRemovesSecretsControlsAndLength(t *testing.T) {
 func TestCodeIsAToken(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"":                        "error",
-		"  Stripe 5xx ":           "stripe_5xx",
-		"sk_test_abc":             "redacted",
-		"--":                      "error",
-		strings.Repeat("ab.", 30): strings.Repeat("ab.", 21) + "a",
-		strings.Repeat("a", 40):   "redacted", // a long run reads as a secret
+		"":                                       "error",
+		"  Stripe 5xx ":                          "stripe_5xx",
+		"sk_test_abc":                            "redacted",
+		"--":                                     "error",
+		strings.Repeat("ab.", 30):                strings.Repeat("ab.", 21) + "a",
+		strings.Repeat("a", 40):                  "redacted",                             // a long run reads as a secret
+		"meter_event_dimension_count_too_high":   "meter_event_dimension_count_too_high", // Stripe's words
+		"sk_live_abcdefghijklmnopqrstuvwxyz":     "redacted",
+		"abcdefghij_klmnopqrstuvwxyzabcdefghijk": "redacted", // a word over 24 letters
 	} {
 		if got := Code(in); got != want {
 			t.Errorf("Code(%q) = %q, want %q", in, got, want)
