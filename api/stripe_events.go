@@ -178,7 +178,7 @@ func signedAt(header string) (time.Time, bool) {
 // answers 400 and records nothing. An event of a type Tally records is
 // received through package reconcile (Events.Receive) — read in full in
 // its context and recorded once, however often it is delivered; a meter
-// error report moves the accepted items it names (T10) in the same
+// error report moves the accepted items it names out of accepted in the same
 // transaction — and answered 2xx whatever came of it: recorded, a
 // duplicate, about an account Tally does not export to (foreign), or
 // refused to Tally by Stripe (unreadable, read again by the listing). Only
@@ -262,7 +262,7 @@ const statusMetersRead = "meters_read"
 
 // stripeEventAnswer is the answer to one of Stripe's events: what came of
 // it (reconcile.Receipt's status) and, for a meter error report recorded
-// now, how many of the items it names it moved from accepted (T10:
+// now, how many of the items it names it moved from accepted (to
 // quarantined or rejected), how many it only recorded evidence against
 // (they were in another state), and how many of its identifiers no item
 // has.

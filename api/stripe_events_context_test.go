@@ -33,6 +33,13 @@ func reportIn(t *testing.T, h *harness, sim *stripesim.Server, client *stripeapi
 func deliver(t *testing.T, h *harness, rep stripesim.ErrorReport) response {
 	t.Helper()
 	body, sig := stripesim.SignedThinEvent(rep, webhookSecret, time.Now())
+	return postSigned(t, h, body, sig)
+}
+
+// postSigned posts body to the event destination's route with sig as its
+// Stripe-Signature.
+func postSigned(t *testing.T, h *harness, body []byte, sig string) response {
+	t.Helper()
 	req, err := http.NewRequestWithContext(h.ctx, http.MethodPost, h.url+"/v1/stripe/events", bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Stripe-Signature", sig)

@@ -1,7 +1,6 @@
 package api_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/http"
@@ -60,10 +59,7 @@ func TestMeterEventsReadTheAccountsMeters(t *testing.T) {
 	post := func(ev stripesim.MeterEvent) response {
 		t.Helper()
 		body, sig := stripesim.SignedSnapshotEvent(ev, snapshotSecret, time.Now())
-		req, err := http.NewRequestWithContext(h.ctx, http.MethodPost, h.url+"/v1/stripe/events", bytes.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Stripe-Signature", sig)
-		return h.send(req)
+		return postSigned(t, h, body, sig)
 	}
 	last := func(account string) stripesim.MeterEvent {
 		evs := sim.MeterEvents(account)
@@ -111,8 +107,5 @@ func TestMeterEventsReadTheAccountsMeters(t *testing.T) {
 	require.Equal(t, http.StatusBadGateway, resp.status, "%s", resp)
 
 	body, sig := stripesim.SignedSnapshotEvent(last("acct_1"), "whsec_test_other", time.Now())
-	req, err := http.NewRequestWithContext(h.ctx, http.MethodPost, h.url+"/v1/stripe/events", bytes.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Stripe-Signature", sig)
-	require.Equal(t, http.StatusBadRequest, h.send(req).status, "a secret of neither destination")
+	require.Equal(t, http.StatusBadRequest, postSigned(t, h, body, sig).status, "a secret of neither destination")
 }

@@ -201,7 +201,7 @@ func statusOutcome(a Answer) outbox.Outcome {
 
 	case a.Status == http.StatusTooManyRequests && a.Code == codeLockTimeout:
 		// The call waited for an object's lock and gave up: "Stripe
-		// doesn't process these failed requests" (docs/stripe.md §5). A
+		// doesn't process these failed requests" (docs/stripe.md). A
 		// refused attempt, so the horizon does not bind the item; it is
 		// contention on one object, not a rate, so it slows no limiter, and
 		// the exponential backoff spaces the retries as Stripe asks.

@@ -129,7 +129,7 @@ func (r *delivery) prepay(ctx context.Context, n int) (int, int, bool) {
 	return n, r.limiter.requests(units), true
 }
 
-// claim leases at most n items of this deliverer's exporter (T1), but none
+// claim leases at most n items of this deliverer's exporter, but none
 // of a stalled account or a paused event name, and gives back the send
 // slots of those it did not find. The end of ctx (a shutdown) does not cut
 // a claim short: the database may have committed it, and its items would

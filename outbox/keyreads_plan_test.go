@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
 // TestKeyItemsReadsTheRangeNotTheKeysHistory keeps reconciliation's read of
@@ -59,7 +61,7 @@ func TestKeyItemsReadsTheRangeNotTheKeysHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	var read float64
-	for _, n := range planNodes(plan[0]["Plan"]) {
+	for _, n := range testdb.PlanNodes(plan[0]["Plan"]) {
 		if n["Relation Name"] != "outbox_item_bodies" {
 			continue
 		}

@@ -36,28 +36,8 @@ func claimRowsRead(t *testing.T, ctx context.Context, pool *pgxpool.Pool, skip [
 	args := claimPlanArgs()
 	args["skip"] = skip
 	out := map[string]float64{}
-	for _, c := range claimPlanStatements {
-		args["per_key"] = c.perKey
-		sql := claimFilter{exporter: "stripe_meter_events", skip: true}.apply(c.sql)
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []map[string]any
-		err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, pgx.QueryExecModeExec, args).Scan(&plan)
-		_ = tx.Rollback(ctx)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		for _, n := range planNodes(plan[0]["Plan"]) {
-			if rel, _ := n["Relation Name"].(string); rel == "outbox_item_states" {
-				rows, _ := n["Actual Rows"].(float64)
-				loops, _ := n["Actual Loops"].(float64)
-				removed, _ := n["Rows Removed by Filter"].(float64)
-				recheck, _ := n["Rows Removed by Index Recheck"].(float64)
-				out[c.name] += (rows + removed + recheck) * max(loops, 1)
-			}
-		}
+	for name, e := range explainClaims(t, ctx, pool, claimFilter{exporter: "stripe_meter_events", skip: true}, args) {
+		out[name] = e.read
 	}
 	return out
 }

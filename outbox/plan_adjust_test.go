@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"testing"
 
@@ -12,7 +11,7 @@ import (
 // TestAdjustmentClaimReadsNoMeterEventBacklog keeps the claims of the
 // adjustments' deliverer (one exporter's items, named as a literal) off
 // the backlog of meter events: they read the partial index of the
-// adjustments' pending items (migration 34), not every pending item in due
+// adjustments' pending items (adjust_pending_due), not every pending item in due
 // order to filter the few adjustments out — which they would do several
 // times a second, whatever the backlog.
 func TestAdjustmentClaimReadsNoMeterEventBacklog(t *testing.T) {
@@ -20,37 +19,13 @@ func TestAdjustmentClaimReadsNoMeterEventBacklog(t *testing.T) {
 	ctx, pool, store := backlogUnseen(t, 200, 3000)
 	enqueueAdjustments(t, pool, store, 20)
 
-	args := claimPlanArgs()
-	filter := claimFilter{exporter: "stripe_meter_event_adjustments"}
-	for _, c := range claimPlanStatements {
-		args["per_key"] = c.perKey
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []map[string]any
-		err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+filter.apply(c.sql), pgx.QueryExecModeExec, args).Scan(&plan)
-		_ = tx.Rollback(ctx)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		var read float64
-		for _, n := range planNodes(plan[0]["Plan"]) {
-			if rel, _ := n["Relation Name"].(string); rel == "outbox_item_states" {
-				rows, _ := n["Actual Rows"].(float64)
-				loops, _ := n["Actual Loops"].(float64)
-				removed, _ := n["Rows Removed by Filter"].(float64)
-				recheck, _ := n["Rows Removed by Index Recheck"].(float64)
-				read += (rows + removed + recheck) * max(loops, 1)
-			}
-		}
+	for name, e := range explainClaims(t, ctx, pool, claimFilter{exporter: "stripe_meter_event_adjustments"}, claimPlanArgs()) {
 		// The 20 adjustments and their leases; under PerKey, for each, the
 		// adjustments due before it (its key's earlier items): about 300,
 		// growing with the adjustments a claim considers, never with the
 		// backlog of meter events.
-		if read > 500 {
-			b, _ := json.Marshal(plan)
-			t.Errorf("%s: %v state rows read to lease 20 adjustments beside a backlog of 3,000 meter events: %s", c.name, read, b)
+		if e.read > 500 {
+			t.Errorf("%s: %v state rows read to lease 20 adjustments beside a backlog of 3,000 meter events: %s", name, e.read, e.plan)
 		}
 	}
 }

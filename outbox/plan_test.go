@@ -46,7 +46,7 @@ func TestClaimNeverReadsTheLeasedKeyIndexWhole(t *testing.T) {
 		if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+c.sql, args).Scan(&plan); err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		for _, n := range planNodes(plan[0]["Plan"]) {
+		for _, n := range testdb.PlanNodes(plan[0]["Plan"]) {
 			if n["Index Name"] == "outbox_item_states_leased_key" && n["Index Cond"] == nil {
 				b, _ := json.Marshal(n)
 				t.Errorf("%s: the plan reads leased_key whole: %s", c.name, b)
@@ -129,18 +129,44 @@ func enqueueCalls(t *testing.T, pool *pgxpool.Pool, store *Store, from, n int) {
 	}
 }
 
-// planNodes returns a plan node of EXPLAIN (FORMAT JSON) and every node
-// under it.
-func planNodes(n any) []map[string]any {
-	m, ok := n.(map[string]any)
-	if !ok {
-		return nil
-	}
-	out := []map[string]any{m}
-	if subs, ok := m["Plans"].([]any); ok {
-		for _, s := range subs {
-			out = append(out, planNodes(s)...)
+// explained is one claim statement as EXPLAIN ANALYZE ran it: the state
+// rows it read (returned, removed by a filter or an index recheck, over
+// every loop) and its plan as JSON.
+type explained struct {
+	read float64
+	plan []byte
+}
+
+// explainClaims runs every claim statement of claimPlanStatements, with
+// filter applied and args (per_key set for each), under EXPLAIN ANALYZE in
+// a transaction it rolls back, by statement name.
+func explainClaims(t *testing.T, ctx context.Context, pool *pgxpool.Pool, filter claimFilter, args pgx.NamedArgs) map[string]explained {
+	t.Helper()
+	out := map[string]explained{}
+	for _, c := range claimPlanStatements {
+		args["per_key"] = c.perKey
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
+		var plan []map[string]any
+		err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+filter.apply(c.sql), pgx.QueryExecModeExec, args).Scan(&plan)
+		_ = tx.Rollback(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var e explained
+		for _, n := range testdb.PlanNodes(plan[0]["Plan"]) {
+			if rel, _ := n["Relation Name"].(string); rel == "outbox_item_states" {
+				rows, _ := n["Actual Rows"].(float64)
+				loops, _ := n["Actual Loops"].(float64)
+				removed, _ := n["Rows Removed by Filter"].(float64)
+				recheck, _ := n["Rows Removed by Index Recheck"].(float64)
+				e.read += (rows + removed + recheck) * max(loops, 1)
+			}
+		}
+		e.plan, _ = json.Marshal(plan)
+		out[c.name] = e
 	}
 	return out
 }
@@ -165,11 +191,11 @@ func TestGaugeReadsOneEntryForTheOldestPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	var found bool
-	for _, n := range planNodes(plan[0]["Plan"]) {
+	for _, n := range testdb.PlanNodes(plan[0]["Plan"]) {
 		if n["Node Type"] != "Limit" {
 			continue
 		}
-		for _, c := range planNodes(n)[1:] {
+		for _, c := range testdb.PlanNodes(n)[1:] {
 			if c["Index Name"] == "outbox_item_states_pending_created" {
 				found = true
 				if rows, _ := c["Actual Rows"].(float64); rows > 1 {
@@ -198,34 +224,11 @@ func TestClaimReadsNoBacklogItWillNotLease(t *testing.T) {
 	t.Parallel()
 	ctx, pool, _ := backlogUnseen(t, 200, 3000)
 
-	args := claimPlanArgs()
-	for _, c := range claimPlanStatements {
-		args["per_key"] = c.perKey
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []map[string]any
-		err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+c.sql, pgx.QueryExecModeExec, args).Scan(&plan)
-		_ = tx.Rollback(ctx)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		var read float64
-		for _, n := range planNodes(plan[0]["Plan"]) {
-			if rel, _ := n["Relation Name"].(string); rel == "outbox_item_states" {
-				rows, _ := n["Actual Rows"].(float64)
-				loops, _ := n["Actual Loops"].(float64)
-				removed, _ := n["Rows Removed by Filter"].(float64)
-				recheck, _ := n["Rows Removed by Index Recheck"].(float64)
-				read += (rows + removed + recheck) * max(loops, 1)
-			}
-		}
+	for name, e := range explainClaims(t, ctx, pool, claimFilter{}, claimPlanArgs()) {
 		// The pick reads about the 100 it leases (PerKey also the keys'
 		// other items it steps over: one each here), the lease 100 more.
-		if read > 600 {
-			b, _ := json.Marshal(plan)
-			t.Errorf("%s: %v state rows read to lease 100 of a backlog of 3,000: %s", c.name, read, b)
+		if e.read > 600 {
+			t.Errorf("%s: %v state rows read to lease 100 of a backlog of 3,000: %s", name, e.read, e.plan)
 		}
 	}
 }

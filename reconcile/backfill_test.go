@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,24 +23,6 @@ import (
 // is mapped to.
 const backfillConnected = "acct_1Connected"
 
-// simClock is a simulator clock the tests move; it starts at the real time.
-type simClock struct {
-	mu  sync.Mutex
-	off time.Duration
-}
-
-func (c *simClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.off)
-}
-
-func (c *simClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.off += d
-}
-
 // backfillRig is the staging path to the simulator's platform account
 // (stripesim.DefaultAccount) and one connected account, both validating
 // meter events asynchronously, with the feature logins (count) in each and
@@ -52,7 +33,7 @@ func (c *simClock) Add(d time.Duration) {
 type backfillRig struct {
 	*stagetest.Env
 	sim    *stripesim.Server
-	clk    *simClock
+	clk    *stripesim.MovedClock
 	base   string
 	exp    *exporter.StripeV1
 	events *reconcile.Events
@@ -63,7 +44,7 @@ type backfillRig struct {
 
 func newBackfillRig(t *testing.T, opts stripesim.Options) *backfillRig {
 	t.Helper()
-	clk := &simClock{}
+	clk := &stripesim.MovedClock{}
 	opts.Now, opts.Seed = clk.Now, 7
 	sim := stripesim.New(opts)
 	srv := httptest.NewServer(sim.Handler())

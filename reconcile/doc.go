@@ -23,7 +23,7 @@
 // having more first. It is open until finance resolves it or a later run
 // compares its hour again. Finance resolves a discrepancy (Resolve) with a
 // reason from a fixed set that fits its kind and a note: the
-// discrepancy's items still accepted are confirmed (T7, through package
+// discrepancy's items still accepted are confirmed (through package
 // outbox), and the resolution and its audit entry recorded, in one
 // transaction. A resolution covers the same numbers of the same hour of
 // the key in every run: a later run does not record them again.
@@ -34,7 +34,7 @@
 // Tally exports to is read in its context and recorded once; one about
 // another account is recorded as foreign, one Stripe refuses to let Tally
 // read as unreadable (the listing reads it again). A meter error report
-// (RecordReport) records evidence, T10 on the accepted items it names, and
+// (RecordReport) records evidence, moves the accepted items it names, and
 // a note on the items still in flight that their next accept honours.
 //
 // It must never confirm on a mismatch finance has not resolved, never move an item other than

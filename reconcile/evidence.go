@@ -53,7 +53,7 @@ type ReportResult struct {
 
 // RecordReport records a meter error report once and acts on it, in one
 // transaction: the event; per failed event it names, the evidence against
-// the item it names (traceSamples); T10 (store.FailAccepted) for every named
+// the item it names (traceSamples); store.FailAccepted for every named
 // item still accepted, to quarantined or rejected as
 // exporter.ClassifyReport says of its code; and a note on every named item
 // still in flight (store.NoteFailures) — the report overtook the answer to

@@ -179,7 +179,8 @@ func TestStripeHasMoreInAConfirmedHourStaysOpenUntilResolved(t *testing.T) {
 
 // Stripe having less after confirmation: an event Stripe drops after the
 // hour matched is a discrepancy of its own kind, naming the confirmed
-// items, which stay confirmed (T7 has no way back): nothing is undone.
+// items, which stay confirmed (confirmed has no way back): nothing is
+// undone.
 func TestStripeHasLessAfterConfirmation(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, outbox.Config{})

@@ -102,7 +102,7 @@ FROM generate_series(1, 20000) i;`)
 		var plan []map[string]any
 		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args).Scan(&plan))
 		var n int64
-		for _, node := range planNodes(plan[0]["Plan"]) {
+		for _, node := range testdb.PlanNodes(plan[0]["Plan"]) {
 			if node["Relation Name"] != relation {
 				continue
 			}
@@ -132,20 +132,4 @@ FROM generate_series(1, 20000) i;`)
 	n = read(sqlDiscrepanciesByPeriod, pgx.NamedArgs{"from": time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		"to": time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC), "tenant": ""}, "reconcile_discrepancies")
 	require.LessOrEqual(t, n, int64(10), "the current discrepancies")
-}
-
-// planNodes returns a plan node of EXPLAIN (FORMAT JSON) and every node
-// under it.
-func planNodes(n any) []map[string]any {
-	m, ok := n.(map[string]any)
-	if !ok {
-		return nil
-	}
-	out := []map[string]any{m}
-	if subs, ok := m["Plans"].([]any); ok {
-		for _, s := range subs {
-			out = append(out, planNodes(s)...)
-		}
-	}
-	return out
 }

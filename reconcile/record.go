@@ -12,7 +12,7 @@ import (
 )
 
 // commitKey commits what the comparison of key k came to, in one
-// transaction: the confirmations (T7), the discrepancies, the older
+// transaction: the confirmations, the discrepancies, the older
 // discrepancies of the hours it looked at cleared, the key's open billing
 // periods noted, and the run's progress past the key, with the Stripe
 // calls made since start.

@@ -20,7 +20,7 @@ import (
 type ResolutionReason string
 
 // The reasons a discrepancy is resolved with. Each settles the
-// discrepancy's items that are still accepted as confirmed (T7) — those
+// discrepancy's items that are still accepted as confirmed — those
 // confirmed already, in an hour whose number Stripe moved after it
 // matched, are left as they are — so its numbers are closed, and the
 // resolution says how billing was made right.

@@ -141,7 +141,7 @@ func TestResolveRefusesADiscrepancyALaterRunSuperseded(t *testing.T) {
 }
 
 // Each reason that answers Stripe having less resolves a discrepancy: its
-// accepted items are confirmed (T7), the resolution names who, when and
+// accepted items are confirmed, the resolution names who, when and
 // why and is audited in the same transaction, conservation holds, the
 // completeness report no longer counts it, and the next run does not
 // report it again. A credit in Stripe answers Stripe having more, not

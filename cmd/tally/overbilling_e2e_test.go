@@ -29,8 +29,8 @@ import (
 	"github.com/tallymeter/tally/quarantine"
 )
 
-// TestOverBillingInAConfirmedHourEndToEnd is issue 35's over-billing
-// acceptance: after `tally reconcile` confirms an hour, an extra event
+// TestOverBillingInAConfirmedHourEndToEnd is over-billing seen end to
+// end: after `tally reconcile` confirms an hour, an extra event
 // that Stripe counts in that hour — sent straight to the simulator, as a
 // second integration would — makes the next `tally reconcile` find Stripe
 // having more and exit 2, naming it first; the console's overview shows

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,24 +34,6 @@ var reportsTenants = []struct {
 	gone            bool
 }{{"plat", "", false}, {"platgone", "", true}, {"conn", reportsConnected, false}, {"conngone", reportsConnected, true}}
 
-// e2eClock is the simulator's clock, which a run moves forward.
-type e2eClock struct {
-	mu  sync.Mutex
-	off time.Duration
-}
-
-func (c *e2eClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.off)
-}
-
-func (c *e2eClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.off += d
-}
-
 // reportsRun is a node exporting through one exporter to a simulator that
 // validates every meter event asynchronously, in the platform's account
 // and a connected one, and reports the failures as thin events.
@@ -62,7 +43,7 @@ type reportsRun struct {
 	exporter string
 	sim      *stripesim.Server
 	simURL   string
-	clk      *e2eClock
+	clk      *stripesim.MovedClock
 	n        *node
 	base     string
 	pool     *pgxpool.Pool
@@ -85,7 +66,7 @@ func accountOf(tenant string) string {
 // tenant.
 func startReportsRun(t *testing.T, exporter string, interval time.Duration) *reportsRun {
 	t.Helper()
-	r := &reportsRun{t: t, ctx: context.Background(), exporter: exporter, clk: &e2eClock{}}
+	r := &reportsRun{t: t, ctx: context.Background(), exporter: exporter, clk: &stripesim.MovedClock{}}
 	r.sim = stripesim.New(stripesim.Options{Seed: 35, Now: r.clk.Now, Limits: stripesim.Limits{AsyncValidation: true}})
 	srv := httptest.NewServer(r.sim.Handler())
 	t.Cleanup(func() { r.sim.Close(); srv.Close() })

@@ -47,7 +47,7 @@ func MeterStatusEvent(typ string) bool {
 
 // EventRetention is how long Stripe keeps an event readable and listable:
 // "List events, going back up to 30 days" (stripe-go's
-// V2CoreEventListParams; docs/stripe.md §3).
+// V2CoreEventListParams; docs/stripe.md).
 const EventRetention = 30 * 24 * time.Hour
 
 // Event is a v2 event as Tally reads it: a thin event's envelope, and the

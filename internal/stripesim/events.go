@@ -165,7 +165,7 @@ func eventOf(r ErrorReport, shape SampleShape) eventJSON {
 // eventsAccount is the account whose events a request reads: the one its
 // Stripe-Context names, else the key's own. Stripe-Account alone does not
 // name it: the simulator takes the worst plausible reading of "the
-// authentication context needed to fetch the event" (docs/stripe.md §9).
+// authentication context needed to fetch the event" (docs/stripe.md).
 func eventsAccount(c caller) string {
 	if c.context != "" {
 		return c.context
@@ -414,7 +414,8 @@ func (s *Server) DeliverReports(ctx context.Context, account, url, secret string
 	n := 0
 	var first error
 	for _, r := range pending {
-		if err := deliver(ctx, r, url, secret); err != nil {
+		body, sig := SignedThinEvent(r, secret, time.Now())
+		if err := deliver(ctx, r.ID, url, body, sig); err != nil {
 			if first == nil {
 				first = err
 			}
@@ -431,9 +432,9 @@ func (s *Server) DeliverReports(ctx context.Context, account, url, secret string
 	return n, first
 }
 
-// deliver posts report's thin event to url once.
-func deliver(ctx context.Context, r ErrorReport, url, secret string) error {
-	body, sig := SignedThinEvent(r, secret, time.Now())
+// deliver posts the signed body of event id to url once, as an event
+// destination does; an answer other than 2xx is an error.
+func deliver(ctx context.Context, id, url string, body []byte, sig string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -446,7 +447,7 @@ func deliver(ctx context.Context, r ErrorReport, url, secret string) error {
 	}
 	_ = resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("stripesim: delivering %s: status %d", r.ID, resp.StatusCode)
+		return fmt.Errorf("stripesim: delivering %s: status %d", id, resp.StatusCode)
 	}
 	return nil
 }

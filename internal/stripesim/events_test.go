@@ -62,7 +62,7 @@ func sampleRequest(t *testing.T, ev map[string]any) map[string]any {
 // full event is served only to a request naming that context in
 // Stripe-Context: the worst plausible reading of "the authentication
 // context needed to fetch the event"
-// (docs.stripe.com/api/v2/core/events/event-types; docs/stripe.md §9).
+// (docs.stripe.com/api/v2/core/events/event-types; docs/stripe.md).
 // Stripe-Context supersedes Stripe-Account (docs.stripe.com/context).
 func TestEventContext(t *testing.T) {
 	t.Parallel()

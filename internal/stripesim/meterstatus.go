@@ -1,11 +1,8 @@
 package stripesim
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"net/http"
 	"slices"
 	"time"
 
@@ -130,19 +127,8 @@ func (s *Server) DeliverMeterEvents(ctx context.Context, account, url, secret st
 	n := 0
 	for _, e := range pending {
 		body, sig := SignedSnapshotEvent(e, secret, time.Now())
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-		if err != nil {
+		if err := deliver(ctx, e.ID, url, body, sig); err != nil {
 			return n, err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Stripe-Signature", sig)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return n, err
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode/100 != 2 {
-			return n, fmt.Errorf("stripesim: delivering %s: status %d", e.ID, resp.StatusCode)
 		}
 		s.mu.Lock()
 		a.delivered[e.ID] = true

@@ -217,7 +217,7 @@ func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconci
 	restricted := config.RestrictedKey(cfg.StripeAPIKey)
 	if restricted {
 		// Stripe's v2 API, which lists events, takes only secret keys
-		// (docs/stripe.md §6); tally doctor says so. The listing still
+		// (docs/stripe.md); tally doctor says so. The listing still
 		// reads the meters.
 		logger.Warn("STRIPE_API_KEY is a restricted key: Stripe's error reports are not listed (GET /v2/core/events takes only secret keys)")
 	}

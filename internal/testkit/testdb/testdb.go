@@ -228,3 +228,19 @@ func shutdown() {
 		_ = os.RemoveAll(srv.dir)
 	}
 }
+
+// PlanNodes returns a node of EXPLAIN (FORMAT JSON)'s plan and every node
+// under it, for tests that count what a statement read.
+func PlanNodes(n any) []map[string]any {
+	m, ok := n.(map[string]any)
+	if !ok {
+		return nil
+	}
+	out := []map[string]any{m}
+	if subs, ok := m["Plans"].([]any); ok {
+		for _, s := range subs {
+			out = append(out, PlanNodes(s)...)
+		}
+	}
+	return out
+}
