@@ -68,8 +68,8 @@ const codeDuplicate = "duplicate_meter_event"
 // "Stripe doesn't process these failed requests".
 const codeLockTimeout = "lock_timeout"
 
-// Classify turns a provider's answer into an outcome, per README's "What
-// Stripe's answers do" (the sources are in docs/stripe.md):
+// Classify turns a provider's answer into an outcome, per docs/export.md,
+// "What Stripe's answers do" (the sources are in docs/stripe.md):
 //
 //	2xx                                           accepted (provider_ref = Request-Id)
 //	400 duplicate identifier                      accepted

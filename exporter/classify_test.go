@@ -13,7 +13,7 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// Every row of Classify's table (README, "What Stripe's answers do").
+// Every row of Classify's table (docs/export.md, "What Stripe's answers do").
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	no := false

@@ -37,7 +37,7 @@
 --
 -- The migration rewrites every item in one transaction: 66 s for a
 -- million pending items on the 2-core CI kind of machine under load, the
--- outbox locked meanwhile (README, "Migrations").
+-- outbox locked meanwhile (docs/running.md, "Migrations and upgrades").
 --
 -- The foreign keys that referenced outbox_items (usage_events.item_id,
 -- outbox_attempts.item_id, meter_error_evidence.item_id) follow the rename

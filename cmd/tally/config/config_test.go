@@ -201,18 +201,18 @@ func TestRestrictedKeyRefusedWhereV2IsNeeded(t *testing.T) {
 	require.False(t, config.RestrictedKey(""))
 }
 
-// TestREADMEConfigurationTableMatchesTheSettings keeps README's
-// configuration table a checked copy of the settings, not a second source:
-// every setting has its row, under its variable and flag, with the default
-// the help prints ("unset…" for a setting without one).
-func TestREADMEConfigurationTableMatchesTheSettings(t *testing.T) {
+// TestDocsConfigurationTableMatchesTheSettings keeps the configuration
+// table of docs/configuration.md a checked copy of the settings, not a
+// second source: every setting has its row, under its variable and flag,
+// with the default the help prints ("unset…" for a setting without one).
+func TestDocsConfigurationTableMatchesTheSettings(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+	table, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "configuration.md"))
 	require.NoError(t, err)
 	row := regexp.MustCompile("(?m)^\\| `([A-Z_]+)` \\| `--([a-z-]+)` \\| ([^|]+) \\|")
 	type entry struct{ env, def string }
 	documented := map[string]entry{}
-	for _, m := range row.FindAllStringSubmatch(string(readme), -1) {
+	for _, m := range row.FindAllStringSubmatch(string(table), -1) {
 		documented[m[2]] = entry{env: m[1], def: strings.TrimSpace(m[3])}
 	}
 	envOf := regexp.MustCompile(`\(env ([A-Z_]+)\)`)
@@ -224,11 +224,11 @@ func TestREADMEConfigurationTableMatchesTheSettings(t *testing.T) {
 		n++
 		doc, ok := documented[f.Name]
 		if !ok {
-			t.Errorf("README's configuration table has no row for --%s", f.Name)
+			t.Errorf("docs/configuration.md's table has no row for --%s", f.Name)
 			return
 		}
 		if m := envOf.FindStringSubmatch(f.Usage); m == nil || m[1] != doc.env {
-			t.Errorf("README names --%s's variable %s; the setting's usage says %q", f.Name, doc.env, f.Usage)
+			t.Errorf("docs/configuration.md names --%s's variable %s; the setting's usage says %q", f.Name, doc.env, f.Usage)
 		}
 		def := ""
 		if m := defOf.FindStringSubmatch(f.Usage); m != nil {
@@ -236,9 +236,9 @@ func TestREADMEConfigurationTableMatchesTheSettings(t *testing.T) {
 		}
 		switch {
 		case def == "" && !strings.HasPrefix(doc.def, "unset"):
-			t.Errorf("--%s has no default; README says %s", f.Name, doc.def)
+			t.Errorf("--%s has no default; docs/configuration.md says %s", f.Name, doc.def)
 		case def != "" && !strings.HasPrefix(doc.def, "`"+def+"`"):
-			t.Errorf("--%s's default is %q; README says %s", f.Name, def, doc.def)
+			t.Errorf("--%s's default is %q; docs/configuration.md says %s", f.Name, def, doc.def)
 		}
 	})
 	require.Greater(t, n, 30, "the settings were not registered")
