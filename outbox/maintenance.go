@@ -16,11 +16,13 @@ import (
 // them; this makes them visible as uncertain. A swept expired lease records
 // its attempt as abandoned. "due" locks the rows in id order and reads their
 // state as locked; rows another transaction holds are skipped until the next
-// pass.
+// pass. Only an attempted item can be past either (the cap is at least
+// one), so pending items are read from the index of attempted ones: the
+// backlog never sent costs a pass nothing.
 const sqlSweep = `
 WITH due AS MATERIALIZED (
     SELECT o.id, o.state AS prev_state FROM outbox_item_states o
-    WHERE (o.state = 'pending' OR (o.state = 'leased' AND o.lease_expires_at < clock_timestamp()))
+    WHERE ((o.state = 'pending' AND o.attempts > 0) OR (` + leaseExpired + `))
       AND (o.attempts - o.attempts_base >= @max
            OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= clock_timestamp()))
     ORDER BY o.id
