@@ -59,6 +59,19 @@ const (
 	stageBatchRows   = 20000
 )
 
+// batchBounds are the bounds of s's batches: stageBatchGroups and
+// stageBatchRows unless a test set others.
+func (s *Stager) batchBounds() (groups int, rows int64) {
+	groups, rows = stageBatchGroups, stageBatchRows
+	if s.batchGroups > 0 {
+		groups = s.batchGroups
+	}
+	if s.batchRows > 0 {
+		rows = s.batchRows
+	}
+	return groups, rows
+}
+
 // unstagedGroup is a tenant and feature with unstaged rows, and how many.
 type unstagedGroup struct {
 	tenant, feature string
@@ -105,6 +118,7 @@ func (s *Stager) stageBatches(ctx context.Context, db TxBeginner, target Target,
 	}
 	var batch []unstagedGroup
 	var rows int64
+	maxGroups, maxRows := s.batchBounds()
 	flush := func() {
 		for len(batch) > 0 && ctx.Err() == nil {
 			res, more, err := s.stageBatch(ctx, db, target, batch)
@@ -124,7 +138,7 @@ func (s *Stager) stageBatches(ctx context.Context, db TxBeginner, target Target,
 			rest = append(rest, g)
 			continue
 		}
-		if len(batch) > 0 && (len(batch) >= stageBatchGroups || rows+g.rows > stageBatchRows) {
+		if len(batch) > 0 && (len(batch) >= maxGroups || rows+g.rows > maxRows) {
 			flush()
 			batch, rows = nil, 0
 		}
@@ -256,13 +270,14 @@ func (s *Stager) batchWindows(ctx context.Context, tx pgx.Tx, groups []unstagedG
 		closed bool
 		last   = -1 // the last group cut
 	)
+	_, maxRows := s.batchBounds()
 	if _, err := pgx.ForEachRow(rows, []any{&n, &bucket, &count, &closed}, func() error {
 		i := n - 1
 		if i == last {
 			return nil
 		}
 		if closed {
-			if used > 0 && used+count > stageBatchRows {
+			if used > 0 && used+count > maxRows {
 				cut, last = append(cut, i), i
 				return nil
 			}

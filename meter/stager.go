@@ -27,6 +27,11 @@ type Stager struct {
 	// cancellation is refused as too late (Cancel); 0 means
 	// DefaultCancelMargin.
 	CancelMargin time.Duration
+
+	// batchGroups and batchRows, when positive, bound a batch instead of
+	// stageBatchGroups and stageBatchRows (tests).
+	batchGroups int
+	batchRows   int64
 }
 
 // DefaultGrace is the default window grace.
@@ -119,6 +124,9 @@ func (s *Stager) pass(ctx context.Context, db TxBeginner, part Part, batched boo
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s/%s: %w", g.tenant, g.feature, err))
 		}
+	}
+	if err := ctx.Err(); err != nil && len(errs) == 0 {
+		errs = append(errs, err) // cut short: what was left waits for the next pass
 	}
 	return total, errors.Join(errs...)
 }

@@ -246,7 +246,8 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: pools.Export, Logger: logger})
 	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: pools.Export, Settle: cfg.ReconcileSettle, Logger: logger})
 	river.AddWorker(workers, &reconcile.BackfillWorker{Backfill: backfill, DB: pools.Export, Logger: logger})
-	periodic := []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)}
+	stageWorkers := meter.StageWorkers(cfg.StageWorkers, cfg.Pools.Export)
+	periodic := meter.PeriodicStages(cfg.StageInterval, stageWorkers)
 	if job, err := reconcile.Periodic(cfg.ReconcileSchedule); err != nil {
 		return nil, err
 	} else if job != nil && p.Reconciler != nil {
@@ -257,7 +258,7 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	}
 	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
-			river.QueueDefault:      {MaxWorkers: 2},
+			river.QueueDefault:      {MaxWorkers: stageWorkers}, // the staging passes, one per part
 			reconcile.QueueName:     {MaxWorkers: 1}, // a run takes long; it must not hold up staging
 			reconcile.BackfillQueue: {MaxWorkers: 1}, // nor the listing of Stripe's events, nor staging it
 		},
