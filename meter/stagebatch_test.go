@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
-	"strings"
 	"testing"
 	"time"
 
@@ -96,7 +96,7 @@ func (m *mix) mapAll(t *testing.T, e *stagetest.Env) {
 	e.Feature(t, "cnt", mappings.Count, time.Hour)
 	// A mid-day anchor 20 hours ago puts a period start inside the
 	// windows of every width.
-	anchor := time.Now().UTC().Add(-20*time.Hour).Truncate(time.Minute).Add(-7 * time.Minute).AddDate(0, -2, 0)
+	anchor := time.Now().UTC().Add(-20*time.Hour).Truncate(time.Minute).Add(-7*time.Minute).AddDate(0, -2, 0)
 	e.Tenant(t, "t-cal", nil)
 	e.Tenant(t, "t-cal2", nil)
 	e.Tenant(t, "t-mid", &anchor)

@@ -259,8 +259,8 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
 			river.QueueDefault:      {MaxWorkers: stageWorkers}, // the staging passes, one per part
-			reconcile.QueueName:     {MaxWorkers: 1}, // a run takes long; it must not hold up staging
-			reconcile.BackfillQueue: {MaxWorkers: 1}, // nor the listing of Stripe's events, nor staging it
+			reconcile.QueueName:     {MaxWorkers: 1},            // a run takes long; it must not hold up staging
+			reconcile.BackfillQueue: {MaxWorkers: 1},            // nor the listing of Stripe's events, nor staging it
 		},
 		Workers:      workers,
 		PeriodicJobs: periodic,
