@@ -12,3 +12,8 @@ func SerialPass(ctx context.Context, s *Stager, db TxBeginner) (PassResult, erro
 func SetBatchBounds(s *Stager, groups int, rows int64) {
 	s.batchGroups, s.batchRows = groups, rows
 }
+
+// SerialPassPart is SerialPass over one part of the tenants.
+func SerialPassPart(ctx context.Context, s *Stager, db TxBeginner, part Part) (PassResult, error) {
+	return s.pass(ctx, db, part, false)
+}
