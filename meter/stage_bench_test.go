@@ -23,7 +23,7 @@ import (
 
 // stageFixture is a day of closed hourly windows: tenants × features
 // (sum, sum, last, sum, sum) × 24 windows, perWindow rows each, loaded
-// with COPY as the ledger holds them.
+// with COPY in time order, as ingest writes them.
 type stageFixture struct {
 	tenants, features, perWindow int
 }
@@ -40,12 +40,14 @@ func (f stageFixture) load(b *testing.B, e *stagetest.Env) {
 		e.Tenant(b, fmt.Sprintf("tenant-%04d", i), nil)
 	}
 	day := time.Now().UTC().Truncate(time.Hour).Add(-26 * time.Hour)
+	// In time order, every tenant and feature interleaved, as ingest
+	// writes them.
 	var rows [][]any
-	for i := range f.tenants {
-		for j := range f.features {
-			for h := range 24 {
-				for k := range f.perWindow {
-					at := day.Add(time.Duration(h)*time.Hour + time.Duration(k*3600/f.perWindow)*time.Second)
+	for h := range 24 {
+		for k := range f.perWindow {
+			at := day.Add(time.Duration(h)*time.Hour + time.Duration(k*3600/f.perWindow)*time.Second)
+			for i := range f.tenants {
+				for j := range f.features {
 					rows = append(rows, []any{fmt.Sprintf("tenant-%04d", i), fmt.Sprintf("e-%d-%d-%d", j, h, k),
 						fmt.Sprintf("f%d", j), int64(k + 1), at, true})
 				}
@@ -86,6 +88,14 @@ func (w stageWay) run(b *testing.B, e *stagetest.Env) (meter.PassResult, time.Du
 		wg    sync.WaitGroup
 		errs  = make(chan error, w.parts)
 	)
+	pss := os.Getenv("TALLY_BENCH_STAGE_PSS") != ""
+	if pss {
+		_, err := e.Pool.Exec(e.Ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+		require.NoError(b, err)
+		_, err = e.Pool.Exec(e.Ctx, "SELECT pg_stat_statements_reset()")
+		require.NoError(b, err)
+		defer printStatements(b, e, w.name)
+	}
 	cpu0 := readCPU(b, e)
 	start := time.Now()
 	for _, p := range meter.Parts(w.parts) {
@@ -267,4 +277,27 @@ func (s *statementTimes) print(name string) {
 	for _, k := range keys[:min(len(keys), 12)] {
 		fmt.Printf("  %8.3f s %7d× %s\n", s.took[k].Seconds(), s.n[k], k)
 	}
+}
+
+// printStatements prints the statements of the database that took the
+// most time on the server, from pg_stat_statements (TALLY_BENCH_STAGE_PSS,
+// on a server that preloads it, TALLY_TEST_DATABASE_URL).
+func printStatements(b *testing.B, e *stagetest.Env, name string) {
+	rows, err := e.Pool.Query(e.Ctx, `SELECT total_exec_time, calls, rows, shared_blks_hit + shared_blks_read, wal_records, wal_bytes,
+		left(regexp_replace(query, '\s+', ' ', 'g'), 70)
+		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		ORDER BY total_exec_time DESC LIMIT 10`)
+	require.NoError(b, err)
+	fmt.Printf("%s: pg_stat_statements, by server time\n", name)
+	var (
+		ms                   float64
+		calls, n, blks, recs int64
+		walBytes             float64
+		q                    string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&ms, &calls, &n, &blks, &recs, &walBytes, &q}, func() error {
+		fmt.Printf("  %9.1f ms %7d calls %8d rows %9d blocks %8d WAL records %6.1f MB  %s\n", ms, calls, n, blks, recs, walBytes/1e6, q)
+		return nil
+	})
+	require.NoError(b, err)
 }

@@ -1,9 +1,11 @@
 package meter
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -405,13 +407,13 @@ func (s *Stager) enqueueBatch(ctx context.Context, tx pgx.Tx, target Target, gro
 	if err != nil {
 		return PassResult{}, err
 	}
-	var rowIDs, itemIDs []int64
+	var marks []rowMark
 	for k, c := range chunks {
 		if !enq[k].Inserted {
 			return PassResult{}, fmt.Errorf("window %s: the item exists already (item %d); not marking rows with it", items[k].SubjectRef, enq[k].ID)
 		}
 		for _, id := range c.ids {
-			rowIDs, itemIDs = append(rowIDs, id), append(itemIDs, enq[k].ID)
+			marks = append(marks, rowMark{id, enq[k].ID})
 		}
 		res.Items++
 		res.Events += len(c.ids)
@@ -419,8 +421,52 @@ func (s *Stager) enqueueBatch(ctx context.Context, tx pgx.Tx, target Target, gro
 			res.Quarantined++
 		}
 	}
-	if err := markRows(ctx, tx, rowIDs, itemIDs); err != nil {
+	from, to := windows[0].window.From, windows[0].window.To
+	for _, w := range windows {
+		from, to = minTime(from, w.window.From), maxTime(to, w.window.To)
+	}
+	if err := markBatchRows(ctx, tx, marks, from, to); err != nil {
 		return PassResult{}, err
 	}
 	return res, nil
+}
+
+// rowMark is a ledger row and the item that carries it.
+type rowMark struct{ row, item int64 }
+
+// markBatchRows is markRows for a batch: the rows in the order of their ids
+// (the order of the ledger's pages and of its primary key), bounded by the
+// batch's time span [from, to), which a ledger partitioned by time prunes
+// by.
+func markBatchRows(ctx context.Context, tx pgx.Tx, marks []rowMark, from, to time.Time) error {
+	slices.SortFunc(marks, func(a, b rowMark) int { return cmp.Compare(a.row, b.row) })
+	rows, items := make([]int64, len(marks)), make([]int64, len(marks))
+	for i, m := range marks {
+		rows[i], items[i] = m.row, m.item
+	}
+	tag, err := tx.Exec(ctx, `
+		UPDATE usage_events u SET item_id = m.item, staged_at = clock_timestamp()
+		FROM unnest($1::bigint[], $2::bigint[]) AS m(row_id, item)
+		WHERE u.id = m.row_id AND u.item_id IS NULL AND u.occurred_at >= $3 AND u.occurred_at < $4`, rows, items, from, to)
+	if err != nil {
+		return fmt.Errorf("marking rows: %w", err)
+	}
+	if int(tag.RowsAffected()) != len(rows) {
+		return fmt.Errorf("marking rows: %d of %d rows were still unstaged", tag.RowsAffected(), len(rows))
+	}
+	return nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
