@@ -33,13 +33,13 @@ const minUniquePeriod = 30 * time.Second
 
 // stageInsertOpts keeps at most one pass queued or running per bucket of
 // the period (max(interval, 30s) in PeriodicStages) and part: a periodic
-// insert while one of its part waits is skipped. The
-// bucket matters after a crash: a pass whose process was killed stays
-// 'running' in river_job until River's rescuer sees it (an hour by
-// default), and uniqueness by state alone would skip every insert until
-// then. With buckets the next bucket's insert goes through. Two passes
-// may then overlap; staging is safe under that (per-key advisory locks and
-// SKIP LOCKED), it only does the work once.
+// insert while one of its part waits is skipped. The bucket matters after
+// a crash: a pass whose process was killed stays 'running' in river_job
+// until River's rescuer sees it (an hour by default), and uniqueness by
+// state alone would skip every insert until then. With buckets the next
+// bucket's insert goes through. Two passes may then overlap; staging is
+// safe under that (per-key advisory locks and SKIP LOCKED), it only does
+// the work once.
 func stageInsertOpts(period time.Duration) *river.InsertOpts {
 	return &river.InsertOpts{
 		MaxAttempts: 1,
@@ -61,10 +61,10 @@ type StageWorker struct {
 	Logger *slog.Logger
 }
 
-// Work runs one pass of the job's part, records what it did as the job's output (River's
-// metadata "output": a PassResult) and logs it. A pass skipped because
-// export is stalled completes with output stalled: true, which
-// SinceLastStage does not count as a heartbeat.
+// Work runs one pass of the job's part, records what it did as the job's
+// output (River's metadata "output": a PassResult) and logs it. A pass
+// skipped because export is stalled completes with output stalled: true,
+// which SinceLastStage does not count as a heartbeat.
 func (w *StageWorker) Work(ctx context.Context, job *river.Job[StageArgs]) error {
 	res, err := w.Stager.PassPart(ctx, w.DB, job.Args.Part)
 	if oerr := river.RecordOutput(ctx, res); oerr != nil {

@@ -155,7 +155,6 @@ type batchWindow struct {
 	group  int
 	window Window
 	rows   windowRows
-	count  int // the window's items so far
 }
 
 // stageBatch stages the closed windows of a batch of windowed groups in one
@@ -166,6 +165,14 @@ type batchWindow struct {
 // statement, and enqueues the items and marks the rows in one statement
 // each. The windows past stageBatchRows are left; more are the groups that
 // have some.
+//
+// Two passes whose parts overlap never stage a window twice: of two
+// transactions only the one holding a group's advisory lock stages it (the
+// other skips it, and the ingest's per-event staging too); it reads the
+// rows unstaged (item_id IS NULL) after taking the lock, under READ
+// COMMITTED, so a commit of an earlier holder is seen; it marks a row only
+// while unstaged and fails unless every row was; and a window's ref is
+// part of the item's unique identity.
 func (s *Stager) stageBatch(ctx context.Context, db TxBeginner, target Target, batch []unstagedGroup) (res PassResult, more []unstagedGroup, err error) {
 	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		res, more = PassResult{}, nil
