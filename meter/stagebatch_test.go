@@ -381,3 +381,36 @@ func TestPassKilledBetweenBatches(t *testing.T) {
 		require.Equal(t, int64(600), sum, "statement %d: every unit once", statement)
 	}
 }
+
+// A batch that fails (here: the database refuses acme's items) is staged
+// again one window a transaction: the other tenant's windows are staged,
+// acme's rows stay unstaged and the error names each of its windows.
+func TestFailedBatchIsStagedOneWindowATransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.Feature(t, "api", mappings.Sum, time.Hour)
+	b.Tenant(t, "acme", nil)
+	b.Tenant(t, "beta", nil)
+	hour := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Hour)
+	in := func(min int) *time.Time { v := hour.Add(time.Duration(min) * time.Minute); return &v }
+	b.MustIngest(t, ev("a1", "acme", "api", 5, in(1)), ev("a2", "acme", "api", 7, in(70)),
+		ev("b1", "beta", "api", 3, in(2)), ev("b2", "beta", "api", 4, in(75)))
+	_, err := b.Pool.Exec(b.Ctx, `
+		CREATE FUNCTION refuse_acme() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		    IF NEW.tenant_key = 'acme' THEN RAISE EXCEPTION 'acme refused'; END IF;
+		    RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_acme BEFORE INSERT ON outbox_item_bodies FOR EACH ROW EXECUTE FUNCTION refuse_acme();`)
+	require.NoError(t, err)
+
+	res, err := b.Stager.Pass(b.Ctx, b.Pool)
+	require.ErrorContains(t, err, "acme/api")
+	require.ErrorContains(t, err, "acme refused")
+	for _, w := range []meter.Window{meter.WindowOf(*in(1), time.Hour, meter.CalendarAnchor), meter.WindowOf(*in(70), time.Hour, meter.CalendarAnchor)} {
+		require.ErrorContains(t, err, w.SubjectRef("api", 0), "each of acme's windows failed on its own")
+	}
+	require.NotContains(t, err.Error(), "beta")
+	require.Equal(t, meter.PassResult{Items: 2, Events: 2}, res, "beta's two windows")
+	require.Equal(t, 2, b.unstaged(t), "acme's rows wait")
+}
