@@ -54,6 +54,7 @@ bench:
 	go test ./exporter -run '^$$' -bench DeliverAtStripeLimit -benchtime 1x
 	go test ./exporter -run '^$$' -bench DeliverStreamVsV1 -benchtime 1x
 	go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x
+	go test ./meter -run '^$$' -bench 'BenchmarkStage$$' -benchtime 1x -timeout 30m
 	go test ./cmd/tally -run '^$$' -bench NodeMemory -benchtime 1x
 	go test ./cmd/tally -run '^$$' -bench 'BenchmarkImport$$' -benchtime 1x
 	go test ./internal/testkit/history -run '^$$' -bench History -benchtime 1x -timeout 0
@@ -65,5 +66,6 @@ bench-durable:
 	TALLY_TEST_DURABLE=1 go test ./exporter -run '^$$' -bench DeliverStreamVsV1 -benchtime 1x
 	TALLY_TEST_DURABLE=1 go test ./exporter -run '^$$' -bench DeliverUnlimited -benchtime 1x
 	TALLY_TEST_DURABLE=1 go test ./reconcile -run '^$$' -bench Reconcile100k -benchtime 1x
+	TALLY_TEST_DURABLE=1 go test ./meter -run '^$$' -bench 'BenchmarkStage$$' -benchtime 1x -timeout 30m
 	TALLY_TEST_DURABLE=1 go test ./cmd/tally -run '^$$' -bench 'BenchmarkImport$$' -benchtime 1x
 	TALLY_TEST_DURABLE=1 go test ./internal/testkit/history -run '^$$' -bench History -benchtime 1x -timeout 0

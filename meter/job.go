@@ -5,14 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"time"
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 )
 
-// StageArgs is the River job that runs one staging pass.
-type StageArgs struct{}
+// StageArgs is the River job that runs one staging pass of a part of the
+// tenants (PassPart); the zero StageArgs stages them all.
+type StageArgs struct {
+	Part
+}
 
 // Kind names the job.
 func (StageArgs) Kind() string { return "tally_stage" }
@@ -28,17 +32,19 @@ func (StageArgs) InsertOpts() river.InsertOpts {
 const minUniquePeriod = 30 * time.Second
 
 // stageInsertOpts keeps at most one pass queued or running per bucket of
-// the period (max(interval, 30s) in PeriodicStage): a periodic insert while one waits is skipped. The
-// bucket matters after a crash: a pass whose process was killed stays
-// 'running' in river_job until River's rescuer sees it (an hour by
-// default), and uniqueness by state alone would skip every insert until
-// then. With buckets the next bucket's insert goes through. Two passes
-// may then overlap; staging is safe under that (per-key advisory locks and
-// SKIP LOCKED), it only does the work once.
+// the period (max(interval, 30s) in PeriodicStages) and part: a periodic
+// insert while one of its part waits is skipped. The bucket matters after
+// a crash: a pass whose process was killed stays 'running' in river_job
+// until River's rescuer sees it (an hour by default), and uniqueness by
+// state alone would skip every insert until then. With buckets the next
+// bucket's insert goes through. Two passes may then overlap; staging is
+// safe under that (per-key advisory locks and SKIP LOCKED), it only does
+// the work once.
 func stageInsertOpts(period time.Duration) *river.InsertOpts {
 	return &river.InsertOpts{
 		MaxAttempts: 1,
 		UniqueOpts: river.UniqueOpts{
+			ByArgs:   true, // one per part
 			ByPeriod: period,
 			ByState: []rivertype.JobState{
 				rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning, rivertype.JobStateScheduled,
@@ -55,12 +61,12 @@ type StageWorker struct {
 	Logger *slog.Logger
 }
 
-// Work runs one pass, records what it did as the job's output (River's
-// metadata "output": a PassResult) and logs it. A pass skipped because
-// export is stalled completes with output stalled: true, which
-// SinceLastStage does not count as a heartbeat.
-func (w *StageWorker) Work(ctx context.Context, _ *river.Job[StageArgs]) error {
-	res, err := w.Stager.Pass(ctx, w.DB)
+// Work runs one pass of the job's part, records what it did as the job's
+// output (River's metadata "output": a PassResult) and logs it. A pass
+// skipped because export is stalled completes with output stalled: true,
+// which SinceLastStage does not count as a heartbeat.
+func (w *StageWorker) Work(ctx context.Context, job *river.Job[StageArgs]) error {
+	res, err := w.Stager.PassPart(ctx, w.DB, job.Args.Part)
 	if oerr := river.RecordOutput(ctx, res); oerr != nil {
 		// Without its output a skipped pass would count as a heartbeat:
 		// fail the job instead (never expected; PassResult always encodes).
@@ -83,12 +89,35 @@ func (w *StageWorker) Work(ctx context.Context, _ *river.Job[StageArgs]) error {
 // Timeout bounds one pass.
 func (w *StageWorker) Timeout(*river.Job[StageArgs]) time.Duration { return 10 * time.Minute }
 
-// PeriodicStage is the periodic job that stages every interval; River's
-// leader alone inserts it.
-func PeriodicStage(interval time.Duration) *river.PeriodicJob {
-	return river.NewPeriodicJob(river.PeriodicInterval(interval),
-		func() (river.JobArgs, *river.InsertOpts) {
-			return StageArgs{}, stageInsertOpts(max(interval, minUniquePeriod))
-		},
-		&river.PeriodicJobOpts{ID: "tally_stage", RunOnStart: true})
+// PeriodicStages are the periodic jobs that stage every interval, one per
+// part of parts (StageWorkers): River's leader alone inserts them, and the
+// node's workers run them at once. Parts is the leader's setting; after it
+// changes, or while an older pass still runs, the ranges of two passes may
+// overlap, which staging tolerates (see stageBatch): a window is staged once
+// whoever takes it.
+func PeriodicStages(interval time.Duration, parts int) []*river.PeriodicJob {
+	var jobs []*river.PeriodicJob
+	for _, part := range Parts(parts) {
+		id := "tally_stage"
+		if part.Count > 1 {
+			id = fmt.Sprintf("tally_stage_%d_of_%d", part.Index+1, part.Count)
+		}
+		jobs = append(jobs, river.NewPeriodicJob(river.PeriodicInterval(interval),
+			func() (river.JobArgs, *river.InsertOpts) {
+				return StageArgs{Part: part}, stageInsertOpts(max(interval, minUniquePeriod))
+			},
+			&river.PeriodicJobOpts{ID: id, RunOnStart: true}))
+	}
+	return jobs
+}
+
+// StageWorkers is how many staging passes run at once, each over its part
+// of the tenants: n when positive (TALLY_STAGE_WORKERS), else the node's
+// cores, at most half of conns, the connections of the pool the passes
+// share with the deliverers, and at least one.
+func StageWorkers(n, conns int) int {
+	if n > 0 {
+		return n
+	}
+	return max(min(runtime.GOMAXPROCS(0), conns/2), 1)
 }

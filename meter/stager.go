@@ -27,6 +27,11 @@ type Stager struct {
 	// cancellation is refused as too late (Cancel); 0 means
 	// DefaultCancelMargin.
 	CancelMargin time.Duration
+
+	// batchGroups and batchRows, when positive, bound a batch instead of
+	// stageBatchGroups and stageBatchRows (tests).
+	batchGroups int
+	batchRows   int64
 }
 
 // DefaultGrace is the default window grace.
@@ -70,13 +75,28 @@ type TxBeginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
-// Pass stages everything that is due: every closed window of windowed
-// features, every event of per-event features, and, once their default
-// window has closed, the events of unmapped features (quarantined as
-// feature_unmapped, one item each, so that any later mapping can re-address
-// them one to one). Each window is its own transaction. Errors of one
-// tenant and feature do not stop the others; they are joined in the result.
+// Pass stages everything that is due, for every tenant: PassPart of the
+// whole hash range.
 func (s *Stager) Pass(ctx context.Context, db TxBeginner) (PassResult, error) {
+	return s.PassPart(ctx, db, Part{})
+}
+
+// PassPart stages everything that is due for the tenants of part: every
+// closed window of windowed features, every event of per-event features,
+// and, once their default window has closed, the events of unmapped
+// features (quarantined as feature_unmapped, one item each, so that any
+// later mapping can re-address them one to one). Windows are staged in
+// batches, many tenants and features to a transaction (stageBatch); a
+// batch that fails is staged again one window a transaction, so that the
+// error of one tenant and feature does not stop the others; errors are
+// joined in the result.
+func (s *Stager) PassPart(ctx context.Context, db TxBeginner, part Part) (PassResult, error) {
+	return s.pass(ctx, db, part, true)
+}
+
+// pass lists part's unstaged usage and stages it, in batches or (batched
+// false) one window a transaction.
+func (s *Stager) pass(ctx context.Context, db TxBeginner, part Part, batched bool) (PassResult, error) {
 	target, ok := s.Target(ctx)
 	if !ok {
 		return PassResult{Stalled: true}, nil
@@ -84,31 +104,29 @@ func (s *Stager) Pass(ctx context.Context, db TxBeginner) (PassResult, error) {
 	if err := target.validate(); err != nil {
 		return PassResult{}, err
 	}
-	rows, err := db.Query(ctx, `SELECT DISTINCT tenant, feature FROM usage_events WHERE item_id IS NULL ORDER BY 1, 2`)
+	groups, err := listUnstaged(ctx, db, part)
 	if err != nil {
-		return PassResult{}, fmt.Errorf("meter: listing unstaged usage: %w", err)
-	}
-	var groups [][2]string
-	var tenant, feature string
-	if _, err := pgx.ForEachRow(rows, []any{&tenant, &feature}, func() error {
-		groups = append(groups, [2]string{tenant, feature})
-		return nil
-	}); err != nil {
-		return PassResult{}, fmt.Errorf("meter: listing unstaged usage: %w", err)
+		return PassResult{}, err
 	}
 	var (
 		total PassResult
 		errs  []error
 	)
+	if batched {
+		groups, total = s.stageBatches(ctx, db, target, groups)
+	}
 	for _, g := range groups {
-		res, err := s.stageGroup(ctx, db, target, g[0], g[1])
-		total.add(res)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s/%s: %w", g[0], g[1], err))
-		}
 		if ctx.Err() != nil {
 			break
 		}
+		res, err := s.stageGroup(ctx, db, target, g.tenant, g.feature)
+		total.add(res)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s/%s: %w", g.tenant, g.feature, err))
+		}
+	}
+	if err := ctx.Err(); err != nil && len(errs) == 0 {
+		errs = append(errs, err) // cut short: what was left waits for the next pass
 	}
 	return total, errors.Join(errs...)
 }

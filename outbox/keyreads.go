@@ -289,6 +289,44 @@ func (s *Store) WindowItemCount(ctx context.Context, q Querier, tenant, base str
 	return n, nil
 }
 
+// sqlWindowItemCounts is sqlWindowItemCount for many windows at once
+// (tenants[i], bases[i]), in the order given: the same probes of the
+// identity key, one recursion per window.
+const sqlWindowItemCounts = `
+WITH RECURSIVE w AS (
+    SELECT * FROM unnest($1::text[], $3::text[]) WITH ORDINALITY AS w(tenant, base, n)
+),
+c(n, k) AS (
+    SELECT w.n, 0 FROM w WHERE EXISTS (SELECT FROM outbox_item_bodies
+        WHERE tenant_key = w.tenant AND subject_kind = $2 AND subject_ref = w.base)
+    UNION ALL
+    SELECT c.n, c.k + 1 FROM c JOIN w ON w.n = c.n WHERE EXISTS (SELECT FROM outbox_item_bodies
+        WHERE tenant_key = w.tenant AND subject_kind = $2 AND subject_ref = w.base || '#' || (c.k + 1))
+)
+SELECT count(c.k) FROM w LEFT JOIN c ON c.n = w.n GROUP BY w.n ORDER BY w.n`
+
+// WindowItemCounts is WindowItemCount for many windows in one statement:
+// the count of the window whose subject ref is bases[i] in tenants[i]'s
+// items, in the order given. A batched staging pass numbers its windows'
+// items with it.
+func (s *Store) WindowItemCounts(ctx context.Context, q Querier, tenants, bases []string) ([]int, error) {
+	if len(tenants) != len(bases) {
+		return nil, fmt.Errorf("outbox: counting window items: %d tenants for %d windows", len(tenants), len(bases))
+	}
+	if len(bases) == 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, sqlWindowItemCounts, tenants, SubjectUsageWindow, bases)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: counting the windows' items: %w", err)
+	}
+	counts, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: counting the windows' items: %w", err)
+	}
+	return counts, nil
+}
+
 // StatesOf reads the current state of each item of ids that exists, for a
 // caller that decides from them before asking for a transition (which
 // checks its own predicate again). It runs on q, so that it can be part of

@@ -231,7 +231,8 @@ func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconci
 }
 
 // newRiver makes the River client on its own pool: the staging worker and
-// its periodic job, the reconcile worker with its periodic job when there
+// its periodic jobs (one per part of the tenants, TALLY_STAGE_WORKERS, run
+// at once by as many workers of the default queue), the reconcile worker with its periodic job when there
 // is a reconciler and a schedule, and the listing of Stripe's events
 // (backfill, when there is a key) every cfg.ReportsInterval and once when
 // River's leader starts. The jobs run on the export pool, so that a long
@@ -246,7 +247,8 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: pools.Export, Logger: logger})
 	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: pools.Export, Settle: cfg.ReconcileSettle, Logger: logger})
 	river.AddWorker(workers, &reconcile.BackfillWorker{Backfill: backfill, DB: pools.Export, Logger: logger})
-	periodic := []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)}
+	stageWorkers := meter.StageWorkers(cfg.StageWorkers, cfg.Pools.Export)
+	periodic := meter.PeriodicStages(cfg.StageInterval, stageWorkers)
 	if job, err := reconcile.Periodic(cfg.ReconcileSchedule); err != nil {
 		return nil, err
 	} else if job != nil && p.Reconciler != nil {
@@ -257,7 +259,8 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	}
 	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
-			river.QueueDefault:      {MaxWorkers: 2},
+			// The staging passes, one per part, all at once.
+			river.QueueDefault:      {MaxWorkers: stageWorkers},
 			reconcile.QueueName:     {MaxWorkers: 1}, // a run takes long; it must not hold up staging
 			reconcile.BackfillQueue: {MaxWorkers: 1}, // nor the listing of Stripe's events, nor staging it
 		},

@@ -80,6 +80,10 @@ type Config struct {
 	// StageInterval is how often windows are staged. Defaults to
 	// meter.DefaultStageInterval.
 	StageInterval time.Duration
+	// StageWorkers is how many staging passes run at once, each over its
+	// range of tenants (meter.StageWorkers); 0, the default, means the
+	// node's cores.
+	StageWorkers int
 	// WindowGrace is how long after its end a window waits for late usage.
 	// Defaults to meter.DefaultGrace.
 	WindowGrace time.Duration

@@ -93,6 +93,8 @@ func exportSettings() []setting {
 			str(func(c *Config) *string { return &c.AdminToken })},
 		{"TALLY_STAGE_INTERVAL", "stage-interval", "how often windows are staged", short(meter.DefaultStageInterval),
 			dur(func(c *Config) *time.Duration { return &c.StageInterval })},
+		{"TALLY_STAGE_WORKERS", "stage-workers", "how many staging passes run at once, each over its own range of tenants (0: the node's cores)", "0",
+			integer(func(c *Config) *int { return &c.StageWorkers })},
 		{"TALLY_WINDOW_GRACE", "window-grace", "how long after its end a window waits for late usage", short(meter.DefaultGrace),
 			dur(func(c *Config) *time.Duration { return &c.WindowGrace })},
 		{"TALLY_INVOICE_GRACE", "invoice-grace", "how long after a billing period ends Stripe keeps its invoice open to usage (Stripe's invoice finalization grace period: 1h by default, at most 72h; a tenant mapping's invoice_grace overrides it); usage staged later is late", short(meter.DefaultInvoiceGrace),

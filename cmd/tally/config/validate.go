@@ -134,6 +134,10 @@ func (c *Config) exportProblems() []error {
 	if c.StageInterval <= 0 {
 		errs = append(errs, fmt.Errorf("TALLY_STAGE_INTERVAL must be positive, got %s", c.StageInterval))
 	}
+	if c.StageWorkers < 0 || (c.StageWorkers > 0 && c.StageWorkers >= c.Pools.Export) {
+		errs = append(errs, fmt.Errorf("TALLY_STAGE_WORKERS must be 0 (the node's cores) or fewer than TALLY_POOL_EXPORT's %d connections, which the deliverers share, got %d",
+			c.Pools.Export, c.StageWorkers))
+	}
 	if c.WindowGrace < 0 {
 		errs = append(errs, fmt.Errorf("TALLY_WINDOW_GRACE must not be negative, got %s", c.WindowGrace))
 	}
