@@ -167,7 +167,7 @@ DECLARE
     part  text;
 BEGIN
     SELECT date_trunc('month', min(occurred_at) AT TIME ZONE 'UTC')::date INTO first FROM usage_events_unpartitioned;
-    first := least(cur - interval '1 month', greatest(coalesce(first, cur), cur - interval '2 years'));
+    first := least(cur - interval '3 months', greatest(coalesce(first, cur), cur - interval '2 years'));
     EXECUTE format('CREATE TABLE usage_events_before PARTITION OF usage_events FOR VALUES FROM (MINVALUE) TO (%L)',
         first::timestamp AT TIME ZONE 'UTC');
     CREATE TRIGGER usage_events_before_no_truncate BEFORE TRUNCATE ON usage_events_before
@@ -196,6 +196,13 @@ INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant)
     SELECT id, occurred_at, md5(event_id)::uuid, tenant FROM usage_events_unpartitioned;
 SELECT setval('usage_events_id_seq', last_value, is_called) FROM usage_events_unpartitioned_id_seq;
 DROP TABLE usage_events_unpartitioned;
+
+-- A detach is audited. NOT VALID: the existing entries are not re-read.
+ALTER TABLE audit_log DROP CONSTRAINT audit_log_action_check;
+ALTER TABLE audit_log ADD CONSTRAINT audit_log_action_check CHECK (action IN
+    ('requeue', 'readdress', 'recover', 'mapping.feature', 'mapping.tenant',
+     'token.create', 'token.revoke', 'session.open', 'session.refused', 'session.close',
+     'discrepancy.resolve', 'ledger.detach')) NOT VALID;
 
 ALTER TABLE usage_cancellations ADD COLUMN event_key uuid GENERATED ALWAYS AS (md5(event_id)::uuid) STORED;
 ALTER TABLE usage_cancellations ADD CONSTRAINT usage_cancellations_event_key_fkey
@@ -302,5 +309,10 @@ CREATE TRIGGER usage_events_immutable BEFORE UPDATE ON usage_events
     EXECUTE FUNCTION ledger_refuse('a ledger row is immutable; its item and its cancellation are set once');
 ALTER TABLE usage_cancellations ADD CONSTRAINT usage_cancellations_event_row_fkey
     FOREIGN KEY (event_row) REFERENCES usage_events (id);
+ALTER TABLE audit_log DROP CONSTRAINT audit_log_action_check;
+ALTER TABLE audit_log ADD CONSTRAINT audit_log_action_check CHECK (action IN
+    ('requeue', 'readdress', 'recover', 'mapping.feature', 'mapping.tenant',
+     'token.create', 'token.revoke', 'session.open', 'session.refused', 'session.close',
+     'discrepancy.resolve')) NOT VALID;
 DROP TABLE usage_closed_months;
 DROP TABLE usage_event_keys;
