@@ -244,9 +244,10 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: pools.Export, Logger: logger})
+	river.AddWorker(workers, &meter.MonthsWorker{DB: pools.Export, Logger: logger})
 	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: pools.Export, Settle: cfg.ReconcileSettle, Logger: logger})
 	river.AddWorker(workers, &reconcile.BackfillWorker{Backfill: backfill, DB: pools.Export, Logger: logger})
-	periodic := []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval)}
+	periodic := []*river.PeriodicJob{meter.PeriodicStage(cfg.StageInterval), meter.PeriodicMonths()}
 	if job, err := reconcile.Periodic(cfg.ReconcileSchedule); err != nil {
 		return nil, err
 	} else if job != nil && p.Reconciler != nil {
