@@ -141,7 +141,17 @@ func (s *Stager) Cancel(ctx context.Context, tx pgx.Tx, by string, cs []Cancella
 		}
 		if !found {
 			idx := i
-			problems = append(problems, Problem{Index: &idx, Field: "id", Reason: "no event with this id for this tenant"})
+			reason := "no event with this id for this tenant"
+			// A key without its row: the event's month left the ledger.
+			var month time.Time
+			err := tx.QueryRow(ctx, `SELECT occurred_at FROM usage_event_keys WHERE tenant = $1 AND event_key = md5($2)::uuid`, c.Tenant, c.ID).Scan(&month)
+			switch {
+			case err == nil:
+				reason = fmt.Sprintf("%s: the ledger of %s is archived and detached; its events cannot be cancelled", PeriodClosed, month.UTC().Format("2006-01"))
+			case !errors.Is(err, pgx.ErrNoRows):
+				return nil, fmt.Errorf("meter: reading the key of %s/%s: %w", c.Tenant, c.ID, err)
+			}
+			problems = append(problems, Problem{Index: &idx, Field: "id", Reason: reason})
 			continue
 		}
 		out[i] = res

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/meter"
@@ -89,6 +90,13 @@ func TestDetachMonthRefusedWithoutVerifiedArchiveThenClosesTheMonth(t *testing.T
 	requirePeriodClosed(t, err, 3)
 	require.Equal(t, 1, b.countOf(t, "SELECT count(*) FROM usage_events"), "nothing of a refused batch is stored")
 	require.Equal(t, keys, b.countOf(t, "SELECT count(*) FROM usage_event_keys"))
+
+	// Nor can they be cancelled.
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+		_, err := b.Stager.Cancel(b.Ctx, tx, "test", []meter.Cancellation{{Tenant: "acme", ID: "a"}})
+		return err
+	})
+	requirePeriodClosed(t, err, 1)
 
 	// Usage of the current month flows.
 	res2 := b.MustIngest(t, ev("now", "acme", "api", 3, nil), ev("later", "acme", "api", 4, nil))
