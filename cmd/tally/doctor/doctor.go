@@ -200,7 +200,7 @@ func privileges(ctx context.Context, d Deps) Result {
 	}
 	return Result{Check: "privileges", Status: Warning,
 		Detail: "TALLY_DATABASE_URL's role owns the ledger (or may delete from it): privileges are not enforced",
-		Fix: "run tally migrate --grant-runtime ROLE as the owner, set TALLY_DATABASE_URL to that login role and TALLY_DATABASE_OWNER_URL to the owner (docs/security.md)"}
+		Fix:    "run tally migrate --grant-runtime ROLE as the owner, set TALLY_DATABASE_URL to that login role and TALLY_DATABASE_OWNER_URL to the owner (docs/security.md)"}
 }
 
 func clock(ctx context.Context, d Deps) Result {
