@@ -235,8 +235,11 @@ BEGIN
         outbox_item_bodies, outbox_item_states, outbox_attempts, audit_log,
         feature_mapping_versions, tenant_mapping_versions, reconcile_runs, reconcile_discrepancies,
         reconcile_resolutions, stripe_events, meter_error_evidence FROM tally_runtime;
-    -- Only the owner closes a month (meter.DetachMonth).
+    -- Only the owner closes a month (meter.DetachMonth) or migrates.
     REVOKE INSERT, UPDATE ON usage_closed_months FROM tally_runtime;
+    IF to_regclass('goose_db_version') IS NOT NULL THEN
+        REVOKE INSERT, UPDATE, DELETE ON goose_db_version FROM tally_runtime;
+    END IF;
     -- The partitions are reached through the ledger only.
     EXECUTE (SELECT string_agg(format('REVOKE ALL ON %I FROM tally_runtime', c.relname), '; ')
         FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'usage_events'::regclass);

@@ -202,6 +202,7 @@ func TestRuntimeRoleCannotDeleteTruncateOrDetach(t *testing.T) {
 		`DELETE FROM audit_log`,
 		`TRUNCATE outbox_item_bodies`,
 		`INSERT INTO usage_closed_months (month, events, closed_by) VALUES ('2000-01-01', 0, 'x')`,
+		`DELETE FROM goose_db_version`,
 	} {
 		_, err := conn.Exec(ctx, stmt)
 		require.Error(t, err, stmt)
