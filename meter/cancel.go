@@ -141,7 +141,17 @@ func (s *Stager) Cancel(ctx context.Context, tx pgx.Tx, by string, cs []Cancella
 		}
 		if !found {
 			idx := i
-			problems = append(problems, Problem{Index: &idx, Field: "id", Reason: "no event with this id for this tenant"})
+			reason := "no event with this id for this tenant"
+			// A key without its row: the event's month left the ledger.
+			var month time.Time
+			err := tx.QueryRow(ctx, `SELECT occurred_at FROM usage_event_keys WHERE tenant = $1 AND event_key = md5($2)::uuid`, c.Tenant, c.ID).Scan(&month)
+			switch {
+			case err == nil:
+				reason = fmt.Sprintf("%s: the ledger of %s is archived and detached; its events cannot be cancelled", PeriodClosed, month.UTC().Format("2006-01"))
+			case !errors.Is(err, pgx.ErrNoRows):
+				return nil, fmt.Errorf("meter: reading the key of %s/%s: %w", c.Tenant, c.ID, err)
+			}
+			problems = append(problems, Problem{Index: &idx, Field: "id", Reason: reason})
 			continue
 		}
 		out[i] = res
@@ -168,8 +178,9 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 	// here, and then (a statement of its own, under READ COMMITTED) finds
 	// the first one's record below and answers it.
 	var row ledgerRow
-	err := tx.QueryRow(ctx, `SELECT id, feature, value, occurred_at, item_id FROM usage_events
-		WHERE tenant = $1 AND event_id = $2 FOR UPDATE`, c.Tenant, c.ID).Scan(&row.id, &row.feature, &row.value, &row.at, &row.item)
+	err := tx.QueryRow(ctx, `SELECT e.id, e.feature, e.value, e.occurred_at, e.item_id FROM usage_event_keys k
+		JOIN usage_events e ON e.id = k.event_row AND e.occurred_at = k.occurred_at
+		WHERE k.tenant = $1 AND k.event_key = md5($2)::uuid AND e.event_id = $2 FOR UPDATE OF e`, c.Tenant, c.ID).Scan(&row.id, &row.feature, &row.value, &row.at, &row.item)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return res, false, nil
@@ -189,7 +200,7 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 	case !errors.Is(err, pgx.ErrNoRows):
 		return res, false, fmt.Errorf("meter: reading the cancellation of %s/%s: %w", c.Tenant, c.ID, err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE usage_events SET cancelled_at = clock_timestamp() WHERE id = $1`, row.id); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE usage_events SET cancelled_at = clock_timestamp() WHERE id = $1 AND occurred_at = $2`, row.id, row.at); err != nil {
 		return res, false, fmt.Errorf("meter: marking the event %s/%s cancelled: %w", c.Tenant, c.ID, err)
 	}
 	var carried *int64

@@ -19,7 +19,14 @@
 // answered before the transaction holding it committed, and one
 // transaction holds the whole of it or none.
 //
-// It never deletes or rewrites a ledger row, never drops usage (what it
-// cannot export it stages quarantined, with the reason), and never changes an
-// item's state other than by outbox.Enqueue.
+// The ledger is partitioned by month of occurred_at; every event id has a
+// key (usage_event_keys) kept for good, so that an id is stored once across
+// months. DetachMonth takes a month out of the database, as the owner role,
+// only with the verified archives of the periods it holds; the month is
+// then closed and its events are refused period_closed.
+//
+// It never deletes or rewrites a ledger row (a month leaves whole, by
+// DetachMonth, once archived), never drops usage (what it cannot export it
+// stages quarantined, with the reason), and never changes an item's state
+// other than by outbox.Enqueue.
 package meter

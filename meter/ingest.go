@@ -62,21 +62,42 @@ func (e *QuarantineCapError) Error() string {
 	return fmt.Sprintf("meter: the batch would make %d quarantined items, more than %d", e.Items, e.Max)
 }
 
-// sqlIngest writes a batch in one statement. An event whose (tenant, id)
-// exists already is not written; the caller compares its content.
+// sqlIngest writes a batch in one statement: each event's key first
+// (usage_event_keys, unique per tenant and event id across every month,
+// kept when a month is detached), then the ledger rows of the keys it
+// wrote, under the ids the keys took. An event whose key exists already,
+// or whose month is closed, is not written; the caller reads why
+// (sqlExisting).
 const sqlIngest = `
-INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given)
-SELECT t, e, f, v, coalesce(ts, now()), ts IS NOT NULL
-FROM unnest(@tenants::text[], @ids::text[], @features::text[], @values::bigint[], @timestamps::timestamptz[])
-    AS u(t, e, f, v, ts)
-ON CONFLICT ON CONSTRAINT usage_events_tenant_event_key DO NOTHING
+WITH u AS (
+    SELECT t, e, f, v, ts, coalesce(ts, now()) AS at
+    FROM unnest(@tenants::text[], @ids::text[], @features::text[], @values::bigint[], @timestamps::timestamptz[])
+        AS u(t, e, f, v, ts)
+), k AS (
+    INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant)
+    SELECT nextval('usage_events_id_seq'), at, md5(e)::uuid, t FROM u
+    WHERE NOT EXISTS (SELECT FROM usage_closed_months c WHERE c.month = date_trunc('month', at, 'UTC')::date)
+    ON CONFLICT ON CONSTRAINT usage_event_keys_pkey DO NOTHING
+    RETURNING event_row, tenant, event_key
+)
+INSERT INTO usage_events (id, tenant, event_id, feature, value, occurred_at, timestamp_given) OVERRIDING SYSTEM VALUE
+SELECT k.event_row, u.t, u.e, u.f, u.v, u.at, u.ts IS NOT NULL
+FROM k JOIN u ON u.t = k.tenant AND md5(u.e)::uuid = k.event_key
 RETURNING id, tenant, event_id, occurred_at`
 
-// sqlExisting reads the stored content of events that collided.
+// sqlExisting reads, for events that were not written, their stored
+// content through their keys: a key without a ledger row is an event of a
+// detached month; no key at all, an event of a closed month.
 const sqlExisting = `
-SELECT e.tenant, e.event_id, e.feature, e.value, e.occurred_at, e.timestamp_given
-FROM usage_events e
-JOIN unnest(@tenants::text[], @ids::text[]) AS u(t, i) ON e.tenant = u.t AND e.event_id = u.i`
+SELECT u.t, u.i, e.event_id, e.feature, e.value, e.occurred_at, e.timestamp_given, k.occurred_at, u.at
+FROM unnest(@tenants::text[], @ids::text[], @timestamps::timestamptz[]) AS u(t, i, at)
+LEFT JOIN usage_event_keys k ON k.tenant = u.t AND k.event_key = md5(u.i)::uuid
+LEFT JOIN usage_events e ON e.id = k.event_row AND e.occurred_at = k.occurred_at`
+
+// PeriodClosed starts the reason of an event refused because the month it
+// occurred in (or, for a re-post, the month of the event stored under its
+// id) was archived and detached from the ledger.
+const PeriodClosed = "period_closed"
 
 type eventKey struct{ tenant, id string }
 
@@ -233,30 +254,57 @@ func newEventMappings(ctx context.Context, tx pgx.Tx, events []Event, unique []i
 // compareExisting decides, for events that collided with stored ones,
 // whether each is a duplicate or a changed event (a problem).
 func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow, res *Result) error {
-	var tenants, ids []string
+	var (
+		tenants, ids []string
+		stamps       []pgtype.Timestamptz
+	)
 	for _, i := range unique {
 		k := eventKey{events[i].Tenant, events[i].ID}
 		if _, ok := inserted[k]; !ok {
 			tenants, ids = append(tenants, k.tenant), append(ids, k.id)
+			var ts pgtype.Timestamptz
+			if t := events[i].Timestamp; t != nil {
+				ts = pgtype.Timestamptz{Time: *t, Valid: true}
+			}
+			stamps = append(stamps, ts)
 		}
 	}
-	rows, err := tx.Query(ctx, sqlExisting, pgx.NamedArgs{"tenants": tenants, "ids": ids})
+	rows, err := tx.Query(ctx, sqlExisting, pgx.NamedArgs{"tenants": tenants, "ids": ids, "timestamps": stamps})
 	if err != nil {
 		return fmt.Errorf("meter: reading stored events: %w", err)
 	}
-	stored := make(map[eventKey]Event, len(ids))
+	type existing struct {
+		ev     Event
+		stored bool       // a ledger row holds the event
+		closed *time.Time // the event's month, when it is not stored
+	}
+	found := make(map[eventKey]existing, len(ids))
 	var (
-		ev    Event
-		at    time.Time
-		given bool
+		tenant, id      string
+		storedID, feat  *string
+		value           *int64
+		at, keyAt, mine *time.Time
+		given           *bool
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&ev.Tenant, &ev.ID, &ev.Feature, &ev.Value, &at, &given}, func() error {
-		e := ev
-		if given {
-			t := at.UTC()
-			e.Timestamp = &t
+	if _, err := pgx.ForEachRow(rows, []any{&tenant, &id, &storedID, &feat, &value, &at, &given, &keyAt, &mine}, func() error {
+		x := existing{ev: Event{Tenant: tenant, ID: id}}
+		switch {
+		case storedID != nil && *storedID == id:
+			x.stored = true
+			x.ev.Feature, x.ev.Value = *feat, *value
+			if *given {
+				t := at.UTC()
+				x.ev.Timestamp = &t
+			}
+		case storedID != nil:
+			x.stored = true // another id under the same md5: never the same content
+		case keyAt != nil:
+			t := keyAt.UTC()
+			x.closed = &t
+		default:
+			x.closed = mine // nil for an event without a timestamp: its month is the current one
 		}
-		stored[eventKey{e.Tenant, e.ID}] = e
+		found[eventKey{tenant, id}] = x
 		return nil
 	}); err != nil {
 		return fmt.Errorf("meter: reading stored events: %w", err)
@@ -267,16 +315,20 @@ func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Eve
 		if _, ok := inserted[k]; ok {
 			continue
 		}
-		old, ok := stored[k]
+		old := found[k]
+		idx := i
 		switch {
-		case !ok:
-			return fmt.Errorf("meter: event %s/%s collided but cannot be read", k.tenant, k.id)
-		case sameContent(old, events[i]):
+		case old.stored && sameContent(old.ev, events[i]):
 			res.Duplicates++
-		default:
-			idx := i
+		case old.stored:
 			problems = append(problems, Problem{Index: &idx, Field: "id",
 				Reason: "an event with this id was stored before with different content"})
+		case old.closed != nil:
+			problems = append(problems, Problem{Index: &idx, Field: "timestamp",
+				Reason: fmt.Sprintf("%s: the ledger of %s is archived and detached; nothing of that month is stored any more",
+					PeriodClosed, old.closed.Format("2006-01"))})
+		default:
+			return fmt.Errorf("meter: event %s/%s collided but cannot be read", k.tenant, k.id)
 		}
 	}
 	if len(problems) > 0 {

@@ -121,3 +121,39 @@ func StageWorkers(n, conns int) int {
 	}
 	return max(min(runtime.GOMAXPROCS(0), conns/2), 1)
 }
+
+// MonthsAhead is how many months after the current one MonthsWorker keeps
+// the ledger's partitions made: an event is at most a day ahead, so three
+// months leave two of slack for a node that was down.
+const MonthsAhead = 3
+
+// MonthsArgs is the River job that keeps the ledger's months ahead
+// (EnsureMonths).
+type MonthsArgs struct{}
+
+// Kind names the job.
+func (MonthsArgs) Kind() string { return "tally_ledger_months" }
+
+// MonthsWorker runs EnsureMonths for River.
+type MonthsWorker struct {
+	river.WorkerDefaults[MonthsArgs]
+	DB     TxBeginner
+	Logger *slog.Logger
+}
+
+// Work creates the months missing through MonthsAhead and logs those made.
+func (w *MonthsWorker) Work(ctx context.Context, _ *river.Job[MonthsArgs]) error {
+	made, err := EnsureMonths(ctx, w.DB, MonthsAhead)
+	if made > 0 {
+		w.Logger.InfoContext(ctx, "made the ledger's months ahead", "months", made)
+	}
+	return err
+}
+
+// PeriodicMonths runs MonthsWorker at start and daily; River's leader alone
+// inserts it.
+func PeriodicMonths() *river.PeriodicJob {
+	return river.NewPeriodicJob(river.PeriodicInterval(24*time.Hour),
+		func() (river.JobArgs, *river.InsertOpts) { return MonthsArgs{}, nil },
+		&river.PeriodicJobOpts{ID: "tally_ledger_months", RunOnStart: true})
+}

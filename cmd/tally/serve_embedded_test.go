@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -14,7 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/tallymeter/tally/internal/embeddedpg"
 )
 
 // TestServeEmbedded is the acceptance scenario: with a fresh data directory
@@ -78,6 +82,26 @@ func TestServeEmbedded(t *testing.T) {
 		require.Contains(t, body, `tally_export_stalled{reason="no_key"} 1`)
 		require.Contains(t, body, `tally_export_stalled{reason="retrying"} 0`)
 		require.Contains(t, body, "tally_ledger_unstaged_events 0")
+		// The nodes' workloads connect as the runtime role: privileges
+		// enforced by default.
+		if round == 1 {
+			owner, ok, err := embeddedpg.Attach(dataDir, "tally")
+			require.NoError(t, err)
+			require.True(t, ok)
+			conn, err := pgx.Connect(context.Background(), owner)
+			require.NoError(t, err)
+			var sessions int
+			var member, owns bool
+			require.NoError(t, conn.QueryRow(context.Background(), `SELECT
+					(SELECT count(*) FROM pg_stat_activity WHERE usename = 'tally_app'),
+					pg_has_role('tally_app', 'tally_runtime', 'MEMBER'),
+					pg_has_role('tally_app', (SELECT relowner FROM pg_class WHERE oid = 'usage_events'::regclass), 'USAGE')`).
+				Scan(&sessions, &member, &owns))
+			_ = conn.Close(context.Background())
+			require.NotZero(t, sessions, "serve's pools connect as tally_app")
+			require.True(t, member)
+			require.False(t, owns)
+		}
 		code, body = get("http://" + addr + "/nope")
 		require.Equal(t, http.StatusNotFound, code)
 		require.JSONEq(t, `{"error":{"code":"not_found","message":"no such route"}}`, body)

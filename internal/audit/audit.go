@@ -34,6 +34,9 @@ const (
 	ActionTokenRevoke = "token.revoke"
 	// ActionSessionOpen is a console sign-in.
 	ActionSessionOpen = "session.open"
+	// ActionLedgerDetach is a month of the ledger detached and dropped
+	// after its archive was verified.
+	ActionLedgerDetach = "ledger.detach"
 )
 
 // Entry is one audited action.

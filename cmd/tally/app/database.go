@@ -42,9 +42,15 @@ type DB struct {
 	Pool    *pgxpool.Pool
 	cluster *embeddedpg.Cluster
 	logger  *slog.Logger
-	// url is the database's URL, the one every pool connects to.
-	url string
+	// url is the database's URL, the one serve's workload pools connect
+	// to: the runtime role's. Pool connects as the owner (ownerURL), who
+	// migrates; both are one role on a single-role install.
+	url, ownerURL string
 }
+
+// runtimeLogin is the login role the nodes connect to the embedded cluster
+// as, a member of migrations.RuntimeRole.
+const runtimeLogin = "tally_app"
 
 // Done is closed when the embedded cluster stops; nil (never ready) for an
 // external database.
@@ -70,10 +76,16 @@ func (d *DB) Close() {
 // Open connects to cfg.DatabaseURL or, when it is empty, to the embedded
 // cluster in cfg.DataDir: with attach, the one a running `tally serve` or
 // `tally dev` started there, if any; otherwise it starts (or reuses) it.
-// Then it applies every migration.
+// Then it applies every migration, as the owner (cfg.DatabaseOwnerURL, or
+// the same role). Pool connects as the owner; serve's workload pools as
+// cfg.DatabaseURL's role or, on the embedded cluster it started, as
+// runtimeLogin, which holds only the runtime role's privileges.
 func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bool) (*DB, error) {
 	d := &DB{logger: logger}
 	url := cfg.DatabaseURL
+	if cfg.DatabaseOwnerURL != "" && url != "" {
+		url = cfg.DatabaseOwnerURL
+	}
 	if url == "" && attach {
 		attached, ok, err := embeddedpg.Attach(cfg.DataDir, embeddedDatabase)
 		if err != nil {
@@ -112,11 +124,20 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		d.stopCluster()
 		return nil, fmt.Errorf("connecting to Postgres: %w", err)
 	}
-	d.Pool, d.url = pool, url
+	d.Pool, d.url, d.ownerURL = pool, url, url
 	res, err := migrations.Apply(ctx, pool, logger)
 	if err != nil {
 		d.Close()
 		return nil, err
+	}
+	switch {
+	case cfg.DatabaseURL != "":
+		d.url = cfg.DatabaseURL
+	case d.cluster != nil:
+		if d.url, err = d.cluster.EnsureLoginRole(ctx, embeddedDatabase, runtimeLogin, migrations.RuntimeRole); err != nil {
+			d.Close()
+			return nil, err
+		}
 	}
 	logger.Info("database ready", "schema_version", res.TallyVersion,
 		"applied", res.TallyApplied, "river_applied", res.RiverApplied, "embedded", d.cluster != nil)

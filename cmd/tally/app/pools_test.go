@@ -2,9 +2,12 @@ package app_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"log/slog"
+	"net/url"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -69,4 +72,49 @@ func TestWorkloadPoolsCutStatementsAtTheirOwnTimeoutsAndKeepTheirSizes(t *testin
 	require.Equal(t, "57014", pgErr.Code, "query_canceled")
 	_, err = pools.Ingest.Exec(ctx, "SELECT pg_sleep(0.5)")
 	require.NoError(t, err, "ingest's timeout is its own")
+}
+
+// With TALLY_DATABASE_OWNER_URL, DB.Pool (migrations, operator commands)
+// connects as the owner and the workload pools as TALLY_DATABASE_URL's
+// role, a member of the runtime role.
+func TestOwnerURLMigratesAndTheWorkloadsConnectAsTheRuntimeRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ownerURL := testdb.URL(t)
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	role := "app_runtime_" + hex.EncodeToString(suffix[:])
+	admin, err := pgxpool.New(ctx, ownerURL)
+	require.NoError(t, err)
+	defer admin.Close()
+	_, err = admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' IN ROLE tally_runtime")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	u, err := url.Parse(ownerURL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(role, "pw")
+
+	env := map[string]string{"TALLY_DATABASE_URL": u.String(), "TALLY_DATABASE_OWNER_URL": ownerURL}
+	fs := flag.NewFlagSet("owner", flag.ContinueOnError)
+	load := config.Flags(fs, func(k string) string { return env[k] })
+	require.NoError(t, fs.Parse(nil))
+	cfg, err := load()
+	require.NoError(t, err)
+	db, err := app.Open(ctx, cfg, slog.New(slog.DiscardHandler), false)
+	require.NoError(t, err)
+	defer db.Close()
+	pools, err := db.OpenPools(ctx, cfg)
+	require.NoError(t, err)
+	defer pools.Close()
+	user := func(p *pgxpool.Pool) string {
+		var v string
+		require.NoError(t, p.QueryRow(ctx, "SELECT current_user").Scan(&v))
+		return v
+	}
+	require.NotEqual(t, role, user(db.Pool))
+	for _, p := range []*pgxpool.Pool{pools.Ingest, pools.Export, pools.River, pools.Reads} {
+		require.Equal(t, role, user(p))
+	}
+	_, err = pools.Ingest.Exec(ctx, "DELETE FROM usage_events")
+	require.ErrorContains(t, err, "permission denied")
 }

@@ -245,10 +245,11 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &meter.StageWorker{Stager: p.Stager, DB: pools.Export, Logger: logger})
+	river.AddWorker(workers, &meter.MonthsWorker{DB: pools.Export, Logger: logger})
 	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: pools.Export, Settle: cfg.ReconcileSettle, Logger: logger})
 	river.AddWorker(workers, &reconcile.BackfillWorker{Backfill: backfill, DB: pools.Export, Logger: logger})
 	stageWorkers := meter.StageWorkers(cfg.StageWorkers, cfg.Pools.Export)
-	periodic := meter.PeriodicStages(cfg.StageInterval, stageWorkers)
+	periodic := append(meter.PeriodicStages(cfg.StageInterval, stageWorkers), meter.PeriodicMonths())
 	if job, err := reconcile.Periodic(cfg.ReconcileSchedule); err != nil {
 		return nil, err
 	} else if job != nil && p.Reconciler != nil {

@@ -39,6 +39,10 @@ type Config struct {
 	// DatabaseURL is the Postgres URL; empty means the embedded cluster in
 	// DataDir.
 	DatabaseURL string
+	// DatabaseOwnerURL is the Postgres URL of the role that owns the
+	// tables: migrations run as it. Empty means DatabaseURL's role (one
+	// role: the privileges of docs/security.md are then not enforced).
+	DatabaseOwnerURL string
 	// DataDir holds the embedded cluster's data and logs. Defaults to
 	// DefaultDataDir.
 	DataDir string

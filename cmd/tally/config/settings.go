@@ -36,6 +36,8 @@ func nodeSettings() []setting {
 	return []setting{
 		{"TALLY_DATABASE_URL", "database-url", "Postgres URL; unset: an embedded cluster in the data directory", "",
 			str(func(c *Config) *string { return &c.DatabaseURL })},
+		{"TALLY_DATABASE_OWNER_URL", "database-owner-url", "Postgres URL of the role that owns the tables, which migrations run as; unset: the role of TALLY_DATABASE_URL (privileges not enforced)", "",
+			str(func(c *Config) *string { return &c.DatabaseOwnerURL })},
 		{"TALLY_DATA_DIR", "data-dir", "embedded Postgres data and logs", DefaultDataDir,
 			str(func(c *Config) *string { return &c.DataDir })},
 		{"TALLY_LISTEN", "listen", "HTTP address", DefaultListen,

@@ -96,6 +96,7 @@ func Run(ctx context.Context, d Deps) []Result {
 	dbOK := d.Pool != nil
 	if dbOK {
 		out = append(out, schema(ctx, d.Pool))
+		out = append(out, privileges(ctx, d))
 		out = append(out, clock(ctx, d))
 	}
 	stripeOK := false
@@ -181,6 +182,25 @@ func schema(ctx context.Context, pool *pgxpool.Pool) Result {
 	}
 	return Result{Check: "migrations", Status: Problem, Detail: "the schema version could not be read: " + describe(err),
 		Fix: "is this Tally's database? run tally migrate on an empty one"}
+}
+
+// privileges warns when the nodes' role owns the ledger or may delete from
+// it: nothing then stops a row leaving before its period is archived but
+// the triggers, which an owner can drop.
+func privileges(ctx context.Context, d Deps) Result {
+	if d.Config.DatabaseURL == "" {
+		return Result{Check: "privileges", Status: OK, Detail: "the nodes connect to the embedded cluster as a member of " + migrations.RuntimeRole}
+	}
+	enforced, err := migrations.PrivilegesEnforced(ctx, d.Pool)
+	switch {
+	case err != nil:
+		return Result{Check: "privileges", Status: Warning, Detail: "the ledger's privileges could not be read: " + describe(err)}
+	case enforced:
+		return Result{Check: "privileges", Status: OK, Detail: "TALLY_DATABASE_URL's role owns no table and may not delete from the ledger"}
+	}
+	return Result{Check: "privileges", Status: Warning,
+		Detail: "TALLY_DATABASE_URL's role owns the ledger (or may delete from it): privileges are not enforced",
+		Fix:    "run tally migrate --grant-runtime ROLE as the owner, set TALLY_DATABASE_URL to that login role and TALLY_DATABASE_OWNER_URL to the owner (docs/security.md)"}
 }
 
 func clock(ctx context.Context, d Deps) Result {

@@ -3,7 +3,9 @@ package doctor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -252,4 +254,28 @@ func TestRestrictedKeyWithoutV2AndCustomKeys(t *testing.T) {
 	require.Contains(t, rs["stripe v2"].Detail, "restricted key")
 	require.Equal(t, doctor.OK, rs["payload keys"].Status, "%+v", rs["payload keys"])
 	require.Contains(t, rs["payload keys"].Detail, "all 2 mapped features")
+}
+
+// A node connecting as the tables' owner (here the test cluster's
+// superuser) is warned that privileges are not enforced; one connecting as
+// a member of the runtime role is not.
+func TestPrivilegesWarnWhenTheNodesOwnTheLedger(t *testing.T) {
+	t.Parallel()
+	s := healthy(t)
+	rs := s.run(t, nil)
+	require.Equal(t, doctor.Warning, rs["privileges"].Status, "%+v", rs["privileges"])
+	require.Contains(t, rs["privileges"].Fix, "--grant-runtime")
+
+	role := fmt.Sprintf("doctor_runtime_%d", time.Now().UnixNano())
+	_, err := s.env.Pool.Exec(context.Background(), "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' IN ROLE tally_runtime")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = s.env.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	u, err := url.Parse(testdb.URLOf(t, s.env.Pool))
+	require.NoError(t, err)
+	u.User = url.UserPassword(role, "pw")
+	pool, err := pgxpool.New(context.Background(), u.String())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	rs = s.run(t, func(d *doctor.Deps) { d.Pool = pool })
+	require.Equal(t, doctor.OK, rs["privileges"].Status, "%+v", rs["privileges"])
 }

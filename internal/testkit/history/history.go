@@ -161,6 +161,11 @@ func Load(ctx context.Context, pool *pgxpool.Pool, size Size, now time.Time) (Lo
 	if err := errors.Join(errs...); err != nil {
 		return l, err
 	}
+	// Each ledger row's key, as the ingest writes it.
+	if _, err := pool.Exec(ctx, `INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant)
+		SELECT id, occurred_at, md5(event_id)::uuid, tenant FROM usage_events`); err != nil {
+		return l, fmt.Errorf("history: the events' keys: %w", err)
+	}
 	if _, err := pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox_item_bodies', 'id'), $1)`, size.Items); err != nil {
 		return l, fmt.Errorf("history: %w", err)
 	}
