@@ -124,7 +124,7 @@ func TestArchiveRefusesAnOpenPeriod(t *testing.T) {
 
 	// A tenant anchored later in the month keeps last month's period open
 	// until its own end.
-	anchor := time.Now().UTC().Add(2 * time.Hour).AddDate(-1, 0, 0)
+	anchor := time.Now().UTC().Add(2*time.Hour).AddDate(-1, 0, 0)
 	b.Tenant(t, "late-anchor", &anchor)
 	_, err = Archive(b.Ctx, b.Pool, b.period, b.cfg())
 	require.ErrorAs(t, err, &r)

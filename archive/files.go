@@ -34,8 +34,8 @@ type file struct {
 	// history): verify compares the database's rows up to the archived
 	// range's end.
 	reference bool
-	query    string
-	columns  []column
+	query     string
+	columns   []column
 }
 
 // sqlPeriodEvents selects the period's ledger rows: those staged into an

@@ -56,7 +56,6 @@ func Verified(ctx context.Context, q Querier, period string) (Proof, error) {
 		Location: rec.Location, Files: m.Files}, nil
 }
 
-
 // MarkDetached records, in the detach's transaction tx, that the period
 // of proof left the database, and audits it. It refuses (ErrNotVerified)
 // unless that generation is still verified.

@@ -54,16 +54,17 @@ var ErrExists = errors.New("archive: object exists already")
 
 // S3Options are the settings of an S3-compatible store besides its URL.
 type S3Options struct {
-	// Endpoint is the server's host[:port] (TALLY_ARCHIVE_S3_ENDPOINT).
-	// Defaults to s3.amazonaws.com.
+	// Endpoint is the server: host[:port] (HTTPS), or a URL whose scheme
+	// says http or https (TALLY_ARCHIVE_ENDPOINT). Defaults to
+	// s3.amazonaws.com.
 	Endpoint string
 	// Region is the bucket's region; empty lets the client ask.
 	Region string
 	// AccessKey and SecretKey are the credentials; both empty means
 	// anonymous access.
 	AccessKey, SecretKey string
-	// Insecure speaks plain HTTP to the endpoint (tests, a local server).
-	// Defaults to false: HTTPS.
+	// Insecure speaks plain HTTP to the endpoint (tests, a local server),
+	// as an http:// Endpoint does. Defaults to false: HTTPS.
 	Insecure bool
 	// PartSize is the size of each part of a multipart upload, which is
 	// also the memory an upload holds. Defaults to DefaultPartSize.

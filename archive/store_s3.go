@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"path"
 
 	"github.com/minio/minio-go/v7"
@@ -28,6 +29,9 @@ func NewS3Store(ctx context.Context, bucket, prefix string, opts S3Options) (*S3
 	endpoint := opts.Endpoint
 	if endpoint == "" {
 		endpoint = "s3.amazonaws.com"
+	}
+	if u, err := url.Parse(endpoint); err == nil && (u.Scheme == "http" || u.Scheme == "https") {
+		endpoint, opts.Insecure = u.Host, opts.Insecure || u.Scheme == "http"
 	}
 	var creds *credentials.Credentials
 	if opts.AccessKey != "" || opts.SecretKey != "" {

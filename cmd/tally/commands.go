@@ -62,6 +62,8 @@ func commands() []command {
 		recoverCommand(),
 		doctorCommand(),
 		completenessCommand(),
+		archiveVerifyCommand(),
+		archiveCommand(),
 	}
 }
 
