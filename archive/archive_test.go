@@ -404,3 +404,76 @@ func writeSnapshot(t *testing.T, b *bundle, from, to time.Time) *Record {
 	require.NoError(t, err)
 	return &Record{Period: b.period, Generation: 1}
 }
+
+// TestArchiveRefusesOpenDiscrepancies: a discrepancy no one resolved that
+// involves the month's usage keeps it in the database.
+func TestArchiveRefusesOpenDiscrepancies(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.closedMonth(t)
+	var item int64
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT item_id FROM usage_events WHERE event_id = 'c1'`).Scan(&item))
+	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO reconcile_runs (status, trigger, requested_by, settle) VALUES ('succeeded', 'command', 'test', '0')`)
+	require.NoError(t, err)
+	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO reconcile_discrepancies (run_id, destination_account, mode, event_name, meter,
+		customer, hour, formula, expected, provider, difference, expected_items, uncertain_items, explained_by, explanation)
+		VALUES (1, 'acct_1', 'test', 'calls', 'mtr_1', 'cus_acme', $1, 'sum', 12, 15, 3, ARRAY[$2::bigint], '{}', '{}', 'unexplained')`,
+		b.before(5).Truncate(time.Hour), item)
+	require.NoError(t, err)
+	_, err = Archive(b.Ctx, b.Pool, b.period, b.cfg())
+	require.ErrorIs(t, err, ErrRefused)
+	require.Contains(t, err.Error(), "1 open discrepancy hour(s)")
+	requireNoArchive(t, b)
+}
+
+// TestGenerationsAreNeverWrittenOver: a new generation beside a verified
+// one leaves the old files as they were and needs its own verification;
+// files a crash left behind are skipped; nothing is written beside a
+// detached generation.
+func TestGenerationsAreNeverWrittenOver(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.closedMonth(t)
+	// A crash left generation 1's first file, and no row.
+	require.NoError(t, os.MkdirAll(filepath.Join(b.dir, b.period, "g0001"), 0o750))
+	require.NoError(t, os.WriteFile(filepath.Join(b.dir, b.period, "g0001", fileEvents), []byte("partial"), 0o640))
+	first, err := Archive(b.Ctx, b.Pool, b.period, b.cfg())
+	require.NoError(t, err)
+	require.Equal(t, 2, first.Manifest.Generation)
+	_, err = Verify(b.Ctx, b.Pool, b.period, 0, b.cfg())
+	require.NoError(t, err)
+	before, err := os.ReadFile(filepath.Join(b.dir, b.period, "g0002", manifestName))
+	require.NoError(t, err)
+
+	cfg := b.cfg()
+	cfg.NewGeneration = true
+	second, err := Archive(b.Ctx, b.Pool, b.period, cfg)
+	require.NoError(t, err)
+	require.Equal(t, 3, second.Manifest.Generation)
+	after, err := os.ReadFile(filepath.Join(b.dir, b.period, "g0002", manifestName))
+	require.NoError(t, err)
+	require.Equal(t, before, after)
+	_, err = Verified(b.Ctx, b.Pool, b.period)
+	require.ErrorIs(t, err, ErrNotVerified, "the latest generation is not verified yet")
+	_, err = Verify(b.Ctx, b.Pool, b.period, 0, b.cfg())
+	require.NoError(t, err)
+	proof, err := Verified(b.Ctx, b.Pool, b.period)
+	require.NoError(t, err)
+	require.Equal(t, 3, proof.Generation)
+
+	tx, err := b.Pool.Begin(b.Ctx)
+	require.NoError(t, err)
+	require.NoError(t, MarkDetached(b.Ctx, tx, proof, "test"))
+	require.NoError(t, tx.Commit(b.Ctx))
+	_, err = Archive(b.Ctx, b.Pool, b.period, cfg)
+	require.ErrorIs(t, err, ErrRefused)
+	require.Contains(t, err.Error(), "generation 3 is detached already")
+
+	// The table refuses what the package never does.
+	_, err = b.Pool.Exec(b.Ctx, `DELETE FROM archives`)
+	require.ErrorContains(t, err, "rows are never deleted")
+	_, err = b.Pool.Exec(b.Ctx, `UPDATE archives SET state = 'written' WHERE generation = 3`)
+	require.ErrorContains(t, err, "only moves written -> verified -> detached")
+	_, err = b.Pool.Exec(b.Ctx, `UPDATE archives SET manifest_sha256 = repeat('0', 64) WHERE generation = 2`)
+	require.ErrorContains(t, err, "a manifest is immutable")
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -20,6 +21,10 @@ import (
 
 // envBenchRows sets BenchmarkArchive's ledger rows (default 1,000,000).
 const envBenchRows = "TALLY_ARCHIVE_BENCH_ROWS"
+
+// envBenchProfile, set to a directory, makes each child process write its
+// CPU and memory profiles there.
+const envBenchProfile = "TALLY_ARCHIVE_BENCH_PROFILE"
 
 // envChild makes TestArchiveChild run one archive command: "archive" or
 // "verify", the database URL, the directory and the period, separated by
@@ -93,7 +98,11 @@ type childResult struct {
 // reads its one line of results.
 func child(b *testing.B, cmd, url, dir, period string) childResult {
 	b.Helper()
-	c := exec.Command(os.Args[0], "-test.run=^TestArchiveChild$", "-test.count=1")
+	args := []string{"-test.run=^TestArchiveChild$", "-test.count=1"}
+	if dir := os.Getenv(envBenchProfile); dir != "" {
+		args = append(args, "-test.cpuprofile="+filepath.Join(dir, cmd+".cpu"), "-test.memprofile="+filepath.Join(dir, cmd+".mem"))
+	}
+	c := exec.Command(os.Args[0], args...)
 	c.Env = append(os.Environ(), envChild+"="+strings.Join([]string{cmd, url, dir, period}, " "))
 	out, err := c.CombinedOutput()
 	if err != nil {
