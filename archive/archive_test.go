@@ -477,3 +477,22 @@ func TestGenerationsAreNeverWrittenOver(t *testing.T) {
 	_, err = b.Pool.Exec(b.Ctx, `UPDATE archives SET manifest_sha256 = repeat('0', 64) WHERE generation = 2`)
 	require.ErrorContains(t, err, "a manifest is immutable")
 }
+
+// TestArchiveRefusesWhileAnotherRuns: one archive or verify of a month at
+// a time.
+func TestArchiveRefusesWhileAnotherRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn, err := b.Pool.Acquire(b.Ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	unlock, err := lockPeriod(b.Ctx, conn.Conn(), b.period)
+	require.NoError(t, err)
+	_, err = Archive(b.Ctx, b.Pool, b.period, b.cfg())
+	require.ErrorIs(t, err, ErrRefused)
+	require.Contains(t, err.Error(), "another archive or verify of this period is running")
+	_, err = Verify(b.Ctx, b.Pool, b.period, 0, b.cfg())
+	require.ErrorIs(t, err, ErrRefused)
+	unlock()
+	requireNoArchive(t, b)
+}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -143,6 +144,7 @@ func TestArchiveChild(t *testing.T) {
 	if spec == "" {
 		t.Skip("run by BenchmarkArchive")
 	}
+	debug.SetMemoryLimit(MemoryLimit) // as the commands do
 	f := strings.Fields(spec)
 	cmd, url, dir, period := f[0], f[1], f[2], f[3]
 	ctx := context.Background()

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
+	"runtime/debug"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -34,6 +36,7 @@ func archiveCommand() command {
 			if _, _, err := quarantine.ParsePeriod(args[0]); err != nil {
 				return usageError{err.Error()}
 			}
+			limitMemory()
 			cfg, err := archiveConfig(ctx, e)
 			if err != nil {
 				return err
@@ -73,6 +76,7 @@ func archiveVerifyCommand() command {
 			if f.generation < 0 {
 				return usageError{"--generation must be positive"}
 			}
+			limitMemory()
 			cfg, err := archiveConfig(ctx, e)
 			if err != nil {
 				return err
@@ -94,6 +98,14 @@ func archiveVerifyCommand() command {
 				v.Period, v.Generation, v.Rows, v.Bytes, v.State, v.ComparedWithDatabase)
 			return nil
 		},
+	}
+}
+
+// limitMemory sets archive.MemoryLimit as the process's soft memory
+// limit, unless GOMEMLIMIT sets one.
+func limitMemory() {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(archive.MemoryLimit)
 	}
 }
 
