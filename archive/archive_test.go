@@ -2,6 +2,7 @@ package archive
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -498,4 +499,47 @@ func TestArchiveRefusesWhileAnotherRuns(t *testing.T) {
 	require.ErrorIs(t, err, ErrRefused)
 	unlock()
 	requireNoArchive(t, b)
+}
+
+// TestRestoreIntoASchemaOfItsOwn: a month's archive loads into a new
+// schema, row for row, value for value; a damaged file or a schema that
+// exists is refused and leaves nothing.
+func TestRestoreIntoASchemaOfItsOwn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.closedMonth(t)
+	_, err := Archive(b.Ctx, b.Pool, b.period, b.cfg())
+	require.NoError(t, err)
+
+	_, err = Restore(b.Ctx, b.Pool, b.store, b.period, 0, "public")
+	require.ErrorContains(t, err, "want a new schema of its own")
+
+	res, err := Restore(b.Ctx, b.Pool, b.store, b.period, 0, "audit_month")
+	require.NoError(t, err)
+	require.EqualValues(t, 10, res.Rows["usage_events"])
+	for _, q := range []string{
+		`SELECT count(*), sum(value), max(occurred_at)::text, max(cancelled_at)::text FROM %s.usage_events`,
+		`SELECT count(*), sum(mapping_version), max(identifier), max(payload::text) FROM %s.outbox_item_bodies`,
+		`SELECT count(*), sum(attempts), max(state), max(last_error_code) FROM %s.outbox_item_states`,
+		`SELECT count(*), sum(lease_token), max(outcome), max(recorded_at)::text FROM %s.outbox_attempts`,
+	} {
+		var restored, live [4]any
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, fmt.Sprintf(q, "audit_month")).Scan(&restored[0], &restored[1], &restored[2], &restored[3]))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, fmt.Sprintf(q, "public")).Scan(&live[0], &live[1], &live[2], &live[3]))
+		require.Equal(t, live, restored, q)
+	}
+
+	_, err = Restore(b.Ctx, b.Pool, b.store, b.period, 0, "audit_month")
+	require.ErrorContains(t, err, "already exists")
+
+	p := filepath.Join(b.dir, b.period, "g0001", fileBodies)
+	body, err := os.ReadFile(p)
+	require.NoError(t, err)
+	body[len(body)/3] ^= 0x80
+	require.NoError(t, os.WriteFile(p, body, 0o640))
+	_, err = Restore(b.Ctx, b.Pool, b.store, b.period, 0, "audit_damaged")
+	require.ErrorContains(t, err, fileBodies+": sha256")
+	var n int
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = 'audit_damaged'`).Scan(&n))
+	require.Zero(t, n)
 }

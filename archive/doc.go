@@ -20,7 +20,8 @@
 // and streams: a cursor fetched in batches, written row group by row
 // group, so its memory does not grow with the period. Verified gives the
 // detach its proof; Completeness answers a detached period's report from
-// its manifest.
+// its manifest; Restore loads an archive into a schema of its own for an
+// audit.
 //
 // It must never delete or change a ledger or outbox row (nothing here
 // writes any table but archives and the audit log), never overwrite a

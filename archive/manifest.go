@@ -60,6 +60,12 @@ func (m Manifest) encode() ([]byte, string, error) {
 	return b, hex.EncodeToString(sum[:]), nil
 }
 
+// sha256Hex is the lowercase hex sha256 of b.
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
 // prefix is where generation g of period p lives in a store.
 func prefix(period string, generation int) string {
 	return fmt.Sprintf("%s/g%04d", period, generation)

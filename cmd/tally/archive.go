@@ -109,6 +109,42 @@ func limitMemory() {
 	}
 }
 
+// archiveRestoreCommand is tally archive restore PERIOD --schema S: the
+// month's files loaded into a new schema of their own, for an audit.
+func archiveRestoreCommand() command {
+	f := &archiveFlags{}
+	var schema string
+	return command{name: "archive restore",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&schema, "schema", "", "the new schema to load the month into (required)")
+			fs.IntVar(&f.generation, "generation", 0, "the generation to restore (default: the latest this database knows)")
+		},
+		args: exactly(1, "a period, YYYY-MM"),
+		run: func(ctx context.Context, e *env, args []string) error {
+			if _, _, err := quarantine.ParsePeriod(args[0]); err != nil {
+				return usageError{err.Error()}
+			}
+			if schema == "" || f.generation < 0 {
+				return usageError{"--schema is required; --generation must be positive"}
+			}
+			limitMemory()
+			cfg, err := archiveConfig(ctx, e)
+			if err != nil {
+				return err
+			}
+			res, err := archive.Restore(ctx, ownerPool(e), cfg.Store, args[0], f.generation, schema)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "restored %s generation %d into schema %s\n", args[0], res.Generation, res.Schema)
+			for table, n := range res.Rows {
+				fmt.Fprintf(e.stdout, "  %-26s %10d rows\n", table, n)
+			}
+			return nil
+		},
+	}
+}
+
 // archiveConfig opens the store the settings name: TALLY_ARCHIVE_URL, or
 // the directory "archive" in the data directory.
 func archiveConfig(ctx context.Context, e *env) (archive.Config, error) {

@@ -42,6 +42,12 @@ func TestArchiveCommands(t *testing.T) {
 	require.Contains(t, out, "verified "+last+" generation 1")
 	require.Contains(t, out, "state verified")
 
+	code, out, errs = tallyEnv(t, env, "archive", "restore", last, "--schema", "audit_last")
+	require.Equal(t, 0, code, errs)
+	require.Contains(t, out, "restored "+last+" generation 1 into schema audit_last")
+	code, _, errs = tallyEnv(t, env, "archive", "restore", last)
+	require.Equal(t, 2, code, errs)
+
 	// Damage fails verify with the file named.
 	require.NoError(t, os.Remove(filepath.Join(dir, last, "g0001", "audit_log.parquet")))
 	code, _, errs = tallyEnv(t, env, "archive", "verify", last)

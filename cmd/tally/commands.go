@@ -63,6 +63,7 @@ func commands() []command {
 		doctorCommand(),
 		completenessCommand(),
 		archiveVerifyCommand(),
+		archiveRestoreCommand(),
 		archiveCommand(),
 	}
 }
