@@ -86,10 +86,14 @@ func Archive(ctx context.Context, pool *pgxpool.Pool, period string, cfg Config)
 	if err != nil {
 		return Result{}, err
 	}
-	if latest != nil && (latest.State == StateDetached || latest.State == StateVerified && !cfg.NewGeneration) {
+	switch {
+	case latest != nil && latest.State == StateDetached:
 		return Result{}, &Refusal{Period: period, Reasons: []string{fmt.Sprintf(
-			"generation %d is %s already (archive verify checks it again; --new-generation writes another beside it)",
-			latest.Generation, latest.State)}}
+			"generation %d is detached: the period's rows left the database with it", latest.Generation)}}
+	case latest != nil && latest.State == StateVerified && !cfg.NewGeneration:
+		return Result{}, &Refusal{Period: period, Reasons: []string{fmt.Sprintf(
+			"generation %d is verified already (archive verify checks it again; --new-generation writes another beside it)",
+			latest.Generation)}}
 	}
 	if reasons, err := openTenants(ctx, conn, from, to, cfg.InvoiceGrace); err != nil {
 		return Result{}, err

@@ -471,7 +471,7 @@ func TestGenerationsAreNeverWrittenOver(t *testing.T) {
 	require.NoError(t, tx.Commit(b.Ctx))
 	_, err = Archive(b.Ctx, b.Pool, b.period, cfg)
 	require.ErrorIs(t, err, ErrRefused)
-	require.Contains(t, err.Error(), "generation 3 is detached already")
+	require.Contains(t, err.Error(), "generation 3 is detached")
 
 	// The table refuses what the package never does.
 	_, err = b.Pool.Exec(b.Ctx, `DELETE FROM archives`)
