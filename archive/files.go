@@ -176,8 +176,8 @@ ORDER BY r.id`,
 	{name: "audit_log.parquet", table: "audit_log", idColumn: "id",
 		query: `SELECT l.id, l.at, l.actor, l.action, l.subject, l.from_state, l.to_state, l.reason, l.details::text
 FROM audit_log l
-WHERE l.subject LIKE 'item:%' AND substr(l.subject, 6) ~ '^[0-9]{1,18}$'
-  AND substr(l.subject, 6)::bigint IN (SELECT id FROM archive_items)
+WHERE l.subject LIKE 'item:%'
+  AND CASE WHEN l.subject ~ '^item:[0-9]{1,18}$' THEN substr(l.subject, 6)::bigint END IN (SELECT id FROM archive_items)
 ORDER BY l.id`,
 		columns: []column{{"id", kindInt64}, {"at", kindTime}, {"actor", kindText}, {"action", kindText}, {"subject", kindText},
 			{"from_state", kindText}, {"to_state", kindText}, {"reason", kindText}, {"details", kindJSON}}},
