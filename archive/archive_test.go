@@ -235,6 +235,12 @@ func TestArchiveVerifyDetachLifecycle(t *testing.T) {
 	require.ErrorIs(t, err, ErrRefused)
 	require.Contains(t, err.Error(), "generation 1 is verified already")
 
+	// Until the detach, the report is the database's.
+	live, archived, err := Completeness(b.Ctx, b.Pool, b.store, b.period)
+	require.NoError(t, err)
+	require.False(t, archived)
+	require.Empty(t, Differences(live.Lines, before.Lines, "live", "database"))
+
 	// The detach's side: marked in its transaction, then the report of
 	// the period answers from the manifest.
 	tx, err := b.Pool.Begin(b.Ctx)
@@ -244,6 +250,9 @@ func TestArchiveVerifyDetachLifecycle(t *testing.T) {
 	c, archived, err := Completeness(b.Ctx, b.Pool, b.store, b.period)
 	require.NoError(t, err)
 	require.True(t, archived)
+	_, archived, err = Completeness(b.Ctx, b.Pool, nil, b.period)
+	require.NoError(t, err)
+	require.True(t, archived, "from the archives table's copy without the store")
 	require.Empty(t, Differences(c.Lines, before.Lines, "archived", "database"))
 
 	// A detached archive verifies against its manifest alone.
