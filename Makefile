@@ -58,6 +58,7 @@ bench:
 	go test ./cmd/tally -run '^$$' -bench NodeMemory -benchtime 1x
 	go test ./cmd/tally -run '^$$' -bench 'BenchmarkImport$$' -benchtime 1x
 	go test ./internal/testkit/history -run '^$$' -bench History -benchtime 1x -timeout 0
+	go test ./archive -run '^$$' -bench BenchmarkArchive -benchtime 1x -timeout 0
 
 # The database-bound benchmarks again on a durable cluster (fsync and
 # synchronous_commit on, on disk: the embedded default's settings).

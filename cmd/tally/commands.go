@@ -62,6 +62,9 @@ func commands() []command {
 		recoverCommand(),
 		doctorCommand(),
 		completenessCommand(),
+		archiveVerifyCommand(),
+		archiveRestoreCommand(),
+		archiveCommand(),
 	}
 }
 

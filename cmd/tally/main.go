@@ -41,6 +41,9 @@ Commands:
   requeue                requeue every matching quarantined item under the current mappings: --reason R|--tenant T|--feature F|--period YYYY-MM|--all [--dry-run] [--accept-period-closed] [--limit N] [--after ID] [--format table|json]
   items list             list outbox items: [--state S] [--tenant T] [--feature F] [--limit N] [--after ID] [--format table|json]
   report completeness    the completeness report: --period YYYY-MM [--tenant T] [--format table|json]
+  archive PERIOD         write a closed month's ledger, items and evidence as Parquet to TALLY_ARCHIVE_URL: [--new-generation] [--format table|json]
+  archive verify PERIOD  re-read an archive, recompute its totals, compare with the manifest and the database: [--generation N] [--format table|json]
+  archive restore PERIOD load an archived month into a new schema, for an audit: --schema S [--generation N]
   reconcile              compare accepted items with Stripe's summaries now, confirm what matches: [--settle D] [--since T] [--format table|json]
   reconcile discrepancies  list discrepancies: [--run N] [--status open|resolved|all] [--format table|json]
   reconcile resolve ID   resolve a discrepancy: --reason credited_in_stripe|reposted|accept_stripe|accept_tally --note TEXT

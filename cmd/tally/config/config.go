@@ -46,6 +46,13 @@ type Config struct {
 	// DataDir holds the embedded cluster's data and logs. Defaults to
 	// DefaultDataDir.
 	DataDir string
+	// ArchiveURL is where tally archive writes: a directory or
+	// s3://bucket/prefix. Empty means the directory "archive" in DataDir.
+	ArchiveURL string
+	// ArchiveEndpoint, ArchiveRegion, ArchiveAccessKey and
+	// ArchiveSecretKey reach an s3:// ArchiveURL; empty means Amazon S3,
+	// the region the server names, and the AWS_* variables.
+	ArchiveEndpoint, ArchiveRegion, ArchiveAccessKey, ArchiveSecretKey string
 	// Listen is the HTTP address. Defaults to DefaultListen.
 	Listen string
 	// LogFormat is "text" or "json". Defaults to DefaultLogFormat (json);

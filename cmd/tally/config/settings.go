@@ -27,7 +27,7 @@ func settings() []setting {
 	return slices.Concat(nodeSettings(), outboxSettings(), exportSettings(), deliverySettings(), reconcileSettings(), tlsSettings(), quotaSettings(), poolSettings(),
 		[]setting{{"TALLY_OUTBOX_CLAIM_SCAN", "outbox-claim-scan", "how many due items per wanted item a per-key claim reads to find distinct keys",
 			strconv.Itoa(outbox.DefaultClaimScan), integer(func(c *Config) *int { return &c.Outbox.ClaimScan })}},
-		consoleSettings(), coalesceSettings(), streamSettings())
+		consoleSettings(), coalesceSettings(), streamSettings(), archiveSettings())
 }
 
 // nodeSettings are the node's own: its database, address, logs and
