@@ -145,6 +145,9 @@ func Archive(ctx context.Context, pool *pgxpool.Pool, period string, cfg Config)
 	}
 	m := Manifest{Format: ManifestFormat, Period: period, Generation: gen,
 		Location: cfg.Store.String() + "/" + prefix(period, gen), WrittenAt: at.UTC(), WrittenBy: cfg.By, Completeness: c}
+	if m.LedgerMonths, err = ledgerMonths(ctx, tx, args); err != nil {
+		return Result{}, err
+	}
 	if m.Files, err = writeFiles(ctx, tx, cfg.Store, prefix(period, gen), args); err != nil {
 		return Result{}, err
 	}
@@ -185,6 +188,22 @@ func Archive(ctx context.Context, pool *pgxpool.Pool, period string, cfg Config)
 		return Result{}, fmt.Errorf("archive: %w", err)
 	}
 	return Result{Manifest: m, ManifestSHA256: sum}, nil
+}
+
+// ledgerMonths counts the period's ledger rows by the month they occurred
+// in, in the archive's snapshot.
+func ledgerMonths(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs) (map[string]int64, error) {
+	rows, err := tx.Query(ctx, `SELECT to_char(e.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM'), count(*) `+sqlPeriodEvents+` GROUP BY 1`, args)
+	if err != nil {
+		return nil, fmt.Errorf("archive: counting the ledger's months: %w", err)
+	}
+	months := map[string]int64{}
+	var month string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&month, &n}, func() error { months[month] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("archive: counting the ledger's months: %w", err)
+	}
+	return months, nil
 }
 
 // The audit log's actions of the archive.

@@ -32,6 +32,10 @@ type Manifest struct {
 	// Completeness is quarantine.CompletenessOf of the period, computed in
 	// the snapshot the files were read in.
 	Completeness quarantine.Completeness `json:"completeness"`
+	// LedgerMonths counts the archived ledger rows by the month ("YYYY-MM",
+	// UTC) they occurred in: a detach drops a month of the ledger only when
+	// the archives of the periods it holds count exactly its rows.
+	LedgerMonths map[string]int64 `json:"ledger_months"`
 }
 
 // File is one archive file as written.

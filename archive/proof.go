@@ -27,6 +27,9 @@ type Proof struct {
 	// Files are the manifest's files: row counts and id ranges, for a
 	// detach that checks the partitions it drops hold what was archived.
 	Files []File
+	// LedgerMonths are the manifest's counts of the archived ledger rows
+	// by the month they occurred in.
+	LedgerMonths map[string]int64
 }
 
 // Verified is the proof that period's latest archive generation is
@@ -53,7 +56,7 @@ func Verified(ctx context.Context, q Querier, period string) (Proof, error) {
 		return Proof{}, fmt.Errorf("archive: manifest of %s: %w", period, err)
 	}
 	return Proof{Period: period, Generation: rec.Generation, VerifiedAt: *rec.VerifiedAt, ManifestSHA256: rec.ManifestSHA256,
-		Location: rec.Location, Files: m.Files}, nil
+		Location: rec.Location, Files: m.Files, LedgerMonths: m.LedgerMonths}, nil
 }
 
 // MarkDetached records, in the detach's transaction tx, that the period

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -87,6 +89,9 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, period string, gen int, cfg
 	}
 	v := Verification{Period: period, Generation: rec.Generation, State: rec.State, ComparedWithDatabase: rec.State != StateDetached}
 	problems, m := checkFiles(ctx, cfg.Store, rec, &v)
+	if len(problems) == 0 {
+		problems = append(problems, checkLedgerMonths(ctx, cfg.Store, rec, m)...)
+	}
 	if len(problems) == 0 {
 		lines, err := recomputeFromStore(ctx, cfg.Store, rec, from, to)
 		if err != nil {
@@ -257,6 +262,38 @@ func objectRows(ctx context.Context, store Store, rec *Record, f file, closers *
 	}
 	*closers = append(*closers, func() { r.close(); _ = obj.Close() })
 	return r, nil
+}
+
+// checkLedgerMonths counts the ledger file's rows by the month they
+// occurred in and compares the counts with the manifest's.
+func checkLedgerMonths(ctx context.Context, store Store, rec *Record, m Manifest) []string {
+	var closers []func()
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	spec, _ := fileNamed(fileEvents)
+	src, err := objectRows(ctx, store, rec, spec, &closers)
+	if err != nil {
+		return []string{fileEvents + ": " + err.Error()}
+	}
+	months := map[string]int64{}
+	if err := each(src, func(r record) { months[time.UnixMicro(r.int("occurred_at")).UTC().Format("2006-01")]++ }); err != nil {
+		return []string{fileEvents + ": " + err.Error()}
+	}
+	var problems []string
+	for _, month := range slices.Sorted(maps.Keys(months)) {
+		if months[month] != m.LedgerMonths[month] {
+			problems = append(problems, fmt.Sprintf("%s: %d rows occurred in %s, the manifest says %d", fileEvents, months[month], month, m.LedgerMonths[month]))
+		}
+	}
+	for _, month := range slices.Sorted(maps.Keys(m.LedgerMonths)) {
+		if _, ok := months[month]; !ok && m.LedgerMonths[month] != 0 {
+			problems = append(problems, fmt.Sprintf("%s: no row occurred in %s, the manifest says %d", fileEvents, month, m.LedgerMonths[month]))
+		}
+	}
+	return problems
 }
 
 // recomputeFromStore recomputes the completeness lines from rec's files.

@@ -190,3 +190,15 @@ func EnsureMonths(ctx context.Context, db mappings.Querier, ahead int) (int, err
 	}
 	return made, nil
 }
+
+// MonthDetached reports whether the ledger's month (its first day, UTC) is
+// closed and its partition gone: what a detach leaves once it is done.
+func MonthDetached(ctx context.Context, db mappings.Querier, month time.Time) (bool, error) {
+	var done bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM usage_closed_months WHERE month = $1::date) AND to_regclass($2) IS NULL`,
+		month.UTC(), MonthPartition(month.UTC())).Scan(&done)
+	if err != nil {
+		return false, fmt.Errorf("meter: reading the ledger's month %s: %w", month.UTC().Format("2006-01"), err)
+	}
+	return done, nil
+}

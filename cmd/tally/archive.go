@@ -101,6 +101,40 @@ func archiveVerifyCommand() command {
 	}
 }
 
+// archiveDetachCommand is tally archive detach PERIOD: the ledger's month
+// leaves the database once the archives of the periods it holds are
+// verified.
+func archiveDetachCommand() command {
+	f := &archiveFlags{}
+	return command{name: "archive detach",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&f.format, "format", "table", "table or json")
+		},
+		args: exactly(1, "a period, YYYY-MM"),
+		run: func(ctx context.Context, e *env, args []string) error {
+			if _, _, err := quarantine.ParsePeriod(args[0]); err != nil {
+				return usageError{err.Error()}
+			}
+			res, err := archive.Detach(ctx, ownerPool(e), args[0], who())
+			if err != nil {
+				return err
+			}
+			if f.format == "json" {
+				return printJSON(e.stdout, res)
+			}
+			if res.Partition != "" {
+				fmt.Fprintf(e.stdout, "detached and dropped %s (%d events)\n", res.Partition, res.Events)
+			} else {
+				fmt.Fprintf(e.stdout, "the ledger's month %s had left already\n", args[0])
+			}
+			for _, p := range res.Periods {
+				fmt.Fprintf(e.stdout, "period %s has left the database: its report answers from its archive\n", p)
+			}
+			return nil
+		},
+	}
+}
+
 // limitMemory sets archive.MemoryLimit as the process's soft memory
 // limit, unless GOMEMLIMIT sets one.
 func limitMemory() {
@@ -160,8 +194,7 @@ func archiveConfig(ctx context.Context, e *env) (archive.Config, error) {
 	return archive.Config{Store: store, InvoiceGrace: e.cfg.InvoiceGrace, By: who()}, nil
 }
 
-// ownerPool is the pool tally archive runs on. The archive commands are
-// meant to run as the database's owner role (the runtime role may not
-// detach or drop what the archive lets go); until the owner's URL is a
-// setting of its own, it is the ordinary database URL's pool.
+// ownerPool is the pool the archive commands run on: the database's owner
+// role (TALLY_DATABASE_OWNER_URL, or TALLY_DATABASE_URL's role on a
+// single-role install), since the runtime role may not detach or drop.
 func ownerPool(e *env) *pgxpool.Pool { return e.db.Pool }

@@ -64,6 +64,7 @@ func commands() []command {
 		completenessCommand(),
 		archiveVerifyCommand(),
 		archiveRestoreCommand(),
+		archiveDetachCommand(),
 		archiveCommand(),
 	}
 }

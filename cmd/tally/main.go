@@ -44,6 +44,7 @@ Commands:
   archive PERIOD         write a closed month's ledger, items and evidence as Parquet to TALLY_ARCHIVE_URL: [--new-generation] [--format table|json]
   archive verify PERIOD  re-read an archive, recompute its totals, compare with the manifest and the database: [--generation N] [--format table|json]
   archive restore PERIOD load an archived month into a new schema, for an audit: --schema S [--generation N]
+  archive detach PERIOD  drop the ledger's month PERIOD once the archives of PERIOD and the month before are verified: [--format table|json]
   reconcile              compare accepted items with Stripe's summaries now, confirm what matches: [--settle D] [--since T] [--format table|json]
   reconcile discrepancies  list discrepancies: [--run N] [--status open|resolved|all] [--format table|json]
   reconcile resolve ID   resolve a discrepancy: --reason credited_in_stripe|reposted|accept_stripe|accept_tally --note TEXT
