@@ -34,6 +34,9 @@ const (
 	ActionTokenRevoke = "token.revoke"
 	// ActionSessionOpen is a console sign-in.
 	ActionSessionOpen = "session.open"
+	// ActionCompletenessRepair is a month's completeness counters
+	// rewritten from the ledger (tally report completeness --repair).
+	ActionCompletenessRepair = "completeness.repair"
 )
 
 // Entry is one audited action.
