@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -276,4 +278,29 @@ func RepairCompleteness(ctx context.Context, db AuditDB, period, by string, time
 		return Audit{}, fmt.Errorf("quarantine: repairing %s: %w", period, err)
 	}
 	return a, nil
+}
+
+// Table writes the audit for a terminal: what was compared, then every key
+// that differs, one a line.
+func (a Audit) Table(w io.Writer) error {
+	verb := "differ"
+	if a.Kind == AuditRepair {
+		verb = "differed and were rewritten from the ledger"
+	}
+	if _, err := fmt.Fprintf(w, "audit %d (%s) of %s: %d lines, %d keys %s\n", a.ID, a.Kind, a.Period, a.Lines, a.DriftKeys, verb); err != nil {
+		return err
+	}
+	if len(a.Drift) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tBUCKET\tCOUNTERS\tLEDGER\t")
+	for _, d := range a.Drift {
+		c, l := fmt.Sprintf("%d events, %s", d.Counters.Events, d.Counters.Value), fmt.Sprintf("%d events, %s", d.Ledger.Events, d.Ledger.Value)
+		if d.Bucket == "destination_accounts" {
+			c, l = strings.Join(d.CountersAccounts, " "), strings.Join(d.LedgerAccounts, " ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", d.Tenant, d.Feature, d.Period, d.Bucket, c, l)
+	}
+	return tw.Flush()
 }

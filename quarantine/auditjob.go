@@ -43,8 +43,9 @@ type AuditDB interface {
 type AuditWorker struct {
 	river.WorkerDefaults[AuditArgs]
 	DB AuditDB
-	// Timeout bounds each statement. Defaults to DefaultAuditTimeout.
-	Timeout time.Duration
+	// StatementTimeout bounds each statement of an audit. Defaults to
+	// DefaultAuditTimeout.
+	StatementTimeout time.Duration
 	Metrics *AuditMetrics
 	Logger  *slog.Logger
 }
@@ -55,6 +56,10 @@ type AuditWorker struct {
 const sqlAuditMonths = `
 SELECT to_char(now() AT TIME ZONE 'UTC' - interval '1 month', 'YYYY-MM'), to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM')`
 
+// Timeout lets an audit run as long as its statements may (River's
+// default is a minute).
+func (w *AuditWorker) Timeout(*river.Job[AuditArgs]) time.Duration { return -1 }
+
 // Work audits the months. A month that cannot be audited fails the job
 // (River retries it); the metric keeps its last value meanwhile.
 func (w *AuditWorker) Work(ctx context.Context, _ *river.Job[AuditArgs]) error {
@@ -64,7 +69,7 @@ func (w *AuditWorker) Work(ctx context.Context, _ *river.Job[AuditArgs]) error {
 	}
 	total := 0
 	for _, m := range months {
-		a, err := RunAudit(ctx, w.DB, m, AuditNightly, "nightly", w.timeout(), w.Logger)
+		a, err := RunAudit(ctx, w.DB, m, AuditNightly, "nightly", w.statementTimeout(), w.Logger)
 		if err != nil {
 			return err
 		}
@@ -74,9 +79,9 @@ func (w *AuditWorker) Work(ctx context.Context, _ *river.Job[AuditArgs]) error {
 	return nil
 }
 
-func (w *AuditWorker) timeout() time.Duration {
-	if w.Timeout > 0 {
-		return w.Timeout
+func (w *AuditWorker) statementTimeout() time.Duration {
+	if w.StatementTimeout > 0 {
+		return w.StatementTimeout
 	}
 	return DefaultAuditTimeout
 }
@@ -152,4 +157,3 @@ func (m *AuditMetrics) audited(driftKeys int) {
 		m.last.SetToCurrentTime()
 	}
 }
-
