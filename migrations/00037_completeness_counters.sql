@@ -138,19 +138,29 @@ AS $$ SELECT CASE WHEN state IN ('pending', 'leased') THEN 'pending' ELSE coales
 -- completeness_cancel is how the report sees an event's cancellation: NULL
 -- when it is not cancelled, its outcome, or withdrawn while it has none.
 -- +goose StatementBegin
-CREATE FUNCTION completeness_cancel(event_row bigint, cancelled_at timestamptz) RETURNS text LANGUAGE sql STABLE
-AS $$ SELECT CASE WHEN cancelled_at IS NOT NULL THEN
-          coalesce((SELECT c.outcome FROM usage_cancellations c WHERE c.event_row = completeness_cancel.event_row), 'withdrawn') END $$;
+CREATE FUNCTION completeness_cancel(event_row bigint, cancelled_at timestamptz) RETURNS text LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF cancelled_at IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce((SELECT c.outcome FROM usage_cancellations c WHERE c.event_row = completeness_cancel.event_row), 'withdrawn');
+END
+$$;
 -- +goose StatementEnd
 
 -- completeness_last_aggregation is whether a feature's items built from
 -- mapping_version reduce their events to the last value (the mapping in
 -- force at that version).
 -- +goose StatementBegin
-CREATE FUNCTION completeness_last_aggregation(feature text, mapping_version integer) RETURNS boolean LANGUAGE sql STABLE
-AS $$ SELECT coalesce((SELECT fv.aggregation = 'last' FROM feature_mapping_versions fv
-          WHERE fv.feature = completeness_last_aggregation.feature AND fv.version <= mapping_version
-          ORDER BY fv.version DESC LIMIT 1), false) $$;
+CREATE FUNCTION completeness_last_aggregation(feature text, mapping_version integer) RETURNS boolean LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN coalesce((SELECT fv.aggregation = 'last' FROM feature_mapping_versions fv
+                     WHERE fv.feature = completeness_last_aggregation.feature AND fv.version <= mapping_version
+                     ORDER BY fv.version DESC LIMIT 1), false);
+END
+$$;
 -- +goose StatementEnd
 
 -- completeness_delta is one contribution to a counter row: events and
@@ -174,9 +184,16 @@ CREATE TYPE completeness_delta AS (
 
 -- completeness_bump adds contributions to the counters: one upsert per
 -- row, in key order, on the backend's slot; all-zero sums write nothing.
+-- It and the functions below are PL/pgSQL, whose plans a session keeps
+-- (a SQL function's statement is planned at every call), and generic:
+-- planned once, not again for every statement's rows.
 -- +goose StatementBegin
-CREATE FUNCTION completeness_bump(d completeness_delta[]) RETURNS bigint LANGUAGE sql
+CREATE FUNCTION completeness_bump(d completeness_delta[]) RETURNS bigint LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    n bigint;
+BEGIN
 WITH s AS (
     SELECT period, tenant, feature, account,
            sum(events) AS ie, sum(value) AS iv,
@@ -226,7 +243,9 @@ written AS (
         items = c.items + excluded.items, inconsistent = c.inconsistent + excluded.inconsistent
     RETURNING 1
 )
-SELECT count(*) FROM written
+SELECT count(*) FROM written INTO n;
+RETURN n;
+END
 $$;
 -- +goose StatementEnd
 
@@ -236,14 +255,18 @@ $$;
 -- so that the second statement reads what concurrent writers committed.
 -- +goose StatementBegin
 CREATE FUNCTION completeness_refresh(roots bigint[]) RETURNS void LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     written bigint;
 BEGIN
     PERFORM FROM completeness_items WHERE item_id = ANY (roots) ORDER BY item_id, tenant, feature FOR UPDATE;
     WITH cur AS (
-        SELECT a.*, coalesce(tally_live_item(a.carrier), a.carrier) AS live
-        FROM completeness_items a WHERE a.item_id = ANY (roots)
+        SELECT a.*, CASE WHEN c.superseded_by IS NULL THEN a.carrier
+                         ELSE coalesce(tally_live_item(a.carrier), a.carrier) END AS live
+        FROM completeness_items a
+        LEFT JOIN outbox_item_states c ON c.id = a.carrier
+        WHERE a.item_id = ANY (roots)
     ),
     nxt AS (
         SELECT cur.item_id, cur.tenant, cur.feature, cur.live,
@@ -296,6 +319,7 @@ CREATE TYPE completeness_event AS (
 -- item's period); any other adds to its item's usage, which then moves.
 -- +goose StatementBegin
 CREATE FUNCTION completeness_events(evs completeness_event[]) RETURNS void LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     touched_items bigint[];
@@ -364,6 +388,7 @@ $$;
 -- already, as a fixture or an import may write) goes the general way.
 -- +goose StatementBegin
 CREATE FUNCTION completeness_ledger_insert() RETURNS trigger LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     INSERT INTO completeness_counters AS c (period, tenant, feature, account, slot,
@@ -394,6 +419,7 @@ CREATE TRIGGER usage_events_completeness_insert AFTER INSERT ON usage_events
 -- arrives where it is.
 -- +goose StatementBegin
 CREATE FUNCTION completeness_ledger_update() RETURNS trigger LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     PERFORM completeness_events(array(
@@ -415,6 +441,7 @@ CREATE TRIGGER usage_events_completeness_update AFTER UPDATE ON usage_events
 -- as cancelled usage.
 -- +goose StatementBegin
 CREATE FUNCTION completeness_cancellation_insert() RETURNS trigger LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     PERFORM completeness_events(array(
@@ -435,6 +462,7 @@ CREATE TRIGGER usage_cancellations_completeness AFTER INSERT ON usage_cancellati
 -- nothing.
 -- +goose StatementBegin
 CREATE FUNCTION completeness_item_update() RETURNS trigger LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     roots bigint[];
@@ -459,6 +487,7 @@ CREATE TRIGGER outbox_item_states_completeness_update AFTER UPDATE ON outbox_ite
 -- successor written after its predecessor's supersede) places them.
 -- +goose StatementBegin
 CREATE FUNCTION completeness_item_insert() RETURNS trigger LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     roots bigint[];

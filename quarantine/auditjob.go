@@ -46,8 +46,8 @@ type AuditWorker struct {
 	// StatementTimeout bounds each statement of an audit. Defaults to
 	// DefaultAuditTimeout.
 	StatementTimeout time.Duration
-	Metrics *AuditMetrics
-	Logger  *slog.Logger
+	Metrics          *AuditMetrics
+	Logger           *slog.Logger
 }
 
 // sqlAuditMonths names the months the nightly audit reads, by the
