@@ -106,10 +106,10 @@ func benchTriggers(b *testing.B) {
 		reps int
 		run  func(*stagetest.Env, int) time.Duration
 	}{
-		{"staging pass, 200 windows of 10 events", 5, stagePass(200, 10)},
-		{"ingest, 1 event a transaction (window), 200 tx", 5, ingestSingles("calls", 200)},
-		{"ingest, 1 event a transaction (per-event item), 200 tx", 5, ingestSingles("logins", 200)},
-		{"ingest, 100 events a transaction, 20 tx", 5, ingestBatches(20, 100)},
+		{"staging pass, 100 windows of 10 events", 11, stagePass(100, 10)},
+		{"ingest, 1 event a transaction (window), 60 tx", 21, ingestSingles("calls", 60)},
+		{"ingest, 1 event a transaction (per-event item), 30 tx", 21, ingestSingles("logins", 30)},
+		{"ingest, 100 events a transaction, 5 tx", 21, ingestBatches(5, 100)},
 	} {
 		var ws, outs []time.Duration
 		for i := range op.reps {
@@ -184,7 +184,7 @@ func ingestBatches(n, size int) func(*stagetest.Env, int) time.Duration {
 // tenant and hour), then times the pass that stages them.
 func stagePass(windows, per int) func(*stagetest.Env, int) time.Duration {
 	return func(e *stagetest.Env, rep int) time.Duration {
-		at := time.Now().UTC().Add(-time.Duration(3+rep) * time.Hour).Truncate(time.Hour).Add(10 * time.Minute)
+		at := time.Now().UTC().Add(-time.Duration(3+rep) * time.Hour).Truncate(time.Hour).Add(10 * time.Minute) // a window of its own
 		var batch []meter.Event
 		for w := range windows {
 			for j := range per {

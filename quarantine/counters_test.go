@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/testkit/testdb"
@@ -71,7 +74,34 @@ func TestCountersFollowEveryPathThatMovesUsage(t *testing.T) {
 }
 
 func runCounters(t *testing.T, seed uint64) {
+	runMix(t, setup(t), seed, 60)
+}
+
+// TestMigration37CountsAnExistingDatabase: a database in use before the
+// counters (the random mix's, migration 37 taken down under it) is counted
+// in place by the migration, equal to the full computation.
+func TestMigration37CountsAnExistingDatabase(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
+	runMix(t, b, 11, 30)
+	db := stdlib.OpenDBFromPool(b.Pool)
+	t.Cleanup(func() { _ = db.Close() })
+	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("../migrations"), goose.WithDisableGlobalRegistry(true))
+	require.NoError(t, err)
+	_, err = p.ApplyVersion(b.Ctx, 37, false)
+	require.NoError(t, err)
+	var exists bool
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT to_regclass('completeness_counters') IS NOT NULL`).Scan(&exists))
+	require.False(t, exists)
+	b.Pool.Reset() // the sessions' plans of the dropped functions
+	b.MustIngest(t, ev("before", "acme", "calls", 4, ago(3*time.Hour))) // written without triggers
+	_, err = p.ApplyVersion(b.Ctx, 37, true)
+	require.NoError(t, err)
+	requireCounted(t, b, "after migration 37", monthsAround()...)
+}
+
+// runMix drives steps random writes on b, checking the counters after each.
+func runMix(t *testing.T, b *bundle, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	months := monthsAround()
 	b.Feature(t, "calls", mappings.Sum, time.Hour)
@@ -86,7 +116,7 @@ func runCounters(t *testing.T, seed uint64) {
 	next := 0
 	requireCounted(t, b, "start", months...)
 
-	for step := 0; step < 60; step++ {
+	for step := 0; step < steps; step++ {
 		action := rng.IntN(11)
 		name := fmt.Sprintf("step %d action %d", step, action)
 		switch action {
