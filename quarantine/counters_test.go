@@ -93,7 +93,7 @@ func TestMigration37CountsAnExistingDatabase(t *testing.T) {
 	var exists bool
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT to_regclass('completeness_counters') IS NOT NULL`).Scan(&exists))
 	require.False(t, exists)
-	b.Pool.Reset() // the sessions' plans of the dropped functions
+	b.Pool.Reset()                                                      // the sessions' plans of the dropped functions
 	b.MustIngest(t, ev("before", "acme", "calls", 4, ago(3*time.Hour))) // written without triggers
 	_, err = p.ApplyVersion(b.Ctx, 37, true)
 	require.NoError(t, err)
