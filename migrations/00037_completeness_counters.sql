@@ -533,6 +533,54 @@ $$;
 CREATE TRIGGER tenant_mappings_completeness AFTER INSERT OR UPDATE ON tenant_mappings
     FOR EACH ROW EXECUTE FUNCTION completeness_anchor();
 
+-- completeness_fold moves the counters of the periods starting before
+-- p_to from every slot into slot 0, sums unchanged, so that a month no
+-- longer written by many backends at once is read as one row per line and
+-- account. A writer meanwhile waits for the row it would add to and then
+-- adds a new one: nothing is lost. The nightly audit runs it over the
+-- months before the current one.
+-- +goose StatementBegin
+CREATE FUNCTION completeness_fold(p_to timestamptz) RETURNS bigint LANGUAGE plpgsql
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    WITH moved AS (
+        DELETE FROM completeness_counters WHERE period < p_to AND slot <> 0 RETURNING *
+    ),
+    summed AS (
+        INSERT INTO completeness_counters AS c
+        SELECT period, tenant, feature, account, 0,
+               sum(ingested_events), sum(ingested_value), sum(confirmed_events), sum(confirmed_value),
+               sum(accepted_events), sum(accepted_value), sum(pending_events), sum(pending_value),
+               sum(unstaged_events), sum(unstaged_value), sum(quarantined_events), sum(quarantined_value),
+               sum(uncertain_events), sum(uncertain_value), sum(rejected_events), sum(rejected_value),
+               sum(cancelled_events), sum(cancelled_value), sum(period_closed_events), sum(period_closed_value),
+               sum(items), sum(inconsistent)
+        FROM moved
+        GROUP BY period, tenant, feature, account
+        ORDER BY period, tenant, feature, account
+        ON CONFLICT (period, tenant, feature, account, slot) DO UPDATE SET
+            ingested_events = c.ingested_events + excluded.ingested_events, ingested_value = c.ingested_value + excluded.ingested_value,
+            confirmed_events = c.confirmed_events + excluded.confirmed_events, confirmed_value = c.confirmed_value + excluded.confirmed_value,
+            accepted_events = c.accepted_events + excluded.accepted_events, accepted_value = c.accepted_value + excluded.accepted_value,
+            pending_events = c.pending_events + excluded.pending_events, pending_value = c.pending_value + excluded.pending_value,
+            unstaged_events = c.unstaged_events + excluded.unstaged_events, unstaged_value = c.unstaged_value + excluded.unstaged_value,
+            quarantined_events = c.quarantined_events + excluded.quarantined_events, quarantined_value = c.quarantined_value + excluded.quarantined_value,
+            uncertain_events = c.uncertain_events + excluded.uncertain_events, uncertain_value = c.uncertain_value + excluded.uncertain_value,
+            rejected_events = c.rejected_events + excluded.rejected_events, rejected_value = c.rejected_value + excluded.rejected_value,
+            cancelled_events = c.cancelled_events + excluded.cancelled_events, cancelled_value = c.cancelled_value + excluded.cancelled_value,
+            period_closed_events = c.period_closed_events + excluded.period_closed_events,
+            period_closed_value = c.period_closed_value + excluded.period_closed_value,
+            items = c.items + excluded.items, inconsistent = c.inconsistent + excluded.inconsistent
+        RETURNING 1
+    )
+    SELECT count(*) FROM moved INTO n;
+    RETURN n;
+END
+$$;
+-- +goose StatementEnd
+
 -- completeness_recount rebuilds, from the ledger and the outbox, the
 -- counters and the items of the billing periods starting in [p_from, p_to)
 -- (events that occurred from p_from to 32 days after p_to, as the full
@@ -659,7 +707,7 @@ DROP TRIGGER outbox_item_states_completeness_update ON outbox_item_states;
 DROP TRIGGER usage_cancellations_completeness ON usage_cancellations;
 DROP TRIGGER usage_events_completeness_update ON usage_events;
 DROP TRIGGER usage_events_completeness_insert ON usage_events;
-DROP FUNCTION completeness_recount(timestamptz, timestamptz), completeness_anchor(), completeness_item_insert(), completeness_item_update(),
+DROP FUNCTION completeness_fold(timestamptz), completeness_recount(timestamptz, timestamptz), completeness_anchor(), completeness_item_insert(), completeness_item_update(),
     completeness_cancellation_insert(), completeness_ledger_update(), completeness_ledger_insert(),
     completeness_events(completeness_event[]), completeness_refresh(bigint[]), completeness_bump(completeness_delta[]),
     completeness_last_aggregation(text, integer),

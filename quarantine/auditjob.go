@@ -39,7 +39,8 @@ type AuditDB interface {
 // AuditWorker runs AuditArgs: it audits each month, records the result in
 // completeness_audits, logs every key that differs (an error naming tenant,
 // feature, period and bucket) and sets tally_completeness_drift_keys to
-// the number of keys the audit found. It never rewrites a counter.
+// the number of keys the audit found. It never changes a counter's sum: it
+// only folds the slots of past months into one row each.
 type AuditWorker struct {
 	river.WorkerDefaults[AuditArgs]
 	DB AuditDB
@@ -76,8 +77,18 @@ func (w *AuditWorker) Work(ctx context.Context, _ *river.Job[AuditArgs]) error {
 		total += a.DriftKeys
 	}
 	w.Metrics.audited(total)
+	var folded int64
+	if err := w.DB.QueryRow(ctx, sqlFold).Scan(&folded); err != nil {
+		return fmt.Errorf("quarantine: folding the counters of past months: %w", err)
+	}
+	w.Logger.InfoContext(ctx, "completeness counters folded", "rows", folded)
 	return nil
 }
+
+// sqlFold moves the counters of the periods that started before the
+// current month into one slot, sums unchanged (completeness_fold): a past
+// month, rarely written, is then read as one row per line and account.
+const sqlFold = `SELECT completeness_fold(date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')`
 
 func (w *AuditWorker) statementTimeout() time.Duration {
 	if w.StatementTimeout > 0 {

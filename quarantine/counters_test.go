@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"io"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -15,6 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/testkit/testdb"
@@ -355,4 +359,71 @@ func TestConcurrentIngestsDoNotWaitOnACounter(t *testing.T) {
 	c, err := quarantine.CompletenessOf(b.Ctx, b.Pool, at.UTC().Format("2006-01"), "acme")
 	require.NoError(t, err)
 	require.Equal(t, int64(2), c.Lines[0].Unstaged.Events)
+}
+
+// TestNightlyAuditFoldsPastMonthsAndSetsTheMetric: the nightly job audits
+// the current and the previous month, sets the drift metric (1 key drifted,
+// then 0 after a repair), and folds a past month written from two slots
+// into one row per line and account, the report unchanged.
+func TestNightlyAuditFoldsPastMonthsAndSetsTheMetric(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.Feature(t, "api", mappings.Sum, time.Hour)
+	b.Tenant(t, "acme", nil)
+	now := time.Now().UTC()
+	past := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).Add(-36 * time.Hour)
+	slots := map[int]bool{}
+	for i := 0; len(slots) < 2; i++ {
+		c, err := pgx.Connect(b.Ctx, testdb.URLOf(t, b.Pool))
+		require.NoError(t, err)
+		var slot int
+		require.NoError(t, c.QueryRow(b.Ctx, `SELECT completeness_slot()`).Scan(&slot))
+		if !slots[slot] {
+			slots[slot] = true
+			tx, err := c.Begin(b.Ctx)
+			require.NoError(t, err)
+			_, err = b.Ingester.Ingest(b.Ctx, tx, []meter.Event{ev(fmt.Sprintf("p%d", i), "acme", "api", 3, &past)})
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit(b.Ctx))
+		}
+		require.NoError(t, c.Close(b.Ctx))
+	}
+	month := past.Format("2006-01")
+	count := func() (rows int) {
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM completeness_counters WHERE period < date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&rows))
+		return rows
+	}
+	require.Equal(t, 2, count(), "one row a slot")
+	_, err := b.Pool.Exec(b.Ctx, `UPDATE completeness_counters SET ingested_events = ingested_events + 1
+		WHERE tenant = 'acme' AND period < date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AND slot = (SELECT min(slot) FROM completeness_counters)`)
+	require.NoError(t, err)
+
+	reg := prometheus.NewRegistry()
+	m, err := quarantine.NewAuditMetrics(reg)
+	require.NoError(t, err)
+	w := &quarantine.AuditWorker{DB: b.Pool, Metrics: m, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	require.NoError(t, w.Work(b.Ctx, &river.Job[quarantine.AuditArgs]{}))
+	require.Equal(t, 1.0, testutil.ToFloat64(gauge(t, reg, "tally_completeness_drift_keys")))
+	require.Equal(t, 1, count(), "folded into one row")
+
+	_, err = quarantine.RepairCompleteness(b.Ctx, b.Pool, month, "test", 0)
+	require.NoError(t, err)
+	require.NoError(t, w.Work(b.Ctx, &river.Job[quarantine.AuditArgs]{}))
+	require.Zero(t, testutil.ToFloat64(gauge(t, reg, "tally_completeness_drift_keys")))
+	requireCounted(t, b, "after the fold", month)
+	require.NotNil(t, quarantine.PeriodicAudit())
+}
+
+// gauge is the registered gauge named name.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: "copy"}, func() float64 { return mf.GetMetric()[0].GetGauge().GetValue() })
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return nil
 }
