@@ -17,6 +17,7 @@ import (
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
 )
 
 // Completeness: every ingested unit in exactly one state, per tenant,
@@ -53,6 +54,7 @@ func TestCompletenessEndpoint(t *testing.T) {
 		step{"late usage", s.lateUsage},
 		step{"one tenant, and a month without usage", s.filters},
 		step{"as CSV", s.asCSV},
+		step{"the latest audit", s.audit},
 		step{"outbox summary", s.outboxSummary},
 		step{"outbox items", s.outboxItems},
 	)
@@ -274,4 +276,42 @@ func (s *completenessScenario) outboxItems(t *testing.T, h *harness) {
 	resp.decode(t, &it)
 	require.Equal(t, ids[0], it.ID)
 	require.Len(t, it.Identifier, 68)
+}
+
+// audit: the latest audit of the month's counters, after none (404), a
+// clean one, and one that found a counter changed by hand.
+func (s *completenessScenario) audit(t *testing.T, h *harness) {
+	for _, q := range []string{"", "?period=2026-13", "?tenant=acme"} {
+		resp := h.request(http.MethodGet, "/v1/reports/completeness/audit"+q, s.fin, nil)
+		require.Equal(t, http.StatusBadRequest, resp.status, "%q: %s", q, resp)
+	}
+	resp := h.request(http.MethodGet, "/v1/reports/completeness/audit?period="+s.month, s.fin, nil)
+	require.Equal(t, http.StatusNotFound, resp.status, "%s", resp)
+	require.Equal(t, "not_found", resp.errorCode(t))
+
+	a, err := quarantine.AuditCompleteness(h.ctx, h.pool, s.month, quarantine.AuditVerify, 0)
+	require.NoError(t, err)
+	require.Zero(t, a.DriftKeys, "%v", a.Drift)
+	require.NoError(t, quarantine.RecordAudit(h.ctx, h.pool, &a, "test"))
+	_, err = h.pool.Exec(h.ctx, `UPDATE completeness_counters SET confirmed_events = confirmed_events + 2
+		WHERE (period, tenant, feature, account, slot) = (SELECT period, tenant, feature, account, slot FROM completeness_counters
+		                                                  WHERE period = $1 AND tenant = 'acme' AND feature = 'api' LIMIT 1)`, s.period)
+	require.NoError(t, err)
+	a, err = quarantine.AuditCompleteness(h.ctx, h.pool, s.month, quarantine.AuditNightly, 0)
+	require.NoError(t, err)
+	require.NoError(t, quarantine.RecordAudit(h.ctx, h.pool, &a, "nightly"))
+
+	resp = h.request(http.MethodGet, "/v1/reports/completeness/audit?period="+s.month, s.fin, nil)
+	require.Equal(t, http.StatusOK, resp.status, "%s", resp)
+	var got quarantine.Audit
+	resp.decode(t, &got)
+	require.Equal(t, a.ID, got.ID)
+	require.Equal(t, "nightly", got.Kind)
+	require.Len(t, got.Drift, 1)
+	require.Equal(t, "acme", got.Drift[0].Tenant)
+	require.Equal(t, "api", got.Drift[0].Feature)
+	require.Equal(t, "confirmed", got.Drift[0].Bucket)
+	require.Equal(t, got.Drift[0].Ledger.Events+2, got.Drift[0].Counters.Events)
+	_, err = quarantine.RepairCompleteness(h.ctx, h.pool, s.month, "test", 0)
+	require.NoError(t, err)
 }

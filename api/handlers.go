@@ -49,6 +49,7 @@ func (h *handlers) authenticated(r chi.Router) {
 		r.With(h.readSlot).Get("/quarantine", h.getQuarantine)
 		r.With(h.readSlot).Get("/quarantine/items", h.getQuarantineItems)
 		r.With(h.readSlot).Get("/reports/completeness", h.getCompleteness)
+		r.Get("/reports/completeness/audit", h.getCompletenessAudit)
 		r.Get("/outbox/summary", h.getSummary)
 		r.Get("/outbox/items", h.listItems)
 		r.Get("/outbox/items/{id}", h.getItem)

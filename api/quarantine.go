@@ -228,6 +228,29 @@ func (h *handlers) getCompleteness(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(body)
 }
 
+// getCompletenessAudit answers the latest audit of a month's completeness
+// counters (quarantine.LatestAudit): one row.
+func (h *handlers) getCompletenessAudit(w http.ResponseWriter, r *http.Request) {
+	if !onlyParams(w, r, "period") {
+		return
+	}
+	period := r.URL.Query().Get("period")
+	if _, _, err := quarantine.ParsePeriod(period); err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_period", "period is required, as YYYY-MM")
+		return
+	}
+	a, ok, err := quarantine.LatestAudit(r.Context(), h.Pool, period)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	if !ok {
+		WriteError(w, http.StatusNotFound, "not_found", "the month was never audited")
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
 func (h *handlers) requeue(w http.ResponseWriter, r *http.Request) {
 	id, ok := itemID(w, r)
 	if !ok {

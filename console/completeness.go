@@ -21,6 +21,17 @@ func (c *Console) completeness(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
+	// The latest comparison of the counters the report reads with the
+	// ledger: one row.
+	audit, audited, err := quarantine.LatestAudit(r.Context(), c.pool, period)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	var last *quarantine.Audit
+	if audited {
+		last = &audit
+	}
 	csvHref := "/console/completeness.csv?" + url.Values{"period": {period}, "tenant": {tenant}}.Encode()
 	refreshHref := "/console/completeness?" + url.Values{"period": {period}, "tenant": {tenant}, "refresh": {"1"}}.Encode()
 	c.render(w, r, "completeness", "Completeness", struct {
@@ -28,8 +39,9 @@ func (c *Console) completeness(w http.ResponseWriter, r *http.Request) {
 		RefreshHref    string
 		CSVHref        string
 		Report         quarantine.Completeness
+		Audit          *quarantine.Audit
 		Chart          template.HTML
-	}{period, tenant, refreshHref, csvHref, rep, completenessChart(rep)})
+	}{period, tenant, refreshHref, csvHref, rep, last, completenessChart(rep)})
 }
 
 // completenessCSV is the report as CSV, safe to open in a spreadsheet.

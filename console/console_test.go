@@ -206,6 +206,7 @@ func TestFinanceReadsWithoutActions(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+href), chromedp.WaitVisible(chromedp.CSS(`[data-testid=as-of]`))))
 	after := text(t, ctx, `[data-testid=as-of]`)
 	require.Greater(t, after, before, "computed anew: a later snapshot")
+	require.Contains(t, text(t, ctx, `[data-testid=audit]`), "never audited", "no audit of the month yet")
 
 	// Filter the quarantine by reason.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/quarantine"),

@@ -64,7 +64,7 @@ ALTER TABLE audit_log DROP CONSTRAINT audit_log_action_check;
 ALTER TABLE audit_log ADD CONSTRAINT audit_log_action_check CHECK (action IN
     ('requeue', 'readdress', 'recover', 'mapping.feature', 'mapping.tenant',
      'token.create', 'token.revoke', 'session.open', 'session.refused', 'session.close',
-     'discrepancy.resolve', 'ledger.detach', 'archive.write', 'archive.verify', 'archive.detach'));
+     'discrepancy.resolve', 'ledger.detach', 'completeness.repair', 'archive.write', 'archive.verify', 'archive.detach'));
 
 -- The runtime role reads the archives (the report of a detached month);
 -- only the owner, who runs the archive commands, writes them.
@@ -85,6 +85,6 @@ ALTER TABLE audit_log DROP CONSTRAINT audit_log_action_check;
 ALTER TABLE audit_log ADD CONSTRAINT audit_log_action_check CHECK (action IN
     ('requeue', 'readdress', 'recover', 'mapping.feature', 'mapping.tenant',
      'token.create', 'token.revoke', 'session.open', 'session.refused', 'session.close',
-     'discrepancy.resolve', 'ledger.detach')) NOT VALID;
+     'discrepancy.resolve', 'ledger.detach', 'completeness.repair')) NOT VALID;
 DROP TABLE archives;
 DROP FUNCTION archives_refuse();

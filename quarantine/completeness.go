@@ -259,9 +259,12 @@ type TxQuerier interface {
 // rest of the (sub)transaction; see sqlCompleteness.
 const sqlNoNestedLoops = `SET LOCAL enable_nestloop = off`
 
-// CompletenessOf reads the completeness report for the billing periods that
-// start in the month period ("YYYY-MM"), for one tenant or all.
-func CompletenessOf(ctx context.Context, q TxQuerier, period, tenant string) (Completeness, error) {
+// LedgerCompletenessOf computes the completeness report for the billing
+// periods that start in the month period ("YYYY-MM"), for one tenant or
+// all, from the ledger and the outbox: the full computation, whose cost
+// grows with the month's events. It is the auditor of the counters that
+// CompletenessOf reads (Audit), never what a request is answered from.
+func LedgerCompletenessOf(ctx context.Context, q TxQuerier, period, tenant string) (Completeness, error) {
 	from, to, err := ParsePeriod(period)
 	if err != nil {
 		return Completeness{}, err
@@ -271,6 +274,12 @@ func CompletenessOf(ctx context.Context, q TxQuerier, period, tenant string) (Co
 	if err != nil {
 		return Completeness{}, fmt.Errorf("quarantine: reading completeness: %w", err)
 	}
+	return c.finish(ctx, q, from, to, tenant, index)
+}
+
+// finish counts each line's discrepancies and decides whether each line,
+// and the report, holds.
+func (c Completeness) finish(ctx context.Context, q Querier, from, to time.Time, tenant string, index map[[3]string]int) (Completeness, error) {
 	if err := c.addDiscrepancies(ctx, q, from, to, tenant, index); err != nil {
 		return Completeness{}, err
 	}

@@ -7,11 +7,20 @@
 // when the item can be sent as it stands, re-addressed (T9r) when the fix
 // changed what it must carry and no attempt of it may have reached Stripe.
 //
-// It reads the ledger, the outbox and the mappings in one snapshot per
-// report, and the last reconcile run through package reconcile; it changes an item only through package
-// outbox, builds items only through package meter, and never hides an item
-// from a total. It owns report_snapshots, the completeness report's latest
-// computation per month (Reports): served to every request while young
-// enough, computed once at a time per month across nodes, never per
-// request; a snapshot is derived data, never a ledger or outbox row.
+// The completeness report is read from counters (completeness_counters
+// and completeness_items, migration 37), which triggers change in the
+// transaction of every write that moves usage: O(keys), whatever the
+// month's volume (CompletenessOf). The full computation from the ledger,
+// the outbox and the mappings (LedgerCompletenessOf) is their auditor:
+// AuditCompleteness compares the two in one snapshot, AuditWorker does it
+// nightly and records it in completeness_audits, and RepairCompleteness
+// rewrites a month from the ledger only when an operator asks.
+//
+// It reads the last reconcile run through package reconcile; it changes an
+// item only through package outbox, builds items only through package
+// meter, and never hides an item from a total. It owns report_snapshots,
+// the completeness report's latest computation per month (Reports): served
+// to every request while young enough, computed once at a time per month
+// across nodes, never per request; a snapshot, like a counter, is derived
+// data, never a ledger or outbox row.
 package quarantine

@@ -25,8 +25,8 @@ type DB interface {
 // MaxAge, and otherwise waits for one computation of the month, every
 // tenant at once, that every request asking meanwhile shares — on this node
 // by waiting for it in memory, across nodes by the scope's advisory lock.
-// However many reports are asked for, the ledger is read at most once per
-// month and MaxAge; a report is never computed per request.
+// However many reports are asked for, the month's counters are read at
+// most once per month and MaxAge; a report is never computed per request.
 //
 // A computation runs while at least one request waits for it: when the last
 // one leaves (its client went away), its queries are cancelled.
@@ -105,7 +105,7 @@ const (
 // refresh it answers a snapshot computed after the request began, or the
 // result of a computation of the month already running on this node when
 // it came (which began a moment earlier): an operator's "refresh" never
-// starts a second reading of the ledger while one runs. Its Lines are
+// starts a second reading of the counters while one runs. Its Lines are
 // shared with other answers: read them, never modify them.
 func (r *Reports) Completeness(ctx context.Context, db DB, period, tenant string, refresh bool) (Completeness, error) {
 	snap, err := r.snapshotOf(ctx, db, period, refresh)
@@ -242,7 +242,7 @@ func (r *Reports) join(ctx context.Context, db DB, key flightKey) (snap *snapsho
 		r.mu.Lock()
 		f.waiters--
 		if f.waiters == 0 {
-			// Nobody waits for it any more: stop reading the ledger, and
+			// Nobody waits for it any more: stop reading the counters, and
 			// let the next request start afresh.
 			f.cancel()
 			if r.flights[key] == f {
@@ -276,7 +276,7 @@ func (r *Reports) fly(ctx context.Context, db DB, key flightKey, f *flight) {
 // while this one waited answers (for a refresh, one computed after this
 // transaction began). Otherwise the start of the computation is noted in
 // the transaction (so that computed_at is the database's clock before the
-// ledger was read, never a time read into Go), the report computed and the
+// counters were read, never a time read into Go), the report computed and the
 // snapshot replaced.
 const (
 	sqlSnapshotLock = `SELECT pg_advisory_xact_lock(hashtextextended('tally.report_snapshots:completeness:' || @scope, 0))`
@@ -384,10 +384,10 @@ type reportMetrics struct {
 func newReportMetrics(reg prometheus.Registerer) (*reportMetrics, error) {
 	m := &reportMetrics{
 		answers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tally_report_answers_total",
-			Help: "Completeness reports answered, by source: snapshot (young enough, no wait), computed (this node read the ledger, for this request alone or for several waiting together), shared (another node's computation, found under the lock)."},
+			Help: "Completeness reports answered, by source: snapshot (young enough, no wait), computed (this node read the counters, for this request alone or for several waiting together), shared (another node's computation, found under the lock)."},
 			[]string{"source"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tally_report_computation_seconds",
-			Help:    "Time each computation of a completeness report took, finished or cut short (reading the ledger for one month, every tenant).",
+			Help:    "Time each computation of a completeness report took, finished or cut short (reading the counters of one month, every tenant).",
 			Buckets: []float64{0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60}}),
 	}
 	for _, c := range []prometheus.Collector{m.answers, m.duration} {

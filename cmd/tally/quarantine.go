@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"strconv"
 
 	"github.com/tallymeter/tally/quarantine"
@@ -91,6 +92,7 @@ func (f *requeueFlags) run(ctx context.Context, e *env, args []string) error {
 // completenessFlags are the flags of tally report completeness.
 type completenessFlags struct {
 	period, tenant, format string
+	verify, repair         bool
 }
 
 // completenessCommand is tally report completeness: the usage of a month's
@@ -105,11 +107,18 @@ func (f *completenessFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.period, "period", "", "billing periods starting in this month, YYYY-MM (required)")
 	fs.StringVar(&f.tenant, "tenant", "", "only this tenant")
 	fs.StringVar(&f.format, "format", "table", "table or json")
+	fs.BoolVar(&f.verify, "verify", false,
+		"recompute the month from the ledger, compare it with the counters bucket by bucket, print every key that differs and record the audit")
+	fs.BoolVar(&f.repair, "repair", false,
+		"rewrite the month's counters from the ledger (holds ingest meanwhile), audited; only after --verify named the drift")
 }
 
 func (f *completenessFlags) run(ctx context.Context, e *env, _ []string) error {
 	if _, _, err := quarantine.ParsePeriod(f.period); err != nil {
 		return usageError{"--period is required, as YYYY-MM"}
+	}
+	if f.verify || f.repair {
+		return f.audit(ctx, e)
 	}
 	// The command computes now (a refresh): it waits for a computation of
 	// the month a node runs, and leaves its snapshot for the nodes.
@@ -135,6 +144,48 @@ func (f *completenessFlags) run(ctx context.Context, e *env, _ []string) error {
 	}
 	if !c.Holds {
 		return errors.New("the conservation identity does not hold for every line")
+	}
+	return nil
+}
+
+// audit is --verify and --repair: the month, every tenant, compared with
+// the full computation; with --repair rewritten from it first.
+func (f *completenessFlags) audit(ctx context.Context, e *env) error {
+	switch {
+	case f.verify && f.repair:
+		return usageError{"--verify and --repair are separate steps: read the drift with --verify, then --repair"}
+	case f.tenant != "":
+		return usageError{"--verify and --repair audit every tenant of the month; drop --tenant"}
+	case f.format != "table" && f.format != "json":
+		return usageError{"--format must be table or json"}
+	}
+	var (
+		a   quarantine.Audit
+		err error
+	)
+	if f.repair {
+		a, err = quarantine.RepairCompleteness(ctx, e.db.Pool, f.period, who(), quarantine.DefaultAuditTimeout)
+	} else {
+		a, err = quarantine.AuditCompleteness(ctx, e.db.Pool, f.period, quarantine.AuditVerify, quarantine.DefaultAuditTimeout)
+		if err == nil {
+			err = quarantine.RecordAudit(ctx, e.db.Pool, &a, who())
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if f.format == "json" {
+		if err := printJSON(e.stdout, a); err != nil {
+			return err
+		}
+	} else if err := a.Table(e.stdout); err != nil {
+		return err
+	}
+	switch {
+	case f.repair:
+		return nil
+	case a.DriftKeys > 0:
+		return fmt.Errorf("%d keys of %s differ between the counters and the ledger (audit %d)", a.DriftKeys, f.period, a.ID)
 	}
 	return nil
 }

@@ -37,6 +37,9 @@ const (
 	// ActionLedgerDetach is a month of the ledger detached and dropped
 	// after its archive was verified.
 	ActionLedgerDetach = "ledger.detach"
+	// ActionCompletenessRepair is a month's completeness counters
+	// rewritten from the ledger (tally report completeness --repair).
+	ActionCompletenessRepair = "completeness.repair"
 )
 
 // Entry is one audited action.

@@ -47,6 +47,8 @@ type Parts struct {
 	// Reports answers the completeness report, in the API and the
 	// console, from snapshots no older than cfg.Pools.ReportMaxAge.
 	Reports *quarantine.Reports
+	// Audits are the nightly completeness audit's metrics.
+	Audits *quarantine.AuditMetrics
 	// StripeMetrics counts every Stripe call by endpoint and status class.
 	StripeMetrics *stripeapi.RequestMetrics
 	// Meters is the directory of the destination accounts' meters, which
@@ -130,11 +132,15 @@ func Build(cfg config.Config) (*Parts, error) {
 		return nil, err
 	}
 	reports.Timeout = cfg.Pools.ReportTimeout
+	audits, err := quarantine.NewAuditMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	return &Parts{
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
 		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, Coalesce: cfg.Coalesce},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, AdjustLimiter: adjustLimiter, Reconciler: rec,
-		ReadLimit: readLimit, Reports: reports, StripeMetrics: stripeMetrics, Meters: meters,
+		ReadLimit: readLimit, Reports: reports, Audits: audits, StripeMetrics: stripeMetrics, Meters: meters,
 	}, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -235,7 +236,8 @@ func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconci
 // at once by as many workers of the default queue), the reconcile worker with its periodic job when there
 // is a reconciler and a schedule, and the listing of Stripe's events
 // (backfill, when there is a key) every cfg.ReportsInterval and once when
-// River's leader starts. The jobs run on the export pool, so that a long
+// River's leader starts, and the nightly audit of the completeness
+// counters. The jobs run on the export pool, so that a long
 // pass never takes the connections River's leader election and fetches
 // need.
 func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Backfill, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
@@ -248,8 +250,9 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	river.AddWorker(workers, &meter.MonthsWorker{DB: pools.Export, Logger: logger})
 	river.AddWorker(workers, &reconcile.Worker{Reconciler: p.Reconciler, DB: pools.Export, Settle: cfg.ReconcileSettle, Logger: logger})
 	river.AddWorker(workers, &reconcile.BackfillWorker{Backfill: backfill, DB: pools.Export, Logger: logger})
+	river.AddWorker(workers, &quarantine.AuditWorker{DB: pools.Export, Metrics: p.Audits, Logger: logger})
 	stageWorkers := meter.StageWorkers(cfg.StageWorkers, cfg.Pools.Export)
-	periodic := append(meter.PeriodicStages(cfg.StageInterval, stageWorkers), meter.PeriodicMonths())
+	periodic := append(meter.PeriodicStages(cfg.StageInterval, stageWorkers), meter.PeriodicMonths(), quarantine.PeriodicAudit())
 	if job, err := reconcile.Periodic(cfg.ReconcileSchedule); err != nil {
 		return nil, err
 	} else if job != nil && p.Reconciler != nil {
@@ -264,6 +267,7 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 			river.QueueDefault:      {MaxWorkers: stageWorkers},
 			reconcile.QueueName:     {MaxWorkers: 1}, // a run takes long; it must not hold up staging
 			reconcile.BackfillQueue: {MaxWorkers: 1}, // nor the listing of Stripe's events, nor staging it
+			quarantine.AuditQueue:   {MaxWorkers: 1}, // an audit reads whole months
 		},
 		Workers:      workers,
 		PeriodicJobs: periodic,

@@ -169,6 +169,12 @@ func Load(ctx context.Context, pool *pgxpool.Pool, size Size, now time.Time) (Lo
 	if _, err := pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox_item_bodies', 'id'), $1)`, size.Items); err != nil {
 		return l, fmt.Errorf("history: %w", err)
 	}
+	// The COPYs ran without the completeness counters' triggers (as
+	// replica): the counters are recounted from the rows, as a migration
+	// of an existing database does.
+	if _, err := pool.Exec(ctx, `SELECT completeness_recount('-infinity', 'infinity')`); err != nil {
+		return l, fmt.Errorf("history: counting completeness: %w", err)
+	}
 	l.Copy = time.Since(start)
 	start = time.Now()
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE"); err != nil {

@@ -55,7 +55,7 @@ func TestCompletenessReadsNoHistoryOnceAnalysed(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer pool.Close()
-	c, err := quarantine.CompletenessOf(ctx, pool, r.fresh.Format("2006-01"), "")
+	c, err := quarantine.LedgerCompletenessOf(ctx, pool, r.fresh.Format("2006-01"), "")
 	require.NoError(t, err)
 	require.True(t, c.Holds, "%+v", c)
 	items := freshTenants * len(history.Features)
