@@ -112,7 +112,7 @@ func Archive(ctx context.Context, pool *pgxpool.Pool, period string, cfg Config)
 			return Result{}, fmt.Errorf("archive: selecting the period's items: %w", err)
 		}
 	}
-	c, err := quarantine.CompletenessOf(ctx, tx, period, "")
+	c, err := quarantine.LedgerCompletenessOf(ctx, tx, period, "")
 	if err != nil {
 		return Result{}, err
 	}

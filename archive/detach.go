@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/quarantine"
 )
@@ -61,11 +62,9 @@ func Detach(ctx context.Context, pool *pgxpool.Pool, period, by string) (Detache
 		res.Partition, res.Events = d.Partition, d.Events
 	}
 	for _, p := range []string{prev, period} {
-		ok, err := periodLeft(ctx, pool, p)
-		if err != nil {
+		if n, err := monthsLeft(ctx, pool, p); err != nil {
 			return res, err
-		}
-		if !ok {
+		} else if n < 2 {
 			continue
 		}
 		rec, err := latestArchive(ctx, pool, p)
@@ -95,18 +94,23 @@ func Detach(ctx context.Context, pool *pgxpool.Pool, period, by string) (Detache
 	return res, nil
 }
 
-// periodLeft reports whether both months the events of period occur in
-// have left the ledger.
-func periodLeft(ctx context.Context, pool *pgxpool.Pool, period string) (bool, error) {
+// monthsLeft counts the months the events of period occur in (the month
+// it names and the next) that have left the ledger: 0 while the database
+// holds the period whole, 2 once all of it has left.
+func monthsLeft(ctx context.Context, q mappings.Querier, period string) (int, error) {
 	from, _, err := quarantine.ParsePeriod(period)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
+	n := 0
 	for _, m := range []int{0, 1} {
-		done, err := meter.MonthDetached(ctx, pool, from.AddDate(0, m, 0))
-		if err != nil || !done {
-			return false, err
+		done, err := meter.MonthDetached(ctx, q, from.AddDate(0, m, 0))
+		if err != nil {
+			return 0, err
+		}
+		if done {
+			n++
 		}
 	}
-	return true, nil
+	return n, nil
 }

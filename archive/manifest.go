@@ -29,8 +29,8 @@ type Manifest struct {
 	WrittenAt time.Time `json:"written_at"`
 	WrittenBy string    `json:"written_by"`
 	Files     []File    `json:"files"`
-	// Completeness is quarantine.CompletenessOf of the period, computed in
-	// the snapshot the files were read in.
+	// Completeness is the period's report as the full computation
+	// (quarantine.LedgerCompletenessOf) reads it in the files' snapshot.
 	Completeness quarantine.Completeness `json:"completeness"`
 	// LedgerMonths counts the archived ledger rows by the month ("YYYY-MM",
 	// UTC) they occurred in: a detach drops a month of the ledger only when

@@ -87,7 +87,12 @@ func Verify(ctx context.Context, pool *pgxpool.Pool, period string, gen int, cfg
 	if rec == nil {
 		return Verification{}, fmt.Errorf("archive: no archive of %s (generation %d): run tally archive %s first", period, gen, period)
 	}
-	v := Verification{Period: period, Generation: rec.Generation, State: rec.State, ComparedWithDatabase: rec.State != StateDetached}
+	left, err := monthsLeft(ctx, conn, period)
+	if err != nil {
+		return Verification{}, err
+	}
+	v := Verification{Period: period, Generation: rec.Generation, State: rec.State,
+		ComparedWithDatabase: rec.State != StateDetached && left == 0}
 	problems, m := checkFiles(ctx, cfg.Store, rec, &v)
 	if len(problems) == 0 {
 		problems = append(problems, checkLedgerMonths(ctx, cfg.Store, rec, m)...)
@@ -363,7 +368,7 @@ func compareDatabase(ctx context.Context, conn *pgxpool.Conn, m Manifest, from, 
 		}
 	}
 	var problems []string
-	c, err := quarantine.CompletenessOf(ctx, tx, m.Period, "")
+	c, err := quarantine.LedgerCompletenessOf(ctx, tx, m.Period, "")
 	if err != nil {
 		return nil, err
 	}

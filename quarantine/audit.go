@@ -74,6 +74,11 @@ type Beginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
+// ErrPeriodArchived is wrapped by AuditCompleteness and
+// RepairCompleteness for a period whose ledger rows have begun to leave
+// the database: only its archive can audit it now.
+var ErrPeriodArchived = errors.New("quarantine: the period's ledger is archived")
+
 // AuditCompleteness compares the completeness counters of the month period
 // ("YYYY-MM"), every tenant, with the full computation from the ledger,
 // bucket by bucket, in one REPEATABLE READ snapshot (so that usage moving
@@ -82,7 +87,8 @@ type Beginner interface {
 // keeps the connection's statement_timeout). It records nothing
 // (RecordAudit does).
 func AuditCompleteness(ctx context.Context, db Beginner, period, kind string, timeout time.Duration) (Audit, error) {
-	if _, _, err := ParsePeriod(period); err != nil {
+	from, _, err := ParsePeriod(period)
+	if err != nil {
 		return Audit{}, err
 	}
 	a := Audit{Period: period, Kind: kind, StartedAt: time.Now().UTC(), Drift: []Drift{}}
@@ -95,6 +101,15 @@ func AuditCompleteness(ctx context.Context, db Beginner, period, kind string, ti
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", timeout.Milliseconds())); err != nil {
 			return Audit{}, err
 		}
+	}
+	var left bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM usage_closed_months
+		WHERE month IN ($1::date, ($1::date + interval '1 month')::date))`, from).Scan(&left); err != nil {
+		return Audit{}, fmt.Errorf("quarantine: auditing the completeness of %s: %w", period, err)
+	}
+	if left {
+		return Audit{}, fmt.Errorf("%w: a month of %s's ledger has left the database; its archive is the auditor (tally archive verify %s)",
+			ErrPeriodArchived, period, period)
 	}
 	counters, err := CompletenessOf(ctx, tx, period, "")
 	if err != nil {
