@@ -1,10 +1,7 @@
 // Package meter owns the usage ledger and its staging. Ingest validates a
 // batch of usage events and writes it to the immutable ledger in one
 // transaction (a duplicate is counted, a changed duplicate refused); events
-// of per-event (count) features are staged in that same transaction — but
-// for one whose feature was mapped per event after this node last read
-// that mapping, which waits for the stager's next pass, as an event
-// ingested just before its mapping does. The
+// of per-event (count) features are staged in that same transaction. The
 // stager folds the other usage into windows — grid-aligned UTC, cut at
 // billing-period boundaries, closed once their end plus a grace has passed —
 // and hands each window to the outbox (T0, or T0q when it is ineligible) in

@@ -154,19 +154,6 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 // two transactions posting overlapping ids wait for each other instead of
 // deadlocking.
 func insertEvents(ctx context.Context, tx pgx.Tx, events []Event) (map[eventKey]insertedRow, error) {
-	rows, err := tx.Query(ctx, sqlIngest, ingestArgs(events))
-	if err != nil {
-		return nil, fmt.Errorf("meter: writing %d events: %w", len(events), err)
-	}
-	inserted, err := scanInserted(rows, len(events))
-	if err != nil {
-		return nil, fmt.Errorf("meter: writing %d events: %w", len(events), err)
-	}
-	return inserted, nil
-}
-
-// ingestArgs are sqlIngest's arguments for events.
-func ingestArgs(events []Event) pgx.NamedArgs {
 	n := len(events)
 	tenants, ids, features := make([]string, n), make([]string, n), make([]string, n)
 	values, timestamps := make([]int64, n), make([]pgtype.Timestamptz, n)
@@ -176,12 +163,12 @@ func ingestArgs(events []Event) pgx.NamedArgs {
 			timestamps[j] = pgtype.Timestamptz{Time: *ev.Timestamp, Valid: true}
 		}
 	}
-	return pgx.NamedArgs{"tenants": tenants, "ids": ids, "features": features, "values": values, "timestamps": timestamps}
-}
-
-// scanInserted reads sqlIngest's rows (of at most n events) by tenant and
-// id.
-func scanInserted(rows pgx.Rows, n int) (map[eventKey]insertedRow, error) {
+	rows, err := tx.Query(ctx, sqlIngest, pgx.NamedArgs{
+		"tenants": tenants, "ids": ids, "features": features, "values": values, "timestamps": timestamps,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("meter: writing %d events: %w", n, err)
+	}
 	inserted := make(map[eventKey]insertedRow, n)
 	var (
 		rowID      int64
@@ -192,7 +179,7 @@ func scanInserted(rows pgx.Rows, n int) (map[eventKey]insertedRow, error) {
 		inserted[eventKey{tenant, id}] = insertedRow{rowID, at.UTC()}
 		return nil
 	}); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("meter: writing %d events: %w", n, err)
 	}
 	return inserted, nil
 }
@@ -244,9 +231,8 @@ func newEventMappings(ctx context.Context, tx pgx.Tx, events []Event, unique []i
 }
 
 // compareExisting decides, for events that collided with stored ones,
-// whether each is a duplicate or a changed event (a problem); q is the
-// transaction that collided, or, once it committed, the database.
-func (in *Ingester) compareExisting(ctx context.Context, q mappings.Querier, events []Event, unique []int, inserted map[eventKey]insertedRow, res *Result) error {
+// whether each is a duplicate or a changed event (a problem).
+func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow, res *Result) error {
 	var tenants, ids []string
 	for _, i := range unique {
 		k := eventKey{events[i].Tenant, events[i].ID}
@@ -254,7 +240,7 @@ func (in *Ingester) compareExisting(ctx context.Context, q mappings.Querier, eve
 			tenants, ids = append(tenants, k.tenant), append(ids, k.id)
 		}
 	}
-	rows, err := q.Query(ctx, sqlExisting, pgx.NamedArgs{"tenants": tenants, "ids": ids})
+	rows, err := tx.Query(ctx, sqlExisting, pgx.NamedArgs{"tenants": tenants, "ids": ids})
 	if err != nil {
 		return fmt.Errorf("meter: reading stored events: %w", err)
 	}

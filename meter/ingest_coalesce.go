@@ -1,11 +1,9 @@
 package meter
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,10 +16,7 @@ import (
 // Commits transactions is free and it holds as many batches as the group
 // of a typical batch recently held (or Wait, or a recent write's time, has
 // passed; see peerWait), and is then written in one transaction and one
-// commit: the transaction's statements go in one round trip with its
-// BEGIN, and, for a group of single events that stages nothing at ingest
-// (commitsAtOnce), with its COMMIT too. While every commit slot is busy a
-// group keeps filling, so under
+// commit. While every commit slot is busy a group keeps filling, so under
 // load groups grow by themselves, and a lone client never waits. The zero
 // value (MaxEvents 0) coalesces nothing: every batch is its own
 // transaction.
@@ -139,12 +134,21 @@ func (in *Ingester) writeGroup(ctx context.Context, db TxBeginner, reqs []*pendi
 	live := reqs
 	var deferred []*pending
 	for len(live) > 0 {
-		var (
-			refused int
-			err     error
-		)
-		refused, deferred, err = in.writeGroupOnce(ctx, db, live)
+		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			var (
+				refused int
+				err     error
+			)
+			refused, deferred, err = in.ingestGroup(ctx, tx, live)
+			if err == nil && refused > 0 {
+				err = errRetryGroup
+			}
+			return err
+		})
 		switch {
+		case errors.Is(err, errRetryGroup):
+			live = without(live)
+			continue
 		case err != nil:
 			for _, p := range live {
 				p.res, p.err = Result{}, err
@@ -153,9 +157,6 @@ func (in *Ingester) writeGroup(ctx context.Context, db TxBeginner, reqs []*pendi
 				p.err = err
 			}
 			return
-		case refused > 0:
-			live = without(live)
-			continue
 		}
 		break
 	}
@@ -164,48 +165,11 @@ func (in *Ingester) writeGroup(ctx context.Context, db TxBeginner, reqs []*pendi
 	}
 }
 
-// writeGroupOnce is one attempt at writing the group's batches in one
-// READ COMMITTED transaction: committed when no batch was refused, rolled
-// back when one was (refused counts them; the caller tries again without
-// them) or on an error, the group's.
-func (in *Ingester) writeGroupOnce(ctx context.Context, db TxBeginner, reqs []*pending) (refused int, deferred []*pending, err error) {
-	firsts, live, deferred := mergeGroup(reqs)
-	for _, p := range live {
-		p.res = Result{Duplicates: p.dups}
-	}
-	if len(firsts) == 0 {
-		return 0, deferred, nil
-	}
-	// Insert in (tenant, id) order, as Ingest does, so that two groups
-	// posting overlapping ids wait for each other instead of deadlocking.
-	slices.SortFunc(firsts, func(a, b owned) int {
-		ea, eb := a.req.events[a.i], b.req.events[b.i]
-		return cmp.Or(cmp.Compare(ea.Tenant, eb.Tenant), cmp.Compare(ea.ID, eb.ID))
-	})
-	evs := make([]Event, len(firsts))
-	for j, o := range firsts {
-		evs[j] = o.req.events[o.i]
-	}
-	if in.commitsAtOnce(db, live, evs) {
-		return 0, deferred, in.writeCommitted(ctx, db, firsts, evs)
-	}
-	tx, inserted, maps, err := sendGroup(ctx, db, evs, false)
-	if err != nil {
-		return 0, deferred, err
-	}
-	defer func() { _ = tx.Rollback(ctx) }() // after Commit, a no-op
-	in.batch.learn(maps)
-	if refused, err = in.ingestGroup(ctx, tx, firsts, inserted, maps); err != nil || refused > 0 {
-		return refused, deferred, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, deferred, fmt.Errorf("meter: committing %d events: %w", len(evs), err)
-	}
-	return 0, deferred, nil
-}
-
 // errGroupPanicked answers the batches of a group whose writing panicked.
 var errGroupPanicked = errors.New("meter: writing the group failed")
+
+// errRetryGroup rolls back a group's transaction that refused a batch.
+var errRetryGroup = errors.New("meter: a batch of the group was refused")
 
 // without is live less the batches refused (those with an error).
 func without(live []*pending) []*pending {

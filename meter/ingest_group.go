@@ -6,8 +6,6 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/tallymeter/tally/mappings"
 )
 
 // owned is an event of a group with the batch it belongs to.
@@ -16,18 +14,17 @@ type owned struct {
 	i   int // index into req.events
 }
 
-// ingestGroup does, in the caller's transaction, what follows the insert
-// of a group's events (firsts, in the order inserted; inserted the rows
-// written; maps the mappings of their tenants and features, read in the
-// transaction): one staging for all of the group's batches, and gives each batch its own Result, as if each had
-// been ingested alone, one after the other:
+// ingestGroup writes the batches of a group in the caller's transaction,
+// with one insert, one read of the mappings and one staging for all of
+// them, and gives each batch its own Result, as if each had been ingested
+// alone, one after the other:
 //
 //   - An event whose (tenant, id) an earlier batch of the group posts too,
 //     with the same content, is that batch's duplicate. With other content,
-//     the later batch is deferred (mergeGroup): it leaves the group and,
-//     once the group committed, is ingested alone, where it finds the
-//     earlier batch's event stored (and is refused) — or, if the earlier
-//     batch was refused, not (and is stored).
+//     the later batch is deferred: it leaves the group and, once the group
+//     committed, is ingested alone, where it finds the earlier batch's
+//     event stored (and is refused) — or, if the earlier batch was refused,
+//     not (and is stored).
 //   - A batch with an event stored before with other content (an
 //     *InvalidBatchError) or whose new events would make more quarantined
 //     items than Ingester.MaxQuarantined (a *QuarantineCapError, counted
@@ -38,18 +35,43 @@ type owned struct {
 //     batches is written at most n+1 times.
 //
 // Any other error is the group's: every batch of it fails with it.
-func (in *Ingester) ingestGroup(ctx context.Context, tx pgx.Tx, firsts []owned, inserted map[eventKey]insertedRow, maps map[[2]string]mappings.Pair) (refused int, err error) {
-	all := make([]Event, len(firsts)) // the group's events, for the mappings and staging
-	allUnique := make([]int, len(firsts))
-	for j, o := range firsts {
-		all[j], allUnique[j] = o.req.events[o.i], j
+func (in *Ingester) ingestGroup(ctx context.Context, tx pgx.Tx, reqs []*pending) (refused int, deferred []*pending, err error) {
+	firsts, live, deferred := mergeGroup(reqs)
+	if len(firsts) == 0 {
+		for _, p := range live {
+			p.res = Result{Duplicates: p.dups}
+		}
+		return 0, deferred, nil
+	}
+	// Insert in (tenant, id) order, as Ingest does, so that two groups
+	// posting overlapping ids wait for each other instead of deadlocking.
+	slices.SortFunc(firsts, func(a, b owned) int {
+		ea, eb := a.req.events[a.i], b.req.events[b.i]
+		return cmp.Or(cmp.Compare(ea.Tenant, eb.Tenant), cmp.Compare(ea.ID, eb.ID))
+	})
+	inserted, err := insertOwned(ctx, tx, firsts)
+	if err != nil {
+		return 0, deferred, err
+	}
+	var all []Event // the group's events, for the mappings and staging
+	var allUnique []int
+	for _, o := range firsts {
+		allUnique = append(allUnique, len(all))
+		all = append(all, o.req.events[o.i])
 	}
 	if len(inserted) < len(firsts) {
 		if err := in.compareExisting(ctx, tx, all, allUnique, inserted, &Result{}); err != nil {
 			if refused, err = refuseChanged(err, firsts); err != nil || refused > 0 {
-				return refused, err
+				return refused, deferred, err
 			}
 		}
+	}
+	maps, err := newEventMappings(ctx, tx, all, allUnique, inserted)
+	if err != nil {
+		return 0, deferred, err
+	}
+	for _, p := range live {
+		p.res = Result{Duplicates: p.dups}
 	}
 	mine := map[*pending][]int{} // each batch's own new events
 	for _, o := range firsts {
@@ -74,13 +96,13 @@ func (in *Ingester) ingestGroup(ctx context.Context, tx pgx.Tx, firsts []owned, 
 			}
 		}
 		if refused > 0 {
-			return refused, nil
+			return refused, deferred, nil
 		}
 	}
 	if in.Stager != nil {
 		err = in.Stager.stageNewEvents(ctx, tx, all, allUnique, inserted, maps)
 	}
-	return 0, err
+	return 0, deferred, err
 }
 
 // mergeGroup lists the events of the group first with their (tenant, id),
@@ -116,6 +138,15 @@ func mergeGroup(reqs []*pending) (firsts []owned, live, deferred []*pending) {
 		live = append(live, p)
 	}
 	return firsts, live, deferred
+}
+
+// insertOwned inserts the group's events in their order (insertEvents).
+func insertOwned(ctx context.Context, tx pgx.Tx, firsts []owned) (map[eventKey]insertedRow, error) {
+	evs := make([]Event, len(firsts))
+	for j, o := range firsts {
+		evs[j] = o.req.events[o.i]
+	}
+	return insertEvents(ctx, tx, evs)
 }
 
 // refuseChanged gives each batch the problems compareExisting found among

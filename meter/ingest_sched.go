@@ -15,9 +15,6 @@ type batcher struct {
 	mu     sync.Mutex
 	open   *group // the group new batches join; nil when none; guarded by mu
 	recent recent // of the groups written; guarded by mu
-	// staged is, by feature, whether it was staged at ingest (per event)
-	// when a group last read its mapping; guarded by mu.
-	staged map[string]bool
 }
 
 // group is batches that share one transaction.

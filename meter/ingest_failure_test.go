@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/testkit/testdb"
-	"github.com/tallymeter/tally/mappings"
 )
 
 // singles are single-event batches of acme's api feature, value 1.
@@ -38,76 +37,14 @@ func refuseAtCommit(t *testing.T, pool *pgxpool.Pool, id string) {
 	require.NoError(t, err)
 }
 
-// A group of single events is committed in the round trip that writes
-// it only when nothing would need the transaction once its outcome is
-// seen: each batch one event to insert, and no feature staged at ingest
-// as far as the last read of its mapping knows.
-func TestCommitsAtOnceOnlyWhenNothingNeedsTheTransaction(t *testing.T) {
-	t.Parallel()
-	pool := testdb.New(t)
-	var plain struct{ TxBeginner } // sends no batches
-	plain.TxBeginner = pool
-	evs := []Event{event("a", 1)}
-
-	alone := &Ingester{}
-	require.True(t, alone.commitsAtOnce(pool, singles(t, "a"), evs), "no stager: nothing is staged at ingest")
-	require.False(t, alone.commitsAtOnce(plain, singles(t, "a"), evs), "a database that sends no batches takes two round trips")
-	require.False(t, alone.commitsAtOnce(pool, []*pending{pendingOf(t, event("a", 1), event("b", 1))}, evs),
-		"a batch of two events could be half stored")
-	require.True(t, alone.commitsAtOnce(pool, []*pending{pendingOf(t, event("a", 1), event("a", 1))}, evs),
-		"a batch repeating its one event inserts one")
-
-	staging := &Ingester{Stager: &Stager{}}
-	require.False(t, staging.commitsAtOnce(pool, singles(t, "a"), evs), "a feature whose mapping no group read yet")
-	staging.batch.learn(map[[2]string]mappings.Pair{{"acme", "api"}: {Feature: &mappings.Feature{Aggregation: mappings.Sum}}})
-	require.True(t, staging.commitsAtOnce(pool, singles(t, "a"), evs), "a windowed feature is staged by the stager's pass")
-	staging.batch.learn(map[[2]string]mappings.Pair{{"acme", "api"}: {Feature: &mappings.Feature{Aggregation: mappings.Count}}})
-	require.False(t, staging.commitsAtOnce(pool, singles(t, "a"), evs), "a per-event feature is staged in the ingest's transaction")
-	staging.batch.learn(map[[2]string]mappings.Pair{{"acme", "api"}: {}})
-	require.True(t, staging.commitsAtOnce(pool, singles(t, "a"), evs), "an unmapped feature is quarantined by the stager's pass")
-}
-
-// Committed in one round trip, a group still answers each batch on its
-// own: an event stored before with other content refuses its batch
-// alone (nothing of it is stored), one stored with the same content is a
-// duplicate, and the others are stored together, in one transaction.
-func TestOneTripGroupRefusesAChangedEventAlone(t *testing.T) {
-	t.Parallel()
-	ctx, pool := context.Background(), testdb.New(t)
-	in := &Ingester{}
-	_, err := in.ingestAlone(ctx, pool, []Event{event("e0", 1)})
-	require.NoError(t, err)
-
-	changed, same := pendingOf(t, event("e0", 9)), pendingOf(t, event("e0", 1))
-	group := append(singles(t, "g1", "g2", "g3"), changed)
-	require.True(t, in.commitsAtOnce(pool, group, []Event{event("g1", 1)}))
-	in.writeGroup(ctx, pool, group)
-	in.writeGroup(ctx, pool, []*pending{same, pendingOf(t, event("g4", 1))})
-
-	var invalid *InvalidBatchError
-	require.ErrorAs(t, changed.err, &invalid)
-	require.Equal(t, 0, *invalid.Problems[0].Index)
-	require.Contains(t, invalid.Problems[0].Reason, "different content")
-	for _, p := range group[:3] {
-		require.NoError(t, p.err)
-		require.Equal(t, Result{Accepted: 1, Unmapped: 1}, p.res)
-	}
-	require.NoError(t, same.err)
-	require.Equal(t, Result{Duplicates: 1}, same.res)
-	require.Equal(t, map[string]int64{"e0": 1, "g1": 1, "g2": 1, "g3": 1, "g4": 1}, stored(t, pool))
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(DISTINCT xmin::text) FROM usage_events WHERE event_id IN ('g1', 'g2', 'g3')").Scan(&n))
-	require.Equal(t, 1, n, "the group's events share one transaction")
-}
-
 // A group whose commit fails stores nothing and answers every batch of
-// it with the error — never 202 — whether it was committed in the round
-// trip that wrote it or after; no connection is left behind.
+// it with the error — never 202 — whether its batches are single events
+// or not; no connection is left behind, and the next group is written.
 func TestFailedCommitFailsEveryBatchOfTheGroup(t *testing.T) {
 	t.Parallel()
 	for name, group := range map[string]func(t *testing.T) []*pending{
-		"one trip": func(t *testing.T) []*pending { return singles(t, "a1", "boom", "a2") },
-		"two trips": func(t *testing.T) []*pending {
+		"single events": func(t *testing.T) []*pending { return singles(t, "a1", "boom", "a2") },
+		"with a batch of two": func(t *testing.T) []*pending {
 			return append(singles(t, "a1", "boom"), pendingOf(t, event("a2", 1), event("a3", 1)))
 		},
 	} {
