@@ -3,52 +3,63 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/embeddedpg"
 )
 
 // BenchmarkSingleEventIngestVsInsert measures the way most product
-// services post usage — one event per request — with 64 clients posting
-// single-event batches with unique ids to POST /v1/usage (the real
-// handler, wired as app.Serve wires it, over HTTP), beside, in the same run
-// on the same durable cluster, 64 connections each committing one
-// single-row INSERT per transaction into an identical table (pgbench's
-// shape: the database's own rate for this workload). The API runs twice:
-// with group commit as serve's defaults set it, and with it off
-// (TALLY_INGEST_COALESCE_EVENTS=0: a transaction per request, as before).
-// It prints events a second, p50 and p99 latency of each and the ratios;
-// it never fails on speed. Run it with one iteration:
+// services post usage — one event per request — with 64 clients, each on a
+// connection it keeps, posting single-event batches with unique ids to
+// POST /v1/usage (the real handler, wired as app.Serve wires it, over
+// HTTP), beside, in the same run on the same durable cluster (so the same
+// binaries, disk and settings), pgbench's one-row inserts: `pgbench -n
+// -c 64 -j 2 -M prepared`, one INSERT of a ledger-like row a transaction
+// into an identical table (see runPgbench) — the database's own rate for
+// this workload, with the protocol mode that suits it best. Each phase
+// runs for the same time. It prints events a second and p50 and p99
+// latency of each and the ratio; it never fails on speed. Run it with one
+// iteration:
 //
 //	go test ./api -run '^$' -bench SingleEventIngestVsInsert -benchtime 1x
 //
-// TALLY_BENCH_SINGLE_EVENTS sets the events of each phase (default
-// 32,000); TALLY_BENCH_SINGLE_ROUNDS (default 1) splits them into rounds
-// that take turns (measurePhases), for a machine whose load changes;
+// TALLY_BENCH_SINGLE_SECONDS sets each phase's time (default 20, pgbench's
+// -T); TALLY_BENCH_SINGLE_ROUNDS (default 1) splits it into rounds that
+// take turns (measurePhases), for a machine whose load changes;
+// TALLY_BENCH_SINGLE_UNGROUPED=1 adds a phase with group commit off
+// (TALLY_INGEST_COALESCE_EVENTS=0: a transaction a request);
 // TALLY_INGEST_COALESCE_* in the environment tune the group commit phase
-// as they tune serve.
+// as they tune serve. pgbench is looked for beside the cluster's
+// binaries, then on PATH; without it the benchmark is skipped.
 // Commits are durable: see BenchmarkIngestVsCopyFrom.
 func BenchmarkSingleEventIngestVsInsert(b *testing.B) {
 	const clients = 64
-	events := 32_000
-	if v, err := strconv.Atoi(os.Getenv("TALLY_BENCH_SINGLE_EVENTS")); err == nil && v > 0 {
-		events = v
+	seconds := 20
+	if v, err := strconv.Atoi(os.Getenv("TALLY_BENCH_SINGLE_SECONDS")); err == nil && v > 0 {
+		seconds = v
 	}
 	rounds := 1
-	if v, err := strconv.Atoi(os.Getenv("TALLY_BENCH_SINGLE_ROUNDS")); err == nil && v > 0 && v <= events {
+	if v, err := strconv.Atoi(os.Getenv("TALLY_BENCH_SINGLE_ROUNDS")); err == nil && v > 0 && v <= seconds {
 		rounds = v
 	}
+	pgbench := findPgbench(b)
 	tuned := map[string]string{}
 	for _, k := range []string{"TALLY_INGEST_COALESCE_WAIT", "TALLY_INGEST_COALESCE_EVENTS", "TALLY_INGEST_COALESCE_BYTES", "TALLY_INGEST_COALESCE_COMMITS"} {
 		if v, ok := os.LookupEnv(k); ok {
@@ -56,30 +67,39 @@ func BenchmarkSingleEventIngestVsInsert(b *testing.B) {
 		}
 	}
 	env := startDurable(b, tuned)
-	off := serveBench(b, env.pool, benchConfig(b, env.url, map[string]string{"TALLY_INGEST_COALESCE_EVENTS": "0"}))
 
 	phases := []phase{
-		{"INSERT, a transaction each", func(prefix string, n int) []time.Duration { return insertSingles(b, env, prefix, n, clients) }},
-		{"POST /v1/usage, group commit", func(prefix string, n int) []time.Duration { return postSingles(b, env, env.srv, prefix, n, clients) }},
-		{"POST /v1/usage, no group commit", func(prefix string, n int) []time.Duration { return postSingles(b, env, off, prefix, n, clients) }},
+		{"pgbench -M prepared, INSERT each", func(prefix string, d time.Duration) (int, time.Duration, []time.Duration) {
+			return runPgbench(b, env, pgbench, prefix, d, clients)
+		}},
+		{"POST /v1/usage, group commit", func(prefix string, d time.Duration) (int, time.Duration, []time.Duration) {
+			return postSingles(b, env, env.srv, prefix, d, clients)
+		}},
 	}
-	results := measurePhases(b, env, phases, events, rounds)
+	if os.Getenv("TALLY_BENCH_SINGLE_UNGROUPED") == "1" {
+		off := serveBench(b, env.pool, benchConfig(b, env.url, map[string]string{"TALLY_INGEST_COALESCE_EVENTS": "0"}))
+		phases = append(phases, phase{"POST /v1/usage, no group commit", func(prefix string, d time.Duration) (int, time.Duration, []time.Duration) {
+			return postSingles(b, env, off, prefix, d, clients)
+		}})
+	}
+	results := measurePhases(b, env, phases, time.Duration(seconds)*time.Second, rounds)
 	groups := groupSizes(b, env, "s1-")
 	var fsync, syncCommit string
 	if err := env.pool.QueryRow(context.Background(), "SELECT current_setting('fsync'), current_setting('synchronous_commit')").Scan(&fsync, &syncCommit); err != nil {
 		b.Fatal(err)
 	}
 	base := results[0].rate
-	b.ReportMetric(base, "insert_events/s")
+	b.ReportMetric(base, "pgbench_tps")
 	b.ReportMetric(results[1].rate, "api_events/s")
 	b.ReportMetric(results[1].rate/base, "ratio")
+	b.ReportMetric(float64(results[1].p50.Microseconds())/1000, "api_p50_ms")
 	b.ReportMetric(float64(results[1].p99.Microseconds())/1000, "api_p99_ms")
-	fmt.Printf("\n%d single-event requests per phase in %d rounds, %d clients; fsync=%s, synchronous_commit=%s in %s; %d CPUs, GOMAXPROCS %d\n",
-		events/rounds*rounds, rounds, clients, fsync, syncCommit, env.dir, runtime.NumCPU(), runtime.GOMAXPROCS(0))
-	fmt.Printf("%-34s %10s %9s %9s %8s\n", "phase", "events/s", "p50", "p99", "ratio")
+	fmt.Printf("\n%d s a phase in %d rounds, %d clients keeping their connections; pgbench -n -c %d -j 2 -M prepared; fsync=%s, synchronous_commit=%s in %s; %d CPUs, GOMAXPROCS %d\n",
+		seconds, rounds, clients, clients, fsync, syncCommit, env.dir, runtime.NumCPU(), runtime.GOMAXPROCS(0))
+	fmt.Printf("%-34s %10s %10s %9s %9s %8s\n", "phase", "events", "events/s", "p50", "p99", "ratio")
 	for i, ph := range phases {
 		r := results[i]
-		fmt.Printf("%-34s %10.0f %9s %9s %7.2fx\n", ph.name, r.rate, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.rate/base)
+		fmt.Printf("%-34s %10d %10.0f %9s %9s %7.2fx\n", ph.name, r.events, r.rate, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.rate/base)
 	}
 	fmt.Printf("group commit: %s\n\n", groups)
 }
@@ -124,53 +144,61 @@ func groupSizes(b *testing.B, env *benchEnv, prefix string) string {
 	return out
 }
 
-// phase is one way of writing single events: run writes n of them with
-// ids starting with prefix and returns each one's latency.
+// phase is one way of writing single events: run writes them for d, with
+// ids starting with prefix, and returns how many it wrote, in what time,
+// and each one's latency.
 type phase struct {
 	name string
-	run  func(prefix string, n int) []time.Duration
+	run  func(prefix string, d time.Duration) (n int, elapsed time.Duration, lat []time.Duration)
 }
 
-// figures are a phase's events a second and latency percentiles.
+// figures are a phase's events, events a second and latency percentiles.
 type figures struct {
+	events   int
 	rate     float64
 	p50, p99 time.Duration
 }
 
-// measurePhases runs each phase for events, in rounds: each round runs
-// every phase in turn on events/rounds events, after a checkpoint, so
-// that a machine whose load changes during the run weighs on every phase
-// alike. Phase i's ids start with "s<i>-".
-func measurePhases(b *testing.B, env *benchEnv, phases []phase, events, rounds int) []figures {
+// measurePhases runs each phase for d, in rounds: each round runs every
+// phase in turn for d/rounds, after a checkpoint, so that a machine whose
+// load changes during the run weighs on every phase alike. Phase i's ids
+// start with "s<i>-".
+func measurePhases(b *testing.B, env *benchEnv, phases []phase, d time.Duration, rounds int) []figures {
 	b.Helper()
 	elapsed := make([]time.Duration, len(phases))
+	events := make([]int, len(phases))
 	lats := make([][]time.Duration, len(phases))
 	for r := range rounds {
 		for i, ph := range phases {
 			checkpoint(b, env.pool)
-			start := time.Now()
-			lats[i] = append(lats[i], ph.run(fmt.Sprintf("s%d-r%d-", i, r), events/rounds)...)
-			elapsed[i] += time.Since(start)
+			n, took, lat := ph.run(fmt.Sprintf("s%d-r%d-", i, r), d/time.Duration(rounds))
+			events[i] += n
+			elapsed[i] += took
+			lats[i] = append(lats[i], lat...)
 		}
 	}
 	results := make([]figures, len(phases))
 	for i, lat := range lats {
+		if len(lat) == 0 {
+			b.Fatalf("%s wrote nothing", phases[i].name)
+		}
 		slices.Sort(lat)
-		results[i] = figures{float64(len(lat)) / elapsed[i].Seconds(), lat[len(lat)/2], lat[len(lat)*99/100]}
+		results[i] = figures{events[i], float64(events[i]) / elapsed[i].Seconds(), lat[len(lat)/2], lat[len(lat)*99/100]}
 	}
 	return results
 }
 
-// postSingles posts n single-event batches with unique ids from clients
-// goroutines to srv and returns each request's latency. Every answer must
-// be 202 with its event accepted, and the ledger must hold every event.
-func postSingles(b *testing.B, env *benchEnv, srv *httptest.Server, prefix string, n, clients int) []time.Duration {
+// postSingles posts single-event batches with unique ids from clients
+// goroutines to srv for d and returns how many, in what time, and each
+// request's latency. Every answer must be 202 with its event accepted,
+// and the ledger must hold every event.
+func postSingles(b *testing.B, env *benchEnv, srv *httptest.Server, prefix string, d time.Duration, clients int) (int, time.Duration, []time.Duration) {
 	b.Helper()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 2 * clients, MaxIdleConnsPerHost: 2 * clients}}
 	defer client.CloseIdleConnections()
 	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
-	lat := make([]time.Duration, n)
-	each(b, n, clients, func(i int) error {
+	start := time.Now()
+	n, lat := during(b, start.Add(d), clients, func(i int) error {
 		body := fmt.Appendf(nil, `{"events":[{"id":"%s%07d","tenant":"tenant-%d","feature":"feature-%d","value":1,"timestamp":"%s"}]}`,
 			prefix, i, i%4, i%3, at)
 		req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/usage", bytes.NewReader(body))
@@ -179,13 +207,11 @@ func postSingles(b *testing.B, env *benchEnv, srv *httptest.Server, prefix strin
 		}
 		req.Header.Set("Authorization", "Bearer "+env.token)
 		req.Header.Set("Content-Type", "application/json")
-		start := time.Now()
-		err = answered(client, req, 1)
-		lat[i] = time.Since(start)
-		return err
+		return answered(client, req, 1)
 	})
+	took := time.Since(start)
 	countStored(b, env, "usage_events", prefix, n)
-	return lat
+	return n, took, lat
 }
 
 // answered sends req and checks the answer: 202, want accepted.
@@ -205,58 +231,156 @@ func answered(client *http.Client, req *http.Request, want int) error {
 	return nil
 }
 
-// insertSingles commits n single-row INSERTs (each its own transaction)
-// into usage_events_copy from clients connections and returns each
-// statement's latency.
-func insertSingles(b *testing.B, env *benchEnv, prefix string, n, clients int) []time.Duration {
+// pgbenchScript is one transaction of the baseline: one INSERT of a row
+// as wide as a single event's ledger row — the tenant and feature of the
+// API phase's (4 tenants, 3 features), an id unique to the client and its
+// transaction, with the phase's prefix, as long as the API phase's ids,
+// value 1 and a posted timestamp.
+const pgbenchScript = `\set k :k + 1
+\set t :client_id % 4
+\set f :k % 3
+INSERT INTO usage_events_copy (tenant, event_id, feature, value, occurred_at, timestamp_given)
+VALUES ('tenant-' || :t, :prefix || lpad((:client_id * 100000 + :k)::text, 7, '0'), 'feature-' || :f, 1, :at, true);
+`
+
+// findPgbench is pgbench beside the cluster's server binaries (the same
+// PostgreSQL), else on PATH; the benchmark is skipped without it.
+func findPgbench(b *testing.B) string {
 	b.Helper()
-	ctx := context.Background()
-	conns := make(chan *pgx.Conn, clients)
-	for range clients {
-		conn, err := pgx.Connect(ctx, env.url)
+	if dir, err := embeddedpg.FindBinaries(); err == nil {
+		if p := filepath.Join(dir, "pgbench"); isFile(p) {
+			return p
+		}
+	}
+	p, err := exec.LookPath("pgbench")
+	if err != nil {
+		b.Skip("pgbench not found beside the PostgreSQL binaries nor on PATH: the baseline cannot run")
+	}
+	return p
+}
+
+func isFile(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// runPgbench runs pgbench's baseline for d with clients connections over
+// two threads: -n (no vacuum of pgbench's own tables), -M prepared (each
+// connection prepares the INSERT once, as pgx's statement cache does for
+// the API's statements), pgbenchScript a transaction, every transaction
+// logged (-l) for its latency. It connects over TCP as the benchmark
+// does, with the password in PGPASSWORD, so it runs as whoever runs the
+// benchmark while the cluster runs as its own user. It returns the
+// transactions, the time they took (pgbench's, without its connections'
+// start) and each one's latency, and checks that the table holds them.
+func runPgbench(b *testing.B, env *benchEnv, pgbench, prefix string, d time.Duration, clients int) (int, time.Duration, []time.Duration) {
+	b.Helper()
+	cfg, err := pgx.ParseConfig(env.url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	script := filepath.Join(dir, "insert.sql")
+	if err := os.WriteFile(script, []byte(pgbenchScript), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	at := time.Now().UTC().Add(-time.Hour).Format(time.RFC3339)
+	cmd := exec.Command(pgbench, "-n", "-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(max(1, int(d.Round(time.Second).Seconds()))),
+		"-M", "prepared", "-f", script, "-D", "k=0", "-D", "prefix="+prefix, "-D", "at="+at,
+		"-l", "--log-prefix", filepath.Join(dir, "log"),
+		"-h", cfg.Host, "-p", strconv.Itoa(int(cfg.Port)), "-U", cfg.User, cfg.Database)
+	cmd.Env = append(os.Environ(), "PGPASSWORD="+cfg.Password, "PGSSLMODE=disable")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("pgbench: %v\n%s", err, out)
+	}
+	n, tps := pgbenchFigures(b, out)
+	lat := pgbenchLatencies(b, dir)
+	if len(lat) != n {
+		b.Fatalf("pgbench logged %d transactions and reported %d", len(lat), n)
+	}
+	countStored(b, env, "usage_events_copy", prefix, n)
+	return n, time.Duration(float64(n) / tps * float64(time.Second)), lat
+}
+
+// pgbenchFigures reads, from pgbench's output, the transactions it
+// processed and its rate without the initial connection time.
+func pgbenchFigures(b *testing.B, out []byte) (n int, tps float64) {
+	b.Helper()
+	var errN, errTPS error = errors.New("missing"), errors.New("missing")
+	for line := range strings.Lines(string(out)) {
+		if v, ok := strings.CutPrefix(line, "number of transactions actually processed: "); ok {
+			n, errN = strconv.Atoi(strings.TrimSpace(v))
+		}
+		if v, ok := strings.CutPrefix(line, "tps = "); ok && strings.Contains(v, "without initial connection time") {
+			tps, errTPS = strconv.ParseFloat(strings.Fields(v)[0], 64)
+		}
+	}
+	if errN != nil || errTPS != nil || n == 0 || tps <= 0 {
+		b.Fatalf("pgbench's output has no transaction count or rate:\n%s", out)
+	}
+	return n, tps
+}
+
+// pgbenchLatencies reads every transaction's latency from pgbench's logs
+// in dir (one file a thread; the third field is the latency in µs).
+func pgbenchLatencies(b *testing.B, dir string) []time.Duration {
+	b.Helper()
+	logs, err := filepath.Glob(filepath.Join(dir, "log.*"))
+	if err != nil || len(logs) == 0 {
+		b.Fatalf("no pgbench log in %s: %v", dir, err)
+	}
+	var lat []time.Duration
+	for _, name := range logs {
+		data, err := os.ReadFile(name)
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer conn.Close(ctx)
-		conns <- conn
+		for line := range strings.Lines(string(data)) {
+			f := strings.Fields(line)
+			if len(f) < 3 {
+				continue
+			}
+			us, err := strconv.ParseInt(f[2], 10, 64)
+			if err != nil {
+				b.Fatalf("pgbench log %s: %q", name, line)
+			}
+			lat = append(lat, time.Duration(us)*time.Microsecond)
+		}
 	}
-	at := time.Now().UTC().Add(-time.Hour)
-	lat := make([]time.Duration, n)
-	each(b, n, clients, func(i int) error {
-		conn := <-conns
-		defer func() { conns <- conn }()
-		start := time.Now()
-		_, err := conn.Exec(ctx, `INSERT INTO usage_events_copy (tenant, event_id, feature, value, occurred_at, timestamp_given)
-			VALUES ($1, $2, $3, 1, $4, true)`, fmt.Sprintf("tenant-%d", i%4), fmt.Sprintf("%s%07d", prefix, i), fmt.Sprintf("feature-%d", i%3), at)
-		lat[i] = time.Since(start)
-		return err
-	})
-	countStored(b, env, "usage_events_copy", prefix, n)
 	return lat
 }
 
-// each runs do(0) … do(n-1) from clients goroutines and fails the
-// benchmark on the first error.
-func each(b *testing.B, n, clients int, do func(i int) error) {
+// during runs do(0), do(1), … from clients goroutines until deadline and
+// returns how many ran and each one's latency; it fails the benchmark on
+// the first error.
+func during(b *testing.B, deadline time.Time, clients int, do func(i int) error) (int, []time.Duration) {
 	b.Helper()
 	var (
 		next   atomic.Int64
 		failed atomic.Bool
 		wg     sync.WaitGroup
+		mu     sync.Mutex
+		lat    []time.Duration
 	)
 	for range clients {
 		wg.Go(func() {
-			for !failed.Load() {
+			var mine []time.Duration
+			defer func() {
+				mu.Lock()
+				lat = append(lat, mine...)
+				mu.Unlock()
+			}()
+			for !failed.Load() && time.Now().Before(deadline) {
 				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
+				start := time.Now()
 				if err := do(i); err != nil {
 					if failed.CompareAndSwap(false, true) {
 						b.Errorf("request %d: %v", i, err)
 					}
 					return
 				}
+				mine = append(mine, time.Since(start))
 			}
 		})
 	}
@@ -264,6 +388,7 @@ func each(b *testing.B, n, clients int, do func(i int) error) {
 	if failed.Load() {
 		b.FailNow()
 	}
+	return len(lat), lat
 }
 
 // countStored checks that table holds the n events of the phase.
