@@ -58,6 +58,7 @@ var v1Routes = []v1Route{
 	{http.MethodPost, "/v1/quarantine/requeue", fixed("/v1/quarantine/requeue"),
 		func(string) any { return map[string]any{"dry_run": true} }, auth.RoleOperator, http.StatusOK},
 	{http.MethodGet, "/v1/reports/completeness", fixed("/v1/reports/completeness?period=2026-11"), nil, auth.RoleFinance, http.StatusOK},
+	{http.MethodGet, "/v1/reports/completeness/audit", fixed("/v1/reports/completeness/audit?period=2026-11"), nil, auth.RoleFinance, http.StatusNotFound},
 	{http.MethodGet, "/v1/outbox/summary", fixed("/v1/outbox/summary"), nil, auth.RoleFinance, http.StatusOK},
 	{http.MethodGet, "/v1/outbox/items", fixed("/v1/outbox/items"), nil, auth.RoleFinance, http.StatusOK},
 	{http.MethodGet, "/v1/outbox/items/{id}", fixed("/v1/outbox/items/424242"), nil, auth.RoleFinance, http.StatusNotFound},
