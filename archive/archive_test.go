@@ -255,6 +255,18 @@ func TestArchiveVerifyDetachLifecycle(t *testing.T) {
 	require.True(t, archived, "from the archives table's copy without the store")
 	require.Empty(t, Differences(c.Lines, before.Lines, "archived", "database"))
 
+	// A node's report of the month answers from the manifest, marked.
+	reports, err := quarantine.NewReports(0, nil)
+	require.NoError(t, err)
+	reports.Archived = DetachedReport
+	r, err := reports.Completeness(b.Ctx, b.Pool, b.period, "", true)
+	require.NoError(t, err)
+	require.True(t, r.Archived)
+	require.Empty(t, Differences(r.Lines, before.Lines, "report", "database"))
+	live, err = reports.Completeness(b.Ctx, b.Pool, b.start.Format("2006-01"), "", true)
+	require.NoError(t, err)
+	require.False(t, live.Archived, "a month still in the database answers from its counters")
+
 	// A detached archive verifies against its manifest alone.
 	v, err = Verify(b.Ctx, b.Pool, b.period, 0, b.cfg())
 	require.NoError(t, err)

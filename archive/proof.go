@@ -76,6 +76,22 @@ func MarkDetached(ctx context.Context, tx pgx.Tx, proof Proof, by string) error 
 		Details: map[string]any{"generation": proof.Generation, "manifest_sha256": proof.ManifestSHA256}})
 }
 
+// DetachedReport answers the completeness report of period from the manifest
+// the archives table keeps, once the period is detached (ok true); it
+// reads nothing else (ok false) before. It is what a node's report of the
+// month answers (quarantine.Reports.Archived).
+func DetachedReport(ctx context.Context, q quarantine.TxQuerier, period string) (quarantine.Completeness, bool, error) {
+	rec, err := detachedArchive(ctx, q, period)
+	if err != nil || rec == nil {
+		return quarantine.Completeness{}, false, err
+	}
+	var m Manifest
+	if err := json.Unmarshal(rec.Manifest, &m); err != nil {
+		return quarantine.Completeness{}, true, fmt.Errorf("archive: manifest of %s: %w", period, err)
+	}
+	return m.Completeness, true, nil
+}
+
 // Completeness answers the completeness report of period from its
 // archive once the period is detached (archived true): the manifest's
 // totals, read from store when one is given (and checked against the

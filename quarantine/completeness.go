@@ -92,6 +92,9 @@ type Completeness struct {
 	// Reports sets it; CompletenessOf, which reads the ledger now, leaves
 	// it empty.
 	AsOf string `json:"as_of,omitempty"`
+	// Archived is true when the month's ledger has left the database: the
+	// report is its verified archive's manifest (Reports.Archived).
+	Archived bool `json:"archived,omitempty"`
 }
 
 // sqlCompleteness attributes every ledger event of the periods starting in

@@ -39,6 +39,9 @@ type Reports struct {
 	// for the month, so it may run longer than one request's reads. Zero
 	// keeps the connection's.
 	Timeout time.Duration
+	// Archived, when set, answers a month whose ledger has left the
+	// database from its archive (ok true), in place of the counters.
+	Archived func(ctx context.Context, q TxQuerier, period string) (c Completeness, ok bool, err error)
 
 	mu      sync.Mutex
 	flights map[flightKey]*flight
@@ -330,7 +333,7 @@ func (r *Reports) compute(ctx context.Context, db DB, key flightKey) (at time.Ti
 		// Every computation is timed, the ones cut short too.
 		began := time.Now()
 		defer func() { r.metrics.took(time.Since(began)) }()
-		c, err := CompletenessOf(ctx, tx, key.scope, "")
+		c, err := r.completenessOf(ctx, tx, key.scope)
 		if err != nil {
 			return err
 		}
@@ -344,6 +347,22 @@ func (r *Reports) compute(ctx context.Context, db DB, key flightKey) (at time.Ti
 		return time.Time{}, nil, "", fmt.Errorf("quarantine: computing the completeness report: %w", err)
 	}
 	return at, body, source, nil
+}
+
+// completenessOf is period's report: from its archive once its ledger has
+// left (r.Archived), else from the counters.
+func (r *Reports) completenessOf(ctx context.Context, tx pgx.Tx, period string) (Completeness, error) {
+	if r.Archived != nil {
+		c, ok, err := r.Archived(ctx, tx, period)
+		if err != nil {
+			return Completeness{}, err
+		}
+		if ok {
+			c.Period, c.Archived, c.AsOf = period, true, ""
+			return c, nil
+		}
+	}
+	return CompletenessOf(ctx, tx, period, "")
 }
 
 // stored writes c as the snapshot of scope and returns its computed_at and

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tallymeter/tally/api"
+	"github.com/tallymeter/tally/archive"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
@@ -132,6 +133,7 @@ func Build(cfg config.Config) (*Parts, error) {
 		return nil, err
 	}
 	reports.Timeout = cfg.Pools.ReportTimeout
+	reports.Archived = archive.DetachedReport
 	audits, err := quarantine.NewAuditMetrics(reg)
 	if err != nil {
 		return nil, err
