@@ -347,7 +347,7 @@ func (r *isolationRun) checkReportsEndWithClients() {
 	lock, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = lock.Rollback(ctx) }()
-	_, err = lock.Exec(ctx, `LOCK TABLE tenant_mappings IN ACCESS EXCLUSIVE MODE`)
+	_, err = lock.Exec(ctx, `LOCK TABLE completeness_counters IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
 	cctx, ccancel := context.WithCancel(ctx)
 	// refresh: a computation, not the snapshot the reporters left.
@@ -456,13 +456,13 @@ func riverLeader(t *testing.T, ctx context.Context, pool *pgxpool.Pool) string {
 	return id
 }
 
-// reportQueries counts the ledger queries running on the node's
-// connections.
+// reportQueries counts the completeness report's queries (of its
+// counters) running on the node's connections.
 func reportQueries(t *testing.T, ctx context.Context, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND state = 'active' AND query ILIKE '%usage_events%'`).Scan(&n))
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND state = 'active' AND query ILIKE '%FROM completeness_counters%'`).Scan(&n))
 	return n
 }
 
