@@ -38,7 +38,7 @@ func Detach(ctx context.Context, pool *pgxpool.Pool, period, by string) (Detache
 	}
 	prevMonth := month.AddDate(0, -1, 0)
 	prev := prevMonth.Format("2006-01")
-	var res Detached
+	res := Detached{Periods: []string{}}
 	done, err := meter.MonthDetached(ctx, pool, month)
 	if err != nil {
 		return res, err
