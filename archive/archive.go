@@ -64,23 +64,15 @@ type Result struct {
 // ranges and the completeness totals describe the same instant, and it
 // changes nothing but the archives table and the audit log.
 func Archive(ctx context.Context, pool *pgxpool.Pool, period string, cfg Config) (Result, error) {
-	from, to, err := quarantine.ParsePeriod(period)
+	from, to, err := cfg.check(period)
 	if err != nil {
 		return Result{}, err
 	}
-	if cfg.Store == nil || cfg.By == "" {
-		return Result{}, errors.New("archive: a store and who runs it are required")
-	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("archive: %w", err)
-	}
-	defer conn.Release()
-	unlock, err := lockPeriod(ctx, conn.Conn(), period)
+	conn, release, err := holdPeriods(ctx, pool, period)
 	if err != nil {
 		return Result{}, err
 	}
-	defer unlock()
+	defer release()
 
 	latest, err := latestArchive(ctx, conn, period)
 	if err != nil {
@@ -221,9 +213,46 @@ const sqlInsertArchive = `
 INSERT INTO archives (period, generation, state, location, manifest, manifest_sha256, written_by)
 VALUES (@period, @generation, 'written', @location, @manifest::jsonb, @sha, @by)`
 
+// check parses period and checks cfg names a store and who runs it.
+func (cfg Config) check(period string) (from, to time.Time, err error) {
+	if from, to, err = quarantine.ParsePeriod(period); err != nil {
+		return from, to, err
+	}
+	if cfg.Store == nil || cfg.By == "" {
+		return from, to, errors.New("archive: a store and who runs it are required")
+	}
+	return from, to, nil
+}
+
+// holdPeriods acquires a connection and takes the archive locks of
+// periods on it, in the order given (callers give them oldest first);
+// release unlocks them and gives the connection back.
+func holdPeriods(ctx context.Context, pool *pgxpool.Pool, periods ...string) (*pgxpool.Conn, func(), error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("archive: %w", err)
+	}
+	var unlocks []func()
+	release := func() {
+		for i := len(unlocks) - 1; i >= 0; i-- {
+			unlocks[i]()
+		}
+		conn.Release()
+	}
+	for _, p := range periods {
+		unlock, err := lockPeriod(ctx, conn.Conn(), p)
+		if err != nil {
+			release()
+			return nil, nil, err
+		}
+		unlocks = append(unlocks, unlock)
+	}
+	return conn, release, nil
+}
+
 // lockPeriod takes the session advisory lock of period's archive on conn,
-// so that two archives or verifies of one period never run at once; it
-// refuses when another holds it.
+// so that no two archives, verifies or detaches of one period run at
+// once; it refuses when another holds it.
 func lockPeriod(ctx context.Context, conn *pgx.Conn, period string) (func(), error) {
 	h := fnv.New64a()
 	h.Write([]byte("tally archive " + period))
@@ -233,7 +262,7 @@ func lockPeriod(ctx context.Context, conn *pgx.Conn, period string) (func(), err
 		return nil, fmt.Errorf("archive: %w", err)
 	}
 	if !ok {
-		return nil, &Refusal{Period: period, Reasons: []string{"another archive or verify of this period is running"}}
+		return nil, &Refusal{Period: period, Reasons: []string{"another archive, verify or detach of this period is running"}}
 	}
 	return func() { _, _ = conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, key) }, nil
 }

@@ -503,8 +503,8 @@ func TestGenerationsAreNeverWrittenOver(t *testing.T) {
 	require.ErrorContains(t, err, "a manifest is immutable")
 }
 
-// TestArchiveRefusesWhileAnotherRuns: one archive or verify of a month at
-// a time.
+// TestArchiveRefusesWhileAnotherRuns: one archive, verify or detach of a
+// month at a time.
 func TestArchiveRefusesWhileAnotherRuns(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -515,9 +515,15 @@ func TestArchiveRefusesWhileAnotherRuns(t *testing.T) {
 	require.NoError(t, err)
 	_, err = Archive(b.Ctx, b.Pool, b.period, b.cfg())
 	require.ErrorIs(t, err, ErrRefused)
-	require.Contains(t, err.Error(), "another archive or verify of this period is running")
+	require.Contains(t, err.Error(), "another archive, verify or detach of this period is running")
 	_, err = Verify(b.Ctx, b.Pool, b.period, 0, b.cfg())
 	require.ErrorIs(t, err, ErrRefused)
+	// Nor a detach of the month, or of the month after (which holds this
+	// period's later events).
+	for _, p := range []string{b.period, b.start.Format("2006-01")} {
+		_, err = Detach(b.Ctx, b.Pool, p, "test")
+		require.ErrorIs(t, err, ErrRefused, p)
+	}
 	unlock()
 	requireNoArchive(t, b)
 }

@@ -39,6 +39,13 @@ func Detach(ctx context.Context, pool *pgxpool.Pool, period, by string) (Detache
 	prevMonth := month.AddDate(0, -1, 0)
 	prev := prevMonth.Format("2006-01")
 	res := Detached{Periods: []string{}}
+	// No archive or verify of either period meanwhile: the proofs hold
+	// until the drop.
+	_, release, err := holdPeriods(ctx, pool, prev, period)
+	if err != nil {
+		return res, err
+	}
+	defer release()
 	done, err := meter.MonthDetached(ctx, pool, month)
 	if err != nil {
 		return res, err

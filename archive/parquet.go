@@ -25,9 +25,9 @@ const (
 
 // MemoryLimit is the soft memory limit (runtime/debug.SetMemoryLimit) tally
 // archive and tally archive verify run under unless GOMEMLIMIT sets one:
-// their live heap is about one row group of one file, some 60 MB whatever
-// the month's size, and the limit keeps the garbage collector's slack from
-// taking them past 256 MB.
+// their live heap is about one row group of one file whatever the month's
+// size, and the limit keeps the garbage collector's slack from growing it
+// (docs/performance.md, "Archive and verify of a month").
 const MemoryLimit = 192 << 20
 
 // schemaOf is the Parquet schema of f: every column optional (NULL is

@@ -63,23 +63,15 @@ type Verification struct {
 // matches does it mark the generation verified. Every verification, passed
 // or failed, is audited. A failure is a *VerifyError naming each problem.
 func Verify(ctx context.Context, pool *pgxpool.Pool, period string, gen int, cfg Config) (Verification, error) {
-	from, to, err := quarantine.ParsePeriod(period)
+	from, to, err := cfg.check(period)
 	if err != nil {
 		return Verification{}, err
 	}
-	if cfg.Store == nil || cfg.By == "" {
-		return Verification{}, errors.New("archive: a store and who runs it are required")
-	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return Verification{}, fmt.Errorf("archive: %w", err)
-	}
-	defer conn.Release()
-	unlock, err := lockPeriod(ctx, conn.Conn(), period)
+	conn, release, err := holdPeriods(ctx, pool, period)
 	if err != nil {
 		return Verification{}, err
 	}
-	defer unlock()
+	defer release()
 	rec, err := archiveOf(ctx, conn, period, gen)
 	if err != nil {
 		return Verification{}, err

@@ -1,4 +1,4 @@
--- The maintenance sweep (T4) can move only an item that has been attempted:
+-- The maintenance sweep can move only an item that has been attempted:
 -- past the attempt cap, or past the horizon with an attempt that may have
 -- reached the provider. Without an index of those alone it read every
 -- pending item on every pass, the backlog never sent included. This index
