@@ -26,14 +26,18 @@ type Backlog struct {
 // the oldest row's age says how bad the stall is.
 const BacklogCountCap = 100_000
 
-// backlogSQL reads both from the partial index usage_events_unstaged_received
-// (migration 00020): the oldest from its left edge, the count from its
-// first BacklogCountCap entries (the ORDER BY keeps the planner on it: a
-// scan of the table in any other order would read every staged row before
-// the newest unstaged ones).
+// backlogSQL reads both from the partial index usage_events_unstaged_received:
+// the oldest from its left edge, the count from its first BacklogCountCap
+// entries (the ORDER BY keeps the planner on it: a scan of the table in any
+// other order would read every staged row before the newest unstaged ones).
+// The index's predicate has a term no other statement states
+// (received_at > '-infinity'), so that staging's lookups are never
+// planned on it; both reads state it.
 const backlogSQL = `
-	SELECT (SELECT count(*) FROM (SELECT FROM usage_events WHERE item_id IS NULL ORDER BY received_at LIMIT $1) AS unstaged),
-		coalesce(extract(epoch FROM clock_timestamp() - (SELECT min(received_at) FROM usage_events WHERE item_id IS NULL)), 0)::float8`
+	SELECT (SELECT count(*) FROM (SELECT FROM usage_events WHERE item_id IS NULL AND received_at > '-infinity'
+			ORDER BY received_at LIMIT $1) AS unstaged),
+		coalesce(extract(epoch FROM clock_timestamp() - (SELECT min(received_at) FROM usage_events
+			WHERE item_id IS NULL AND received_at > '-infinity')), 0)::float8`
 
 // ReadBacklog reads the ledger backlog: cheap enough to read at every
 // scrape (the metrics tally_ledger_unstaged_events and
