@@ -1,6 +1,6 @@
 # The project's test command is `make test` (README.md); .ci/run runs it.
 
-.PHONY: test lint cross unit isolation fuzz bench bench-durable
+.PHONY: test lint cross unit isolation fuzz bench bench-durable bench-month
 
 test: lint cross unit isolation fuzz
 
@@ -70,3 +70,9 @@ bench-durable:
 	TALLY_TEST_DURABLE=1 go test ./meter -run '^$$' -bench 'BenchmarkStage$$' -benchtime 1x -timeout 30m
 	TALLY_TEST_DURABLE=1 go test ./cmd/tally -run '^$$' -bench 'BenchmarkImport$$' -benchtime 1x
 	TALLY_TEST_DURABLE=1 go test ./internal/testkit/history -run '^$$' -bench History -benchtime 1x -timeout 0
+
+# BenchmarkMonth: a month of TALLY_MONTH_EVENTS events (100 million by
+# default) beside one of a million, on a durable cluster on the disk of
+# TMPDIR; refuses to start without the room (about 50 GB). About an hour.
+bench-month:
+	TALLY_TEST_DURABLE=1 go test ./internal/testkit/history -run '^$$' -bench '^BenchmarkMonth$$' -benchtime 1x -timeout 0

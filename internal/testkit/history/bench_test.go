@@ -120,6 +120,7 @@ type rig struct {
 	stages     int       // staging passes run so far
 	claims     int       // claim batches enqueued so far
 	reconciled int       // reconcile runs so far
+	env        []string  // of the commands BenchmarkMonth runs on it
 }
 
 func newRig(ctx context.Context, b testing.TB, now time.Time) *rig {

@@ -10,8 +10,8 @@ import (
 )
 
 // gen builds the fixture's rows on the fly, for COPY: item i is tenant and
-// feature i mod keys in hour i / keys from from; ledger row e belongs to
-// item e / EventsPerItem.
+// feature i mod keys in hour i / keys from from; it carries the ledger rows
+// span(i), spread evenly over its hour.
 type gen struct {
 	size     Size
 	from     time.Time
@@ -39,6 +39,12 @@ const (
 )
 
 func (g gen) keys() int64 { return int64(len(Tenants) * len(Features)) }
+
+// span is the ledger rows [lo, hi) of item i: Rows spread over Items as
+// evenly as whole rows allow.
+func (g gen) span(i int64) (lo, hi int64) {
+	return i * g.size.Rows / g.size.Items, (i + 1) * g.size.Rows / g.size.Items
+}
 
 // key is item i's tenant and feature, and its hour.
 func (g gen) key(i int64) (tenant, feature string, key int64, hour time.Time) {
@@ -90,7 +96,8 @@ func (g gen) item(i int64) (outbox.Identity, outbox.Payload, time.Time) {
 			hour.Add(time.Hour).Format(time.RFC3339),
 		Exporter: Exporter, DestinationAccount: Account, Mode: Mode, MappingVersion: g.versions[k]}
 	var v int64
-	for e := i * EventsPerItem; e < (i+1)*EventsPerItem; e++ {
+	lo, hi := g.span(i)
+	for e := lo; e < hi; e++ {
 		v += value(e)
 	}
 	p := outbox.Payload{Customer: Customer(tenant), EventName: feature, Value: v,
@@ -113,14 +120,18 @@ func (g gen) attempts() pgx.CopyFromSource {
 }
 
 func (g gen) events() pgx.CopyFromSource {
-	var e int64
+	var e, item int64
+	lo, hi := g.span(0)
 	return pgx.CopyFromFunc(func() ([]any, error) {
+		for e >= hi && item < g.size.Items {
+			item++
+			lo, hi = g.span(item)
+		}
 		if e >= g.size.Rows {
 			return nil, nil
 		}
-		item := e / EventsPerItem
 		tenant, feature, _, hour := g.key(item)
-		at := hour.Add(time.Duration(e%EventsPerItem)*15*time.Minute + 7*time.Second)
+		at := hour.Add(time.Duration(e-lo)*(time.Hour/time.Duration(hi-lo)) + 7*time.Second)
 		row := []any{tenant, "evt_" + strconv.FormatInt(e, 36), feature, value(e), at, true, at.Add(2 * time.Second),
 			item + 1, hour.Add(stagedAfter)}
 		e++

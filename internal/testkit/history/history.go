@@ -35,7 +35,7 @@ const EnvRows = "TALLY_HISTORY_ROWS"
 // by 5 million confirmed items.
 const DefaultRows = 20_000_000
 
-// EventsPerItem is how many ledger rows each historic item carries.
+// EventsPerItem is how many ledger rows each of Load's items carries.
 const EventsPerItem = 4
 
 // The fixture's destination: the simulator's account, test mode, v1.
@@ -139,6 +139,36 @@ func Load(ctx context.Context, pool *pgxpool.Pool, size Size, now time.Time) (Lo
 	hours := (size.Items + keys - 1) / keys
 	l := Loaded{Size: size, To: End(now)}
 	l.From = l.To.Add(-time.Duration(hours) * time.Hour)
+	return load(ctx, pool, l)
+}
+
+// MonthItems is how many items LoadMonth makes of month: one per tenant,
+// feature and hour of the month.
+func MonthItems(month time.Time) int64 {
+	from := time.Date(month.Year(), month.Month(), 1, 0, 0, 0, 0, time.UTC)
+	hours := int64(from.AddDate(0, 1, 0).Sub(from) / time.Hour)
+	return hours * int64(len(Tenants)*len(Features))
+}
+
+// LoadMonth writes one calendar month of history into pool's database, as
+// Load does: every tenant's feature in every hour of month is one confirmed
+// item, and the month's events (at least one an item) are spread over them
+// as evenly as whole rows allow. The month must be over.
+func LoadMonth(ctx context.Context, pool *pgxpool.Pool, month time.Time, events int64) (Loaded, error) {
+	from := time.Date(month.Year(), month.Month(), 1, 0, 0, 0, 0, time.UTC)
+	items := MonthItems(from)
+	if events < items {
+		return Loaded{}, fmt.Errorf("history: %d events for %d items: at least one an item", events, items)
+	}
+	if !from.AddDate(0, 1, 0).Before(time.Now()) {
+		return Loaded{}, fmt.Errorf("history: %s is not over", from.Format("2006-01"))
+	}
+	return load(ctx, pool, Loaded{Size: Size{Rows: events, Items: items}, From: from, To: from.AddDate(0, 1, 0)})
+}
+
+// load writes l.Size's rows, the hours running from l.From.
+func load(ctx context.Context, pool *pgxpool.Pool, l Loaded) (Loaded, error) {
+	size := l.Size
 	versions, err := versionsOf(ctx, pool)
 	if err != nil {
 		return l, err
@@ -161,23 +191,35 @@ func Load(ctx context.Context, pool *pgxpool.Pool, size Size, now time.Time) (Lo
 	if err := errors.Join(errs...); err != nil {
 		return l, err
 	}
-	// Each ledger row's key, as the ingest writes it.
-	if _, err := pool.Exec(ctx, `INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant)
-		SELECT id, occurred_at, md5(event_id)::uuid, tenant FROM usage_events`); err != nil {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return l, fmt.Errorf("history: %w", err)
+	}
+	defer conn.Release()
+	// Sorts of a large load stay in memory longer; the session is this
+	// load's own.
+	if _, err := conn.Exec(ctx, "SET work_mem = '256MB'"); err != nil {
+		return l, fmt.Errorf("history: %w", err)
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), "RESET work_mem") }()
+	// Each ledger row's key, as the ingest writes it, in the key's order:
+	// the primary key's index is then written from left to right.
+	if _, err := conn.Exec(ctx, `INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant)
+		SELECT id, occurred_at, md5(event_id)::uuid, tenant FROM usage_events ORDER BY tenant, md5(event_id)::uuid`); err != nil {
 		return l, fmt.Errorf("history: the events' keys: %w", err)
 	}
-	if _, err := pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox_item_bodies', 'id'), $1)`, size.Items); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox_item_bodies', 'id'), $1)`, size.Items); err != nil {
 		return l, fmt.Errorf("history: %w", err)
 	}
 	// The COPYs ran without the completeness counters' triggers (as
 	// replica): the counters are recounted from the rows, as a migration
 	// of an existing database does.
-	if _, err := pool.Exec(ctx, `SELECT completeness_recount('-infinity', 'infinity')`); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT completeness_recount('-infinity', 'infinity')`); err != nil {
 		return l, fmt.Errorf("history: counting completeness: %w", err)
 	}
 	l.Copy = time.Since(start)
 	start = time.Now()
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE"); err != nil {
+	if _, err := conn.Exec(ctx, "VACUUM ANALYZE"); err != nil {
 		return l, fmt.Errorf("history: vacuum: %w", err)
 	}
 	l.Vacuum = time.Since(start)

@@ -1,0 +1,12 @@
+//go:build !unix
+
+package history_test
+
+import (
+	"errors"
+	"os"
+)
+
+func freeBytes(string) (int64, error) { return 0, errors.New("not measured on this system") }
+
+func peakRSS(*os.ProcessState) int64 { return 0 }
