@@ -305,15 +305,20 @@ BEGIN
         ON CONFLICT (item_id, tenant, feature) DO NOTHING
         RETURNING a.*
     )
+    -- the deltas summed per counter row and bucket already
     SELECT array(
-               SELECT ROW(tally_period_start(c.occurred_at, coalesce(t.period_anchor, '1970-01-01T00:00:00Z')),
-                          c.tenant, c.feature, '', 'unstaged', false, false, 0, -1, -c.value::numeric, 0, 0)::completeness_delta
-               FROM ch c LEFT JOIN tenant_mappings t ON t.tenant = c.tenant
-               WHERE c.staged
+               SELECT ROW(u.period, u.tenant, u.feature, '', 'unstaged', false, false, 0,
+                          -count(*), -sum(u.value), 0, 0)::completeness_delta
+               FROM (SELECT tally_period_start(c.occurred_at, coalesce(t.period_anchor, '1970-01-01T00:00:00Z')) AS period,
+                            c.tenant, c.feature, c.value::numeric AS value
+                     FROM ch c LEFT JOIN tenant_mappings t ON t.tenant = c.tenant
+                     WHERE c.staged) u
+               GROUP BY u.period, u.tenant, u.feature
                UNION ALL
                SELECT ROW(i.period, i.tenant, i.feature, i.applied_account, i.applied_bucket, i.applied_late,
-                          i.applied_inconsistent, 1, i.applied_events, i.applied_value, 0, 0)::completeness_delta
-               FROM ins i),
+                          i.applied_inconsistent, count(*), sum(i.applied_events)::bigint, sum(i.applied_value), 0, 0)::completeness_delta
+               FROM ins i
+               GROUP BY i.period, i.tenant, i.feature, i.applied_account, i.applied_bucket, i.applied_late, i.applied_inconsistent),
            array(
                SELECT ROW(s.sign, c.id, c.tenant, c.feature, c.value, c.occurred_at, s.item_id,
                           completeness_cancel(c.id, s.cancelled_at))::completeness_event
