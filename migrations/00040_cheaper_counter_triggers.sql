@@ -1,23 +1,27 @@
--- Cheaper completeness counters' triggers for staging (docs/performance.md,
--- "Cheaper counter triggers").
+-- Cheaper completeness counters' triggers (docs/performance.md, "Cheaper
+-- counter triggers"), counting exactly as migration 37's.
 --
--- Staging marks unstaged events with a new item. The ledger's update
+-- Staging marks unstaged events with new items. The ledger's update
 -- trigger took every such statement the general way: the events left the
--- unstaged row (one bump), their items' aggregates were upserted, then
--- locked, read again with their states and bodies, placed and bumped (a
--- second bump): six statements in three functions for each statement, one
--- more call of each for every per-event item staged in an ingest.
+-- unstaged row (a bump), their items' aggregates were upserted, then
+-- locked, read back with their states and bodies, placed and bumped again:
+-- six statements in three functions, for a window as for a per-event item
+-- staged in its ingest. Now that usual case — an unstaged event, not
+-- cancelled, marked with an item that has no aggregate yet — is one
+-- statement: the aggregates are inserted already placed (the live item's
+-- bucket, account, late flag and consistency, as completeness_refresh
+-- computes them). Anything else (an item that has an aggregate, a
+-- cancellation, an aggregate a concurrent transaction inserted first)
+-- goes the general way, as before, in the same call.
 --
--- Now the usual case — an unstaged event, not cancelled, marked with an
--- item that has no aggregate yet — is one statement: the aggregates are
--- inserted already placed (the live item's bucket, account, late and
--- inconsistent, exactly as completeness_refresh computes them) and every
--- delta goes to the counters in one bump. Anything else (an item that has
--- an aggregate, a cancellation, an aggregate a concurrent transaction
--- inserted first) goes the general way, as before. The general way now
--- gathers its deltas and bumps once too: completeness_refresh and
--- completeness_events return their deltas (same arguments, so migration
--- 37's Down still drops them) and the triggers add them in one bump.
+-- completeness_refresh and completeness_events now return their deltas
+-- (same arguments, so that migration 37's Down still drops them) and each
+-- trigger adds all of a call's deltas in one bump.
+--
+-- The triggers on the ledger and on the item states paired each row's old
+-- and new versions with a join of the transition tables, which the generic
+-- plans (made without knowing their sizes) ran as a nested loop: quadratic
+-- in a statement's rows. They are paired by a grouping on id instead.
 --
 -- The tables and the meaning of their rows are unchanged: an existing
 -- database needs no conversion, and the counters it holds stay valid.
