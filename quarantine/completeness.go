@@ -134,7 +134,10 @@ type Completeness struct {
 //     sessions turn off: internal/pgsession; "Measured once analysed");
 //   - the month's events are grouped by the item that carries them first,
 //     so that each item is read once, not once per event; a tenant's period
-//     anchor is read only for an event not yet staged;
+//     anchor is read only for an event not yet staged. The latest event's
+//     value is the greatest array of (microsecond, id, value), a plain
+//     aggregate that hashes: an ordered one (array_agg … ORDER BY) makes
+//     the grouping sort the whole month first;
 //   - "chain" follows all the month's items to the ends of their chains of
 //     successors in one recursive scan, carrying each item's group along,
 //     so nothing has to be joined back to it;
@@ -170,7 +173,7 @@ WITH RECURSIVE ev AS (
 ),
 grouped AS MATERIALIZED (
     SELECT tenant, feature, item_id, unstaged_period, coalesce(cancel = 'withdrawn', false) AS gone, count(*) AS n, sum(value) AS v,
-           (array_agg(value ORDER BY occurred_at DESC, id DESC))[1] AS last_value,
+           (max(ARRAY[(extract(epoch FROM occurred_at) * 1000000)::bigint, id, value]))[3] AS last_value,
            count(*) FILTER (WHERE cancel IS NOT NULL) AS cn, coalesce(sum(value) FILTER (WHERE cancel IS NOT NULL), 0) AS cv
     FROM ev GROUP BY 1, 2, 3, 4, 5
 ),
@@ -262,6 +265,12 @@ type TxQuerier interface {
 // rest of the (sub)transaction; see sqlCompleteness.
 const sqlNoNestedLoops = `SET LOCAL enable_nestloop = off`
 
+// sqlFullWorkMem lets the full computation group a month's events by item
+// in memory (a hash of the month's items) rather than sort the month on
+// disk. It is one statement a night or an operator's command, never a
+// request's.
+const sqlFullWorkMem = `SET LOCAL work_mem = '512MB'`
+
 // LedgerCompletenessOf computes the completeness report for the billing
 // periods that start in the month period ("YYYY-MM"), for one tenant or
 // all, from the ledger and the outbox: the full computation, whose cost
@@ -310,8 +319,10 @@ func (c *Completeness) readLines(ctx context.Context, q TxQuerier, from, to time
 		return nil, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, sqlNoNestedLoops); err != nil {
-		return nil, err
+	for _, set := range []string{sqlNoNestedLoops, sqlFullWorkMem} {
+		if _, err := tx.Exec(ctx, set); err != nil {
+			return nil, err
+		}
 	}
 	// Planned for this month's bounds every time (an unnamed statement), not
 	// by a cached generic plan: a month is 400 events or 40 million, and
