@@ -1,6 +1,7 @@
 package history_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -364,9 +365,17 @@ func command(b *testing.B, tally string, r *rig, args []string) commandRun {
 	b.Helper()
 	c := exec.Command(tally, args...)
 	c.Env = append(os.Environ(), r.env...)
+	var buf bytes.Buffer
+	c.Stdout, c.Stderr = &buf, &buf
 	start := time.Now()
-	out, err := c.CombinedOutput()
-	run := commandRun{took: time.Since(start), peak: peakRSS(c.ProcessState)}
+	err := c.Start()
+	var run commandRun
+	if err == nil {
+		peak := watchPeak(c.Process.Pid)
+		err = c.Wait()
+		run = commandRun{took: time.Since(start), peak: peak(c.ProcessState)}
+	}
+	out := buf.Bytes()
 	if err != nil {
 		if slices.Contains(args, "--verify") && strings.Contains(string(out), "statement timeout") {
 			run.failed = strings.TrimSpace(string(out))

@@ -2,11 +2,7 @@
 
 package history_test
 
-import (
-	"os"
-	"runtime"
-	"syscall"
-)
+import "syscall"
 
 // freeBytes is the space an unprivileged user may still write under dir.
 func freeBytes(dir string) (int64, error) {
@@ -15,17 +11,4 @@ func freeBytes(dir string) (int64, error) {
 		return 0, err
 	}
 	return int64(st.Bavail) * int64(st.Bsize), nil
-}
-
-// peakRSS is an exited process's peak resident set, in bytes; 0 when the
-// system does not say.
-func peakRSS(ps *os.ProcessState) int64 {
-	ru, ok := ps.SysUsage().(*syscall.Rusage)
-	if !ok {
-		return 0
-	}
-	if runtime.GOOS == "darwin" {
-		return ru.Maxrss // bytes there, kilobytes elsewhere
-	}
-	return ru.Maxrss * 1024
 }
