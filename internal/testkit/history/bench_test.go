@@ -258,19 +258,7 @@ func (r *rig) stagePass(ctx context.Context, b *testing.B) time.Duration {
 
 // claim enqueues 500 fresh pending items, then times a claim of 100.
 func (r *rig) claim(ctx context.Context, b *testing.B) time.Duration {
-	r.claims++
-	items := make([]outbox.NewItem, 500)
-	for i := range items {
-		t := history.Tenants[i%len(history.Tenants)]
-		items[i] = outbox.NewItem{
-			Identity: outbox.Identity{TenantKey: t, SubjectKind: outbox.SubjectUsageWindow,
-				SubjectRef: fmt.Sprintf("usage:bench:%d:%d", r.claims, i), Exporter: history.Exporter,
-				DestinationAccount: history.Account, Mode: history.Mode, MappingVersion: 1},
-			Payload: outbox.Payload{Customer: history.Customer(t), EventName: history.Features[0], Value: 1,
-				Timestamp: r.fresh.Add(-30 * time.Hour).Unix(), Feature: history.Features[0], Period: "2026-01-01T00:00:00Z"},
-		}
-	}
-	must(b, pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { _, err := r.store.EnqueueBatch(ctx, tx, items); return err }))
+	r.enqueue(ctx, b, "bench")
 	start := time.Now()
 	leases, err := r.store.Claim(ctx, r.pool, outbox.ClaimOptions{Owner: "bench", Limit: 100, Policy: outbox.BestEffort})
 	took := time.Since(start)
@@ -279,6 +267,24 @@ func (r *rig) claim(ctx context.Context, b *testing.B) time.Duration {
 		b.Fatalf("claimed %d, want 100", len(leases))
 	}
 	return took
+}
+
+// enqueue enqueues 500 fresh pending items, their subjects named by kind
+// and the count of claims so far.
+func (r *rig) enqueue(ctx context.Context, b *testing.B, kind string) {
+	r.claims++
+	items := make([]outbox.NewItem, 500)
+	for i := range items {
+		t := history.Tenants[i%len(history.Tenants)]
+		items[i] = outbox.NewItem{
+			Identity: outbox.Identity{TenantKey: t, SubjectKind: outbox.SubjectUsageWindow,
+				SubjectRef: fmt.Sprintf("usage:%s:%d:%d", kind, r.claims, i), Exporter: history.Exporter,
+				DestinationAccount: history.Account, Mode: history.Mode, MappingVersion: 1},
+			Payload: outbox.Payload{Customer: history.Customer(t), EventName: history.Features[0], Value: 1,
+				Timestamp: r.fresh.Add(-30 * time.Hour).Unix(), Feature: history.Features[0], Period: "2026-01-01T00:00:00Z"},
+		}
+	}
+	must(b, pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { _, err := r.store.EnqueueBatch(ctx, tx, items); return err }))
 }
 
 func (r *rig) summary(ctx context.Context, b *testing.B) time.Duration {

@@ -250,19 +250,7 @@ func (r *rig) stageDay(ctx context.Context, b *testing.B) time.Duration {
 // claimAccept enqueues 500 fresh pending items, then times a claim of 100
 // and the record of their acceptance.
 func (r *rig) claimAccept(ctx context.Context, b *testing.B) time.Duration {
-	r.claims++
-	items := make([]outbox.NewItem, 500)
-	for i := range items {
-		t := history.Tenants[i%len(history.Tenants)]
-		items[i] = outbox.NewItem{
-			Identity: outbox.Identity{TenantKey: t, SubjectKind: outbox.SubjectUsageWindow,
-				SubjectRef: fmt.Sprintf("usage:bench-accept:%d:%d", r.claims, i), Exporter: history.Exporter,
-				DestinationAccount: history.Account, Mode: history.Mode, MappingVersion: 1},
-			Payload: outbox.Payload{Customer: history.Customer(t), EventName: history.Features[0], Value: 1,
-				Timestamp: r.fresh.Add(-30 * time.Hour).Unix(), Feature: history.Features[0], Period: "2026-01-01T00:00:00Z"},
-		}
-	}
-	must(b, pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { _, err := r.store.EnqueueBatch(ctx, tx, items); return err }))
+	r.enqueue(ctx, b, "bench-accept")
 	start := time.Now()
 	leases, err := r.store.Claim(ctx, r.pool, outbox.ClaimOptions{Owner: "bench", Limit: 100, Policy: outbox.BestEffort})
 	must(b, err)
