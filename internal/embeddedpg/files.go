@@ -35,18 +35,6 @@ func newPassword() (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
-// childEnv is the environment for initdb and postgres, without PG* variables
-// that could redirect them.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PG") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
 func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
 	if err != nil {

@@ -150,7 +150,7 @@ func (s *starter) runInitdb(ctx context.Context, tmp, pwFile string) error {
 	offset := fileSize(s.logFile)
 	cmd := exec.CommandContext(ctx, filepath.Join(s.binDir, "initdb"), args...)
 	cmd.Dir = s.cfg.DataDir
-	cmd.Env = childEnv()
+	cmd.Env = childEnv(s.as)
 	cmd.Stdout = s.logFile
 	cmd.Stderr = s.logFile
 	// A dead tally kills initdb on Linux; elsewhere initdb finishes into

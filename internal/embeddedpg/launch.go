@@ -42,7 +42,7 @@ func (s *starter) launch(ctx context.Context, port int, password string) (*Clust
 	offset := fileSize(s.logFile)
 	cmd := exec.Command(filepath.Join(s.binDir, "postgres"), s.serverArgs(port)...)
 	cmd.Dir = s.cfg.DataDir
-	cmd.Env = childEnv()
+	cmd.Env = childEnv(s.as)
 	cmd.Stdout = s.logFile
 	cmd.Stderr = s.logFile
 	// Immediate shutdown (SIGQUIT) if tally dies without stopping it, where

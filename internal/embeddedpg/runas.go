@@ -12,6 +12,7 @@ import (
 // runAs is the unprivileged identity used when the process is root.
 type runAs struct {
 	name   string
+	home   string // the HOME of the children
 	uid    uint32
 	gid    uint32
 	groups []uint32
@@ -43,7 +44,7 @@ func lookupRunAs(name string) (*runAs, error) {
 	if uid == 0 {
 		return nil, fmt.Errorf("embeddedpg: refusing to run PostgreSQL as user %q: it is root", name)
 	}
-	r := &runAs{name: name, uid: uint32(uid), gid: uint32(gid), groups: []uint32{}}
+	r := &runAs{name: name, home: u.HomeDir, uid: uint32(uid), gid: uint32(gid), groups: []uint32{}}
 	if ids, err := u.GroupIds(); err == nil {
 		for _, id := range ids {
 			if g, err := strconv.ParseUint(id, 10, 32); err == nil {
