@@ -30,7 +30,7 @@ func Attach(dataDir, database string) (dbURL string, ok bool, err error) {
 	if !processExists(pid) {
 		return "", false, nil // stale: whoever starts next cleans it up
 	}
-	pw, err := os.ReadFile(filepath.Join(dataDir, passwordName))
+	pw, err := readFile(filepath.Join(dataDir, passwordName))
 	if err != nil {
 		return "", false, fmt.Errorf("embeddedpg: a server runs on %s but its password is unreadable: %w", dataDir, err)
 	}
@@ -47,7 +47,7 @@ func Attach(dataDir, database string) (dbURL string, ok bool, err error) {
 // readPostmasterPID reads the pid (line 1) and the port (line 4) of a
 // postmaster.pid file.
 func readPostmasterPID(path string) (pid, port int, err error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if err != nil {
 		return 0, 0, err
 	}

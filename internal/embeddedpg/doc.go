@@ -7,12 +7,14 @@
 // process. Windows is not supported: Start says so and points at
 // TALLY_DATABASE_URL.
 //
-// The files follow the steps: binaries.go finds the binaries, runas.go (with
+// The files follow the steps: binaries.go finds the binaries, trust.go
+// checks that nobody else could change the data directory, runas.go (with
 // runas_unix.go and runas_windows.go) drops to an unprivileged user when the
-// process is root, initdb.go creates the cluster, launch.go starts the server
-// and cluster.go stops it, parentdeath*.go and watchdog.go take it down with
-// a dead parent, and files.go holds the small file helpers. start.go ties the
-// steps together.
+// process is root, env.go gives the children an allow-listed environment,
+// initdb.go creates the cluster, launch.go starts the server and cluster.go
+// stops it, parentdeath*.go and watchdog.go take it down with a dead parent,
+// and files.go (with files_unix.go and files_windows.go) holds the small file
+// helpers. start.go ties the steps together.
 //
 // The package never touches a cluster it did not create: it refuses to reuse
 // or delete a non-empty directory that is not a cluster, and it refuses to
@@ -20,4 +22,14 @@
 // runs postgres or initdb as root (when the process is root they run as an
 // unprivileged user), and it never logs the superuser password or a URL that
 // contains it.
+//
+// The host cannot be turned against through it. The data directory and its
+// ancestors must be owned by root or by the user tally runs as and not be
+// writable by group or others (a sticky ancestor such as /tmp is fine); the
+// unprivileged user owns only what tally gives it inside (pgdata and
+// postgres.log), never the directory itself. Files there are opened without
+// following symbolic links, refused when hard-linked, and handed to the
+// unprivileged user by descriptor, never by path. The children get no
+// variable of tally's environment but PATH, the library paths, the locale
+// and the time zone, so tally's secrets never reach the server.
 package embeddedpg

@@ -18,7 +18,7 @@ import (
 // live pid counts as a running server.
 func checkRunningPostmaster(pgdata string, logger *slog.Logger) error {
 	pidPath := filepath.Join(pgdata, "postmaster.pid")
-	b, err := os.ReadFile(pidPath)
+	b, err := readFile(pidPath)
 	if err != nil {
 		return nil // no pid file, or unreadable: let postgres decide
 	}
