@@ -3,11 +3,9 @@
 package embeddedpg
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -63,36 +61,10 @@ func TestServerDiesWithParentWatchdog(t *testing.T) {
 // the helper, and waits for the postmaster to go away.
 func killParentOfCluster(t *testing.T, dir string, watchdog bool) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "EMBEDDEDPG_HELPER_DIR="+dir)
-	if watchdog {
-		cmd.Env = append(cmd.Env, "EMBEDDEDPG_HELPER_WATCHDOG=1")
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "pid ") {
-		t.Fatalf("helper said %q (%v)", line, err)
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "pid ")))
-
-	// SIGKILL the parent: the guard must take the postmaster down with it.
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	deadline := time.Now().Add(10 * time.Second)
-	for processAlive(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
-			t.Fatalf("postmaster %d survived its parent being killed", pid)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	h := startHelper(t, dir, watchdog)
+	pid := h.ready(t)
+	h.kill() // the guard must take the postmaster down with it
+	awaitExit(t, pid)
 }
 
 // assertLogged fails unless the server log in dir holds every one of lines,

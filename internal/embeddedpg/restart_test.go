@@ -20,31 +20,37 @@ import (
 // down after the parent-death signal (or its watchdog's); to make the race
 // certain rather than likely, the test stops the postmaster (SIGSTOP) before
 // the kill and lets it go on only once the new start has begun, so that
-// the new start always finds it alive.
+// the new start always finds it alive. The watchdog, which guards the
+// server on macOS, is tried too.
 func TestRestartRightAfterKill(t *testing.T) {
 	t.Parallel()
-	dir := tempDataDir(t)
-	h := startHelper(t, dir)
-	pid := h.ready(t)
-	for i := 0; i < 3; i++ {
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-		h.kill()
-		next := startHelper(t, dir)
-		time.Sleep(300 * time.Millisecond) // the new start finds the orphan alive
-		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-			t.Fatal(err)
-		}
-		orphan := pid
-		pid = next.ready(t)
-		if pid == orphan || processAlive(orphan) {
-			t.Fatalf("restart %d: the new server (pid %d) came up while the orphan %d lives", i+1, pid, orphan)
-		}
-		h = next
+	for _, watchdog := range []bool{false, true} {
+		t.Run(map[bool]string{false: "parent-death signal", true: "watchdog"}[watchdog], func(t *testing.T) {
+			t.Parallel()
+			dir := tempDataDir(t)
+			h := startHelper(t, dir, watchdog)
+			pid := h.ready(t)
+			for i := 0; i < 3; i++ {
+				if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+					t.Fatal(err)
+				}
+				h.kill()
+				next := startHelper(t, dir, watchdog)
+				time.Sleep(300 * time.Millisecond) // the new start finds the orphan alive
+				if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+					t.Fatal(err)
+				}
+				orphan := pid
+				pid = next.ready(t)
+				if pid == orphan || processAlive(orphan) {
+					t.Fatalf("restart %d: the new server (pid %d) came up while the orphan %d lives", i+1, pid, orphan)
+				}
+				h = next
+			}
+			h.kill()
+			awaitExit(t, pid)
+		})
 	}
-	h.kill()
-	waitGone(t, pid)
 }
 
 // helper is a test binary running TestHelperProcess: a process that owns a
@@ -54,10 +60,15 @@ type helper struct {
 	out *bufio.Reader
 }
 
-func startHelper(t *testing.T, dir string) *helper {
+// startHelper starts a helper on dir, its server guarded by the watchdog
+// when watchdog is set.
+func startHelper(t *testing.T, dir string, watchdog bool) *helper {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "EMBEDDEDPG_HELPER_DIR="+dir)
+	if watchdog {
+		cmd.Env = append(cmd.Env, "EMBEDDEDPG_HELPER_WATCHDOG=1")
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -88,8 +99,8 @@ func (h *helper) kill() {
 	_ = h.cmd.Wait()
 }
 
-// waitGone waits for the postmaster pid, orphaned, to exit.
-func waitGone(t *testing.T, pid int) {
+// awaitExit waits for the postmaster pid, orphaned, to exit.
+func awaitExit(t *testing.T, pid int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for processAlive(pid) {

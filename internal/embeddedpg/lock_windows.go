@@ -1,0 +1,6 @@
+package embeddedpg
+
+import "os"
+
+// lockFile does nothing: no cluster starts on Windows.
+func lockFile(*os.File) error { return nil }
