@@ -16,8 +16,9 @@ type Config struct {
 	// for the superuser password generated at initdb and DataDir/tally.lock
 	// to know whether a live process runs the server. DataDir is created with
 	// mode 0755 when missing. It and its ancestors must be owned by root or
-	// by the user tally runs as and not be writable by group or others
-	// (a sticky ancestor such as /tmp is fine); Start refuses any other.
+	// by the user tally runs as and not be writable by group (but the
+	// owner's private group) or others (a sticky ancestor such as /tmp is
+	// fine); Start refuses any other.
 	DataDir string
 
 	// Port is the TCP port on 127.0.0.1 the server listens on. The default, 0,

@@ -41,6 +41,9 @@ func TestRefusesDataDirOthersControl(t *testing.T) {
 		}, "is writable by group or others"},
 		{"writable by group", func(t *testing.T, base, dataDir string) {
 			mkdirOwned(t, dataDir, 0, 0o775)
+			if err := os.Chown(dataDir, 0, otherUID); err != nil {
+				t.Fatal(err)
+			}
 		}, "is writable by group or others"},
 		{"under a parent of another user", func(t *testing.T, base, dataDir string) {
 			mkdirOwned(t, filepath.Dir(dataDir), otherUID, 0o755)
@@ -115,4 +118,32 @@ func mkdirOwned(t *testing.T, dir string, uid int, perm os.FileMode) {
 func isDir(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.IsDir()
+}
+
+// TestTrustsWhatOnlyTrustedUsersChange: a directory its owner's private
+// group may write (as umask 002 makes them) and a sticky ancestor (as /tmp)
+// are trusted; a sticky data directory itself, where others may add files,
+// is not.
+func TestTrustsWhatOnlyTrustedUsersChange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root can give a directory root's group, whose name is root's")
+	}
+	t.Parallel()
+	base := filepath.Dir(tempDataDir(t))
+	private := filepath.Join(base, "private", ".tally")
+	mkdirOwned(t, private, 0, 0o775)
+	if err := os.Chmod(filepath.Dir(private), 0o775); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkTrusted(private); err != nil {
+		t.Errorf("group-writable by root's own group: %v", err)
+	}
+	sticky := filepath.Join(base, "sticky")
+	mkdirOwned(t, sticky, 0, 0o777|os.ModeSticky)
+	if err := checkTrusted(filepath.Join(sticky, ".tally")); err != nil {
+		t.Errorf("under a sticky directory: %v", err)
+	}
+	if err := checkTrusted(sticky); err == nil || !strings.Contains(err.Error(), "writable by group or others") {
+		t.Errorf("a sticky data directory: %v", err)
+	}
 }

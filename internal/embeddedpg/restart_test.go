@@ -34,6 +34,7 @@ func TestRestartRightAfterKill(t *testing.T) {
 				if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 					t.Fatal(err)
 				}
+				defer syscall.Kill(pid, syscall.SIGCONT) // never leave it stopped, even on failure
 				h.kill()
 				next := startHelper(t, dir, watchdog)
 				time.Sleep(300 * time.Millisecond) // the new start finds the orphan alive

@@ -21,8 +21,9 @@ const untrustedAdvice = "set TALLY_DATA_DIR to a directory only root or tally's 
 // can change what dataDir names, so that a file Start opens there is the
 // one it means: dataDir, when it exists, and each of its ancestors must be
 // owned by root or by tally's user and not be writable by group or others.
-// An ancestor may be a sticky directory such as /tmp, where others may add
-// entries but not rename or remove ours. A symbolic link on the way must be
+// Group-writable is fine when the group is the owner's private group
+// (privateGroup). An ancestor may be a sticky directory such as /tmp, where
+// others may add entries but not rename or remove ours. A symbolic link on the way must be
 // owned by root or tally's user too, and its target is checked the same
 // way. The user that runs PostgreSQL when tally is root is not trusted
 // here: it owns only what Start gives it inside dataDir (pgdata and
@@ -55,7 +56,7 @@ func checkChain(dataDir, path string, links int) error {
 		if err != nil {
 			return fmt.Errorf("embeddedpg: data directory %s: %w", dataDir, err)
 		}
-		uid, _, ok := fileOwner(fi)
+		uid, gid, ok := fileOwner(fi)
 		if !ok {
 			return nil
 		}
@@ -80,7 +81,11 @@ func checkChain(dataDir, path string, links int) error {
 			return fmt.Errorf("embeddedpg: %s is not a directory", where(dataDir, p))
 		}
 		last := i == len(parts)-1
-		if fi.Mode().Perm()&0o022 != 0 && (last || fi.Mode()&fs.ModeSticky == 0) {
+		writable := fi.Mode().Perm() & 0o002
+		if !privateGroup(uid, gid) {
+			writable |= fi.Mode().Perm() & 0o020
+		}
+		if writable != 0 && (last || fi.Mode()&fs.ModeSticky == 0) {
 			return fmt.Errorf("embeddedpg: %s is writable by group or others (mode %04o), who could change what it holds; %s",
 				where(dataDir, p), fi.Mode().Perm(), untrustedAdvice)
 		}
@@ -100,6 +105,18 @@ func where(dataDir, p string) string {
 // ancestors: root, or the user tally runs as.
 func trustedOwner(uid uint32) bool {
 	return uid == 0 || int64(uid) == int64(os.Geteuid())
+}
+
+// privateGroup reports whether gid is uid's own group: its primary group,
+// named after it, as systems with a umask of 002 give every user, so that
+// their directories are group-writable by nobody else.
+func privateGroup(uid, gid uint32) bool {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil || u.Gid != strconv.FormatUint(uint64(gid), 10) {
+		return false
+	}
+	g, err := user.LookupGroupId(u.Gid)
+	return err == nil && g.Name == u.Username
 }
 
 // userName is " (name)" for uid, or nothing when uid has no name.
