@@ -72,3 +72,16 @@ func (l *dirLock) release() {
 	}
 	l.once.Do(func() { _ = l.f.Close() })
 }
+
+// ownerless reports whether dataDir's lock file exists and no process
+// holds its lock, so that no live process runs a server there, whatever
+// postmaster.pid says. It is false when that cannot be told (no lock file,
+// or one this user may not open).
+func ownerless(dataDir string) bool {
+	f, err := openFile(filepath.Join(dataDir, lockName), os.O_RDONLY, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close() // and with it the lock probeLock took
+	return probeLock(f)
+}

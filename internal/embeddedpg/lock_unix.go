@@ -17,3 +17,10 @@ func lockFile(f *os.File) error {
 	}
 	return err
 }
+
+// probeLock reports whether a shared flock on f can be taken at once, that
+// is, whether no other open file holds an exclusive one. The lock taken
+// lasts until f is closed.
+func probeLock(f *os.File) bool {
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB) == nil
+}

@@ -20,8 +20,9 @@ import (
 // down after the parent-death signal (or its watchdog's); to make the race
 // certain rather than likely, the test stops the postmaster (SIGSTOP) before
 // the kill and lets it go on only once the new start has begun, so that
-// the new start always finds it alive. The watchdog, which guards the
-// server on macOS, is tried too.
+// the new start always finds it alive. Attach, meanwhile, does not offer
+// the orphan to a command. The watchdog, which guards the server on macOS,
+// is tried too.
 func TestRestartRightAfterKill(t *testing.T) {
 	t.Parallel()
 	for _, watchdog := range []bool{false, true} {
@@ -31,11 +32,17 @@ func TestRestartRightAfterKill(t *testing.T) {
 			h := startHelper(t, dir, watchdog)
 			pid := h.ready(t)
 			for i := 0; i < 3; i++ {
+				if _, ok, err := Attach(dir, "postgres"); !ok || err != nil {
+					t.Fatalf("restart %d: Attach to the running server: ok %v, %v", i+1, ok, err)
+				}
 				if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 					t.Fatal(err)
 				}
 				defer syscall.Kill(pid, syscall.SIGCONT) // never leave it stopped, even on failure
 				h.kill()
+				if _, ok, err := Attach(dir, "postgres"); ok || err != nil {
+					t.Errorf("restart %d: Attach to the orphan: ok %v, %v", i+1, ok, err)
+				}
 				next := startHelper(t, dir, watchdog)
 				time.Sleep(300 * time.Millisecond) // the new start finds the orphan alive
 				if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
