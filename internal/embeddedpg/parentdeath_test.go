@@ -5,6 +5,7 @@ package embeddedpg
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,13 +19,14 @@ import (
 // TestHelperProcess is not a real test: TestServerDiesWithParent runs the
 // test binary again with EMBEDDEDPG_HELPER_DIR set, and this starts a cluster
 // there (guarded by the watchdog when EMBEDDEDPG_HELPER_WATCHDOG is set),
-// prints the postmaster pid and waits to be killed.
+// logging to stderr, prints the postmaster pid and waits to be killed.
 func TestHelperProcess(t *testing.T) {
 	dir := os.Getenv("EMBEDDEDPG_HELPER_DIR")
 	if dir == "" {
 		t.Skip("helper process only")
 	}
-	cfg := Config{DataDir: dir, Ephemeral: true, Logger: quietLogger(), watchdog: os.Getenv("EMBEDDEDPG_HELPER_WATCHDOG") != ""}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)) // for the test to follow
+	cfg := Config{DataDir: dir, Ephemeral: true, Logger: logger, watchdog: os.Getenv("EMBEDDEDPG_HELPER_WATCHDOG") != ""}
 	c, err := Start(context.Background(), cfg)
 	if err != nil {
 		os.Stdout.WriteString("error: " + err.Error() + "\n")
