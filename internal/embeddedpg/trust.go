@@ -33,8 +33,9 @@ func checkTrusted(dataDir string) error {
 	return checkChain(dataDir, dataDir, 0)
 }
 
-// checkChain checks path, which stands for dataDir after links seen
-// symbolic links, from the root down to its first missing component.
+// checkChain checks path, which stands for dataDir once the links symbolic
+// links on the way have been followed, from the root down to its first
+// missing component.
 func checkChain(dataDir, path string, links int) error {
 	path = filepath.Clean(path)
 	parts := strings.Split(strings.TrimPrefix(path, string(filepath.Separator)), string(filepath.Separator))
@@ -81,9 +82,9 @@ func checkChain(dataDir, path string, links int) error {
 			return fmt.Errorf("embeddedpg: %s is not a directory", where(dataDir, p))
 		}
 		last := i == len(parts)-1
-		writable := fi.Mode().Perm() & 0o002
-		if !privateGroup(uid, gid) {
-			writable |= fi.Mode().Perm() & 0o020
+		writable := fi.Mode().Perm() & 0o022
+		if writable&0o020 != 0 && privateGroup(uid, gid) {
+			writable &^= 0o020
 		}
 		if writable != 0 && (last || fi.Mode()&fs.ModeSticky == 0) {
 			return fmt.Errorf("embeddedpg: %s is writable by group or others (mode %04o), who could change what it holds; %s",
