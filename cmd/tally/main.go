@@ -188,11 +188,12 @@ func configure(line *commandLine, getenv func(string) string, stderr io.Writer) 
 	logger := app.NewLogger(cfg)
 	if (!cmd.noDB || cmd.settings) && cfg.DatabaseURL == "" && !dataDirSet(line.settings, getenv) && embeddedpg.Unreachable(cfg.DataDir, "") {
 		// Run as root from a checkout the server user cannot reach (under
-		// /root, say): the default data directory moves to one it can, the
-		// same for every command of this checkout.
+		// /root, say) or another user could change: the default data
+		// directory moves to one it can use, the same for every command of
+		// this checkout.
 		moved := embeddedpg.Fallback(cfg.DataDir)
 		if cmd.service {
-			logger.Warn("the default data directory is not reachable by the unprivileged user that runs PostgreSQL; using another",
+			logger.Warn("the default data directory cannot be used as root (the unprivileged user that runs PostgreSQL cannot reach it, or another user could change it); using another",
 				"default", cfg.DataDir, "using", moved, "hint", "set TALLY_DATA_DIR to choose")
 		}
 		cfg.DataDir = moved

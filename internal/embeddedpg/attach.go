@@ -14,7 +14,8 @@ import (
 // Attach returns the URL of database on the cluster that another process
 // (a running `tally serve` or `tally dev`) started in dataDir, so that a
 // command can use it without starting a second server. ok is false when no
-// server runs there.
+// server runs there, and when the one there has lost the process that ran
+// it (it is shutting down; Start waits for it).
 func Attach(dataDir, database string) (dbURL string, ok bool, err error) {
 	dataDir, err = filepath.Abs(dataDir)
 	if err != nil {
@@ -27,10 +28,12 @@ func Attach(dataDir, database string) (dbURL string, ok bool, err error) {
 	if err != nil {
 		return "", false, err
 	}
-	if !processExists(pid) {
-		return "", false, nil // stale: whoever starts next cleans it up
+	if processGone(pid) || ownerless(dataDir) {
+		// Stale, or the server of a tally that was killed, on its way
+		// down: whoever starts next cleans up, or waits for it.
+		return "", false, nil
 	}
-	pw, err := os.ReadFile(filepath.Join(dataDir, passwordName))
+	pw, err := readFile(filepath.Join(dataDir, passwordName))
 	if err != nil {
 		return "", false, fmt.Errorf("embeddedpg: a server runs on %s but its password is unreadable: %w", dataDir, err)
 	}
@@ -47,7 +50,7 @@ func Attach(dataDir, database string) (dbURL string, ok bool, err error) {
 // readPostmasterPID reads the pid (line 1) and the port (line 4) of a
 // postmaster.pid file.
 func readPostmasterPID(path string) (pid, port int, err error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -21,6 +21,7 @@ type Cluster struct {
 	port     int
 	password string
 	logger   *slog.Logger
+	lock     *dirLock // the data directory's, released when the server exits or Stop returns
 
 	proc    *os.Process
 	done    chan struct{}
@@ -50,7 +51,8 @@ func (c *Cluster) URL(database string) string {
 func (c *Cluster) Port() int { return c.port }
 
 // Done returns a channel that is closed when the postmaster process exits for
-// any reason, whether through Stop or not.
+// any reason, whether through Stop or not. Start may start the data
+// directory's server again once Done is closed or Stop has returned.
 func (c *Cluster) Done() <-chan struct{} { return c.done }
 
 // Stop performs a fast shutdown (SIGINT to the postmaster) and waits for the
@@ -58,6 +60,7 @@ func (c *Cluster) Done() <-chan struct{} { return c.done }
 // then SIGKILL to the server's process group, and returns an error. Stop is
 // idempotent: calling it again, or after the server died, returns nil.
 func (c *Cluster) Stop(ctx context.Context) error {
+	defer c.lock.release()
 	select {
 	case <-c.done:
 		c.logStopped()
@@ -97,6 +100,7 @@ func (c *Cluster) kill() {
 // watch logs an exit that was not requested through Stop.
 func (c *Cluster) watch() {
 	<-c.done
+	c.lock.release() // in case it exited before run marked it ready
 	if !c.stopping.Load() {
 		c.logger.Error("postgres exited unexpectedly", "dir", c.dataDir, "port", c.port, "err", c.waitErr)
 	}

@@ -12,9 +12,13 @@ import (
 // Config describes the cluster Start creates or reuses.
 type Config struct {
 	// DataDir is required. Start uses DataDir/pgdata for the cluster,
-	// DataDir/postgres.log for the server log and DataDir/password (mode 0600)
-	// for the superuser password generated at initdb. DataDir is created with
-	// mode 0755 when missing.
+	// DataDir/postgres.log for the server log, DataDir/password (mode 0600)
+	// for the superuser password generated at initdb and DataDir/tally.lock
+	// to know whether a live process runs the server. DataDir is created with
+	// mode 0755 when missing. It and its ancestors must be owned by root or
+	// by the user tally runs as and not be writable by group (but the
+	// owner's private group) or others (a sticky ancestor such as /tmp is
+	// fine); Start refuses any other.
 	DataDir string
 
 	// Port is the TCP port on 127.0.0.1 the server listens on. The default, 0,
@@ -66,7 +70,7 @@ const (
 	pollInterval      = 100 * time.Millisecond
 	connectTimeout    = 2 * time.Second
 	defaultMaxConns   = "200"
-	unreachableAdvice = "set TALLY_DATA_DIR to a directory it can reach, e.g. /var/lib/tally or /tmp/tally"
+	unreachableAdvice = "set TALLY_DATA_DIR to a directory it can reach, e.g. /var/lib/tally"
 )
 
 // How often, and how far apart, a start is tried again while an earlier

@@ -59,7 +59,7 @@ func (s *starter) passwordPath() string { return filepath.Join(s.cfg.DataDir, pa
 
 // readPassword reads the superuser password of the existing cluster.
 func (s *starter) readPassword() (string, error) {
-	b, err := os.ReadFile(s.passwordPath())
+	b, err := readFile(s.passwordPath())
 	if err != nil {
 		return "", fmt.Errorf("embeddedpg: cluster %s exists but its password file cannot be read: %w", s.pgdata, err)
 	}
@@ -100,11 +100,13 @@ func (s *starter) makeScratch() (string, error) {
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return "", fmt.Errorf("embeddedpg: %w", err)
 	}
-	if err := os.Chmod(tmp, 0o700); err != nil {
+	d, err := openDir(tmp)
+	if err != nil {
 		return "", fmt.Errorf("embeddedpg: %w", err)
 	}
-	if err := s.as.chown(tmp); err != nil {
-		return "", fmt.Errorf("embeddedpg: chown %s: %w", tmp, err)
+	defer d.Close()
+	if err := errors.Join(d.Chmod(0o700), s.as.chown(d)); err != nil {
+		return "", fmt.Errorf("embeddedpg: prepare %s: %w", tmp, err)
 	}
 	return tmp, nil
 }
@@ -123,8 +125,10 @@ func (s *starter) initdbPasswordFile(pw string) (string, error) {
 	}
 	name := f.Name()
 	_, werr := f.WriteString(pw + "\n")
+	merr := f.Chmod(0o600)
+	oerr := s.as.chown(f)
 	cerr := f.Close()
-	if err := errors.Join(werr, cerr, os.Chmod(name, 0o600), s.as.chown(name)); err != nil {
+	if err := errors.Join(werr, merr, oerr, cerr); err != nil {
 		_ = os.Remove(name)
 		return "", fmt.Errorf("embeddedpg: prepare initdb password file: %w", err)
 	}
@@ -150,7 +154,7 @@ func (s *starter) runInitdb(ctx context.Context, tmp, pwFile string) error {
 	offset := fileSize(s.logFile)
 	cmd := exec.CommandContext(ctx, filepath.Join(s.binDir, "initdb"), args...)
 	cmd.Dir = s.cfg.DataDir
-	cmd.Env = childEnv()
+	cmd.Env = childEnv(s.as)
 	cmd.Stdout = s.logFile
 	cmd.Stderr = s.logFile
 	// A dead tally kills initdb on Linux; elsewhere initdb finishes into

@@ -42,7 +42,7 @@ func (s *starter) launch(ctx context.Context, port int, password string) (*Clust
 	offset := fileSize(s.logFile)
 	cmd := exec.Command(filepath.Join(s.binDir, "postgres"), s.serverArgs(port)...)
 	cmd.Dir = s.cfg.DataDir
-	cmd.Env = childEnv()
+	cmd.Env = childEnv(s.as)
 	cmd.Stdout = s.logFile
 	cmd.Stderr = s.logFile
 	// Immediate shutdown (SIGQUIT) if tally dies without stopping it, where
@@ -59,6 +59,7 @@ func (s *starter) launch(ctx context.Context, port int, password string) (*Clust
 		port:     port,
 		password: password,
 		logger:   s.cfg.Logger,
+		lock:     s.lock,
 		done:     make(chan struct{}),
 	}
 	if err := c.spawn(cmd, s.watchdogStarter(useWatchdog)); err != nil {
@@ -152,6 +153,9 @@ func (c *Cluster) spawn(cmd *exec.Cmd, startWatchdog func(pid int) (*watchdog, e
 		started <- nil
 		c.waitErr = cmd.Wait()
 		w.release()
+		if c.ready.Load() {
+			c.lock.release() // before Done, so that a start after it finds the lock free
+		}
 		close(c.done)
 	}()
 	return <-started

@@ -3,11 +3,10 @@
 package embeddedpg
 
 import (
-	"bufio"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -20,13 +19,14 @@ import (
 // TestHelperProcess is not a real test: TestServerDiesWithParent runs the
 // test binary again with EMBEDDEDPG_HELPER_DIR set, and this starts a cluster
 // there (guarded by the watchdog when EMBEDDEDPG_HELPER_WATCHDOG is set),
-// prints the postmaster pid and waits to be killed.
+// logging to stderr, prints the postmaster pid and waits to be killed.
 func TestHelperProcess(t *testing.T) {
 	dir := os.Getenv("EMBEDDEDPG_HELPER_DIR")
 	if dir == "" {
 		t.Skip("helper process only")
 	}
-	cfg := Config{DataDir: dir, Ephemeral: true, Logger: quietLogger(), watchdog: os.Getenv("EMBEDDEDPG_HELPER_WATCHDOG") != ""}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)) // for the test to follow
+	cfg := Config{DataDir: dir, Ephemeral: true, Logger: logger, watchdog: os.Getenv("EMBEDDEDPG_HELPER_WATCHDOG") != ""}
 	c, err := Start(context.Background(), cfg)
 	if err != nil {
 		os.Stdout.WriteString("error: " + err.Error() + "\n")
@@ -63,36 +63,10 @@ func TestServerDiesWithParentWatchdog(t *testing.T) {
 // the helper, and waits for the postmaster to go away.
 func killParentOfCluster(t *testing.T, dir string, watchdog bool) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "EMBEDDEDPG_HELPER_DIR="+dir)
-	if watchdog {
-		cmd.Env = append(cmd.Env, "EMBEDDEDPG_HELPER_WATCHDOG=1")
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "pid ") {
-		t.Fatalf("helper said %q (%v)", line, err)
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "pid ")))
-
-	// SIGKILL the parent: the guard must take the postmaster down with it.
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	deadline := time.Now().Add(10 * time.Second)
-	for processAlive(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
-			t.Fatalf("postmaster %d survived its parent being killed", pid)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	h := startHelper(t, dir, watchdog)
+	pid := h.ready(t)
+	h.kill() // the guard must take the postmaster down with it
+	awaitExit(t, pid)
 }
 
 // assertLogged fails unless the server log in dir holds every one of lines,

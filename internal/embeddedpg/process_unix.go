@@ -4,6 +4,9 @@ package embeddedpg
 
 import (
 	"errors"
+	"os"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -27,4 +30,20 @@ func killGroup(pid int) error { return syscall.Kill(-pid, syscall.SIGKILL) }
 // processExists reports whether a process pid exists, whoever owns it.
 func processExists(pid int) bool {
 	return !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+// processGone reports whether pid has exited: there is no such process, or
+// it is a zombie nobody has reaped yet (where /proc tells; elsewhere a
+// zombie counts as alive).
+func processGone(pid int) bool {
+	if !processExists(pid) {
+		return true
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && (s[i+2] == 'Z' || s[i+2] == 'X')
 }

@@ -45,3 +45,6 @@ func processExists(pid int) bool {
 	_ = p.Release()
 	return true
 }
+
+// processGone reports whether pid has exited.
+func processGone(pid int) bool { return !processExists(pid) }

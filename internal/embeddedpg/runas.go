@@ -12,16 +12,19 @@ import (
 // runAs is the unprivileged identity used when the process is root.
 type runAs struct {
 	name   string
+	home   string // the HOME of the children
 	uid    uint32
 	gid    uint32
 	groups []uint32
 }
 
-func (r *runAs) chown(path string) error {
+// chown gives the open file f to r; f's name is never looked up again, so a
+// link planted in its place is not followed. A nil r does nothing.
+func (r *runAs) chown(f *os.File) error {
 	if r == nil {
 		return nil
 	}
-	return os.Chown(path, int(r.uid), int(r.gid))
+	return f.Chown(int(r.uid), int(r.gid))
 }
 
 func lookupRunAs(name string) (*runAs, error) {
@@ -43,7 +46,7 @@ func lookupRunAs(name string) (*runAs, error) {
 	if uid == 0 {
 		return nil, fmt.Errorf("embeddedpg: refusing to run PostgreSQL as user %q: it is root", name)
 	}
-	r := &runAs{name: name, uid: uint32(uid), gid: uint32(gid), groups: []uint32{}}
+	r := &runAs{name: name, home: u.HomeDir, uid: uint32(uid), gid: uint32(gid), groups: []uint32{}}
 	if ids, err := u.GroupIds(); err == nil {
 		for _, id := range ids {
 			if g, err := strconv.ParseUint(id, 10, 32); err == nil {
@@ -66,12 +69,17 @@ func (r *runAs) inGroup(gid uint32) bool {
 	return false
 }
 
-// prepareDataDir creates dataDir (mode 0755) when missing. When the process
+// prepareDataDir creates dataDir (mode 0755) when missing, after checking
+// that nobody but root and tally's own user could change what it names
+// (checkTrusted), and checks that again once it exists. When the process
 // is root it first picks the unprivileged user that will run PostgreSQL,
 // returned as the runAs (nil otherwise), and checks that the user can reach
 // dataDir, before and after creating it.
 func prepareDataDir(cfg Config) (*runAs, error) {
 	dataDir := cfg.DataDir
+	if err := checkTrusted(dataDir); err != nil {
+		return nil, err
+	}
 	var as *runAs
 	if os.Geteuid() == 0 {
 		var err error
@@ -88,8 +96,12 @@ func prepareDataDir(cfg Config) (*runAs, error) {
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("embeddedpg: create data directory: %w", err)
 	}
+	// Again, now that it exists: another user may have made it first, and
+	// the umask may have restricted new directories.
+	if err := checkTrusted(dataDir); err != nil {
+		return nil, err
+	}
 	if as != nil {
-		// Again, now that it exists: the umask may have restricted new directories.
 		if err := checkReachable(dataDir, as); err != nil {
 			return nil, err
 		}
@@ -162,16 +174,21 @@ func checkSearchable(dir, p string, r *runAs) error {
 // `mktemp -d` makes, so that the unprivileged user can reach pgdata inside
 // it. The directory is tally's own; its ancestors are never changed.
 func grantSearch(dataDir string, logger *slog.Logger) error {
-	fi, err := os.Stat(dataDir)
+	d, err := os.Open(dataDir) // checkTrusted has checked any link on the way
+	if err != nil {
+		return nil // missing: created 0755 below
+	}
+	defer d.Close()
+	fi, err := d.Stat()
 	if err != nil || !fi.IsDir() {
-		return nil // missing: created 0755 below; not a directory: reported below
+		return nil // not a directory: reported below
 	}
 	uid, _, ok := fileOwner(fi)
 	if !ok || uid != uint32(os.Geteuid()) || fi.Mode().Perm()&0o011 == 0o011 {
 		return nil
 	}
 	mode := fi.Mode().Perm() | 0o011
-	if err := os.Chmod(dataDir, mode); err != nil {
+	if err := d.Chmod(mode); err != nil {
 		return fmt.Errorf("embeddedpg: granting search permission on data directory %s: %w", dataDir, err)
 	}
 	logger.Info("granted search permission on the data directory so that the unprivileged server user can reach pgdata",

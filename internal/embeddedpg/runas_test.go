@@ -39,7 +39,8 @@ func TestUnreachableDataDir(t *testing.T) {
 }
 
 // TestFallbackForUnreachableDataDir: a data directory under a directory the
-// server user cannot traverse is unreachable, one it can reach is not, and
+// server user cannot traverse is unreachable, and so is one under a
+// directory another user owns, while one it can reach is not; and
 // the fallback is stable per absolute path, distinct between paths, and
 // reachable.
 func TestFallbackForUnreachableDataDir(t *testing.T) {
@@ -59,11 +60,23 @@ func TestFallbackForUnreachableDataDir(t *testing.T) {
 	if got, want := Unreachable(inLocked, ""), os.Geteuid() == 0; got != want {
 		t.Errorf("Unreachable(%s) = %v, want %v (root: %v)", inLocked, got, want, os.Geteuid() == 0)
 	}
+	foreign := filepath.Join(base, "foreign")
+	if err := os.Mkdir(foreign, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(foreign, otherUID, otherUID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := Unreachable(filepath.Join(foreign, ".tally"), ""), os.Geteuid() == 0; got != want {
+		t.Errorf("Unreachable(%s), under another user's directory, = %v, want %v", foreign, got, want)
+	}
 	if first, again := Fallback(inLocked), Fallback(filepath.Join(locked, "repo", "..", "repo", ".tally")); first != again || first == Fallback(inOpen) {
 		t.Errorf("fallbacks not stable and distinct: %s, %s", Fallback(inLocked), Fallback(inOpen))
 	}
-	if !strings.HasPrefix(Fallback(inLocked), "/var/tmp/tally-") {
-		t.Errorf("fallback %s is not under /var/tmp", Fallback(inLocked))
+	if !strings.HasPrefix(Fallback(inLocked), "/var/lib/tally-dev/") {
+		t.Errorf("fallback %s is not under /var/lib/tally-dev", Fallback(inLocked))
 	}
 	if Unreachable(Fallback(inLocked), "") {
 		t.Errorf("the fallback %s is itself unreachable", Fallback(inLocked))

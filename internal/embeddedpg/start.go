@@ -12,13 +12,15 @@ import (
 // PG_VERSION there (superuser "tally", scram-sha-256 authentication, the
 // password from DataDir/password, UTF8, locale C), otherwise reuses the
 // existing cluster, then starts postgres as a child process listening only on
-// 127.0.0.1 with Unix sockets disabled. It returns once the server accepts a
+// 127.0.0.1 with Unix sockets disabled. It refuses a server that another
+// process runs on DataDir, and waits (up to 30 s) for the server of a tally
+// that was killed to finish shutting down. It returns once the server accepts a
 // connection, waiting at most StartTimeout and no longer than ctx allows. If
 // the server exits during startup the error includes the last lines of
 // DataDir/postgres.log. On Windows it returns an error matching
 // errors.ErrUnsupported that points at TALLY_DATABASE_URL.
-func Start(ctx context.Context, cfg Config) (*Cluster, error) {
-	cfg, err := cfg.withDefaults()
+func Start(ctx context.Context, cfg Config) (c *Cluster, err error) {
+	cfg, err = cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
@@ -32,6 +34,14 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if s.as, err = prepareDataDir(cfg); err != nil {
 		return nil, err
 	}
+	if s.lock, err = lockDataDir(cfg.DataDir, s.pgdata); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			s.lock.release() // on success the cluster holds it
+		}
+	}()
 	if s.logFile, err = openServerLog(cfg.DataDir, s.as); err != nil {
 		return nil, err
 	}
@@ -46,7 +56,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	if err := checkRunningPostmaster(s.pgdata, cfg.Logger); err != nil {
+	if err := checkRunningPostmaster(ctx, s.pgdata, cfg.Logger); err != nil {
 		return nil, err
 	}
 	return s.run(ctx, password)
@@ -59,6 +69,7 @@ type starter struct {
 	pgdata  string   // DataDir/pgdata, the cluster
 	logFile *os.File // DataDir/postgres.log, the children's output
 	as      *runAs   // the unprivileged user when tally is root, else nil
+	lock    *dirLock // DataDir's lock, handed to the cluster that comes up
 }
 
 // run launches the server on the cluster, trying again on another free

@@ -62,7 +62,7 @@ func startWatchdog(pid int, pidFile string, as *runAs, stderr io.Writer) (*watch
 	cmd := exec.Command("/bin/sh", "-c", watchdogScript, "embeddedpg-watchdog",
 		strconv.Itoa(pid), pidFile, strconv.Itoa(ticks))
 	cmd.Dir = "/"
-	cmd.Env = childEnv()
+	cmd.Env = childEnv(as)
 	cmd.Stderr = stderr
 	cmd.SysProcAttr = sysProcAttr(as, syscall.Signal(0))
 	stdin, err := cmd.StdinPipe()
