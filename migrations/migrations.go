@@ -127,7 +127,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 func newProvider(db *sql.DB, logger *slog.Logger) (*goose.Provider, error) {
-	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
+	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true), goose.WithGoMigrations(sessionSettings)}
 	if logger != nil {
 		opts = append(opts, goose.WithSlog(logger))
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/pgsession"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/migrations"
 )
@@ -66,7 +67,7 @@ func TestApplyFromEmptyConcurrentlyThenIdempotent(t *testing.T) {
 	}
 	files, err := filepath.Glob("*.sql")
 	require.NoError(t, err)
-	require.Equal(t, len(files), tally, "Tally's migrations applied exactly once")
+	require.Equal(t, len(files)+1, tally, "Tally's migrations, the SQL files and the session settings' (Go), applied exactly once")
 	require.Positive(t, river)
 	require.NoError(t, migrations.Check(ctx, pool))
 
@@ -78,4 +79,21 @@ func TestApplyFromEmptyConcurrentlyThenIdempotent(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM river_job").Scan(&n))
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM outbox_items").Scan(&n))
+}
+
+// TestApplySetsTheSessionDefaults: migrating a database makes pgsession's
+// settings its defaults, so that every later session has them without a
+// startup parameter, through a pooler or not.
+func TestApplySetsTheSessionDefaults(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := emptyDatabase(t)
+	_, err := migrations.Apply(ctx, pool, nil)
+	require.NoError(t, err)
+	var settings []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT s.setconfig FROM pg_db_role_setting s
+		JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = current_database() AND s.setrole = 0`).Scan(&settings))
+	for _, s := range pgsession.Settings {
+		require.Contains(t, settings, s.Name+"="+s.Value)
+	}
 }

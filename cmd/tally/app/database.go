@@ -14,7 +14,6 @@ import (
 
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
-	"github.com/tallymeter/tally/internal/pgsession"
 	"github.com/tallymeter/tally/migrations"
 )
 
@@ -118,7 +117,6 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		// drives a domain part as serve would (dev's set-up, benchmarks).
 		pcfg.MaxConns = defaultMaxConns
 	}
-	pgsession.Defaults(pcfg.ConnConfig.RuntimeParams)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		d.stopCluster()
@@ -129,6 +127,11 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 	if err != nil {
 		d.Close()
 		return nil, err
+	}
+	if res.TallyApplied > 0 {
+		// The sessions opened before a migration set the database's
+		// session defaults (pgsession) lack them.
+		pool.Reset()
 	}
 	switch {
 	case cfg.DatabaseURL != "":
@@ -175,7 +178,6 @@ func Connect(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 		return nil, errors.New("TALLY_DATABASE_URL is not a valid Postgres URL")
 	}
 	pcfg.MaxConns = connectMaxConns
-	pgsession.Defaults(pcfg.ConnConfig.RuntimeParams)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Postgres: %w", err)
@@ -264,7 +266,6 @@ func (d *DB) workloadPool(ctx context.Context, size int, timeout time.Duration) 
 	params := pcfg.ConnConfig.RuntimeParams
 	params["statement_timeout"] = strconv.FormatInt(timeout.Milliseconds(), 10)
 	params["idle_in_transaction_session_timeout"] = strconv.FormatInt(min(timeout, idleInTransactionTimeout).Milliseconds(), 10)
-	pgsession.Defaults(params)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Postgres: %w", err)
