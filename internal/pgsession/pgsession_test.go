@@ -3,12 +3,15 @@ package pgsession_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/pgsession"
+	"github.com/tallymeter/tally/internal/testkit/pgbouncer"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
@@ -44,4 +47,44 @@ func TestSettingsHoldWithoutStartupParameters(t *testing.T) {
 		}
 		require.NoError(t, conn.Close(ctx))
 	}
+}
+
+// TestSettingsHoldThroughPgBouncer: behind PgBouncer in transaction mode,
+// which refuses a startup parameter it does not know, every session still
+// runs with the settings, whichever server connection it lands on.
+func TestSettingsHoldThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.URL(t)
+	pooled := pgbouncer.Start(t, url).URL(url)
+	// What every connection sent before: the pooler refuses it.
+	_, err := pgx.Connect(ctx, pooled+"&jit=off")
+	require.ErrorContains(t, err, "unsupported startup parameter: jit")
+
+	cfg, err := pgxpool.ParseConfig(pooled)
+	require.NoError(t, err)
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				for _, s := range pgsession.Settings {
+					var got string
+					if err := pool.QueryRow(ctx, "SELECT current_setting($1)", s.Name).Scan(&got); err != nil {
+						t.Error(err)
+						return
+					}
+					if got != s.Value {
+						t.Errorf("%s = %s through the pooler, want %s", s.Name, got, s.Value)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -1,0 +1,137 @@
+// Package pgbouncer starts Debian's PgBouncer in transaction mode in front
+// of a test server, for tests that run Tally through a pooler as a
+// managed Postgres is run: a random port on 127.0.0.1, every database of
+// the server behind it (a wildcard entry), every role's password checked
+// by auth_query against the server, and no startup parameter ignored, so
+// that a client sending one is refused as it would be in production.
+//
+// It is for tests only. When the tests run as root, PgBouncer runs as the
+// unprivileged user the test cluster runs as, which it requires.
+package pgbouncer
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Binary is where Debian's package installs PgBouncer.
+const Binary = "/usr/sbin/pgbouncer"
+
+// startTimeout bounds how long Start waits for PgBouncer to listen.
+const startTimeout = 10 * time.Second
+
+// Bouncer is one running PgBouncer, stopped when the test that started it
+// ends.
+type Bouncer struct {
+	addr string
+	out  *bytes.Buffer
+}
+
+// Available reports whether PgBouncer is installed (.ci/run installs it).
+func Available() bool {
+	_, err := exec.LookPath(Binary)
+	return err == nil
+}
+
+// Start starts PgBouncer in transaction mode in front of the server of
+// server, a URL of a superuser (PgBouncer's auth_user, which reads the
+// other roles' password hashes). It fails t when PgBouncer is missing.
+func Start(t testing.TB, server string) *Bouncer {
+	t.Helper()
+	if !Available() {
+		t.Fatalf("pgbouncer: %s is missing: install Debian's pgbouncer package (.ci/run does)", Binary)
+	}
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatalf("pgbouncer: the server's URL: %v", err)
+	}
+	password, _ := u.User.Password()
+	port := freePort(t)
+	// Not t.TempDir: PgBouncer's user must be able to enter its parent.
+	dir, err := os.MkdirTemp("", "tally-pgbouncer-")
+	if err != nil {
+		t.Fatalf("pgbouncer: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	conf := fmt.Sprintf(`[databases]
+* = host=%s port=%s auth_user=%s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = %s
+auth_query = SELECT usename, passwd FROM pg_shadow WHERE usename = $1
+pool_mode = transaction
+max_client_conn = 1000
+default_pool_size = 60
+server_tls_sslmode = disable
+logfile =
+pidfile =
+`, u.Hostname(), u.Port(), u.User.Username(), port, filepath.Join(dir, "userlist.txt"))
+	files := map[string]string{
+		"pgbouncer.ini": conf,
+		"userlist.txt":  strconv.Quote(u.User.Username()) + " " + strconv.Quote(password) + "\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatalf("pgbouncer: %v", err)
+		}
+	}
+	b := &Bouncer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), out: new(bytes.Buffer)}
+	cmd := exec.Command(Binary, filepath.Join(dir, "pgbouncer.ini"))
+	cmd.Stdout, cmd.Stderr = b.out, b.out
+	if err := unprivileged(cmd, dir); err != nil {
+		t.Fatalf("pgbouncer: %v", err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("pgbouncer: starting: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	for deadline := time.Now().Add(startTimeout); ; time.Sleep(20 * time.Millisecond) {
+		if c, err := net.Dial("tcp", b.addr); err == nil {
+			_ = c.Close()
+			return b
+		}
+		if time.Now().After(deadline) || cmd.ProcessState != nil {
+			t.Fatalf("pgbouncer: not listening on %s after %s:\n%s", b.addr, startTimeout, b.out.String())
+		}
+	}
+}
+
+// URL returns direct, a URL of a database on the server, through b: the
+// same role, password, database and parameters, on b's address.
+func (b *Bouncer) URL(direct string) string {
+	u, err := url.Parse(direct)
+	if err != nil {
+		panic("pgbouncer: not a URL: " + err.Error())
+	}
+	u.Host = b.addr
+	return u.String()
+}
+
+// Log returns what PgBouncer logged so far: why it refused a client.
+func (b *Bouncer) Log() string { return strings.TrimSpace(b.out.String()) }
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("pgbouncer: a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
