@@ -125,7 +125,7 @@ type exportRun struct {
 	// pooled runs the node through PgBouncer (pooledDatabase), with a
 	// direct URL when direct.
 	pooled, direct bool
-	features []struct{ name, formula string }
+	features       []struct{ name, formula string }
 
 	sim    *stripesim.Server
 	simURL string
