@@ -23,6 +23,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testkit/pgbouncer"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/migrations"
 )
 
@@ -233,10 +234,13 @@ func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 // started for the test, as a login role of the runtime role (made for the
 // test), migrating as url's role, the owner, through the pooler too. With
 // direct, River and the notifications connect past the pooler
-// (TALLY_DATABASE_DIRECT_URL); without, they poll.
+// (TALLY_DATABASE_DIRECT_URL); without, they poll. PgBouncer and the
+// direct URL reach Postgres over TLS, verifying its certificate
+// (testdb.TLS).
 func pooledDatabase(t *testing.T, url string, direct bool) []string {
 	t.Helper()
 	ctx := context.Background()
+	url = testdb.TLS(t, url)
 	bouncer := pgbouncer.Start(t, url)
 	u, err := neturl.Parse(url)
 	require.NoError(t, err)
@@ -253,6 +257,12 @@ func pooledDatabase(t *testing.T, url string, direct bool) []string {
 		// The node did go through the pooler.
 		require.Contains(t, bouncer.Log(), "login attempt: db="+u.Path[1:]+" user="+role)
 		if c, err := pgx.Connect(context.Background(), url); err == nil {
+			// PgBouncer's server connections, still open, are encrypted.
+			var plain, all int
+			require.NoError(t, c.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE NOT s.ssl), count(*)
+				FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE a.usename = $1`, role).Scan(&plain, &all))
+			require.Positive(t, all)
+			require.Zero(t, plain, "a session of the runtime role in the clear")
 			_, _ = c.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
 			_ = c.Close(context.Background())
 		}

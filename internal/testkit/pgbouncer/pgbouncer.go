@@ -3,7 +3,9 @@
 // managed Postgres is run: a random port on 127.0.0.1, every database of
 // the server behind it (a wildcard entry), every role's password checked
 // by auth_query against the server, and no startup parameter ignored, so
-// that a client sending one is refused as it would be in production.
+// that a client sending one is refused as it would be in production. It
+// reaches the server over TLS, verifying its certificate, when the
+// server's URL does (testdb.TLS).
 //
 // It is for tests only. When the tests run as root, PgBouncer runs as the
 // unprivileged user the test cluster runs as, which it requires.
@@ -55,6 +57,12 @@ func Start(t testing.TB, server string) *Bouncer {
 		t.Fatalf("pgbouncer: the server's URL: %v", err)
 	}
 	password, _ := u.User.Password()
+	// PgBouncer reaches the server as server's URL does: verifying its
+	// certificate when the URL does (testdb.TLS), else in the clear.
+	serverTLS := "server_tls_sslmode = disable"
+	if q := u.Query(); q.Get("sslmode") == "verify-full" {
+		serverTLS = "server_tls_sslmode = verify-full\nserver_tls_ca_file = " + q.Get("sslrootcert")
+	}
 	port := freePort(t)
 	// Not t.TempDir: PgBouncer's user must be able to enter its parent.
 	dir, err := os.MkdirTemp("", "tally-pgbouncer-")
@@ -75,10 +83,10 @@ auth_query = SELECT usename, passwd FROM pg_shadow WHERE usename = $1
 pool_mode = transaction
 max_client_conn = 1000
 default_pool_size = 60
-server_tls_sslmode = disable
+%s
 logfile =
 pidfile =
-`, u.Hostname(), u.Port(), u.User.Username(), port, filepath.Join(dir, "userlist.txt"))
+`, u.Hostname(), u.Port(), u.User.Username(), port, filepath.Join(dir, "userlist.txt"), serverTLS)
 	files := map[string]string{
 		"pgbouncer.ini": conf,
 		"userlist.txt":  strconv.Quote(u.User.Username()) + " " + strconv.Quote(password) + "\n",
@@ -113,13 +121,18 @@ pidfile =
 }
 
 // URL returns direct, a URL of a database on the server, through b: the
-// same role, password, database and parameters, on b's address.
+// same role, password, database and parameters, on b's address, in the
+// clear (b takes no TLS from its clients; it is on the same machine).
 func (b *Bouncer) URL(direct string) string {
 	u, err := url.Parse(direct)
 	if err != nil {
 		panic("pgbouncer: not a URL: " + err.Error())
 	}
 	u.Host = b.addr
+	q := u.Query()
+	q.Del("sslrootcert")
+	q.Set("sslmode", "disable")
+	u.RawQuery = q.Encode()
 	return u.String()
 }
 
