@@ -97,3 +97,36 @@ func TestApplySetsTheSessionDefaults(t *testing.T) {
 		require.Contains(t, settings, s.Name+"="+s.Value)
 	}
 }
+
+// TestApplyNeedsNoSuperuser: a role that owns the database but is no
+// superuser, as on a managed Postgres, migrates it, owns every table and
+// sets the session defaults.
+func TestApplyNeedsNoSuperuser(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base := testdb.New(t)
+	role := base.Config().ConnConfig.Database + "_owner"
+	_, err := base.Exec(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' NOSUPERUSER")
+	require.NoError(t, err)
+	_, err = base.Exec(ctx, "CREATE DATABASE "+role+" OWNER "+role+" TEMPLATE template0")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = base.Exec(context.Background(), "DROP DATABASE IF EXISTS "+role+" WITH (FORCE)")
+		_, _ = base.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	cfg := base.Config().Copy()
+	cfg.ConnConfig.Database, cfg.ConnConfig.User, cfg.ConnConfig.Password = role, role, "pw"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	_, err = migrations.Apply(ctx, pool, nil)
+	require.NoError(t, err)
+	owners, err := migrations.TableOwners(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, migrations.Ownership{Owners: []string{role}}, owners)
+	pool.Reset()
+	missing, err := pgsession.Missing(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, missing)
+}

@@ -15,7 +15,12 @@
 // cmd/tally/app's, per pool).
 package pgsession
 
-import "github.com/jackc/pgx/v5"
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // Setting is one session setting and the value Tally's statements are
 // planned for.
@@ -59,4 +64,26 @@ func ResetStatements(database string) []string {
 		out[i] = "ALTER DATABASE " + pgx.Identifier{database}.Sanitize() + " RESET " + s.Name
 	}
 	return out
+}
+
+// Querier is what Missing reads through: a pool or a connection.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Missing returns, as name=value, the Settings a session on q does not
+// start with: the database lacks the defaults (migration 44 sets them only
+// when the migrating role owns the database), or the URL overrides them.
+func Missing(ctx context.Context, q Querier) ([]string, error) {
+	var missing []string
+	for _, s := range Settings {
+		var v string
+		if err := q.QueryRow(ctx, "SELECT current_setting($1)", s.Name).Scan(&v); err != nil {
+			return nil, fmt.Errorf("pgsession: reading %s: %w", s.Name, err)
+		}
+		if v != s.Value {
+			missing = append(missing, s.Name+"="+s.Value)
+		}
+	}
+	return missing, nil
 }
