@@ -123,6 +123,10 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		pcfg.MaxConns = defaultMaxConns
 	}
 	d.pooled, d.directURL = cfg.DatabasePooled, cfg.DatabaseDirectURL
+	if _, err := pgxpool.ParseConfig(d.directURL); d.directURL != "" && err != nil {
+		d.stopCluster()
+		return nil, errors.New("TALLY_DATABASE_DIRECT_URL is not a valid Postgres URL")
+	}
 	pooledMode(pcfg, url, d.pooled)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
