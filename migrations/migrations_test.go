@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/pgsession"
+	"github.com/tallymeter/tally/internal/testkit/pgbouncer"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/migrations"
 )
@@ -127,6 +128,51 @@ func TestApplyNeedsNoSuperuser(t *testing.T) {
 	require.Equal(t, migrations.Ownership{Owners: []string{role}}, owners)
 	pool.Reset()
 	missing, err := pgsession.Missing(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, missing)
+}
+
+// TestApplyFromEmptyThroughPgBouncer: nodes starting together migrate an
+// empty database through PgBouncer in transaction mode, one at a time: the
+// lock is a transaction's, and no statement is prepared.
+func TestApplyFromEmptyThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	empty := emptyDatabase(t)
+	direct := testdb.URLOf(t, empty)
+	cfg, err := pgxpool.ParseConfig(pgbouncer.Start(t, direct).URL(direct))
+	require.NoError(t, err)
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe // as TALLY_DATABASE_POOLED
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	var (
+		wg      sync.WaitGroup
+		results = make([]migrations.Result, 3)
+		errs    = make([]error, 3)
+	)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = migrations.Apply(ctx, pool, nil)
+		}()
+	}
+	wg.Wait()
+	var tally int
+	for i := range results {
+		require.NoError(t, errs[i])
+		tally += results[i].TallyApplied
+	}
+	files, err := filepath.Glob("*.sql")
+	require.NoError(t, err)
+	require.Equal(t, len(files)+1, tally, "applied exactly once")
+	require.NoError(t, migrations.Check(ctx, pool))
+	// A session that starts now has the defaults (the pooler's server
+	// connections opened before keep theirs until it replaces them).
+	empty.Reset()
+	missing, err := pgsession.Missing(ctx, empty)
 	require.NoError(t, err)
 	require.Empty(t, missing)
 }
