@@ -1,5 +1,5 @@
 package migrations
 
-// SessionSettings is migration 44, for tests that build a goose provider
+// SessionSettings returns migration 44, for tests that build a goose provider
 // of their own over this directory.
 var SessionSettings = sessionSettings

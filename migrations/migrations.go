@@ -1,5 +1,6 @@
 // Package migrations owns Tally's database schema: the embedded SQL files in
-// this directory, applied in order by goose, and River's own schema, applied
+// this directory and the one migration in Go (44, session_settings.go),
+// applied in order by goose, and River's own schema, applied
 // by rivermigrate in the same step. Both run under one Postgres advisory lock,
 // a transaction's (so that it holds through a transaction-mode pooler), so
 // that nodes starting together migrate one at a time. It also answers
@@ -129,7 +130,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 func newProvider(db *sql.DB, logger *slog.Logger) (*goose.Provider, error) {
-	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true), goose.WithGoMigrations(sessionSettings)}
+	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true), goose.WithGoMigrations(sessionSettings())}
 	if logger != nil {
 		opts = append(opts, goose.WithSlog(logger))
 	}

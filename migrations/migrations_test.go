@@ -94,7 +94,7 @@ func TestApplySetsTheSessionDefaults(t *testing.T) {
 	var settings []string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT s.setconfig FROM pg_db_role_setting s
 		JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = current_database() AND s.setrole = 0`).Scan(&settings))
-	for _, s := range pgsession.Settings {
+	for _, s := range pgsession.Settings() {
 		require.Contains(t, settings, s.Name+"="+s.Value)
 	}
 }

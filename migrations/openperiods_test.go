@@ -30,7 +30,7 @@ func TestMigration33KeepsTheCurrentDiscrepanciesAndNotesOpenPeriods(t *testing.T
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = db.Close() })
 	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("."), goose.WithDisableGlobalRegistry(true),
-		goose.WithGoMigrations(migrations.SessionSettings))
+		goose.WithGoMigrations(migrations.SessionSettings()))
 	require.NoError(t, err)
 
 	// The items are made by today's outbox on today's schema; the schema

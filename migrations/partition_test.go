@@ -45,7 +45,7 @@ func TestMigration36PartitionsAPopulatedLedgerInPlace(t *testing.T) {
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = db.Close() })
 	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("."), goose.WithDisableGlobalRegistry(true),
-		goose.WithGoMigrations(migrations.SessionSettings))
+		goose.WithGoMigrations(migrations.SessionSettings()))
 	require.NoError(t, err)
 	_, err = p.DownTo(ctx, 35)
 	require.NoError(t, err)

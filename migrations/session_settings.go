@@ -10,18 +10,20 @@ import (
 	"github.com/tallymeter/tally/internal/pgsession"
 )
 
-// sessionSettings is migration 44: pgsession's settings become the
+// sessionSettings returns migration 44: pgsession's settings become the
 // database's defaults, replacing the startup parameters every connection
 // sent, which a pooler refuses. Only the database's owner may set them: a
 // migrating role that does not own the database leaves them to the
 // operator (docs/operations.md) and tally doctor reports them missing.
-var sessionSettings = goose.NewGoMigration(44,
-	&goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
-		return alterDatabase(ctx, tx, pgsession.Statements)
-	}},
-	&goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
-		return alterDatabase(ctx, tx, pgsession.ResetStatements)
-	}})
+func sessionSettings() *goose.Migration {
+	return goose.NewGoMigration(44,
+		&goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
+			return alterDatabase(ctx, tx, pgsession.Statements)
+		}},
+		&goose.GoFunc{RunTx: func(ctx context.Context, tx *sql.Tx) error {
+			return alterDatabase(ctx, tx, pgsession.ResetStatements)
+		}})
+}
 
 func alterDatabase(ctx context.Context, tx *sql.Tx, statements func(db string) []string) error {
 	var db string

@@ -26,7 +26,7 @@ import (
 // planned for.
 type Setting struct{ Name, Value string }
 
-// Settings are the settings Tally's statements are planned for:
+// Settings returns the settings Tally's statements are planned for:
 //
 //   - jit=off. Every statement Tally runs is built to read little: a claim
 //     batch, a report of one month. Postgres's JIT compiles a statement
@@ -44,14 +44,17 @@ type Setting struct{ Name, Value string }
 //     to start than they saved (the same section). Tally's statements
 //     read a month, a batch or an hour; on the two cores it is sized for,
 //     a worker takes a core from the deliverers besides.
-var Settings = []Setting{{"jit", "off"}, {"max_parallel_workers_per_gather", "0"}}
+func Settings() []Setting {
+	return []Setting{{"jit", "off"}, {"max_parallel_workers_per_gather", "0"}}
+}
 
 // Statements returns the statements that make Settings the defaults of the
 // database named database, for the sessions that start after them. Only
 // the database's owner (or a superuser) may run them.
 func Statements(database string) []string {
-	out := make([]string, len(Settings))
-	for i, s := range Settings {
+	settings := Settings()
+	out := make([]string, len(settings))
+	for i, s := range settings {
 		out[i] = "ALTER DATABASE " + pgx.Identifier{database}.Sanitize() + " SET " + s.Name + " = " + s.Value
 	}
 	return out
@@ -59,8 +62,9 @@ func Statements(database string) []string {
 
 // ResetStatements returns the statements that undo Statements.
 func ResetStatements(database string) []string {
-	out := make([]string, len(Settings))
-	for i, s := range Settings {
+	settings := Settings()
+	out := make([]string, len(settings))
+	for i, s := range settings {
 		out[i] = "ALTER DATABASE " + pgx.Identifier{database}.Sanitize() + " RESET " + s.Name
 	}
 	return out
@@ -71,12 +75,12 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Missing returns, as name=value, the Settings a session on q does not
+// Missing returns, as name=value, the settings a session on q does not
 // start with: the database lacks the defaults (migration 44 sets them only
 // when the migrating role owns the database), or the URL overrides them.
 func Missing(ctx context.Context, q Querier) ([]string, error) {
 	var missing []string
-	for _, s := range Settings {
+	for _, s := range Settings() {
 		var v string
 		if err := q.QueryRow(ctx, "SELECT current_setting($1)", s.Name).Scan(&v); err != nil {
 			return nil, fmt.Errorf("pgsession: reading %s: %w", s.Name, err)

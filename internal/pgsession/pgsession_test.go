@@ -33,7 +33,7 @@ func TestSettingsHoldWithoutStartupParameters(t *testing.T) {
 	} {
 		cfg, err := pgx.ParseConfig(url + strings.Replace(tc.query, "?", "&", 1))
 		require.NoError(t, err)
-		for _, s := range pgsession.Settings {
+		for _, s := range pgsession.Settings() {
 			if tc.query == "" {
 				require.NotContains(t, cfg.RuntimeParams, s.Name, "no startup parameter: a pooler refuses it")
 			}
@@ -73,7 +73,7 @@ func TestSettingsHoldThroughPgBouncer(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 20 {
-				for _, s := range pgsession.Settings {
+				for _, s := range pgsession.Settings() {
 					var got string
 					if err := pool.QueryRow(ctx, "SELECT current_setting($1)", s.Name).Scan(&got); err != nil {
 						t.Error(err)
