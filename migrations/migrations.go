@@ -4,8 +4,10 @@
 // by rivermigrate in the same step. Both run under one Postgres advisory lock,
 // a transaction's (so that it holds through a transaction-mode pooler), so
 // that nodes starting together migrate one at a time. It also answers
-// questions about the database itself rather than a table (DatabaseTime, the
-// server's clock, for tally doctor).
+// questions about the database itself rather than a table, for tally
+// doctor: DatabaseTime (the server's clock), who owns the tables
+// (TableOwners) and whether the nodes' role is held to the runtime role's
+// privileges (PrivilegesEnforced).
 //
 // It must never hold data logic: no function here reads or writes an outbox
 // or ledger row, and a down migration is for development only.

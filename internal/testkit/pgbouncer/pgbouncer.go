@@ -12,7 +12,6 @@
 package pgbouncer
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"net/url"
@@ -23,6 +22,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tallymeter/tally/internal/testkit/syncbuf"
 )
 
 // Binary is where Debian's package installs PgBouncer.
@@ -35,7 +36,7 @@ const startTimeout = 10 * time.Second
 // ends.
 type Bouncer struct {
 	addr string
-	out  *bytes.Buffer
+	out  *syncbuf.Buffer
 }
 
 // Available reports whether PgBouncer is installed (.ci/run installs it).
@@ -97,14 +98,14 @@ pidfile =
 `, u.Hostname(), u.Port(), u.User.Username(), port, filepath.Join(dir, "userlist.txt"), serverTLS)
 	files := map[string]string{
 		"pgbouncer.ini": conf,
-		"userlist.txt":  strconv.Quote(u.User.Username()) + " " + strconv.Quote(password) + "\n",
+		"userlist.txt":  quote(u.User.Username()) + " " + quote(password) + "\n",
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
 			t.Fatalf("pgbouncer: %v", err)
 		}
 	}
-	b := &Bouncer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), out: new(bytes.Buffer)}
+	b := &Bouncer{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), out: new(syncbuf.Buffer)}
 	cmd := exec.Command(Binary, filepath.Join(dir, "pgbouncer.ini"))
 	cmd.Stdout, cmd.Stderr = b.out, b.out
 	if err := unprivileged(cmd, dir); err != nil {
@@ -113,20 +114,33 @@ pidfile =
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("pgbouncer: starting: %v", err)
 	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		<-exited
 	})
 	for deadline := time.Now().Add(startTimeout); ; time.Sleep(20 * time.Millisecond) {
 		if c, err := net.Dial("tcp", b.addr); err == nil {
 			_ = c.Close()
 			return b
 		}
-		if time.Now().After(deadline) || cmd.ProcessState != nil {
-			t.Fatalf("pgbouncer: not listening on %s after %s:\n%s", b.addr, startTimeout, b.out.String())
+		select {
+		case <-exited:
+			t.Fatalf("pgbouncer: exited before listening:\n%s", b.Log())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pgbouncer: not listening on %s after %s:\n%s", b.addr, startTimeout, b.Log())
 		}
 	}
 }
+
+// quote is s as a string of PgBouncer's auth_file.
+func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // URL returns direct, a URL of a database on the server, through b: the
 // same role, password, database and parameters, on b's address, in the
