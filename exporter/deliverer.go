@@ -26,8 +26,8 @@ const listenReconnectDelay = 5 * time.Second
 // Deliverer moves outbox items to the provider: workers claim batches with
 // the ordering policy, every send waits for the destination's limiter, and
 // every outcome is written back through the outbox's transitions, in
-// batches. New work wakes it through LISTEN/NOTIFY; PollInterval is the
-// fallback.
+// batches. New work wakes it through LISTEN/NOTIFY (unless PollOnly);
+// PollInterval is the fallback.
 //
 // Its concerns have a file each: the configuration (deliverer_config.go),
 // the claim loops (deliverer_claim.go), sending and the claim check
@@ -127,7 +127,9 @@ func (d *Deliverer) Run(ctx context.Context) error {
 	}
 	lctx, stopListening := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopListening()
-	go d.listen(lctx, r.wake)
+	if !d.cfg.PollOnly {
+		go d.listen(lctx, r.wake)
+	}
 
 	recorded := make(chan struct{})
 	go func() {
@@ -154,6 +156,9 @@ func (d *Deliverer) Run(ctx context.Context) error {
 func (d *Deliverer) listen(ctx context.Context, wake chan<- struct{}) {
 	l := &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			if d.cfg.Listen != nil {
+				return pgx.ConnectConfig(ctx, d.cfg.Listen)
+			}
 			return pgx.ConnectConfig(ctx, d.pool.Config().ConnConfig)
 		},
 		LogError: func(ctx context.Context, err error) {

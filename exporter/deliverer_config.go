@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -111,6 +113,15 @@ type DelivererConfig struct {
 	// Stripe-Account, and one Stripe refuses stalls alone. Nil: every item
 	// must be staged for the node's own destination.
 	Accounts *Connected
+	// Listen is the connection the listener of notifications opens, one
+	// that keeps a session (LISTEN needs one, which a transaction-mode
+	// pooler does not give). Nil: one like the pool's. Unused with
+	// PollOnly.
+	Listen *pgx.ConnConfig
+	// PollOnly, when set, runs no listener: idle workers find new work
+	// every PollInterval only. For a pool behind a transaction-mode
+	// pooler with no direct connection to listen on.
+	PollOnly bool
 	// Meters, when set, is the directory of the destination accounts'
 	// meters: claims leave the items of paused event names alone (their
 	// meters are all deactivated), and each accepted item records the meter

@@ -1,9 +1,13 @@
 // Package migrations owns Tally's database schema: the embedded SQL files in
-// this directory, applied in order by goose, and River's own schema, applied
-// by rivermigrate in the same step. Both run under one Postgres advisory lock
-// so that nodes starting together migrate one at a time. It also answers
-// questions about the database itself rather than a table (DatabaseTime, the
-// server's clock, for tally doctor).
+// this directory and the one migration in Go (44, session_settings.go),
+// applied in order by goose, and River's own schema, applied
+// by rivermigrate in the same step. Both run under one Postgres advisory lock,
+// a transaction's (so that it holds through a transaction-mode pooler), so
+// that nodes starting together migrate one at a time. It also answers
+// questions about the database itself rather than a table, for tally
+// doctor: DatabaseTime (the server's clock), who owns the tables
+// (TableOwners) and whether the nodes' role is held to the runtime role's
+// privileges (PrivilegesEnforced).
 //
 // It must never hold data logic: no function here reads or writes an outbox
 // or ledger row, and a down migration is for development only.
@@ -27,8 +31,8 @@ import (
 //go:embed *.sql
 var files embed.FS
 
-// lockKey is the session-level advisory lock (single bigint key space) held
-// while migrating: "tally" in ASCII.
+// lockKey is the transaction-level advisory lock (single bigint key space)
+// held while migrating: "tally" in ASCII.
 const lockKey int64 = 0x74616c6c79
 
 // Result says what one Apply did.
@@ -51,18 +55,19 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (Result
 	}
 	var res Result
 
-	conn, err := pool.Acquire(ctx)
+	// The lock is the transaction's, held open while the migrations run on
+	// other connections: a session lock would outlive its statement on a
+	// transaction-mode pooler's server connection, and be released from
+	// another one. The transaction only waits; it holds no snapshot.
+	lock, err := pool.Begin(ctx)
 	if err != nil {
-		return res, fmt.Errorf("migrate: acquiring a connection for the lock: %w", err)
+		return res, fmt.Errorf("migrate: opening the lock's transaction: %w", err)
 	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+	// A fresh context: the lock must be released even when ctx has ended.
+	defer func() { _ = lock.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := lock.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey); err != nil {
 		return res, fmt.Errorf("migrate: taking the migration lock: %w", err)
 	}
-	defer func() {
-		// A fresh context: the lock must be released even when ctx has ended.
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey)
-	}()
 
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
@@ -127,7 +132,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 func newProvider(db *sql.DB, logger *slog.Logger) (*goose.Provider, error) {
-	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
+	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true), goose.WithGoMigrations(sessionSettings())}
 	if logger != nil {
 		opts = append(opts, goose.WithSlog(logger))
 	}

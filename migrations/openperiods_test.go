@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/testkit/testdb"
+	"github.com/tallymeter/tally/migrations"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -28,7 +29,8 @@ func TestMigration33KeepsTheCurrentDiscrepanciesAndNotesOpenPeriods(t *testing.T
 	pool := testdb.New(t)
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = db.Close() })
-	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("."), goose.WithDisableGlobalRegistry(true))
+	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("."), goose.WithDisableGlobalRegistry(true),
+		goose.WithGoMigrations(migrations.SessionSettings()))
 	require.NoError(t, err)
 
 	// The items are made by today's outbox on today's schema; the schema

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/meter"
+	"github.com/tallymeter/tally/migrations"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -43,7 +44,8 @@ func TestMigration36PartitionsAPopulatedLedgerInPlace(t *testing.T) {
 	pool := testdb.New(t)
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = db.Close() })
-	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("."), goose.WithDisableGlobalRegistry(true))
+	p, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS("."), goose.WithDisableGlobalRegistry(true),
+		goose.WithGoMigrations(migrations.SessionSettings()))
 	require.NoError(t, err)
 	_, err = p.DownTo(ctx, 35)
 	require.NoError(t, err)

@@ -36,3 +36,27 @@ func GrantRuntime(ctx context.Context, pool *pgxpool.Pool, role string) error {
 	}
 	return nil
 }
+
+// Ownership is who owns the tables of the schema Tally migrated.
+type Ownership struct {
+	// Owners are the roles owning them, by name: one when every migration
+	// ran as the owner.
+	Owners []string
+	// Superuser says one of them is a superuser, which a managed Postgres
+	// gives no one.
+	Superuser bool
+}
+
+// TableOwners reads who owns the tables of the current schema (Tally's,
+// River's and goose's): any role may.
+func TableOwners(ctx context.Context, pool *pgxpool.Pool) (Ownership, error) {
+	var o Ownership
+	err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(DISTINCT r.rolname ORDER BY r.rolname), '{}'), coalesce(bool_or(r.rolsuper), false)
+		FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner
+		WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND c.relkind IN ('r', 'p')`).
+		Scan(&o.Owners, &o.Superuser)
+	if err != nil {
+		return o, fmt.Errorf("migrate: reading the tables' owners: %w", err)
+	}
+	return o, nil
+}

@@ -59,8 +59,31 @@ func TestExportEndToEnd(t *testing.T) {
 	}
 }
 
-func runExport(t *testing.T, exporter string, kills int) {
+// TestExportEndToEndThroughPgBouncer is the same run with the node's
+// database reached as a managed Postgres behind a pooler is: through
+// PgBouncer in transaction mode (TALLY_DATABASE_POOLED), as a login role of
+// the runtime role, migrating as the owner through the pooler too; v1
+// with River and the deliverers polling, the v2 stream with them on a
+// direct URL. `tally migrate` runs through the pooler first.
+func TestExportEndToEndThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		exporter string
+		direct   bool
+	}{{"stripe_meter_events", false}, {"stripe_meter_event_stream", true}} {
+		t.Run(fmt.Sprintf("%s/direct=%t/kills=6", c.exporter, c.direct), func(t *testing.T) {
+			t.Parallel()
+			runExport(t, c.exporter, 6, func(r *exportRun) { r.pooled, r.direct = true, c.direct })
+		})
+	}
+}
+
+// runExport runs one export; opts change the run before it starts.
+func runExport(t *testing.T, exporter string, kills int, opts ...func(*exportRun)) {
 	r := newExportRun(t, exporter, kills)
+	for _, o := range opts {
+		o(r)
+	}
 	r.startSimulator()
 	r.startNode()
 	r.checkOpenAPIServed()
@@ -99,7 +122,10 @@ type exportRun struct {
 	exporter string
 	kills    int
 	stream   bool // the exporter is the v2 stream's
-	features []struct{ name, formula string }
+	// pooled runs the node through PgBouncer (pooledDatabase), with a
+	// direct URL when direct.
+	pooled, direct bool
+	features       []struct{ name, formula string }
 
 	sim    *stripesim.Server
 	simURL string
@@ -163,6 +189,13 @@ func (r *exportRun) startNode() {
 		"TALLY_RATE_TEST=1000", "TALLY_POLL_INTERVAL=100ms", "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=warn",
 		"TALLY_EXPORTER=" + r.exporter, "STRIPE_METER_EVENTS_BASE=" + r.simURL,
 		"TALLY_STREAM_RATE_TEST=100000", "TALLY_STREAM_INFLIGHT=500", "TALLY_BASIC_RATE_TEST=3000",
+	}
+	if r.pooled {
+		n.env = append(n.env, pooledDatabase(r.t, url, r.direct)...)
+		migrate := exec.Command(binary, "migrate")
+		migrate.Env = append(os.Environ(), n.env...)
+		out, err := migrate.CombinedOutput()
+		require.NoError(r.t, err, "tally migrate through PgBouncer:\n%s", out)
 	}
 	if r.stream {
 		r.expireSessions()

@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"syscall"
@@ -19,6 +22,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testkit/pgbouncer"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
+	"github.com/tallymeter/tally/migrations"
 )
 
 // The harness the end-to-end tests share: `tally serve` processes, HTTP
@@ -222,3 +228,49 @@ func postOnce(url, token string, body any) (int, string) {
 }
 
 func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
+
+// pooledDatabase returns the settings of a node reaching url's database as
+// a managed Postgres is reached: through PgBouncer in transaction mode,
+// started for the test, as a login role of the runtime role (made for the
+// test), migrating as url's role, the owner, through the pooler too. With
+// direct, River and the notifications connect past the pooler
+// (TALLY_DATABASE_DIRECT_URL); without, they poll. PgBouncer and the
+// direct URL reach Postgres over TLS, verifying its certificate
+// (testdb.TLS).
+func pooledDatabase(t *testing.T, url string, direct bool) []string {
+	t.Helper()
+	ctx := context.Background()
+	url = testdb.TLS(t, url)
+	bouncer := pgbouncer.Start(t, url)
+	u, err := neturl.Parse(url)
+	require.NoError(t, err)
+	var secret [8]byte
+	_, _ = rand.Read(secret[:])
+	role, password := "e2e_runtime_"+hex.EncodeToString(secret[:4]), hex.EncodeToString(secret[:])
+	u.User = neturl.UserPassword(role, password)
+	admin, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD '"+password+"' IN ROLE "+migrations.RuntimeRole)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		// The node did go through the pooler.
+		require.Contains(t, bouncer.Log(), "login attempt: db="+u.Path[1:]+" user="+role)
+		if c, err := pgx.Connect(context.Background(), url); err == nil {
+			// PgBouncer's server connections, still open, are encrypted.
+			var plain, all int
+			require.NoError(t, c.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE NOT s.ssl), count(*)
+				FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE a.usename = $1`, role).Scan(&plain, &all))
+			require.Positive(t, all)
+			require.Zero(t, plain, "a session of the runtime role in the clear")
+			_, _ = c.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+			_ = c.Close(context.Background())
+		}
+	})
+	env := []string{"TALLY_DATABASE_POOLED=true", "TALLY_DATABASE_URL=" + bouncer.URL(u.String()),
+		"TALLY_DATABASE_OWNER_URL=" + bouncer.URL(url)}
+	if direct {
+		env = append(env, "TALLY_DATABASE_DIRECT_URL="+u.String())
+	}
+	return env
+}

@@ -1,16 +1,32 @@
-// Package pgsession owns the session settings every Postgres connection
-// Tally opens starts with, whatever the server's own defaults: serve's
-// workload pools, the commands' pool, a diagnosis's, and the tests' and
-// benchmarks' pools, so that what is measured is what runs.
+// Package pgsession owns the settings every Postgres session Tally's
+// statements run in starts with, whatever the server's own defaults:
+// serve's workload pools, the commands' pool, a diagnosis's, and the tests'
+// and benchmarks' pools, so that what is measured is what runs.
 //
-// It is a leaf. It must never override a setting the database URL names
-// (the operator's word wins), and never hold a workload's own bounds
-// (statement_timeout and the like are cmd/tally/app's, per pool).
+// They are the database's defaults (ALTER DATABASE … SET, which migration
+// 44 and the tests' databases apply), never startup parameters: a
+// connection pooler such as PgBouncer refuses a startup parameter it does
+// not know (or, told to ignore it, drops it), while a database's defaults
+// hold in every session on it, through a pooler or not.
+//
+// It is a leaf. A setting the database URL names still wins (a startup
+// parameter overrides the database's default), and it never holds a
+// workload's own bounds (statement_timeout and the like are
+// cmd/tally/app's, per pool).
 package pgsession
 
-// Defaults sets, in params (a pgconn.Config's RuntimeParams, which the
-// URL's settings are already in), the settings Tally's statements are
-// planned for, each unless the URL set it:
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Setting is one session setting and the value Tally's statements are
+// planned for.
+type Setting struct{ Name, Value string }
+
+// Settings returns the settings Tally's statements are planned for:
 //
 //   - jit=off. Every statement Tally runs is built to read little: a claim
 //     batch, a report of one month. Postgres's JIT compiles a statement
@@ -18,22 +34,60 @@ package pgsession
 //     and a statement over a table with a long history gets such
 //     estimates. Once ANALYZE had seen the current month, the
 //     completeness report beside 2 million ledger rows was estimated at
-//     0.7–2.6 million and spent 1.5–1.8 s compiling (inlining, optimisation,
-//     emission of 140 functions) to run 12 ms of work: 111× the empty
-//     database (docs/performance.md, "Measured once analysed"). A routine statement never
-//     runs long enough to pay a compilation back.
+//     0.7–2.6 million and spent 1.5–1.8 s compiling to run 12 ms of work
+//     (docs/performance.md, "Measured once analysed"). A routine
+//     statement never runs long enough to pay a compilation back.
 //   - max_parallel_workers_per_gather=0, for the same estimates: beside 20
 //     million ledger rows the analysed statistics put the current month
 //     at 77,933 events where there were 1,070, and the completeness
-//     report's scan of them became a parallel one. Starting the workers
-//     took 45 ms of a 75 ms report whose workers then spent 4 ms each:
-//     5.4× the empty database (the same section). Tally's statements
+//     report's scan of them became a parallel one whose workers cost more
+//     to start than they saved (the same section). Tally's statements
 //     read a month, a batch or an hour; on the two cores it is sized for,
 //     a worker takes a core from the deliverers besides.
-func Defaults(params map[string]string) {
-	for k, v := range map[string]string{"jit": "off", "max_parallel_workers_per_gather": "0"} {
-		if _, ok := params[k]; !ok {
-			params[k] = v
+func Settings() []Setting {
+	return []Setting{{"jit", "off"}, {"max_parallel_workers_per_gather", "0"}}
+}
+
+// Statements returns the statements that make Settings the defaults of the
+// database named database, for the sessions that start after them. Only
+// the database's owner (or a superuser) may run them.
+func Statements(database string) []string {
+	settings := Settings()
+	out := make([]string, len(settings))
+	for i, s := range settings {
+		out[i] = "ALTER DATABASE " + pgx.Identifier{database}.Sanitize() + " SET " + s.Name + " = " + s.Value
+	}
+	return out
+}
+
+// ResetStatements returns the statements that undo Statements.
+func ResetStatements(database string) []string {
+	settings := Settings()
+	out := make([]string, len(settings))
+	for i, s := range settings {
+		out[i] = "ALTER DATABASE " + pgx.Identifier{database}.Sanitize() + " RESET " + s.Name
+	}
+	return out
+}
+
+// Querier is what Missing reads through: a pool or a connection.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Missing returns, as name=value, the settings a session on q does not
+// start with: the database lacks the defaults (migration 44 sets them only
+// when the migrating role owns the database), or the URL overrides them.
+func Missing(ctx context.Context, q Querier) ([]string, error) {
+	var missing []string
+	for _, s := range Settings() {
+		var v string
+		if err := q.QueryRow(ctx, "SELECT current_setting($1)", s.Name).Scan(&v); err != nil {
+			return nil, fmt.Errorf("pgsession: reading %s: %w", s.Name, err)
+		}
+		if v != s.Value {
+			missing = append(missing, s.Name+"="+s.Value)
 		}
 	}
+	return missing, nil
 }

@@ -9,12 +9,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
-	"github.com/tallymeter/tally/internal/pgsession"
 	"github.com/tallymeter/tally/migrations"
 )
 
@@ -46,6 +46,10 @@ type DB struct {
 	// to: the runtime role's. Pool connects as the owner (ownerURL), who
 	// migrates; both are one role on a single-role install.
 	url, ownerURL string
+	// pooled says url and ownerURL go through a transaction-mode pooler;
+	// directURL, when set, reaches Postgres past it as url's role.
+	pooled    bool
+	directURL string
 }
 
 // runtimeLogin is the login role the nodes connect to the embedded cluster
@@ -118,7 +122,12 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		// drives a domain part as serve would (dev's set-up, benchmarks).
 		pcfg.MaxConns = defaultMaxConns
 	}
-	pgsession.Defaults(pcfg.ConnConfig.RuntimeParams)
+	d.pooled, d.directURL = cfg.DatabasePooled, cfg.DatabaseDirectURL
+	if _, err := pgxpool.ParseConfig(d.directURL); d.directURL != "" && err != nil {
+		d.stopCluster()
+		return nil, errors.New("TALLY_DATABASE_DIRECT_URL is not a valid Postgres URL")
+	}
+	pooledMode(pcfg, url, d.pooled)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		d.stopCluster()
@@ -129,6 +138,11 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 	if err != nil {
 		d.Close()
 		return nil, err
+	}
+	if res.TallyApplied > 0 {
+		// The sessions opened before a migration set the database's
+		// session defaults (pgsession) lack them.
+		pool.Reset()
 	}
 	switch {
 	case cfg.DatabaseURL != "":
@@ -175,7 +189,7 @@ func Connect(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 		return nil, errors.New("TALLY_DATABASE_URL is not a valid Postgres URL")
 	}
 	pcfg.MaxConns = connectMaxConns
-	pgsession.Defaults(pcfg.ConnConfig.RuntimeParams)
+	pooledMode(pcfg, url, cfg.DatabasePooled)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Postgres: %w", err)
@@ -191,6 +205,19 @@ func Connect(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 		return nil, errors.New("postgres did not answer (is it running, is the host and port right?)")
 	}
 	return pool, nil
+}
+
+// pooledMode makes pcfg, parsed from url, fit a transaction-mode pooler
+// when pooled: consecutive transactions of one client may run on different
+// server connections, so a statement prepared on one may be missing on the
+// next, and PgBouncer before 1.21 forwards no protocol-level prepared
+// statements at all. Statements are then described and run unnamed
+// (pgx's cache_describe: one round trip, the description cached per
+// client connection) unless the URL names default_query_exec_mode.
+func pooledMode(pcfg *pgxpool.Config, url string, pooled bool) {
+	if pooled && !strings.Contains(url, "default_query_exec_mode") {
+		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
 }
 
 // The session bounds of the workload pools: how long one statement may run,
@@ -224,47 +251,70 @@ type Pools struct {
 	River *pgxpool.Pool
 	// Reads serves the reports, the console and the API's GETs.
 	Reads *pgxpool.Pool
+	// Listen is what the deliverers' listeners connect with: a session
+	// past any pooler. Nil when the database is pooled and no direct URL
+	// was given: then River runs poll-only and the deliverers poll.
+	Listen *pgx.ConnConfig
 }
 
 // OpenPools opens serve's workload pools on d's database, sized and bounded
 // by cfg.Pools. They connect lazily: nothing is dialled until a workload
-// asks.
+// asks. On a pooled database River's pool connects past the pooler when
+// there is a direct URL: its leader and its notifications need a session.
 func (d *DB) OpenPools(ctx context.Context, cfg config.Config) (*Pools, error) {
 	p := &Pools{}
+	riverURL, riverPooled := d.url, d.pooled
+	if d.pooled && d.directURL != "" {
+		riverURL, riverPooled = d.directURL, false
+	}
 	for _, w := range []struct {
 		dst     **pgxpool.Pool
+		url     string
+		pooled  bool
 		size    int
 		timeout time.Duration
 	}{
-		{&p.Ingest, cfg.Pools.Ingest, ingestStatementTimeout},
-		{&p.Export, cfg.Pools.Export, exportStatementTimeout},
-		{&p.River, cfg.Pools.River, riverStatementTimeout},
-		{&p.Reads, cfg.Pools.Reads, cfg.Pools.ReadTimeout},
+		{&p.Ingest, d.url, d.pooled, cfg.Pools.Ingest, ingestStatementTimeout},
+		{&p.Export, d.url, d.pooled, cfg.Pools.Export, exportStatementTimeout},
+		{&p.River, riverURL, riverPooled, cfg.Pools.River, riverStatementTimeout},
+		{&p.Reads, d.url, d.pooled, cfg.Pools.Reads, cfg.Pools.ReadTimeout},
 	} {
-		pool, err := d.workloadPool(ctx, w.size, w.timeout)
+		pool, err := workloadPool(ctx, w.url, w.pooled, w.size, w.timeout)
 		if err != nil {
 			p.Close()
 			return nil, err
 		}
 		*w.dst = pool
 	}
+	switch {
+	case !d.pooled:
+		p.Listen = p.Export.Config().ConnConfig
+	case d.directURL != "":
+		p.Listen = p.River.Config().ConnConfig
+	}
 	return p, nil
 }
 
-// workloadPool is one pool of size connections whose sessions cut a
+// workloadPool is one pool of size connections on url whose sessions cut a
 // statement after timeout and a transaction left idle after
-// idleInTransactionTimeout (or timeout, when shorter).
-func (d *DB) workloadPool(ctx context.Context, size int, timeout time.Duration) (*pgxpool.Pool, error) {
-	pcfg, err := pgxpool.ParseConfig(d.url)
+// idleInTransactionTimeout (or timeout, when shorter). Behind a pooler
+// (pooled) a session's bounds cannot be sent, since a pooler refuses such
+// startup parameters; the pooler's own (PgBouncer's query_timeout and
+// idle_transaction_timeout) or the role's stand for them
+// (docs/operations.md).
+func workloadPool(ctx context.Context, url string, pooled bool, size int, timeout time.Duration) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// Open parsed it already; the URL may hold a password: never echo it.
 		return nil, errors.New("TALLY_DATABASE_URL is not a valid Postgres URL")
 	}
 	pcfg.MaxConns = int32(size)
-	params := pcfg.ConnConfig.RuntimeParams
-	params["statement_timeout"] = strconv.FormatInt(timeout.Milliseconds(), 10)
-	params["idle_in_transaction_session_timeout"] = strconv.FormatInt(min(timeout, idleInTransactionTimeout).Milliseconds(), 10)
-	pgsession.Defaults(params)
+	pooledMode(pcfg, url, pooled)
+	if !pooled {
+		params := pcfg.ConnConfig.RuntimeParams
+		params["statement_timeout"] = strconv.FormatInt(timeout.Milliseconds(), 10)
+		params["idle_in_transaction_session_timeout"] = strconv.FormatInt(min(timeout, idleInTransactionTimeout).Milliseconds(), 10)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Postgres: %w", err)

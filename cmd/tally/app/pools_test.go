@@ -8,14 +8,19 @@ import (
 	"flag"
 	"log/slog"
 	"net/url"
+	"os"
+	"path/filepath"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/cmd/tally/app"
 	"github.com/tallymeter/tally/cmd/tally/config"
+	"github.com/tallymeter/tally/internal/testkit/pgbouncer"
+	"github.com/tallymeter/tally/internal/testkit/testcert"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
@@ -117,4 +122,95 @@ func TestOwnerURLMigratesAndTheWorkloadsConnectAsTheRuntimeRole(t *testing.T) {
 	}
 	_, err = pools.Ingest.Exec(ctx, "DELETE FROM usage_events")
 	require.ErrorContains(t, err, "permission denied")
+}
+
+// loadConfig is the configuration of env.
+func loadConfig(t *testing.T, env map[string]string) config.Config {
+	t.Helper()
+	fs := flag.NewFlagSet("pools", flag.ContinueOnError)
+	load := config.Flags(fs, func(k string) string { return env[k] })
+	require.NoError(t, fs.Parse(nil))
+	cfg, err := load()
+	require.NoError(t, err)
+	return cfg
+}
+
+// Behind PgBouncer in transaction mode (TALLY_DATABASE_POOLED) every pool
+// runs its statements unnamed, the sessions have pgsession's settings
+// without startup parameters, and what needs a session (River, LISTEN)
+// connects to the direct URL, or, without one, polls.
+func TestPooledPoolsRunThroughPgBouncerAndSessionsGoDirect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	direct := testdb.URL(t)
+	bouncer := pgbouncer.Start(t, direct)
+	for _, withDirect := range []bool{false, true} {
+		env := map[string]string{"TALLY_DATABASE_URL": bouncer.URL(direct), "TALLY_DATABASE_POOLED": "true"}
+		if withDirect {
+			env["TALLY_DATABASE_DIRECT_URL"] = direct
+		}
+		cfg := loadConfig(t, env)
+		db, err := app.Open(ctx, cfg, slog.New(slog.DiscardHandler), false)
+		require.NoError(t, err, "migrating through the pooler")
+		pools, err := db.OpenPools(ctx, cfg)
+		require.NoError(t, err)
+		pooled := []*pgxpool.Pool{db.Pool, pools.Ingest, pools.Export, pools.Reads}
+		if withDirect {
+			require.NotNil(t, pools.Listen, "the deliverers listen past the pooler")
+			directPort := pools.River.Config().ConnConfig.Port
+			require.NotEqual(t, pools.Ingest.Config().ConnConfig.Port, directPort, "River's pool connects past the pooler")
+			require.Equal(t, directPort, pools.Listen.Port)
+			require.Equal(t, pgx.QueryExecModeCacheStatement, pools.River.Config().ConnConfig.DefaultQueryExecMode, "River's pool is a session's")
+			require.Equal(t, "60000", pools.River.Config().ConnConfig.RuntimeParams["statement_timeout"])
+		} else {
+			require.Nil(t, pools.Listen, "no session to listen on: River and the deliverers poll")
+			pooled = append(pooled, pools.River)
+		}
+		for _, p := range pooled {
+			require.Equal(t, pgx.QueryExecModeCacheDescribe, p.Config().ConnConfig.DefaultQueryExecMode)
+			require.Empty(t, p.Config().ConnConfig.RuntimeParams, "a pooler refuses startup parameters")
+			// The same statement, again and again, from every connection:
+			// a prepared statement would be missing on the next server
+			// connection.
+			for range 3 * p.Config().MaxConns {
+				var jit string
+				require.NoError(t, p.QueryRow(ctx, "SELECT current_setting('jit') FROM usage_events WHERE false UNION ALL SELECT current_setting($1)", "jit").Scan(&jit))
+				require.Equal(t, "off", jit)
+			}
+		}
+		pools.Close()
+		db.Close()
+	}
+	require.Contains(t, bouncer.Log(), "login attempt")
+}
+
+// A pool verifies Postgres's certificate against the authority the URL
+// names (sslmode=verify-full), as a managed Postgres is reached, and every
+// session is encrypted; a certificate of another authority is refused.
+func TestPoolsConnectWithVerifiedTLS(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tlsURL := testdb.TLS(t, testdb.URL(t))
+	cfg := loadConfig(t, map[string]string{"TALLY_DATABASE_URL": tlsURL})
+	db, err := app.Open(ctx, cfg, slog.New(slog.DiscardHandler), false)
+	require.NoError(t, err)
+	defer db.Close()
+	pools, err := db.OpenPools(ctx, cfg)
+	require.NoError(t, err)
+	defer pools.Close()
+	for _, p := range []*pgxpool.Pool{db.Pool, pools.Ingest, pools.Export, pools.River, pools.Reads} {
+		var ssl bool
+		require.NoError(t, p.QueryRow(ctx, "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").Scan(&ssl))
+		require.True(t, ssl)
+	}
+
+	other := filepath.Join(t.TempDir(), "other-ca.pem")
+	require.NoError(t, os.WriteFile(other, testcert.NewCA(t).Cert, 0o600))
+	u, err := url.Parse(tlsURL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("sslrootcert", other)
+	u.RawQuery = q.Encode()
+	_, err = app.Connect(ctx, loadConfig(t, map[string]string{"TALLY_DATABASE_URL": u.String()}))
+	require.Error(t, err, "a server whose certificate another authority signed is refused")
 }

@@ -171,6 +171,10 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	// reach Stripe within 24 hours of its event, and Stripe cancels an event
 	// by identifier whatever its meter became.
 	v1cfg.Meters, streamCfg.Meters = p.Meters, p.Meters
+	// New work wakes the claim loops through a session of pools.Listen;
+	// without one (behind a pooler, no direct URL) they poll.
+	v1cfg.Listen, streamCfg.Listen = pools.Listen, pools.Listen
+	v1cfg.PollOnly, streamCfg.PollOnly = pools.Listen == nil, pools.Listen == nil
 	// Cancellations staged for the v1 exporter before adjustments had their
 	// own are still its items: their calls wait for the Adjust class.
 	v1, err := exporter.NewDeliverer(v1cfg, p.Outbox, pools.Export,
@@ -181,7 +185,7 @@ func newDeliverers(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logge
 	}
 	adjustCfg := exporter.DelivererConfig{Workers: exporter.DefaultAdjustWorkers, Batch: exporter.DefaultAdjustBatch,
 		InFlight: exporter.AdjustInFlight(p.AdjustLimiter.Rate()), Policy: outbox.PerKey, PollInterval: cfg.PollInterval,
-		Keys: p.Resolver, Accounts: connected}
+		Keys: p.Resolver, Accounts: connected, Listen: pools.Listen, PollOnly: pools.Listen == nil}
 	adjust, err := exporter.NewDeliverer(adjustCfg, p.Outbox, pools.Export,
 		exporter.NewStripeAdjustments(client, cfg.StripeTimeout).ForAccounts(p.Resolver.Header).PaceProbes(p.AdjustLimiter),
 		cfg.StripeTimeout, p.Resolver.Destination, p.AdjustLimiter, logger, p.Registry)
@@ -271,7 +275,10 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 		},
 		Workers:      workers,
 		PeriodicJobs: periodic,
-		Logger:       slog.New(quieter{logger.Handler(), riverLevel}).With("component", "river"),
+		// Behind a transaction-mode pooler with no direct URL there is no
+		// session to LISTEN on: River polls (pools.Listen).
+		PollOnly: pools.Listen == nil,
+		Logger:   slog.New(quieter{logger.Handler(), riverLevel}).With("component", "river"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting River: %w", err)

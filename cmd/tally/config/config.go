@@ -43,6 +43,16 @@ type Config struct {
 	// tables: migrations run as it. Empty means DatabaseURL's role (one
 	// role: the privileges of docs/security.md are then not enforced).
 	DatabaseOwnerURL string
+	// DatabasePooled says DatabaseURL and DatabaseOwnerURL reach Postgres
+	// through a transaction-mode pooler (PgBouncer): statements describe
+	// themselves instead of being prepared, the workload pools send no
+	// startup parameters, and what needs a session uses DatabaseDirectURL
+	// or polls. Defaults to false.
+	DatabasePooled bool
+	// DatabaseDirectURL reaches Postgres past the pooler, as DatabaseURL's
+	// role: River's pool and the deliverers' LISTEN use it. Empty with
+	// DatabasePooled: River runs poll-only and the deliverers poll.
+	DatabaseDirectURL string
 	// DataDir holds the embedded cluster's data and logs. Defaults to
 	// DefaultDataDir.
 	DataDir string

@@ -268,3 +268,28 @@ func TestLateUsageSettings(t *testing.T) {
 		}
 	}
 }
+
+// A pooled database needs a URL (the embedded cluster has no pooler), and a
+// direct URL is only for a pooled one.
+func TestPooledDatabaseSettings(t *testing.T) {
+	t.Parallel()
+	const url = "postgres://u@pgbouncer:6432/tally"
+	for _, tc := range []struct {
+		env     map[string]string
+		wantErr string
+	}{
+		{map[string]string{"TALLY_DATABASE_URL": url, "TALLY_DATABASE_POOLED": "true"}, ""},
+		{map[string]string{"TALLY_DATABASE_URL": url, "TALLY_DATABASE_POOLED": "true", "TALLY_DATABASE_DIRECT_URL": "postgres://u@db/tally"}, ""},
+		{map[string]string{"TALLY_DATABASE_POOLED": "true"}, "need TALLY_DATABASE_URL"},
+		{map[string]string{"TALLY_DATABASE_URL": url, "TALLY_DATABASE_POOLED": "yes please"}, "TALLY_DATABASE_POOLED: not true or false"},
+		{map[string]string{"TALLY_DATABASE_URL": url, "TALLY_DATABASE_DIRECT_URL": "postgres://u@db/tally"}, "set TALLY_DATABASE_POOLED=true"},
+	} {
+		cfg, err := load(t, tc.env)
+		if tc.wantErr == "" {
+			require.NoError(t, err, "%v", tc.env)
+			require.True(t, cfg.DatabasePooled)
+		} else {
+			require.ErrorContains(t, err, tc.wantErr, "%v", tc.env)
+		}
+	}
+}

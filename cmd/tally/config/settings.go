@@ -38,6 +38,10 @@ func nodeSettings() []setting {
 			str(func(c *Config) *string { return &c.DatabaseURL })},
 		{"TALLY_DATABASE_OWNER_URL", "database-owner-url", "Postgres URL of the role that owns the tables, which migrations run as; unset: the role of TALLY_DATABASE_URL (privileges not enforced)", "",
 			str(func(c *Config) *string { return &c.DatabaseOwnerURL })},
+		{"TALLY_DATABASE_POOLED", "database-pooled", "true: TALLY_DATABASE_URL and TALLY_DATABASE_OWNER_URL go through a transaction-mode pooler such as PgBouncer (docs/operations.md)", "false",
+			boolean(func(c *Config) *bool { return &c.DatabasePooled })},
+		{"TALLY_DATABASE_DIRECT_URL", "database-direct-url", "Postgres URL past the pooler, as TALLY_DATABASE_URL's role, for what needs a session (River, notifications); unset with a pooled URL: they poll", "",
+			str(func(c *Config) *string { return &c.DatabaseDirectURL })},
 		{"TALLY_DATA_DIR", "data-dir", "embedded Postgres data and logs", DefaultDataDir,
 			str(func(c *Config) *string { return &c.DataDir })},
 		{"TALLY_LISTEN", "listen", "HTTP address", DefaultListen,
@@ -167,7 +171,7 @@ func short(d time.Duration) string {
 	return s
 }
 
-// dur, integer, float and str are the setters of a setting of each kind:
+// dur, integer, float, boolean and str are the setters of a setting of each kind:
 // they parse the value into the field dst points to.
 func dur(dst func(*Config) *time.Duration) func(*Config, string) error {
 	return func(c *Config, v string) error {
@@ -198,6 +202,17 @@ func float(dst func(*Config) *float64) func(*Config, string) error {
 			return fmt.Errorf("not a number: %q", v)
 		}
 		*dst(c) = f
+		return nil
+	}
+}
+
+func boolean(dst func(*Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("not true or false: %q", v)
+		}
+		*dst(c) = b
 		return nil
 	}
 }

@@ -14,7 +14,7 @@ const MaxSecretFileBytes = 64 << 10
 // secretSettings are the settings whose value may instead be read from a
 // file named by <VAR>_FILE (a mounted secret), so that nothing sensitive
 // needs a flag, which shows in the process list, or the environment.
-var secretSettings = []string{"STRIPE_API_KEY", "STRIPE_WEBHOOK_SECRET", "TALLY_ADMIN_TOKEN", "TALLY_DATABASE_URL", "TALLY_DATABASE_OWNER_URL", "TALLY_ARCHIVE_SECRET_KEY"}
+var secretSettings = []string{"STRIPE_API_KEY", "STRIPE_WEBHOOK_SECRET", "TALLY_ADMIN_TOKEN", "TALLY_DATABASE_URL", "TALLY_DATABASE_OWNER_URL", "TALLY_DATABASE_DIRECT_URL", "TALLY_ARCHIVE_SECRET_KEY"}
 
 // secretFromFile reads the value of the setting env from the file named by
 // env_FILE, when that is set: ok reports whether it was. from says where

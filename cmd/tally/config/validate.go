@@ -71,6 +71,12 @@ func (c *Config) nodeProblems() []error {
 	if c.DatabaseURL == "" && c.DataDir == "" {
 		errs = append(errs, errors.New("TALLY_DATA_DIR must not be empty when TALLY_DATABASE_URL is unset"))
 	}
+	if (c.DatabasePooled || c.DatabaseDirectURL != "") && c.DatabaseURL == "" {
+		errs = append(errs, errors.New("TALLY_DATABASE_POOLED and TALLY_DATABASE_DIRECT_URL need TALLY_DATABASE_URL (the embedded cluster has no pooler)"))
+	}
+	if c.DatabaseDirectURL != "" && !c.DatabasePooled {
+		errs = append(errs, errors.New("TALLY_DATABASE_DIRECT_URL is for a pooled TALLY_DATABASE_URL: set TALLY_DATABASE_POOLED=true, or unset it"))
+	}
 	if c.DataDir != "" {
 		abs, err := filepath.Abs(c.DataDir)
 		if err != nil {

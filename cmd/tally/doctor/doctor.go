@@ -3,13 +3,15 @@
 // dev.env), the database and its migrations, Stripe (reachable, the key's
 // mode and account, a restricted key where the v2 API is needed, the
 // mapped meters and their payload keys, the mapped tenants' customers),
+// the roles (the nodes' lacks the owner's privileges; the migrations ran
+// as one owner, no superuser) and the sessions' settings,
 // the mappings' coverage of recent usage, how Stripe's error reports reach
 // Tally (the listing of each account's events, the event destination's
 // deliveries), and the clock skew between the node and the database. Each
 // check says what is wrong and how to fix it.
 //
 // It only reads, and only through the packages that own what it reads
-// (migrations, meter, mappings, reconcile): it runs no SQL of its own, never migrates,
+// (migrations, meter, mappings, reconcile, pgsession): it runs no SQL of its own, never migrates,
 // stages, sends or changes a row, and never prints a secret.
 package doctor
 
@@ -27,6 +29,7 @@ import (
 
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgsession"
 	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/mappings"
@@ -97,6 +100,8 @@ func Run(ctx context.Context, d Deps) []Result {
 	if dbOK {
 		out = append(out, schema(ctx, d.Pool))
 		out = append(out, privileges(ctx, d))
+		out = append(out, owner(ctx, d))
+		out = append(out, sessionSettings(ctx, d))
 		out = append(out, clock(ctx, d))
 	}
 	stripeOK := false
@@ -201,6 +206,44 @@ func privileges(ctx context.Context, d Deps) Result {
 	return Result{Check: "privileges", Status: Warning,
 		Detail: "TALLY_DATABASE_URL's role owns the ledger (or may delete from it): privileges are not enforced",
 		Fix:    "run tally migrate --grant-runtime ROLE as the owner, set TALLY_DATABASE_URL to that login role and TALLY_DATABASE_OWNER_URL to the owner (docs/security.md)"}
+}
+
+// owner checks that the migrations ran as one owner, not a superuser: a
+// table of another role makes a later migration fail on it, and a managed
+// Postgres gives no one a superuser.
+func owner(ctx context.Context, d Deps) Result {
+	o, err := migrations.TableOwners(ctx, d.Pool)
+	switch {
+	case err != nil:
+		return Result{Check: "owner", Status: Warning, Detail: "the tables' owners could not be read: " + describe(err)}
+	case len(o.Owners) > 1:
+		return Result{Check: "owner", Status: Problem,
+			Detail: "the tables are owned by several roles (" + strings.Join(o.Owners, ", ") + "): some migrations ran as another role, and a later one fails on a table its role does not own",
+			Fix:    "as a superuser, ALTER TABLE … OWNER TO the owner role (TALLY_DATABASE_OWNER_URL's) for the others, then run migrations only as it"}
+	case len(o.Owners) == 0:
+		return Result{Check: "owner", Status: Warning, Detail: "no table in the schema: is this Tally's database?"}
+	case o.Superuser && d.Config.DatabaseURL != "":
+		return Result{Check: "owner", Status: Warning,
+			Detail: "the migrations ran as a superuser (" + o.Owners[0] + " owns the tables)",
+			Fix:    "migrations need no superuser: run them as an owner role that owns the database (docs/operations.md), as a managed Postgres requires"}
+	}
+	return Result{Check: "owner", Status: OK, Detail: "the migrations ran as " + o.Owners[0] + ", which owns every table"}
+}
+
+// sessionSettings checks that a session starts with the settings Tally's
+// statements are planned for, which are the database's defaults.
+func sessionSettings(ctx context.Context, d Deps) Result {
+	missing, err := pgsession.Missing(ctx, d.Pool)
+	switch {
+	case err != nil:
+		return Result{Check: "session settings", Status: Warning, Detail: "the session's settings could not be read: " + describe(err)}
+	case len(missing) > 0:
+		return Result{Check: "session settings", Status: Warning,
+			Detail: "sessions start without " + strings.Join(missing, ", ") + ": reports over a long history may compile or start parallel workers for seconds",
+			Fix: "as the database's owner run " + strings.Join(pgsession.Statements(d.Pool.Config().ConnConfig.Database), "; ") +
+				" (tally migrate does when its role owns the database), or drop them from TALLY_DATABASE_URL"}
+	}
+	return Result{Check: "session settings", Status: OK, Detail: "sessions start with the database's defaults (jit off, no parallel workers)"}
 }
 
 func clock(ctx context.Context, d Deps) Result {

@@ -279,3 +279,39 @@ func TestPrivilegesWarnWhenTheNodesOwnTheLedger(t *testing.T) {
 	rs = s.run(t, func(d *doctor.Deps) { d.Pool = pool })
 	require.Equal(t, doctor.OK, rs["privileges"].Status, "%+v", rs["privileges"])
 }
+
+// The doctor says when the migrations did not all run as one owner, or ran
+// as a superuser, and when sessions start without pgsession's settings.
+func TestOwnerAndSessionSettings(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := healthy(t)
+	rs := s.run(t, nil)
+	require.Equal(t, doctor.Warning, rs["owner"].Status, "the test cluster's superuser migrated: %+v", rs["owner"])
+	require.Contains(t, rs["owner"].Detail, "superuser")
+	require.Equal(t, doctor.OK, rs["session settings"].Status, "%+v", rs["session settings"])
+
+	role := fmt.Sprintf("doctor_other_%d", time.Now().UnixNano())
+	_, err := s.env.Pool.Exec(ctx, "CREATE ROLE "+role)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = s.env.Pool.Exec(context.Background(), "REASSIGN OWNED BY "+role+" TO CURRENT_USER")
+		_, _ = s.env.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	_, err = s.env.Pool.Exec(ctx, "ALTER TABLE console_sessions OWNER TO "+role)
+	require.NoError(t, err)
+	rs = s.run(t, nil)
+	require.Equal(t, doctor.Problem, rs["owner"].Status, "%+v", rs["owner"])
+	require.Contains(t, rs["owner"].Detail, role)
+
+	db := s.env.Pool.Config().ConnConfig.Database
+	_, err = s.env.Pool.Exec(ctx, "ALTER DATABASE "+db+" RESET jit")
+	require.NoError(t, err)
+	fresh, err := pgxpool.New(ctx, testdb.URLOf(t, s.env.Pool))
+	require.NoError(t, err)
+	t.Cleanup(fresh.Close)
+	rs = s.run(t, func(d *doctor.Deps) { d.Pool = fresh })
+	require.Equal(t, doctor.Warning, rs["session settings"].Status, "%+v", rs["session settings"])
+	require.Contains(t, rs["session settings"].Detail, "jit=off")
+	require.Contains(t, rs["session settings"].Fix, `ALTER DATABASE "`+db+`" SET jit = off`)
+}

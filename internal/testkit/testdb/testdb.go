@@ -79,7 +79,6 @@ func New(t testing.TB) *pgxpool.Pool {
 		t.Fatalf("testdb: %v", err)
 	}
 	cfg.MaxConns = 20
-	pgsession.Defaults(cfg.ConnConfig.RuntimeParams) // as Tally's own pools
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("testdb: connecting: %v", err)
@@ -109,6 +108,13 @@ func URL(t testing.TB) string {
 	if _, err := srv.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+
 		" TEMPLATE "+pgx.Identifier{srv.template}.Sanitize()+srv.strategy); err != nil {
 		t.Fatalf("testdb: creating database %s: %v", name, err)
+	}
+	// A copy does not inherit its template's defaults: set pgsession's, as
+	// migration 44 did on the template.
+	for _, s := range pgsession.Statements(name) {
+		if _, err := srv.admin.Exec(ctx, s); err != nil {
+			t.Fatalf("testdb: setting database %s's session defaults: %v", name, err)
+		}
 	}
 	t.Cleanup(func() {
 		if _, err := srv.admin.Exec(context.Background(),
