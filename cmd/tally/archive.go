@@ -42,7 +42,11 @@ func archiveCommand() command {
 				return err
 			}
 			cfg.NewGeneration = f.newGeneration
-			res, err := archive.Archive(ctx, ownerPool(e), args[0], cfg)
+			pool, err := ownerPool(e)
+			if err != nil {
+				return err
+			}
+			res, err := archive.Archive(ctx, pool, args[0], cfg)
 			if err != nil {
 				return err
 			}
@@ -81,7 +85,11 @@ func archiveVerifyCommand() command {
 			if err != nil {
 				return err
 			}
-			v, err := archive.Verify(ctx, ownerPool(e), args[0], f.generation, cfg)
+			pool, err := ownerPool(e)
+			if err != nil {
+				return err
+			}
+			v, err := archive.Verify(ctx, pool, args[0], f.generation, cfg)
 			var ve *archive.VerifyError
 			if errors.As(err, &ve) {
 				for _, p := range ve.Problems {
@@ -115,7 +123,11 @@ func archiveDetachCommand() command {
 			if _, _, err := quarantine.ParsePeriod(args[0]); err != nil {
 				return usageError{err.Error()}
 			}
-			res, err := archive.Detach(ctx, ownerPool(e), args[0], who())
+			pool, err := ownerPool(e)
+			if err != nil {
+				return err
+			}
+			res, err := archive.Detach(ctx, pool, args[0], who())
 			if err != nil {
 				return err
 			}
@@ -166,7 +178,11 @@ func archiveRestoreCommand() command {
 			if err != nil {
 				return err
 			}
-			res, err := archive.Restore(ctx, ownerPool(e), cfg.Store, args[0], f.generation, schema)
+			pool, err := ownerPool(e)
+			if err != nil {
+				return err
+			}
+			res, err := archive.Restore(ctx, pool, cfg.Store, args[0], f.generation, schema)
 			if err != nil {
 				return err
 			}
@@ -196,5 +212,13 @@ func archiveConfig(ctx context.Context, e *env) (archive.Config, error) {
 
 // ownerPool is the pool the archive commands run on: the database's owner
 // role (TALLY_DATABASE_OWNER_URL, or TALLY_DATABASE_URL's role on a
-// single-role install), since the runtime role may not detach or drop.
-func ownerPool(e *env) *pgxpool.Pool { return e.db.Pool }
+// single-role install), since the runtime role may not detach or drop. It
+// refuses a pooled database: a period's lock is a session's, which a
+// transaction-mode pooler would share with other clients.
+func ownerPool(e *env) (*pgxpool.Pool, error) {
+	if e.cfg.DatabasePooled {
+		return nil, usageError{"the archive commands hold a session's lock and cannot run through a transaction-mode pooler: " +
+			"unset TALLY_DATABASE_POOLED and point TALLY_DATABASE_URL (or TALLY_DATABASE_OWNER_URL) straight at Postgres"}
+	}
+	return e.db.Pool, nil
+}

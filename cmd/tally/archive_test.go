@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -25,6 +26,20 @@ func TestArchiveCommands(t *testing.T) {
 
 	code, _, errs := tallyEnv(t, env, "archive", "2026-13")
 	require.Equal(t, 2, code, errs)
+
+	// Through a transaction-mode pooler the period's session lock could be
+	// shared with another client: every archive command refuses, and
+	// nothing is written.
+	pooled := append(slices.Clone(env), "TALLY_DATABASE_POOLED=true")
+	for _, args := range [][]string{{"archive", last}, {"archive", "verify", last}, {"archive", "detach", last},
+		{"archive", "restore", last, "--schema", "audit_pooled"}} {
+		code, _, errs = tallyEnv(t, pooled, args...)
+		require.Equal(t, 2, code, "%v: %s", args, errs)
+		require.Contains(t, errs, "cannot run through a transaction-mode pooler", args)
+	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, entries)
 	code, _, errs = tallyEnv(t, env, "archive", "verify", last)
 	require.Equal(t, 1, code, errs)
 	require.Contains(t, errs, "no archive of "+last)
