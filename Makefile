@@ -83,8 +83,10 @@ bench-month:
 # format is Docker's, which keeps the HEALTHCHECK (OCI's has none); no
 # step is worth caching, so no intermediate image is kept. With buildah:
 # make image CONTAINER_BUILD="buildah build".
-VERSION ?= $(shell git describe --always --dirty)
-REVISION ?= $(shell git rev-parse HEAD)
+# The version and revision come from git alone (a VERSION in the
+# environment does not count; make image VERSION=… does).
+VERSION = $(shell git describe --always --dirty)
+REVISION = $(shell git rev-parse HEAD)
 IMAGE ?= localhost/tally:$(VERSION)
 CONTAINER_BUILD ?= podman build
 CA_CERTIFICATES ?= /etc/ssl/certs/ca-certificates.crt
