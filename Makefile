@@ -1,6 +1,6 @@
 # The project's test command is `make test` (README.md); .ci/run runs it.
 
-.PHONY: test lint cross unit isolation fuzz bench bench-durable bench-month
+.PHONY: test lint cross unit isolation fuzz bench bench-durable bench-month image
 
 test: lint cross unit isolation fuzz
 
@@ -76,3 +76,26 @@ bench-durable:
 # TMPDIR; refuses to start without the room (about 50 GB). About an hour.
 bench-month:
 	TALLY_TEST_DURABLE=1 go test ./internal/testkit/history -run '^$$' -bench '^BenchmarkMonth$$' -benchtime 1x -timeout 0
+
+# The container image (deploy/container/Containerfile, docs/operations.md):
+# the binary is built here, static, and copied in with this machine's CA
+# certificates, since no Go builder image can be pulled offline. The
+# format is Docker's, which keeps the HEALTHCHECK (OCI's has none); no
+# step is worth caching, so no intermediate image is kept. With buildah:
+# make image CONTAINER_BUILD="buildah build".
+# The version and revision come from git alone (a VERSION in the
+# environment does not count; make image VERSION=… does).
+VERSION = $(shell git describe --always --dirty)
+REVISION = $(shell git rev-parse HEAD)
+IMAGE ?= localhost/tally:$(VERSION)
+CONTAINER_BUILD ?= podman build
+CA_CERTIFICATES ?= /etc/ssl/certs/ca-certificates.crt
+
+image:
+	@set -e; ctx=$$(mktemp -d); trap 'rm -rf "$$ctx"' EXIT; \
+	CGO_ENABLED=0 go build -trimpath -tags timetzdata \
+		-ldflags "-s -w -X main.version=$(VERSION) -X main.image=true" -o "$$ctx/tally" ./cmd/tally; \
+	cp $(CA_CERTIFICATES) "$$ctx/ca-certificates.crt"; \
+	$(CONTAINER_BUILD) --format docker --layers=false --file deploy/container/Containerfile \
+		--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) --tag $(IMAGE) "$$ctx"; \
+	echo "image: $(IMAGE)"

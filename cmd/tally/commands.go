@@ -58,6 +58,7 @@ func commands() []command {
 		requeueMatchingCommand(),
 		itemsListCommand(),
 		stripeSimCommand(),
+		healthcheckCommand(),
 		reconcileCommand(),
 		recoverCommand(),
 		doctorCommand(),

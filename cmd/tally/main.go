@@ -52,6 +52,8 @@ Commands:
   recover --plan FILE    apply a reviewed recovery plan written by tally reconcile --plan-out
   doctor                 check the configuration, database, Stripe, mappings and clocks; say what is wrong: [--format table|json]
   stripe-sim             run the built-in Stripe simulator: [--sim-listen ADDR] [--sim-key K] [--sim-account A] [--meter EVENT:FORMULA …]
+  healthcheck            GET /healthz of the serve configured here (TALLY_LISTEN) on this machine; exit 0 when it answers 200
+  version                print this build's version (also: --version)
   help                   show this text, or a command's flags with: tally <command> -h
 
 Every flag of the service also has an environment variable (shown in -h).
@@ -75,6 +77,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
+	if args[0] == "version" || args[0] == "--version" {
+		fmt.Fprintf(stdout, "tally %s\n", version)
+		return 0
+	}
 	cmd, rest, ok := lookup(args)
 	if !ok {
 		fmt.Fprintf(stderr, "tally: unknown command %q\n\n%s", strings.Join(args[:min(2, len(args))], " "), usage)
@@ -92,9 +98,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if cmd.service {
+		logger.Info("tally starting", "command", cmd.name, "version", version)
 		// Traces of Stripe calls and outbox batches, exported when
 		// OTEL_EXPORTER_OTLP_ENDPOINT is set; flushed at exit.
-		shutdown, err := telemetry.Setup(ctx, "dev")
+		shutdown, err := telemetry.Setup(ctx, version)
 		if err != nil {
 			fmt.Fprintf(stderr, "tally %s: tracing: %v\n", cmd.name, err)
 			return 2
@@ -170,13 +177,18 @@ func parse(cmd command, rest []string, getenv func(string) string, stderr io.Wri
 // configure loads the configuration of a command line and fits it to the
 // command: people read the logs of every command but serve, operator
 // commands print results rather than progress, and a default data directory
-// the server user cannot reach moves. With an invalid configuration
-// (reported on stderr) it returns a nil logger and the exit status.
+// the server user cannot reach moves. With an invalid configuration, or
+// no database URL in the container image (reported on stderr), it returns
+// a nil logger and the exit status.
 func configure(line *commandLine, getenv func(string) string, stderr io.Writer) (config.Config, *slog.Logger, int) {
 	cmd := line.cmd
 	cfg, err := line.load()
 	if err != nil {
 		fmt.Fprintf(stderr, "tally %s: invalid configuration:\n%v\n", cmd.name, err)
+		return cfg, nil, 2
+	}
+	if image != "" && !cmd.noDB && cfg.DatabaseURL == "" {
+		fmt.Fprintf(stderr, "tally %s: %s\n", cmd.name, noEmbeddedPostgres)
 		return cfg, nil, 2
 	}
 	if cmd.name != "serve" && !settingSet(line.settings, getenv, "log-format", "TALLY_LOG_FORMAT") {
