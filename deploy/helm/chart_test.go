@@ -316,15 +316,18 @@ func TestRenderRefusesSecretsInValues(t *testing.T) {
 	require.ErrorContains(t, err, "database.directUrl is only for a pooled database")
 }
 
-// values.schema.json refuses a value the chart does not read: a misspelt
-// secret would otherwise leave its setting unset without a word.
-func TestValuesSchemaRefusesUnknownValues(t *testing.T) {
+// values.schema.json refuses a value the chart does not read (a misspelt
+// secret would otherwise leave its setting unset without a word) and one
+// it cannot use.
+func TestValuesSchemaRefusesBadValues(t *testing.T) {
 	t.Parallel()
 	for _, vals := range []map[string]any{
 		{"stripe": map[string]any{"apikey": map[string]any{"secretName": "s", "key": "k"}}},
 		{"database": map[string]any{"url": map[string]any{"secretName": "s", "key": "k", "value": "postgres://"}}},
 		{"replica": 3},
 		{"config": map[string]any{"tally_exporter": "x"}},
+		{"preStopSeconds": 0},
+		{"image": map[string]any{"digest": "latest"}},
 	} {
 		_, err := renderFiles(vals)
 		require.ErrorContains(t, err, "values don't meet the specifications of the schema", "%v", vals)
