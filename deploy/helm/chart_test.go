@@ -191,6 +191,10 @@ func TestDefaultValuesRender(t *testing.T) {
 	require.ElementsMatch(t, []string{"Deployment", "Job", "Service", "PodDisruptionBudget"}, r.kinds)
 	d := r.deployment
 	require.Equal(t, int32(2), *d.Spec.Replicas)
+	spread := d.Spec.Template.Spec.TopologySpreadConstraints
+	require.Len(t, spread, 1)
+	require.Equal(t, "kubernetes.io/hostname", spread[0].TopologyKey)
+	require.True(t, selects(spread[0].LabelSelector.MatchLabels, d.Spec.Template.Labels))
 	require.Equal(t, "ghcr.io/tallymeter/tally:"+appVersion(t), d.Spec.Template.Spec.Containers[0].Image)
 	checkServing(t, r, "http", corev1.URISchemeHTTP)
 	checkSecurity(t, d.Spec.Template.Spec)
@@ -226,6 +230,7 @@ func TestFullValuesRender(t *testing.T) {
 	d := r.deployment
 	pod := d.Spec.Template.Spec
 	require.Equal(t, int32(3), *d.Spec.Replicas)
+	require.Equal(t, "topology.kubernetes.io/zone", pod.TopologySpreadConstraints[0].TopologyKey)
 	require.Equal(t, "registry.example.com/billing/tally:0.1.0-test", pod.Containers[0].Image)
 	checkServing(t, r, "https", corev1.URISchemeHTTPS)
 	checkSecurity(t, pod)
