@@ -8,6 +8,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	cd deploy/helm && go vet ./... && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # Tally builds and vets (test files included) on every platform Go
 # developers work on, not only on the Linux that CI runs: the embedded
@@ -22,8 +23,11 @@ cross:
 		CGO_ENABLED=0 GOOS=$${p%/*} GOARCH=$${p#*/} go vet ./...; \
 	done
 
+# The Helm chart's test is a module of its own (deploy/helm/go.mod): Helm's
+# and Kubernetes' packages stay out of Tally's.
 unit:
 	go test ./...
+	cd deploy/helm && go test ./...
 
 # The isolation test (1M ledger rows, 40 concurrent reports while usage is
 # posted) on its own, after the other tests: it loads both cores.
