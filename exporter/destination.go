@@ -166,6 +166,17 @@ func (r *Resolver) Client() *stripeapi.Client { return r.client }
 // Budget is the destination account's budget, nil without a key.
 func (r *Resolver) Budget() *Budget { return r.budget }
 
+// LookupError is a failed account lookup: Stripe's error code and the
+// status it answered (0: no answer). Resolve returns it until a lookup works.
+type LookupError struct {
+	Code   string
+	Status int
+}
+
+func (e *LookupError) Error() string {
+	return fmt.Sprintf("export stalled: Stripe's account lookup failed (%s, status %d)", e.Code, e.Status)
+}
+
 // errUnresolved says the destination has not been looked up yet.
 var errUnresolved = errors.New("export stalled: the destination account is not resolved yet")
 
@@ -197,7 +208,7 @@ func (r *Resolver) Resolve(ctx context.Context) (Destination, error) {
 			r.resolved = &d
 			return d, nil
 		}
-		r.lastErr = fmt.Errorf("export stalled: Stripe's account lookup failed (%s, status %d)", code, status)
+		r.lastErr = &LookupError{Code: code, Status: status}
 		r.lookupStatus = status
 		return Destination{}, r.lastErr
 	}
