@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
@@ -114,6 +115,9 @@ type Resolver struct {
 	// connected are the connected accounts tenant mappings name, and which
 	// Stripe refused (accounts.go); nil without a key.
 	connected *Connected
+	// retry is how often a failed account lookup is tried again:
+	// retryEvery unless a test sets it.
+	retry time.Duration
 }
 
 // retryEvery bounds how often a failed account lookup is tried again.
@@ -128,7 +132,7 @@ func NewResolver(s Settings) (*Resolver, error) {
 	if s.Exporter != StripeMeterEvents && s.Exporter != StripeMeterEventStream {
 		return nil, fmt.Errorf("TALLY_EXPORTER must be %s or %s", StripeMeterEvents, StripeMeterEventStream)
 	}
-	r := &Resolver{settings: s}
+	r := &Resolver{settings: s, retry: retryEvery}
 	if s.Key == "" {
 		return r, nil
 	}
@@ -162,6 +166,17 @@ func (r *Resolver) Client() *stripeapi.Client { return r.client }
 // Budget is the destination account's budget, nil without a key.
 func (r *Resolver) Budget() *Budget { return r.budget }
 
+// LookupError is a failed account lookup: Stripe's error code and the
+// status it answered (0: no answer). Resolve returns it until a lookup works.
+type LookupError struct {
+	Code   string
+	Status int
+}
+
+func (e *LookupError) Error() string {
+	return fmt.Sprintf("export stalled: Stripe's account lookup failed (%s, status %d)", e.Code, e.Status)
+}
+
 // errUnresolved says the destination has not been looked up yet.
 var errUnresolved = errors.New("export stalled: the destination account is not resolved yet")
 
@@ -179,7 +194,7 @@ func (r *Resolver) Resolve(ctx context.Context) (Destination, error) {
 	if r.resolved != nil {
 		return *r.resolved, nil
 	}
-	if r.lastErr != nil && time.Since(r.lastTry) < retryEvery {
+	if r.lastErr != nil && time.Since(r.lastTry) < r.retry {
 		return Destination{}, r.lastErr
 	}
 	r.lastTry = time.Now()
@@ -193,7 +208,7 @@ func (r *Resolver) Resolve(ctx context.Context) (Destination, error) {
 			r.resolved = &d
 			return d, nil
 		}
-		r.lastErr = fmt.Errorf("export stalled: Stripe's account lookup failed (%s, status %d)", code, status)
+		r.lastErr = &LookupError{Code: code, Status: status}
 		r.lookupStatus = status
 		return Destination{}, r.lastErr
 	}
@@ -231,21 +246,50 @@ func (r *Resolver) Header(account string) string {
 }
 
 // Run resolves the destination in the background until it is known or ctx
-// ends, trying again every 30 seconds.
-func (r *Resolver) Run(ctx context.Context) {
+// ends, trying again every 30 seconds. It logs a failed lookup to logger
+// once for each status it fails with (a refused key, 401 or 403, as an
+// error; no answer or another status as a warning), not once a try, and
+// that the lookup works after one was logged.
+func (r *Resolver) Run(ctx context.Context, logger *slog.Logger) {
 	if r.client == nil {
 		return
 	}
+	logged := -1 // the status of the failure last logged; -1: none
 	for {
-		if _, err := r.Resolve(ctx); err == nil {
+		_, err := r.Resolve(ctx)
+		if err == nil {
+			if logged >= 0 {
+				logger.Info("Stripe's account lookup works: export can start")
+			}
 			return
+		}
+		if status := r.failedStatus(); status >= 0 && status != logged && ctx.Err() == nil {
+			logged = status
+			if status == http.StatusUnauthorized || status == http.StatusForbidden {
+				logger.Error("Stripe refused the API key on the account lookup: export is stalled until the key is fixed; the lookup is tried again every 30s",
+					"status", status, "error", err)
+			} else {
+				logger.Warn("Stripe's account lookup failed: export is stalled until it answers; it is tried again every 30s",
+					"status", status, "error", err)
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(retryEvery):
+		case <-time.After(r.retry):
 		}
 	}
+}
+
+// failedStatus is the status of the failed account lookup (0: no answer),
+// or -1 when none failed.
+func (r *Resolver) failedStatus() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lastErr == nil {
+		return -1
+	}
+	return r.lookupStatus
 }
 
 // Check is a readiness check: nil when this node knows where it exports

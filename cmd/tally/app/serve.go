@@ -63,7 +63,7 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	node := newServices(cancel)
-	list := []service{newLoop(p.Resolver.Run)}
+	list := []service{newLoop(func(ctx context.Context) { p.Resolver.Run(ctx, logger) })}
 	if c := p.Resolver.Connected(); c != nil {
 		// Probes the connected accounts Stripe refused, until access is back.
 		list = append(list, newLoop(c.Run))

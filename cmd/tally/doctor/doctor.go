@@ -273,6 +273,9 @@ func stripeCheck(ctx context.Context, d Deps) *Result {
 	}
 	if err != nil {
 		code, status, _ := stripeapi.Describe(err)
+		if le := (*exporter.LookupError)(nil); errors.As(err, &le) {
+			code, status = le.Code, le.Status
+		}
 		var why error = err
 		if errors.As(err, new(*stripeapi.Error)) || status != 0 {
 			why = fmt.Errorf("%s (status %d)", code, status)
@@ -280,7 +283,8 @@ func stripeCheck(ctx context.Context, d Deps) *Result {
 		r := Result{Check: "stripe", Status: Problem, Detail: "Stripe did not answer as expected: " + describe(why)}
 		switch status {
 		case http.StatusUnauthorized:
-			r.Fix = "the key is not valid (rolled or deleted?): set STRIPE_API_KEY to a current key"
+			r.Detail = "the key was refused (401): " + describe(why)
+			r.Fix = "check STRIPE_API_KEY: Stripe does not take it (rolled, deleted, mistyped, or a restricted key's restrictions refuse this node); set it to a current key of the account"
 		case http.StatusForbidden:
 			r.Fix = "the key may not read meters or the account: give a restricted key meter events (write) and meters, event summaries and customers (read), or fix STRIPE_ACCOUNT"
 		default:

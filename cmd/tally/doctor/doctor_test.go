@@ -109,7 +109,7 @@ func TestEachStripeFailure(t *testing.T) {
 			check: "configuration", status: doctor.Warning, says: "meter error reports are not received"},
 		{name: "a key Stripe refuses", mutate: func(d *doctor.Deps) {
 			d.Resolver, _ = exporter.NewResolver(exporter.Settings{Key: "sk_test_rolled0123456789", APIBase: d.Config.StripeAPIBase})
-		}, check: "stripe", status: doctor.Problem, says: "status 401"},
+		}, check: "stripe", status: doctor.Problem, says: "the key was refused (401)", fix: "check STRIPE_API_KEY"},
 		{name: "Stripe unreachable", mutate: func(d *doctor.Deps) {
 			d.Resolver, _ = exporter.NewResolver(exporter.Settings{Key: stripesim.DefaultKey, APIBase: "http://127.0.0.1:1"})
 		}, check: "stripe", status: doctor.Problem, says: "Stripe did not answer"},
