@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -61,6 +62,7 @@ func New(baseURL, token string, opts ...Option) (*Client, error) {
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("client: %w", errors.Join(errs...))
 	}
+	cfg.httpClient = noRedirects(cfg.httpClient)
 	log := cfg.logger
 	if log == nil {
 		log = slog.Default()
@@ -90,6 +92,16 @@ func usageEndpoint(baseURL string) (string, error) {
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/usage"
 	u.RawPath = ""
 	return u.String(), nil
+}
+
+// noRedirects is a copy of hc that answers a redirect as it came instead
+// of following it: a redirect would re-send the token to wherever it points,
+// over http too, and a 301, 302 or 303 would turn the POST into a GET whose
+// answer says nothing of the events.
+func noRedirects(hc *http.Client) *http.Client {
+	cp := *hc
+	cp.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &cp
 }
 
 // checkToken refuses a token that could not travel in a header. The error

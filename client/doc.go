@@ -22,10 +22,13 @@
 // spent or the context ends. This is safe because Tally deduplicates by
 // (tenant, id): an event a lost reply left stored counts as a duplicate when
 // it comes again, provided its content is the same. A 400, 401, 403, 413 or
-// 422 is never retried: the same body would be refused again. Each failure is
-// typed: *InvalidError for a 422 (with the server's per-event problems),
-// *StatusError for any other status, both reached with errors.As through the
-// *UndeliveredError that Post, Flush and Close return.
+// 422 is never retried: the same body would be refused again. A redirect
+// (3xx) is never followed, whatever the HTTP client given, nor retried: it
+// would carry the token wherever it points, so the events are reported not
+// delivered. Each failure is typed: *InvalidError for a 422 (with the
+// server's per-event problems), *RedirectError for a 3xx, *StatusError for
+// any other status, all reached with errors.As through the *UndeliveredError
+// that Post, Flush and Close return.
 //
 // Timestamps. An event without a timestamp is stored by Tally with its
 // database's clock at the insert, and posting it again without one is a

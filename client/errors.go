@@ -23,7 +23,7 @@ var ErrEventTooLarge = errors.New("client: event too large")
 var ErrRetryBudgetSpent = errors.New("client: retry budget spent")
 
 // StatusError is an answer of POST /v1/usage other than 202 that the
-// client gave up on: a status never retried (400, 401, 403, 413), or a
+// client gave up on: a status never retried (3xx, 400, 401, 403, 413), or a
 // 429 or 5xx whose retries ran out. It carries the server's error code and
 // message, never the token or the request.
 type StatusError struct {
@@ -56,6 +56,30 @@ func (e *StatusError) Error() string {
 func (e *StatusError) retryable() bool {
 	return e.StatusCode == http.StatusTooManyRequests || e.StatusCode >= 500
 }
+
+// RedirectError is a 3xx answer. The client follows no redirect: following
+// one would send the token wherever it points (a 308 to http sends it in
+// clear) and a 302 would turn the POST into a GET, so the events are not
+// delivered and the request is not retried. Point the base URL at where
+// Tally is served. errors.As also finds its StatusError.
+type RedirectError struct {
+	StatusError
+	// Location is the scheme and host the answer pointed to, such as
+	// "http://tally.internal"; empty when it named none that parses.
+	Location string
+}
+
+func (e *RedirectError) Error() string {
+	to := "no valid Location"
+	if e.Location != "" {
+		to = "a redirect to " + e.Location
+	}
+	return fmt.Sprintf("client: POST /v1/usage answered %d %s, %s: the client follows no redirect, so nothing was delivered; set the base URL to where Tally is served",
+		e.StatusCode, http.StatusText(e.StatusCode), to)
+}
+
+// Unwrap is the 3xx as a *StatusError.
+func (e *RedirectError) Unwrap() error { return &e.StatusError }
 
 // Problem is one thing Tally found wrong with a refused request, as it
 // gave it.
@@ -126,9 +150,9 @@ type Undelivered struct {
 	// timestamp Add gave it. Posting it again is safe: if an attempt
 	// stored it after all, it is a duplicate.
 	Event Event
-	// Err is why: an *InvalidError, a *StatusError, a network error, an
-	// error wrapping ErrRetryBudgetSpent, a context's error, or
-	// ErrClosed.
+	// Err is why: an *InvalidError, a *RedirectError, a *StatusError, a
+	// network error, an error wrapping ErrRetryBudgetSpent, a context's
+	// error, or ErrClosed.
 	Err error
 	// Problems are those of a 422 that name this event; empty when it was
 	// refused with its request for other reasons or others' problems.

@@ -122,7 +122,9 @@ func (c *config) validate() error {
 // WithHTTPClient sends the requests with hc: its Transport (proxies, TLS)
 // and its Timeout, which bounds each attempt. Give it a Timeout: a server
 // that stops answering would otherwise hold an attempt until the context
-// ends. Defaults to an http.Client with a Timeout of DefaultTimeout.
+// ends. The client sends with a copy of hc that follows no redirect, whatever
+// hc's CheckRedirect; hc itself is not changed. Defaults to an http.Client
+// with a Timeout of DefaultTimeout.
 func WithHTTPClient(hc *http.Client) Option { return func(c *config) { c.httpClient = hc } }
 
 // WithBatchSize sets the most events of one buffered batch: a batch is sent

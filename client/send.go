@@ -114,8 +114,9 @@ func cause(err error) string {
 
 // attempt posts body once. A transport error, or a 202 whose answer could
 // not be read, is returned as is (both retryable: the events, stored or
-// not, are posted again with the same ids); any other status as a
-// *StatusError or, for a 422, an *InvalidError.
+// not, are posted again with the same ids); a 3xx, never followed, as a
+// *RedirectError; any other status as a *StatusError or, for a 422, an
+// *InvalidError.
 func (c *Client) attempt(ctx context.Context, body []byte) (Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
 	if err != nil {
@@ -142,7 +143,20 @@ func (c *Client) attempt(ctx context.Context, body []byte) (Result, error) {
 		}
 		return res, nil
 	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return Result{}, redirectError(resp)
+	}
 	return Result{}, statusError(resp, answer)
+}
+
+// redirectError reads a 3xx: its status and where its Location points,
+// scheme and host only (a path or query may carry what is not ours to log).
+func redirectError(resp *http.Response) error {
+	e := &RedirectError{StatusError: StatusError{StatusCode: resp.StatusCode}}
+	if loc, err := resp.Location(); err == nil {
+		e.Location = loc.Scheme + "://" + loc.Host
+	}
+	return e
 }
 
 // statusError reads an answer other than 202: Tally's error shape,

@@ -61,7 +61,10 @@ func (f *importFlags) checkArgs(args []string) error {
 	}
 	files, err := importFilesOf(args, f.format)
 	f.files = files
-	return err
+	if err != nil {
+		return errors.New(printable(err.Error())) // it names a path as given
+	}
+	return nil
 }
 
 func (f *importFlags) run(ctx context.Context, e *env, _ []string) error {
@@ -303,11 +306,12 @@ loop:
 	im.summary(st)
 	switch {
 	case failure != nil:
-		return failure
+		// It may name a file's content (a record's reason, a path).
+		return errors.New(printable(failure.Error()))
 	case interrupted:
 		where := "before the first batch"
 		if st.File != "" {
-			where = fmt.Sprintf("after %s line %d", st.File, st.Line)
+			where = printable(fmt.Sprintf("after %s line %d", st.File, st.Line))
 		}
 		return fmt.Errorf("%w %s: run the same command again to resume (ids deduplicate: nothing is stored twice)", errImportInterrupted, where)
 	case st.Bad > 0:

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
@@ -74,7 +77,7 @@ func (r *barReport) badRows(file string, rows []badRow) {
 	defer r.mu.Unlock()
 	for _, row := range rows {
 		// Printed above the bar at its next drawing.
-		_, _ = progressbar.Bprintf(r.bar, "%s:%d: %s\n", file, row.line, row.reason)
+		_, _ = progressbar.Bprintln(r.bar, badRowLine(file, row))
 	}
 }
 
@@ -117,7 +120,7 @@ func (r *logReport) badRows(file string, rows []badRow) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, row := range rows {
-		fmt.Fprintf(r.w, "%s:%d: %s\n", file, row.line, row.reason)
+		fmt.Fprintln(r.w, badRowLine(file, row))
 	}
 }
 
@@ -151,3 +154,33 @@ func (r *logReport) done(importStats, bool) {}
 
 // mib writes a byte count in MiB.
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// badRowLine names a bad row as FILE:LINE: reason, printable.
+func badRowLine(file string, row badRow) string {
+	return printable(fmt.Sprintf("%s:%d: %s", file, row.line, row.reason))
+}
+
+// printable escapes what a terminal would act on rather than show — control
+// characters (ESC, CR, C1…), other characters strconv.IsPrint refuses, and
+// bytes that are not UTF-8 — as Go writes them in a quoted string (\x1b,
+// \r, \u202e), so that text from a file reaches the operator as text.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r == utf8.RuneError || !strconv.IsPrint(r) }) {
+		return s
+	}
+	var b strings.Builder
+	for i, w := 0, 0; i < len(s); i += w {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		w = n
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case strconv.IsPrint(r):
+			b.WriteRune(r)
+		default:
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+	}
+	return b.String()
+}

@@ -29,6 +29,16 @@ const (
 	batchSuffix = `]}`
 )
 
+// maxCSVRecord bounds the bytes of one CSV record as written, so that a
+// huge cell cannot take the memory of its size: encoding/csv holds a record
+// whole. A record longer than maxImportLine but within it is a bad row; one
+// past it stops the import, as its end cannot be found without reading it.
+const maxCSVRecord = 1 << 20
+
+// csvReadAhead is what encoding/csv's reader buffers past the record it is
+// reading.
+const csvReadAhead = 4096
+
 // utf8BOM may start a file written on Windows.
 var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
 
@@ -272,6 +282,16 @@ func (im *importer) readFile(ctx context.Context, f importFile, before int64, se
 		if errors.Is(err, io.EOF) {
 			return flush(true)
 		}
+		var tooLong recordTooLongError
+		if errors.As(err, &tooLong) {
+			// Store the rows before it, then stop.
+			if !flush(false) {
+				return false
+			}
+			send(&importBatch{file: f.path, err: fmt.Errorf("%s:%d: %w; every row before it is stored, none from it on: "+
+				"fix that record, then run the same command again (ids deduplicate: nothing is stored twice)", f.path, tooLong.line, err)})
+			return false
+		}
 		if err != nil {
 			send(&importBatch{file: f.path, err: fmt.Errorf("%s, after line %d: %w", f.path, b.last, err)})
 			return false
@@ -366,14 +386,82 @@ func (e headerError) Error() string { return "header: " + e.msg }
 // at the API).
 type csvSource struct {
 	r       *csv.Reader
-	columns []string // by position
+	bound   *recordBound
+	ahead   *bufio.Reader // the csv.Reader's buffer
+	columns []string      // by position
 	buf     []byte
 }
 
+// recordBound stops the reading of a CSV record longer than maxCSVRecord:
+// it lets encoding/csv read at most that much, and its read-ahead, past the
+// end of the record before. It counts the lines it has read.
+type recordBound struct {
+	r     io.Reader
+	n     int64 // the bytes read
+	lines int   // the newlines read
+	limit int64
+}
+
+// errRecordTooLong is what recordBound reads past its limit.
+var errRecordTooLong = fmt.Errorf("a CSV record longer than %d bytes (%d MiB): not one usage event", maxCSVRecord, maxCSVRecord>>20)
+
+func (b *recordBound) Read(p []byte) (int, error) {
+	if b.n >= b.limit {
+		return 0, errRecordTooLong
+	}
+	if rest := b.limit - b.n; int64(len(p)) > rest {
+		p = p[:rest]
+	}
+	n, err := b.r.Read(p)
+	b.n += int64(n)
+	b.lines += bytes.Count(p[:n], []byte{'\n'})
+	return n, err
+}
+
+// recordTooLongError is a record longer than maxCSVRecord, and its line.
+type recordTooLongError struct{ line int }
+
+func (e recordTooLongError) Error() string { return errRecordTooLong.Error() }
+
+// read reads the next record, at most maxCSVRecord bytes of it.
+func (s *csvSource) read() ([]string, error) {
+	s.bound.limit = s.r.InputOffset() + maxCSVRecord + csvReadAhead
+	line := s.nextLine()
+	record, err := s.r.Read()
+	if errors.Is(err, errRecordTooLong) {
+		return nil, recordTooLongError{line: line}
+	}
+	return record, err
+}
+
+// nextLine is the line the next record starts on: the lines before what is
+// buffered past the last record, and the blank lines that start it (which
+// encoding/csv skips).
+func (s *csvSource) nextLine() int {
+	ahead, _ := s.ahead.Peek(s.ahead.Buffered())
+	line := s.bound.lines - bytes.Count(ahead, []byte{'\n'}) + 1
+	for {
+		switch {
+		case bytes.HasPrefix(ahead, []byte("\n")):
+			ahead = ahead[1:]
+		case bytes.HasPrefix(ahead, []byte("\r\n")):
+			ahead = ahead[2:]
+		default:
+			return line
+		}
+		line++
+	}
+}
+
 func newCSVSource(r io.Reader) (*csvSource, error) {
-	cr := csv.NewReader(r)
+	bound := &recordBound{r: r}
+	// encoding/csv reads through ahead as it is, so what it has read ahead
+	// can be seen.
+	ahead := bufio.NewReaderSize(bound, csvReadAhead)
+	cr := csv.NewReader(ahead)
 	cr.ReuseRecord = true
-	header, err := cr.Read()
+	s := &csvSource{r: cr, bound: bound, ahead: ahead}
+	header, err := s.read()
 	if errors.Is(err, io.EOF) {
 		return nil, headerError{"the file is empty: a CSV file starts with a header row naming its columns: " + csvColumns()}
 	}
@@ -384,7 +472,7 @@ func newCSVSource(r io.Reader) (*csvSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &csvSource{r: cr, columns: make([]string, len(header))}
+	s.columns = make([]string, len(header))
 	seen := map[string]bool{}
 	var problems []string
 	for i, name := range header {
@@ -425,7 +513,7 @@ func truncateName(s string) string {
 }
 
 func (s *csvSource) next() (int, []byte, string, error) {
-	record, err := s.r.Read()
+	record, err := s.read()
 	if errors.Is(err, io.EOF) {
 		return 0, nil, "", io.EOF
 	}
