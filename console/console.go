@@ -185,12 +185,29 @@ func New(d Deps) (*Console, error) {
 	return c, nil
 }
 
+// filesOnly serves an FS's files and no directory: opening one is
+// fs.ErrNotExist, so the file server answers 404 instead of a listing.
+type filesOnly struct{ fs.FS }
+
+// Open opens name unless it is a directory.
+func (f filesOnly) Open(name string) (fs.File, error) {
+	file, err := f.FS.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	if st, err := file.Stat(); err != nil || st.IsDir() {
+		_ = file.Close()
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	}
+	return file, nil
+}
+
 // Handler is the console's routes, to mount at /console.
 func (c *Console) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(securityHeaders)
 	static, _ := fs.Sub(staticFS, "static")
-	r.Get("/static/*", http.StripPrefix("/console/static/", http.FileServer(http.FS(static))).ServeHTTP)
+	r.Get("/static/*", http.StripPrefix("/console/static/", http.FileServer(http.FS(filesOnly{static}))).ServeHTTP)
 	r.Get("/login", c.getLogin)
 	r.Post("/login", c.postLogin)
 	r.Group(func(r chi.Router) {
