@@ -38,7 +38,7 @@ Commands:
   mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339] [--invoice-grace DURATION] [--stripe-account acct_…]
   quarantine             the quarantine report: [--format table|csv|json] [--reason R] [--tenant T] [--feature F] [--period YYYY-MM]
   requeue ID             requeue a quarantined item: --mapping-version N [--accept-period-closed]
-  requeue                requeue every matching quarantined item under the current mappings: --reason R|--tenant T|--feature F|--period YYYY-MM|--all [--dry-run] [--accept-period-closed] [--limit N] [--after ID] [--format table|json]
+  requeue                requeue every matching quarantined item under the current mappings: --reason R|--tenant T|--feature F|--period YYYY-MM|--all [--dry-run [--list]] [--accept-period-closed] [--limit N] [--after ID] [--format table|json]
   items list             list outbox items: [--state S] [--tenant T] [--feature F] [--limit N] [--after ID] [--format table|json]
   report completeness    the completeness report: --period YYYY-MM [--tenant T] [--format table|json]
   archive PERIOD         write a closed month's ledger, items and evidence as Parquet to TALLY_ARCHIVE_URL: [--new-generation] [--format table|json]
