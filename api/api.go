@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -239,6 +240,14 @@ type errorDetail struct {
 // {"error":{"code":"…","message":"…"}} with a stable code.
 func WriteError(w http.ResponseWriter, status int, code, message string) {
 	writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: message}})
+}
+
+// problemsCounted says how many problems an input has, for a message.
+func problemsCounted(n int) string {
+	if n == 1 {
+		return "1 problem"
+	}
+	return strconv.Itoa(n) + " problems"
 }
 
 func writeProblems(w http.ResponseWriter, code, message string, problems any) {

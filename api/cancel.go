@@ -90,7 +90,7 @@ func (h *handlers) postCancellations(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		writeJSON(w, http.StatusOK, cancelResponse{Cancellations: out})
 	case errors.As(err, &invalid):
-		writeProblems(w, "invalid_cancellations", fmt.Sprintf("%d problems; nothing was stored", len(invalid.Problems)), invalid.Problems)
+		writeProblems(w, "invalid_cancellations", problemsCounted(len(invalid.Problems))+"; nothing was stored", invalid.Problems)
 	case errors.As(err, &ce):
 		msg := fmt.Sprintf("cancellation %d: its event's item %d is %s", ce.Index, ce.Item, ce.State)
 		switch ce.Code {

@@ -112,7 +112,7 @@ func (h *handlers) postUsage(w http.ResponseWriter, r *http.Request) {
 	}
 	if errors.As(err, &invalid) {
 		h.Metrics.request("invalid")
-		writeProblems(w, "invalid_batch", fmt.Sprintf("%d problems; nothing was stored", len(invalid.Problems)), invalid.Problems)
+		writeProblems(w, "invalid_batch", problemsCounted(len(invalid.Problems))+"; nothing was stored", invalid.Problems)
 		return
 	}
 	if errors.As(err, &capped) {
@@ -185,7 +185,7 @@ func (h *handlers) decodeUsage(w http.ResponseWriter, r *http.Request) ([]meter.
 		WriteError(w, http.StatusBadRequest, "invalid_json", err.Error()[len("meter: "):])
 	case errors.As(err, &invalid):
 		h.Metrics.request("invalid")
-		writeProblems(w, "invalid_batch", fmt.Sprintf("%d problems; nothing was stored", len(invalid.Problems)), invalid.Problems)
+		writeProblems(w, "invalid_batch", problemsCounted(len(invalid.Problems))+"; nothing was stored", invalid.Problems)
 	case errors.As(err, &mbe):
 		h.Metrics.request("too_large")
 		WriteError(w, http.StatusRequestEntityTooLarge, "batch_too_large", fmt.Sprintf("a batch is at most %d bytes", meter.MaxBodyBytes))

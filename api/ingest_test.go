@@ -120,6 +120,7 @@ func (s ingestScenario) refusesEachEventProblem(t *testing.T, h *harness) {
 		resp := h.request(http.MethodPost, "/v1/usage", s.tok, map[string]any{"events": []any{validEvent(), tc.bad}})
 		require.Equal(t, http.StatusUnprocessableEntity, resp.status, "%s: %s", tc.name, resp)
 		require.Equal(t, "invalid_batch", resp.errorCode(t), tc.name)
+		require.Contains(t, string(resp.body), `"message":"1 problem; nothing was stored"`, tc.name)
 		ps := resp.problems(t)
 		require.Len(t, ps, 1, "%s: %s", tc.name, resp)
 		require.Equal(t, &one, ps[0].Index, tc.name)

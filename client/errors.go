@@ -120,7 +120,11 @@ type InvalidError struct {
 }
 
 func (e *InvalidError) Error() string {
-	s := fmt.Sprintf("client: POST /v1/usage refused the request (%d %s): %d problems", e.StatusCode, e.Code, len(e.Problems))
+	noun := "problems"
+	if len(e.Problems) == 1 {
+		noun = "problem"
+	}
+	s := fmt.Sprintf("client: POST /v1/usage refused the request (%d %s): %d %s", e.StatusCode, e.Code, len(e.Problems), noun)
 	if len(e.Problems) > 0 {
 		s += ", the first: " + e.Problems[0].String()
 	}

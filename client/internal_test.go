@@ -86,3 +86,13 @@ func TestEventEncodingIsStable(t *testing.T) {
 	require.Equal(t, at.UTC().Truncate(time.Microsecond), stamped.Timestamp)
 	require.Equal(t, at, Event{Timestamp: at}.stampNow(time.Now()).Timestamp, "a timestamp given is kept")
 }
+
+// A refusal counts its problems in words that agree with the count.
+func TestInvalidErrorCountsItsProblems(t *testing.T) {
+	t.Parallel()
+	status := StatusError{StatusCode: http.StatusUnprocessableEntity, Code: "invalid_batch"}
+	one := &InvalidError{StatusError: status, Problems: []Problem{{Field: "id", Reason: "required"}}}
+	require.Contains(t, one.Error(), "(422 invalid_batch): 1 problem, the first: ")
+	two := &InvalidError{StatusError: status, Problems: []Problem{{Field: "id", Reason: "required"}, {Field: "value", Reason: "required"}}}
+	require.Contains(t, two.Error(), "(422 invalid_batch): 2 problems, the first: ")
+}

@@ -79,6 +79,25 @@ type Deps struct {
 	// ExportStalls says why export is stalled, for the banner every page
 	// shows meanwhile; nil shows none.
 	ExportStalls func(ctx context.Context) []ExportStall
+	// Runbook is the address of docs/operations.md that the banner links
+	// each stall's alert section to. Defaults to DefaultRunbook.
+	Runbook string
+}
+
+// DefaultRunbook is the runbook the banner links to by default: the
+// repository's docs/operations.md, which every alert's runbook annotation
+// names. The console serves no docs of its own.
+const DefaultRunbook = "https://github.com/tallymeter/tally/blob/main/docs/operations.md"
+
+// stallAlerts names the alert (deploy/prometheus/alerts.yml) that fires on
+// each stall reason; its section in docs/operations.md says what to do.
+var stallAlerts = map[string]string{
+	"no_key":             "TallyExportNoKey",
+	"key_refused":        "TallyExportKeyRefused",
+	"stripe_unreachable": "TallyExportStripeUnreachable",
+	"retrying":           "TallyExportRetrying",
+	"account_refused":    "TallyConnectedAccountRefused",
+	"meter_deactivated":  "TallyMeterDeactivated",
 }
 
 // ExportStall is one reason export is stalled, as the banner shows it.
@@ -90,15 +109,35 @@ type ExportStall struct {
 }
 
 // stallBanner is the banner of a page drawn while export is stalled: the
-// reasons and the usage waiting in the ledger meanwhile.
+// reasons, the alerts they fire, and the usage waiting meanwhile.
 type stallBanner struct {
-	Reasons []ExportStall
-	// Waiting is the ledger's unstaged events (at least, at the count's
-	// cap) and Oldest how long ago the oldest was received; Known false
+	Reasons []stallLine
+	// Alerts are the reasons' alerts, each once, with their runbook
+	// sections.
+	Alerts []stallAlert
+	// Pending counts the outbox's pending items and PendingOldest says how
+	// long the oldest has waited; PendingKnown false when the outbox could
+	// not be read.
+	Pending       int64
+	PendingOldest string
+	PendingKnown  bool
+	// Waiting counts the ledger's unstaged events, with its verb (at
+	// least, at the count's cap) and Oldest how long ago the oldest was received; Known false
 	// when the ledger could not be read.
 	Waiting string
 	Oldest  string
 	Known   bool
+}
+
+// stallLine is one reason on the banner.
+type stallLine struct {
+	ExportStall
+	Alert string
+}
+
+// stallAlert is an alert the banner names, with its runbook section.
+type stallAlert struct {
+	Name, URL string
 }
 
 // Console serves /console/.
@@ -120,6 +159,9 @@ func New(d Deps) (*Console, error) {
 	}
 	if d.SessionIdle <= 0 {
 		d.SessionIdle = DefaultSessionIdle
+	}
+	if d.Runbook == "" {
+		d.Runbook = DefaultRunbook
 	}
 	if d.Reports == nil {
 		d.Reports, _ = quarantine.NewReports(0, nil) // no registry: cannot fail
@@ -143,12 +185,29 @@ func New(d Deps) (*Console, error) {
 	return c, nil
 }
 
+// filesOnly serves an FS's files and no directory: opening one is
+// fs.ErrNotExist, so the file server answers 404 instead of a listing.
+type filesOnly struct{ fs.FS }
+
+// Open opens name unless it is a directory.
+func (f filesOnly) Open(name string) (fs.File, error) {
+	file, err := f.FS.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	if st, err := file.Stat(); err != nil || st.IsDir() {
+		_ = file.Close()
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	}
+	return file, nil
+}
+
 // Handler is the console's routes, to mount at /console.
 func (c *Console) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(securityHeaders)
 	static, _ := fs.Sub(staticFS, "static")
-	r.Get("/static/*", http.StripPrefix("/console/static/", http.FileServer(http.FS(static))).ServeHTTP)
+	r.Get("/static/*", http.StripPrefix("/console/static/", http.FileServer(http.FS(filesOnly{static}))).ServeHTTP)
 	r.Get("/login", c.getLogin)
 	r.Post("/login", c.postLogin)
 	r.Group(func(r chi.Router) {
@@ -376,7 +435,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title str
 }
 
 // stallBanner reads why export is stalled and, if it is, what waits in the
-// ledger; nil when it is not.
+// outbox and the ledger; nil when it is not.
 func (c *Console) stallBanner(ctx context.Context) *stallBanner {
 	if c.ExportStalls == nil {
 		return nil
@@ -385,12 +444,31 @@ func (c *Console) stallBanner(ctx context.Context) *stallBanner {
 	if len(reasons) == 0 {
 		return nil
 	}
-	b := &stallBanner{Reasons: reasons}
+	b := &stallBanner{}
+	named := map[string]bool{}
+	for _, r := range reasons {
+		alert := stallAlerts[r.Reason]
+		b.Reasons = append(b.Reasons, stallLine{ExportStall: r, Alert: alert})
+		if alert != "" && !named[alert] {
+			named[alert] = true
+			// The anchor is the heading's as GitHub and most renderers make
+			// it: the alert's name in lower case.
+			b.Alerts = append(b.Alerts, stallAlert{Name: alert, URL: c.Runbook + "#" + strings.ToLower(alert)})
+		}
+	}
+	if g, err := c.Outbox.ReadGauge(ctx, c.pool); err == nil {
+		b.PendingKnown, b.Pending = true, g.Counts[outbox.StatePending]
+		b.PendingOldest = (time.Duration(g.OldestPendingAgeSeconds) * time.Second).String()
+	}
 	if bl, err := meter.ReadBacklog(ctx, c.pool); err == nil {
 		b.Known, b.Oldest = true, bl.OldestAge.Round(time.Second).String()
-		b.Waiting = strconv.FormatInt(bl.Events, 10)
-		if bl.Events >= meter.BacklogCountCap {
-			b.Waiting = "at least " + b.Waiting
+		switch {
+		case bl.Events >= meter.BacklogCountCap:
+			b.Waiting = "at least " + strconv.FormatInt(bl.Events, 10) + " events wait"
+		case bl.Events == 1:
+			b.Waiting = "1 event waits"
+		default:
+			b.Waiting = strconv.FormatInt(bl.Events, 10) + " events wait"
 		}
 	}
 	return b

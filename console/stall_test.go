@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/console"
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/mappings"
@@ -75,5 +78,68 @@ func TestEveryPageShowsABannerWhileExportIsStalled(t *testing.T) {
 	stalled.Store(false)
 	for _, p := range pages {
 		require.NotContains(t, get(p), `data-testid="export-stalled"`, p)
+	}
+}
+
+// For each reason export stalls, the banner names the alert that fires on
+// it (one that deploy/prometheus/alerts.yml defines), links that alert's
+// section of the runbook, and counts the items waiting pending, not only
+// the events waiting in the ledger.
+func TestTheStallBannerNamesEachReasonsAlertAndLinksItsRunbook(t *testing.T) {
+	t.Parallel()
+	alerts, err := os.ReadFile("../deploy/prometheus/alerts.yml")
+	require.NoError(t, err)
+	runbook, err := os.ReadFile("../docs/operations.md")
+	require.NoError(t, err)
+	want := map[exporter.StallReason]string{
+		exporter.StallNoKey: "TallyExportNoKey", exporter.StallKeyRefused: "TallyExportKeyRefused",
+		exporter.StallStripeUnreachable: "TallyExportStripeUnreachable", exporter.StallRetrying: "TallyExportRetrying",
+		exporter.StallAccountRefused: "TallyConnectedAccountRefused", exporter.StallMeterDeactivated: "TallyMeterDeactivated",
+	}
+	require.Len(t, want, len(exporter.StallReasons()), "a reason without an alert")
+
+	env := stagetest.New(t, outbox.Config{})
+	env.Feature(t, "api", mappings.Sum, time.Hour)
+	_, _, err = env.Maps.PutTenant(env.Ctx, env.Pool, "beta", mappings.TenantInput{StripeCustomerID: "cus_beta"}, "test")
+	require.NoError(t, err)
+	env.MustIngest(t, stagetest.Ev("b1", "beta", "api", 4, stagetest.Ago(3*time.Hour)),
+		stagetest.Ev("b2", "beta", "api", 1, stagetest.Ago(3*time.Hour)))
+	env.Pass(t) // one pending item, summing both
+	env.MustIngest(t, stagetest.Ev("b3", "beta", "api", 1, nil))
+
+	var reason atomic.Value
+	con, err := console.New(console.Deps{Pool: env.Pool, Outbox: env.Outbox, Mappings: env.Maps,
+		Requeuer: &quarantine.Requeuer{Outbox: env.Outbox, Stager: env.Stager}, Logger: slog.New(slog.DiscardHandler),
+		ExportStalls: func(context.Context) []console.ExportStall {
+			r := reason.Load().(exporter.StallReason)
+			return []console.ExportStall{{Reason: string(r), Text: r.Explain()}}
+		}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(api.New(api.Options{Console: con.Handler(), Logger: slog.New(slog.DiscardHandler)}))
+	t.Cleanup(srv.Close)
+	tok, err := auth.CreateToken(env.Ctx, env.Pool, "olga", auth.RoleOperator, nil)
+	require.NoError(t, err)
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar}
+	resp, err := postSignIn(client, srv.URL, tok.Secret)
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	for r, alert := range want {
+		require.Contains(t, string(alerts), "alert: "+alert+"\n", r)
+		require.Contains(t, string(runbook), "\n## "+alert+"\n", r)
+		reason.Store(r)
+		resp, err := client.Get(srv.URL + "/console/")
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		page := string(b)
+		require.Contains(t, page, `data-testid="stall-`+string(r)+`"`, r)
+		require.Contains(t, page, "(alert <code>"+alert+"</code>)", r)
+		require.Contains(t, page, `<a href="`+console.DefaultRunbook+"#"+strings.ToLower(alert)+`" data-testid="runbook-`+alert+`">`, r)
+		require.Contains(t, page, "1 item waits pending in the outbox", r)
+		require.Contains(t, page, "1 event waits in the ledger", r)
+		require.NotContains(t, page, "TallyExportStalled", r)
 	}
 }

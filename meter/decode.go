@@ -55,6 +55,9 @@ type InvalidBatchError struct {
 }
 
 func (e *InvalidBatchError) Error() string {
+	if len(e.Problems) == 1 {
+		return fmt.Sprintf("meter: 1 problem in the batch: %s: %s", e.Problems[0].Field, e.Problems[0].Reason)
+	}
 	return fmt.Sprintf("meter: %d problems in the batch, the first: %s: %s", len(e.Problems), e.Problems[0].Field, e.Problems[0].Reason)
 }
 

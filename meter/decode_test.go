@@ -66,6 +66,7 @@ func TestDecodeProblems(t *testing.T) {
 			var ie *InvalidBatchError
 			require.ErrorAs(t, err, &ie)
 			require.Len(t, ie.Problems, 1, "%+v", ie.Problems)
+			require.Equal(t, "meter: 1 problem in the batch: "+tc.field+": "+ie.Problems[0].Reason, ie.Error())
 			require.Equal(t, 1, *ie.Problems[0].Index)
 			require.Equal(t, tc.field, ie.Problems[0].Field)
 			require.NotEmpty(t, ie.Problems[0].Reason)
@@ -81,6 +82,7 @@ func TestDecodeProblems(t *testing.T) {
 		got = append(got, fmt.Sprintf("%d/%s", *p.Index, p.Field))
 	}
 	require.Equal(t, []string{"0/feature", "0/id", "0/tenant", "0/value", "1/x"}, got)
+	require.Contains(t, ie.Error(), "meter: 5 problems in the batch, the first: feature: ")
 }
 
 func TestDecodeBatchShape(t *testing.T) {

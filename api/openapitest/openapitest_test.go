@@ -79,7 +79,7 @@ func TestCheckFindsEveryKindOfMismatch(t *testing.T) {
 		{"an error not in the error shape", exchange{method: "POST", path: "/v1/usage", reqBody: goodBatch, status: 400,
 			respBody: `{"code":"invalid_json","message":"bad"}`}, "400"},
 		{"problems of the wrong shape", exchange{method: "POST", path: "/v1/usage", reqBody: `{}`, status: 422,
-			respBody: `{"error":{"code":"invalid_batch","message":"1 problems","problems":[{"index":"0","field":"events","reason":"required"}]}}`}, "index"},
+			respBody: `{"error":{"code":"invalid_batch","message":"1 problem","problems":[{"index":"0","field":"events","reason":"required"}]}}`}, "index"},
 		{"a 429 without Retry-After", exchange{method: "POST", path: "/v1/usage", reqBody: goodBatch, status: 429,
 			respBody: `{"error":{"code":"rate_limited","message":"slow down"}}`}, "Retry-After"},
 		{"a 401 without WWW-Authenticate", exchange{method: "GET", path: "/v1/audit", status: 401,
@@ -133,7 +133,7 @@ func TestCheckPassesWhatTheDocumentDescribes(t *testing.T) {
 				`{"index":0,"field":"feature","reason":"required"},{"index":0,"field":"tenant","reason":"required"},` +
 				`{"index":0,"field":"value","reason":"must be an integer"}]}}`}},
 		{"a batch-level problem", exchange{method: "POST", path: "/v1/usage", reqBody: `{}`, status: 422,
-			respBody: `{"error":{"code":"invalid_batch","message":"1 problems; nothing was stored","problems":[{"index":null,"field":"events","reason":"required: an array of events"}]}}`}},
+			respBody: `{"error":{"code":"invalid_batch","message":"1 problem; nothing was stored","problems":[{"index":null,"field":"events","reason":"required: an array of events"}]}}`}},
 		{"throttled", exchange{method: "POST", path: "/v1/usage", reqBody: goodBatch, status: 429, header: map[string]string{"Retry-After": "2"},
 			respBody: `{"error":{"code":"rate_limited","message":"slow down"}}`}},
 		{"an item", exchange{method: "GET", path: "/v1/outbox/items/7", status: 200, respBody: goodItem}},

@@ -38,7 +38,7 @@ Commands:
   mappings tenants       list | get TENANT | set TENANT --customer cus_… [--anchor RFC3339] [--invoice-grace DURATION] [--stripe-account acct_…]
   quarantine             the quarantine report: [--format table|csv|json] [--reason R] [--tenant T] [--feature F] [--period YYYY-MM]
   requeue ID             requeue a quarantined item: --mapping-version N [--accept-period-closed]
-  requeue                requeue every matching quarantined item under the current mappings: --reason R|--tenant T|--feature F|--period YYYY-MM|--all [--dry-run] [--accept-period-closed] [--limit N] [--after ID] [--format table|json]
+  requeue                requeue every matching quarantined item under the current mappings: --reason R|--tenant T|--feature F|--period YYYY-MM|--all [--dry-run [--list]] [--accept-period-closed] [--limit N] [--after ID] [--format table|json]
   items list             list outbox items: [--state S] [--tenant T] [--feature F] [--limit N] [--after ID] [--format table|json]
   report completeness    the completeness report: --period YYYY-MM [--tenant T] [--format table|json]
   archive PERIOD         write a closed month's ledger, items and evidence as Parquet to TALLY_ARCHIVE_URL: [--new-generation] [--format table|json]
@@ -153,6 +153,13 @@ func parse(cmd command, rest []string, getenv func(string) string, stderr io.Wri
 		flags = config.Flags
 	}
 	load := flags(cfgFlags, getenv)
+	// -h states the defaults configure gives this command, not serve's.
+	if cmd.name != "serve" {
+		restateDefault(cfgFlags, "log-format", textLogFormat)
+	}
+	if !cmd.service {
+		restateDefault(cfgFlags, "log-level", operatorLogLevel)
+	}
 	if cmd.flags != nil {
 		cmd.flags(fs)
 	}
@@ -192,10 +199,10 @@ func configure(line *commandLine, getenv func(string) string, stderr io.Writer) 
 		return cfg, nil, 2
 	}
 	if cmd.name != "serve" && !settingSet(line.settings, getenv, "log-format", "TALLY_LOG_FORMAT") {
-		cfg.LogFormat = "text" // JSON is for production, where serve runs; people read the rest
+		cfg.LogFormat = textLogFormat
 	}
 	if !cmd.service && cfg.LogLevel == config.DefaultLogLevel {
-		cfg.LogLevel = "warn" // operator commands print results, not progress
+		cfg.LogLevel = operatorLogLevel
 	}
 	logger := app.NewLogger(cfg)
 	if (!cmd.noDB || cmd.settings) && cfg.DatabaseURL == "" && !dataDirSet(line.settings, getenv) && embeddedpg.Unreachable(cfg.DataDir, "") {
@@ -247,6 +254,27 @@ func interspersed(fs *flag.FlagSet, args []string) []string {
 // environment, rather than left at its default.
 func dataDirSet(fs *flag.FlagSet, getenv func(string) string) bool {
 	return settingSet(fs, getenv, "data-dir", "TALLY_DATA_DIR")
+}
+
+// The logging defaults of every command but serve: JSON is for production,
+// where serve runs, and people read the rest; operator commands print
+// results, not progress.
+const (
+	textLogFormat    = "text"
+	operatorLogLevel = "warn"
+)
+
+// restateDefault makes a setting's -h state def as its default, in place
+// of the one its usage names (the configuration's).
+func restateDefault(fs *flag.FlagSet, name, def string) {
+	fl := fs.Lookup(name)
+	if fl == nil {
+		return
+	}
+	if i := strings.LastIndex(fl.Usage, " (default "); i >= 0 {
+		fl.Usage = fl.Usage[:i]
+	}
+	fl.Usage += fmt.Sprintf(" (default %q)", def)
 }
 
 // settingSet reports whether a setting was given by flag or environment.

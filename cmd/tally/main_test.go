@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -387,4 +388,19 @@ func TestDoctorCommand(t *testing.T) {
 	require.Contains(t, out, `"check": "database"`)
 	require.Contains(t, out, "did not answer")
 	require.NotContains(t, out, "s3cret")
+}
+
+// -h states the logging defaults the command runs with: json only for
+// serve, text for the rest; warn for the operator commands.
+func TestHelpStatesEachCommandsLogDefaults(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ cmd, format, level string }{
+		{"serve", "json", "info"}, {"dev", "text", "info"}, {"doctor", "text", "warn"},
+	} {
+		var out, errb bytes.Buffer
+		require.Equal(t, 0, run([]string{c.cmd, "-h"}, func(string) string { return "" }, &out, &errb), c.cmd)
+		help := regexp.MustCompile(`\s+`).ReplaceAllString(errb.String(), " ")
+		require.Contains(t, help, `-log-format value log format: text or json (default: json for serve, text for dev and the operator commands) (env TALLY_LOG_FORMAT) (default "`+c.format+`")`, c.cmd)
+		require.Contains(t, help, `(env TALLY_LOG_LEVEL) (default "`+c.level+`")`, c.cmd)
+	}
 }

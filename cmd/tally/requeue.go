@@ -13,19 +13,20 @@ import (
 )
 
 // requeueMatchingFlags are the flags of tally requeue without an item id:
-// the quarantine report's filters, a page, a dry run and the format.
+// the quarantine report's filters, a page, a dry run, the format and
+// whether a dry run lists its items.
 type requeueMatchingFlags struct {
 	reason, tenant, feature, period, format string
 	after                                   int64
 	limit                                   int
-	dryRun, all                             bool
+	dryRun, all, list                       bool
 	// fs is the command's flag set, to tell which flags were given.
 	fs *flag.FlagSet
 }
 
 // matchingFlagNames are the flags that only the form without an item id
 // takes.
-var matchingFlagNames = []string{"reason", "tenant", "feature", "period", "after", "limit", "dry-run", "all", "format"}
+var matchingFlagNames = []string{"reason", "tenant", "feature", "period", "after", "limit", "dry-run", "all", "format", "list"}
 
 // requeueMatchingCommand is tally requeue: with an item id, that one
 // quarantined item under the mapping version given (requeueCommand); with
@@ -62,6 +63,7 @@ func (f *requeueMatchingFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.period, "period", "", "without an item id: only billing periods starting in this month (YYYY-MM)")
 	fs.BoolVar(&f.all, "all", false, "without an item id and filters: every quarantined item")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "say what the requeue would do; change nothing")
+	fs.BoolVar(&f.list, "list", false, "with --dry-run and the table format: list each item before the totals (default: the totals only)")
 	fs.Int64Var(&f.after, "after", 0, "continue after this item id (the next_after of the run before)")
 	fs.IntVar(&f.limit, "limit", quarantine.DefaultBulkLimit, fmt.Sprintf("the most items one run takes, 1 to %d", quarantine.MaxBulkLimit))
 	fs.StringVar(&f.format, "format", "table", "table or json")
@@ -110,7 +112,7 @@ func (f *requeueMatchingFlags) run(ctx context.Context, e *env) error {
 	if f.format == "json" {
 		err = printJSON(e.stdout, res)
 	} else {
-		err = bulkTable(e.stdout, res)
+		err = bulkTable(e.stdout, res, !res.DryRun || f.list)
 	}
 	if err != nil {
 		return err
@@ -124,8 +126,13 @@ func (f *requeueMatchingFlags) run(ctx context.Context, e *env) error {
 	return nil
 }
 
-// bulkTable writes a bulk requeue's items and totals for a terminal.
-func bulkTable(w io.Writer, res quarantine.BulkResult) error {
+// bulkTable writes a bulk requeue's totals for a terminal, after its
+// items if list is set: a run lists what it did, a dry run only counts
+// unless asked, since its lines would bury the totals.
+func bulkTable(w io.Writer, res quarantine.BulkResult, list bool) error {
+	if !list {
+		return bulkTotals(w, res)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ITEM\tACTION\tREFUSAL\tMAPPING VERSION\tSUCCESSOR")
 	for _, it := range res.Items {
@@ -138,6 +145,11 @@ func bulkTable(w io.Writer, res quarantine.BulkResult) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	return bulkTotals(w, res)
+}
+
+// bulkTotals writes a bulk requeue's totals on one line.
+func bulkTotals(w io.Writer, res quarantine.BulkResult) error {
 	t := res.Totals
 	fmt.Fprintf(w, "requeued %d, readdressed %d, refused %d", t.Requeued, t.Readdressed, t.Refused)
 	for code, n := range t.RefusedBy {

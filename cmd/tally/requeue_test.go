@@ -60,7 +60,15 @@ func TestRequeueMatchingCommand(t *testing.T) {
 
 	code, out, errs := requeue("--tenant", "acme", "--dry-run")
 	require.Equal(t, 0, code, errs)
-	require.Contains(t, out, "requeued 0, readdressed 0, refused 1000 (still_ineligible 1000) — dry run: nothing changed")
+	require.Equal(t, "requeued 0, readdressed 0, refused 1000 (still_ineligible 1000) — dry run: nothing changed\n", out,
+		"a dry run counts; its items only with --list")
+	code, out, errs = requeue("--tenant", "acme", "--dry-run", "--list", "--limit", "3")
+	require.Equal(t, 0, code, errs)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.Len(t, lines, 5, out) // the header, three items, the totals
+	require.True(t, strings.HasPrefix(lines[0], "ITEM "), out)
+	require.Contains(t, lines[1], "still_ineligible")
+	require.Equal(t, "requeued 0, readdressed 0, refused 3 (still_ineligible 3) — dry run: nothing changed", lines[4])
 	code, _, errs = requeue("--tenant", "acme")
 	require.Equal(t, 1, code)
 	require.Contains(t, errs, "1000 of 1000 items refused")

@@ -34,6 +34,10 @@ func serveCommand() command {
 type devFlags struct {
 	// simListen is the simulator's address: as asked for, then as bound.
 	simListen string
+	// simFaults are the simulator's faults (--sim-fault).
+	simFaults simFaults
+	// simStarted is set once prepare has started the simulator.
+	simStarted bool
 }
 
 // devCommand is tally dev: the service on embedded defaults, with the
@@ -45,6 +49,8 @@ func devCommand() command {
 
 func (f *devFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.simListen, "sim-listen", "127.0.0.1:12111", "the built-in Stripe simulator's address (when STRIPE_API_KEY is unset)")
+	fs.Var(&f.simFaults, "sim-fault", "a fault of the built-in simulator as NAME=VALUE, e.g. lose-reply=0.1 or latency=200ms (repeatable; NAME: "+
+		f.simFaults.names()+", as tally stripe-sim's flags)")
 }
 
 // The demo of tally dev: features mapped to the simulator's meters, and
@@ -95,9 +101,12 @@ func (f *devFlags) prepare(_ context.Context, cfg *config.Config, _ io.Writer) (
 		cfg.WindowGrace = 5 * time.Second
 	}
 	if cfg.StripeAPIKey != "" {
+		if f.simFaults.given {
+			return nil, errors.New("--sim-fault is for the built-in simulator, which dev does not start with STRIPE_API_KEY set")
+		}
 		return nil, nil
 	}
-	sim := stripesim.New(stripesim.Options{})
+	sim := stripesim.New(stripesim.Options{Limits: stripesim.Limits{Faults: f.simFaults.faults}})
 	for _, d := range demoFeatures {
 		sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{DisplayName: d.name, EventName: d.event, Formula: string(d.agg)})
 	}
@@ -113,7 +122,7 @@ func (f *devFlags) prepare(_ context.Context, cfg *config.Config, _ io.Writer) (
 	// The simulator serves the v2 meter event stream on the same address.
 	cfg.StripeAPIKey, cfg.StripeAPIBase = stripesim.DefaultKey, "http://"+ln.Addr().String()
 	cfg.StripeMeterEventsBase = cfg.StripeAPIBase
-	f.simListen = ln.Addr().String()
+	f.simListen, f.simStarted = ln.Addr().String(), true
 	// The simulator is the event destination's sender too: its meter error
 	// reports reach POST /v1/stripe/events, signed with the dev secret.
 	if cfg.StripeWebhookSecret == "" {
@@ -198,9 +207,10 @@ func (f *devFlags) writeDevEnv(e *env) (string, error) {
 }
 
 // simulated reports whether this node sends to the simulator tally dev
-// started.
+// started: not to one of the same address it did not start (a tally
+// stripe-sim of STRIPE_API_BASE, say).
 func (f *devFlags) simulated(e *env) bool {
-	return e.cfg.StripeAPIBase == "http://"+f.simListen
+	return f.simStarted && e.cfg.StripeAPIBase == "http://"+f.simListen
 }
 
 // devTokens returns the admin token (the configured one, or one kept in the
@@ -267,8 +277,15 @@ func (f *devFlags) printReady(e *env, addr, admin, ingest, envFile string) {
 	if f.simulated(e) {
 		fmt.Fprintf(w, "Stripe:       the built-in simulator at http://%s (recorded events: http://%s/_sim/events)\n", f.simListen, f.simListen)
 		fmt.Fprintf(w, "Demo:         tenants acme and globex; features api_calls (sum, 1m windows), seats (last, 1m), logins (count, sent per event)\n")
+	} else {
+		// No demo is mapped and no simulator records: the token, not the
+		// demo's commands.
+		fmt.Fprintf(w, "Stripe:       STRIPE_API_KEY's account at %s (no simulator started, no demo mapped)\n", e.cfg.StripeAPIBase)
+		if ingest != "" {
+			fmt.Fprintf(w, "Ingest token: %s\n", ingest)
+		}
 	}
-	if ingest != "" {
+	if ingest != "" && f.simulated(e) {
 		fmt.Fprintf(w, "\nPost usage:\n  curl -sS -X POST http://%s/v1/usage -H 'Authorization: Bearer %s' \\\n", addr, ingest)
 		fmt.Fprintf(w, "    -d '{\"events\":[{\"id\":\"demo-'$(date +%%s%%N)'\",\"tenant\":\"acme\",\"feature\":\"logins\",\"value\":1},\n")
 		fmt.Fprintf(w, "                   {\"id\":\"demo-'$(date +%%s%%N)'-b\",\"tenant\":\"acme\",\"feature\":\"api_calls\",\"value\":5}]}'\n")

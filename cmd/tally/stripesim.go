@@ -43,16 +43,64 @@ func (f *stripeSimFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.limits.BasicRatePerSecond, "basic-rate", 0, "calls a second, every kind together, before 429: Stripe's basic limit (0: no limit)")
 	fs.Float64Var(&f.limits.EndpointRatePerSecond, "endpoint-rate", 0, "calls a second per endpoint before 429, meter events aside (Stripe: 25; 0: no limit)")
 	fs.BoolVar(&f.limits.AsyncValidation, "async-validation", false, "v1 answers 200 to an event that fails validation Stripe may make later (unknown customer, …) and reports it")
-	fs.Float64Var(&f.limits.Faults.FailBeforeRecord, "fail-before-record", 0, "probability of a 500 before recording (kept for its Idempotency-Key)")
-	fs.Float64Var(&f.limits.Faults.FailAfterRecord, "fail-after-record", 0, "probability of recording, then answering 500 (kept for its Idempotency-Key)")
-	fs.Float64Var(&f.limits.Faults.LoseReply, "lose-reply", 0, "probability of recording, then answering 502 (a lost reply)")
-	fs.Float64Var(&f.limits.Faults.RateLimitFault, "rate-limit-fault", 0, "probability of a 429 without recording")
-	fs.Float64Var(&f.limits.Faults.Hang, "hang", 0, "probability of not answering until the client gives up")
-	fs.Float64Var(&f.limits.Faults.AsyncDrop, "async-drop", 0, "probability of answering 200 and dropping the event later")
-	fs.DurationVar(&f.limits.Faults.Latency, "latency", 0, "added latency of every meter-event call and stream request")
-	fs.Float64Var(&f.limits.Faults.ReadFault, "read-fault", 0, "probability of a 500 or 429 to a read (meters, summaries)")
+	registerFaults(fs, &f.limits.Faults)
 	fs.StringVar(&f.webhookURL, "webhook-url", "", "post meter error reports as signed thin events here (e.g. http://127.0.0.1:8080/v1/stripe/events)")
 	fs.StringVar(&f.webhookSecret, "webhook-secret", devWebhookSecret, "the signing secret of those events (Tally's STRIPE_WEBHOOK_SECRET)")
+}
+
+// registerFaults registers the simulator's fault switches on fs, into
+// faults: tally stripe-sim's flags, and the names tally dev's --sim-fault
+// takes.
+func registerFaults(fs *flag.FlagSet, faults *stripesim.Faults) {
+	fs.Float64Var(&faults.FailBeforeRecord, "fail-before-record", 0, "probability of a 500 before recording (kept for its Idempotency-Key)")
+	fs.Float64Var(&faults.FailAfterRecord, "fail-after-record", 0, "probability of recording, then answering 500 (kept for its Idempotency-Key)")
+	fs.Float64Var(&faults.LoseReply, "lose-reply", 0, "probability of recording, then answering 502 (a lost reply)")
+	fs.Float64Var(&faults.RateLimitFault, "rate-limit-fault", 0, "probability of a 429 without recording")
+	fs.Float64Var(&faults.Hang, "hang", 0, "probability of not answering until the client gives up")
+	fs.Float64Var(&faults.AsyncDrop, "async-drop", 0, "probability of answering 200 and dropping the event later")
+	fs.DurationVar(&faults.Latency, "latency", 0, "added latency of every meter-event call and stream request")
+	fs.Float64Var(&faults.ReadFault, "read-fault", 0, "probability of a 500 or 429 to a read (meters, summaries)")
+}
+
+// simFaults is tally dev's --sim-fault: the simulator's fault switches, as
+// NAME=VALUE with the names of tally stripe-sim's fault flags.
+type simFaults struct {
+	faults stripesim.Faults
+	fs     *flag.FlagSet
+	given  bool
+}
+
+func (s *simFaults) switches() *flag.FlagSet {
+	if s.fs == nil {
+		s.fs = flag.NewFlagSet("sim-fault", flag.ContinueOnError)
+		registerFaults(s.fs, &s.faults)
+	}
+	return s.fs
+}
+
+// names lists the fault switches, for the flag's usage and its errors.
+func (s *simFaults) names() string {
+	var names []string
+	s.switches().VisitAll(func(fl *flag.Flag) { names = append(names, fl.Name) })
+	return strings.Join(names, ", ")
+}
+
+func (s *simFaults) String() string { return "" }
+
+// Set sets one switch from NAME=VALUE.
+func (s *simFaults) Set(v string) error {
+	name, value, ok := strings.Cut(v, "=")
+	if !ok {
+		return fmt.Errorf("want NAME=VALUE, NAME one of %s", s.names())
+	}
+	if s.switches().Lookup(name) == nil {
+		return fmt.Errorf("no fault %q: the faults are %s", name, s.names())
+	}
+	if err := s.switches().Set(name, value); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	s.given = true
+	return nil
 }
 
 // run serves the simulator until ctx is done.
