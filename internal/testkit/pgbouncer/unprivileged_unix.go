@@ -5,29 +5,25 @@ package pgbouncer
 import (
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"syscall"
+
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
-// unprivileged makes cmd die with the test process and run as the test cluster's user (postgres, else
-// nobody) when the tests run as root, PgBouncer refusing to run as root,
-// and gives that user dir and the files in it.
+// unprivileged makes cmd die with the test process and run as the test
+// cluster's user (testdb.ClusterUser) when the tests run as root, PgBouncer
+// refusing to run as root, and gives that user dir and the files in it.
 func unprivileged(cmd *exec.Cmd, dir string) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	setPdeathsig(cmd.SysProcAttr)
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	u, err := user.Lookup("postgres")
+	uid, gid, err := testdb.ClusterUser()
 	if err != nil {
-		if u, err = user.Lookup("nobody"); err != nil {
-			return err
-		}
+		return err
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
