@@ -3,8 +3,8 @@
 // serve's workload pools, the commands' pool, a diagnosis's, and the tests'
 // and benchmarks' pools, so that what is measured is what runs.
 //
-// They are the database's defaults (ALTER DATABASE … SET, which migration
-// 44 and the tests' databases apply), never startup parameters: a
+// They are the database's defaults (ALTER DATABASE … SET, which the
+// migrations and the tests' databases apply), never startup parameters: a
 // connection pooler such as PgBouncer refuses a startup parameter it does
 // not know (or, told to ignore it, drops it), while a database's defaults
 // hold in every session on it, through a pooler or not.
@@ -30,20 +30,16 @@ type Setting struct{ Name, Value string }
 //
 //   - jit=off. Every statement Tally runs is built to read little: a claim
 //     batch, a report of one month. Postgres's JIT compiles a statement
-//     whose estimated cost passes jit_above_cost (100,000 by default) —
-//     and a statement over a table with a long history gets such
-//     estimates. Once ANALYZE had seen the current month, the
-//     completeness report beside 2 million ledger rows was estimated at
-//     0.7–2.6 million and spent 1.5–1.8 s compiling to run 12 ms of work
-//     (docs/performance.md, "Measured once analysed"). A routine
-//     statement never runs long enough to pay a compilation back.
-//   - max_parallel_workers_per_gather=0, for the same estimates: beside 20
-//     million ledger rows the analysed statistics put the current month
-//     at 77,933 events where there were 1,070, and the completeness
-//     report's scan of them became a parallel one whose workers cost more
-//     to start than they saved (the same section). Tally's statements
-//     read a month, a batch or an hour; on the two cores it is sized for,
-//     a worker takes a core from the deliverers besides.
+//     whose estimated cost passes jit_above_cost, and a table with a long
+//     history inflates estimates past it: the report then spends far
+//     longer compiling than running. A routine statement never runs long
+//     enough to pay a compilation back.
+//   - max_parallel_workers_per_gather=0, for the same estimates: a
+//     parallel scan of a month the statistics overestimate costs more to
+//     start than it saves, and on a small machine a worker takes a core
+//     from the deliverers.
+//
+// docs/performance.md ("Measured once analysed") has the figures.
 func Settings() []Setting {
 	return []Setting{{"jit", "off"}, {"max_parallel_workers_per_gather", "0"}}
 }
@@ -76,7 +72,7 @@ type Querier interface {
 }
 
 // Missing returns, as name=value, the settings a session on q does not
-// start with: the database lacks the defaults (migration 44 sets them only
+// start with: the database lacks the defaults (the migrations set them only
 // when the migrating role owns the database), or the URL overrides them.
 func Missing(ctx context.Context, q Querier) ([]string, error) {
 	var missing []string

@@ -284,7 +284,7 @@ func stripeCheck(ctx context.Context, d Deps) *Result {
 		switch status {
 		case http.StatusUnauthorized:
 			r.Detail = "the key was refused (401): " + describe(why)
-			r.Fix = "check STRIPE_API_KEY: Stripe does not take it (rolled, deleted, mistyped, or a restricted key's restrictions refuse this node); set it to a current key of the account"
+			r.Fix = "check STRIPE_API_KEY: Stripe does not take it (rolled, deleted or mistyped; a restricted key's missing permissions answer 403 instead); set it to a current key of the account"
 		case http.StatusForbidden:
 			r.Fix = "the key may not read meters or the account: give a restricted key meter events (write) and meters, event summaries and customers (read), or fix STRIPE_ACCOUNT"
 		default:

@@ -110,7 +110,7 @@ func URL(t testing.TB) string {
 		t.Fatalf("testdb: creating database %s: %v", name, err)
 	}
 	// A copy does not inherit its template's defaults: set pgsession's, as
-	// migration 44 did on the template.
+	// the migrations did on the template.
 	for _, s := range pgsession.Statements(name) {
 		if _, err := srv.admin.Exec(ctx, s); err != nil {
 			t.Fatalf("testdb: setting database %s's session defaults: %v", name, err)
