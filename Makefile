@@ -1,8 +1,31 @@
 # The project's test command is `make test` (README.md); .ci/run runs it.
 
-.PHONY: test lint cross unit isolation fuzz bench bench-durable bench-month image
+.PHONY: test check lint cross unit isolation fuzz times times-reset bench bench-durable bench-month image
 
-test: lint cross unit isolation fuzz
+SHELL := bash
+.SHELLFLAGS := -o pipefail -c
+
+# Each test step's output is kept in TESTLOG as well; `times` prints the
+# packages' times from it, slowest first.
+TESTLOG := $(CURDIR)/artifacts/test.log
+record = 2>&1 | tee -a $(TESTLOG)
+
+test: times-reset lint cross unit isolation fuzz times
+
+# The edit-test loop: vet and the tests in short mode, which skips the
+# load tests (chaos, bulk, the slow-client timeouts, the isolation run);
+# no lint, cross builds or fuzzing. `make test` is what CI runs.
+check: times-reset
+	go vet ./...
+	go test -short ./... $(record)
+	@$(MAKE) --no-print-directory times
+
+times-reset:
+	@mkdir -p $(dir $(TESTLOG)); : > $(TESTLOG)
+
+times:
+	@echo "package times, slowest first (all of the output: $(TESTLOG)):"
+	@grep -E $$'^(ok|FAIL)[ \t]+[^ \t]+\t' $(TESTLOG) | sort -t$$'\t' -k3 -gr | awk -F'\t' '{sub(/ +$$/, "", $$1); printf "  %-4s %9s  %s\n", $$1, $$3, $$2}'
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
@@ -26,13 +49,13 @@ cross:
 # The Helm chart's test is a module of its own (deploy/helm/go.mod): Helm's
 # and Kubernetes' packages stay out of Tally's.
 unit:
-	go test ./...
-	cd deploy/helm && go test ./...
+	go test ./... $(record)
+	cd deploy/helm && go test ./... $(record)
 
 # The isolation test (1M ledger rows, 40 concurrent reports while usage is
 # posted) on its own, after the other tests: it loads both cores.
 isolation:
-	TALLY_ISOLATION_TEST=1 go test ./cmd/tally/app -run '^TestReportsOfReadOnlyTokensDoNotStopIngestOrRiver$$' -count=1 -v
+	TALLY_ISOLATION_TEST=1 go test ./cmd/tally/app -run '^TestReportsOfReadOnlyTokensDoNotStopIngestOrRiver$$' -count=1 -v $(record)
 
 # A brief run of every fuzz target. The budget is a count of executions,
 # not a duration: Go 1.26's coordinator can report a spurious "context
@@ -41,11 +64,11 @@ isolation:
 # Minimising new inputs is off: it can stall on one large input; a failure
 # is still reported, with its input, unminimised.
 fuzz:
-	go test ./meter -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 30000x -fuzzminimizetime 0
-	go test ./mappings -run '^$$' -fuzz '^FuzzFeatureInput$$' -fuzztime 20000x -fuzzminimizetime 0
-	go test ./exporter -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 20000x -fuzzminimizetime 0
-	go test ./exporter -run '^$$' -fuzz '^FuzzClassifyReport$$' -fuzztime 20000x -fuzzminimizetime 0
-	go test ./api/webhookfuzz -run '^$$' -fuzz '^FuzzStripeEvent$$' -fuzztime 20000x -fuzzminimizetime 0
+	go test ./meter -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 30000x -fuzzminimizetime 0 $(record)
+	go test ./mappings -run '^$$' -fuzz '^FuzzFeatureInput$$' -fuzztime 20000x -fuzzminimizetime 0 $(record)
+	go test ./exporter -run '^$$' -fuzz '^FuzzClassify$$' -fuzztime 20000x -fuzzminimizetime 0 $(record)
+	go test ./exporter -run '^$$' -fuzz '^FuzzClassifyReport$$' -fuzztime 20000x -fuzzminimizetime 0 $(record)
+	go test ./api/webhookfuzz -run '^$$' -fuzz '^FuzzStripeEvent$$' -fuzztime 20000x -fuzzminimizetime 0 $(record)
 
 # The benchmarks behind docs/performance.md, on the tests' throwaway cluster
 # (tmpfs, fsync off: CPU and protocol costs). The ingest benchmarks start a

@@ -66,6 +66,9 @@ func quarantineCounts(t *testing.T, h *harness, op string, n int) {
 // Issue 16's acceptance: 1,000 quarantined items requeued in one call,
 // after a dry run that changed nothing; refusals of a bad request first.
 func TestBulkRequeueOfAThousandItemsInOneCall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("requeues a thousand items: a load test")
+	}
 	t.Parallel()
 	h := newHarness(t, true)
 	op := h.as(h.token("operator", auth.RoleOperator))

@@ -32,6 +32,9 @@ import (
 //
 // It takes the 100 s that 2,000 adjustments need at 20 a second.
 func TestBulkCancellationKeepsToItsClass(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cancels thousands of events at Stripe's rate: a load test")
+	}
 	t.Parallel()
 	const (
 		liveKey    = "sk_live_51SimBulkCancellation"

@@ -28,6 +28,9 @@ type syncBuffer = syncbuf.Buffer
 // curl line, and the usage that line posts reaches the simulator: the count
 // feature at once, the sum feature when its minute window closes.
 func TestDev(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a minute window to close")
+	}
 	t.Parallel()
 	d := startDev(t)
 	d.checkReady()

@@ -24,6 +24,9 @@ import (
 // form still works as before; tally items list reads with the API's
 // filters.
 func TestRequeueMatchingCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("requeues a thousand items: a load test")
+	}
 	t.Parallel()
 	sim := stripesim.New(stripesim.Options{})
 	srv := httptest.NewServer(sim.Handler())
