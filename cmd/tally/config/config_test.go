@@ -3,9 +3,7 @@ package config_test
 import (
 	"flag"
 	"io"
-	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -199,49 +197,6 @@ func TestRestrictedKeyRefusedWhereV2IsNeeded(t *testing.T) {
 	require.True(t, config.RestrictedKey("rk_live_x"))
 	require.False(t, config.RestrictedKey("sk_live_x"))
 	require.False(t, config.RestrictedKey(""))
-}
-
-// TestDocsConfigurationTableMatchesTheSettings keeps the configuration
-// table of docs/configuration.md a checked copy of the settings, not a
-// second source: every setting has its row, under its variable and flag,
-// with the default the help prints ("unset…" for a setting without one).
-func TestDocsConfigurationTableMatchesTheSettings(t *testing.T) {
-	t.Parallel()
-	table, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "configuration.md"))
-	require.NoError(t, err)
-	row := regexp.MustCompile("(?m)^\\| `([A-Z_]+)` \\| `--([a-z-]+)` \\| ([^|]+) \\|")
-	type entry struct{ env, def string }
-	documented := map[string]entry{}
-	for _, m := range row.FindAllStringSubmatch(string(table), -1) {
-		documented[m[2]] = entry{env: m[1], def: strings.TrimSpace(m[3])}
-	}
-	envOf := regexp.MustCompile(`\(env ([A-Z_]+)\)`)
-	defOf := regexp.MustCompile(`\(default "([^"]*)"\)$`)
-	fs := flag.NewFlagSet("test", flag.ContinueOnError)
-	config.Flags(fs, func(string) string { return "" })
-	n := 0
-	fs.VisitAll(func(f *flag.Flag) {
-		n++
-		doc, ok := documented[f.Name]
-		if !ok {
-			t.Errorf("docs/configuration.md's table has no row for --%s", f.Name)
-			return
-		}
-		if m := envOf.FindStringSubmatch(f.Usage); m == nil || m[1] != doc.env {
-			t.Errorf("docs/configuration.md names --%s's variable %s; the setting's usage says %q", f.Name, doc.env, f.Usage)
-		}
-		def := ""
-		if m := defOf.FindStringSubmatch(f.Usage); m != nil {
-			def = m[1]
-		}
-		switch {
-		case def == "" && !strings.HasPrefix(doc.def, "unset"):
-			t.Errorf("--%s has no default; docs/configuration.md says %s", f.Name, doc.def)
-		case def != "" && !strings.HasPrefix(doc.def, "`"+def+"`"):
-			t.Errorf("--%s's default is %q; docs/configuration.md says %s", f.Name, def, doc.def)
-		}
-	})
-	require.Greater(t, n, 30, "the settings were not registered")
 }
 
 func TestLateUsageSettings(t *testing.T) {
