@@ -23,10 +23,10 @@ import (
 // for the v1 exporter before it existed are still sent by the v1 deliverer,
 // on the Adjust class too (StripeV1.PaceAdjustments). Stripe takes a
 // cancellation only within 24 hours of receiving the event; the item's
-// deadline is the caller's to keep (docs/design.md, "Cancellations").
+// deadline is the caller's to keep (docs/design.md).
 //
 // What a second cancellation of one identifier answers is not documented
-// (docs/stripe.md §9), and a resend after a crash is exactly that: no
+// (docs/stripe.md), and a resend after a crash is exactly that: no
 // answer to an adjustment is proof. A 2xx is accepted — Stripe took the
 // request; its status may still be pending — and reconciliation decides by
 // the event's absence from the summaries. Every 4xx Tally does not read as
@@ -129,7 +129,7 @@ func probeWindow(item outbox.Lease) int {
 // same request under the earlier attempts' Idempotency-Keys, oldest first
 // (probeWindow of them). Stripe keeps the first answer to a key for 24
 // hours, the adjustment's own window, and replays it to a request with the
-// same key and parameters (docs/stripe.md §2); a key that was never
+// same key and parameters (docs/stripe.md); a key that was never
 // carried out is carried out now, which cancels nothing twice. A 2xx under
 // any of them is accepted, as any 2xx is (it proves nothing;
 // reconciliation decides by absence). A kept 500 or a 4xx under a key says
@@ -149,8 +149,7 @@ func probeWindow(item outbox.Lease) int {
 // the attempts Stripe refused. Newest first would let each retried probe
 // push the attempt that cancelled out of the window: a lost reply, then
 // three attempts whose probes of it met a 502 or a 429, and the fourth
-// quarantined a cancellation Stripe had carried out
-// (TestCancelAdjustmentsSurviveKills found it).
+// would quarantine a cancellation Stripe had carried out.
 //
 // The item's own call goes out on the slot the deliverer paid for before
 // the claim (on a slot of its own, PaceAdjustments, when the deliverer's
@@ -193,8 +192,8 @@ func (e *StripeV1) sendAdjustment(ctx context.Context, item outbox.Lease) outbox
 
 // kept5xx reports whether a 5xx is one Stripe keeps for its key and
 // replays: marked Idempotent-Replayed, or Stripe-Should-Retry: false, which
-// Stripe sets on a 500 its idempotency layer would replay (docs/stripe.md
-// §2). A 5xx without either — a proxy's 502, a fresh failure — may hide an
+// Stripe sets on a 500 its idempotency layer would replay (docs/stripe.md).
+// A 5xx without either — a proxy's 502, a fresh failure — may hide an
 // answer still to come: the probe learnt nothing, and the item is retried.
 func kept5xx(a Answer) bool {
 	return a.Status >= 500 && (a.Replayed || (a.ShouldRetry != nil && !*a.ShouldRetry))
