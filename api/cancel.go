@@ -30,7 +30,7 @@ type cancelResponse struct {
 
 // postCancellations is POST /v1/usage/cancellations: earlier events, by
 // tenant and id, are cancelled in one transaction (meter.Stager.Cancel;
-// docs/design.md, "Cancellations"), each with exactly one outcome. A
+// docs/design.md), each with exactly one outcome. A
 // cancellation is a correction: the token must be allowed to post
 // corrections, and to post for every tenant named. Any problem stores
 // nothing; a cancellation already made answers its first outcome.

@@ -50,7 +50,8 @@ func serveOpenAPI(w http.ResponseWriter, r *http.Request) {
 }
 
 // etagListed reports whether an If-None-Match list names etag or is "*",
-// comparing weakly as RFC 9110 §13.1.2 says (a W/ prefix is ignored).
+// comparing weakly as RFC 9110, section 13.1.2, says (a W/ prefix is
+// ignored).
 func etagListed(list, etag string) bool {
 	for _, tag := range strings.Split(list, ",") {
 		tag = strings.TrimPrefix(strings.TrimSpace(tag), "W/")

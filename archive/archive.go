@@ -59,10 +59,10 @@ type Result struct {
 // records it as written. It refuses (a *Refusal) a period that is not
 // closed, whose items are not all terminal, with open discrepancies, whose
 // report does not hold, or that has a verified or detached archive (unless
-// cfg.NewGeneration); see docs/archive.md, "When a period may be
-// archived". It reads one REPEATABLE READ snapshot, so the files, the id
-// ranges and the completeness totals describe the same instant, and it
-// changes nothing but the archives table and the audit log.
+// cfg.NewGeneration; docs/archive.md says why). It reads one REPEATABLE
+// READ snapshot, so the files, the id ranges and the completeness totals
+// describe the same instant, and it changes nothing but the archives table
+// and the audit log.
 func Archive(ctx context.Context, pool *pgxpool.Pool, period string, cfg Config) (Result, error) {
 	from, to, err := cfg.check(period)
 	if err != nil {

@@ -27,7 +27,7 @@ const (
 // archive and tally archive verify run under unless GOMEMLIMIT sets one:
 // their live heap is about one row group of one file whatever the month's
 // size, and the limit keeps the garbage collector's slack from growing it
-// (docs/performance.md, "Archive and verify of a month").
+// (docs/performance.md).
 const MemoryLimit = 192 << 20
 
 // schemaOf is the Parquet schema of f: every column optional (NULL is

@@ -6,7 +6,7 @@ import (
 )
 
 // Event is one usage event, as POST /v1/usage takes it. Tally validates it:
-// see docs/usage.md, "Posting usage", for the rules.
+// docs/usage.md has the rules.
 type Event struct {
 	// ID is the caller's id of the event, unique per tenant: 1 to 128
 	// printable ASCII characters. Posting an id again with the same content

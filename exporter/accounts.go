@@ -27,7 +27,7 @@ import (
 // attempt, every other account's items keep flowing, and a probe (GET
 // /v1/account for it, paced by the budget's Other class) every
 // AccountProbeEvery finds when access is back. A refusal of the node's own
-// destination, or a 401 (the key itself), stalls the whole node as before
+// destination, or a 401 (the key itself), stalls the whole node
 // (Resolver.KeyRefused).
 
 // AccountProbeEvery is how often a stalled connected account is probed.

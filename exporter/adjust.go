@@ -23,10 +23,10 @@ import (
 // for the v1 exporter before it existed are still sent by the v1 deliverer,
 // on the Adjust class too (StripeV1.PaceAdjustments). Stripe takes a
 // cancellation only within 24 hours of receiving the event; the item's
-// deadline is the caller's to keep (docs/design.md, "Cancellations").
+// deadline is the caller's to keep (docs/design.md).
 //
 // What a second cancellation of one identifier answers is not documented
-// (docs/stripe.md §9), and a resend after a crash is exactly that: no
+// (docs/stripe.md), and a resend after a crash is exactly that: no
 // answer to an adjustment is proof. A 2xx is accepted — Stripe took the
 // request; its status may still be pending — and reconciliation decides by
 // the event's absence from the summaries. Every 4xx Tally does not read as
@@ -121,46 +121,34 @@ func probeWindow(item outbox.Lease) int {
 // sendAdjustment posts a cancellation item's adjustment and classifies the
 // answer (ClassifyAdjustment).
 //
-// A resend that Stripe refuses with a 4xx Tally cannot read is most often
-// the second cancellation of an identifier: an earlier attempt of the item
-// was carried out, but its answer never came back — a lost reply, a
-// timeout, a crash between sending and recording. Before quarantining it,
-// sendAdjustment asks Stripe what the earlier attempts got: it resends the
-// same request under the earlier attempts' Idempotency-Keys, oldest first
-// (probeWindow of them). Stripe keeps the first answer to a key for 24
-// hours, the adjustment's own window, and replays it to a request with the
-// same key and parameters (docs/stripe.md §2); a key that was never
-// carried out is carried out now, which cancels nothing twice. A 2xx under
-// any of them is accepted, as any 2xx is (it proves nothing;
-// reconciliation decides by absence). A kept 500 or a 4xx under a key says
-// nothing of that attempt, and the next key is asked. A probe without an
-// answer, a 5xx Stripe did not keep (a proxy's 502: kept5xx), a conflict
-// (that attempt is still being executed), a limiter's 429 or the key's or
-// account's refusal ends the probing: the item is retried and the next
-// attempt asks again. Only when every key asked answers a refusal or a
-// kept 500 is the item quarantined provider_refused, with its own
-// attempt's answer.
+// A resend refused with a 4xx Tally cannot read is most often a second
+// cancellation: an earlier attempt was carried out but its answer never
+// came back (a lost reply, a timeout, a crash before recording). Before
+// quarantining, sendAdjustment resends the same request under the earlier
+// attempts' Idempotency-Keys, oldest first (probeWindow of them): Stripe
+// replays the first answer to a key for 24 hours, the adjustment's own
+// window, and carries out a key it never executed, which cancels nothing
+// twice (docs/stripe.md). A 2xx under any key is accepted, as any 2xx is
+// (reconciliation decides by absence). A kept 500 or a 4xx says nothing of
+// that attempt: the next key is asked. Anything else — no answer, a 5xx
+// Stripe did not keep (kept5xx), a conflict, a limiter's 429, the key's or
+// the account's refusal — ends the probing, and the item is retried. Only
+// when every key asked answers a refusal or a kept 500 is the item
+// quarantined provider_refused, with its own attempt's answer.
 //
-// Oldest first, because only one key can hold the success: the first
-// attempt Stripe executed cancelled the event, and every one executed
-// after it was refused. The keys before it are attempts Stripe never
-// executed (refused with a 429, failed before executing, killed before
-// sending), so the window is anchored at the first attempt and widened by
-// the attempts Stripe refused. Newest first would let each retried probe
-// push the attempt that cancelled out of the window: a lost reply, then
-// three attempts whose probes of it met a 502 or a 429, and the fourth
-// quarantined a cancellation Stripe had carried out
-// (TestCancelAdjustmentsSurviveKills found it).
+// Oldest first, because only the first attempt Stripe executed can hold
+// the success, and the attempts before it were never executed (refused
+// with a 429, failed, killed before sending): the window is anchored at
+// the first attempt and widened by those refusals. Newest first would let
+// retried probes push the attempt that cancelled out of the window.
 //
-// The item's own call goes out on the slot the deliverer paid for before
-// the claim (on a slot of its own, PaceAdjustments, when the deliverer's
-// class is not the Adjust class). Each probe waits for a slot of its own
-// (PaceProbes); every
-// call has its own request timeout, and no probe starts unless a whole
-// timeout fits before ctx's deadline: the deliverer ends ctx inside the
-// item's lease, so no call of the item is in flight when another claimer
-// may take it over. A probe without a slot, or cut short, is a probe
-// without an answer.
+// The item's own call uses the slot the deliverer paid for before the
+// claim (a slot of its own, PaceAdjustments, when the deliverer's class is
+// not the Adjust class); each probe waits for its own (PaceProbes). No
+// call starts unless a whole request timeout fits before ctx's deadline,
+// which the deliverer sets inside the item's lease, so no call of the item
+// is in flight when another claimer may take it over. A probe without a
+// slot, or cut short, is a probe without an answer.
 func (e *StripeV1) sendAdjustment(ctx context.Context, item outbox.Lease) outbox.Outcome {
 	if item.Payload.Cancels == "" || item.Payload.EventName == "" {
 		return outbox.Outcome{Kind: outbox.Quarantined, Reason: outbox.ReasonProviderRefused, Error: outbox.ErrorInfo{
@@ -193,8 +181,8 @@ func (e *StripeV1) sendAdjustment(ctx context.Context, item outbox.Lease) outbox
 
 // kept5xx reports whether a 5xx is one Stripe keeps for its key and
 // replays: marked Idempotent-Replayed, or Stripe-Should-Retry: false, which
-// Stripe sets on a 500 its idempotency layer would replay (docs/stripe.md
-// §2). A 5xx without either — a proxy's 502, a fresh failure — may hide an
+// Stripe sets on a 500 its idempotency layer would replay (docs/stripe.md).
+// A 5xx without either — a proxy's 502, a fresh failure — may hide an
 // answer still to come: the probe learnt nothing, and the item is retried.
 func kept5xx(a Answer) bool {
 	return a.Status >= 500 && (a.Replayed || (a.ShouldRetry != nil && !*a.ShouldRetry))

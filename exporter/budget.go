@@ -12,8 +12,7 @@ import (
 
 // Stripe's basic rate limit of an account — every API call but, in live
 // mode on the account's own key, the meter-event endpoints, which have
-// limits of their own — and Tally's defaults below it (docs/stripe.md, "Rate
-// limits").
+// limits of their own — and Tally's defaults below it (docs/stripe.md).
 const (
 	// DefaultBasicLiveRate is Tally's share of Stripe's 100 operations a
 	// second in live mode.
@@ -85,7 +84,7 @@ type Budget struct {
 // the node exports to a connected account a tenant mapping names, and
 // Connect meter events count toward the basic limit. Whose basic limit —
 // the connected account's or the platform's — Stripe does not say
-// (docs/stripe.md §9): Tally assumes the worst, one bucket for every
+// (docs/stripe.md): Tally assumes the worst, one bucket for every
 // account the platform's key calls. Idempotent.
 func (b *Budget) connect() {
 	b.events.shared.CompareAndSwap(nil, b.basic)

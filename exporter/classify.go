@@ -68,8 +68,8 @@ const codeDuplicate = "duplicate_meter_event"
 // "Stripe doesn't process these failed requests".
 const codeLockTimeout = "lock_timeout"
 
-// Classify turns a provider's answer into an outcome, per docs/export.md,
-// "What Stripe's answers do" (the sources are in docs/stripe.md):
+// Classify turns a provider's answer into an outcome, per docs/export.md
+// (the sources are in docs/stripe.md):
 //
 //	2xx                                           accepted (provider_ref = Request-Id)
 //	400 duplicate identifier                      accepted
@@ -177,7 +177,7 @@ func statusOutcome(a Answer) outbox.Outcome {
 	case a.Code == codeAccountInvalid && a.Status >= 400 && a.Status <= 499:
 		// account_invalid: the key may not act for the Stripe-Account
 		// destination (never connected, or access revoked). Stripe's pages
-		// give no status for it (docs/stripe.md §8): at any 4xx it is the
+		// give no status for it (docs/stripe.md): at any 4xx it is the
 		// destination's fault, not the item's, and must stall the
 		// destination rather than quarantine every item provider_refused.
 		info.Code = codeAccountRefused

@@ -26,7 +26,7 @@ func (r *delivery) work(ctx context.Context, owner string) {
 			return
 		}
 		// The leases start after this instant, on the database's clock:
-		// measured from here, a send ends before its lease expires.
+		// counted from here, a send ends before its lease expires.
 		end := time.Now().Add(r.sendWindow())
 		leases, err := r.claim(ctx, owner, n, dest, end)
 		if err != nil || len(leases) == 0 {
@@ -97,10 +97,8 @@ func (r *delivery) reserveSlots(ctx context.Context) (n int, ok bool) {
 
 // gatherShare is how many send slots a claim loop of a one-item-a-request
 // exporter waits for before it claims: an eighth of the slots in flight,
-// at most Batch. Waiting for one, as it did, made the loops claim as soon
-// as any send ended, and the faster the claim the smaller the batch (2.2
-// items a claim with the PerKey claim in one round trip, against 5.5
-// before: docs/performance.md, "A claim in one round trip"): more claims,
+// at most Batch. Waiting for one would make the loops claim as soon as any
+// send ended, and the faster the claim the smaller the batch: more claims,
 // each a transaction, for the same items. An eighth keeps the slots held
 // while one loop gathers below one in eight.
 func gatherShare(c DelivererConfig) int {

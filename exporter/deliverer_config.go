@@ -39,15 +39,12 @@ const (
 	// node: 20 requests of StreamMaxEvents.
 	DefaultStreamInFlight = 20 * StreamMaxEvents
 	// DefaultStreamWorkers is how many claim loops the v2 stream's
-	// deliverer runs. Fewer than v1's: on two cores three loops claiming 500
-	// moved the most items a second, ahead of two and four, before the
-	// outbox's state table (migration 23); after it no shape of 2-4 loops
-	// and 500-1,000 items won clearly, and this one moved 20,700-20,900
+	// deliverer runs. Fewer than v1's: one claim fills five requests, and
+	// the stream's benchmark gains nothing from more loops
 	// (docs/performance.md).
 	DefaultStreamWorkers = 3
 	// DefaultStreamBatch is the most items one claim of the v2 stream's
-	// deliverer takes: five requests' worth. Claims of 500 beat claims of
-	// 1,000 (outbox.MaxClaim) at every number of loops measured: with
+	// deliverer takes: five requests' worth, not outbox.MaxClaim: with
 	// DefaultStreamInFlight events in flight, a claim of 1,000 waits for
 	// half the node's slots and the loops take turns instead of overlapping.
 	DefaultStreamBatch = 500
@@ -64,9 +61,8 @@ const (
 	DefaultAdjustBatch    = 10
 	DefaultAdjustInFlight = 10
 	// DefaultStreamRecorders is how many batches of the v2 stream's
-	// outcomes are written at once. One recorder was the stream's bound:
-	// writing 1,000 accepts took 45-50 ms on two cores, its connection
-	// busy 90% of a run at ~20,000 items a second (docs/performance.md).
+	// outcomes are written at once. With one, writing the accepts bounds
+	// the stream: its connection is busy nearly all of a run.
 	DefaultStreamRecorders = 2
 )
 

@@ -115,7 +115,7 @@ func (d *Deliverer) latestPerItem(batch []outbox.Outcome) []outbox.Outcome {
 // meterOf names, on each accepted outcome of batch, the meter its item's
 // event name resolves to in its account (Config.Meters), which the accept
 // records for reconciliation. An unknown meter is left unnamed: the item
-// is compared with its event name's meter, as before meters by id.
+// is compared with its event name's meter.
 func (d *Deliverer) meterOf(ctx context.Context, batch []outbox.Outcome) {
 	if d.cfg.Meters == nil {
 		return

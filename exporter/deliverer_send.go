@@ -133,7 +133,7 @@ func (d *Deliverer) deliverBatch(be BatchExporter, batch []outbox.Lease, dest De
 // outcome says about the key's access. Stripe refusing a connected account
 // (account_invalid, or a 403 on a call for it) stalls that account alone;
 // a 401 is the key's, and any refusal of the node's own destination stalls
-// the node, as before Connect.
+// the node.
 func (d *Deliverer) keySignal(o outbox.Outcome, dest Destination) {
 	acct := o.Lease.DestinationAccount
 	if c := d.cfg.Accounts; c != nil && acct != "" && acct != dest.Account {

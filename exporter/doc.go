@@ -3,8 +3,8 @@
 // meter event stream exporter (StripeStream: sessions, batches of 100) and
 // the meter event adjustments' exporter (StripeAdjustments: cancellations;
 // all on stripe-go, no retries inside the client), the classification of
-// provider answers into outcomes (Classify: docs/export.md, "What Stripe's
-// answers do", with its sources in docs/stripe.md, in one function) and of Stripe's
+// provider answers into outcomes (Classify, in one function: docs/export.md,
+// with its sources in docs/stripe.md) and of Stripe's
 // asynchronous error reports (ClassifyReport), flow control (a Budget per
 // destination: an adaptive token bucket per class of call, Limiter, inside
 // a bucket for Stripe's basic limit), the Deliverer that

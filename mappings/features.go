@@ -37,7 +37,7 @@ const DefaultWindow = time.Hour
 // Exporter names a feature mapping may choose. They mirror
 // exporter.StripeMeterEvents and exporter.StripeMeterEventStream (package
 // mappings does not import package exporter; a test holds them equal), and
-// the CHECK of feature_mappings.exporter (migration 9).
+// the CHECK of feature_mappings.exporter.
 const (
 	// ExporterDefault (empty) leaves the choice to the node: TALLY_EXPORTER.
 	ExporterDefault = ""

@@ -34,7 +34,6 @@ func (e *MeterError) Error() string { return "mappings: " + e.Message }
 // customer_mapping.event_payload_key and value_settings.event_payload_key
 // (stripe-go v82, BillingMeterEventParams.Payload; "Payload key overrides",
 // https://docs.stripe.com/billing/subscriptions/usage-based/recording-usage#payload-key-overrides).
-// Migration 12 gave them to the mappings set before mappings carried keys.
 const (
 	DefaultCustomerPayloadKey = stripeapi.DefaultCustomerPayloadKey
 	DefaultValuePayloadKey    = stripeapi.DefaultValuePayloadKey

@@ -67,7 +67,7 @@ func (s StripeMeters) CheckCustomer(ctx context.Context, account, customerID str
 // to act for account (GET /v1/account with Stripe-Account: account). A
 // key that may not — the account is not connected to the platform, or
 // its owner revoked the platform's access — is answered account_invalid
-// (docs/stripe.md §8), or refused outright (401, 403): meter events for
+// (docs/stripe.md), or refused outright (401, 403): meter events for
 // the account would be refused the same way, and its items would stall.
 func (s StripeMeters) CheckAccount(ctx context.Context, account string) error {
 	err := s.Client.CheckAccess(ctx, account)

@@ -15,7 +15,7 @@ import (
 
 // MaxInvoiceGrace is the longest invoice finalization grace period Stripe
 // lets an account set (https://docs.stripe.com/billing/subscriptions/usage-based/configure-grace-period),
-// and so the longest a tenant mapping may name; the CHECK of migration 26
+// and so the longest a tenant mapping may name; a CHECK on tenant_mappings
 // holds the database to it too.
 const MaxInvoiceGrace = 72 * time.Hour
 
@@ -54,8 +54,8 @@ type TenantInput struct {
 	InvoiceGrace *Duration `json:"invoice_grace"`
 }
 
-// accountPattern is the account ids a tenant mapping may name, as the
-// CHECK of migration 28 holds them (with stripeapi.ValidAccount's length).
+// accountPattern is the account ids a tenant mapping may name, as a CHECK
+// on tenant_mappings holds them (with stripeapi.ValidAccount's length).
 var accountPattern = regexp.MustCompile(`^acct_[A-Za-z0-9_]+$`)
 
 // ValidStripeAccount reports whether a tenant mapping may name account as

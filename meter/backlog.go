@@ -21,9 +21,9 @@ type Backlog struct {
 }
 
 // BacklogCountCap bounds the count of a backlog reading, so that a scrape
-// costs the same however long export has been stalled: counting a
-// million unstaged rows took 50-300 ms, this many a tenth of it. Past it
-// the oldest row's age says how bad the stall is.
+// costs the same however long export has been stalled: a count grows with
+// the rows it reads. Past it the oldest row's age says how bad the stall
+// is.
 const BacklogCountCap = 100_000
 
 // backlogSQL reads both from the partial index usage_events_unstaged_received:

@@ -12,7 +12,7 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// Cancellations (issue 19, part 2; docs/design.md, "Cancellations"). A
+// Cancellations (docs/design.md). A
 // cancellation names an earlier event by tenant and id and ends in exactly
 // one outcome, decided in the caller's transaction with the event's ledger
 // row and the item that carries it locked.
@@ -63,7 +63,7 @@ const (
 const DefaultCancelMargin = time.Hour
 
 // cancelWindow is how long after receiving an event Stripe takes a
-// cancellation of it (docs/stripe.md §7).
+// cancellation of it (docs/stripe.md).
 const cancelWindow = 24 * time.Hour
 
 // CancelResult is what became of one cancellation.

@@ -31,7 +31,7 @@ type Unmapped struct {
 // sqlUnmapped counts, per feature and per tenant without a mapping, the
 // usage events received within a span before the database's clock. The
 // bound is from now(), which is stable, so that the ledger's index on
-// received_at (migration 17) reads the span alone; clock_timestamp(),
+// received_at reads the span alone; clock_timestamp(),
 // volatile, would read the whole ledger.
 const sqlUnmapped = `
 SELECT 'feature', feature, count(*) FROM usage_events e

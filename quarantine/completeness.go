@@ -2,6 +2,7 @@ package quarantine
 
 import (
 	"context"
+	_ "embed"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -98,161 +99,11 @@ type Completeness struct {
 }
 
 // sqlCompleteness attributes every ledger event of the periods starting in
-// [@from, @to) to the state of the item that carries it now. A staged event's
-// period is its item's; an unstaged one's is computed from its tenant's
-// current anchor. Every event falls in exactly one bucket by construction;
-// what can break the identity is an event whose item cannot be followed to a
-// live one ("missing": counted in no bucket) or an item whose value is not
-// the reduction of its events (InconsistentItems).
+// [@from, @to) to the state of the item that carries it now, at a cost
+// linear in the month's events and items; completeness.sql says how.
 //
-// Its cost is linear in the month's events and items, whatever plan the
-// planner picks from statistics that have not seen the month (a fresh
-// month's rows are believed few until the next ANALYZE) or that believe it
-// larger than it is:
-//   - it runs with nested loops off (CompletenessOf's SET LOCAL), so that
-//     no join of two of its parts can be planned as a loop that reads one
-//     part once per row of the other: quadratic in the month. The LATERAL
-//     subqueries below can only be nested loops, and still are: each reads
-//     one index entry a row, or none;
-//   - an item's state and body are read as one range of the primary key
-//     ("span": from the month's smallest item to its largest) and hashed
-//     with the month's items. A month's items are, but for stragglers, a
-//     contiguous run of ids (an item is made when its events are staged),
-//     so the range holds little else; when it holds more than four times
-//     the month's items plus 256, the range is empty and every item is
-//     read by a probe of the primary key instead ("near" found nothing), as
-//     is an item outside the range (a successor made later). One range
-//     read costs what it costs beside any history; a probe an item paid a
-//     B-tree descent in a 5-million-row table each, twice an item: the
-//     report took 1.19–1.25× its time on an empty database beside 20
-//     million ledger rows that way (docs/performance.md, "One range of
-//     items, nested loops off"). Never a join without the range: once
-//     ANALYZE had seen the month, the planner estimated 15,618 events
-//     where there were 400 and merged the month's 100 items with all
-//     500,100 states, read in key order: 0.45–0.63 s beside 2 million
-//     ledger rows, against 13 ms on an empty database (without JIT, which
-//     sessions turn off: internal/pgsession; "Measured once analysed");
-//   - the month's events are grouped by the item that carries them first,
-//     so that each item is read once, not once per event; a tenant's period
-//     anchor is read only for an event not yet staged. The latest event's
-//     value is the greatest array of (microsecond, id, value), a plain
-//     aggregate that hashes: an ordered one (array_agg … ORDER BY) makes
-//     the grouping sort the whole month first;
-//   - "chain" follows all the month's items to the ends of their chains of
-//     successors in one recursive scan, carrying each item's group along,
-//     so nothing has to be joined back to it;
-//     most items have no successor, and their period and value come from
-//     one body row ("live"); the body of the item the events name is read
-//     only for a superseded one;
-//   - a line's ingested total is a window sum over its buckets, not a join
-//     of two aggregates (the same quadratic join: 1.5 ms of a 4.5 ms report
-//     of 100 lines, measured);
-//   - the aggregation in force for an item's mapping version is looked up
-//     once per feature and version among the month's items, not once per
-//     item ("aggregations", one row: a jsonb object an item reads its own
-//     key of). A lookup per item (a LATERAL join) cost 1–4 µs an item,
-//     whichever plan the planner chose for the small versions table: 1.8
-//     ms of a 10.9 ms report of 600 items beside history (EXPLAIN
-//     ANALYZE, docs/performance.md), and a join of the items with a set
-//     of pairs could be planned as the nested loop above.
-//
-// Measured beside 2 million ledger rows of history (BenchmarkHistory's
-// fixture, 400 events in 100 items this month, 31 interleaved runs): 6.8 ms
-// before these changes, 3.8 ms after; 5.7 and 3.6 ms on an empty database.
-const sqlCompleteness = `
-WITH RECURSIVE ev AS (
-    SELECT e.id, e.tenant, e.feature, e.value, e.occurred_at, e.item_id,
-           CASE WHEN e.cancelled_at IS NOT NULL
-                THEN coalesce((SELECT c.outcome FROM usage_cancellations c WHERE c.event_row = e.id), 'withdrawn') END AS cancel,
-           CASE WHEN e.item_id IS NULL THEN tally_period_start(e.occurred_at,
-               coalesce((SELECT t.period_anchor FROM tenant_mappings t WHERE t.tenant = e.tenant), '1970-01-01T00:00:00Z'))
-           END AS unstaged_period
-    FROM usage_events e
-    WHERE e.occurred_at >= @from AND e.occurred_at < @to::timestamptz + interval '32 days'
-      AND (@tenant = '' OR e.tenant = @tenant)
-),
-grouped AS MATERIALIZED (
-    SELECT tenant, feature, item_id, unstaged_period, coalesce(cancel = 'withdrawn', false) AS gone, count(*) AS n, sum(value) AS v,
-           (max(ARRAY[(extract(epoch FROM occurred_at) * 1000000)::bigint, id, value]))[3] AS last_value,
-           count(*) FILTER (WHERE cancel IS NOT NULL) AS cn, coalesce(sum(value) FILTER (WHERE cancel IS NOT NULL), 0) AS cv
-    FROM ev GROUP BY 1, 2, 3, 4, 5
-),
-span AS MATERIALIZED (
-    SELECT lo, CASE WHEN hi - lo < 4 * n + 256 THEN hi ELSE lo - 1 END AS hi
-    FROM (SELECT min(item_id) AS lo, max(item_id) AS hi, count(item_id) AS n FROM grouped) m
-),
-chain (tenant, feature, start, n, v, last_value, cn, cv, id, next, state, depth) AS (
-    SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value, g.cn, g.cv, s.id, s.superseded_by, s.state, 0
-    FROM grouped g
-    LEFT JOIN outbox_item_states near ON near.id = g.item_id
-        AND near.id BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)
-    CROSS JOIN LATERAL (SELECT near.id, near.superseded_by, near.state WHERE near.id IS NOT NULL
-                        UNION ALL
-                        SELECT s.id, s.superseded_by, s.state FROM outbox_item_states s WHERE near.id IS NULL AND s.id = g.item_id) s
-    WHERE NOT g.gone
-    UNION ALL
-    SELECT c.tenant, c.feature, c.start, c.n, c.v, c.last_value, c.cn, c.cv, s.id, s.superseded_by, s.state, c.depth + 1
-    FROM chain c
-    CROSS JOIN LATERAL (SELECT s.id, s.superseded_by, s.state FROM outbox_item_states s WHERE s.id = c.next LIMIT 1) s
-    WHERE c.depth < 1000
-),
-per_item AS (
-    SELECT c.tenant, c.feature, c.start AS item_id, c.n, c.v, c.last_value, c.cn, c.cv, c.state,
-           live.subject_kind, live.mapping_version, (live.payload ->> 'value')::numeric AS live_value, live.destination_account,
-           coalesce((live.payload ->> 'late')::boolean, false) AS late,
-           (CASE WHEN c.id = c.start THEN live.payload ->> 'period'
-                 ELSE (SELECT b.payload ->> 'period' FROM outbox_item_bodies b WHERE b.id = c.start) END)::timestamptz AS period
-    FROM chain c
-    LEFT JOIN outbox_item_bodies near ON near.id = c.id
-        AND near.id BETWEEN (SELECT lo FROM span) AND (SELECT hi FROM span)
-    CROSS JOIN LATERAL (SELECT near.subject_kind, near.mapping_version, near.payload, near.destination_account
-                        WHERE near.id IS NOT NULL
-                        UNION ALL
-                        SELECT b.subject_kind, b.mapping_version, b.payload, b.destination_account
-                        FROM outbox_item_bodies b WHERE near.id IS NULL AND b.id = c.id) live
-    WHERE c.next IS NULL
-    UNION ALL
-    SELECT g.tenant, g.feature, g.item_id, g.n, g.v, g.last_value, 0, 0,
-           CASE WHEN g.gone THEN 'cancelled' WHEN g.item_id IS NULL THEN 'unstaged' ELSE 'missing' END,
-           NULL, NULL, NULL, NULL, false,
-           CASE WHEN g.item_id IS NULL THEN g.unstaged_period
-                ELSE (SELECT (b.payload ->> 'period')::timestamptz FROM outbox_item_bodies b WHERE b.id = g.item_id) END
-    FROM grouped g
-    WHERE g.gone OR g.item_id IS NULL OR NOT EXISTS (SELECT FROM chain c WHERE c.start = g.item_id AND c.next IS NULL)
-),
-aggregations AS (
-    SELECT coalesce(jsonb_object_agg(k.feature || '@' || k.mapping_version,
-               (SELECT fv.aggregation FROM feature_mapping_versions fv
-                WHERE fv.feature = k.feature AND fv.version <= k.mapping_version
-                ORDER BY fv.version DESC LIMIT 1)), '{}') AS of
-    FROM (SELECT DISTINCT feature, mapping_version FROM per_item WHERE mapping_version IS NOT NULL) k
-),
-resolved AS (
-    SELECT p.tenant, p.feature, p.period, p.state, p.n, p.v, p.cn, p.cv, p.late, p.destination_account,
-           CASE
-             WHEN p.subject_kind IS NULL THEN true
-             WHEN p.subject_kind = 'usage_event' THEN p.live_value = p.v AND p.n = 1
-             WHEN (SELECT of FROM aggregations) ->> (p.feature || '@' || p.mapping_version) = 'last'
-               THEN p.live_value = p.last_value
-             ELSE p.live_value = p.v
-           END AS consistent
-    FROM per_item p
-    WHERE p.period >= @from AND p.period < @to
-),
-buckets AS (
-    SELECT tenant, feature, period, state, sum(n - cn) AS n, sum(v - cv) AS v, count(*) FILTER (WHERE NOT consistent) AS bad,
-           coalesce(sum(n - cn) FILTER (WHERE late), 0) AS late_n, coalesce(sum(v - cv) FILTER (WHERE late), 0) AS late_v,
-           coalesce(array_agg(DISTINCT destination_account) FILTER (WHERE destination_account IS NOT NULL), '{}') AS accounts
-    FROM resolved GROUP BY 1, 2, 3, 4
-    UNION ALL
-    SELECT tenant, feature, period, 'cancelled', sum(cn), sum(cv), 0, 0, 0, '{}'
-    FROM resolved WHERE cn > 0 GROUP BY 1, 2, 3
-)
-SELECT tenant, feature, period,
-       (sum(n) OVER line)::bigint, (sum(v) OVER line)::text, state, n::bigint, v::text, bad, late_n::bigint, late_v::text, accounts
-FROM buckets
-WINDOW line AS (PARTITION BY tenant, feature, period)
-ORDER BY 1, 2, 3, 6`
+//go:embed completeness.sql
+var sqlCompleteness string
 
 // TxQuerier is a Querier that opens transactions: a pool, a connection, or
 // a transaction (whose Begin is a savepoint).

@@ -15,8 +15,7 @@ import (
 // events: the primary key's range on period.
 //
 // The counters are written by triggers in the transaction of every write
-// that moves usage (migration 37, docs/reports.md "Counters"); nothing in
-// Go writes them.
+// that moves usage (docs/reports.md); nothing in Go writes them.
 const sqlCounters = `
 SELECT tenant, feature, period, account,
        sum(ingested_events)::bigint, sum(ingested_value)::text,

@@ -8,7 +8,7 @@
 // changed what it must carry and no attempt of it may have reached Stripe.
 //
 // The completeness report is read from counters (completeness_counters
-// and completeness_items, migration 37), which triggers change in the
+// and completeness_items), which triggers change in the
 // transaction of every write that moves usage: O(keys), whatever the
 // month's volume (CompletenessOf). The full computation from the ledger,
 // the outbox and the mappings (LedgerCompletenessOf) is their auditor:

@@ -114,7 +114,7 @@ func (r *Requeuer) RequeueWith(ctx context.Context, db meter.TxBeginner, id int6
 		if it.SubjectKind == outbox.SubjectUsageCancellation {
 			// A cancellation Stripe cannot apply (too late, a last value),
 			// or one whose answer Tally could not read: kept for finance,
-			// never sent again by a requeue (docs/design.md, "Cancellations").
+			// never sent again by a requeue (docs/design.md).
 			return &StillIneligibleError{Reason: it.QuarantineReason}
 		}
 		// The version is checked and the item rebuilt from this one reading

@@ -155,7 +155,7 @@ func compareHour(formula string, items []held, summary float64, found, open bool
 // is skipped (nothing to learn); one of an open period (open) is not: its
 // confirmed items are compared again.
 func classify(items []held, open bool) (skip string, accepted, counted, uncertain []held) {
-	// Cancellations first. No answer to one is proof (docs/stripe.md §7):
+	// Cancellations first. No answer to one is proof (docs/stripe.md):
 	// the event an accepted or confirmed cancellation names is expected
 	// absent, and a match confirms the cancellation too; one pending or
 	// leased holds the hour back; one uncertain or quarantined (a 4xx Tally

@@ -147,7 +147,7 @@ func ParseStatus(s string) (DiscrepancyStatus, error) {
 // them), every one finance resolved, or both — and returns the latest run
 // that succeeded (0 before the first), for reference; else the
 // discrepancies of that run, and run. Either way it reads no history: the
-// open ones are found by the index of the current ones (an hour has one),
+// open ones are read through the index of the current ones (an hour has one),
 // the resolved ones by their resolutions.
 func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status DiscrepancyStatus) (int64, []Discrepancy, error) {
 	var where string

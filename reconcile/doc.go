@@ -29,7 +29,7 @@
 // the key in every run: a later run does not record them again.
 //
 // It also records Stripe's events (Events), however they arrive: posted by
-// the event destination, or found by the hourly listing of every exported
+// the event destination, or read by the hourly listing of every exported
 // account's events (Backfill, a River job). An event about an account
 // Tally exports to is read in its context and recorded once; one about
 // another account is recorded as foreign, one Stripe refuses to let Tally

@@ -237,7 +237,7 @@ func (e *Events) receive(ctx context.Context, db DB, thin stripeapi.Event, fetch
 }
 
 // Record records an event read in full (ev.Data set), about account, as a
-// listing found it: like Receive, without reading it again. An event
+// listing returned it: like Receive, without reading it again. An event
 // recorded before is a duplicate.
 func (e *Events) Record(ctx context.Context, db DB, ev stripeapi.Event, account string, arrival Arrival) (Receipt, error) {
 	from := origin{arrival: arrival, account: account}

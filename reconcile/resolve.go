@@ -68,7 +68,7 @@ func (r ResolutionReason) Fits(kind string) bool {
 type Resolution struct {
 	ID int64 `json:"id"`
 	// Discrepancy is the one that was resolved (this one, or the same
-	// numbers found by another run).
+	// numbers recorded by another run).
 	Discrepancy int64            `json:"discrepancy"`
 	Reason      ResolutionReason `json:"reason"`
 	Note        string           `json:"note"`

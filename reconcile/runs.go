@@ -104,7 +104,7 @@ type Discrepancy struct {
 	// nil while nobody has resolved them (see Resolve).
 	Resolution *Resolution `json:"resolution"`
 	// ClearedByRun is the later run that compared the hour of the key
-	// again (for a refused key: read the key again) and found it matching,
+	// again (for a refused key: read the key again) and saw it match,
 	// or recorded, or found resolved, numbers of its own: this discrepancy
 	// is no longer the current one. nil while it is.
 	ClearedByRun *int64 `json:"cleared_by_run"`

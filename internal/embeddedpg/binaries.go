@@ -22,8 +22,8 @@ var ErrNoBinaries = errors.New("no PostgreSQL server binaries found")
 // platform's usual install locations: /usr/lib/postgresql/*/bin on Linux;
 // on macOS Homebrew's (/opt/homebrew/opt/postgresql@N/bin,
 // /usr/local/opt/postgresql@N/bin, /opt/homebrew/bin, /usr/local/bin) and
-// Postgres.app's (/Applications/Postgres.app/Contents/Versions/*/bin). When
-// nothing is found it returns a one-line error wrapping ErrNoBinaries that
+// Postgres.app's (/Applications/Postgres.app/Contents/Versions/*/bin). If
+// none has them, it returns a one-line error wrapping ErrNoBinaries that
 // says what to install or set.
 func FindBinaries() (string, error) {
 	if dir, ok := binariesOnPATH(); ok {

@@ -1,7 +1,7 @@
 // Package pgsession owns the settings every Postgres session Tally's
 // statements run in starts with, whatever the server's own defaults:
 // serve's workload pools, the commands' pool, a diagnosis's, and the tests'
-// and benchmarks' pools, so that what is measured is what runs.
+// and benchmarks' pools, so that benchmarks plan statements as serve does.
 //
 // They are the database's defaults (ALTER DATABASE … SET, which the
 // migrations and the tests' databases apply), never startup parameters: a
@@ -38,8 +38,6 @@ type Setting struct{ Name, Value string }
 //     parallel scan of a month the statistics overestimate costs more to
 //     start than it saves, and on a small machine a worker takes a core
 //     from the deliverers.
-//
-// docs/performance.md ("Measured once analysed") has the figures.
 func Settings() []Setting {
 	return []Setting{{"jit", "off"}, {"max_parallel_workers_per_gather", "0"}}
 }

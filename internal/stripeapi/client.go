@@ -216,7 +216,7 @@ func (c *Client) For(account string) (*Client, error) {
 
 // CheckAccess asks Stripe whether the key may act for account (GET
 // /v1/account with Stripe-Account: account): nil when Stripe answers that
-// account. A key that may not answers account_invalid (docs/stripe.md §8);
+// account. A key that may not answers account_invalid (docs/stripe.md);
 // any failure is an *Error.
 func (c *Client) CheckAccess(ctx context.Context, account string) error {
 	if !ValidAccount(account) {

@@ -253,7 +253,7 @@ const CodeAccountInvalid = "account_invalid"
 
 // InvalidAccount reports whether err is Stripe's account_invalid: the key
 // may not act for the Stripe-Account of the call. Stripe's pages give the
-// code, not the status (docs/stripe.md §8, §9), so any 4xx counts.
+// code, not the status (docs/stripe.md), so any 4xx counts.
 func InvalidAccount(err error) bool {
 	code, status, _ := Describe(err)
 	return code == CodeAccountInvalid && status >= 400 && status < 500

@@ -39,13 +39,13 @@ type Options struct {
 	// AccountInvalidStatus is the HTTP status of the account_invalid error
 	// a call with a Stripe-Account the key may not use gets (an unknown
 	// account, or one whose access was revoked, RevokeAccess). Stripe's
-	// pages give the code, not the status (docs/stripe.md §9): 403 by
+	// pages give the code, not the status (docs/stripe.md): 403 by
 	// default, the status commonly seen; tests set 400 for the worst case.
 	AccountInvalidStatus int
 	// CancelAgainSucceeds makes a cancellation of an event already
 	// cancelled answer like the first (200, complete) instead of a 400:
 	// Stripe does not document what cancelling twice answers
-	// (docs/stripe.md §9), and the worst plausible answer is the one that
+	// (docs/stripe.md), and the worst plausible answer is the one that
 	// looks like success and proves nothing.
 	CancelAgainSucceeds bool
 	// Samples is the shape of the request an error report's sample names

@@ -171,8 +171,7 @@ const readyScopeIngest = "ingest"
 // A node that cannot export (no key, a refused key, Stripe not answering)
 // is not ready: 503, with the reason. It is readiness, not liveness (a
 // restart fixes none of them), and ingest still works on the node, so a
-// load balancer asks /readyz?scope=ingest instead (docs/monitoring.md,
-// "Health").
+// load balancer asks /readyz?scope=ingest instead (docs/monitoring.md).
 func readiness(db *DB, p *Parts, stalls *exporter.Stalls) []api.Check {
 	checks := append(ingestReadiness(db), api.Check{Name: "export", Func: p.Resolver.Ready})
 	if p.Meters != nil {

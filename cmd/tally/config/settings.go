@@ -157,9 +157,9 @@ func reconcileSettings() []setting {
 	}
 }
 
-// short is a duration as the help has always printed these defaults:
-// without a zero tail of minutes or seconds (2m, not 2m0s; 2h, not 2h0m0s).
-// The outbox's defaults print in full (2m0s), as they always have.
+// short is a duration as the help prints these defaults: without a zero
+// tail of minutes or seconds (2m, not 2m0s; 2h, not 2h0m0s). The outbox's
+// defaults print in full (2m0s).
 func short(d time.Duration) string {
 	s := d.String()
 	if strings.HasSuffix(s, "m0s") {

@@ -10,8 +10,8 @@ import (
 )
 
 // The defaults of the node's connection pools, one per workload, and of the
-// bounds on reads. They sum to 26 connections a node, about the single
-// pool of 24 they replace; the embedded cluster allows 200.
+// bounds on reads. They sum to 26 connections a node; the embedded
+// cluster allows 200.
 const (
 	// DefaultPoolIngest sizes the pool of the API's writes: usage, mapping
 	// changes, requeues (TALLY_POOL_INGEST).

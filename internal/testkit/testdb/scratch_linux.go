@@ -6,9 +6,8 @@ import (
 )
 
 // scratchRoot is where the throwaway cluster lives: /dev/shm when it is a
-// memory file system with room to spare (creating a database there takes
-// about 10 ms instead of about 450 ms on this project's CI disks), otherwise
-// the temporary directory.
+// memory file system with room to spare (a database is created there far
+// faster than on a disk that syncs), otherwise the temporary directory.
 func scratchRoot() string {
 	const tmpfsMagic = 0x01021994
 	var st syscall.Statfs_t
