@@ -21,7 +21,7 @@ const lineItemsLimit = 100
 // name, so that no state is told from another by colour alone.
 var stateCue = map[string]string{
 	"confirmed": "✔", "accepted": "◆", "pending": "○", "leased": "◔", "quarantined": "▲",
-	"uncertain": "?", "rejected": "✖", "cancelled": "⊘", "superseded": "↷",
+	"uncertain": "?", "rejected": "✖", "cancelled": "⊘", "superseded": "↷", "withdrawn": "↩",
 }
 
 // stateHeading is a state's column heading: its glyph, its name and what
