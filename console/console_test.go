@@ -416,7 +416,8 @@ func TestOperatorFixesAndRequeues(t *testing.T) {
 		{"/console/uncertain", "operator-uncertain", ""},
 		{"/console/reconcile", "operator-reconcile", `main form[action="/console/reconcile/runs"]`},
 		{fmt.Sprintf("/console/reconcile/%d", run), "operator-reconcile-run", `[data-testid=discrepancies]`},
-		{"/console/", "operator-overview", ""},
+		{"/console/", "operator-overview", `[data-testid=states]`},
+		{"/console/completeness?period=" + time.Now().UTC().Add(-3*time.Hour).Format("2006-01"), "operator-completeness", ""},
 	} {
 		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+p.path), chromedp.WaitVisible(chromedp.CSS(`main h1`))))
 		if p.action != "" {
