@@ -22,10 +22,13 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
+	"github.com/stripe/stripe-go/v82"
 
 	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/console"
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/mappings"
@@ -99,10 +102,10 @@ func browse(t *testing.T) (context.Context, func() []string) {
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
 		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1300, 900))
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(viewW, viewH))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelCtx := chromedp.NewContext(actx)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute)
 	t.Cleanup(func() { cancelTimeout(); cancelCtx(); cancelAlloc() })
 	var (
 		mu   sync.Mutex
@@ -149,6 +152,31 @@ func signIn(token string, base string) chromedp.Action[chromedp.Void] {
 	)
 }
 
+// texts is the text of every element sel matches, in order.
+func texts(t *testing.T, ctx context.Context, sel string) []string {
+	t.Helper()
+	out, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](fmt.Sprintf(`[...document.querySelectorAll(%q)].map(e => e.textContent.trim())`, sel)))
+	require.NoError(t, err)
+	return out
+}
+
+// readNames names beta's customer in a simulated Stripe and runs the
+// names job's reading against it, as the hourly job would.
+func readNames(t *testing.T, s *site) {
+	t.Helper()
+	sim := stripesim.New(stripesim.Options{})
+	srv := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() { sim.Close(); srv.Close() })
+	sim.CreateCustomer(stripesim.DefaultAccount, "cus_beta")
+	c, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
+	require.NoError(t, err)
+	_, err = c.Stripe().V1Customers.Update(s.env.Ctx, "cus_beta", &stripe.CustomerUpdateParams{Name: stripe.String("Beta GmbH")})
+	require.NoError(t, err)
+	res, err := mappings.RefreshNames(s.env.Ctx, s.env.Pool, mappings.StripeMeters{Client: c}, time.Hour, 10)
+	require.NoError(t, err)
+	require.Equal(t, mappings.NamesRead{Read: 1}, res)
+}
+
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
 	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
@@ -163,11 +191,46 @@ func count(t *testing.T, ctx context.Context, css string) int {
 	return n
 }
 
+// The window every screenshot is taken in: a laptop's.
+const viewW, viewH = 1280, 800
+
+// screenshot checks that the page fits a 1280×800 window — nothing wider
+// than the window, so nobody scrolls sideways — and photographs the whole
+// page at that width.
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
+	require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(viewW, viewH)))
+	fits(t, ctx, name)
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(artifacts(t), name+".png"), png, 0o644))
+}
+
+// fits fails the test when the page overflows the window sideways: the
+// document scrolls horizontally, or an element reaches past the window's
+// right edge (the first few are named).
+func fits(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	type overflow struct {
+		ScrollWidth, ClientWidth int
+		Wide                     []string
+	}
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[overflow](`(() => {
+		const d = document.documentElement, w = d.clientWidth;
+		const wide = [];
+		for (const e of document.body.querySelectorAll('*')) {
+			const r = e.getBoundingClientRect();
+			if (r.width > 0 && (r.right > w + 0.5 || r.width > w)) {
+				const id = e.getAttribute('data-testid') || e.id || e.className.baseVal || e.className || '';
+				wide.push(e.tagName.toLowerCase() + (id ? '[' + id + ']' : '') + ' ' + Math.round(r.right) + 'px');
+				if (wide.length === 5) break;
+			}
+		}
+		return {ScrollWidth: d.scrollWidth, ClientWidth: w, Wide: wide};
+	})()`))
+	require.NoError(t, err)
+	require.LessOrEqual(t, got.ScrollWidth, got.ClientWidth, "%s scrolls sideways in a %d-px window: %v", name, viewW, got.Wide)
+	require.Empty(t, got.Wide, "%s: elements wider than the %d-px window", name, viewW)
 }
 
 // Finance signs in, filters the quarantine, downloads the CSV and sees no
@@ -240,6 +303,61 @@ func TestFinanceReadsWithoutActions(t *testing.T) {
 	require.Empty(t, consoleErrors())
 }
 
+// Finance reads the completeness page per customer, by name once Stripe's
+// is read (beta), else plainly by tenant id (acme has no mapping), with
+// units, YYYY-MM periods, thousands separators, totals by feature and
+// counts that link to their items; and an overview of this month's usage
+// and the open discrepancies, without the outbox's states.
+func TestFinanceReadsCompletenessByCustomer(t *testing.T) {
+	t.Parallel()
+	s := newSite(t)
+	ctx, consoleErrors := browse(t)
+	require.NoError(t, chromedp.Do(ctx, signIn(s.token(t, "fiona", auth.RoleFinance), s.url)))
+	month := time.Now().UTC().Add(-3 * time.Hour).Format("2006-01")
+	s.env.MustIngest(t, stagetest.Ev("b2", "beta", "api", 1234560, stagetest.Ago(3*time.Hour)))
+	s.env.Pass(t)
+	page := s.url + "/console/completeness?period=" + month
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(page), chromedp.WaitVisible(chromedp.CSS(`[data-testid=completeness]`))))
+	require.Equal(t, []string{"acme", "beta", "beta"}, texts(t, ctx, `[data-testid=customer]`), "no name read yet: the tenant ids")
+	readNames(t, s)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(page), chromedp.WaitVisible(chromedp.CSS(`[data-testid=completeness]`))))
+	require.Equal(t, []string{"acme", "Beta GmbH", "Beta GmbH"}, texts(t, ctx, `[data-testid=customer]`))
+	require.Equal(t, []string{"beta", "beta"}, texts(t, ctx, `[data-testid=tenant]`), "the tenant id beside the name")
+	require.Equal(t, []string{"sum of api", "sum of api", "no mapping"}, texts(t, ctx, `[data-testid=unit]`))
+	for _, p := range texts(t, ctx, `[data-testid=period]`) {
+		require.Regexp(t, `^\d{4}-\d\d$`, p, "a calendar month, not a timestamp")
+	}
+	require.Contains(t, text(t, ctx, `[data-testid=line]:nth-child(2)`), "1,234,564", "thousands separated")
+	require.Equal(t, 2, count(t, ctx, `[data-testid=total]`), "a total a feature")
+	require.Contains(t, text(t, ctx, `[data-testid=total]`), "1,234,569")
+	quarantined, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('[data-testid=line] a[href^="/console/quarantine"]').getAttribute('href')`))
+	require.NoError(t, err)
+	require.Equal(t, "/console/quarantine?feature=api&period="+month+"&tenant=acme", quarantined, "acme's quarantined usage")
+	screenshot(t, ctx, "finance-completeness-names")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`[data-testid=line]:nth-child(2) a[href*="items=pending"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`[data-testid=line-items]`))))
+	require.Contains(t, text(t, ctx, `[data-testid=line-items] h2`), "pending items of Beta GmbH (beta) · api · "+month)
+	require.Equal(t, 2, count(t, ctx, `[data-testid=line-item]`), "the window's item and its supplement")
+	require.Equal(t, 2, count(t, ctx, `[data-testid=line]`), "the report narrowed to the tenant")
+	screenshot(t, ctx, "finance-completeness-items")
+
+	// The overview shows finance this month's usage and the open
+	// discrepancies, not the outbox's states.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+"/console/"), chromedp.WaitVisible(chromedp.CSS(`[data-testid=usage]`))))
+	if time.Now().UTC().Format("2006-01") == month {
+		require.Equal(t, "sum of api", text(t, ctx, `[data-testid=usage-api] [data-testid=unit]`))
+		require.Equal(t, "1,234,569", text(t, ctx, `[data-testid=usage-api] [data-testid=usage-value]`))
+		require.Equal(t, "4", text(t, ctx, `[data-testid=usage-total] th.num`), "events of every feature")
+	}
+	open, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`[data-testid=open-total]`), "href"))
+	require.NoError(t, err)
+	require.Equal(t, "/console/discrepancies", open.Value)
+	require.Zero(t, count(t, ctx, `[data-testid=states]`), "no outbox states for finance")
+	screenshot(t, ctx, "finance-overview-usage")
+
+	require.Empty(t, consoleErrors())
+}
+
 // The operator fixes the missing customer in the mappings page, requeues
 // the item under the new version and watches it leave the quarantine; the
 // audit trail shows both actions.
@@ -298,7 +416,8 @@ func TestOperatorFixesAndRequeues(t *testing.T) {
 		{"/console/uncertain", "operator-uncertain", ""},
 		{"/console/reconcile", "operator-reconcile", `main form[action="/console/reconcile/runs"]`},
 		{fmt.Sprintf("/console/reconcile/%d", run), "operator-reconcile-run", `[data-testid=discrepancies]`},
-		{"/console/", "operator-overview", ""},
+		{"/console/", "operator-overview", `[data-testid=states]`},
+		{"/console/completeness?period=" + time.Now().UTC().Add(-3*time.Hour).Format("2006-01"), "operator-completeness", ""},
 	} {
 		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(s.url+p.path), chromedp.WaitVisible(chromedp.CSS(`main h1`))))
 		if p.action != "" {

@@ -15,8 +15,8 @@ import (
 
 // The overview counts the open discrepancies of every run by kind, Stripe
 // has more first — said to mean a customer may be billed too much, and
-// called out — each linking to its part of the reconciliation page, which
-// lists them in that order with a form to resolve each. A resolution from
+// called out — each linking to the open discrepancies of its kind; the
+// reconciliation page lists them in that order with a form to resolve each. A resolution from
 // that list comes back to it; a reason that does not fit the kind is
 // refused; once resolved, the overview no longer counts it.
 func TestOverviewAndReconcilePageShowOpenDiscrepancies(t *testing.T) {
@@ -34,12 +34,12 @@ func TestOverviewAndReconcilePageShowOpenDiscrepancies(t *testing.T) {
 
 	overview := get("/console/")
 	require.Contains(t, overview, `data-testid="stripe-has-more"`)
-	require.Contains(t, overview, "Stripe counts more than Tally in 1 hours: a customer may be billed too much")
+	require.Contains(t, overview, "Stripe counts more than Tally in 1 hour: a customer may be billed too much")
 	more := strings.Index(overview, `data-testid="open-stripe_has_more"`)
 	less := strings.Index(overview, `data-testid="open-stripe_has_less"`)
 	refused := strings.Index(overview, `data-testid="open-summaries_refused"`)
 	require.True(t, more > 0 && more < less && less < refused, "Stripe has more first")
-	require.Contains(t, overview, `<a class="card" href="/console/reconcile#open-stripe_has_more" data-testid="open-stripe_has_more"><div class="n bad">1</div>`)
+	require.Contains(t, overview, `<a class="card" href="/console/discrepancies?kind=stripe_has_more" data-testid="open-stripe_has_more"><div class="n bad">1</div>`)
 	require.Contains(t, overview, `data-testid="open-stripe_has_less"><div class="n bad">1</div>`)
 	require.Contains(t, overview, `data-testid="open-summaries_refused"><div class="n">0</div>`)
 

@@ -1,11 +1,17 @@
 package console
 
 import (
+	"context"
 	"html/template"
 	"net/http"
+	"slices"
+	"strconv"
 	"time"
 
+	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/quarantine"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -16,56 +22,154 @@ const chartSpan = 24 * time.Hour
 var backlogStates = []outbox.State{outbox.StatePending, outbox.StateLeased, outbox.StateQuarantined, outbox.StateUncertain}
 
 type stateCount struct {
-	State string
-	Count int64
-	Bad   bool
+	State, Cue string
+	Count      string
+	Bad        bool
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	g, err := c.Outbox.ReadGauge(ctx, c.pool)
-	if err != nil {
-		c.fail(w, r, err)
-		return
-	}
-	var states []stateCount
-	for _, st := range outbox.States {
-		bad := (st == outbox.StateUncertain || st == outbox.StateRejected || st == outbox.StateQuarantined) && g.Counts[st] > 0
-		states = append(states, stateCount{State: string(st), Count: g.Counts[st], Bad: bad})
-	}
-	// The backlog: the maintenance pass's snapshots of the last 24 hours.
-	snapshots, err := c.Outbox.Snapshots(ctx, c.pool, chartSpan, backlogStates)
-	if err != nil {
-		c.fail(w, r, err)
-		return
-	}
-	// The export rate: accepted outcomes per hour, from the attempt log.
-	hours, err := c.Outbox.AcceptedPerHour(ctx, c.pool, chartSpan)
-	if err != nil {
-		c.fail(w, r, err)
-		return
-	}
+	s, _ := sessionOf(r)
 	// The open discrepancies of every reconcile run, by kind.
 	counts, err := reconcile.OpenCounts(ctx, c.pool)
 	if err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	var open []kindCount
+	var (
+		open      []kindCount
+		openTotal int64
+	)
 	for _, k := range reconcile.Kinds {
 		open = append(open, kindCount{Kind: k, Label: kindLabels[k], Count: counts[k]})
+		openTotal += counts[k]
+	}
+	usage, err := c.usage(ctx)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	data := overviewPage{Usage: usage, Open: open, OpenTotal: openTotal, StripeHasMore: counts[reconcile.KindStripeHasMore]}
+	if s.Role.Allows(auth.RoleOperator) {
+		if data.Operations, err = c.operations(ctx); err != nil {
+			c.fail(w, r, err)
+			return
+		}
+	}
+	c.render(w, r, "overview", "Overview", data)
+}
+
+// overviewPage is what the overview shows: this month's usage and the
+// open discrepancies to everyone, the outbox's states and charts to
+// operators.
+type overviewPage struct {
+	Usage         usageView
+	Open          []kindCount
+	OpenTotal     int64
+	StripeHasMore int64
+	Operations    *operationsView
+}
+
+// usageView is this month's usage by feature, from the completeness
+// report's snapshot (its counters, never the ledger).
+type usageView struct {
+	Month, AsOf, Href string
+	Features          []usageRow
+	// Events is the total of every feature's events; values add up per
+	// feature only, each in its own unit.
+	Events string
+}
+
+type usageRow struct {
+	Feature, Unit, Href                     string
+	Events, Ingested, Billed, Waiting, Held string
+	Attention                               bool
+}
+
+// usage sums this month's completeness report by feature.
+func (c *Console) usage(ctx context.Context) (usageView, error) {
+	month := time.Now().UTC().Format("2006-01")
+	rep, err := c.Reports.Completeness(ctx, c.pool, month, "", false)
+	if err != nil {
+		return usageView{}, err
+	}
+	features, err := c.Mappings.Features(ctx, c.pool)
+	if err != nil {
+		return usageView{}, err
+	}
+	units := map[string]mappings.Feature{}
+	for _, f := range features {
+		units[f.Feature] = f
+	}
+	type sum struct {
+		events                          int64
+		ingested, billed, waiting, held quarantine.Value
+	}
+	sums := map[string]*sum{}
+	var (
+		order []string
+		total int64
+	)
+	for _, l := range rep.Lines {
+		s := sums[l.Feature]
+		if s == nil {
+			s = &sum{}
+			sums[l.Feature] = s
+			order = append(order, l.Feature)
+		}
+		s.events += l.Ingested.Events
+		total += l.Ingested.Events
+		s.ingested = s.ingested.Plus(l.Ingested.Value)
+		s.billed = s.billed.Plus(l.Confirmed.Value).Plus(l.Accepted.Value)
+		s.waiting = s.waiting.Plus(l.Pending.Value)
+		s.held = s.held.Plus(l.Quarantined.Value).Plus(l.Uncertain.Value).Plus(l.Rejected.Value)
+	}
+	slices.Sort(order)
+	v := usageView{Month: month, AsOf: rep.AsOf, Href: "/console/completeness?period=" + month, Events: grouped(strconv.FormatInt(total, 10))}
+	for _, f := range order {
+		s := sums[f]
+		u, ok := units[f]
+		v.Features = append(v.Features, usageRow{Feature: f, Unit: unitOf(u, ok), Href: v.Href,
+			Events: grouped(strconv.FormatInt(s.events, 10)), Ingested: grouped(s.ingested.String()), Billed: grouped(s.billed.String()),
+			Waiting: grouped(s.waiting.String()), Held: grouped(s.held.String()), Attention: s.held.String() != "0"})
+	}
+	return v, nil
+}
+
+// operationsView is the outbox at a glance, for operators.
+type operationsView struct {
+	States        []stateCount
+	OldestPending string
+	BacklogChart  template.HTML
+	RateChart     template.HTML
+}
+
+// operations reads the outbox's gauge, the backlog's snapshots and the
+// export rate of the last 24 hours.
+func (c *Console) operations(ctx context.Context) (*operationsView, error) {
+	g, err := c.Outbox.ReadGauge(ctx, c.pool)
+	if err != nil {
+		return nil, err
+	}
+	var states []stateCount
+	for _, st := range outbox.States {
+		bad := (st == outbox.StateUncertain || st == outbox.StateRejected || st == outbox.StateQuarantined) && g.Counts[st] > 0
+		states = append(states, stateCount{State: string(st), Cue: stateCue[string(st)], Count: grouped(strconv.FormatInt(g.Counts[st], 10)), Bad: bad})
+	}
+	// The backlog: the maintenance pass's snapshots of the last 24 hours.
+	snapshots, err := c.Outbox.Snapshots(ctx, c.pool, chartSpan, backlogStates)
+	if err != nil {
+		return nil, err
+	}
+	// The export rate: accepted outcomes per hour, from the attempt log.
+	hours, err := c.Outbox.AcceptedPerHour(ctx, c.pool, chartSpan)
+	if err != nil {
+		return nil, err
 	}
 	now := time.Now()
-	c.render(w, r, "overview", "Overview", struct {
-		States        []stateCount
-		OldestPending string
-		Open          []kindCount
-		StripeHasMore int64
-		BacklogChart  template.HTML
-		RateChart     template.HTML
-	}{states, (time.Duration(g.OldestPendingAgeSeconds) * time.Second).String(), open, counts[reconcile.KindStripeHasMore],
-		lineChart(backlogSeries(snapshots), stateNames(backlogStates), now.Add(-chartSpan), now, "items"),
-		barChart(ratePoints(hours), now.Add(-chartSpan), now, "accepted")})
+	return &operationsView{States: states, OldestPending: (time.Duration(g.OldestPendingAgeSeconds) * time.Second).String(),
+		BacklogChart: lineChart(backlogSeries(snapshots), stateNames(backlogStates), now.Add(-chartSpan), now, "items"),
+		RateChart:    barChart(ratePoints(hours), now.Add(-chartSpan), now, "accepted")}, nil
 }
 
 // kindCount is how many discrepancies of a kind are open.

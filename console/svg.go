@@ -18,9 +18,32 @@ type point struct {
 	Value float64
 }
 
+// palette gives each state a colour of the Okabe–Ito set, which readers
+// with the common colour-vision deficiencies can tell apart; the charts
+// add a pattern (fills) and the pages a glyph (stateCue), so that no state
+// is told by colour alone.
 var palette = map[string]string{
-	"pending": "#2e5bff", "leased": "#7c9cff", "quarantined": "#e67e22", "uncertain": "#c0392b",
-	"accepted": "#1e8e3e", "confirmed": "#0b6e2f", "rejected": "#8e44ad",
+	"pending": "#0072b2", "leased": "#cc79a7", "quarantined": "#e69f00", "uncertain": "#d55e00",
+	"accepted": "#56b4e9", "confirmed": "#009e73", "rejected": "#555555",
+}
+
+// patterns are the fills of the completeness chart's states, over their
+// colours: confirmed solid, the others hatched each their own way.
+var patterns = map[string]string{
+	"confirmed":   "",
+	"accepted":    `<path d="M0 6L6 0" stroke="#fff" stroke-width="1.5"/>`,
+	"pending":     `<path d="M0 3H6" stroke="#fff" stroke-width="1.5"/>`,
+	"quarantined": `<path d="M0 0L6 6M0 6L6 0" stroke="#fff" stroke-width="1"/>`,
+	"uncertain":   `<circle cx="3" cy="3" r="1.2" fill="#fff"/>`,
+	"rejected":    `<path d="M3 0V6" stroke="#fff" stroke-width="1.5"/>`,
+}
+
+// fill is a state's fill in the completeness chart.
+func fill(state string) string {
+	if patterns[state] == "" {
+		return palette[state]
+	}
+	return "url(#fill-" + state + ")"
 }
 
 const (
@@ -86,8 +109,8 @@ func lineChart(series map[string][]point, order []string, from, to time.Time, un
 	for i, name := range order {
 		pts := series[name]
 		color := palette[name]
-		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="10" height="10" fill="%s"/><text x="%d" y="%d" font-size="11" fill="#1d2330">%s</text>`,
-			padL+10+i*110, padT, color, padL+24+i*110, padT+9, escape(name))
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="10" height="10" fill="%s"/><text x="%d" y="%d" font-size="11" fill="#1d2330">%s %s</text>`,
+			padL+10+i*110, padT, color, padL+24+i*110, padT+9, stateCue[name], escape(name))
 		if len(pts) == 0 {
 			continue
 		}
@@ -138,24 +161,39 @@ func barChart(pts []point, from, to time.Time, unit string) template.HTML {
 
 // completenessChart draws, per line, a bar of the ingested value split by
 // state (values may be negative corrections: the chart shows magnitudes
-// of each bucket's share).
-func completenessChart(rep quarantine.Completeness) template.HTML {
+// of each bucket's share), each line labelled by labels[i].
+func completenessChart(rep quarantine.Completeness, labels []string) template.HTML {
 	if len(rep.Lines) == 0 {
 		return ""
 	}
 	states := []string{"confirmed", "accepted", "pending", "quarantined", "uncertain", "rejected"}
-	rowH, labelW, barW := 22, 220, 600
+	rowH, labelW, barW := 22, 300, 600
 	h := len(rep.Lines)*rowH + 30
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="completeness">`,
 		labelW+barW+20, h, labelW+barW+20, h)
+	b.WriteString(`<defs>`)
+	for _, s := range states {
+		if p := patterns[s]; p != "" {
+			fmt.Fprintf(&b, `<pattern id="fill-%s" width="6" height="6" patternUnits="userSpaceOnUse"><rect width="6" height="6" fill="%s"/>%s</pattern>`,
+				s, palette[s], p)
+		}
+	}
+	b.WriteString(`</defs>`)
 	for i, s := range states {
-		fmt.Fprintf(&b, `<rect x="%d" y="4" width="10" height="10" fill="%s"/><text x="%d" y="13" font-size="11">%s</text>`,
-			labelW+i*100, palette[s], labelW+14+i*100, s)
+		fmt.Fprintf(&b, `<rect x="%d" y="2" width="12" height="12" fill="%s"/><text x="%d" y="13" font-size="11">%s %s</text>`,
+			labelW+i*100, fill(s), labelW+16+i*100, stateCue[s], s)
 	}
 	for i, l := range rep.Lines {
 		y := 24 + i*rowH
-		fmt.Fprintf(&b, `<text x="0" y="%d" font-size="11">%s</text>`, y+12, escape(l.Tenant+" · "+l.Feature+" · "+l.Period[:10]))
+		label := l.Tenant + " · " + l.Feature + " · " + periodText(l.Period)
+		if i < len(labels) {
+			label = labels[i]
+		}
+		if r := []rune(label); len(r) > 48 {
+			label = string(r[:47]) + "…"
+		}
+		fmt.Fprintf(&b, `<text x="0" y="%d" font-size="11">%s</text>`, y+12, escape(label))
 		parts := []quarantine.Bucket{l.Confirmed, l.Accepted, l.Pending, l.Quarantined, l.Uncertain, l.Rejected}
 		total := 0.0
 		for _, p := range parts {
@@ -171,8 +209,8 @@ func completenessChart(rep quarantine.Completeness) template.HTML {
 				continue
 			}
 			v, _ := new(big.Float).SetInt(big.NewInt(p.Events)).Float64()
-			fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="14" fill="%s"><title>%s: %g events, value %s</title></rect>`,
-				x, y, w, palette[states[j]], states[j], v, escape(p.Value.String()))
+			fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="14" fill="%s"><title>%s %s: %g events, value %s</title></rect>`,
+				x, y, w, fill(states[j]), stateCue[states[j]], states[j], v, escape(grouped(p.Value.String())))
 			x += w
 		}
 	}

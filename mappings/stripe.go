@@ -33,33 +33,40 @@ func (e *ErrProviderUnavailable) Error() string {
 // account does not have are refused (meter_event_customer_not_found), and
 // the items would wait in quarantine.
 func (s StripeMeters) CheckCustomer(ctx context.Context, account, customerID string) error {
+	_, err := s.CustomerName(ctx, account, customerID)
+	return err
+}
+
+// CustomerName implements CustomerNamer: CheckCustomer, with the name
+// Stripe holds for the customer ("" when it has none).
+func (s StripeMeters) CustomerName(ctx context.Context, account, customerID string) (string, error) {
 	c, err := s.Client.For(account)
 	if err != nil {
-		return accountUnreachable(account)
+		return "", accountUnreachable(account)
 	}
-	state, err := c.Customer(ctx, customerID)
+	cu, err := c.CustomerOf(ctx, customerID)
 	if err != nil {
 		// account_invalid: the key may not act for the account. A 401 or
 		// 403 without it is the key's own (a restricted key without
 		// customers (read), say), as for the node's account.
 		if account != "" && stripeapi.InvalidAccount(err) {
-			return accountUnreachable(account)
+			return "", accountUnreachable(account)
 		}
 		code, status, _ := stripeapi.Describe(err)
-		return &ErrProviderUnavailable{Code: code, Status: status}
+		return "", &ErrProviderUnavailable{Code: code, Status: status}
 	}
 	where, check := "the account this node exports to", "check the id, the key's mode and STRIPE_ACCOUNT"
 	if account != "" {
 		where, check = "Stripe account "+account+" (the tenant mapping's stripe_account)", "check the id, the key's mode and the account"
 	}
-	switch state {
+	switch cu.State {
 	case stripeapi.CustomerActive:
-		return nil
+		return cu.Name, nil
 	case stripeapi.CustomerDeleted:
-		return &CustomerError{Code: CodeCustomerDeleted,
+		return "", &CustomerError{Code: CodeCustomerDeleted,
 			Message: fmt.Sprintf("Stripe's customer %s is deleted in %s; map a current customer", customerID, where)}
 	}
-	return &CustomerError{Code: CodeCustomerNotFound,
+	return "", &CustomerError{Code: CodeCustomerNotFound,
 		Message: fmt.Sprintf("Stripe has no customer %s in %s (%s); create it there first", customerID, where, check)}
 }
 

@@ -166,22 +166,36 @@ func sameGrace(a, b *Duration) bool {
 // it names one (an *AccountError says it cannot), and that account (else
 // the node's) must have the customer, not deleted (a *CustomerError says
 // why not), whether or not the mapping changes; Stripe is asked before the
-// transaction, which holds no lock while Stripe answers.
+// transaction, which holds no lock while Stripe answers. A Checker that is
+// also a CustomerNamer gives the customer's name in the same request, kept
+// for the console (TenantCustomers).
 func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in TenantInput, by string) (t Tenant, changed bool, err error) {
 	if err := in.validate(tenant); err != nil {
 		return Tenant{}, false, err
 	}
+	var name *string // the customer's name, when the check read it
 	if s.Checker != nil {
 		if in.StripeAccount != "" {
 			if err := s.Checker.CheckAccount(ctx, in.StripeAccount); err != nil {
 				return Tenant{}, false, err
 			}
 		}
-		if err := s.Checker.CheckCustomer(ctx, in.StripeAccount, in.StripeCustomerID); err != nil {
+		if namer, ok := s.Checker.(CustomerNamer); ok {
+			n, err := namer.CustomerName(ctx, in.StripeAccount, in.StripeCustomerID)
+			if err != nil {
+				return Tenant{}, false, err
+			}
+			name = &n
+		} else if err := s.Checker.CheckCustomer(ctx, in.StripeAccount, in.StripeCustomerID); err != nil {
 			return Tenant{}, false, err
 		}
 	}
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if name != nil {
+			if err := storeName(ctx, tx, in.StripeAccount, in.StripeCustomerID, *name); err != nil {
+				return err
+			}
+		}
 		cur, err := scanTenant(tx.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1 FOR UPDATE", tenant))
 		switch {
 		case err == nil && cur.StripeCustomerID == in.StripeCustomerID && cur.StripeAccount == in.StripeAccount &&

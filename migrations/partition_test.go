@@ -188,6 +188,12 @@ func TestRuntimeRoleCannotDeleteTruncateOrDetach(t *testing.T) {
 	require.NoError(t, err, "the runtime role keeps the months ahead through the owner's function")
 	require.Equal(t, 1, made)
 
+	for range 2 { // an insert, then an update
+		_, err = conn.Exec(ctx, `INSERT INTO stripe_customer_names (account, customer, name) VALUES ('', 'cus_1', 'Acme')
+			ON CONFLICT (account, customer) DO UPDATE SET name = EXCLUDED.name, read_at = clock_timestamp()`)
+		require.NoError(t, err, "the runtime role keeps the customers' names")
+	}
+
 	part := meter.MonthPartition(time.Now().UTC())
 	for _, stmt := range []string{
 		`DELETE FROM usage_events`,
@@ -202,6 +208,7 @@ func TestRuntimeRoleCannotDeleteTruncateOrDetach(t *testing.T) {
 		`DELETE FROM outbox_item_bodies`,
 		`DELETE FROM outbox_attempts`,
 		`DELETE FROM audit_log`,
+		`DELETE FROM stripe_customer_names`,
 		`TRUNCATE outbox_item_bodies`,
 		`INSERT INTO usage_closed_months (month, events, closed_by) VALUES ('2000-01-01', 0, 'x')`,
 		`DELETE FROM goose_db_version`,

@@ -14,7 +14,9 @@
 // the outbox and the mappings (LedgerCompletenessOf) is their auditor:
 // AuditCompleteness compares the two in one snapshot, AuditWorker does it
 // nightly and records it in completeness_audits, and RepairCompleteness
-// rewrites a month from the ledger only when an operator asks.
+// rewrites a month from the ledger only when an operator asks. LineItems
+// lists the items behind one line, read by the line's ordering keys and
+// period, never the month.
 //
 // It reads the last reconcile run through package reconcile; it changes an
 // item only through package outbox, builds items only through package

@@ -31,6 +31,20 @@ const (
 // (https://docs.stripe.com/api/customers/retrieve); an unknown id is 404
 // resource_missing. Any other failure is an *Error.
 func (c *Client) Customer(ctx context.Context, id string) (CustomerState, error) {
+	cu, err := c.CustomerOf(ctx, id)
+	return cu.State, err
+}
+
+// CustomerInfo is what the account says of a customer id: its state and,
+// while active, its name ("The customer's full name or business name",
+// nullable: "" when it has none).
+type CustomerInfo struct {
+	State CustomerState
+	Name  string
+}
+
+// CustomerOf is Customer with the customer's name: one request.
+func (c *Client) CustomerOf(ctx context.Context, id string) (CustomerInfo, error) {
 	p := &stripe.CustomerRetrieveParams{}
 	if c.account != "" {
 		p.SetStripeAccount(c.account)
@@ -39,15 +53,15 @@ func (c *Client) Customer(ctx context.Context, id string) (CustomerState, error)
 	if err != nil {
 		var se *stripe.Error
 		if errors.As(err, &se) && se.HTTPStatusCode == http.StatusNotFound && se.Code == stripe.ErrorCodeResourceMissing {
-			return CustomerMissing, nil
+			return CustomerInfo{State: CustomerMissing}, nil
 		}
-		return CustomerMissing, WrapError(err)
+		return CustomerInfo{State: CustomerMissing}, WrapError(err)
 	}
 	if cu.Deleted {
-		return CustomerDeleted, nil
+		return CustomerInfo{State: CustomerDeleted}, nil
 	}
 	if cu.ID != id {
-		return CustomerMissing, &Error{Code: CodeBadResponse, HTTPStatus: http.StatusOK, message: "Stripe answered another customer than the one asked for"}
+		return CustomerInfo{State: CustomerMissing}, &Error{Code: CodeBadResponse, HTTPStatus: http.StatusOK, message: "Stripe answered another customer than the one asked for"}
 	}
-	return CustomerActive, nil
+	return CustomerInfo{State: CustomerActive, Name: cu.Name}, nil
 }

@@ -120,6 +120,40 @@ func (s *Server) createCustomer(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// updateCustomer is POST /v1/customers/{id}: it sets the name, email,
+// description and phone given ("" unsets one, as Stripe takes an empty
+// string for a nullable field) and merges metadata; other parameters are
+// refused as unknown. An unknown or deleted id is 404 resource_missing.
+func (s *Server) updateCustomer(w http.ResponseWriter, r *http.Request) {
+	rest, md := splitNested(r.Form, "metadata")
+	if e := checkParams(rest, "name", "email", "description", "phone"); e != nil {
+		writeError(w, e)
+		return
+	}
+	c, id := callerOf(r), chi.URLParam(r, "id")
+	s.mu.Lock()
+	cu := s.accountLocked(c.account).customers[modeID{c.livemode, id}]
+	var out customerJSON
+	found := cu != nil && !cu.deleted
+	if found {
+		for k, to := range map[string]*string{"name": &cu.name, "email": &cu.email, "description": &cu.description, "phone": &cu.phone} {
+			if _, ok := rest[k]; ok {
+				*to = rest.Get(k)
+			}
+		}
+		for k, v := range md {
+			cu.metadata[k] = v
+		}
+		out = cu.json()
+	}
+	s.mu.Unlock()
+	if !found {
+		writeError(w, errNoSuch(http.StatusNotFound, customerObjectName, "id", id))
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
 // deletedCustomerJSON is a deleted customer as Stripe answers it: "a
 // subset of the customer's information ... including a deleted property
 // that's set to true" (https://docs.stripe.com/api/customers/retrieve); the

@@ -64,3 +64,40 @@ func TestCustomerRetrieveUnknownDeletedAndActive(t *testing.T) {
 	require.True(t, errors.As(err, &se), "another account's customer")
 	require.Equal(t, http.StatusNotFound, se.HTTPStatusCode)
 }
+
+// A customer's name, "The customer's full name or business name" (nullable,
+// https://docs.stripe.com/api/customers/object), is answered as created and
+// as last updated ("Any parameters not provided will be left unchanged",
+// https://docs.stripe.com/api/customers/update); a customer made without
+// one answers name null, which stripe-go v82 decodes as "".
+func TestCustomerNameCreatedUpdatedAndRetrieved(t *testing.T) {
+	t.Parallel()
+	sim, ts := newSim(t)
+	sc := client(ts, testKey)
+	ctx := context.Background()
+
+	cu, err := sc.V1Customers.Create(ctx, &stripe.CustomerCreateParams{Name: stripe.String("Acme Corp"), Email: stripe.String("billing@acme.test")})
+	require.NoError(t, err)
+	got, err := sc.V1Customers.Retrieve(ctx, cu.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, "Acme Corp", got.Name)
+
+	_, err = sc.V1Customers.Update(ctx, cu.ID, &stripe.CustomerUpdateParams{Name: stripe.String("Acme Corporation")})
+	require.NoError(t, err)
+	got, err = sc.V1Customers.Retrieve(ctx, cu.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, "Acme Corporation", got.Name)
+	require.Equal(t, "billing@acme.test", got.Email, "what the update did not name is left unchanged")
+
+	sim.CreateCustomer(acct, "cus_plain")
+	r := do(t, ts, http.MethodGet, "/v1/customers/cus_plain", testKey, nil, nil)
+	require.Equal(t, http.StatusOK, r.status)
+	require.Contains(t, r.body, "name")
+	require.Nil(t, r.body["name"], "no name: null")
+
+	_, err = sc.V1Customers.Update(ctx, "cus_nobody", &stripe.CustomerUpdateParams{Name: stripe.String("x")})
+	var se *stripe.Error
+	require.True(t, errors.As(err, &se), "%v", err)
+	require.Equal(t, http.StatusNotFound, se.HTTPStatusCode)
+	require.Equal(t, stripe.ErrorCodeResourceMissing, se.Code)
+}

@@ -191,6 +191,7 @@ func (s *Server) routes() http.Handler {
 
 	r.Post("/v1/customers", s.createCustomer)
 	r.Get("/v1/customers/{id}", s.getCustomer)
+	r.Post("/v1/customers/{id}", s.updateCustomer)
 	r.Delete("/v1/customers/{id}", s.deleteCustomer)
 
 	r.Post(meterEventsPath, s.createMeterEvent)

@@ -240,8 +240,9 @@ func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconci
 // at once by as many workers of the default queue), the reconcile worker with its periodic job when there
 // is a reconciler and a schedule, and the listing of Stripe's events
 // (backfill, when there is a key) every cfg.ReportsInterval and once when
-// River's leader starts, and the nightly audit of the completeness
-// counters. The jobs run on the export pool, so that a long
+// River's leader starts, the nightly audit of the completeness
+// counters, and, with a key, the hourly reading of the tenants' customer
+// names the console shows. The jobs run on the export pool, so that a long
 // pass never takes the connections River's leader election and fetches
 // need.
 func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Backfill, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
@@ -265,6 +266,10 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	if backfill != nil {
 		periodic = append(periodic, reconcile.PeriodicBackfill(cfg.ReportsInterval))
 	}
+	if namer, ok := p.Mappings.Checker.(mappings.CustomerNamer); ok {
+		river.AddWorker(workers, &mappings.NamesWorker{DB: pools.Export, Namer: namer, Logger: logger})
+		periodic = append(periodic, mappings.PeriodicNames())
+	}
 	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
 			// The staging passes, one per part, all at once.
@@ -272,6 +277,7 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 			reconcile.QueueName:     {MaxWorkers: 1}, // a run takes long; it must not hold up staging
 			reconcile.BackfillQueue: {MaxWorkers: 1}, // nor the listing of Stripe's events, nor staging it
 			quarantine.AuditQueue:   {MaxWorkers: 1}, // an audit reads whole months
+			mappings.NamesQueue:     {MaxWorkers: 1}, // the customers' names wait for Stripe
 		},
 		Workers:      workers,
 		PeriodicJobs: periodic,
