@@ -172,7 +172,7 @@ func New(d Deps) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, page := range []string{"overview", "quarantine", "item", "uncertain", "mappings", "reconcile", "completeness"} {
+	for _, page := range []string{"overview", "quarantine", "item", "uncertain", "mappings", "reconcile", "completeness", "discrepancies"} {
 		t, err := template.Must(layout.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return nil, err
@@ -216,6 +216,7 @@ func (c *Console) Handler() http.Handler {
 		r.Get("/items/{id}", c.item)
 		r.Get("/uncertain", c.uncertain)
 		c.reconcileRoutes(r)
+		c.recoveryRoutes(r)
 		r.Group(func(r chi.Router) {
 			r.Use(c.limitReads)
 			r.Get("/quarantine", c.quarantine)
@@ -421,7 +422,8 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title str
 	p.Stall = c.stallBanner(r.Context())
 	for _, n := range []navItem{{"/console/", "Overview", false}, {"/console/quarantine", "Quarantine", false},
 		{"/console/uncertain", "Uncertain & rejected", false}, {"/console/mappings", "Mappings", false},
-		{"/console/reconcile", "Reconciliation", false}, {"/console/completeness", "Completeness", false}} {
+		{"/console/reconcile", "Reconciliation", false}, {"/console/completeness", "Completeness", false},
+		{"/console/discrepancies", "Open discrepancies", false}} {
 		n.Active = n.Href == r.URL.Path || (n.Href != "/console/" && strings.HasPrefix(r.URL.Path, n.Href))
 		p.Nav = append(p.Nav, n)
 	}
