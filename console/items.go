@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -60,10 +61,13 @@ var outcomeLabels = func() map[outbox.State]string {
 type itemPage struct {
 	Item       outbox.Item
 	StateWords string
-	Payload    string
-	Attempts   []outbox.Attempt
-	Evidence   []reconcile.Evidence
-	Audit      []audit.Entry
+	// UsageAt is the usage's time, and PeriodFrom its billing period's
+	// start, as the page writes them.
+	UsageAt, PeriodFrom string
+	Payload             string
+	Attempts            []outbox.Attempt
+	Evidence            []reconcile.Evidence
+	Audit               []audit.Entry
 	// CanRecover: an operator, and the item is uncertain.
 	CanRecover bool
 	Outcomes   []outcome
@@ -87,7 +91,11 @@ func (c *Console) item(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := itemPage{Item: it, StateWords: stateWords[it.State], Payload: prettyJSON(it.Payload), Outcomes: outcomes,
-		Notice: recoveryNotice(r.URL.Query())}
+		Notice: recoveryNotice(r.URL.Query()), UsageAt: time.Unix(it.Payload.Timestamp, 0).UTC().Format("2006-01-02 15:04:05"),
+		PeriodFrom: it.Payload.Period}
+	if t, err := time.Parse(time.RFC3339, it.Payload.Period); err == nil {
+		p.PeriodFrom = t.UTC().Format("2006-01-02")
+	}
 	if p.Attempts, err = c.Outbox.Attempts(ctx, c.pool, id); err != nil {
 		c.fail(w, r, err)
 		return

@@ -56,7 +56,7 @@ var ErrInvalidRecovery = errors.New("reconcile: invalid recovery")
 
 // Recover applies r to item id in one transaction with its audit entry.
 func Recover(ctx context.Context, db DB, store *outbox.Store, id int64, r Recovery) (outbox.Item, error) {
-	if err := r.validate(); err != nil {
+	if err := r.Validate(); err != nil {
 		return outbox.Item{}, err
 	}
 	var out outbox.Item
@@ -85,7 +85,7 @@ const MaxRecoverAll = 500
 // since its review, or is no longer uncertain), none, the error naming
 // it. r.LeaseToken is ignored.
 func RecoverAll(ctx context.Context, db DB, store *outbox.Store, items []Reviewed, r Recovery) error {
-	if err := r.validate(); err != nil {
+	if err := r.Validate(); err != nil {
 		return err
 	}
 	if len(items) == 0 || len(items) > MaxRecoverAll {
@@ -103,8 +103,9 @@ func RecoverAll(ctx context.Context, db DB, store *outbox.Store, items []Reviewe
 	})
 }
 
-// validate refuses a recovery that cannot be asked for.
-func (r Recovery) validate() error {
+// Validate refuses, with ErrInvalidRecovery, a recovery that cannot be
+// asked for, whatever the item: Recover and RecoverAll call it first.
+func (r Recovery) Validate() error {
 	if r.Expect != outbox.StateUncertain {
 		return fmt.Errorf("%w: expect must be uncertain, the only state recovery leaves", ErrInvalidRecovery)
 	}
