@@ -229,7 +229,8 @@ func TestBulkRecoverRefusalsThenReviewAndConfirm(t *testing.T) {
 }
 
 // Every console form answers with a redirect, so a reload never sends it
-// again: applying a plan, and a bulk requeue of the quarantine, included.
+// again: applying a plan, a bulk requeue of the quarantine and a refused
+// mapping included.
 func TestFormsRedirect(t *testing.T) {
 	t.Parallel()
 	s := newReconcileSite(t)
@@ -251,4 +252,14 @@ func TestFormsRedirect(t *testing.T) {
 	body = readBody(t, resp)
 	require.Contains(t, body, `<span data-testid="result-counts">0 requeued, 0 re-addressed, 0 refused</span> · period_closed: 2.`)
 	require.NotContains(t, body, "made_up", "the page names only refusals it knows")
+
+	// A refused mapping redirects too; the page says why once.
+	loc = postSeeOther(t, op, s.url+"/console/mappings/tenants", url.Values{"csrf": {csrf}, "tenant": {"acme"}, "customer": {"acct_1"}})
+	require.Equal(t, "/console/mappings", loc)
+	resp, err = op.Get(s.url + loc)
+	require.NoError(t, err)
+	require.Contains(t, readBody(t, resp), `data-code="invalid_mapping"`)
+	resp, err = op.Get(s.url + loc)
+	require.NoError(t, err)
+	require.NotContains(t, readBody(t, resp), `data-code=`, "a reload no longer says it")
 }
