@@ -14,15 +14,20 @@ import (
 	"github.com/tallymeter/tally/reconcile"
 )
 
-// shoot checks that the page fits a 1280×800 window (nothing wider than
-// it) and photographs it.
+// shoot checks that the page fits a 1280×800 window and photographs it.
 func shoot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	fits(t, ctx, name)
+	screenshot(t, ctx, name)
+}
+
+// fits checks that nothing of the page is wider than a 1280×800 window.
+func fits(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
 	require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(1280, 800)))
 	width, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth`))
 	require.NoError(t, err)
 	require.LessOrEqual(t, width, 1280, "%s overflows a 1280-px window", name)
-	screenshot(t, ctx, name)
 }
 
 // Finance opens the open discrepancies of every run: the newest first,
@@ -78,7 +83,7 @@ func TestOpenDiscrepanciesPageAndPlainPlan(t *testing.T) {
 	require.Contains(t, plan, "no answer came back")
 	require.Contains(t, plan, "Marks it accepted")
 	require.NotRegexp(t, `\bT\d+\b|[Ll]ease`, text(t, op, `main`), "no state-machine words")
-	shoot(t, op, "operator-reconcile-run")
+	shoot(t, op, "operator-reconcile-run-plan")
 	require.NoError(t, chromedp.Do(op, chromedp.Click(chromedp.CSS(`[data-testid=review-plan]`)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-testid=apply-plan]`))))
 	require.Contains(t, text(t, op, `[data-testid=plan-summary]`), "Applying marks 1 item accepted")
@@ -96,6 +101,13 @@ func TestOpenDiscrepanciesPageAndPlainPlan(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`[data-testid=settle-note]`))))
 	require.Contains(t, text(t, op, `[data-testid=settle-note]`), "This run confirmed nothing. It compares only usage older than its settle delay (2h)")
 	shoot(t, op, "operator-reconcile-fresh-run")
+
+	// The other pages whose words are this file's concern fit too.
+	for _, p := range []string{"/console/reconcile", "/console/quarantine", "/console/quarantine?confirm=requeue", "/console/mappings",
+		fmt.Sprintf("/console/items/%d", s.accepted)} {
+		require.NoError(t, chromedp.Do(op, chromedp.Navigate(s.url+p), chromedp.WaitVisible(chromedp.CSS(`main h1`))))
+		fits(t, op, p)
+	}
 	require.Empty(t, opErrors())
 }
 
@@ -121,7 +133,7 @@ func TestBulkRecoverInTheBrowser(t *testing.T) {
 		require.NoError(t, err)
 		return v
 	}(), "no outcome chosen beforehand")
-	shoot(t, ctx, "operator-uncertain")
+	shoot(t, ctx, "operator-uncertain-bulk")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(fmt.Sprintf(`[data-testid=tick-%d]`, s.items[0]))),
 		chromedp.Click(chromedp.CSS(fmt.Sprintf(`[data-testid=tick-%d]`, s.items[2]))),

@@ -96,7 +96,7 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 		c.fail(w, r, err)
 		return reconcilePageData{}, false
 	}
-	data := reconcilePageData{Runs: runs, Settle: c.Settle.String(), Reasons: reconcile.ResolutionReasons}
+	data := reconcilePageData{Runs: runs, Settle: durationWords(c.Settle), Reasons: reconcile.ResolutionReasons}
 	if n, ok := reconcileNotices[r.URL.Query().Get("notice")]; ok {
 		data.Notice = &n
 	}
@@ -172,14 +172,18 @@ func settleWords(interval string) string {
 	if n, err := fmt.Sscanf(interval, "%d:%d:%d", &h, &m, &sec); err != nil || n != 3 {
 		return interval
 	}
-	d := time.Duration(h)*time.Hour + time.Duration(m)*time.Minute + time.Duration(sec)*time.Second
+	return durationWords(time.Duration(h)*time.Hour + time.Duration(m)*time.Minute + time.Duration(sec)*time.Second)
+}
+
+// durationWords is d as Go writes it without its zero tails: "2h", not
+// "2h0m0s".
+func durationWords(d time.Duration) string {
 	out := d.String()
-	out = strings.TrimSuffix(out, "0s")
+	if strings.HasSuffix(out, "m0s") {
+		out = strings.TrimSuffix(out, "0s")
+	}
 	if strings.HasSuffix(out, "h0m") {
 		out = strings.TrimSuffix(out, "0m")
-	}
-	if out == "" {
-		return "0s"
 	}
 	return out
 }

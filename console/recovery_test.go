@@ -263,3 +263,13 @@ func TestFormsRedirect(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, readBody(t, resp), `data-code=`, "a reload no longer says it")
 }
+
+// A settle delay as PostgreSQL writes it reads as Go's duration without
+// zero tails; anything else is shown as it is.
+func TestSettleWords(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{"02:00:00": "2h", "00:30:00": "30m", "01:30:00": "1h30m", "00:00:00.001": "0s",
+		"00:00:05": "5s", "3 days": "3 days", "": ""} {
+		require.Equal(t, want, console.SettleWords(in), in)
+	}
+}
