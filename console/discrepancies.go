@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -65,7 +66,10 @@ func numbersInWords(d reconcile.Discrepancy) string {
 
 // openPageData is what the open discrepancies page shows.
 type openPageData struct {
-	Tenant        string
+	Tenant string
+	// Kind filters by kind; Kinds are the choices.
+	Kind          string
+	Kinds         []kindCount
 	Discrepancies []discrepancyView
 	// NextHref is the next page, older ones, when more may match.
 	NextHref string
@@ -79,7 +83,8 @@ type openPageData struct {
 }
 
 // openDiscrepancies lists the open discrepancies of every run, newest
-// first, a page at a time (reconcile.ListOpen), optionally of one tenant.
+// first, a page at a time (reconcile.ListOpen), optionally of one tenant
+// and one kind.
 func (c *Console) openDiscrepancies(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	before, err := strconv.ParseInt(q.Get("before"), 10, 64)
@@ -87,13 +92,19 @@ func (c *Console) openDiscrepancies(w http.ResponseWriter, r *http.Request) {
 		before = 0
 	}
 	data := openPageData{Tenant: strings.TrimSpace(q.Get("tenant")), First: before == 0, Reasons: reconcile.ResolutionReasons}
+	if k := q.Get("kind"); slices.Contains(reconcile.Kinds, k) {
+		data.Kind = k // an unknown one lists every kind
+	}
+	for _, k := range reconcile.Kinds {
+		data.Kinds = append(data.Kinds, kindCount{Kind: k, Label: kindLabels[k]})
+	}
 	if n, ok := reconcileNotices[q.Get("notice")]; ok {
 		data.Notice = &n
 	}
 	if sess, ok := sessionOf(r); ok {
 		data.CanResolve, data.CanApply = sess.Role.Allows(auth.RoleFinance), sess.Role.Allows(auth.RoleOperator)
 	}
-	page, err := reconcile.ListOpen(r.Context(), c.pool, reconcile.OpenQuery{Tenant: data.Tenant, Before: before})
+	page, err := reconcile.ListOpen(r.Context(), c.pool, reconcile.OpenQuery{Tenant: data.Tenant, Kind: data.Kind, Before: before})
 	if err != nil {
 		c.fail(w, r, err)
 		return
@@ -103,6 +114,9 @@ func (c *Console) openDiscrepancies(w http.ResponseWriter, r *http.Request) {
 		next := url.Values{"before": {strconv.FormatInt(page.Next, 10)}}
 		if data.Tenant != "" {
 			next.Set("tenant", data.Tenant)
+		}
+		if data.Kind != "" {
+			next.Set("kind", data.Kind)
 		}
 		data.NextHref = "/console/discrepancies?" + next.Encode()
 	}

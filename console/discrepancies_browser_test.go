@@ -58,6 +58,9 @@ func TestOpenDiscrepanciesPageAndPlainPlan(t *testing.T) {
 
 	require.NoError(t, chromedp.Do(fin, chromedp.Navigate(open+"?tenant=nobody"), chromedp.WaitVisible(chromedp.CSS(`[data-testid=open-discrepancies]`))))
 	require.Contains(t, text(t, fin, `[data-testid=open-discrepancies]`), "No open discrepancy of tenant nobody.")
+	require.NoError(t, chromedp.Do(fin, chromedp.Navigate(open+"?kind=stripe_has_more"), chromedp.WaitVisible(chromedp.CSS(`[data-testid=open-discrepancies]`))))
+	require.Equal(t, 1, count(t, fin, `[data-testid=open-discrepancies] tr[id^=discrepancy-]`))
+	require.Equal(t, 1, count(t, fin, explained))
 
 	require.NoError(t, chromedp.Do(fin, chromedp.Navigate(open+"?tenant=beta"), chromedp.WaitVisible(chromedp.CSS(dropped+` select[name=reason]`)),
 		chromedp.SetValue(chromedp.CSS(dropped+` select[name=reason]`), "accept_stripe"),

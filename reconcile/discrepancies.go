@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -233,12 +234,17 @@ type OpenQuery struct {
 	// Tenant, when set, keeps the discrepancies whose usage is that
 	// tenant's (Discrepancy.Tenants).
 	Tenant string
+	// Kind, when set, keeps the discrepancies of that kind (one of Kinds).
+	Kind string
 	// Before, when set, is the page after the one that ended with that
 	// discrepancy id: the older ones.
 	Before int64
 	// Limit is the page's size. Defaults to OpenPageLimit.
 	Limit int
 }
+
+// ErrUnknownKind is a kind of discrepancy that is not one of Kinds.
+var ErrUnknownKind = errors.New("reconcile: no such kind of discrepancy")
 
 // OpenPage is a page of open discrepancies, newest first.
 type OpenPage struct {
@@ -254,7 +260,8 @@ type OpenPage struct {
 // from Before, skipping the resolved ones, and stops at a full page. Its
 // cost grows with the page, the resolved discrepancies still current
 // among them and, with a tenant, the other tenants' open ones it passes;
-// never with the history of cleared ones.
+// never with the history of cleared ones. A kind that is not one of Kinds
+// is ErrUnknownKind.
 func ListOpen(ctx context.Context, q outbox.Querier, oq OpenQuery) (OpenPage, error) {
 	if oq.Limit <= 0 {
 		oq.Limit = OpenPageLimit
@@ -268,6 +275,13 @@ func ListOpen(ctx context.Context, q outbox.Querier, oq OpenQuery) (OpenPage, er
 	if oq.Tenant != "" {
 		where += ` AND @tenant = ANY(coalesce(w.tenants, m.tenants, '{}'))`
 		args["tenant"] = oq.Tenant
+	}
+	if oq.Kind != "" {
+		if !slices.Contains(Kinds, oq.Kind) {
+			return OpenPage{}, fmt.Errorf("%w: %q", ErrUnknownKind, oq.Kind)
+		}
+		where += ` AND d.kind = @kind`
+		args["kind"] = oq.Kind
 	}
 	ds, err := readDiscrepanciesIn(ctx, q, where, `ORDER BY d.id DESC LIMIT @limit`, args)
 	if err != nil {

@@ -17,8 +17,9 @@ import (
 )
 
 // The open discrepancies of every run come newest first, a page at a
-// time keyed by id; a resolved one is left out; a tenant keeps its own;
-// and a page walks the index of the current discrepancies, not the table.
+// time keyed by id; a resolved one is left out; a kind and a tenant keep
+// their own, an unknown kind is refused; and a page walks the index of
+// the current discrepancies, not the table.
 func TestListOpenPagesNewestFirstByTenant(t *testing.T) {
 	t.Parallel()
 	r, _, ds, _ := droppedRun(t)
@@ -55,6 +56,17 @@ func TestListOpenPagesNewestFirstByTenant(t *testing.T) {
 	require.Len(t, page.Discrepancies, len(ds)-1)
 	require.Equal(t, ids[1], page.Discrepancies[0].ID, "the resolved one is no longer open")
 
+	_, err = reconcile.ListOpen(r.Ctx, r.Pool, reconcile.OpenQuery{Kind: "stripe_has_most"})
+	require.ErrorIs(t, err, reconcile.ErrUnknownKind)
+	page, err = reconcile.ListOpen(r.Ctx, r.Pool, reconcile.OpenQuery{Kind: reconcile.KindStripeHasLess})
+	require.NoError(t, err)
+	require.Len(t, page.Discrepancies, len(ds)-1, "every drop is Stripe having less")
+	page, err = reconcile.ListOpen(r.Ctx, r.Pool, reconcile.OpenQuery{Kind: reconcile.KindStripeHasMore})
+	require.NoError(t, err)
+	require.Empty(t, page.Discrepancies)
+
+	page, err = reconcile.ListOpen(r.Ctx, r.Pool, reconcile.OpenQuery{})
+	require.NoError(t, err)
 	tenant := page.Discrepancies[0].Tenants[0]
 	page, err = reconcile.ListOpen(r.Ctx, r.Pool, reconcile.OpenQuery{Tenant: tenant})
 	require.NoError(t, err)
