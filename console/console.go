@@ -71,7 +71,8 @@ type Deps struct {
 	SessionIdle time.Duration
 	Logger      *slog.Logger
 	// ReadLimit, when set, bounds the expensive pages in flight
-	// (completeness, mappings, quarantine and its CSV, reconciliation).
+	// (completeness, mappings, quarantine and its CSV, reconciliation, open
+	// discrepancies, a bulk recovery's review).
 	ReadLimit ReadLimiter
 	// Reports answers the completeness page from its snapshots; nil
 	// computes it whenever no computation of the month runs.

@@ -203,12 +203,13 @@ func (c *Console) suggestions(ctx context.Context) (map[int64]string, error) {
 }
 
 // recoveryRoutes registers the bulk recovery of uncertain items on r, a
-// router whose requests have a session: operators review it, then confirm
-// it.
+// router whose requests have a session: operators review it (a read of up
+// to reconcile.MaxRecoverAll items, bounded like the other expensive
+// pages), then confirm it.
 func (c *Console) recoveryRoutes(r chi.Router) {
 	r.Group(func(r chi.Router) {
 		r.Use(requireRole(auth.RoleOperator))
-		r.Get("/uncertain/review", c.reviewRecovery)
+		r.With(c.limitReads).Get("/uncertain/review", c.reviewRecovery)
 		r.Post("/uncertain/recover", c.recoverAll)
 	})
 }
