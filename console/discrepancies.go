@@ -1,6 +1,8 @@
 package console
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -9,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -20,20 +23,53 @@ type discrepancyView struct {
 	Numbers string
 	// Month is the hour's month, YYYY-MM.
 	Month string
+	// Recoverable: some of the items that explain it are still uncertain,
+	// so its run's plan recovers them. Recovered: none is, and some were
+	// recovered as accepted, so the next run that compares the hour
+	// confirms them and clears it.
+	Recoverable, Recovered bool
 }
 
 // Explained says whether d is open and explained by uncertain items that
-// landed: its run's plan recovers them, which is what settles it.
+// landed and are still uncertain: its run's plan recovers them, which is
+// what settles it. One whose items were recovered as accepted waits for
+// the next run; one whose items moved otherwise (sent again, abandoned)
+// is for finance to resolve like any other.
 func (d discrepancyView) Explained() bool {
-	return d.Open() && d.Explanation == "explained"
+	return d.Open() && d.Explanation == "explained" && d.Recoverable
 }
 
-func viewsOf(ds []reconcile.Discrepancy) []discrepancyView {
+// AwaitsRun says whether d is open, explained, and its items were
+// recovered as accepted: the next run that compares its hour settles it.
+func (d discrepancyView) AwaitsRun() bool {
+	return d.Open() && d.Explanation == "explained" && !d.Recoverable && d.Recovered
+}
+
+// viewsOf says ds in words, reading the current state of the items that
+// explain the open explained ones (each item once).
+func (c *Console) viewsOf(ctx context.Context, ds []reconcile.Discrepancy) ([]discrepancyView, error) {
 	out := make([]discrepancyView, len(ds))
+	states := map[int64]outbox.State{}
 	for i, d := range ds {
-		out[i] = discrepancyView{Discrepancy: d, Numbers: numbersInWords(d), Month: d.Hour.Format("2006-01")}
+		v := discrepancyView{Discrepancy: d, Numbers: numbersInWords(d), Month: d.Hour.Format("2006-01")}
+		if d.Open() && d.Explanation == "explained" {
+			for _, id := range d.ExplainedBy {
+				st, seen := states[id]
+				if !seen {
+					it, err := c.Outbox.Get(ctx, c.pool, id)
+					if err != nil && !errors.Is(err, outbox.ErrNotFound) {
+						return nil, err
+					}
+					st = it.State // "" when not found
+					states[id] = st
+				}
+				v.Recoverable = v.Recoverable || st == outbox.StateUncertain
+				v.Recovered = v.Recovered || st == outbox.StateAccepted || st == outbox.StateConfirmed
+			}
+		}
+		out[i] = v
 	}
-	return out
+	return out, nil
 }
 
 // formulaWords say what a meter's number of an hour is, by its formula.
@@ -109,7 +145,10 @@ func (c *Console) openDiscrepancies(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	data.Discrepancies = viewsOf(page.Discrepancies)
+	if data.Discrepancies, err = c.viewsOf(r.Context(), page.Discrepancies); err != nil {
+		c.fail(w, r, err)
+		return
+	}
 	if page.Next != 0 {
 		next := url.Values{"before": {strconv.FormatInt(page.Next, 10)}}
 		if data.Tenant != "" {

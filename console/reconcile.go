@@ -110,7 +110,10 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 			c.fail(w, r, err)
 			return data, false
 		}
-		data.Discrepancies = viewsOf(open)
+		if data.Discrepancies, err = c.viewsOf(ctx, open); err != nil {
+			c.fail(w, r, err)
+			return data, false
+		}
 		n := map[string]int64{}
 		for _, d := range open {
 			n[d.Kind]++
@@ -141,7 +144,10 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 		return data, false
 	}
 	data.SettleNote = settleNote(run, len(ds))
-	data.Discrepancies = viewsOf(ds)
+	if data.Discrepancies, err = c.viewsOf(ctx, ds); err != nil {
+		c.fail(w, r, err)
+		return data, false
+	}
 	if data.Plan, err = reconcile.PlanOf(ctx, c.pool, c.Outbox, id); err != nil {
 		c.fail(w, r, err)
 		return data, false

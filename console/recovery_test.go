@@ -273,3 +273,51 @@ func TestSettleWords(t *testing.T) {
 		require.Equal(t, want, console.SettleWords(in), in)
 	}
 }
+
+// An explained discrepancy points at its plan while its items are
+// uncertain; once they moved otherwise (sent again, say), the plan has
+// nothing for it and finance may resolve it like any other; once they
+// were recovered as accepted, it waits for the next run.
+func TestAnExplainedDiscrepancyWhoseItemsMovedIsResolvable(t *testing.T) {
+	t.Parallel()
+	s := newReconcileSite(t)
+	fin, _ := consoleClient(t, s.site, s.token(t, "fiona", auth.RoleFinance), s.url+"/console/discrepancies")
+	form := fmt.Sprintf(`action="/console/reconcile/discrepancies/%d/resolve"`, s.explainedDiscrepancy)
+	pages := []string{"/console/discrepancies", "/console/reconcile", fmt.Sprintf("/console/reconcile/%d", s.run)}
+	page := func(path string) string {
+		t.Helper()
+		resp, err := fin.Get(s.url + path)
+		require.NoError(t, err)
+		return readBody(t, resp)
+	}
+	recover := func(to outbox.State) {
+		t.Helper()
+		_, err := reconcile.Recover(s.env.Ctx, s.env.Pool, s.env.Outbox, s.uncertain, reconcile.Recovery{Expect: outbox.StateUncertain,
+			To: to, By: "someone"})
+		require.NoError(t, err)
+	}
+	for _, p := range pages {
+		body := page(p)
+		require.NotContains(t, body, form, p)
+		require.Contains(t, body, `data-testid="plan-link"`, p)
+	}
+
+	recover(outbox.StatePending)
+	for _, p := range pages {
+		body := page(p)
+		require.Contains(t, body, form, p)
+		require.Contains(t, body, "Its explaining items are no longer uncertain", p)
+	}
+
+	// Sent again with no answer, then recovered as accepted.
+	leases, err := s.env.Outbox.Claim(s.env.Ctx, s.env.Pool, outbox.ClaimOptions{Owner: "test", Limit: 10, Policy: outbox.BestEffort})
+	require.NoError(t, err)
+	require.Len(t, leases, 1)
+	require.NoError(t, s.env.Outbox.MarkUncertain(s.env.Ctx, s.env.Pool, leases[0], outbox.ErrorInfo{Code: "timeout"}, false))
+	recover(outbox.StateAccepted)
+	for _, p := range pages {
+		body := page(p)
+		require.NotContains(t, body, form, p)
+		require.Contains(t, body, "the next run confirms the hour and clears it", p)
+	}
+}
