@@ -397,7 +397,6 @@ type page struct {
 var flashes = map[string]flash{
 	"requeued":         {Text: "Requeued: the item is pending again."},
 	"readdressed":      {Text: "Re-addressed: a successor item carries the usage under the current mapping."},
-	"recovered":        {Text: "Recovered."},
 	"feature_saved":    {Text: "Feature mapping saved."},
 	"tenant_saved":     {Text: "Tenant mapping saved."},
 	"run_queued":       {Text: "Reconcile run queued."},
@@ -407,9 +406,6 @@ var flashes = map[string]flash{
 	"may_have_reached": {Text: "Not re-addressed: an attempt may have reached Stripe; it keeps its identifier (see recovery).", Error: true},
 	"not_quarantined":  {Text: "Not requeued: the item is no longer quarantined.", Error: true},
 	"requeue_refused":  {Text: "Not requeued: the outbox refused it; see the item's page.", Error: true},
-	"expected_state":   {Text: "Not recovered: the item is no longer uncertain (or changed since the page was drawn).", Error: true},
-	"invalid_recovery": {Text: "Not recovered: give a reason (required to reject, and with 'nothing reached Stripe', which goes with pending only).", Error: true},
-	"past_horizon":     {Text: "Not recovered: past its horizon an item may go back to pending only with 'nothing reached Stripe' and a reason.", Error: true},
 	"no_stripe":        {Text: "No Stripe key is configured: there is nothing to reconcile against.", Error: true},
 	"invalid_settle":   {Text: "The settle delay must be a duration such as 2h.", Error: true},
 }
