@@ -71,7 +71,8 @@ type Deps struct {
 	SessionIdle time.Duration
 	Logger      *slog.Logger
 	// ReadLimit, when set, bounds the expensive pages in flight
-	// (completeness, mappings, quarantine and its CSV, reconciliation).
+	// (completeness, mappings, quarantine and its CSV, reconciliation, open
+	// discrepancies, a bulk recovery's review).
 	ReadLimit ReadLimiter
 	// Reports answers the completeness page from its snapshots; nil
 	// computes it whenever no computation of the month runs.
@@ -172,7 +173,7 @@ func New(d Deps) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, page := range []string{"overview", "quarantine", "item", "uncertain", "mappings", "reconcile", "completeness"} {
+	for _, page := range []string{"overview", "quarantine", "item", "uncertain", "mappings", "reconcile", "completeness", "discrepancies"} {
 		t, err := template.Must(layout.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return nil, err
@@ -216,6 +217,7 @@ func (c *Console) Handler() http.Handler {
 		r.Get("/items/{id}", c.item)
 		r.Get("/uncertain", c.uncertain)
 		c.reconcileRoutes(r)
+		c.recoveryRoutes(r)
 		r.Group(func(r chi.Router) {
 			r.Use(c.limitReads)
 			r.Get("/quarantine", c.quarantine)
@@ -395,7 +397,6 @@ type page struct {
 var flashes = map[string]flash{
 	"requeued":         {Text: "Requeued: the item is pending again."},
 	"readdressed":      {Text: "Re-addressed: a successor item carries the usage under the current mapping."},
-	"recovered":        {Text: "Recovered."},
 	"feature_saved":    {Text: "Feature mapping saved."},
 	"tenant_saved":     {Text: "Tenant mapping saved."},
 	"run_queued":       {Text: "Reconcile run queued."},
@@ -405,9 +406,6 @@ var flashes = map[string]flash{
 	"may_have_reached": {Text: "Not re-addressed: an attempt may have reached Stripe; it keeps its identifier (see recovery).", Error: true},
 	"not_quarantined":  {Text: "Not requeued: the item is no longer quarantined.", Error: true},
 	"requeue_refused":  {Text: "Not requeued: the outbox refused it; see the item's page.", Error: true},
-	"expected_state":   {Text: "Not recovered: the item is no longer uncertain (or changed since the page was drawn).", Error: true},
-	"invalid_recovery": {Text: "Not recovered: give a reason (required to reject, and with 'nothing reached Stripe', which goes with pending only).", Error: true},
-	"past_horizon":     {Text: "Not recovered: past its horizon an item may go back to pending only with 'nothing reached Stripe' and a reason.", Error: true},
 	"no_stripe":        {Text: "No Stripe key is configured: there is nothing to reconcile against.", Error: true},
 	"invalid_settle":   {Text: "The settle delay must be a duration such as 2h.", Error: true},
 }
@@ -421,7 +419,8 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title str
 	p.Stall = c.stallBanner(r.Context())
 	for _, n := range []navItem{{"/console/", "Overview", false}, {"/console/quarantine", "Quarantine", false},
 		{"/console/uncertain", "Uncertain & rejected", false}, {"/console/mappings", "Mappings", false},
-		{"/console/reconcile", "Reconciliation", false}, {"/console/completeness", "Completeness", false}} {
+		{"/console/reconcile", "Reconciliation", false}, {"/console/completeness", "Completeness", false},
+		{"/console/discrepancies", "Open discrepancies", false}} {
 		n.Active = n.Href == r.URL.Path || (n.Href != "/console/" && strings.HasPrefix(r.URL.Path, n.Href))
 		p.Nav = append(p.Nav, n)
 	}

@@ -199,7 +199,6 @@ const viewW, viewH = 1280, 800
 // page at that width.
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
-	require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(viewW, viewH)))
 	fits(t, ctx, name)
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
@@ -211,6 +210,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // right edge (the first few are named).
 func fits(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
+	require.NoError(t, chromedp.Do(ctx, chromedp.EmulateViewport(viewW, viewH)))
 	type overflow struct {
 		ScrollWidth, ClientWidth int
 		Wide                     []string

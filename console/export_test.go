@@ -10,3 +10,6 @@ func SetSignInThrottle(c *Console, failures int, every time.Duration, global int
 		Addresses: defaultSignInAddresses})
 	c.throttle.now = now
 }
+
+// SettleWords is settleWords, for its table test.
+var SettleWords = settleWords

@@ -1,12 +1,15 @@
 package console
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/httpsec"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 )
@@ -14,9 +17,35 @@ import (
 // unmappedSpan is how far back the mappings page looks for unmapped usage.
 const unmappedSpan = 7 * 24 * time.Hour
 
+// mappingsPage draws the mappings page, with the refusal of the form the
+// browser was redirected from, if any (refusalCookie).
 func (c *Console) mappingsPage(w http.ResponseWriter, r *http.Request) {
-	c.renderMappings(w, r, nil)
+	var refusal *mappings.Refusal
+	if ck, err := r.Cookie(refusalCookie); err == nil {
+		http.SetCookie(w, &http.Cookie{Name: refusalCookie, Path: refusalPath, MaxAge: -1, HttpOnly: true,
+			SameSite: http.SameSiteStrictMode, Secure: httpsec.ClientHTTPS(r)})
+		var rf mappings.Refusal
+		if b, err := base64.RawURLEncoding.DecodeString(ck.Value); err == nil && json.Unmarshal(b, &rf) == nil && rf.Code != "" {
+			refusal = &rf
+		}
+	}
+	c.renderMappings(w, r, refusal)
 }
+
+// refusalCookie carries a refused mapping form's refusal, in the mappings
+// package's words, across the redirect after the form to the next drawing
+// of the mappings page, which clears it. A cookie, not the address: a link
+// cannot make the page say anything else, and only this site sets it
+// (HttpOnly, SameSite=Strict, a minute at most).
+const refusalCookie = "tally_mapping_refusal"
+
+// refusalPath is where the browser sends refusalCookie: the mappings page
+// and its forms.
+const refusalPath = "/console/mappings"
+
+// maxRefusalCookie bounds refusalCookie's value, under the 4 KiB a
+// browser keeps of a cookie.
+const maxRefusalCookie = 3000
 
 // mappingsView is what the mappings page shows.
 type mappingsView struct {
@@ -45,10 +74,8 @@ type accountTenants struct {
 }
 
 // renderMappings draws the mappings page; after a refused form, with the
-// refusal (the form is not redirected: the page says why, in the mappings
-// package's words, which a link could not make it say). It answers 200
-// either way: the page is what the browser asked for, and a 4xx would
-// read as a failed load in its console.
+// refusal. It answers 200 either way: the page is what the browser asked
+// for, and a 4xx would read as a failed load in its console.
 func (c *Console) renderMappings(w http.ResponseWriter, r *http.Request, refusal *mappings.Refusal) {
 	ctx := r.Context()
 	v := mappingsView{Refusal: refusal, RestrictedKey: c.Mappings.RestrictedKey, Unchecked: c.Mappings.Warning()}
@@ -140,17 +167,33 @@ func (c *Console) putTenant(w http.ResponseWriter, r *http.Request) {
 	c.mappingResult(w, r, err, "tenant_saved")
 }
 
-// mappingResult goes back to the mappings page: saved, with the flash ok;
-// refused, with the refusal (mappings.RefusalOf, as the API and the CLI
-// say it).
+// mappingResult redirects to the mappings page: saved, with the flash
+// ok; refused, with the refusal (mappings.RefusalOf, as the API and the CLI
+// say it) in refusalCookie.
 func (c *Console) mappingResult(w http.ResponseWriter, r *http.Request, err error, ok string) {
 	if err == nil {
 		back(w, r, "/console/mappings", ok)
 		return
 	}
-	if refusal, isRefusal := mappings.RefusalOf(err); isRefusal {
-		c.renderMappings(w, r, &refusal)
+	refusal, isRefusal := mappings.RefusalOf(err)
+	if !isRefusal {
+		c.fail(w, r, err)
 		return
 	}
-	c.fail(w, r, err)
+	b, err := json.Marshal(refusal)
+	if err == nil && base64.RawURLEncoding.EncodedLen(len(b)) > maxRefusalCookie {
+		// Too long for a cookie: the code and the start of the message.
+		refusal.Fields = nil
+		if m := []rune(refusal.Message); len(m) > 300 {
+			refusal.Message = string(m[:300]) + "…"
+		}
+		b, err = json.Marshal(refusal)
+	}
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: refusalCookie, Value: base64.RawURLEncoding.EncodeToString(b), Path: refusalPath,
+		MaxAge: 60, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: httpsec.ClientHTTPS(r)})
+	http.Redirect(w, r, "/console/mappings", http.StatusSeeOther)
 }

@@ -48,7 +48,10 @@ func TestOverviewAndReconcilePageShowOpenDiscrepancies(t *testing.T) {
 	first := strings.Index(page, fmt.Sprintf(`id="discrepancy-%d"`, s.explainedDiscrepancy))
 	second := strings.Index(page, fmt.Sprintf(`id="discrepancy-%d"`, s.dropped))
 	require.True(t, first > 0 && first < second, "Stripe has more first")
-	require.Contains(t, page, fmt.Sprintf(`action="/console/reconcile/discrepancies/%d/resolve"`, s.explainedDiscrepancy))
+	require.Contains(t, page, fmt.Sprintf(`action="/console/reconcile/discrepancies/%d/resolve"`, s.dropped))
+	require.NotContains(t, page, fmt.Sprintf(`action="/console/reconcile/discrepancies/%d/resolve"`, s.explainedDiscrepancy),
+		"an explained one points at its plan instead")
+	require.Contains(t, page, fmt.Sprintf(`<a data-testid="plan-link" href="/console/reconcile/%d#plan">`, s.run))
 
 	noRedirect := *fin
 	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

@@ -66,6 +66,7 @@ func (c *Console) quarantine(w http.ResponseWriter, r *http.Request) {
 		}
 		p.Confirm = &res
 	}
+	p.Result = resultOf(r.URL.Query())
 	c.renderQuarantine(w, r, p)
 }
 
@@ -112,7 +113,8 @@ func filterQuery(f quarantine.Filter) url.Values {
 
 // requeueMatching requeues every quarantined item the posted filters
 // match (a page of them, after the posted id) under the current mappings,
-// as POST /v1/quarantine/requeue does, and shows what it did.
+// as POST /v1/quarantine/requeue does, and redirects to the page with the
+// filters, which shows what it did.
 func (c *Console) requeueMatching(w http.ResponseWriter, r *http.Request) {
 	f := quarantine.Filter{Reason: r.PostFormValue("reason"), Tenant: r.PostFormValue("tenant"),
 		Feature: r.PostFormValue("feature"), Period: r.PostFormValue("period")}
@@ -127,7 +129,57 @@ func (c *Console) requeueMatching(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	c.renderQuarantine(w, r, quarantinePage{Filter: f, Result: &res})
+	q := filterQuery(f)
+	for k, v := range resultQuery(res) {
+		q[k] = v
+	}
+	http.Redirect(w, r, "/console/quarantine?"+q.Encode(), http.StatusSeeOther)
+}
+
+// refusalCodes are the refusals a requeue's result may count, the only
+// ones the page reads back from its query.
+var refusalCodes = []string{quarantine.RefusalNotFound, quarantine.RefusalMappingChanged, quarantine.RefusalNotQuarantined,
+	quarantine.RefusalStillIneligible, quarantine.RefusalMayHaveReached, quarantine.RefusalNotSendable,
+	quarantine.RefusalAggregationChanged, quarantine.RefusalExportStalled, quarantine.RefusalSuccessorExists,
+	quarantine.RefusalPeriodClosed}
+
+// resultQuery is a bulk requeue's totals as the query of the redirect
+// after it: the page shows them (resultOf) and a reload requeues nothing.
+func resultQuery(res quarantine.BulkResult) url.Values {
+	q := url.Values{"done": {"1"}, "requeued": {strconv.Itoa(res.Totals.Requeued)},
+		"readdressed": {strconv.Itoa(res.Totals.Readdressed)}, "refused": {strconv.Itoa(res.Totals.Refused)}}
+	for code, n := range res.Totals.RefusedBy {
+		q.Set("refused_"+code, strconv.Itoa(n))
+	}
+	if res.NextAfter != nil {
+		q.Set("next", strconv.FormatInt(*res.NextAfter, 10))
+	}
+	return q
+}
+
+// resultOf reads the totals resultQuery wrote; nil without them.
+func resultOf(q url.Values) *quarantine.BulkResult {
+	if q.Get("done") == "" {
+		return nil
+	}
+	n := func(k string) int {
+		v, err := strconv.Atoi(q.Get(k))
+		if err != nil || v < 0 {
+			return 0
+		}
+		return v
+	}
+	res := &quarantine.BulkResult{Totals: quarantine.BulkTotals{Requeued: n("requeued"), Readdressed: n("readdressed"),
+		Refused: n("refused"), RefusedBy: map[string]int{}}}
+	for _, code := range refusalCodes {
+		if v := n("refused_" + code); v > 0 {
+			res.Totals.RefusedBy[code] = v
+		}
+	}
+	if next, err := strconv.ParseInt(q.Get("next"), 10, 64); err == nil && next > 0 {
+		res.NextAfter = &next
+	}
+	return res
 }
 
 // reasonNames lists every quarantine reason, the outbox's list, for the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -24,20 +25,58 @@ type reconcilePageData struct {
 	Runs []reconcile.Run
 	Run  *reconcile.Run
 	// Discrepancies are the open ones of every run, or the run's.
-	Discrepancies []reconcile.Discrepancy
+	Discrepancies []discrepancyView
 	// OpenCounts count the open ones by kind (the index page).
 	OpenCounts []kindCount
 	Plan       reconcile.Plan
-	Settle     string
+	// Steps are the plan's actions in words.
+	Steps  []planStep
+	Settle string
+	// SettleNote, on a run's page, says why a run that succeeded confirmed
+	// nothing.
+	SettleNote string
 	// CanResolve: finance and above resolve discrepancies.
 	CanResolve bool
 	Reasons    []reconcile.ResolutionReason
 	// Notice is what the last action on the page came to.
 	Notice *flash
-	// Review shows the plan for confirmation; Results, once applied, each
-	// action's result.
+	// Review shows the plan for confirmation; Results, once applied, what
+	// each action came to.
 	Review  bool
-	Results []reconcile.PlanResult
+	Results []planOutcome
+	// ResultsMore counts the items applying the plan came to that Results
+	// does not name.
+	ResultsMore int
+}
+
+// planStep is an action of a plan in words: what happened to its item
+// and what applying the plan does to it.
+type planStep struct {
+	reconcile.PlanAction
+	Happened, Does string
+}
+
+// stepsOf says each action of p in words.
+func stepsOf(p reconcile.Plan) []planStep {
+	out := make([]planStep, len(p.Actions))
+	for i, a := range p.Actions {
+		d := a.Evidence
+		stripe := "nothing"
+		if d.Provider != nil {
+			stripe = *d.Provider
+		}
+		out[i] = planStep{PlanAction: a,
+			Happened: fmt.Sprintf("It was sent and no answer came back. For %s's %s in the hour of %s UTC, Stripe has %s and Tally %s without it: this item makes up the difference, so Stripe has it.",
+				d.Customer, d.EventName, d.Hour.Format("2006-01-02 15:04"), stripe, d.Expected),
+			Does: "Marks it accepted: Stripe has it, it is never sent again, and the next run confirms it."}
+	}
+	return out
+}
+
+// planOutcome is what applying one action of a plan came to.
+type planOutcome struct {
+	Item    int64
+	Applied bool
 }
 
 func (c *Console) reconcilePage(w http.ResponseWriter, r *http.Request) {
@@ -57,7 +96,7 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 		c.fail(w, r, err)
 		return reconcilePageData{}, false
 	}
-	data := reconcilePageData{Runs: runs, Settle: c.Settle.String(), Reasons: reconcile.ResolutionReasons}
+	data := reconcilePageData{Runs: runs, Settle: durationWords(c.Settle), Reasons: reconcile.ResolutionReasons}
 	if n, ok := reconcileNotices[r.URL.Query().Get("notice")]; ok {
 		data.Notice = &n
 	}
@@ -66,12 +105,17 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 	}
 	s := chi.URLParam(r, "id")
 	if s == "" {
-		if data.Discrepancies, err = reconcile.OpenDiscrepancies(ctx, c.pool); err != nil {
+		open, err := reconcile.OpenDiscrepancies(ctx, c.pool)
+		if err != nil {
+			c.fail(w, r, err)
+			return data, false
+		}
+		if data.Discrepancies, err = c.viewsOf(ctx, open); err != nil {
 			c.fail(w, r, err)
 			return data, false
 		}
 		n := map[string]int64{}
-		for _, d := range data.Discrepancies {
+		for _, d := range open {
 			n[d.Kind]++
 		}
 		for _, k := range reconcile.Kinds {
@@ -94,7 +138,13 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 		return data, false
 	}
 	data.Run = &run
-	if data.Discrepancies, err = reconcile.Discrepancies(ctx, c.pool, id); err != nil {
+	ds, err := reconcile.Discrepancies(ctx, c.pool, id)
+	if err != nil {
+		c.fail(w, r, err)
+		return data, false
+	}
+	data.SettleNote = settleNote(run, len(ds))
+	if data.Discrepancies, err = c.viewsOf(ctx, ds); err != nil {
 		c.fail(w, r, err)
 		return data, false
 	}
@@ -102,7 +152,46 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 		c.fail(w, r, err)
 		return data, false
 	}
+	data.Steps = stepsOf(data.Plan)
+	data.Results, data.ResultsMore = outcomesOf(r.URL.Query())
 	return data, true
+}
+
+// settleNote says why run, having succeeded, confirmed nothing: it leaves
+// out the usage of its settle delay, which Stripe may still be counting.
+// Empty when it confirmed something, found discrepancies (found, of
+// them), or has not succeeded.
+func settleNote(run reconcile.Run, found int) string {
+	if run.Status != "succeeded" || run.ItemsConfirmed > 0 || run.Discrepancies > 0 || found > 0 {
+		return ""
+	}
+	return fmt.Sprintf("This run confirmed nothing. It compares only usage older than its settle delay (%s), "+
+		"because Stripe may still be counting newer usage: whatever was sent within that time waits for a run started after it has passed. "+
+		"Runs start on their schedule, or here.", settleWords(run.Settle))
+}
+
+// settleWords says a settle delay as PostgreSQL writes an interval
+// ("02:00:00") in Go's words ("2h"); as it is when it is not of that
+// form.
+func settleWords(interval string) string {
+	var h, m, sec int
+	if n, err := fmt.Sscanf(interval, "%d:%d:%d", &h, &m, &sec); err != nil || n != 3 {
+		return interval
+	}
+	return durationWords(time.Duration(h)*time.Hour + time.Duration(m)*time.Minute + time.Duration(sec)*time.Second)
+}
+
+// durationWords is d as Go writes it without its zero tails: "2h", not
+// "2h0m0s".
+func durationWords(d time.Duration) string {
+	out := d.String()
+	if strings.HasSuffix(out, "m0s") {
+		out = strings.TrimSuffix(out, "0s")
+	}
+	if strings.HasSuffix(out, "h0m") {
+		out = strings.TrimSuffix(out, "0m")
+	}
+	return out
 }
 
 func (c *Console) startRun(w http.ResponseWriter, r *http.Request) {
@@ -134,6 +223,7 @@ func (c *Console) startRun(w http.ResponseWriter, r *http.Request) {
 // and above resolve discrepancies; operators review a run's recovery plan
 // and apply it.
 func (c *Console) reconcileRoutes(r chi.Router) {
+	r.With(c.limitReads).Get("/discrepancies", c.openDiscrepancies)
 	r.With(requireRole(auth.RoleFinance)).Post("/reconcile/discrepancies/{id}/resolve", c.resolveDiscrepancy)
 	r.Group(func(r chi.Router) {
 		r.Use(requireRole(auth.RoleOperator))
@@ -154,16 +244,24 @@ var reconcileNotices = map[string]flash{
 }
 
 // resolveDiscrepancy resolves a discrepancy with the form's reason and
-// note, and goes back to its run's page saying what came of it.
+// note, and goes back to the page the form was on (its run's, the
+// reconciliation page, or the open discrepancies with their filter)
+// saying what came of it.
 func (c *Console) resolveDiscrepancy(w http.ResponseWriter, r *http.Request) {
 	id, ok := itemID(r) // the path's {id}: here a discrepancy's
 	if !ok {
 		http.NotFound(w, r)
 		return
 	}
-	to := "/console/reconcile"
+	to, q := "/console/reconcile", url.Values{}
 	if run, err := strconv.ParseInt(r.PostFormValue("run"), 10, 64); err == nil && run > 0 {
 		to = fmt.Sprintf("/console/reconcile/%d", run)
+	}
+	if r.PostFormValue("from") == "open" {
+		to = "/console/discrepancies"
+		if t := r.PostFormValue("tenant"); t != "" {
+			q.Set("tenant", t)
+		}
 	}
 	_, err := reconcile.Resolve(r.Context(), c.pool, c.Outbox, id, reconcile.Decision{
 		Reason: reconcile.ResolutionReason(r.PostFormValue("reason")), Note: r.PostFormValue("note"), By: actor(r)})
@@ -185,11 +283,13 @@ func (c *Console) resolveDiscrepancy(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, err)
 		return
 	}
-	http.Redirect(w, r, fmt.Sprintf("%s?notice=%s#discrepancy-%d", to, code, id), http.StatusSeeOther)
+	q.Set("notice", code)
+	http.Redirect(w, r, fmt.Sprintf("%s?%s#discrepancy-%d", to, q.Encode(), id), http.StatusSeeOther)
 }
 
-// reviewPlan shows a run's recovery plan for confirmation: each action
-// with the lease token it was reviewed at, which the apply carries.
+// reviewPlan shows a run's recovery plan for confirmation, each action
+// in words; the form carries each item's lease token as reviewed, so that
+// an item that moved since is refused.
 func (c *Console) reviewPlan(w http.ResponseWriter, r *http.Request) {
 	data, ok := c.reconcileData(w, r)
 	if !ok {
@@ -201,10 +301,10 @@ func (c *Console) reviewPlan(w http.ResponseWriter, r *http.Request) {
 
 // applyPlan applies the actions of the plan the operator reviewed and
 // confirmed (each "item:lease token") through reconcile.ApplyPlan, the
-// recoveries of the API and the CLI, and shows what each came to. The
-// reasons and targets are the plan's as it is now; an action no longer in
-// it, or whose item moved since its review, is refused and changes
-// nothing.
+// recoveries of the API and the CLI, and redirects to the run's page,
+// which shows what each came to. The reasons and targets are the plan's
+// as it is now; an action no longer in it, or whose item moved since its
+// review, is refused and changes nothing.
 func (c *Console) applyPlan(w http.ResponseWriter, r *http.Request) {
 	data, ok := c.reconcileData(w, r)
 	if !ok {
@@ -219,7 +319,7 @@ func (c *Console) applyPlan(w http.ResponseWriter, r *http.Request) {
 		current[a.Item] = a
 	}
 	reviewed := reconcile.Plan{RunID: data.Plan.RunID, Created: data.Plan.Created}
-	var gone []reconcile.PlanResult
+	var refused []int64
 	for _, v := range r.PostForm["action"] {
 		item, token, ok := parseAction(v)
 		if !ok {
@@ -228,27 +328,65 @@ func (c *Console) applyPlan(w http.ResponseWriter, r *http.Request) {
 		}
 		a, in := current[item]
 		if !in {
-			gone = append(gone, reconcile.PlanResult{Item: item, To: "", Error: "no longer in the plan: the item is not uncertain any more"})
+			refused = append(refused, item) // no longer uncertain
 			continue
 		}
 		a.LeaseToken = token
 		reviewed.Actions = append(reviewed.Actions, a)
 	}
-	data.Results = append(reconcile.ApplyPlan(r.Context(), c.pool, c.Outbox, reviewed, actor(r)), gone...)
-	if data.Plan, ok = c.planNow(w, r, data.Plan.RunID); !ok {
-		return
+	var applied []int64
+	for _, res := range reconcile.ApplyPlan(r.Context(), c.pool, c.Outbox, reviewed, actor(r)) {
+		if res.Applied {
+			applied = append(applied, res.Item)
+		} else {
+			refused = append(refused, res.Item)
+		}
 	}
-	c.render(w, r, "reconcile", "Reconciliation", data)
+	q := url.Values{}
+	q.Set("applied", joinIDs(applied))
+	q.Set("refused", joinIDs(refused))
+	http.Redirect(w, r, fmt.Sprintf("/console/reconcile/%d?%s#results", data.Plan.RunID, q.Encode()), http.StatusSeeOther)
 }
 
-// planNow is run id's plan after an apply: what is left of it.
-func (c *Console) planNow(w http.ResponseWriter, r *http.Request, id int64) (reconcile.Plan, bool) {
-	p, err := reconcile.PlanOf(r.Context(), c.pool, c.Outbox, id)
-	if err != nil {
-		c.fail(w, r, err)
-		return reconcile.Plan{}, false
+// maxOutcomes bounds the items a redirect after applying a plan names,
+// of each kind, so that its address stays short; the rest are counted.
+const maxOutcomes = 200
+
+// joinIDs writes ids as the query of a redirect: comma-separated, at most
+// maxOutcomes of them, then "+N" for the rest.
+func joinIDs(ids []int64) string {
+	var b strings.Builder
+	for i, id := range ids {
+		if i == maxOutcomes {
+			fmt.Fprintf(&b, ",+%d", len(ids)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
 	}
-	return p, true
+	return b.String()
+}
+
+// outcomesOf reads what applying a plan came to from the redirect's query
+// (applied and refused, as joinIDs wrote them): the items named, and how
+// many more were not. Nil without one.
+func outcomesOf(q url.Values) (out []planOutcome, more int) {
+	if !q.Has("applied") && !q.Has("refused") {
+		return nil, 0
+	}
+	out = []planOutcome{}
+	for _, k := range []string{"applied", "refused"} {
+		for i, v := range strings.Split(q.Get(k), ",") {
+			if n, err := strconv.Atoi(strings.TrimPrefix(v, "+")); err == nil && strings.HasPrefix(v, "+") && n > 0 {
+				more += n
+			} else if id, err := strconv.ParseInt(v, 10, 64); err == nil && id > 0 && i < maxOutcomes {
+				out = append(out, planOutcome{Item: id, Applied: k == "applied"})
+			}
+		}
+	}
+	return out, more
 }
 
 // parseAction reads a reviewed action of the plan form: "item:lease_token".

@@ -114,7 +114,7 @@ func TestOperatorAppliesAPlanAndFinanceResolvesFromTheConsole(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`[data-testid=apply-plan]`)),
 		chromedp.WaitVisible(chromedp.CSS(`[data-testid=plan-results]`))))
 	require.Equal(t, 1, count(t, ctx, `[data-testid=plan-results] tr[data-applied=true]`))
-	require.Contains(t, text(t, ctx, `[data-testid=plan-results]`), "applied")
+	require.Contains(t, text(t, ctx, `[data-testid=plan-results]`), "marked accepted")
 	screenshot(t, ctx, "operator-reconcile-plan-applied")
 	require.Equal(t, outbox.StateAccepted, s.state(t, s.uncertain))
 	var by string
@@ -159,7 +159,7 @@ func TestConsoleRefusesAStalePlanAndABadResolution(t *testing.T) {
 	body := readBody(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, `data-applied="false"`)
-	require.Contains(t, body, "changed since it was reviewed")
+	require.Contains(t, body, "changed since you reviewed the plan")
 	require.Equal(t, outbox.StateUncertain, s.state(t, s.uncertain))
 	resp, err = op.PostForm(plan, url.Values{"csrf": {csrf}, "action": {"x"}})
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,11 +57,23 @@ LEFT JOIN LATERAL (
 ) m ON true
 LEFT JOIN reconcile_resolutions r ON ` + resolutionMatches + `
 /*where*/
-ORDER BY ` + kindOrder + `, d.event_name, d.customer, d.hour, d.run_id`
+/*order*/`
 
-// readDiscrepancies runs sqlDiscrepancies with the WHERE clause where.
+// discrepancyOrder is the order lists show discrepancies in: by kind, then
+// by meter, customer, hour and run.
+const discrepancyOrder = `ORDER BY ` + kindOrder + `, d.event_name, d.customer, d.hour, d.run_id`
+
+// readDiscrepancies runs sqlDiscrepancies with the WHERE clause where, in
+// discrepancyOrder.
 func readDiscrepancies(ctx context.Context, q outbox.Querier, where string, args pgx.NamedArgs) ([]Discrepancy, error) {
-	rows, err := q.Query(ctx, strings.Replace(sqlDiscrepancies, "/*where*/", where, 1), args)
+	return readDiscrepanciesIn(ctx, q, where, discrepancyOrder, args)
+}
+
+// readDiscrepanciesIn runs sqlDiscrepancies with the WHERE clause where and
+// the ORDER BY (and LIMIT) clause order.
+func readDiscrepanciesIn(ctx context.Context, q outbox.Querier, where, order string, args pgx.NamedArgs) ([]Discrepancy, error) {
+	sql := strings.Replace(strings.Replace(sqlDiscrepancies, "/*where*/", where, 1), "/*order*/", order, 1)
+	rows, err := q.Query(ctx, sql, args)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: reading discrepancies: %w", err)
 	}
@@ -210,4 +223,74 @@ func OpenCounts(ctx context.Context, q outbox.Querier) (map[string]int64, error)
 		return nil, fmt.Errorf("reconcile: counting open discrepancies: %w", err)
 	}
 	return out, nil
+}
+
+// OpenPageLimit is how many discrepancies a page of OpenPage holds unless
+// told.
+const OpenPageLimit = 50
+
+// OpenQuery selects a page of the open discrepancies, across runs.
+type OpenQuery struct {
+	// Tenant, when set, keeps the discrepancies whose usage is that
+	// tenant's (Discrepancy.Tenants).
+	Tenant string
+	// Kind, when set, keeps the discrepancies of that kind (one of Kinds).
+	Kind string
+	// Before, when set, is the page after the one that ended with that
+	// discrepancy id: the older ones.
+	Before int64
+	// Limit is the page's size. Defaults to OpenPageLimit.
+	Limit int
+}
+
+// ErrUnknownKind is a kind of discrepancy that is not one of Kinds.
+var ErrUnknownKind = errors.New("reconcile: no such kind of discrepancy")
+
+// OpenPage is a page of open discrepancies, newest first.
+type OpenPage struct {
+	Discrepancies []Discrepancy
+	// Next, when not 0, is the Before of the next page: older ones may
+	// match.
+	Next int64
+}
+
+// ListOpen reads a page of the open discrepancies of every run, newest
+// (the greatest id) first, keyed by id: each page walks the partial index
+// of the current discrepancies (reconcile_discrepancies_current_id) down
+// from Before, skipping the resolved ones, and stops at a full page. Its
+// cost grows with the page, the resolved discrepancies still current
+// among them and, with a tenant, the other tenants' open ones it passes;
+// never with the history of cleared ones. A kind that is not one of Kinds
+// is ErrUnknownKind.
+func ListOpen(ctx context.Context, q outbox.Querier, oq OpenQuery) (OpenPage, error) {
+	if oq.Limit <= 0 {
+		oq.Limit = OpenPageLimit
+	}
+	where := `WHERE ` + isOpen
+	args := pgx.NamedArgs{"limit": oq.Limit + 1}
+	if oq.Before > 0 {
+		where += ` AND d.id < @before`
+		args["before"] = oq.Before
+	}
+	if oq.Tenant != "" {
+		where += ` AND @tenant = ANY(coalesce(w.tenants, m.tenants, '{}'))`
+		args["tenant"] = oq.Tenant
+	}
+	if oq.Kind != "" {
+		if !slices.Contains(Kinds, oq.Kind) {
+			return OpenPage{}, fmt.Errorf("%w: %q", ErrUnknownKind, oq.Kind)
+		}
+		where += ` AND d.kind = @kind`
+		args["kind"] = oq.Kind
+	}
+	ds, err := readDiscrepanciesIn(ctx, q, where, `ORDER BY d.id DESC LIMIT @limit`, args)
+	if err != nil {
+		return OpenPage{}, err
+	}
+	p := OpenPage{Discrepancies: ds}
+	if len(ds) > oq.Limit {
+		p.Discrepancies = ds[:oq.Limit]
+		p.Next = ds[oq.Limit-1].ID
+	}
+	return p, nil
 }

@@ -37,6 +37,11 @@
 // (RecordReport) records evidence, moves the accepted items it names, and
 // a note on the items still in flight that their next accept honours.
 //
+// Operators recover uncertain items (Recover; RecoverAll, several in one
+// transaction, all or none), each with its audit entry; a run's plan
+// (PlanOf) lists the recoveries its evidence supports. ListOpen pages the
+// open discrepancies of every run, newest first.
+//
 // It must never confirm on a mismatch finance has not resolved, never move an item other than
 // through package outbox, never resend anything, and never compare an hour
 // that still has an item pending or in flight.

@@ -56,57 +56,107 @@ var ErrInvalidRecovery = errors.New("reconcile: invalid recovery")
 
 // Recover applies r to item id in one transaction with its audit entry.
 func Recover(ctx context.Context, db DB, store *outbox.Store, id int64, r Recovery) (outbox.Item, error) {
+	if err := r.Validate(); err != nil {
+		return outbox.Item{}, err
+	}
+	var out outbox.Item
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		out, err = recoverIn(ctx, tx, store, id, r)
+		return err
+	})
+	return out, err
+}
+
+// Reviewed is an item of a bulk recovery with the lease token it was
+// reviewed at.
+type Reviewed struct {
+	Item       int64
+	LeaseToken int64
+}
+
+// MaxRecoverAll bounds the items of one RecoverAll: one transaction holds
+// their row locks until it commits.
+const MaxRecoverAll = 500
+
+// RecoverAll applies r to every item of items, each at the lease token it
+// was reviewed at, in one transaction with an audit entry per item, as
+// Recover does for one: all of them or, when any is refused (it moved
+// since its review, or is no longer uncertain), none, the error naming
+// it. r.LeaseToken is ignored.
+func RecoverAll(ctx context.Context, db DB, store *outbox.Store, items []Reviewed, r Recovery) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if len(items) == 0 || len(items) > MaxRecoverAll {
+		return fmt.Errorf("%w: recover 1 to %d items at once", ErrInvalidRecovery, MaxRecoverAll)
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		for _, it := range items {
+			token := it.LeaseToken
+			r.LeaseToken = &token
+			if _, err := recoverIn(ctx, tx, store, it.Item, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Validate refuses, with ErrInvalidRecovery, a recovery that cannot be
+// asked for, whatever the item: Recover and RecoverAll call it first.
+func (r Recovery) Validate() error {
 	if r.Expect != outbox.StateUncertain {
-		return outbox.Item{}, fmt.Errorf("%w: expect must be uncertain, the only state recovery leaves", ErrInvalidRecovery)
+		return fmt.Errorf("%w: expect must be uncertain, the only state recovery leaves", ErrInvalidRecovery)
 	}
 	switch r.To {
 	case outbox.StateAccepted, outbox.StatePending, outbox.StateRejected:
 	default:
-		return outbox.Item{}, fmt.Errorf("%w: to must be accepted, pending or rejected", ErrInvalidRecovery)
+		return fmt.Errorf("%w: to must be accepted, pending or rejected", ErrInvalidRecovery)
 	}
 	if (r.To == outbox.StateRejected || r.NotReached) && r.Reason == "" {
-		return outbox.Item{}, fmt.Errorf("%w: a reason is required to reject or to record that nothing reached Stripe", ErrInvalidRecovery)
+		return fmt.Errorf("%w: a reason is required to reject or to record that nothing reached Stripe", ErrInvalidRecovery)
 	}
 	if r.NotReached && r.To != outbox.StatePending {
-		return outbox.Item{}, fmt.Errorf("%w: not-reached goes with a recovery to pending", ErrInvalidRecovery)
+		return fmt.Errorf("%w: not-reached goes with a recovery to pending", ErrInvalidRecovery)
 	}
-	var out outbox.Item
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		it, err := store.Get(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		if it.State != r.Expect {
-			return &ExpectedStateError{ID: id, Expected: r.Expect, Current: it.State}
-		}
-		token := it.LeaseToken
-		if r.LeaseToken != nil {
-			token = *r.LeaseToken
-		}
-		err = store.Recover(ctx, tx, id, outbox.Recovery{To: r.To, ExpectLeaseToken: token, NotReached: r.NotReached,
-			ProviderRef: r.ProviderRef, Reason: r.Reason})
-		var se *outbox.StateError
-		if errors.As(err, &se) {
-			return &ExpectedStateError{ID: id, Expected: r.Expect, Current: se.Current, Moved: se.Current == r.Expect}
-		}
-		if err != nil {
-			return err
-		}
-		details := map[string]any{"lease_token": token}
-		if r.NotReached {
-			details["not_reached"] = true
-		}
-		if r.ProviderRef != "" {
-			details["provider_ref"] = r.ProviderRef
-		}
-		if err := audit.Record(ctx, tx, audit.Entry{Actor: r.By, Action: audit.ActionRecover, Subject: audit.Item(id),
-			From: string(it.State), To: string(r.To), Reason: r.Reason, Details: details}); err != nil {
-			return err
-		}
-		out, err = store.Get(ctx, tx, id)
-		return err
-	})
-	return out, err
+	return nil
+}
+
+// recoverIn applies r, validated, to item id in tx with its audit entry.
+func recoverIn(ctx context.Context, tx pgx.Tx, store *outbox.Store, id int64, r Recovery) (outbox.Item, error) {
+	it, err := store.Get(ctx, tx, id)
+	if err != nil {
+		return outbox.Item{}, err
+	}
+	if it.State != r.Expect {
+		return outbox.Item{}, &ExpectedStateError{ID: id, Expected: r.Expect, Current: it.State}
+	}
+	token := it.LeaseToken
+	if r.LeaseToken != nil {
+		token = *r.LeaseToken
+	}
+	err = store.Recover(ctx, tx, id, outbox.Recovery{To: r.To, ExpectLeaseToken: token, NotReached: r.NotReached,
+		ProviderRef: r.ProviderRef, Reason: r.Reason})
+	var se *outbox.StateError
+	if errors.As(err, &se) {
+		return outbox.Item{}, &ExpectedStateError{ID: id, Expected: r.Expect, Current: se.Current, Moved: se.Current == r.Expect}
+	}
+	if err != nil {
+		return outbox.Item{}, err
+	}
+	details := map[string]any{"lease_token": token}
+	if r.NotReached {
+		details["not_reached"] = true
+	}
+	if r.ProviderRef != "" {
+		details["provider_ref"] = r.ProviderRef
+	}
+	if err := audit.Record(ctx, tx, audit.Entry{Actor: r.By, Action: audit.ActionRecover, Subject: audit.Item(id),
+		From: string(it.State), To: string(r.To), Reason: r.Reason, Details: details}); err != nil {
+		return outbox.Item{}, err
+	}
+	return store.Get(ctx, tx, id)
 }
 
 // Plan is what a run suggests doing about its discrepancies: recover to
