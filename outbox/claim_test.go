@@ -321,7 +321,7 @@ WHERE id = $1`, first)
 	require.Equal(t, other, r.leases[0].ID)
 	require.Equal(t, outbox.StatePending, b.get(t, later).State)
 	require.Equal(t, 0, b.get(t, later).Attempts, "the refused lease consumed no attempt")
-	require.Equal(t, float64(1), b.stale("T1"), "the lost key counts as T1's stale write")
+	require.Equal(t, float64(1), b.stale(outbox.TransitionClaim), "the lost key counts as the claim's stale write")
 }
 
 // An expired PerKey lease holds its key until it is taken over or, past

@@ -87,10 +87,10 @@ func TestFailAcceptedQuarantinesOrRejects(t *testing.T) {
 	require.Equal(t, &outbox.ErrorInfo{Code: "timestamp_too_far_in_past", Message: "Timestamp too far in the past"}, it.LastError)
 
 	require.Equal(t, logged, b.attemptRows(t), "T10 is not an attempt's outcome")
-	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "T10", "state", "quarantined"))
-	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "T10", "state", "rejected"))
+	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "fail_accepted", "state", "quarantined"))
+	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "fail_accepted", "state", "rejected"))
 	require.Equal(t, 1.0, b.counterValue("tally_outbox_quarantined_total", "reason", "meter_not_found"))
-	require.Zero(t, b.stale("T10"))
+	require.Zero(t, b.stale(outbox.TransitionFailAccepted))
 
 	// Nothing automatic leaves rejected: a second report finds it moved.
 	_, refused, err = b.store.FailAccepted(b.ctx, b.pool, []outbox.ProviderFailure{{ID: r.ID, To: outbox.StateRejected, Error: outbox.ErrorInfo{Code: "x"}}})
@@ -138,12 +138,12 @@ func TestFailAcceptedRefusesItemsNotAccepted(t *testing.T) {
 	for _, id := range others {
 		var se *outbox.StateError
 		require.ErrorAs(t, refused[id], &se, "item %d", id)
-		require.Equal(t, "T10", se.Transition)
+		require.Equal(t, outbox.TransitionFailAccepted, se.Transition)
 		require.Equal(t, outbox.StateAccepted, se.Expected)
 		require.Equal(t, before[id].State, se.Current)
 		require.Equal(t, before[id], b.get(t, id), "a refused T10 changes nothing")
 	}
-	require.Equal(t, float64(len(others)+1), b.stale("T10"))
+	require.Equal(t, float64(len(others)+1), b.stale(outbox.TransitionFailAccepted))
 	require.Equal(t, outbox.StateQuarantined, b.get(t, ok.ID).State)
 
 	// The leased item's owner still settles it: T10 did not touch its lease.
@@ -169,8 +169,8 @@ func TestFailAcceptedTwiceMovesNothing(t *testing.T) {
 	require.ErrorAs(t, refused[l.ID], &se)
 	require.Equal(t, outbox.StateQuarantined, se.Current)
 	require.Equal(t, once, b.get(t, l.ID))
-	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "T10", "state", "quarantined"))
-	require.Equal(t, 1.0, b.stale("T10"))
+	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "fail_accepted", "state", "quarantined"))
+	require.Equal(t, 1.0, b.stale(outbox.TransitionFailAccepted))
 }
 
 // Bad input is refused before anything is written.

@@ -68,7 +68,7 @@ func TestWithdrawTakesOnlyItemsNothingOfWhichMayHaveReachedTheProvider(t *testin
 	require.True(t, errors.As(b.withdraw(t, pending), &se), "withdrawn is terminal")
 	require.Equal(t, outbox.StateWithdrawn, se.Current)
 	require.ErrorIs(t, b.withdraw(t, 1<<40), outbox.ErrNotFound)
-	require.Equal(t, 4.0, b.stale("T11"), "every write that changed nothing is counted")
+	require.Equal(t, 4.0, b.stale(outbox.TransitionWithdraw), "every write that changed nothing is counted")
 
 	// Nothing leaves withdrawn: no claim takes it, the database refuses any edge out.
 	for _, l := range b.claim(t, outbox.ClaimOptions{Owner: "w2", Limit: 10, Policy: outbox.BestEffort}) {

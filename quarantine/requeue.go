@@ -109,7 +109,7 @@ func (r *Requeuer) RequeueWith(ctx context.Context, db meter.TxBeginner, id int6
 			return err
 		}
 		if it.State != outbox.StateQuarantined {
-			return &outbox.StateError{ID: id, Transition: "T9", Expected: outbox.StateQuarantined, Current: it.State, CurrentLeaseToken: it.LeaseToken}
+			return &outbox.StateError{ID: id, Transition: outbox.TransitionRequeue, Expected: outbox.StateQuarantined, Current: it.State, CurrentLeaseToken: it.LeaseToken}
 		}
 		if it.SubjectKind == outbox.SubjectUsageCancellation {
 			// A cancellation Stripe cannot apply (too late, a last value),
