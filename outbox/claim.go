@@ -211,8 +211,8 @@ SELECT ` + "%s" + `,
 FROM claimed o JOIN outbox_item_bodies b ON b.id = o.id
 ORDER BY o.id`
 
-// sqlClaimBestEffort is the claim under BestEffort: the oldest expired leases, then
-// the oldest due pending items.
+// sqlClaimBestEffort is the claim under BestEffort: the oldest expired
+// leases, then the oldest due pending items.
 var sqlClaimBestEffort = fmt.Sprintf(`
 WITH picked AS (
     SELECT id, state AS prev_state, lease_token AS prev_token, lease_owner AS prev_owner, leased_at AS prev_leased_at
@@ -389,13 +389,13 @@ WITH picked AS (
     ) c
 ),`+sqlClaimLease, splitColumns("b", "o"))
 
-// Claim is the claim transition: it claims up to opts.Limit items in one READ COMMITTED
-// transaction of its own, committed before it returns (under BestEffort
-// sent in one round trip, claimTrip), and returns their leases. Each claimed
-// item's lease_token and attempts are incremented, its first_attempt_at set
-// if this is its first claim, and its lease_expires_at set from the database
-// clock. An empty result is not an error: nothing was due, or somebody else
-// holds it.
+// Claim is the claim transition: it claims up to opts.Limit items in one READ
+// COMMITTED transaction of its own, committed before it returns (under
+// BestEffort sent in one round trip, claimTrip), and returns their leases.
+// Each claimed item's lease_token and attempts are incremented, its
+// first_attempt_at set if this is its first claim, and its lease_expires_at
+// set from the database clock. An empty result is not an error: nothing was
+// due, or somebody else holds it.
 func (s *Store) Claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]Lease, error) {
 	ctx, span := batchSpan(ctx, "claim", TransitionClaim)
 	leases, err := s.claim(ctx, db, opts)

@@ -14,8 +14,8 @@ type NewItem struct {
 	// Payload is the financial intent; Enqueue sets Payload.Identifier.
 	Payload Payload
 	// Quarantine, when set, enqueues the item quarantined with this reason
-	// (stage_quarantined) instead of pending (stage): ineligible usage is staged and
-	// quarantined, never dropped.
+	// (stage_quarantined) instead of pending (stage): ineligible usage is
+	// staged and quarantined, never dropped.
 	Quarantine Reason
 	// Withdrawn, when set, enqueues the item withdrawn (stage_withdrawn): usage
 	// cancelled before it was staged, staged so that its ledger rows have
@@ -122,9 +122,10 @@ FROM outbox_items
 WHERE tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3 AND exporter = $4
   AND destination_account = $5 AND mode = $6 AND mapping_version = $7`
 
-// Enqueue is stage, stage_quarantined or stage_withdrawn: it inserts item inside the caller's transaction,
-// or, when the identity exists already, returns the existing row. It never
-// commits; the caller commits once, with the cause of the item.
+// Enqueue is stage, stage_quarantined or stage_withdrawn: it inserts item
+// inside the caller's transaction, or, when the identity exists already,
+// returns the existing row. It never commits; the caller commits once, with
+// the cause of the item.
 func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued, error) {
 	if err := item.validate(); err != nil {
 		return Enqueued{}, err

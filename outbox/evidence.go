@@ -16,9 +16,10 @@ UPDATE outbox_item_states o SET state = 'confirmed', confirmed_at = clock_timest
 WHERE o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
 RETURNING o.id`
 
-// Confirm is the confirm transition for a batch: it moves the given accepted items to confirmed.
-// It returns the ids confirmed; for every other id it re-reads the item and
-// reports a *StateError (or ErrNotFound) in the map, and counts it stale.
+// Confirm is the confirm transition for a batch: it moves the given accepted
+// items to confirmed. It returns the ids confirmed; for every other id it
+// re-reads the item and reports a *StateError (or ErrNotFound) in the map,
+// and counts it stale.
 func (s *Store) Confirm(ctx context.Context, q Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
 	ctx, span := batchSpan(ctx, "confirm", TransitionConfirm)
 	confirmed, refused, err = s.confirm(ctx, q, ids)
@@ -162,16 +163,17 @@ FROM b
 WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
 RETURNING o.id, o.state`
 
-// FailAccepted is the fail_accepted transition for a batch: the provider reported, after accepting
-// them, that it failed the given items. Each accepted item moves to its
-// failure's To (quarantined with its Reason, or rejected) with the
-// sanitised error as its last error, in one statement that locks the rows in
-// id order. It returns the ids moved; for every other id it re-reads the
-// item and reports a *StateError (or ErrNotFound) in the map, counted as a
-// stale write, and changes nothing. The error return is for failures of the
-// database or of the input (a target other than quarantined or rejected, a
-// quarantine without a known reason, one item twice); then nothing was
-// written. It runs on q, so a caller can make it part of its transaction.
+// FailAccepted is the fail_accepted transition for a batch: the provider
+// reported, after accepting them, that it failed the given items. Each
+// accepted item moves to its failure's To (quarantined with its Reason, or
+// rejected) with the sanitised error as its last error, in one statement that
+// locks the rows in id order. It returns the ids moved; for every other id it
+// re-reads the item and reports a *StateError (or ErrNotFound) in the map,
+// counted as a stale write, and changes nothing. The error return is for
+// failures of the database or of the input (a target other than quarantined
+// or rejected, a quarantine without a known reason, one item twice); then
+// nothing was written. It runs on q, so a caller can make it part of its
+// transaction.
 func (s *Store) FailAccepted(ctx context.Context, q Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
 	ctx, span := batchSpan(ctx, "fail_accepted", TransitionFailAccepted)
 	failed, refused, err = s.failAccepted(ctx, q, fs)

@@ -150,10 +150,10 @@ ORDER BY 4, 1`
 // Reconciliation runs it once per key, so its planning counts: on a large
 // table the plan cache keeps planning it afresh at every call (its custom
 // plan, one key's hour, is estimated well below its generic plan, a key's
-// share of the table), which costs more than running it. Both plans have the same shape — the
-// key-and-time index, then the state row by primary key — so when q can
-// pipeline, it runs on its generic plan (queryOnGenericPlan), planned
-// once per connection.
+// share of the table), which costs more than running it. Both plans have the
+// same shape — the key-and-time index, then the state row by primary key — so
+// when q can pipeline, it runs on its generic plan (queryOnGenericPlan),
+// planned once per connection.
 func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem, error) {
 	args := pgx.NamedArgs{"key": r.OrderingKey, "mode": string(r.Mode), "settle": r.Settle, "from": r.From, "to": r.To}
 	items, err := queryOnGenericPlan(ctx, q, sqlKeyItems, args, func(row pgx.CollectableRow) (KeyItem, error) {

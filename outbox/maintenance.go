@@ -53,9 +53,9 @@ log AS (
 )
 SELECT id FROM t`
 
-// Sweep runs the sweep transition over every item past its cap or horizon that no deliverer
-// holds, and returns the ids it made uncertain. Safe to run on every node at
-// once: each row moves at most once.
+// Sweep runs the sweep transition over every item past its cap or horizon
+// that no deliverer holds, and returns the ids it made uncertain. Safe to run
+// on every node at once: each row moves at most once.
 func (s *Store) Sweep(ctx context.Context, q Querier) ([]int64, error) {
 	rows, err := q.Query(ctx, sqlSweep, pgx.NamedArgs{"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon})
 	if err != nil {

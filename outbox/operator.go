@@ -30,11 +30,11 @@ type Recovery struct {
 	Reason string
 }
 
-// sqlRecover is the recover transition: an operator's decision about an uncertain item. To
-// pending it grants a fresh attempt budget (attempts_base := attempts;
-// attempts and first_attempt_at do not move), and it is refused past the
-// horizon unless no attempt may have reached the provider or the operator
-// records that none did (refused_attempts := attempts).
+// sqlRecover is the recover transition: an operator's decision about an
+// uncertain item. To pending it grants a fresh attempt budget (attempts_base
+// := attempts; attempts and first_attempt_at do not move), and it is refused
+// past the horizon unless no attempt may have reached the provider or the
+// operator records that none did (refused_attempts := attempts).
 const sqlRecover = `
 UPDATE outbox_item_states SET
     state             = @to,
@@ -53,9 +53,9 @@ WHERE id = @id AND state = 'uncertain' AND lease_token = @token
        OR first_attempt_at + @horizon::interval > clock_timestamp())`
 
 // Recover is the recover transition: uncertain to accepted, pending or
-// rejected, as the operator decided. Zero rows affected gives a *StateError carrying the item's
-// current state and lease token, ErrNotFound, or ErrPastHorizon; nothing is
-// retried.
+// rejected, as the operator decided. Zero rows affected gives a *StateError
+// carrying the item's current state and lease token, ErrNotFound, or
+// ErrPastHorizon; nothing is retried.
 func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) error {
 	switch r.To {
 	case StateAccepted, StatePending, StateRejected:
@@ -89,12 +89,13 @@ func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) er
 	return err
 }
 
-// sqlRequeue is the requeue transition: an operator requeues a quarantined item after fixing
-// the cause without changing the mapping it was built from (a meter created
-// at Stripe, the node's account corrected). It keeps its identity and
-// identifier, and gets a fresh attempt budget. Only an item whose payload is
-// sendable as it stands may go back: one staged without a customer, a meter
-// or an account must be re-addressed (Supersede) under a mapping that supplies it.
+// sqlRequeue is the requeue transition: an operator requeues a quarantined
+// item after fixing the cause without changing the mapping it was built from
+// (a meter created at Stripe, the node's account corrected). It keeps its
+// identity and identifier, and gets a fresh attempt budget. Only an item
+// whose payload is sendable as it stands may go back: one staged without a
+// customer, a meter or an account must be re-addressed (Supersede) under a
+// mapping that supplies it.
 const sqlRequeue = `
 UPDATE outbox_item_states o SET
     state = 'pending', quarantine_reason = NULL, next_attempt_at = clock_timestamp(),
@@ -105,10 +106,11 @@ WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_versi
   AND b.destination_account <> '' AND b.mapping_version > 0
   AND coalesce(b.payload ->> 'customer', '') <> '' AND coalesce(b.payload ->> 'event_name', '') <> ''`
 
-// Requeue is the requeue transition: quarantined to pending. It answers ErrMappingChanged when the item was built from
-// another mapping version than the one given, ErrNotSendable when its
-// payload lacks what a send needs, a *StateError when it is not quarantined,
-// ErrNotFound when there is no such item.
+// Requeue is the requeue transition: quarantined to pending. It answers
+// ErrMappingChanged when the item was built from another mapping version than
+// the one given, ErrNotSendable when its payload lacks what a send needs, a
+// *StateError when it is not quarantined, ErrNotFound when there is no such
+// item.
 func (s *Store) Requeue(ctx context.Context, q Querier, id int64, mappingVersion int) error {
 	tag, err := q.Exec(ctx, sqlRequeue, pgx.NamedArgs{"id": id, "version": mappingVersion})
 	if err != nil {

@@ -153,14 +153,15 @@ const oneShot = pgx.QueryExecModeExec
 const sqlLockBatch = `SELECT id FROM outbox_item_states WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE`
 
 // Record writes the outcomes of attempts (accept, retry, mark_uncertain,
-// reject, quarantine), batched, one statement per transition present. Each outcome lands or is fenced out on its own; a
-// fenced outcome's Result carries ErrStaleLease, is counted by the
-// stale-writer metric and must not be retried. A batch of one kind is one
-// statement; a mixed batch runs in one READ COMMITTED transaction of its own
-// that first locks every row of the batch in id order, so concurrent writers
-// never deadlock. The error return is for failures of the database or of the
-// input (an outcome kind unknown, one item twice, a quarantine without a
-// reason); then nothing of the batch was written.
+// reject, quarantine), batched, one statement per transition present. Each
+// outcome lands or is fenced out on its own; a fenced outcome's Result
+// carries ErrStaleLease, is counted by the stale-writer metric and must not
+// be retried. A batch of one kind is one statement; a mixed batch runs in one
+// READ COMMITTED transaction of its own that first locks every row of the
+// batch in id order, so concurrent writers never deadlock. The error return
+// is for failures of the database or of the input (an outcome kind unknown,
+// one item twice, a quarantine without a reason); then nothing of the batch
+// was written.
 func (s *Store) Record(ctx context.Context, db TxBeginner, outcomes []Outcome) ([]Result, error) {
 	ctx, span := batchSpan(ctx, "settle", TransitionAccept, TransitionRetry, TransitionMarkUncertain,
 		TransitionReject, TransitionQuarantine)
@@ -503,9 +504,9 @@ func (s *Store) Accept(ctx context.Context, db TxBeginner, l Lease, providerRef 
 	return err
 }
 
-// Retry is the retry transition for one lease (mark_uncertain past the cap
-// or the horizon); it returns the state the item landed in. Refused says the provider refused this
-// attempt outright (see Outcome.Refused).
+// Retry is the retry transition for one lease (mark_uncertain past the cap or
+// the horizon); it returns the state the item landed in. Refused says the
+// provider refused this attempt outright (see Outcome.Refused).
 func (s *Store) Retry(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo, refused bool) (State, error) {
 	return s.record(ctx, db, Outcome{Lease: l, Kind: Retry, Error: e, Refused: refused})
 }

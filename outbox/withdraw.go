@@ -8,24 +8,23 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sqlWithdraw is the withdraw transition: a pending or quarantined item none of whose attempts
-// may have reached the provider ends withdrawn. A pending item is not
-// leased, so no send of it is in flight; the predicate is re-checked on the
-// row the UPDATE locks. A quarantined item's reason is cleared (a CHECK
-// allows one only on quarantined and superseded items); the cancellation
-// that withdrew it says why.
+// sqlWithdraw is the withdraw transition: a pending or quarantined item none
+// of whose attempts may have reached the provider ends withdrawn. A pending
+// item is not leased, so no send of it is in flight; the predicate is
+// re-checked on the row the UPDATE locks. A quarantined item's reason is
+// cleared (a CHECK allows one only on quarantined and superseded items); the
+// cancellation that withdrew it says why.
 const sqlWithdraw = `
 UPDATE outbox_item_states SET state = 'withdrawn', quarantine_reason = NULL, updated_at = clock_timestamp()
 WHERE id = @id AND state IN ('pending', 'quarantined') AND refused_attempts = attempts`
 
-// Withdraw is the withdraw transition, inside the caller's transaction: item id, pending or
-// quarantined, ends withdrawn, never to be sent, because the usage it
-// carries was cancelled. Only an item proven not to have reached the
+// Withdraw is the withdraw transition, inside the caller's transaction: item
+// id, pending or quarantined, ends withdrawn, never to be sent, because the
+// usage it carries was cancelled. Only an item proven not to have reached the
 // provider may be withdrawn: otherwise ErrMayHaveReached (the usage must be
-// taken back from the provider instead). In another state it is a
-// *StateError (leased: ask again once the lease ends). A write that changes
-// nothing is counted as stale and reported, never retried here; the caller
-// rolls back.
+// taken back from the provider instead). In another state it is a *StateError
+// (leased: ask again once the lease ends). A write that changes nothing is
+// counted as stale and reported, never retried here; the caller rolls back.
 func (s *Store) Withdraw(ctx context.Context, tx pgx.Tx, id int64) error {
 	tag, err := tx.Exec(ctx, sqlWithdraw, pgx.NamedArgs{"id": id})
 	if err != nil {
@@ -98,12 +97,13 @@ const sqlSupersedeCancelled = `
 UPDATE outbox_item_states SET state = 'superseded', superseded_by = @successor, updated_at = clock_timestamp()
 WHERE id = @id AND state IN ('pending', 'quarantined') AND refused_attempts = attempts`
 
-// SupersedeCancelled is the supersede_cancelled transition, inside the caller's transaction: a window's
-// item, pending or quarantined, none of whose attempts may have reached the
-// provider, is re-addressed without an event that was cancelled — the
-// successor (rebuilt from the rows left, under an identity of its own) is
-// enqueued and the item superseded by it. Otherwise ErrMayHaveReached or a
-// *StateError; the caller rolls back, and the successor is not kept.
+// SupersedeCancelled is the supersede_cancelled transition, inside the
+// caller's transaction: a window's item, pending or quarantined, none of
+// whose attempts may have reached the provider, is re-addressed without an
+// event that was cancelled — the successor (rebuilt from the rows left, under
+// an identity of its own) is enqueued and the item superseded by it.
+// Otherwise ErrMayHaveReached or a *StateError; the caller rolls back, and
+// the successor is not kept.
 func (s *Store) SupersedeCancelled(ctx context.Context, tx pgx.Tx, id int64, successor NewItem) (Enqueued, error) {
 	old, enq, err := s.enqueueSuccessor(ctx, tx, TransitionSupersedeCancelled, id, successor)
 	if err != nil {
