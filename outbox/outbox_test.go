@@ -127,7 +127,7 @@ func TestEnqueueInsertsOncePerIdentity(t *testing.T) {
 	require.Equal(t, outbox.StatePending, first.State)
 	require.Equal(t, newItem(1).Identity.Identifier(), first.Identifier)
 
-	// T0's stale path: the same identity collapses into the existing row.
+	// stage's stale path: the same identity collapses into the existing row.
 	again, err := b.store.Enqueue(b.ctx, tx, newItem(1))
 	require.NoError(t, err)
 	require.False(t, again.Inserted)
@@ -262,7 +262,7 @@ func TestClaimLeasesDueItems(t *testing.T) {
 		require.Equal(t, "w1", l.LeaseOwner)
 		require.WithinDuration(t, l.LeasedAt.Add(outbox.DefaultLease), *l.LeaseExpiresAt, time.Second)
 	}
-	// T1's stale path: nothing at all; somebody else has them.
+	// claim's stale path: nothing at all; somebody else has them.
 	rest := b.claim(t, outbox.ClaimOptions{Owner: "w2", Limit: 10})
 	require.Len(t, rest, 1)
 	require.NotContains(t, []int64{leases[0].ID, leases[1].ID}, rest[0].ID)
@@ -313,7 +313,8 @@ func TestTransitionsOutOfLeased(t *testing.T) {
 			return err
 		}, outbox.StatePending, func(t *testing.T, b *testBundle, it outbox.Item) {
 			require.Equal(t, &outbox.ErrorInfo{Code: "stripe_5xx", Status: 502, Message: "bad gateway"}, it.LastError)
-			// backoff after attempt 1: 5s plus up to 1.25s of jitter, from the database clock
+			// backoff after attempt 1: 5s plus up to 1.25s of jitter, from
+			// the database clock
 			wait := it.NextAttemptAt.Sub(it.UpdatedAt)
 			require.GreaterOrEqual(t, wait, 5*time.Second-10*time.Millisecond)
 			require.LessOrEqual(t, wait, 6250*time.Millisecond+10*time.Millisecond)
@@ -742,8 +743,9 @@ func TestRequeue(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{Horizon: 300 * time.Millisecond, Lease: 100 * time.Millisecond})
 
-	// Quarantined at claim time (T6): never sent, so requeueing it after the
-	// horizon is safe and it goes out again with the same identifier.
+	// Quarantined at claim time (quarantine): never sent, so requeueing it
+	// after the horizon is safe and it goes out again with the same
+	// identifier.
 	ids := b.enqueue(t, newItem(1))
 	l := b.claimOne(t)
 	require.NoError(t, b.store.Quarantine(b.ctx, b.pool, l, outbox.ReasonMeterNotFound, outbox.ErrorInfo{Code: "meter_not_found", Status: 400}))
