@@ -199,7 +199,7 @@ func transitionsSection() string {
 		}
 	}
 	b.WriteString("```\n\n")
-	b.WriteString("| transition | spec | from → to | `Store` method | run by | SQL |\n|---|---|---|---|---|---|\n")
+	b.WriteString("| transition | spec rule | from → to | `Store` method | run by | SQL |\n|---|---|---|---|---|---|\n")
 	for _, e := range Transitions {
 		from := "none"
 		if len(e.From) > 0 {
