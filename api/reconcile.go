@@ -146,7 +146,7 @@ func (h *handlers) getReconcilePlan(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, p)
 }
 
-// recover is T8: {"expect":"uncertain","to":"accepted|pending|rejected",
+// recover is outbox recover: {"expect":"uncertain","to":"accepted|pending|rejected",
 // "reason":"…","not_reached":false,"provider_ref":"…","lease_token":N}.
 func (h *handlers) recover(w http.ResponseWriter, r *http.Request) {
 	id, ok := itemID(w, r)

@@ -99,7 +99,7 @@ const codeLockTimeout = "lock_timeout"
 // false with most 500s because its idempotency layer would replay the same
 // 500 to the same Idempotency-Key, and every attempt carries a key of its
 // own; the identifier deduplicates the resend. A retry past the attempt cap
-// or the horizon becomes uncertain in the outbox itself (T3).
+// or the horizon becomes uncertain in the outbox itself (its retry).
 //
 // An unrecognised refusal is quarantined, not rejected: it proves the event
 // was not recorded, and a mapping fix may cure it, so a human decides; only
@@ -251,7 +251,7 @@ const (
 )
 
 // ClassifyReport maps the error code of a failed event named by a Stripe
-// meter error report to where T10 moves the accepted item, by the rule for
+// meter error report to where fail_accepted moves the accepted item, by the rule for
 // provider answers: a cause a mapping fix can cure is quarantined with the
 // matching reason, a refusal Tally recognises as the item's own is rejected
 // (terminal, visible), a duplicate is no failure at all, and a code Tally

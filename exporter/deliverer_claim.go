@@ -9,7 +9,7 @@ import (
 )
 
 // work is one claim loop: it reserves send slots, claims at most as many
-// items (T1) and hands them to the sends, until ctx ends.
+// items (the claim) and hands them to the sends, until ctx ends.
 func (r *delivery) work(ctx context.Context, owner string) {
 	for ctx.Err() == nil {
 		dest, err := r.dest()

@@ -9,7 +9,7 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// sendBatches checks the leases against this node (T6) and sends the rest
+// sendBatches checks the leases against this node (quarantine) and sends the rest
 // in requests of up to MaxBatch items, each on its own goroutine, to end
 // by end; every item holds its send slot until its outcome is out. Every
 // request's events were taken from the limiter before the claim; the first
@@ -172,7 +172,7 @@ func (d *Deliverer) waitSlot(ctx context.Context, end time.Time, units int) erro
 	return d.limiter.WaitN(ctx, units)
 }
 
-// deliver checks a leased item against this node (T6) and sends it: on the
+// deliver checks a leased item against this node (quarantine) and sends it: on the
 // limiter's slot taken before the claim when paid, else on one it waits
 // for. The send runs on a context of its own that ends at end, inside the
 // item's lease, so that a shutdown lets it finish and records its outcome,
@@ -220,7 +220,7 @@ func (d *Deliverer) selfPaced(l outbox.Lease) bool {
 	return ok && sp.SelfPaced(l)
 }
 
-// claimCheck is T6: an item staged for another account, mode or exporter
+// claimCheck is quarantine: an item staged for another account, mode or exporter
 // than this node's, or one that cannot be sent as it stands, is quarantined
 // without being sent. An account other than the node's own destination
 // must be a connected account some tenant mapping names.
@@ -265,7 +265,7 @@ func (d *Deliverer) claimCheck(l outbox.Lease, dest Destination, exporter string
 	return outbox.Outcome{}, false
 }
 
-// connectedCheck is T6 for an item staged for another account than the
+// connectedCheck is quarantine for an item staged for another account than the
 // node's own destination: it goes on when a tenant mapping has named that
 // account (a connected account), and is quarantined account_mismatch when
 // none has; when the mappings cannot be read it is put back.

@@ -20,9 +20,9 @@ import (
 // An event whose item Stripe refused (rejected) needs nothing taken back
 // (not_billed); usage no attempt of which may have
 // reached Stripe leaves its window — an unstaged event is staged straight
-// into a withdrawn item (T0w); a pending or quarantined per-event item is
-// withdrawn (T11); a window's item is re-addressed without the event
-// (T11r), or withdrawn when nothing else is left in it. A count event
+// into a withdrawn item (stage_withdrawn); a pending or quarantined per-event item is
+// withdrawn (withdraw); a window's item is re-addressed without the event
+// (supersede_cancelled), or withdrawn when nothing else is left in it. A count event
 // Stripe has gets an adjustment item within its 24 hours, else a
 // quarantined cancel_too_late item; a last window's event a quarantined
 // cancel_last_value item; a sum window's event an offsetting item of the
@@ -256,7 +256,7 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 }
 
 // withdrawUnstaged stages an unstaged event straight into a withdrawn
-// per-event item (T0w), so that no ledger row is left without an item and
+// per-event item (stage_withdrawn), so that no ledger row is left without an item and
 // the stager never sees it.
 func (s *Stager) withdrawUnstaged(ctx context.Context, tx pgx.Tx, tenant string, row ledgerRow) (int64, error) {
 	target, ok := s.Target(ctx)
@@ -290,8 +290,8 @@ func cancelledRef(row ledgerRow) string {
 
 // leaveWindow takes the cancelled usage out of live, a pending or
 // quarantined item no attempt of which may have reached the provider: a
-// per-event item, or a window's with nothing else left, is withdrawn (T11);
-// a window's with other events is re-addressed without it (T11r), and the
+// per-event item, or a window's with nothing else left, is withdrawn (withdraw);
+// a window's with other events is re-addressed without it (supersede_cancelled), and the
 // successor returned.
 func (s *Stager) leaveWindow(ctx context.Context, tx pgx.Tx, live outbox.Item) (*int64, error) {
 	var left int

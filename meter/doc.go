@@ -4,7 +4,7 @@
 // of per-event (count) features are staged in that same transaction. The
 // stager folds the other usage into windows — grid-aligned UTC, cut at
 // billing-period boundaries, closed once their end plus a grace has passed —
-// and hands each window to the outbox (T0, or T0q when it is ineligible) in
+// and hands each window to the outbox (stage; stage_quarantined if ineligible) in
 // the same transaction that marks its rows with the item, so every ledger row
 // ends in exactly one item. Late rows for a staged window become a
 // supplement ("#n").

@@ -88,12 +88,12 @@ func MeterSkipKey(account, eventName string) string { return account + "|" + eve
 // one-key space River and the migrator use.
 const perKeyLockSpace int32 = 0x54414c59
 
-// T1's predicate (docs/outbox.md, "The states"): pending and due, or leased
-// with an expired lease.
-// Each half also bounds its column by statement_timestamp(), a stable value
-// an index scan can stop at; the clock_timestamp() comparison is the rule.
-// "next_attempt_at IS NOT NULL" (always true) is pending_due's predicate
-// too: only the picks that say it may read that index (migration 31).
+// The claim's predicate (docs/outbox.md, "The states"): pending and due, or
+// leased with an expired lease. Each half also bounds its column by
+// statement_timestamp(), a stable value an index scan can stop at; the
+// clock_timestamp() comparison is the rule. "next_attempt_at IS NOT NULL"
+// (always true) is the partial index pending_due's predicate too: only the
+// picks that say it may read that index.
 const (
 	pendingDue   = `o.state = 'pending' AND o.next_attempt_at IS NOT NULL AND o.next_attempt_at <= statement_timestamp() AND o.next_attempt_at <= clock_timestamp()`
 	leaseExpired = `o.state = 'leased' AND o.lease_expires_at < statement_timestamp() AND o.lease_expires_at < clock_timestamp()`
@@ -101,7 +101,7 @@ const (
 
 // withinBudget: inside the attempt cap, and inside the horizon unless no
 // attempt may have reached the provider. Items outside the budget are never
-// sent again automatically; the maintenance sweep (T4) makes them uncertain.
+// sent again automatically; the maintenance sweep makes them uncertain.
 const withinBudget = `o.attempts - o.attempts_base < @max
     AND (o.refused_attempts = o.attempts OR o.first_attempt_at + @horizon::interval > clock_timestamp())
     AND ` + exporterMarker
@@ -139,7 +139,7 @@ type claimFilter struct {
 // exporter's items, or every item (exporter empty), and, with skip, none
 // of the accounts or account event names of @skip. The name is written as
 // a literal, not a parameter, so that even a cached statement's generic
-// plan can use the partial indexes of one exporter's items (migration 11).
+// plan can use the partial indexes of one exporter's items.
 // The skipped keys are a parameter, read off the ordering key's first part
 // (the item's destination account) and its last (the event name): a
 // statement without them is the one every claim runs while nothing is
@@ -167,25 +167,22 @@ const claimable = `((o.state = 'pending' COLLATE "C" AND o.next_attempt_at <= cl
       OR (o.state = 'leased' COLLATE "C" AND o.lease_expires_at < clock_timestamp()))
     AND ` + withinBudget
 
-// sqlClaimLease is the write half of T1, shared by both policies: the picked
-// rows (already locked FOR UPDATE SKIP LOCKED by the CTE "picked") are leased
-// under a new token, consuming an attempt; a claim that takes over an expired
-// lease records the abandoned attempt. Only the item's state row is written
-// (migration 23); its body — identity and payload, for the deliverer — is
-// joined by primary key after the update. The UPDATE finds its rows by
+// sqlClaimLease is the write half of the claim, shared by both policies:
+// the picked rows (already locked FOR UPDATE SKIP LOCKED by the CTE
+// "picked") are leased under a new token, consuming an attempt; a claim that
+// takes over an expired lease records the abandoned attempt. Only the item's
+// state row is written; its body — identity and payload, for the deliverer
+// — is joined by primary key after the update. The UPDATE finds its rows by
 // primary key from the picked ids (o.id = ANY(ARRAY(…))), and joins
 // nothing: joined to "picked", the planner, whose statistics of a large
-// table say almost nothing is pending, compared every picked row with
-// every pending or leased item (a claim of 100 took 27 ms beside a million
-// ledger rows of history, 8 ms by the ids: BenchmarkHistory), and the
-// cached statement's generic plan, after five claims, compared every
-// picked row with every other (a million comparisons for a claim of
-// 1,000). It compares the state under collation "C", which no partial
-// index's predicate uses, as T2 does: with "one pending row" in its
-// statistics, the planner read every pending and leased item through a
-// BitmapOr of their partial indexes and filtered them by id (6,000 rows
-// for a claim of 100, BenchmarkHistory). The previous holder of a
-// taken-over lease is read from "picked" for the few rows that had one.
+// table say almost nothing is pending, would compare every picked row with
+// every pending or leased item, and the cached statement's generic plan
+// every picked row with every other. It compares the state under collation
+// "C", which no partial index's predicate uses, as the accept does: with
+// "one pending row" in its statistics, the planner would read every pending
+// and leased item through a BitmapOr of their partial indexes and filter
+// them by id. The previous holder of a taken-over lease is read from
+// "picked" for the few rows that had one.
 const sqlClaimLease = `
 claimed AS (
     UPDATE outbox_item_states o SET
@@ -214,8 +211,8 @@ SELECT ` + "%s" + `,
 FROM claimed o JOIN outbox_item_bodies b ON b.id = o.id
 ORDER BY o.id`
 
-// sqlClaimBestEffort is T1 under BestEffort: the oldest expired leases, then
-// the oldest due pending items.
+// sqlClaimBestEffort is the claim under BestEffort: the oldest expired
+// leases, then the oldest due pending items.
 var sqlClaimBestEffort = fmt.Sprintf(`
 WITH picked AS (
     SELECT id, state AS prev_state, lease_token AS prev_token, lease_owner AS prev_owner, leased_at AS prev_leased_at
@@ -236,7 +233,7 @@ WITH picked AS (
 // keyHeld is the condition on l, an item of outbox_item_states, that
 // makes a key unavailable to a PerKey claim of the item id of that key:
 // another item of the key holds an unexpired lease, or a PerKey lease,
-// expired or not (migration 24's unique index admits one per key; an
+// expired or not (a unique index admits one per key; an
 // expired one is taken over as the key's first item, or, past the budget,
 // settled by the maintenance sweep).
 func keyHeld(key, id string) string {
@@ -354,22 +351,19 @@ WITH picked AS (
 // other's locked rows and, as their snapshots see an earlier pending item
 // of the key, never pick a later one. A claimer whose snapshot missed a
 // key's lease committed by another may still pick an item of that key, and
-// its lease then fails on migration 24's unique index (a unique violation:
+// its lease then fails on the per-key unique index (a unique violation:
 // the claim is retried). The expired leases and the due items are each
 // locked in a subquery, at most @scan of them, and tested after (the
-// expired ones found by the range scan of leased_expiry: migration 25
-// keeps the planner from reading the leased_key index whole instead): tested first, each row a concurrent
-// claimer holds was probed twice before it was skipped (four claimers of
-// 100: 0.62-0.79x BestEffort's items a second in six rounds, against
-// 0.64-1.14x, median 0.94x, in nine rounds after); a key's later items
-// locked and dropped stay locked only until this claim commits. The
-// probes (a key's leases, its earlier pending items) and the unique
-// index's entry cost about 8 buffers an item that BestEffort's claim does
-// not pay. The OFFSET 0 keeps the leased-key test a probe
-// of the key's index entries per candidate: without it the planner turns
-// it into an anti join, and a cached generic plan, which expects one
-// leased item, compared every candidate with every leased item (40,000
-// comparisons a claim of 100 under four claimers, 7 ms of 15).
+// expired ones found by the range scan of the leased_expiry index, not by
+// reading the leased_key index whole): tested first, each row a concurrent
+// claimer holds would be probed twice before it was skipped; a key's later
+// items locked and dropped stay locked only until this claim commits. The
+// probes (a key's leases, its earlier pending items) and the unique index's
+// entry are what a PerKey claim pays beyond BestEffort's. The OFFSET 0 keeps
+// the leased-key test a probe of the key's index entries per candidate:
+// without it the planner turns it into an anti join, and a cached generic
+// plan, which expects one leased item, compares every candidate with every
+// leased item.
 var sqlClaimPerKeyOne = fmt.Sprintf(`
 WITH picked AS (
     SELECT id, state AS prev_state, lease_token AS prev_token, lease_owner AS prev_owner, leased_at AS prev_leased_at
@@ -395,15 +389,15 @@ WITH picked AS (
     ) c
 ),`+sqlClaimLease, splitColumns("b", "o"))
 
-// Claim is T1: it claims up to opts.Limit items in one READ COMMITTED
-// transaction of its own, committed before it returns (under BestEffort
-// sent in one round trip, claimTrip), and returns their leases. Each claimed
-// item's lease_token and attempts are incremented, its first_attempt_at set
-// if this is its first claim, and its lease_expires_at set from the database
-// clock. An empty result is not an error: nothing was due, or somebody else
-// holds it.
+// Claim is the claim transition: it claims up to opts.Limit items in one READ
+// COMMITTED transaction of its own, committed before it returns (under
+// BestEffort sent in one round trip, claimTrip), and returns their leases.
+// Each claimed item's lease_token and attempts are incremented, its
+// first_attempt_at set if this is its first claim, and its lease_expires_at
+// set from the database clock. An empty result is not an error: nothing was
+// due, or somebody else holds it.
 func (s *Store) Claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]Lease, error) {
-	ctx, span := batchSpan(ctx, "claim", "T1")
+	ctx, span := batchSpan(ctx, "claim", TransitionClaim)
 	leases, err := s.claim(ctx, db, opts)
 	endBatch(span, len(leases), err)
 	return leases, err
@@ -500,24 +494,24 @@ func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]
 // claimed counts claimed items.
 func (s *Store) claimed(leases []Lease) {
 	for range leases {
-		s.metrics.moved("T1", StateLeased)
+		s.metrics.moved(TransitionClaim, StateLeased)
 	}
 }
 
 // keyConflicts bounds how often claimPerKeyOne retries after losing a key
-// to a concurrent claimer (a unique violation of migration 24's index).
+// to a concurrent claimer (a unique violation of the per-key index).
 const keyConflicts = 3
 
-// isKeyConflict reports whether err is a PerKey lease refused by migration
-// 24's unique index: another claimer leased an item of the key first.
+// isKeyConflict reports whether err is a PerKey lease refused by the per-key
+// unique index: another claimer leased an item of the key first.
 func isKeyConflict(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_item_states_per_key_lease"
 }
 
 // claimPerKeyOne runs sqlClaimPerKeyOne as a transaction in one round trip
-// (claimTrip). A key conflict leases nothing; it is counted as T1's stale
-// write (somebody else has it) and the statement runs again with a new
+// (claimTrip). A key conflict leases nothing; it is counted as the claim's
+// stale write (somebody else has it) and the statement runs again with a new
 // snapshot, at most keyConflicts times, after which the claim gets nothing
 // here and claimPerKeyRounds looks for itself.
 func (s *Store) claimPerKeyOne(ctx context.Context, db TxBeginner, args pgx.NamedArgs, limit int, filtered claimFilter) ([]Lease, error) {
@@ -528,7 +522,7 @@ func (s *Store) claimPerKeyOne(ctx context.Context, db TxBeginner, args pgx.Name
 		if !isKeyConflict(err) {
 			return leases, err
 		}
-		s.metrics.staleWrites("T1", 1)
+		s.metrics.staleWrites(TransitionClaim, 1)
 	}
 	return nil, nil
 }
@@ -536,8 +530,8 @@ func (s *Store) claimPerKeyOne(ctx context.Context, db TxBeginner, args pgx.Name
 // claimPerKeyRounds claims up to limit items with claimPerKey's statements
 // in a READ COMMITTED transaction of its own. A key conflict there (a
 // claimPerKeyOne of another claimer took a key this one locked, in the
-// window before its snapshot) ends it with nothing: T1's "somebody else
-// has it", not an error.
+// window before its snapshot) ends it with nothing: the claim's "somebody
+// else has it", not an error.
 func (s *Store) claimPerKeyRounds(ctx context.Context, db TxBeginner, args pgx.NamedArgs, limit int, held []string, filtered claimFilter) ([]Lease, error) {
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -546,7 +540,7 @@ func (s *Store) claimPerKeyRounds(ctx context.Context, db TxBeginner, args pgx.N
 	defer func() { _ = tx.Rollback(ctx) }()
 	leases, err := s.claimPerKey(ctx, tx, args, limit, held, filtered)
 	if isKeyConflict(err) {
-		s.metrics.staleWrites("T1", 1)
+		s.metrics.staleWrites(TransitionClaim, 1)
 		return nil, nil
 	}
 	if err != nil || len(leases) == 0 {
@@ -560,15 +554,14 @@ func (s *Store) claimPerKeyRounds(ctx context.Context, db TxBeginner, args pgx.N
 
 // claimTrip runs a BestEffort claim, one statement, as a READ COMMITTED
 // transaction sent in one round trip: BEGIN ISOLATION LEVEL READ
-// COMMITTED, the statement and COMMIT queued in one pipeline, where a
-// claim in a transaction of its own took three (BEGIN, the statement,
-// COMMIT). The leases count only once COMMIT has answered: if the
+// COMMITTED, the statement and COMMIT queued in one pipeline, not three
+// round trips. The leases count only once COMMIT has answered: if the
 // statement fails, the server skips the rest, COMMIT included, and the
 // transaction is rolled back here on a connection, or by the pool, which
 // never reuses a connection left inside a transaction. A PerKey claim
-// stays a transaction of statements sent one by one (docs/performance.md,
-// "A claim in one round trip": a PerKey claim this fast made the v1
-// deliverer claim smaller batches, and move fewer items).
+// stays a transaction of statements sent one by one: a PerKey claim this
+// fast would make the v1 deliverer claim smaller batches, and move fewer
+// items.
 func claimTrip(ctx context.Context, db TxBeginner, sql string, args pgx.NamedArgs) (leases []Lease, err error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")

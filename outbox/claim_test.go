@@ -267,7 +267,7 @@ func TestClaimThatFailsLeasesNothingAndLeavesNoTransactionOpen(t *testing.T) {
 // picks another item of that key; migration 24's unique index refuses the
 // second lease, and the claim is retried with a fresh snapshot, which sees
 // the key held: it leases nothing of that key, returns no error and counts
-// a T1 stale write. The other claimer's lease is written here by hand, in
+// a claim stale write. The other claimer's lease is written here by hand, in
 // an open transaction, as a PerKey claim writes it: committed only once
 // the claim under test waits on it.
 func TestPerKeyClaimThatLosesAKeyToAConcurrentClaimerRetries(t *testing.T) {
@@ -321,13 +321,13 @@ WHERE id = $1`, first)
 	require.Equal(t, other, r.leases[0].ID)
 	require.Equal(t, outbox.StatePending, b.get(t, later).State)
 	require.Equal(t, 0, b.get(t, later).Attempts, "the refused lease consumed no attempt")
-	require.Equal(t, float64(1), b.stale("T1"), "the lost key counts as T1's stale write")
+	require.Equal(t, float64(1), b.stale(outbox.TransitionClaim), "the lost key counts as the claim's stale write")
 }
 
 // An expired PerKey lease holds its key until it is taken over or, past
 // the budget, settled by the sweep: a key is never leased twice, even
 // after a lease expired. Past the attempt cap the expired item is not
-// claimable, so the key's next item waits for the sweep (T4).
+// claimable, so the key's next item waits for the sweep.
 func TestPerKeyExpiredLeasePastTheCapHoldsItsKeyUntilTheSweep(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{MaxAttempts: 1})
@@ -368,11 +368,11 @@ func TestPerKeyClaimNeverReturnsAnItemTwice(t *testing.T) {
 	require.Equal(t, 1, b.get(t, ids[0]).Attempts)
 }
 
-// T2 runs with its generic plan in a pipeline of its own (BEGIN, SET LOCAL
-// plan_cache_mode, the accept, COMMIT), or, in a batch of mixed outcomes,
-// between a save and a restore of the setting in the batch's transaction.
-// A failed accept leaves no transaction open on a connection, lands
-// nothing, and the session's own plan_cache_mode is as it was after a
+// The accept runs with its generic plan in a pipeline of its own (BEGIN, SET
+// LOCAL plan_cache_mode, the accept, COMMIT), or, in a batch of mixed
+// outcomes, between a save and a restore of the setting in the batch's
+// transaction. A failed accept leaves no transaction open on a connection,
+// lands nothing, and the session's own plan_cache_mode is as it was after a
 // failed and a successful Record, on either path.
 func TestAcceptInItsOwnPipelineLeavesTheSessionAsItWas(t *testing.T) {
 	t.Parallel()

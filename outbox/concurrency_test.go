@@ -348,7 +348,7 @@ func (r *concurrentRun) checkFencing(byItem map[int64][]event) {
 	}
 	b := r.b
 	require.Equal(t, r.staleSeen.Load(), int64(stale))
-	require.Equal(t, float64(stale), b.stale("T2")+b.stale("T3")+b.stale("T4")+b.stale("T5")+b.stale("T6"),
+	require.Equal(t, float64(stale), b.stale(outbox.TransitionAccept)+b.stale(outbox.TransitionRetry)+b.stale(outbox.TransitionMarkUncertain)+b.stale(outbox.TransitionReject)+b.stale(outbox.TransitionQuarantine),
 		"every stale write was refused and counted")
 	t.Logf("%s: %d claims, %d writes, %d stale writes refused", r.policy, claims, writes, stale)
 	require.Positive(t, stale, "leases must expire mid-run for this test to mean anything")

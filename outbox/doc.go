@@ -15,38 +15,22 @@
 // secret, and never calls a provider: exporters send, and report outcomes
 // here.
 //
-// Each actor has its own methods of Store: callers that stage usage enqueue
-// (Enqueue, EnqueueBatch: T0, T0q); deliverers claim (Claim: T1) and settle
-// the outcome of each attempt (Record, or Accept, Retry, RetryRateLimited,
-// MarkUncertain, Reject and Quarantine for one lease: T2-T6); the provider's
-// evidence confirms or fails accepted items (Confirm: T7; FailAccepted: T10)
-// and is noted on items still in flight (NoteFailures); operators decide
-// about uncertain and quarantined items (Recover: T8; Requeue: T9;
-// Supersede: T9r); the maintenance pass sweeps what no deliverer may send
-// any more (Sweep: T4).
-//
-// The states and transitions (docs/outbox.md has the SQL of each):
-//
-//	             enqueue (eligible) T0            enqueue (ineligible) T0q
-//	                    |                                   |
-//	                    v                                   v
-//	+-------------> pending --T1 claim--> leased --T2--> accepted --T7--> confirmed
-//	|                 ^  |                 | | |            |
-//	|                 |  |                 | | |            +--T10 error report---+
-//	|  T3 retry       |  | T4 sweep        | | +--T5 reject-----> rejected <------+  (terminal, visible)
-//	+-----------------+  +---------------->+-+----T4-----------> uncertain        |  (cap or horizon)
-//	                  ^                    |                        |             |
-//	                  |                    +--T6------------> quarantined <-------+
-//	                  |                                             |  |
-//	                  |                                             |  +--T9r--> superseded  (re-addressed)
-//	                  +---------------T9 requeue--------------------+
-//	                  +---------------T8 recovery------- uncertain (to pending, accepted or rejected)
-//
-// T2 lands in quarantined or rejected instead of accepted when the
-// provider's error report named the item while it was in flight
-// (NoteFailures): the report overtook the answer to its request. A
-// re-addressed item's successor (T9r) has a new mapping version, or the next
-// re-address generation of its subject ref (ReaddressRef).
+// Each actor has its own methods of Store, and each transition a name
+// (Transition; Transitions lists them with the states they join): callers
+// that stage usage enqueue (Enqueue, EnqueueBatch: stage,
+// stage_quarantined, stage_withdrawn); deliverers claim (Claim: claim) and
+// settle the outcome of each attempt (Record, or Accept, Retry,
+// RetryRateLimited, MarkUncertain, Reject and Quarantine for one lease:
+// accept, retry, mark_uncertain, reject, quarantine); the provider's
+// evidence confirms or fails accepted items (Confirm: confirm; FailAccepted:
+// fail_accepted) and is noted on items still in flight (NoteFailures), so
+// that their accept lands where the report says; operators decide about
+// uncertain and quarantined items (Recover: recover; Requeue: requeue;
+// Supersede: supersede); cancelled usage withdraws or re-addresses the items
+// that carry it (Withdraw: withdraw; SupersedeCancelled:
+// supersede_cancelled); the maintenance pass sweeps what no deliverer may
+// send any more (Sweep: sweep). docs/outbox.md draws the state diagram and
+// lists each transition with its SQL.
 //
 // The lease and the fence are different things. Who gets an item is decided by
 // SELECT ... FOR UPDATE SKIP LOCKED in the claiming transaction; whose write

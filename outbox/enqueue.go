@@ -14,10 +14,10 @@ type NewItem struct {
 	// Payload is the financial intent; Enqueue sets Payload.Identifier.
 	Payload Payload
 	// Quarantine, when set, enqueues the item quarantined with this reason
-	// (T0q) instead of pending (T0): ineligible usage is staged and
-	// quarantined, never dropped.
+	// (stage_quarantined) instead of pending (stage): ineligible usage is
+	// staged and quarantined, never dropped.
 	Quarantine Reason
-	// Withdrawn, when set, enqueues the item withdrawn (T0w): usage
+	// Withdrawn, when set, enqueues the item withdrawn (stage_withdrawn): usage
 	// cancelled before it was staged, staged so that its ledger rows have
 	// an item, never sent. It needs nothing to be sendable.
 	Withdrawn bool
@@ -39,7 +39,7 @@ type Enqueued struct {
 	SamePayload bool
 }
 
-// validate checks it for T0 (eligible) or T0q (quarantined) and sets the
+// validate checks it for stage (eligible) or stage_quarantined and sets the
 // payload's identifier.
 func (it *NewItem) validate() error {
 	if err := it.Identity.Validate(); err != nil {
@@ -87,10 +87,11 @@ func (it *NewItem) validate() error {
 	return nil
 }
 
-// sqlEnqueue is T0 (state pending) and T0q (state quarantined, with a
-// reason): an insert that collapses into an existing row of the same
-// identity. The body and the state row are inserted by one statement, the
-// state row only for a body that was inserted (migration 23).
+// sqlEnqueue is stage (state pending), stage_quarantined (state
+// quarantined, with a reason) and stage_withdrawn: an insert that collapses
+// into an existing row of the same identity. The body and the state row are
+// inserted by one statement, the state row only for a body that was
+// inserted.
 const sqlEnqueue = `
 WITH body AS (
     INSERT INTO outbox_item_bodies
@@ -121,9 +122,10 @@ FROM outbox_items
 WHERE tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3 AND exporter = $4
   AND destination_account = $5 AND mode = $6 AND mapping_version = $7`
 
-// Enqueue is T0 and T0q: it inserts item inside the caller's transaction,
-// or, when the identity exists already, returns the existing row. It never
-// commits; the caller commits once, with the cause of the item.
+// Enqueue is stage, stage_quarantined or stage_withdrawn: it inserts item
+// inside the caller's transaction, or, when the identity exists already,
+// returns the existing row. It never commits; the caller commits once, with
+// the cause of the item.
 func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued, error) {
 	if err := item.validate(); err != nil {
 		return Enqueued{}, err
@@ -152,13 +154,19 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 		return Enqueued{}, fmt.Errorf("outbox: enqueueing %s %s: %w", id.SubjectKind, id.SubjectRef, err)
 	}
 	if res.Inserted {
-		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q", StateWithdrawn: "T0w"}[state], state)
+		s.metrics.moved(stageTransitions[state], state)
 		s.metrics.enqueued(id.SubjectKind, item.Quarantine, item.Payload.Late)
 	}
 	return res, nil
 }
 
-// sqlEnqueueBatch is T0 and T0q for many items in one statement.
+// stageTransitions names the insert of an item by the state it starts in.
+var stageTransitions = map[State]Transition{
+	StatePending: TransitionStage, StateQuarantined: TransitionStageQuarantined, StateWithdrawn: TransitionStageWithdrawn,
+}
+
+// sqlEnqueueBatch is stage and stage_quarantined for many items in one
+// statement.
 const sqlEnqueueBatch = `
 WITH body AS (
     INSERT INTO outbox_item_bodies
@@ -237,7 +245,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 			return errNoStateRow
 		}
 		out[i] = Enqueued{ID: id, Identifier: identifier, State: state, Inserted: true, SamePayload: true}
-		s.metrics.moved(map[State]string{StatePending: "T0", StateQuarantined: "T0q", StateWithdrawn: "T0w"}[state], state)
+		s.metrics.moved(stageTransitions[state], state)
 		s.metrics.enqueued(items[i].Identity.SubjectKind, items[i].Quarantine, items[i].Payload.Late)
 		return nil
 	}); err != nil {

@@ -10,7 +10,8 @@ import (
 	"github.com/tallymeter/tally/internal/redact"
 )
 
-// ErrStaleLease is the answer to a transition out of leased (T2-T6) that
+// ErrStaleLease is the answer to a transition out of leased (accept, retry,
+// mark_uncertain, reject, quarantine) that
 // affected zero rows: the item was re-claimed under a newer lease token, or
 // is no longer leased. The caller's outcome is dropped; it must not retry the
 // write. The resend by the new owner carries the same identifier, so the
@@ -20,9 +21,9 @@ var ErrStaleLease = errors.New("outbox: stale lease: the item was re-claimed or 
 // ErrNotFound says no item has the given id.
 var ErrNotFound = errors.New("outbox: no such item")
 
-// ErrMappingChanged is the answer to a requeue (T9) whose mapping version is
-// not the item's: the operator fixed a different mapping from the one the
-// item was built with, and must requeue under the item's version or
+// ErrMappingChanged is the answer to a requeue or a supersede whose mapping
+// version is not the item's: the operator fixed a different mapping from the
+// one the item was built with, and must requeue under the item's version or
 // re-address it (Supersede).
 var ErrMappingChanged = errors.New("outbox: mapping changed")
 
@@ -45,12 +46,13 @@ var ErrNotSendable = errors.New("outbox: the item was staged without a customer,
 var ErrSuccessorExists = errors.New("outbox: the successor identity exists already")
 
 // StateError is the answer to a transition whose expected state did not
-// hold (T7, T8, T9, T9r, T10). It carries what the item is now.
+// hold (confirm, fail_accepted, recover, requeue, supersede, withdraw,
+// supersede_cancelled). It carries what the item is now.
 type StateError struct {
 	// ID is the item.
 	ID int64
-	// Transition names the refused transition, e.g. "T8".
-	Transition string
+	// Transition is the refused transition, e.g. TransitionRecover.
+	Transition Transition
 	// Expected is the state the transition required.
 	Expected State
 	// Current is the state the item is in.
@@ -72,7 +74,7 @@ func (e *StateError) Is(target error) bool { return target == ErrStateMismatch }
 
 // mismatch re-reads an item after a conditional write found nothing and says
 // why: ErrNotFound or a *StateError.
-func (s *Store) mismatch(ctx context.Context, q Querier, id int64, transition string, expected State) error {
+func (s *Store) mismatch(ctx context.Context, q Querier, id int64, transition Transition, expected State) error {
 	var (
 		state State
 		token int64

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sqlConfirm is T7: accepted to confirmed on provider evidence.
+// sqlConfirm is the confirm: accepted to confirmed on provider evidence.
 const sqlConfirm = `
 WITH locked AS MATERIALIZED (
     SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
@@ -16,11 +16,12 @@ UPDATE outbox_item_states o SET state = 'confirmed', confirmed_at = clock_timest
 WHERE o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
 RETURNING o.id`
 
-// Confirm is T7 for a batch: it moves the given accepted items to confirmed.
-// It returns the ids confirmed; for every other id it re-reads the item and
-// reports a *StateError (or ErrNotFound) in the map, and counts it stale.
+// Confirm is the confirm transition for a batch: it moves the given accepted
+// items to confirmed. It returns the ids confirmed; for every other id it
+// re-reads the item and reports a *StateError (or ErrNotFound) in the map,
+// and counts it stale.
 func (s *Store) Confirm(ctx context.Context, q Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
-	ctx, span := batchSpan(ctx, "confirm", "T7")
+	ctx, span := batchSpan(ctx, "confirm", TransitionConfirm)
 	confirmed, refused, err = s.confirm(ctx, q, ids)
 	endBatch(span, len(ids), err)
 	return confirmed, refused, err
@@ -31,25 +32,24 @@ func (s *Store) confirm(ctx context.Context, q Querier, ids []int64) (confirmed 
 		return nil, nil, nil
 	}
 	// On its generic plan, as KeyItems: the reconciler runs it once per key,
-	// and beside a long history the plan cache kept a custom plan, planned
-	// again at every call (0.18 ms a key, the whole of a reconcile run's
-	// extra time beside 2 million ledger rows: docs/performance.md).
+	// and beside a long history the plan cache would keep a custom plan,
+	// planned again at every call.
 	confirmed, err = queryOnGenericPlan(ctx, q, sqlConfirm, pgx.NamedArgs{"ids": ids}, pgx.RowTo[int64])
 	if err != nil {
-		return nil, nil, fmt.Errorf("outbox: T7 confirm: %w", err)
+		return nil, nil, fmt.Errorf("outbox: confirm: %w", err)
 	}
 	done := make(map[int64]bool, len(confirmed))
 	for _, id := range confirmed {
 		done[id] = true
-		s.metrics.moved("T7", StateConfirmed)
+		s.metrics.moved(TransitionConfirm, StateConfirmed)
 	}
-	return confirmed, s.refuseMissing(ctx, q, ids, done, "T7", StateAccepted), nil
+	return confirmed, s.refuseMissing(ctx, q, ids, done, TransitionConfirm, StateAccepted), nil
 }
 
 // refuseMissing says why a batch write moved none of ids that are not done:
 // it re-reads each such item (mismatch) and counts it as a stale write of
 // transition. It returns nil when every id is done.
-func (s *Store) refuseMissing(ctx context.Context, q Querier, ids []int64, done map[int64]bool, transition string, expected State) map[int64]error {
+func (s *Store) refuseMissing(ctx context.Context, q Querier, ids []int64, done map[int64]bool, transition Transition, expected State) map[int64]error {
 	var missing []int64
 	for _, id := range ids {
 		if !done[id] {
@@ -68,7 +68,7 @@ func (s *Store) refuseMissing(ctx context.Context, q Querier, ids []int64, done 
 }
 
 // ProviderFailure is the provider's asynchronous word that it failed an item
-// it had accepted (T10): a Stripe meter error report naming the item's
+// it had accepted (fail_accepted): a Stripe meter error report naming the item's
 // identifier. The mapping from the provider's error code to To and Reason is
 // the exporter's (exporter.ClassifyReport).
 type ProviderFailure struct {
@@ -132,14 +132,15 @@ func newFailureBatch(fs []ProviderFailure) (failureBatch, error) {
 	return b, nil
 }
 
-// sqlFailAccepted is T10: accepted to quarantined or rejected on the provider's
-// asynchronous error report. The report proves that the event the provider
-// received under the item's identifier was not recorded. When at most one
-// attempt of the item may have reached the provider (the accepted one), no send
-// of it was recorded at all, so refused_attempts := attempts: the item may then
-// be re-addressed (T9r). Otherwise another send carried the same identifier and
-// may have been recorded, so refused_attempts stays and the item keeps its
-// identifier for good (a requeue in place, T9, resends the same identifier,
+// sqlFailAccepted is the fail_accepted transition: accepted to quarantined or
+// rejected on the provider's asynchronous error report. The report proves
+// that the event the provider received under the item's identifier was not
+// recorded. When at most one attempt of the item may have reached the
+// provider (the accepted one), no send of it was recorded at all, so
+// refused_attempts := attempts: the item may then be re-addressed
+// (supersede). Otherwise another send carried the same identifier and may
+// have been recorded, so refused_attempts stays and the item keeps its
+// identifier for good (a requeue in place resends the same identifier,
 // which the provider deduplicates). provider_ref and accepted_at stay, for the
 // record. No outbox_attempts row: that log holds one outcome per claim, and the
 // accepting claim has its outcome already; the report itself is kept by the
@@ -162,18 +163,19 @@ FROM b
 WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
 RETURNING o.id, o.state`
 
-// FailAccepted is T10 for a batch: the provider reported, after accepting
-// them, that it failed the given items. Each accepted item moves to its
-// failure's To (quarantined with its Reason, or rejected) with the
-// sanitised error as its last error, in one statement that locks the rows in
-// id order. It returns the ids moved; for every other id it re-reads the
-// item and reports a *StateError (or ErrNotFound) in the map, counted as a
-// stale write, and changes nothing. The error return is for failures of the
-// database or of the input (a target other than quarantined or rejected, a
-// quarantine without a known reason, one item twice); then nothing was
-// written. It runs on q, so a caller can make it part of its transaction.
+// FailAccepted is the fail_accepted transition for a batch: the provider
+// reported, after accepting them, that it failed the given items. Each
+// accepted item moves to its failure's To (quarantined with its Reason, or
+// rejected) with the sanitised error as its last error, in one statement that
+// locks the rows in id order. It returns the ids moved; for every other id it
+// re-reads the item and reports a *StateError (or ErrNotFound) in the map,
+// counted as a stale write, and changes nothing. The error return is for
+// failures of the database or of the input (a target other than quarantined
+// or rejected, a quarantine without a known reason, one item twice); then
+// nothing was written. It runs on q, so a caller can make it part of its
+// transaction.
 func (s *Store) FailAccepted(ctx context.Context, q Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
-	ctx, span := batchSpan(ctx, "fail_accepted", "T10")
+	ctx, span := batchSpan(ctx, "fail_accepted", TransitionFailAccepted)
 	failed, refused, err = s.failAccepted(ctx, q, fs)
 	endBatch(span, len(fs), err)
 	return failed, refused, err
@@ -185,14 +187,14 @@ func (s *Store) failAccepted(ctx context.Context, q Querier, fs []ProviderFailur
 	}
 	b, err := newFailureBatch(fs)
 	if err != nil {
-		return nil, nil, fmt.Errorf("outbox: T10: %w", err)
+		return nil, nil, fmt.Errorf("outbox: fail accepted: %w", err)
 	}
 	rows, err := q.Query(ctx, sqlFailAccepted, pgx.NamedArgs{
 		"ids": b.ids, "states": b.states, "reasons": b.reasons,
 		"codes": b.codes, "statuses": b.statuses, "messages": b.messages,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("outbox: T10 fail accepted: %w", err)
+		return nil, nil, fmt.Errorf("outbox: fail accepted: %w", err)
 	}
 	var (
 		id    int64
@@ -204,22 +206,22 @@ func (s *Store) failAccepted(ctx context.Context, q Querier, fs []ProviderFailur
 		done[id] = true
 		return nil
 	}); err != nil {
-		return nil, nil, fmt.Errorf("outbox: T10 fail accepted: %w", err)
+		return nil, nil, fmt.Errorf("outbox: fail accepted: %w", err)
 	}
 	for _, id := range failed {
 		f := b.byID[id]
-		s.metrics.moved("T10", f.To)
+		s.metrics.moved(TransitionFailAccepted, f.To)
 		if f.To == StateQuarantined {
 			s.metrics.quarantinedFor(f.Reason)
 		}
 	}
-	return failed, s.refuseMissing(ctx, q, b.ids, done, "T10", StateAccepted), nil
+	return failed, s.refuseMissing(ctx, q, b.ids, done, TransitionFailAccepted, StateAccepted), nil
 }
 
 // sqlNoteFailures notes the provider's error report on items still in
 // flight — pending (a retry after an attempt that may have reached the
 // provider), leased (the report overtook the answer) or uncertain — so that
-// the accept recorded for them afterwards (T2) lands where the report says.
+// the accept recorded for them afterwards lands where the report says.
 // It changes no state: the item's next transition does. Of two reports, a
 // rejection outranks a quarantine (a mapping fix would not cure the item);
 // otherwise the first note stays. Rows are locked in ascending id order, the
@@ -245,7 +247,7 @@ RETURNING o.id`
 
 // NoteFailures records the provider's asynchronous word that it failed the
 // given items while they are still in flight (pending, leased or
-// uncertain): the next accept of each (T2) lands in the failure's To with
+// uncertain): the next accept of each lands in the failure's To with
 // its reason and error instead of accepted. Without the note, a report that
 // overtakes the answer to the request it is about would be lost, and the
 // item would sit accepted with nothing counted. It returns the ids noted;

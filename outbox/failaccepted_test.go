@@ -52,9 +52,10 @@ func (b *testBundle) attemptRows(t *testing.T) int {
 	return n
 }
 
-// T10 moves accepted items to quarantined with the reason, or to rejected,
-// with the provider's code and sanitised message; the provider's reference
-// stays, and the attempt log is not written (T10 is no claim's outcome).
+// fail_accepted moves accepted items to quarantined with the reason, or to
+// rejected, with the provider's code and sanitised message; the provider's
+// reference stays, and the attempt log is not written (fail_accepted is no
+// claim's outcome).
 func TestFailAcceptedQuarantinesOrRejects(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
@@ -86,11 +87,11 @@ func TestFailAcceptedQuarantinesOrRejects(t *testing.T) {
 	require.Empty(t, it.QuarantineReason)
 	require.Equal(t, &outbox.ErrorInfo{Code: "timestamp_too_far_in_past", Message: "Timestamp too far in the past"}, it.LastError)
 
-	require.Equal(t, logged, b.attemptRows(t), "T10 is not an attempt's outcome")
-	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "T10", "state", "quarantined"))
-	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "T10", "state", "rejected"))
+	require.Equal(t, logged, b.attemptRows(t), "fail_accepted is not an attempt's outcome")
+	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "fail_accepted", "state", "quarantined"))
+	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "fail_accepted", "state", "rejected"))
 	require.Equal(t, 1.0, b.counterValue("tally_outbox_quarantined_total", "reason", "meter_not_found"))
-	require.Zero(t, b.stale("T10"))
+	require.Zero(t, b.stale(outbox.TransitionFailAccepted))
 
 	// Nothing automatic leaves rejected: a second report finds it moved.
 	_, refused, err = b.store.FailAccepted(b.ctx, b.pool, []outbox.ProviderFailure{{ID: r.ID, To: outbox.StateRejected, Error: outbox.ErrorInfo{Code: "x"}}})
@@ -98,10 +99,10 @@ func TestFailAcceptedQuarantinesOrRejects(t *testing.T) {
 	require.ErrorIs(t, refused[r.ID], outbox.ErrStateMismatch)
 }
 
-// T10 on an item that is not accepted — leased, pending, confirmed, already
-// quarantined, rejected, unknown — reports a *StateError (ErrNotFound) per
-// item, counted as stale, and changes nothing at all; the accepted items of
-// the same batch still move.
+// fail_accepted on an item that is not accepted — leased, pending, confirmed,
+// already quarantined, rejected, unknown — reports a *StateError
+// (ErrNotFound) per item, counted as stale, and changes nothing at all; the
+// accepted items of the same batch still move.
 func TestFailAcceptedRefusesItemsNotAccepted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})
@@ -112,7 +113,7 @@ func TestFailAcceptedRefusesItemsNotAccepted(t *testing.T) {
 	b.enqueue(t, newItem(3))
 	quarantined := b.claimOne(t)
 	require.NoError(t, b.store.Quarantine(b.ctx, b.pool, quarantined, outbox.ReasonAccountMismatch, outbox.ErrorInfo{Code: "account_mismatch"}))
-	require.Equal(t, 1.0, b.counterValue("tally_outbox_quarantined_total", "reason", "account_mismatch"), "T6 counts, as the help says")
+	require.Equal(t, 1.0, b.counterValue("tally_outbox_quarantined_total", "reason", "account_mismatch"), "quarantine counts, as the help says")
 	b.enqueue(t, newItem(4))
 	rejected := b.claimOne(t)
 	require.NoError(t, b.store.Reject(b.ctx, b.pool, rejected, outbox.ErrorInfo{Code: "invalid_request", Status: 400}))
@@ -138,15 +139,16 @@ func TestFailAcceptedRefusesItemsNotAccepted(t *testing.T) {
 	for _, id := range others {
 		var se *outbox.StateError
 		require.ErrorAs(t, refused[id], &se, "item %d", id)
-		require.Equal(t, "T10", se.Transition)
+		require.Equal(t, outbox.TransitionFailAccepted, se.Transition)
 		require.Equal(t, outbox.StateAccepted, se.Expected)
 		require.Equal(t, before[id].State, se.Current)
-		require.Equal(t, before[id], b.get(t, id), "a refused T10 changes nothing")
+		require.Equal(t, before[id], b.get(t, id), "a refused fail_accepted changes nothing")
 	}
-	require.Equal(t, float64(len(others)+1), b.stale("T10"))
+	require.Equal(t, float64(len(others)+1), b.stale(outbox.TransitionFailAccepted))
 	require.Equal(t, outbox.StateQuarantined, b.get(t, ok.ID).State)
 
-	// The leased item's owner still settles it: T10 did not touch its lease.
+	// The leased item's owner still settles it: fail_accepted did not touch
+	// its lease.
 	require.NoError(t, b.store.Accept(b.ctx, b.pool, leased, "req_late"))
 }
 
@@ -169,8 +171,8 @@ func TestFailAcceptedTwiceMovesNothing(t *testing.T) {
 	require.ErrorAs(t, refused[l.ID], &se)
 	require.Equal(t, outbox.StateQuarantined, se.Current)
 	require.Equal(t, once, b.get(t, l.ID))
-	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "T10", "state", "quarantined"))
-	require.Equal(t, 1.0, b.stale("T10"))
+	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "fail_accepted", "state", "quarantined"))
+	require.Equal(t, 1.0, b.stale(outbox.TransitionFailAccepted))
 }
 
 // Bad input is refused before anything is written.
@@ -247,9 +249,9 @@ func TestFailAcceptedRefusedAttempts(t *testing.T) {
 	require.Equal(t, 0, it.RefusedAttempts)
 }
 
-// A T10-quarantined item is requeued like any quarantined item (T9, same
-// identifier, a fresh attempt budget) and re-addressed (T9r) only when
-// refused_attempts = attempts.
+// A fail_accepted-quarantined item is requeued like any quarantined item
+// (requeue, same identifier, a fresh attempt budget) and re-addressed
+// (supersede) only when refused_attempts = attempts.
 func TestFailAcceptedThenRequeueOrReaddress(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{BackoffBase: time.Millisecond, BackoffCap: time.Millisecond})
@@ -315,8 +317,8 @@ func TestFailAcceptedThenRequeueOrReaddress(t *testing.T) {
 	require.NoError(t, b.store.Requeue(b.ctx, b.pool, l.ID, 1), "a requeue in place stays possible")
 }
 
-// The database guard knows T10's two edges and still refuses the others out
-// of accepted.
+// The database guard knows fail_accepted's two edges and still refuses the
+// others out of accepted.
 func TestDatabaseGuardsFailAcceptedEdges(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})

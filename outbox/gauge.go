@@ -19,7 +19,7 @@ type Gauge struct {
 }
 
 // sqlGauge is the gauge in one query, whose cost does not grow with the
-// items that reached confirmed (migration 22): every other state is counted
+// items that reached confirmed: every other state is counted
 // through a partial index of its own (superseded through
 // outbox_item_states_superseded_by: superseded_by is set exactly when an item is
 // superseded), and confirmed is every item less those. Every item is @items,
@@ -29,15 +29,13 @@ type Gauge struct {
 // beyond it (by the primary key's actual end). The oldest item not yet
 // answered is the older of the oldest pending one (its own index) and the
 // oldest leased one (among the few in flight): no index a claim writes
-// serves the gauge alone (migration 23). The oldest pending one is the
-// index's first entry, asked for as such (ORDER BY … LIMIT 1), not as
-// min(): the planner may compute min() by reading every entry, and chose
-// to where its statistics said nothing was pending (a database whose
-// history was analysed before the backlog; 2,800 entries read, 0.47 ms of
-// a 1.9 ms gauge, measured), which a backlog of a million would make a
-// million. Both pending reads say "created_at IS NOT NULL" (always true):
-// the index's predicate says it too, so that no claim can read the index
-// whole (migration 31).
+// serves the gauge alone. The oldest pending one is the index's first
+// entry, asked for as such (ORDER BY … LIMIT 1), not as min(): the planner
+// may compute min() by reading every entry, as it does where its statistics
+// say nothing is pending (a history analysed before a backlog), and a
+// backlog of a million would then be a million entries read. Both pending
+// reads say "created_at IS NOT NULL" (always true): the index's predicate
+// says it too, so that no claim can read the index whole.
 const sqlGauge = `
 SELECT (SELECT count(*) FROM outbox_item_states WHERE state = 'pending' AND created_at IS NOT NULL),
        (SELECT count(*) FROM outbox_item_states WHERE state = 'leased'),

@@ -58,7 +58,7 @@ type HourCount struct {
 const sqlAcceptedPerHour = `SELECT date_trunc('hour', recorded_at) AS h, count(*) FROM outbox_attempts
 	WHERE outcome = 'accepted' AND recorded_at > clock_timestamp() - @within::interval GROUP BY 1 ORDER BY 1`
 
-// AcceptedPerHour counts the attempts whose outcome was accepted (T2), per
+// AcceptedPerHour counts the attempts whose outcome was accepted, per
 // hour in which they were recorded, within the last span (by the database's
 // clock), oldest hour first. An hour without one is absent.
 func (s *Store) AcceptedPerHour(ctx context.Context, q Querier, within time.Duration) ([]HourCount, error) {

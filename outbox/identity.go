@@ -39,7 +39,7 @@ const (
 	SubjectUsageWindow = "usage_window"
 	SubjectUsageEvent  = "usage_event"
 	// SubjectUsageCancellation is an item that takes back an event Stripe
-	// may have (issue 19's cancellations): a meter event adjustment
+	// may have (a cancellation): a meter event adjustment
 	// cancelling the identifier in Payload.Cancels, or, without one, a
 	// meter event of the negated value offsetting an event of a sum window.
 	SubjectUsageCancellation = "usage_cancellation"

@@ -22,7 +22,7 @@ var itemColumns = []string{
 
 // bodyColumns are the columns of itemColumns that outbox_item_bodies holds
 // (the identity, the payload and what is derived from them, never updated);
-// outbox_item_states holds the others (migration 23).
+// outbox_item_states holds the others.
 var bodyColumns = map[string]bool{
 	"id": true, "tenant_key": true, "subject_kind": true, "subject_ref": true, "exporter": true,
 	"destination_account": true, "mode": true, "mapping_version": true, "identifier": true, "payload": true,

@@ -150,11 +150,10 @@ ORDER BY 4, 1`
 // Reconciliation runs it once per key, so its planning counts: on a large
 // table the plan cache keeps planning it afresh at every call (its custom
 // plan, one key's hour, is estimated well below its generic plan, a key's
-// share of the table), 0.19 ms a call against 0.04 ms of execution
-// (BenchmarkHistory, 2 million rows). Both plans have the same shape — the
-// key-and-time index, then the state row by primary key — so when q can
-// pipeline, it runs on its generic plan (queryOnGenericPlan), planned
-// once per connection.
+// share of the table), which costs more than running it. Both plans have the
+// same shape — the key-and-time index, then the state row by primary key — so
+// when q can pipeline, it runs on its generic plan (queryOnGenericPlan),
+// planned once per connection.
 func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem, error) {
 	args := pgx.NamedArgs{"key": r.OrderingKey, "mode": string(r.Mode), "settle": r.Settle, "from": r.From, "to": r.To}
 	items, err := queryOnGenericPlan(ctx, q, sqlKeyItems, args, func(row pgx.CollectableRow) (KeyItem, error) {
@@ -171,7 +170,7 @@ func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem,
 }
 
 // queryOnGenericPlan runs sql, a statement its caller repeats with new
-// arguments (once per key, say: KeyItems' read, Confirm's T7), on its
+// arguments (once per key, say: KeyItems' read, Confirm's), on its
 // generic plan, and collects its rows: on one round trip it asks for
 // generic plans, runs sql, and puts the session's plan_cache_mode back. A
 // Querier that cannot pipeline runs sql as it is.
@@ -261,11 +260,10 @@ func (s *Store) LockIdentified(ctx context.Context, q Querier, identifiers []str
 // its supplements "<base>#1", "<base>#2", … as long as each exists, one
 // probe of the identity key each. Staging numbers a window's items
 // contiguously (the next is numbered with this count), so the probes stop
-// at the first number not yet used. It once matched the base and every
-// ref starting with "<base>#", which the identity key cannot serve as a
-// range: it read every window item of the tenant, its whole history, for
-// each window staged (2,500 rows a call at 2 million ledger rows,
-// BenchmarkHistory).
+// at the first number not yet used. Matching the base and every ref
+// starting with "<base>#" instead, which the identity key cannot serve as a
+// range, would read every window item of the tenant, its whole history,
+// for each window staged.
 const sqlWindowItemCount = `
 WITH RECURSIVE n(k) AS (
     SELECT 0 WHERE EXISTS (SELECT FROM outbox_item_bodies WHERE tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3)

@@ -9,10 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sqlSweep is T4 applied by the maintenance pass to items no deliverer may
+// sqlSweep is the sweep, run by the maintenance pass, to items no deliverer may
 // send again: pending, or leased with an expired lease, and past the attempt
 // cap (a crash loop that never reached an answer) or past the horizon while
-// some attempt may have reached the provider. The claim (T1) already refuses
+// some attempt may have reached the provider. The claim already refuses
 // them; this makes them visible as uncertain. A swept expired lease records
 // its attempt as abandoned. "due" locks the rows in id order and reads their
 // state as locked; rows another transaction holds are skipped until the next
@@ -53,33 +53,33 @@ log AS (
 )
 SELECT id FROM t`
 
-// Sweep runs T4 over every item past its cap or horizon that no deliverer
-// holds, and returns the ids it made uncertain. Safe to run on every node at
-// once: each row moves at most once.
+// Sweep runs the sweep transition over every item past its cap or horizon
+// that no deliverer holds, and returns the ids it made uncertain. Safe to run
+// on every node at once: each row moves at most once.
 func (s *Store) Sweep(ctx context.Context, q Querier) ([]int64, error) {
 	rows, err := q.Query(ctx, sqlSweep, pgx.NamedArgs{"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: T4 sweep: %w", err)
+		return nil, fmt.Errorf("outbox: sweep: %w", err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("outbox: T4 sweep: %w", err)
+		return nil, fmt.Errorf("outbox: sweep: %w", err)
 	}
 	for range ids {
-		s.metrics.moved("T4", StateUncertain)
+		s.metrics.moved(TransitionSweep, StateUncertain)
 	}
 	return ids, nil
 }
 
 // MaintenanceResult is what one maintenance pass did.
 type MaintenanceResult struct {
-	// Swept are the items the pass made uncertain (T4).
+	// Swept are the items the pass made uncertain (the sweep).
 	Swept []int64
 	// Gauge is the reading taken after the sweep.
 	Gauge Gauge
 }
 
-// Maintain runs one maintenance pass: the T4 sweep, then the gauge (its
+// Maintain runs one maintenance pass: the sweep, then the gauge (its
 // watermark advanced first).
 func (s *Store) Maintain(ctx context.Context, q Querier) (MaintenanceResult, error) {
 	swept, err := s.Sweep(ctx, q)
@@ -103,8 +103,8 @@ func (s *Store) Maintain(ctx context.Context, q Querier) (MaintenanceResult, err
 // state every five minutes across every node (the clock compared in SQL),
 // the minute as key so that two nodes racing write once. The latest
 // snapshot is max(at), read from the key's end: a search for any snapshot
-// after a bound that clock_timestamp() sets reads every snapshot ever
-// kept (30 ms at seven months).
+// after a bound that clock_timestamp() sets would read every snapshot ever
+// kept.
 func (s *Store) snapshot(ctx context.Context, q Querier, g Gauge) error {
 	states := make([]string, 0, len(g.Counts))
 	counts := make([]int64, 0, len(g.Counts))

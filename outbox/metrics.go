@@ -18,7 +18,7 @@ func newMetrics() *metrics {
 	return &metrics{
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_outbox_stale_writes_total",
-			Help: "Conditional outbox writes that affected zero rows (a stale lease, an expected state or mapping that no longer held), by transition. A steady stream on T2-T6 means leases expire while work is in flight: raise the lease. On T1, a PerKey claim lost a key to a concurrent claimer (its lease refused by the unique index) and looked again. On T10, an error report named an item that had left accepted meanwhile.",
+			Help: "Conditional outbox writes that affected zero rows (a stale lease, an expected state or mapping that no longer held), by transition. A steady stream on accept, retry, mark_uncertain, reject or quarantine means leases expire while work is in flight: raise the lease. On claim, a PerKey claim lost a key to a concurrent claimer (its lease refused by the unique index) and looked again. On fail_accepted, an error report named an item that had left accepted meanwhile.",
 		}, []string{"transition"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_outbox_transitions_total",
@@ -30,11 +30,11 @@ func newMetrics() *metrics {
 		}, []string{"state"}),
 		staged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_outbox_staged_total",
-			Help: "Items staged (T0 and T0q), by subject kind: usage_window (a window or a supplement) or usage_event (a count feature's event). Counted when the enqueue ran; a rolled-back transaction counts too.",
+			Help: "Items staged (stage and stage_quarantined), by subject kind: usage_window (a window or a supplement) or usage_event (a count feature's event). Counted when the enqueue ran; a rolled-back transaction counts too.",
 		}, []string{"kind"}),
 		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_outbox_quarantined_total",
-			Help: "Items quarantined, at staging (T0q), at claim or on Stripe's answer (T6), or on Stripe's asynchronous error report (T10), by reason.",
+			Help: "Items quarantined, at staging (stage_quarantined), at claim or on Stripe's answer (quarantine), or on Stripe's asynchronous error report (fail_accepted, or accept when the report came while the item was in flight), by reason.",
 		}, []string{"reason"}),
 		late: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tally_outbox_late_items_total",
@@ -51,8 +51,10 @@ func newMetrics() *metrics {
 // a scrape shows them (and an alert's rate() has a baseline) before the
 // first event.
 func (m *metrics) zero() *metrics {
-	for _, t := range []string{"T1", "T2", "T3", "T4", "T5", "T6", "T7", "T8", "T9", "T9r", "T10"} {
-		m.stale.WithLabelValues(t)
+	for _, e := range Transitions {
+		if len(e.From) > 0 {
+			m.stale.WithLabelValues(string(e.Transition))
+		}
 	}
 	for _, r := range []Reason{ReasonFeatureUnmapped, ReasonNoCustomer, ReasonNoAccount, ReasonAccountMismatch,
 		ReasonModeMismatch, ReasonTimestampWindow, ReasonMeterNotFound, ReasonCustomerNotFound, ReasonCountValue,
@@ -74,9 +76,9 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	return nil
 }
 
-func (m *metrics) staleWrites(transition string, n int) {
+func (m *metrics) staleWrites(transition Transition, n int) {
 	if n > 0 {
-		m.stale.WithLabelValues(transition).Add(float64(n))
+		m.stale.WithLabelValues(string(transition)).Add(float64(n))
 	}
 }
 
@@ -91,11 +93,12 @@ func (m *metrics) enqueued(kind string, reason Reason, late bool) {
 	}
 }
 
-// quarantinedFor counts an item quarantined by a transition (T6, T10).
+// quarantinedFor counts an item quarantined by a transition out of leased
+// or accepted.
 func (m *metrics) quarantinedFor(reason Reason) {
 	m.quarantined.WithLabelValues(string(reason)).Inc()
 }
 
-func (m *metrics) moved(transition string, state State) {
-	m.transitions.WithLabelValues(transition, string(state)).Inc()
+func (m *metrics) moved(transition Transition, state State) {
+	m.transitions.WithLabelValues(string(transition), string(state)).Inc()
 }

@@ -8,7 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Recovery is what an operator decided about an uncertain item (T8).
+// Recovery is what an operator decided about an uncertain item (the
+// recover transition).
 type Recovery struct {
 	// To is StateAccepted (the provider has it), StatePending (send it again
 	// with the same identifier) or StateRejected (abandon it).
@@ -29,11 +30,11 @@ type Recovery struct {
 	Reason string
 }
 
-// sqlRecover is T8: an operator's decision about an uncertain item. To
-// pending it grants a fresh attempt budget (attempts_base := attempts;
-// attempts and first_attempt_at do not move), and it is refused past the
-// horizon unless no attempt may have reached the provider or the operator
-// records that none did (refused_attempts := attempts).
+// sqlRecover is the recover transition: an operator's decision about an
+// uncertain item. To pending it grants a fresh attempt budget (attempts_base
+// := attempts; attempts and first_attempt_at do not move), and it is refused
+// past the horizon unless no attempt may have reached the provider or the
+// operator records that none did (refused_attempts := attempts).
 const sqlRecover = `
 UPDATE outbox_item_states SET
     state             = @to,
@@ -51,9 +52,10 @@ WHERE id = @id AND state = 'uncertain' AND lease_token = @token
   AND (@to <> 'pending' OR @not_reached OR refused_attempts = attempts
        OR first_attempt_at + @horizon::interval > clock_timestamp())`
 
-// Recover is T8. Zero rows affected gives a *StateError carrying the item's
-// current state and lease token, ErrNotFound, or ErrPastHorizon; nothing is
-// retried.
+// Recover is the recover transition: uncertain to accepted, pending or
+// rejected, as the operator decided. Zero rows affected gives a *StateError
+// carrying the item's current state and lease token, ErrNotFound, or
+// ErrPastHorizon; nothing is retried.
 func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) error {
 	switch r.To {
 	case StateAccepted, StatePending, StateRejected:
@@ -72,14 +74,14 @@ func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) er
 		"not_reached": r.NotReached, "horizon": s.cfg.Horizon,
 	})
 	if err != nil {
-		return fmt.Errorf("outbox: T8 recover item %d: %w", id, err)
+		return fmt.Errorf("outbox: recover item %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 1 {
-		s.metrics.moved("T8", r.To)
+		s.metrics.moved(TransitionRecover, r.To)
 		return nil
 	}
-	s.metrics.staleWrites("T8", 1)
-	err = s.mismatch(ctx, q, id, "T8", StateUncertain)
+	s.metrics.staleWrites(TransitionRecover, 1)
+	err = s.mismatch(ctx, q, id, TransitionRecover, StateUncertain)
 	var se *StateError
 	if errors.As(err, &se) && se.Current == StateUncertain && se.CurrentLeaseToken == r.ExpectLeaseToken {
 		return fmt.Errorf("%w: item %d", ErrPastHorizon, id)
@@ -87,12 +89,13 @@ func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) er
 	return err
 }
 
-// sqlRequeue is T9: an operator requeues a quarantined item after fixing
-// the cause without changing the mapping it was built from (a meter created
-// at Stripe, the node's account corrected). It keeps its identity and
-// identifier, and gets a fresh attempt budget. Only an item whose payload is
-// sendable as it stands may go back: one staged without a customer, a meter
-// or an account must be re-addressed (T9r) under a mapping that supplies it.
+// sqlRequeue is the requeue transition: an operator requeues a quarantined
+// item after fixing the cause without changing the mapping it was built from
+// (a meter created at Stripe, the node's account corrected). It keeps its
+// identity and identifier, and gets a fresh attempt budget. Only an item
+// whose payload is sendable as it stands may go back: one staged without a
+// customer, a meter or an account must be re-addressed (Supersede) under a
+// mapping that supplies it.
 const sqlRequeue = `
 UPDATE outbox_item_states o SET
     state = 'pending', quarantine_reason = NULL, next_attempt_at = clock_timestamp(),
@@ -103,24 +106,25 @@ WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_versi
   AND b.destination_account <> '' AND b.mapping_version > 0
   AND coalesce(b.payload ->> 'customer', '') <> '' AND coalesce(b.payload ->> 'event_name', '') <> ''`
 
-// Requeue is T9. It answers ErrMappingChanged when the item was built from
-// another mapping version than the one given, ErrNotSendable when its
-// payload lacks what a send needs, a *StateError when it is not quarantined,
-// ErrNotFound when there is no such item.
+// Requeue is the requeue transition: quarantined to pending. It answers
+// ErrMappingChanged when the item was built from another mapping version than
+// the one given, ErrNotSendable when its payload lacks what a send needs, a
+// *StateError when it is not quarantined, ErrNotFound when there is no such
+// item.
 func (s *Store) Requeue(ctx context.Context, q Querier, id int64, mappingVersion int) error {
 	tag, err := q.Exec(ctx, sqlRequeue, pgx.NamedArgs{"id": id, "version": mappingVersion})
 	if err != nil {
-		return fmt.Errorf("outbox: T9 requeue item %d: %w", id, err)
+		return fmt.Errorf("outbox: requeue item %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 1 {
-		s.metrics.moved("T9", StatePending)
+		s.metrics.moved(TransitionRequeue, StatePending)
 		return nil
 	}
-	s.metrics.staleWrites("T9", 1)
-	return s.requeueRefusal(ctx, q, id, "T9", mappingVersion)
+	s.metrics.staleWrites(TransitionRequeue, 1)
+	return s.requeueRefusal(ctx, q, id, TransitionRequeue, mappingVersion)
 }
 
-func (s *Store) requeueRefusal(ctx context.Context, q Querier, id int64, transition string, mappingVersion int) error {
+func (s *Store) requeueRefusal(ctx context.Context, q Querier, id int64, transition Transition, mappingVersion int) error {
 	var (
 		state             State
 		version           int
@@ -141,9 +145,9 @@ func (s *Store) requeueRefusal(ctx context.Context, q Querier, id int64, transit
 		return &StateError{ID: id, Transition: transition, Expected: StateQuarantined, Current: state, CurrentLeaseToken: token}
 	case version != mappingVersion:
 		return fmt.Errorf("%w: item %d was built from mapping version %d, not %d", ErrMappingChanged, id, version, mappingVersion)
-	case transition == "T9" && !sendable:
+	case transition == TransitionRequeue && !sendable:
 		return fmt.Errorf("%w: item %d", ErrNotSendable, id)
-	case transition == "T9r" && refused != attempts:
+	case transition == TransitionSupersede && refused != attempts:
 		return fmt.Errorf("%w: item %d", ErrMayHaveReached, id)
 	}
 	return fmt.Errorf("outbox: %s: item %d changed concurrently; read it again", transition, id)
@@ -158,8 +162,9 @@ FROM outbox_item_bodies b
 WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_version = @version
   AND o.refused_attempts = o.attempts`
 
-// Supersede is T9r, the requeue that re-addresses: inside the caller's
-// transaction it enqueues successor (T0 or T0q) under its new identity and
+// Supersede is the supersede transition, the requeue that re-addresses:
+// inside the caller's transaction it enqueues successor (stage or
+// stage_quarantined) under its new identity and
 // closes the quarantined item id (built from mappingVersion) as superseded,
 // pointing to the successor, so its usage is counted once. The successor must
 // name the same tenant and subject under a different identity (a new mapping
@@ -169,27 +174,28 @@ WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_versi
 // the provider may be re-addressed: otherwise ErrMayHaveReached, and the item
 // keeps its identifier for good. On any error the caller must roll back.
 func (s *Store) Supersede(ctx context.Context, tx pgx.Tx, id int64, mappingVersion int, successor NewItem) (Enqueued, error) {
-	_, enq, err := s.enqueueSuccessor(ctx, tx, "T9r", id, successor)
+	_, enq, err := s.enqueueSuccessor(ctx, tx, TransitionSupersede, id, successor)
 	if err != nil {
 		return Enqueued{}, err
 	}
 	tag, err := tx.Exec(ctx, sqlSupersede, pgx.NamedArgs{"id": id, "version": mappingVersion, "successor": enq.ID})
 	if err != nil {
-		return Enqueued{}, fmt.Errorf("outbox: T9r supersede item %d: %w", id, err)
+		return Enqueued{}, fmt.Errorf("outbox: supersede item %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 0 {
-		s.metrics.staleWrites("T9r", 1)
-		return Enqueued{}, s.requeueRefusal(ctx, tx, id, "T9r", mappingVersion)
+		s.metrics.staleWrites(TransitionSupersede, 1)
+		return Enqueued{}, s.requeueRefusal(ctx, tx, id, TransitionSupersede, mappingVersion)
 	}
-	s.metrics.moved("T9r", StateSuperseded)
+	s.metrics.moved(TransitionSupersede, StateSuperseded)
 	return enq, nil
 }
 
-// enqueueSuccessor is the first step of T9r and T11r, inside the caller's
-// transaction: the successor of item id must carry its tenant and subject
-// under another identity, and is enqueued (T0 or T0q) as a new row. It
+// enqueueSuccessor is the first step of supersede and supersede_cancelled,
+// inside the caller's transaction: the successor of item id must carry its
+// tenant and subject under another identity, and is enqueued (stage or
+// stage_quarantined) as a new row. It
 // returns the item as read and the successor's row.
-func (s *Store) enqueueSuccessor(ctx context.Context, tx pgx.Tx, transition string, id int64, successor NewItem) (Item, Enqueued, error) {
+func (s *Store) enqueueSuccessor(ctx context.Context, tx pgx.Tx, transition Transition, id int64, successor NewItem) (Item, Enqueued, error) {
 	old, err := s.Get(ctx, tx, id)
 	if err != nil {
 		return Item{}, Enqueued{}, err

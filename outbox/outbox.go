@@ -16,8 +16,8 @@ import (
 type State string
 
 // The states (docs/outbox.md, "The states"), superseded among them: an item
-// an operator re-addressed under a new identity (T9r), whose successor
-// carries its usage.
+// re-addressed under a new identity (supersede, supersede_cancelled), whose
+// successor carries its usage.
 const (
 	StatePending     State = "pending"
 	StateLeased      State = "leased"
@@ -28,7 +28,8 @@ const (
 	StateQuarantined State = "quarantined"
 	StateSuperseded  State = "superseded"
 	// StateWithdrawn: the item's usage was cancelled before any attempt of
-	// it could have reached the provider (T0w, T11). Terminal; never sent.
+	// it could have reached the provider (stage_withdrawn, withdraw). Terminal;
+	// never sent.
 	StateWithdrawn State = "withdrawn"
 )
 
@@ -42,10 +43,11 @@ var States = []State{
 // which the software must not guess.
 type Reason string
 
-// Quarantine reasons. The first six are decided at staging (T0q) and again at
-// claim (T6); meter_not_found, customer_not_found, payload_keys and
-// provider_refused come from the provider's answer (T6) or its asynchronous
-// error report (T10, or T2 when the report came while the item was in
+// Quarantine reasons. The first six are decided at staging
+// (stage_quarantined) and again at claim (quarantine); meter_not_found,
+// customer_not_found, payload_keys and provider_refused come from the
+// provider's answer (quarantine) or its asynchronous error report
+// (fail_accepted, or accept when the report came while the item was in
 // flight); count_value is decided at staging, value_digits at staging and
 // at claim.
 const (
@@ -182,7 +184,7 @@ type Item struct {
 // CurrentError is the item's last error while it still tells something
 // about the item: nil once the provider accepted it (accepted, confirmed),
 // when LastError is an earlier attempt's, which the attempt log keeps. A
-// failure reported after the acceptance (T10) moves the item out of
+// failure reported after the acceptance (fail_accepted) moves the item out of
 // accepted, so it shows.
 func (it Item) CurrentError() *ErrorInfo {
 	if it.State == StateAccepted || it.State == StateConfirmed {

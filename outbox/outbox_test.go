@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,7 +98,7 @@ func (b *testBundle) get(t *testing.T, id int64) outbox.Item {
 	return it
 }
 
-func (b *testBundle) stale(transition string) float64 {
+func (b *testBundle) stale(transition outbox.Transition) float64 {
 	mfs, _ := b.reg.Gather()
 	for _, mf := range mfs {
 		if mf.GetName() != "tally_outbox_stale_writes_total" {
@@ -105,7 +106,7 @@ func (b *testBundle) stale(transition string) float64 {
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "transition" && l.GetValue() == transition {
+				if l.GetName() == "transition" && l.GetValue() == string(transition) {
 					return m.GetCounter().GetValue()
 				}
 			}
@@ -126,7 +127,7 @@ func TestEnqueueInsertsOncePerIdentity(t *testing.T) {
 	require.Equal(t, outbox.StatePending, first.State)
 	require.Equal(t, newItem(1).Identity.Identifier(), first.Identifier)
 
-	// T0's stale path: the same identity collapses into the existing row.
+	// stage's stale path: the same identity collapses into the existing row.
 	again, err := b.store.Enqueue(b.ctx, tx, newItem(1))
 	require.NoError(t, err)
 	require.False(t, again.Inserted)
@@ -261,7 +262,7 @@ func TestClaimLeasesDueItems(t *testing.T) {
 		require.Equal(t, "w1", l.LeaseOwner)
 		require.WithinDuration(t, l.LeasedAt.Add(outbox.DefaultLease), *l.LeaseExpiresAt, time.Second)
 	}
-	// T1's stale path: nothing at all; somebody else has them.
+	// claim's stale path: nothing at all; somebody else has them.
 	rest := b.claim(t, outbox.ClaimOptions{Owner: "w2", Limit: 10})
 	require.Len(t, rest, 1)
 	require.NotContains(t, []int64{leases[0].ID, leases[1].ID}, rest[0].ID)
@@ -295,30 +296,31 @@ func TestTransitionsOutOfLeased(t *testing.T) {
 	t.Parallel()
 	type check func(t *testing.T, b *testBundle, it outbox.Item)
 	cases := []struct {
-		name  string
+		name  outbox.Transition
 		do    func(b *testBundle, l outbox.Lease) error
 		state outbox.State
 		check check
 	}{
-		{"T2 accept", func(b *testBundle, l outbox.Lease) error {
+		{outbox.TransitionAccept, func(b *testBundle, l outbox.Lease) error {
 			return b.store.Accept(b.ctx, b.pool, l, "req_123")
 		}, outbox.StateAccepted, func(t *testing.T, b *testBundle, it outbox.Item) {
 			require.Equal(t, "req_123", it.ProviderRef)
 			require.NotNil(t, it.AcceptedAt)
 			require.Nil(t, it.LeaseExpiresAt)
 		}},
-		{"T3 retry", func(b *testBundle, l outbox.Lease) error {
+		{outbox.TransitionRetry, func(b *testBundle, l outbox.Lease) error {
 			_, err := b.store.Retry(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "stripe_5xx", Status: 502, Message: "bad gateway"}, false)
 			return err
 		}, outbox.StatePending, func(t *testing.T, b *testBundle, it outbox.Item) {
 			require.Equal(t, &outbox.ErrorInfo{Code: "stripe_5xx", Status: 502, Message: "bad gateway"}, it.LastError)
-			// backoff after attempt 1: 5s plus up to 1.25s of jitter, from the database clock
+			// backoff after attempt 1: 5s plus up to 1.25s of jitter, from
+			// the database clock
 			wait := it.NextAttemptAt.Sub(it.UpdatedAt)
 			require.GreaterOrEqual(t, wait, 5*time.Second-10*time.Millisecond)
 			require.LessOrEqual(t, wait, 6250*time.Millisecond+10*time.Millisecond)
 			require.Equal(t, 0, it.RefusedAttempts)
 		}},
-		{"T3 rate limited", func(b *testBundle, l outbox.Lease) error {
+		{outbox.TransitionRetry + " rate limited", func(b *testBundle, l outbox.Lease) error {
 			_, err := b.store.RetryRateLimited(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "rate_limited", Status: 429})
 			return err
 		}, outbox.StatePending, func(t *testing.T, b *testBundle, it outbox.Item) {
@@ -327,22 +329,22 @@ func TestTransitionsOutOfLeased(t *testing.T) {
 			require.LessOrEqual(t, wait, 37500*time.Millisecond+10*time.Millisecond)
 			require.Equal(t, 1, it.RefusedAttempts, "a 429 is a refusal")
 		}},
-		{"T4 uncertain", func(b *testBundle, l outbox.Lease) error {
+		{outbox.TransitionMarkUncertain, func(b *testBundle, l outbox.Lease) error {
 			return b.store.MarkUncertain(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "timeout"}, false)
 		}, outbox.StateUncertain, nil},
-		{"T5 reject", func(b *testBundle, l outbox.Lease) error {
+		{outbox.TransitionReject, func(b *testBundle, l outbox.Lease) error {
 			return b.store.Reject(b.ctx, b.pool, l, outbox.ErrorInfo{Code: "invalid_request", Status: 400, Message: "value must be an integer"})
 		}, outbox.StateRejected, func(t *testing.T, b *testBundle, it outbox.Item) {
 			require.Equal(t, 1, it.RefusedAttempts)
 		}},
-		{"T6 quarantine", func(b *testBundle, l outbox.Lease) error {
+		{outbox.TransitionQuarantine, func(b *testBundle, l outbox.Lease) error {
 			return b.store.Quarantine(b.ctx, b.pool, l, outbox.ReasonAccountMismatch, outbox.ErrorInfo{Code: "account_mismatch"})
 		}, outbox.StateQuarantined, func(t *testing.T, b *testBundle, it outbox.Item) {
 			require.Equal(t, outbox.ReasonAccountMismatch, it.QuarantineReason)
 		}},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(string(tc.name), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, outbox.Config{})
 			ids := b.enqueue(t, newItem(1))
@@ -363,8 +365,8 @@ func TestTransitionsOutOfLeased(t *testing.T) {
 			// The stale path: the same lease writes again, zero rows.
 			require.ErrorIs(t, tc.do(b, l), outbox.ErrStaleLease)
 			require.Equal(t, tc.state, b.get(t, ids[0]).State, "a stale write changes nothing")
-			transition := tc.name[:2]
-			require.Equal(t, 1.0, b.stale(transition))
+			transition, _, _ := strings.Cut(string(tc.name), " ")
+			require.Equal(t, 1.0, b.stale(outbox.Transition(transition)))
 		})
 	}
 }
@@ -395,7 +397,7 @@ func TestLeaseExpiryFencesOldOwner(t *testing.T) {
 		require.NoError(t, err)
 		require.ErrorIs(t, res[0].Err, outbox.ErrStaleLease)
 	}
-	require.Equal(t, 1.0, b.stale("T2"))
+	require.Equal(t, 1.0, b.stale(outbox.TransitionAccept))
 	require.NoError(t, b.store.Accept(b.ctx, b.pool, cur[0], "req_new"))
 	it := b.get(t, ids[0])
 	require.Equal(t, outbox.StateAccepted, it.State)
@@ -652,7 +654,7 @@ func TestConfirm(t *testing.T) {
 	require.ErrorAs(t, refused[leases[2].ID], &se)
 	require.Equal(t, outbox.StateLeased, se.Current)
 	require.ErrorIs(t, refused[999999], outbox.ErrNotFound)
-	require.Equal(t, 2.0, b.stale("T7"))
+	require.Equal(t, 2.0, b.stale(outbox.TransitionConfirm))
 	it := b.get(t, leases[0].ID)
 	require.Equal(t, outbox.StateConfirmed, it.State)
 	require.NotNil(t, it.ConfirmedAt)
@@ -682,7 +684,7 @@ func TestRecover(t *testing.T) {
 			require.ErrorAs(t, err, &se)
 			require.Equal(t, outbox.StateUncertain, se.Current)
 			require.Equal(t, int64(1), se.CurrentLeaseToken)
-			require.Equal(t, 1.0, b.stale("T8"))
+			require.Equal(t, 1.0, b.stale(outbox.TransitionRecover))
 
 			if to == outbox.StatePending {
 				// The timed-out attempt may have landed and the horizon has
@@ -741,8 +743,9 @@ func TestRequeue(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{Horizon: 300 * time.Millisecond, Lease: 100 * time.Millisecond})
 
-	// Quarantined at claim time (T6): never sent, so requeueing it after the
-	// horizon is safe and it goes out again with the same identifier.
+	// Quarantined at claim time (quarantine): never sent, so requeueing it
+	// after the horizon is safe and it goes out again with the same
+	// identifier.
 	ids := b.enqueue(t, newItem(1))
 	l := b.claimOne(t)
 	require.NoError(t, b.store.Quarantine(b.ctx, b.pool, l, outbox.ReasonMeterNotFound, outbox.ErrorInfo{Code: "meter_not_found", Status: 400}))
@@ -750,7 +753,7 @@ func TestRequeue(t *testing.T) {
 
 	require.ErrorIs(t, b.store.Requeue(b.ctx, b.pool, ids[0], 2), outbox.ErrMappingChanged)
 	require.ErrorIs(t, b.store.Requeue(b.ctx, b.pool, 424242, 1), outbox.ErrNotFound)
-	require.Equal(t, 2.0, b.stale("T9"))
+	require.Equal(t, 2.0, b.stale(outbox.TransitionRequeue))
 	require.NoError(t, b.store.Requeue(b.ctx, b.pool, ids[0], 1))
 	it := b.get(t, ids[0])
 	require.Equal(t, outbox.StatePending, it.State)

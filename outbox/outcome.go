@@ -10,21 +10,22 @@ type OutcomeKind int
 
 // Outcome kinds: the transitions out of leased.
 const (
-	// Accepted is T2: the provider accepted the item (or answered that it
+	// Accepted is the accept: the provider accepted the item (or answered that it
 	// already had its identifier).
 	Accepted OutcomeKind = iota + 1
-	// Retry is T3: try again after the exponential backoff; past the attempt
-	// cap or the horizon it is T4 instead.
+	// Retry is the retry: try again after the exponential backoff; past the
+	// attempt cap or the horizon it is mark_uncertain instead.
 	Retry
-	// RateLimited is T3 after a rate-limit answer: try again after the
-	// rate-limit delay; past the cap or the horizon it is T4 instead.
+	// RateLimited is the retry after a rate-limit answer: try again after
+	// the rate-limit delay; past the cap or the horizon it is mark_uncertain
+	// instead.
 	RateLimited
-	// Uncertain is T4: the item may or may not have reached the provider and
+	// Uncertain is mark_uncertain: the item may or may not have reached the provider and
 	// must not be sent again automatically.
 	Uncertain
-	// Rejected is T5: the provider refused the item itself. Terminal.
+	// Rejected is the reject: the provider refused the item itself. Terminal.
 	Rejected
-	// Quarantined is T6: a mapping, account or mode problem, found at claim
+	// Quarantined is the quarantine: a mapping, account or mode problem, found at claim
 	// time or named by the provider's answer.
 	Quarantined
 )
@@ -34,8 +35,9 @@ var outcomeNames = map[OutcomeKind]string{
 	Uncertain: "uncertain", Rejected: "rejected", Quarantined: "quarantined",
 }
 
-var outcomeTransitions = map[OutcomeKind]string{
-	Accepted: "T2", Retry: "T3", RateLimited: "T3", Uncertain: "T4", Rejected: "T5", Quarantined: "T6",
+var outcomeTransitions = map[OutcomeKind]Transition{
+	Accepted: TransitionAccept, Retry: TransitionRetry, RateLimited: TransitionRetry,
+	Uncertain: TransitionMarkUncertain, Rejected: TransitionReject, Quarantined: TransitionQuarantine,
 }
 
 func (k OutcomeKind) String() string {

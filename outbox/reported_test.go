@@ -44,7 +44,7 @@ func TestAcceptAfterAReportLandsWhereTheReportSays(t *testing.T) {
 	require.NotContains(t, it.LastError.Message, "sk_live", "the note was sanitised")
 	require.Equal(t, it.Attempts, it.RefusedAttempts, "the only attempt that reached Stripe was failed by the report")
 	require.Equal(t, "req_1", it.ProviderRef, "the acceptance stays on the record")
-	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "T10", "state", "quarantined"))
+	require.Equal(t, 1.0, b.counterValue("tally_outbox_transitions_total", "transition", "fail_accepted", "state", "quarantined"))
 	require.Equal(t, 1.0, b.counterValue("tally_outbox_quarantined_total", "reason", "customer_not_found"))
 
 	atts, err := b.store.Attempts(b.ctx, b.pool, reported.ID)

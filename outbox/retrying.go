@@ -7,10 +7,10 @@ import (
 )
 
 // sqlOldestRetrying finds the first attempt of the item retrying longest:
-// pending again after a failed attempt (T3 retry, or rate-limited) within
+// pending again after a failed attempt (a retry, or rate-limited) within
 // its current attempt budget, or leased again after one. Its WHERE is the
-// predicate of the partial index outbox_item_states_retrying (migrations 20, 23),
-// which answers it from its left edge however many items wait.
+// predicate of the partial index outbox_item_states_retrying, which answers
+// it from its left edge however many items wait.
 const sqlOldestRetrying = `SELECT extract(epoch FROM clock_timestamp() - min(first_attempt_at))::float8 FROM outbox_item_states
 	WHERE (state = 'pending' AND attempts > attempts_base) OR (state = 'leased' AND attempts > attempts_base + 1)`
 

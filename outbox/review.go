@@ -8,7 +8,7 @@ import (
 )
 
 // ReviewItem is an uncertain or rejected item as an operator reviews it:
-// these are the items that wait for a decision (recovery, T8) or an
+// these are the items that wait for a decision (recover) or an
 // explanation.
 type ReviewItem struct {
 	ID      int64

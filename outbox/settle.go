@@ -22,30 +22,28 @@ import (
 // wait: they skip locked rows. The UPDATE depends on "locked" through an
 // uncorrelated count, which the planner runs once as a one-time filter
 // before the UPDATE reads its first row: every lock is held, in id order,
-// before any row is written, and the join costs one pass over the batch
-// (a semi-join against the CTE compared each row with up to every locked
-// id: 14% of an accept of 100, measured).
+// before any row is written, and the join costs one pass over the batch (a
+// semi-join against the CTE would compare each row with every locked id).
 //
-// T2, the statement of every accepted send, is a cached statement run with
-// its generic plan (genericTrip), planned once per connection for any
-// batch: its rows are found only by primary key, one probe per outcome (a
-// nested loop over unnest()), whatever the statistics say. It names no id
-// array beside the join (o.id = ANY(@ids) made the plan read the items
-// first and compare each with every outcome: 999,000 comparisons for
-// 1,000), and it compares the state
+// The accept, the statement of every accepted send, is a cached statement
+// run with its generic plan (genericTrip), planned once per connection for
+// any batch: its rows are found only by primary key, one probe per outcome
+// (a nested loop over unnest()), whatever the statistics say. It names no
+// id array beside the join (o.id = ANY(@ids) lets the plan read the items
+// first and compare each with every outcome), and it compares the state
 // under collation "C", which no partial index's predicate uses, so no plan
 // can read the leased items from a partial index instead: those indexes
 // keep the entries of every lease since the last vacuum, and a plan that
-// scanned one grew with them (100 ms an accept of 650 in the stream,
-// against 20 ms). Equality of text is the same under every deterministic
-// collation: the predicate is T2's.
+// scanned one would grow with them. Equality of text is the same under
+// every deterministic collation: the predicate is the same.
 //
-// T2 takes the provider's error report into account: when a report named
-// the item while it was in flight (NoteFailures), the accept lands where the
-// report says — quarantined with its reason, or rejected — with the report's
-// error, as T10 would have moved it a moment later, and the note is cleared.
-// As in T10, refused_attempts := attempts only when the accepted attempt was
-// the only one that may have reached the provider.
+// The accept takes the provider's error report into account: when a report
+// named the item while it was in flight (NoteFailures), the accept lands
+// where the report says — quarantined with its reason, or rejected — with
+// the report's error, as fail_accepted would have moved it a moment later,
+// and the note is cleared. As in fail_accepted, refused_attempts :=
+// attempts only when the accepted attempt was the only one that may have
+// reached the provider.
 const (
 	sqlAccept = `
 WITH b AS (SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @refs::text[], @meters::text[]) AS b(id, token, ref, meter)),
@@ -73,8 +71,8 @@ log AS (
 )
 SELECT id, state, coalesce(quarantine_reason, '') FROM t`
 
-	// T3 becomes T4 in the same statement when the retry is past the cap, or
-	// would happen past the horizon (measured from first_attempt_at) while
+	// A retry becomes mark_uncertain in the same statement when it is past
+	// the cap, or would happen past the horizon (from first_attempt_at) while
 	// some attempt, this one included, may have reached the provider: the
 	// claim's budget (withinBudget) and the sweep draw the same line. Both
 	// sides of the horizon comparison are the database clock.
@@ -111,9 +109,9 @@ log AS (
 )
 SELECT id, state, ''::text FROM t`
 
-	// sqlSettleFailure is T4 (uncertain), T5 (rejected) and T6
-	// (quarantined), the failures that end automatic delivery: the same
-	// predicate, a target state per row.
+	// sqlSettleFailure is mark_uncertain, reject and quarantine, the
+	// failures that end automatic delivery: the same predicate, a target
+	// state per row.
 	sqlSettleFailure = `
 WITH b AS (
     SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @states::text[], @reasons::text[], @refused::bool[],
@@ -142,13 +140,11 @@ log AS (
 SELECT id, state, coalesce(quarantine_reason, '') FROM t`
 )
 
-// oneShot runs a batch statement (T3's and T4-T6's; T2 has genericTrip) as
-// an unnamed statement, planned for the arrays it is given: a cached
-// prepared statement would switch to a generic plan after five runs, and
-// the generic plan of these joins over unnest() scanned a partial index's
-// every entry — dead ones too — growing with every batch (measured, on
-// T2 as it was then: 67 ms per 1,000 accepts planned for the batch, 220 ms
-// with the generic plan after a few thousand).
+// oneShot runs a batch statement (the retry's and the failures'; the accept
+// has genericTrip) as an unnamed statement, planned for the arrays it is
+// given: a cached prepared statement would switch to a generic plan after
+// five runs, and the generic plan of these joins over unnest() scans a
+// partial index's every entry — dead ones too — growing with every batch.
 const oneShot = pgx.QueryExecModeExec
 
 // sqlLockBatch takes the row locks of a mixed batch of outcomes up front, in
@@ -156,17 +152,19 @@ const oneShot = pgx.QueryExecModeExec
 // the same transaction never wait on one another's rows in another order.
 const sqlLockBatch = `SELECT id FROM outbox_item_states WHERE id = ANY(@ids::bigint[]) ORDER BY id FOR UPDATE`
 
-// Record writes the outcomes of attempts: T2-T6, batched, one statement per
-// transition present. Each outcome lands or is fenced out on its own; a
-// fenced outcome's Result carries ErrStaleLease, is counted by the
-// stale-writer metric and must not be retried. A batch of one kind is one
-// statement; a mixed batch runs in one READ COMMITTED transaction of its own
-// that first locks every row of the batch in id order, so concurrent writers
-// never deadlock. The error return is for failures of the database or of the
-// input (an outcome kind unknown, one item twice, a quarantine without a
-// reason); then nothing of the batch was written.
+// Record writes the outcomes of attempts (accept, retry, mark_uncertain,
+// reject, quarantine), batched, one statement per transition present. Each
+// outcome lands or is fenced out on its own; a fenced outcome's Result
+// carries ErrStaleLease, is counted by the stale-writer metric and must not
+// be retried. A batch of one kind is one statement; a mixed batch runs in one
+// READ COMMITTED transaction of its own that first locks every row of the
+// batch in id order, so concurrent writers never deadlock. The error return
+// is for failures of the database or of the input (an outcome kind unknown,
+// one item twice, a quarantine without a reason); then nothing of the batch
+// was written.
 func (s *Store) Record(ctx context.Context, db TxBeginner, outcomes []Outcome) ([]Result, error) {
-	ctx, span := batchSpan(ctx, "settle", "T2-T6")
+	ctx, span := batchSpan(ctx, "settle", TransitionAccept, TransitionRetry, TransitionMarkUncertain,
+		TransitionReject, TransitionQuarantine)
 	res, err := s.recordBatch(ctx, db, outcomes)
 	endBatch(span, len(outcomes), err)
 	return res, err
@@ -202,9 +200,9 @@ type settleStep struct {
 }
 
 // settleSteps checks a batch of outcomes and returns the statements that
-// settle it, one per transition present: accepts (T2), retries (T3, or T4
-// past the cap or the horizon) and the failures that end automatic delivery
-// (T4, T5, T6).
+// settle it, one per statement: accepts, retries (or mark_uncertain past
+// the cap or the horizon) and the failures that end automatic delivery
+// (mark_uncertain, reject, quarantine).
 func (s *Store) settleSteps(outcomes []Outcome) ([]settleStep, error) {
 	seen := make(map[int64]bool, len(outcomes))
 	var (
@@ -234,13 +232,13 @@ func (s *Store) settleSteps(outcomes []Outcome) ([]settleStep, error) {
 
 	var steps []settleStep
 	if len(accept) > 0 {
-		steps = append(steps, settleStep{"T2 accept", sqlAccept, s.acceptArgs(outcomes, accept), true})
+		steps = append(steps, settleStep{"accept", sqlAccept, s.acceptArgs(outcomes, accept), true})
 	}
 	if len(retry) > 0 {
-		steps = append(steps, settleStep{"T3 retry", sqlRetry, s.retryArgs(outcomes, retry), false})
+		steps = append(steps, settleStep{"retry", sqlRetry, s.retryArgs(outcomes, retry), false})
 	}
 	if len(failure) > 0 {
-		steps = append(steps, settleStep{"T4/T5/T6", sqlSettleFailure, s.failureArgs(outcomes, failure), false})
+		steps = append(steps, settleStep{"mark_uncertain/reject/quarantine", sqlSettleFailure, s.failureArgs(outcomes, failure), false})
 	}
 	return steps, nil
 }
@@ -324,10 +322,10 @@ type batchQuerier interface {
 
 // Around a cached step: its plan is the cache's generic plan from the first
 // run (plan_cache_mode force_generic_plan), never one of the five custom
-// plans the cache tries first. A custom plan of T2 knows the batch's size
-// and, with the state compared under collation "C", no estimate of how many
-// items are leased: for 1,000 outcomes it read the whole table and compared
-// every leased item with every outcome (1.3 s, in the stream benchmark).
+// plans the cache tries first. A custom plan of the accept knows the batch's
+// size and, with the state compared under collation "C", no estimate of how
+// many items are leased: for a large batch it can read the whole table and
+// compare every leased item with every outcome.
 // Inside a caller's transaction the setting is saved and restored around
 // the step (set_config, local to the transaction, in one pipeline).
 const (
@@ -405,11 +403,11 @@ func (s *Store) countSettled(outcomes []Outcome, results []Result) {
 		case r.Err != nil:
 			s.metrics.staleWrites(transition, 1)
 		case r.State == StateUncertain:
-			s.metrics.moved("T4", r.State)
+			s.metrics.moved(TransitionMarkUncertain, r.State)
 		case outcomes[i].Kind == Accepted && r.State != StateAccepted:
 			// An error report came while the item was in flight: the
-			// accept lands where the report says, T10's way.
-			s.metrics.moved("T10", r.State)
+			// accept lands where the report says, fail_accepted's way.
+			s.metrics.moved(TransitionFailAccepted, r.State)
 			if r.State == StateQuarantined {
 				s.metrics.quarantinedFor(r.Reason)
 			}
@@ -500,38 +498,41 @@ func (s *Store) record(ctx context.Context, db TxBeginner, o Outcome) (State, er
 	return res[0].State, res[0].Err
 }
 
-// Accept is T2 for one lease.
+// Accept is the accept transition for one lease: leased to accepted.
 func (s *Store) Accept(ctx context.Context, db TxBeginner, l Lease, providerRef string) error {
 	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Accepted, ProviderRef: providerRef})
 	return err
 }
 
-// Retry is T3 for one lease (or T4, past the cap or the horizon); it returns
-// the state the item landed in. Refused says the provider refused this
-// attempt outright (see Outcome.Refused).
+// Retry is the retry transition for one lease (mark_uncertain past the cap or
+// the horizon); it returns the state the item landed in. Refused says the
+// provider refused this attempt outright (see Outcome.Refused).
 func (s *Store) Retry(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo, refused bool) (State, error) {
 	return s.record(ctx, db, Outcome{Lease: l, Kind: Retry, Error: e, Refused: refused})
 }
 
-// RetryRateLimited is T3 after a rate-limit answer (or T4, past the cap or
-// the horizon).
+// RetryRateLimited is the retry transition after a rate-limit answer
+// (mark_uncertain past the cap or the horizon).
 func (s *Store) RetryRateLimited(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo) (State, error) {
 	return s.record(ctx, db, Outcome{Lease: l, Kind: RateLimited, Error: e})
 }
 
-// MarkUncertain is T4 for one lease.
+// MarkUncertain is the mark_uncertain transition for one lease: leased to
+// uncertain.
 func (s *Store) MarkUncertain(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo, refused bool) error {
 	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Uncertain, Error: e, Refused: refused})
 	return err
 }
 
-// Reject is T5 for one lease. Rejected is terminal.
+// Reject is the reject transition for one lease: leased to rejected, which
+// is terminal.
 func (s *Store) Reject(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo) error {
 	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Rejected, Error: e})
 	return err
 }
 
-// Quarantine is T6 for one lease.
+// Quarantine is the quarantine transition for one lease: leased to
+// quarantined.
 func (s *Store) Quarantine(ctx context.Context, db TxBeginner, l Lease, reason Reason, e ErrorInfo) error {
 	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Quarantined, Reason: reason, Error: e})
 	return err

@@ -8,34 +8,33 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// sqlWithdraw is T11: a pending or quarantined item none of whose attempts
-// may have reached the provider ends withdrawn. A pending item is not
-// leased, so no send of it is in flight; the predicate is re-checked on the
-// row the UPDATE locks. A quarantined item's reason is cleared (a CHECK
-// allows one only on quarantined and superseded items); the cancellation
-// that withdrew it says why.
+// sqlWithdraw is the withdraw transition: a pending or quarantined item none
+// of whose attempts may have reached the provider ends withdrawn. A pending
+// item is not leased, so no send of it is in flight; the predicate is
+// re-checked on the row the UPDATE locks. A quarantined item's reason is
+// cleared (a CHECK allows one only on quarantined and superseded items); the
+// cancellation that withdrew it says why.
 const sqlWithdraw = `
 UPDATE outbox_item_states SET state = 'withdrawn', quarantine_reason = NULL, updated_at = clock_timestamp()
 WHERE id = @id AND state IN ('pending', 'quarantined') AND refused_attempts = attempts`
 
-// Withdraw is T11, inside the caller's transaction: item id, pending or
-// quarantined, ends withdrawn, never to be sent, because the usage it
-// carries was cancelled. Only an item proven not to have reached the
+// Withdraw is the withdraw transition, inside the caller's transaction: item
+// id, pending or quarantined, ends withdrawn, never to be sent, because the
+// usage it carries was cancelled. Only an item proven not to have reached the
 // provider may be withdrawn: otherwise ErrMayHaveReached (the usage must be
-// taken back from the provider instead). In another state it is a
-// *StateError (leased: ask again once the lease ends). A write that changes
-// nothing is counted as stale and reported, never retried here; the caller
-// rolls back.
+// taken back from the provider instead). In another state it is a *StateError
+// (leased: ask again once the lease ends). A write that changes nothing is
+// counted as stale and reported, never retried here; the caller rolls back.
 func (s *Store) Withdraw(ctx context.Context, tx pgx.Tx, id int64) error {
 	tag, err := tx.Exec(ctx, sqlWithdraw, pgx.NamedArgs{"id": id})
 	if err != nil {
-		return fmt.Errorf("outbox: T11 withdraw item %d: %w", id, err)
+		return fmt.Errorf("outbox: withdraw item %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 1 {
-		s.metrics.moved("T11", StateWithdrawn)
+		s.metrics.moved(TransitionWithdraw, StateWithdrawn)
 		return nil
 	}
-	s.metrics.staleWrites("T11", 1)
+	s.metrics.staleWrites(TransitionWithdraw, 1)
 	var (
 		state             State
 		token             int64
@@ -47,13 +46,13 @@ func (s *Store) Withdraw(ctx context.Context, tx pgx.Tx, id int64) error {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: %d", ErrNotFound, id)
 	case err != nil:
-		return fmt.Errorf("outbox: T11: re-reading item %d: %w", id, err)
+		return fmt.Errorf("outbox: withdraw: re-reading item %d: %w", id, err)
 	case state != StatePending && state != StateQuarantined:
-		return &StateError{ID: id, Transition: "T11", Expected: StatePending, Current: state, CurrentLeaseToken: token}
+		return &StateError{ID: id, Transition: TransitionWithdraw, Expected: StatePending, Current: state, CurrentLeaseToken: token}
 	case refused != attempts:
 		return fmt.Errorf("%w: item %d", ErrMayHaveReached, id)
 	}
-	return fmt.Errorf("outbox: T11: item %d changed nothing for no reason found", id)
+	return fmt.Errorf("outbox: withdraw: item %d changed nothing for no reason found", id)
 }
 
 // sqlLockLive follows an item's chain of successors to the one that carries
@@ -65,7 +64,7 @@ SELECT id FROM outbox_item_states WHERE id = tally_live_item(@id) FOR UPDATE`
 // LockLive locks, inside the caller's transaction, the item that carries
 // the usage of item id now (id itself, or the end of its chain of
 // successors) and returns it as read under the lock. A re-address that
-// commits between following the chain and taking the lock (T9r or T11r of
+// commits between following the chain and taking the lock (a supersede of
 // another transaction, which the lock waited for) leaves the locked item
 // superseded: LockLive then follows on from it, and locks its successor.
 func (s *Store) LockLive(ctx context.Context, tx pgx.Tx, id int64) (Item, error) {
@@ -92,37 +91,38 @@ func (s *Store) LockLive(ctx context.Context, tx pgx.Tx, id int64) (Item, error)
 // tally_live_item bounds its own.
 const maxChain = 1000
 
-// sqlSupersedeCancelled is T11r: T9r's predicate, from pending as well as
-// quarantined.
+// sqlSupersedeCancelled is the supersede_cancelled transition: supersede's
+// predicate, from pending as well as quarantined.
 const sqlSupersedeCancelled = `
 UPDATE outbox_item_states SET state = 'superseded', superseded_by = @successor, updated_at = clock_timestamp()
 WHERE id = @id AND state IN ('pending', 'quarantined') AND refused_attempts = attempts`
 
-// SupersedeCancelled is T11r, inside the caller's transaction: a window's
-// item, pending or quarantined, none of whose attempts may have reached the
-// provider, is re-addressed without an event that was cancelled — the
-// successor (rebuilt from the rows left, under an identity of its own) is
-// enqueued and the item superseded by it. Otherwise ErrMayHaveReached or a
-// *StateError; the caller rolls back, and the successor is not kept.
+// SupersedeCancelled is the supersede_cancelled transition, inside the
+// caller's transaction: a window's item, pending or quarantined, none of
+// whose attempts may have reached the provider, is re-addressed without an
+// event that was cancelled — the successor (rebuilt from the rows left, under
+// an identity of its own) is enqueued and the item superseded by it.
+// Otherwise ErrMayHaveReached or a *StateError; the caller rolls back, and
+// the successor is not kept.
 func (s *Store) SupersedeCancelled(ctx context.Context, tx pgx.Tx, id int64, successor NewItem) (Enqueued, error) {
-	old, enq, err := s.enqueueSuccessor(ctx, tx, "T11r", id, successor)
+	old, enq, err := s.enqueueSuccessor(ctx, tx, TransitionSupersedeCancelled, id, successor)
 	if err != nil {
 		return Enqueued{}, err
 	}
 	tag, err := tx.Exec(ctx, sqlSupersedeCancelled, pgx.NamedArgs{"id": id, "successor": enq.ID})
 	if err != nil {
-		return Enqueued{}, fmt.Errorf("outbox: T11r supersede item %d: %w", id, err)
+		return Enqueued{}, fmt.Errorf("outbox: supersede cancelled item %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 0 {
-		s.metrics.staleWrites("T11r", 1)
+		s.metrics.staleWrites(TransitionSupersedeCancelled, 1)
 		switch {
 		case old.State != StatePending && old.State != StateQuarantined:
-			return Enqueued{}, &StateError{ID: id, Transition: "T11r", Expected: StatePending, Current: old.State, CurrentLeaseToken: old.LeaseToken}
+			return Enqueued{}, &StateError{ID: id, Transition: TransitionSupersedeCancelled, Expected: StatePending, Current: old.State, CurrentLeaseToken: old.LeaseToken}
 		case old.RefusedAttempts != old.Attempts:
 			return Enqueued{}, fmt.Errorf("%w: item %d", ErrMayHaveReached, id)
 		}
-		return Enqueued{}, fmt.Errorf("outbox: T11r: item %d changed meanwhile", id)
+		return Enqueued{}, fmt.Errorf("outbox: supersede cancelled: item %d changed meanwhile", id)
 	}
-	s.metrics.moved("T11r", StateSuperseded)
+	s.metrics.moved(TransitionSupersedeCancelled, StateSuperseded)
 	return enq, nil
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// withdraw runs T11 on id in a transaction of its own, committed when it
-// succeeds.
+// withdraw runs the withdraw transition on id in a transaction of its own,
+// committed when it succeeds.
 func (b *testBundle) withdraw(t *testing.T, id int64) error {
 	t.Helper()
 	tx, err := b.pool.Begin(b.ctx)
@@ -24,7 +24,7 @@ func (b *testBundle) withdraw(t *testing.T, id int64) error {
 	return tx.Commit(b.ctx)
 }
 
-// T11 takes a pending item, or a quarantined one, that no attempt may have
+// withdraw takes a pending item, or a quarantined one, that no attempt may have
 // reached the provider with, to withdrawn, which nothing leaves: no claim
 // takes it, no requeue revives it, and the gauge counts it.
 func TestWithdrawTakesOnlyItemsNothingOfWhichMayHaveReachedTheProvider(t *testing.T) {
@@ -68,9 +68,10 @@ func TestWithdrawTakesOnlyItemsNothingOfWhichMayHaveReachedTheProvider(t *testin
 	require.True(t, errors.As(b.withdraw(t, pending), &se), "withdrawn is terminal")
 	require.Equal(t, outbox.StateWithdrawn, se.Current)
 	require.ErrorIs(t, b.withdraw(t, 1<<40), outbox.ErrNotFound)
-	require.Equal(t, 4.0, b.stale("T11"), "every write that changed nothing is counted")
+	require.Equal(t, 4.0, b.stale(outbox.TransitionWithdraw), "every write that changed nothing is counted")
 
-	// Nothing leaves withdrawn: no claim takes it, the database refuses any edge out.
+	// Nothing leaves withdrawn: no claim takes it, the database refuses any
+	// edge out.
 	for _, l := range b.claim(t, outbox.ClaimOptions{Owner: "w2", Limit: 10, Policy: outbox.BestEffort}) {
 		require.NotContains(t, []int64{pending, quarantined, refusedOnce}, l.ID)
 	}
@@ -90,8 +91,8 @@ func TestWithdrawTakesOnlyItemsNothingOfWhichMayHaveReachedTheProvider(t *testin
 	require.Equal(t, int64(3), g.Counts[outbox.StateWithdrawn])
 }
 
-// T0w: an item enqueued withdrawn needs nothing sendable, and never goes
-// out; a withdrawn enqueue may not also be quarantined.
+// stage_withdrawn: an item enqueued withdrawn needs nothing sendable, and
+// never goes out; a withdrawn enqueue may not also be quarantined.
 func TestEnqueueWithdrawn(t *testing.T) {
 	t.Parallel()
 	b := setup(t, outbox.Config{})

@@ -3,8 +3,8 @@
 // totals, as JSON, CSV safe for spreadsheets, or a table), the completeness
 // report (per tenant, feature and period: ingested against confirmed,
 // accepted, pending, quarantined, uncertain and rejected, and whether the
-// conservation identity holds), and the operator's requeue: in place (T9)
-// when the item can be sent as it stands, re-addressed (T9r) when the fix
+// conservation identity holds), and the operator's requeue: in place (requeue)
+// when the item can be sent as it stands, re-addressed (supersede) when the fix
 // changed what it must carry and no attempt of it may have reached Stripe.
 //
 // The completeness report is read from counters (completeness_counters

@@ -21,10 +21,10 @@ type Requeuer struct {
 
 // Requeue actions.
 const (
-	// ActionRequeued: T9, the item goes back to pending with its identity
+	// ActionRequeued: requeue, the item goes back to pending with its identity
 	// and identifier.
 	ActionRequeued = "requeued"
-	// ActionReaddressed: T9r, a successor under a new identity carries the
+	// ActionReaddressed: supersede, a successor under a new identity carries the
 	// item's usage, and the item is closed as superseded.
 	ActionReaddressed = "readdressed"
 )
@@ -90,12 +90,12 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 // operator looked at after fixing the cause; otherwise a
 // *MappingChangedError). The item is rebuilt from its ledger rows under the
 // current mappings and this node's destination: if that is the item itself,
-// it goes back to pending (T9); if the fix changed what it must carry, a
-// successor is enqueued and the item closed as superseded (T9r) — only when
+// it goes back to pending (requeue); if the fix changed what it must carry, a
+// successor is enqueued and the item closed as superseded (supersede) — only when
 // no attempt of it may have reached Stripe (outbox.ErrMayHaveReached
 // otherwise). An item that was sent and that Stripe is proven to have
 // recorded no attempt of — every attempt refused, or failed by an error
-// report (T10) — is re-addressed even when the rebuild is the item itself:
+// report (fail_accepted) — is re-addressed even when the rebuild is the item itself:
 // its successor's subject ref is the next re-address generation
 // (outbox.ReaddressRef), so it carries a new identifier. Both happen in one
 // transaction, with the audit log's entry naming by, the operator. An item
@@ -109,7 +109,7 @@ func (r *Requeuer) RequeueWith(ctx context.Context, db meter.TxBeginner, id int6
 			return err
 		}
 		if it.State != outbox.StateQuarantined {
-			return &outbox.StateError{ID: id, Transition: "T9", Expected: outbox.StateQuarantined, Current: it.State, CurrentLeaseToken: it.LeaseToken}
+			return &outbox.StateError{ID: id, Transition: outbox.TransitionRequeue, Expected: outbox.StateQuarantined, Current: it.State, CurrentLeaseToken: it.LeaseToken}
 		}
 		if it.SubjectKind == outbox.SubjectUsageCancellation {
 			// A cancellation Stripe cannot apply (too late, a last value),
@@ -183,7 +183,7 @@ func (r *Requeuer) RequeueWith(ctx context.Context, db meter.TxBeginner, id int6
 // provenUnrecorded reports whether the item was sent and the provider is
 // proven to have recorded none of its attempts: each was refused outright,
 // or the provider's error report failed the only one that may have reached
-// it (T10 then counts every attempt refused).
+// it (fail_accepted then counts every attempt refused).
 func provenUnrecorded(it outbox.Item) bool {
 	return it.Attempts > 0 && it.RefusedAttempts == it.Attempts
 }

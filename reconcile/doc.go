@@ -1,7 +1,7 @@
 // Package reconcile owns the comparison of what Tally holds as accepted or
 // confirmed with Stripe's own numbers (hourly meter event summaries), the
 // runs that do it and the discrepancies finance acts on, and the
-// confirmation (T7) of items the evidence proves.
+// confirmation (confirm) of items the evidence proves.
 //
 // A run works through every (account, customer, meter) with accepted items
 // older than the settle delay or uncertain ones, and every one with a

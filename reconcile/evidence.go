@@ -33,7 +33,7 @@ type ReportResult struct {
 	// Recorded is false when the event was recorded before (Stripe delivers
 	// an event at least once); then nothing else was done.
 	Recorded bool `json:"recorded"`
-	// Failed counts the named items that were accepted and moved by T10,
+	// Failed counts the named items that were accepted and moved by fail_accepted,
 	// to quarantined or rejected by their error code.
 	Failed int `json:"failed"`
 	// Noted counts the named items still in flight (pending, leased or
@@ -120,7 +120,7 @@ func recordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi
 		if err != nil {
 			return fmt.Errorf("reconcile: tracing the samples of event %s: %w", rep.ID, err)
 		}
-		// The evidence's foreign key share-locks the named items, and T10
+		// The evidence's foreign key share-locks the named items, and fail_accepted
 		// then locks them for update: lock them for update first, in
 		// ascending id order, the order every waiting writer of the outbox
 		// uses, so that a report and a batch of outcomes or confirmations
@@ -225,7 +225,7 @@ func traceSamples(ctx context.Context, tx pgx.Tx, samples []stripeapi.MeterError
 	return out, nil
 }
 
-// failNamed applies T10 to the accepted items the event's evidence names,
+// failNamed applies fail_accepted to the accepted items the event's evidence names,
 // and notes its failures on the named items still in flight.
 func failNamed(ctx context.Context, tx pgx.Tx, store *outbox.Store, rep stripeapi.MeterErrorReport, res *ReportResult) error {
 	n, err := readNamed(ctx, tx, rep)

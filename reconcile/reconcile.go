@@ -31,7 +31,7 @@ const (
 	// another may start or resume it.
 	heartbeatEvery = 15 * time.Second
 	staleAfter     = 2 * time.Minute
-	// confirmBatch bounds one T7 statement.
+	// confirmBatch bounds one confirm statement.
 	confirmBatch = 1000
 )
 
@@ -79,7 +79,7 @@ type Config struct {
 }
 
 // Reconciler compares accepted items with Stripe's event summaries and
-// confirms (T7) what they prove.
+// confirms (confirm) what they prove.
 type Reconciler struct {
 	cfg     Config
 	client  *stripeapi.Client
@@ -102,7 +102,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"status"}),
 		confirmed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tally_reconcile_items_confirmed_total",
-			Help: "Items moved from accepted to confirmed (T7) on Stripe's evidence.",
+			Help: "Items moved from accepted to confirmed (confirm) on Stripe's evidence.",
 		}),
 		discrepancies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tally_reconcile_discrepancies_total",

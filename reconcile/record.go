@@ -60,7 +60,7 @@ func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, dest export
 	return nil
 }
 
-// confirm moves the accepted items ids to confirmed (T7) through package
+// confirm moves the accepted items ids to confirmed (confirm) through package
 // outbox, confirmBatch at a time, and counts those it moved. An item that
 // moved since it was read is left as it is.
 func (r *Reconciler) confirm(ctx context.Context, tx pgx.Tx, ids []int64) (int, error) {

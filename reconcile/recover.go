@@ -12,7 +12,7 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// Recovery is an operator's decision about an uncertain item (T8).
+// Recovery is an operator's decision about an uncertain item (recover).
 type Recovery struct {
 	// Expect is the state the operator saw: it must be uncertain, the only
 	// state recovery leaves; the item's current state must match.

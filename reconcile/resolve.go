@@ -133,7 +133,7 @@ const ActionResolve = "discrepancy.resolve"
 // Subject is the audit log's subject of discrepancy id.
 func Subject(id int64) string { return fmt.Sprintf("discrepancy:%d", id) }
 
-// Resolve resolves discrepancy id in one transaction: it confirms (T7,
+// Resolve resolves discrepancy id in one transaction: it confirms (confirm,
 // through package outbox) the discrepancy's items that are still accepted,
 // records the resolution and its audit entry, and returns the discrepancy
 // resolved. It refuses, changing nothing, a discrepancy that is resolved
@@ -223,7 +223,7 @@ func kindText(kind string) string {
 	return "Stripe refused the summaries"
 }
 
-// settleItems confirms (T7) the accepted items discrepancy d counts and
+// settleItems confirms (confirm) the accepted items discrepancy d counts and
 // returns those it confirmed; one confirmed already (before the run, or
 // meanwhile) is not confirmed again and not among them. An item neither
 // accepted nor confirmed, now or when it is confirmed, refuses the

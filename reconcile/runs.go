@@ -92,7 +92,7 @@ type Discrepancy struct {
 	Explanation    string  `json:"explanation"`
 	// ReportedItems are the expected items Stripe's meter error reports
 	// name: accepted, then failed at Stripe. A report normally moves its
-	// items out of accepted when it arrives (T10), so this lists the ones
+	// items out of accepted when it arrives (fail_accepted), so this lists the ones
 	// it could not move then (an item still leased, say).
 	ReportedItems []int64 `json:"reported_items"`
 	// Tenants and Features are whose usage the discrepancy is about: the
