@@ -354,7 +354,7 @@ WITH picked AS (
 // its lease then fails on the per-key unique index (a unique violation:
 // the claim is retried). The expired leases and the due items are each
 // locked in a subquery, at most @scan of them, and tested after (the
-// expired ones found by the range scan of the leased_expiry index, not by
+// expired ones come from the range scan of the leased_expiry index, not by
 // reading the leased_key index whole): tested first, each row a concurrent
 // claimer holds would be probed twice before it was skipped; a key's later
 // items locked and dropped stay locked only until this claim commits. The

@@ -33,18 +33,6 @@ var rules = []rule{
 // hold history: the migrations are that history.
 var allowed = []string{"migrations/"}
 
-// pendingCleanup is what other branches of the same clean-up rewrite: the
-// outbox's and the console's comments, and the transition numbers
-// everywhere. The test skips them until those branches merge; the merge
-// empties both lists.
-var pendingCleanup = struct {
-	paths []string
-	rules []string
-}{
-	paths: []string{"outbox/", "console/"},
-	rules: []string{"transition number"},
-}
-
 // TestCommentsHoldNoLabNotes reads the comments of every non-test Go file
 // of the module and fails on each line that breaks a rule.
 func TestCommentsHoldNoLabNotes(t *testing.T) {
@@ -79,7 +67,7 @@ func TestCommentsHoldNoLabNotes(t *testing.T) {
 			for _, c := range group.List {
 				for i, line := range strings.Split(c.Text, "\n") {
 					for _, r := range rules {
-						if r.re.MatchString(line) && !slices.Contains(pendingCleanup.rules, r.name) {
+						if r.re.MatchString(line) {
 							found = append(found, fmt.Sprintf("%s:%d: %s: %s", rel, fset.Position(c.Pos()).Line+i, r.name, strings.TrimSpace(line)))
 						}
 					}
@@ -114,7 +102,7 @@ func TestRulesCatchLabNotes(t *testing.T) {
 // skipped reports whether rel (a file, or a directory ending in a slash) is
 // allowed history or awaits another branch's clean-up.
 func skipped(rel string) bool {
-	for _, p := range slices.Concat(allowed, pendingCleanup.paths) {
+	for _, p := range allowed {
 		if strings.HasPrefix(rel, p) {
 			return true
 		}
