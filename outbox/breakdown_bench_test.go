@@ -21,7 +21,7 @@ import (
 // its own (the fastest, not the mean, so that a loaded machine disturbs it
 // least): a BestEffort claim's statement goes with its BEGIN and COMMIT as
 // one pipeline (claimTrip) and shows only as the whole claim. It prints
-// figures only; docs/performance.md ("Outbox hot path") reads them.
+// figures only; docs/performance.md reads them.
 //
 //	go test ./outbox -run '^$' -bench ClaimAcceptBreakdown -benchtime 1x
 func BenchmarkClaimAcceptBreakdown(b *testing.B) {
