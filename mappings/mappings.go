@@ -1,11 +1,7 @@
 package mappings
 
 import (
-	"context"
 	"errors"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Store reads and writes mappings.
@@ -25,19 +21,6 @@ type Store struct {
 	// refused: none of its items could be sent. The wiring sets it from
 	// STRIPE_API_KEY (config.RestrictedKey).
 	RestrictedKey bool
-}
-
-// Querier runs SQL.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// TxBeginner opens transactions: a pool or a connection.
-type TxBeginner interface {
-	Querier
-	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // ErrNotFound says there is no mapping by that name.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Coalescing is how Ingester.Post shares transactions between concurrent
@@ -73,7 +75,7 @@ type pending struct {
 // Coalescing set, small batches posted at the same time share one (see
 // ingestGroup); a batch refused (an *InvalidBatchError, a
 // *QuarantineCapError) stores nothing and fails no other batch.
-func (in *Ingester) Post(ctx context.Context, db TxBeginner, events []Event) (Result, error) {
+func (in *Ingester) Post(ctx context.Context, db pgdb.DB, events []Event) (Result, error) {
 	c := in.Coalesce
 	if c.MaxEvents <= 0 || len(events) > c.MaxEvents/2 || len(events) == 0 {
 		return in.ingestAlone(ctx, db, events)
@@ -91,7 +93,7 @@ func (in *Ingester) Post(ctx context.Context, db TxBeginner, events []Event) (Re
 }
 
 // ingestAlone ingests a batch in a transaction of its own.
-func (in *Ingester) ingestAlone(ctx context.Context, db TxBeginner, events []Event) (res Result, err error) {
+func (in *Ingester) ingestAlone(ctx context.Context, db pgdb.DB, events []Event) (res Result, err error) {
 	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		res, err = in.Ingest(ctx, tx, events)
 		return err
@@ -130,7 +132,7 @@ func (p *pending) dedupe() error {
 // refused on its own (see ingestGroup), and then, each in a transaction of
 // its own, the batches deferred for repeating an id of another batch of
 // the group.
-func (in *Ingester) writeGroup(ctx context.Context, db TxBeginner, reqs []*pending) {
+func (in *Ingester) writeGroup(ctx context.Context, db pgdb.DB, reqs []*pending) {
 	live := reqs
 	var deferred []*pending
 	for len(live) > 0 {

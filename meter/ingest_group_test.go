@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
@@ -22,7 +23,7 @@ func pendingOf(t *testing.T, evs ...Event) *pending {
 }
 
 // stored is the value of every stored event of acme, by id.
-func stored(t *testing.T, db TxBeginner) map[string]int64 {
+func stored(t *testing.T, db pgdb.DB) map[string]int64 {
 	t.Helper()
 	rows, err := db.Query(context.Background(), "SELECT event_id, value FROM usage_events WHERE tenant = 'acme'")
 	require.NoError(t, err)

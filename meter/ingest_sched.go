@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // batcher is an Ingester's open group, its commit slots, and what it
@@ -99,7 +101,7 @@ func (in *Ingester) join(p *pending) (g *group, leader bool) {
 // lead waits for a commit slot, then for peers (awaitPeers), and writes
 // the group. The transaction does not end with the leader's request: a
 // client that goes away must not fail the others.
-func (in *Ingester) lead(ctx context.Context, db TxBeginner, g *group) {
+func (in *Ingester) lead(ctx context.Context, db pgdb.DB, g *group) {
 	b := &in.batch
 	select {
 	case b.slots <- struct{}{}:

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
@@ -84,7 +85,7 @@ func TestPeerWaitIsBoundedAndSparesALoneClient(t *testing.T) {
 }
 
 // transactions counts the transactions that wrote acme's events.
-func transactions(t *testing.T, db TxBeginner) int {
+func transactions(t *testing.T, db pgdb.DB) int {
 	t.Helper()
 	var n int
 	require.NoError(t, db.QueryRow(context.Background(),

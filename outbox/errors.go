@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/redact"
 )
 
@@ -72,7 +73,7 @@ func (e *StateError) Is(target error) bool { return target == ErrStateMismatch }
 
 // mismatch re-reads an item after a conditional write found nothing and says
 // why: ErrNotFound or a *StateError.
-func (s *Store) mismatch(ctx context.Context, q Querier, id int64, transition string, expected State) error {
+func (s *Store) mismatch(ctx context.Context, q pgdb.Querier, id int64, transition string, expected State) error {
 	var (
 		state State
 		token int64

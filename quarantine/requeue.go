@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
@@ -81,7 +82,7 @@ type RequeueOptions struct {
 }
 
 // Requeue is RequeueWith without options: late usage is refused.
-func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int, by string) (RequeueResult, error) {
+func (r *Requeuer) Requeue(ctx context.Context, db pgdb.DB, id int64, mappingVersion int, by string) (RequeueResult, error) {
 	return r.RequeueWith(ctx, db, id, mappingVersion, by, RequeueOptions{})
 }
 
@@ -101,7 +102,7 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 // transaction, with the audit log's entry naming by, the operator. An item
 // whose billing period's invoice has closed is refused with a
 // *PeriodClosedError unless opts.AcceptPeriodClosed.
-func (r *Requeuer) RequeueWith(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int, by string, opts RequeueOptions) (RequeueResult, error) {
+func (r *Requeuer) RequeueWith(ctx context.Context, db pgdb.DB, id int64, mappingVersion int, by string, opts RequeueOptions) (RequeueResult, error) {
 	var res RequeueResult
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		it, err := r.Outbox.Get(ctx, tx, id)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // resolutionMatches is the condition under which resolution r covers
@@ -59,7 +59,7 @@ LEFT JOIN reconcile_resolutions r ON ` + resolutionMatches + `
 ORDER BY ` + kindOrder + `, d.event_name, d.customer, d.hour, d.run_id`
 
 // readDiscrepancies runs sqlDiscrepancies with the WHERE clause where.
-func readDiscrepancies(ctx context.Context, q outbox.Querier, where string, args pgx.NamedArgs) ([]Discrepancy, error) {
+func readDiscrepancies(ctx context.Context, q pgdb.Querier, where string, args pgx.NamedArgs) ([]Discrepancy, error) {
 	rows, err := q.Query(ctx, strings.Replace(sqlDiscrepancies, "/*where*/", where, 1), args)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: reading discrepancies: %w", err)
@@ -102,7 +102,7 @@ var ErrDiscrepancyNotFound = errors.New("reconcile: no such discrepancy")
 
 // GetDiscrepancy reads one discrepancy with its tenants, features and
 // resolution.
-func GetDiscrepancy(ctx context.Context, q outbox.Querier, id int64) (Discrepancy, error) {
+func GetDiscrepancy(ctx context.Context, q pgdb.Querier, id int64) (Discrepancy, error) {
 	ds, err := readDiscrepancies(ctx, q, `WHERE d.id = @id`, pgx.NamedArgs{"id": id})
 	if err != nil {
 		return Discrepancy{}, err
@@ -149,7 +149,7 @@ func ParseStatus(s string) (DiscrepancyStatus, error) {
 // discrepancies of that run, and run. Either way it reads no history: the
 // open ones are found by the index of the current ones (an hour has one),
 // the resolved ones by their resolutions.
-func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status DiscrepancyStatus) (int64, []Discrepancy, error) {
+func ListDiscrepancies(ctx context.Context, q pgdb.Querier, run int64, status DiscrepancyStatus) (int64, []Discrepancy, error) {
 	var where string
 	if run == 0 {
 		latest, _, err := LatestSucceeded(ctx, q)
@@ -184,13 +184,13 @@ func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status 
 
 // OpenDiscrepancies reads every open discrepancy, across runs,
 // Stripe-has-more first.
-func OpenDiscrepancies(ctx context.Context, q outbox.Querier) ([]Discrepancy, error) {
+func OpenDiscrepancies(ctx context.Context, q pgdb.Querier) ([]Discrepancy, error) {
 	return readDiscrepancies(ctx, q, `WHERE `+isOpen, pgx.NamedArgs{})
 }
 
 // OpenCounts counts the open discrepancies by kind, every kind of Kinds
 // present (0 when none is open).
-func OpenCounts(ctx context.Context, q outbox.Querier) (map[string]int64, error) {
+func OpenCounts(ctx context.Context, q pgdb.Querier) (map[string]int64, error) {
 	rows, err := q.Query(ctx, `SELECT d.kind, count(*) FROM reconcile_discrepancies d WHERE `+isOpen+` GROUP BY 1`)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: counting open discrepancies: %w", err)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -55,7 +56,7 @@ func (e *ExpectedStateError) Error() string {
 var ErrInvalidRecovery = errors.New("reconcile: invalid recovery")
 
 // Recover applies r to item id in one transaction with its audit entry.
-func Recover(ctx context.Context, db DB, store *outbox.Store, id int64, r Recovery) (outbox.Item, error) {
+func Recover(ctx context.Context, db pgdb.DB, store *outbox.Store, id int64, r Recovery) (outbox.Item, error) {
 	if r.Expect != outbox.StateUncertain {
 		return outbox.Item{}, fmt.Errorf("%w: expect must be uncertain, the only state recovery leaves", ErrInvalidRecovery)
 	}
@@ -136,7 +137,7 @@ type PlanAction struct {
 
 // PlanOf builds the plan of run id from its discrepancies, against the
 // items as they are now: an item no longer uncertain gets no action.
-func PlanOf(ctx context.Context, q outbox.Querier, store *outbox.Store, id int64) (Plan, error) {
+func PlanOf(ctx context.Context, q pgdb.Querier, store *outbox.Store, id int64) (Plan, error) {
 	if _, err := Get(ctx, q, id); err != nil {
 		return Plan{}, err
 	}
@@ -184,7 +185,7 @@ type PlanResult struct {
 // ApplyPlan applies every action of p, each in its own transaction, and
 // says what became of each: an item that moved since the plan was written
 // is refused and left as it is.
-func ApplyPlan(ctx context.Context, db DB, store *outbox.Store, p Plan, by string) []PlanResult {
+func ApplyPlan(ctx context.Context, db pgdb.DB, store *outbox.Store, p Plan, by string) []PlanResult {
 	out := make([]PlanResult, 0, len(p.Actions))
 	for _, a := range p.Actions {
 		token := a.LeaseToken

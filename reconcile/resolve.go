@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -144,7 +145,7 @@ func Subject(id int64) string { return fmt.Sprintf("discrepancy:%d", id) }
 // discrepancy's kind (ResolutionReason.Fits) is ErrInvalidResolution.
 // Resolving closes the discrepancy: it is no longer open, and runs do not
 // record its numbers of its hour again.
-func Resolve(ctx context.Context, db DB, store *outbox.Store, id int64, req Decision) (Discrepancy, error) {
+func Resolve(ctx context.Context, db pgdb.DB, store *outbox.Store, id int64, req Decision) (Discrepancy, error) {
 	if !req.Reason.Valid() {
 		return Discrepancy{}, fmt.Errorf("%w: the reason must be credited_in_stripe, reposted, accept_stripe or accept_tally", ErrInvalidResolution)
 	}
