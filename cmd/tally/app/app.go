@@ -141,7 +141,7 @@ func Build(cfg config.Config) (*Parts, error) {
 	}
 	return &Parts{
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
-		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, Coalesce: cfg.Coalesce},
+		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, GroupCommit: cfg.GroupCommit},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, AdjustLimiter: adjustLimiter, Reconciler: rec,
 		ReadLimit: readLimit, Reports: reports, Audits: audits, StripeMetrics: stripeMetrics, Meters: meters,
