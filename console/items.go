@@ -107,19 +107,9 @@ func (c *Console) recover(w http.ResponseWriter, r *http.Request) {
 	_, err := reconcile.Recover(r.Context(), c.pool, c.Outbox, id, reconcile.Recovery{
 		Expect: outbox.State(r.PostFormValue("expect")), To: outbox.State(r.PostFormValue("to")),
 		Reason: r.PostFormValue("reason"), NotReached: r.PostFormValue("not_reached") != "", By: actor(r)})
-	var se *reconcile.ExpectedStateError
-	switch {
-	case errors.Is(err, outbox.ErrNotFound):
-		http.NotFound(w, r)
-	case err == nil:
-		back(w, r, "/console/uncertain", "recovered")
-	case errors.As(err, &se):
-		back(w, r, "/console/uncertain", "expected_state")
-	case errors.Is(err, reconcile.ErrInvalidRecovery):
-		back(w, r, "/console/uncertain", "invalid_recovery")
-	case errors.Is(err, outbox.ErrPastHorizon):
-		back(w, r, "/console/uncertain", "past_horizon")
-	default:
-		c.fail(w, r, err)
+	if err != nil {
+		c.refused(w, r, "recover", "/console/uncertain", err)
+		return
 	}
+	back(w, r, "/console/uncertain", "recovered")
 }

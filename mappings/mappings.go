@@ -1,7 +1,7 @@
 package mappings
 
 import (
-	"errors"
+	"github.com/tallymeter/tally/internal/errcode"
 )
 
 // Store reads and writes mappings.
@@ -24,4 +24,4 @@ type Store struct {
 }
 
 // ErrNotFound says there is no mapping by that name.
-var ErrNotFound = errors.New("mappings: no such mapping")
+var ErrNotFound = errcode.New(errcode.NotFound, "", "mappings: no such mapping")

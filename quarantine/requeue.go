@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/errcode"
 	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
@@ -50,6 +51,12 @@ func (e *MappingChangedError) Error() string {
 	return fmt.Sprintf("quarantine: mapping changed: the current mapping version of this tenant and feature is %d, not %d", e.Current, e.Given)
 }
 
+// Code is errcode.Stale.
+func (e *MappingChangedError) Code() errcode.Code { return errcode.Stale }
+
+// Condition is "mapping_changed".
+func (e *MappingChangedError) Condition() string { return "mapping_changed" }
+
 // Is makes errors.Is(err, outbox.ErrMappingChanged) true.
 func (e *MappingChangedError) Is(target error) bool { return target == outbox.ErrMappingChanged }
 
@@ -63,6 +70,12 @@ func (e *StillIneligibleError) Error() string {
 	return fmt.Sprintf("quarantine: the item would be quarantined again (%s); fix that first", e.Reason)
 }
 
+// Code is errcode.Conflict.
+func (e *StillIneligibleError) Code() errcode.Code { return errcode.Conflict }
+
+// Condition is "still_ineligible".
+func (e *StillIneligibleError) Condition() string { return "still_ineligible" }
+
 // PeriodClosedError says the item's billing period's invoice has closed:
 // Stripe would record the usage and bill it on no invoice. A requeue with
 // RequeueOptions.AcceptPeriodClosed sends it anyway.
@@ -71,6 +84,12 @@ type PeriodClosedError struct{}
 func (e *PeriodClosedError) Error() string {
 	return "quarantine: the item's billing period's invoice has closed (period end plus the invoice grace): Stripe would record it on no invoice; requeue it with accept_period_closed to send it anyway"
 }
+
+// Code is errcode.Conflict.
+func (e *PeriodClosedError) Code() errcode.Code { return errcode.Conflict }
+
+// Condition is "period_closed".
+func (e *PeriodClosedError) Condition() string { return "period_closed" }
 
 // RequeueOptions are what an operator may accept knowingly when requeuing.
 type RequeueOptions struct {

@@ -2,13 +2,13 @@ package reconcile
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/errcode"
 	"github.com/tallymeter/tally/internal/pgdb"
 )
 
@@ -98,7 +98,7 @@ func scanDiscrepancy(row pgx.CollectableRow) (Discrepancy, error) {
 }
 
 // ErrDiscrepancyNotFound is a discrepancy id that does not exist.
-var ErrDiscrepancyNotFound = errors.New("reconcile: no such discrepancy")
+var ErrDiscrepancyNotFound = errcode.New(errcode.NotFound, "", "reconcile: no such discrepancy")
 
 // GetDiscrepancy reads one discrepancy with its tenants, features and
 // resolution.

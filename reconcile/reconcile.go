@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/errcode"
 	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
@@ -36,10 +37,10 @@ const (
 )
 
 // ErrRunning refuses to start a run while another one works.
-var ErrRunning = errors.New("reconcile: another run is in progress")
+var ErrRunning = errcode.New(errcode.Conflict, "running", "reconcile: another run is in progress")
 
 // ErrNotFound is a run id that does not exist.
-var ErrNotFound = errors.New("reconcile: no such run")
+var ErrNotFound = errcode.New(errcode.NotFound, "", "reconcile: no such run")
 
 // Config builds a Reconciler.
 type Config struct {

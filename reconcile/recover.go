@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/errcode"
 	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -52,8 +53,14 @@ func (e *ExpectedStateError) Error() string {
 	return fmt.Sprintf("item %d is %s, not %s", e.ID, e.Current, e.Expected)
 }
 
+// Code is errcode.Stale.
+func (e *ExpectedStateError) Code() errcode.Code { return errcode.Stale }
+
+// Condition is "expected_state_mismatch".
+func (e *ExpectedStateError) Condition() string { return "expected_state_mismatch" }
+
 // ErrInvalidRecovery is a recovery that cannot be asked for.
-var ErrInvalidRecovery = errors.New("reconcile: invalid recovery")
+var ErrInvalidRecovery = errcode.New(errcode.Invalid, "invalid_recovery", "reconcile: invalid recovery")
 
 // Recover applies r to item id in one transaction with its audit entry.
 func Recover(ctx context.Context, db pgdb.DB, store *outbox.Store, id int64, r Recovery) (outbox.Item, error) {
