@@ -182,7 +182,7 @@ func (h *handlers) decodeUsage(w http.ResponseWriter, r *http.Request) ([]meter.
 			fmt.Sprintf("a batch is at most %d events and %d bytes", dec.MaxEvents, meter.MaxBodyBytes))
 	case errors.Is(err, meter.ErrMalformed):
 		h.Metrics.request("invalid")
-		WriteError(w, http.StatusBadRequest, "invalid_json", err.Error()[len("meter: "):])
+		WriteError(w, http.StatusBadRequest, "invalid_json", err.Error())
 	case errors.As(err, &invalid):
 		h.Metrics.request("invalid")
 		writeProblems(w, "invalid_batch", problemsCounted(len(invalid.Problems))+"; nothing was stored", invalid.Problems)

@@ -44,8 +44,8 @@ import (
 // -T); TALLY_BENCH_SINGLE_ROUNDS (default 1) splits it into rounds that
 // take turns (measurePhases), for a machine whose load changes;
 // TALLY_BENCH_SINGLE_UNGROUPED=1 adds a phase with group commit off
-// (TALLY_INGEST_COALESCE_EVENTS=0: a transaction a request);
-// TALLY_INGEST_COALESCE_* in the environment tune the group commit phase
+// (TALLY_INGEST_GROUP_COMMIT_EVENTS=0: a transaction a request);
+// TALLY_INGEST_GROUP_COMMIT_* in the environment tune the group commit phase
 // as they tune serve. pgbench is looked for beside the cluster's
 // binaries, then on PATH; without it the benchmark is skipped.
 // Commits are durable: see BenchmarkIngestVsCopyFrom.
@@ -61,7 +61,7 @@ func BenchmarkSingleEventIngestVsInsert(b *testing.B) {
 	}
 	pgbench := findPgbench(b)
 	tuned := map[string]string{}
-	for _, k := range []string{"TALLY_INGEST_COALESCE_WAIT", "TALLY_INGEST_COALESCE_EVENTS", "TALLY_INGEST_COALESCE_BYTES", "TALLY_INGEST_COALESCE_COMMITS"} {
+	for _, k := range []string{"TALLY_INGEST_GROUP_COMMIT_WAIT", "TALLY_INGEST_GROUP_COMMIT_EVENTS", "TALLY_INGEST_GROUP_COMMIT_BYTES", "TALLY_INGEST_GROUP_COMMIT_COMMITS"} {
 		if v, ok := os.LookupEnv(k); ok {
 			tuned[k] = v
 		}
@@ -77,7 +77,7 @@ func BenchmarkSingleEventIngestVsInsert(b *testing.B) {
 		}},
 	}
 	if os.Getenv("TALLY_BENCH_SINGLE_UNGROUPED") == "1" {
-		off := serveBench(b, env.pool, benchConfig(b, env.url, map[string]string{"TALLY_INGEST_COALESCE_EVENTS": "0"}))
+		off := serveBench(b, env.pool, benchConfig(b, env.url, map[string]string{"TALLY_INGEST_GROUP_COMMIT_EVENTS": "0"}))
 		phases = append(phases, phase{"POST /v1/usage, no group commit", func(prefix string, d time.Duration) (int, time.Duration, []time.Duration) {
 			return postSingles(b, env, off, prefix, d, clients)
 		}})

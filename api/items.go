@@ -1,7 +1,6 @@
 package api
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -167,12 +166,8 @@ func (h *handlers) getItem(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	it, err := h.Outbox.Get(r.Context(), h.Pool, id)
-	if errors.Is(err, outbox.ErrNotFound) {
-		WriteError(w, http.StatusNotFound, "not_found", "no such item")
-		return
-	}
 	if err != nil {
-		h.internal(w, r, err)
+		h.refuse(w, r, err)
 		return
 	}
 	attempts, err := h.Outbox.Attempts(r.Context(), h.Pool, id)

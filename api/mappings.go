@@ -1,7 +1,6 @@
 package api
 
 import (
-	"errors"
 	"net/http"
 	"time"
 
@@ -12,7 +11,8 @@ import (
 
 // mappingError answers a mapping the mappings package refused with the
 // refusal's code, as the CLI and the console show it: 422 (503 when Stripe
-// could not be asked), with the fields of malformed input.
+// could not be asked), with the fields of malformed input; any other error
+// as refuse does.
 func (h *handlers) mappingError(w http.ResponseWriter, r *http.Request, err error) {
 	if refusal, ok := mappings.RefusalOf(err); ok {
 		switch {
@@ -25,11 +25,7 @@ func (h *handlers) mappingError(w http.ResponseWriter, r *http.Request, err erro
 		}
 		return
 	}
-	if errors.Is(err, mappings.ErrNotFound) {
-		WriteError(w, http.StatusNotFound, "not_found", "no such mapping")
-		return
-	}
-	h.internal(w, r, err)
+	h.refuse(w, r, err)
 }
 
 type featureView struct {

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/tallymeter/tally/mappings"
-	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
 )
@@ -279,34 +278,12 @@ func (h *handlers) requeue(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handlers) requeueError(w http.ResponseWriter, r *http.Request, err error) {
-	var (
-		mc *quarantine.MappingChangedError
-		se *outbox.StateError
-		ie *quarantine.StillIneligibleError
-		pc *quarantine.PeriodClosedError
-	)
-	switch {
-	case errors.As(err, &pc):
-		WriteError(w, http.StatusConflict, "period_closed", pc.Error()[len("quarantine: "):])
-	case errors.Is(err, outbox.ErrNotFound):
-		WriteError(w, http.StatusNotFound, "not_found", "no such item")
-	case errors.As(err, &mc):
-		WriteError(w, http.StatusConflict, "mapping_changed", mc.Error()[len("quarantine: "):])
-	case errors.As(err, &se):
+	// A requeue refuses an item in another state as not quarantined, the
+	// name its API has always given it.
+	var se *outbox.StateError
+	if errors.As(err, &se) && !errors.Is(err, outbox.ErrMappingChanged) {
 		WriteError(w, http.StatusConflict, "not_quarantined", fmt.Sprintf("the item is %s, not quarantined", se.Current))
-	case errors.As(err, &ie):
-		WriteError(w, http.StatusConflict, "still_ineligible", ie.Error()[len("quarantine: "):])
-	case errors.Is(err, outbox.ErrMayHaveReached):
-		WriteError(w, http.StatusConflict, "may_have_reached", "an attempt of this item may have reached Stripe: it keeps its identifier and cannot be re-addressed; see recovery")
-	case errors.Is(err, outbox.ErrNotSendable):
-		WriteError(w, http.StatusConflict, "not_sendable", "the item lacks a customer, meter or account; fix the mapping so that it can be re-addressed")
-	case errors.Is(err, meter.ErrAggregationChanged):
-		WriteError(w, http.StatusConflict, "aggregation_changed", "the feature is now exported per event; a window's item cannot be rebuilt as one item")
-	case errors.Is(err, meter.ErrStalled):
-		WriteError(w, http.StatusConflict, "export_stalled", "no Stripe destination is configured (STRIPE_API_KEY unset)")
-	case errors.Is(err, outbox.ErrSuccessorExists):
-		WriteError(w, http.StatusConflict, "successor_exists", "an item with the successor's identity exists already")
-	default:
-		h.internal(w, r, err)
+		return
 	}
+	h.refuse(w, r, err)
 }

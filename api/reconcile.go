@@ -102,12 +102,8 @@ func (h *handlers) getReconcileRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	run, err := reconcile.Get(r.Context(), h.Pool, id)
-	if errors.Is(err, reconcile.ErrNotFound) {
-		WriteError(w, http.StatusNotFound, "not_found", "no such run")
-		return
-	}
 	if err != nil {
-		h.internal(w, r, err)
+		h.refuse(w, r, err)
 		return
 	}
 	ds, err := reconcile.Discrepancies(r.Context(), h.Pool, id)
@@ -135,12 +131,8 @@ func (h *handlers) getReconcilePlan(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, err := reconcile.PlanOf(r.Context(), h.Pool, h.Outbox, id)
-	if errors.Is(err, reconcile.ErrNotFound) {
-		WriteError(w, http.StatusNotFound, "not_found", "no such run")
-		return
-	}
 	if err != nil {
-		h.internal(w, r, err)
+		h.refuse(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, p)
@@ -182,17 +174,12 @@ func (h *handlers) recover(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, ViewOf(it))
-	case errors.Is(err, outbox.ErrNotFound):
-		WriteError(w, http.StatusNotFound, "not_found", "no such item")
 	case errors.As(err, &se):
-		writeJSON(w, http.StatusConflict, map[string]any{"error": map[string]any{
-			"code": "expected_state_mismatch", "message": se.Error(), "current_state": se.Current}})
-	case errors.Is(err, reconcile.ErrInvalidRecovery):
-		WriteError(w, http.StatusUnprocessableEntity, "invalid_recovery", strings.TrimPrefix(err.Error(), "reconcile: invalid recovery: "))
-	case errors.Is(err, outbox.ErrPastHorizon):
-		WriteError(w, http.StatusConflict, "past_horizon", "the item is past its horizon and an attempt may have reached Stripe: a resend could bill twice; recover to pending only with not_reached and a reason")
+		status, code, _ := problemOf(err)
+		writeJSON(w, status, map[string]any{"error": map[string]any{
+			"code": code, "message": se.Error(), "current_state": se.Current}})
 	default:
-		h.internal(w, r, err)
+		h.refuse(w, r, err)
 	}
 }
 
@@ -231,12 +218,8 @@ func (h *handlers) listDiscrepancies(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	run, ds, err := reconcile.ListDiscrepancies(r.Context(), h.Pool, run, status)
-	if errors.Is(err, reconcile.ErrNotFound) {
-		WriteError(w, http.StatusNotFound, "not_found", "no such run")
-		return
-	}
 	if err != nil {
-		h.internal(w, r, err)
+		h.refuse(w, r, err)
 		return
 	}
 	var runID *int64
@@ -261,12 +244,8 @@ func (h *handlers) getDiscrepancy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := reconcile.GetDiscrepancy(r.Context(), h.Pool, id)
-	if errors.Is(err, reconcile.ErrDiscrepancyNotFound) {
-		WriteError(w, http.StatusNotFound, "not_found", "no such discrepancy")
-		return
-	}
 	if err != nil {
-		h.internal(w, r, err)
+		h.refuse(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, d)
@@ -305,19 +284,12 @@ func (h *handlers) resolveDiscrepancy(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, d)
-	case errors.Is(err, reconcile.ErrDiscrepancyNotFound):
-		WriteError(w, http.StatusNotFound, "not_found", "no such discrepancy")
-	case errors.Is(err, reconcile.ErrResolved):
-		WriteError(w, http.StatusConflict, "resolved", "the discrepancy (these numbers of this hour) is resolved already")
-	case errors.Is(err, reconcile.ErrSuperseded):
-		WriteError(w, http.StatusConflict, "superseded", "a later run found other numbers for this hour: resolve its discrepancy")
 	case errors.As(err, &moved):
-		writeJSON(w, http.StatusConflict, map[string]any{"error": map[string]any{"code": "items_moved",
+		status, code, _ := problemOf(err)
+		writeJSON(w, status, map[string]any{"error": map[string]any{"code": code,
 			"message": "items of the discrepancy are no longer accepted or confirmed: run reconcile again and resolve what it finds",
 			"items":   moved.Items}})
-	case errors.Is(err, reconcile.ErrInvalidResolution):
-		WriteError(w, http.StatusUnprocessableEntity, "invalid_resolution", strings.TrimPrefix(err.Error(), "reconcile: invalid resolution: "))
 	default:
-		h.internal(w, r, err)
+		h.refuse(w, r, err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stripe/stripe-go/v82/webhook"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/reconcile"
 )
@@ -30,7 +31,7 @@ type WebhookDeps struct {
 	// event is about ("": the key's own) and reports whether Tally
 	// exports to it (reconcile.Backfill.MetersChanged); nil: such events
 	// are ignored, and the hourly listing reads the meters.
-	Meters func(ctx context.Context, db reconcile.DB, account string) (bool, error)
+	Meters func(ctx context.Context, db pgdb.DB, account string) (bool, error)
 }
 
 // stripeEventsPath is the event destination's route under /v1.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/outbox"
@@ -43,7 +44,7 @@ func TestMeterEventsReadTheAccountsMeters(t *testing.T) {
 		dest := func() (exporter.Destination, error) {
 			return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: "acct_1", Mode: outbox.ModeTest}, nil
 		}
-		connected := func(context.Context, outbox.Querier) ([]string, error) { return []string{webhookConnected}, nil }
+		connected := func(context.Context, pgdb.Querier) ([]string, error) { return []string{webhookConnected}, nil }
 		events, err := reconcile.NewEvents(reconcile.EventsConfig{Outbox: d.Outbox, Destination: dest, Connected: connected,
 			Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)

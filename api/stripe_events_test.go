@@ -20,6 +20,7 @@ import (
 	"github.com/tallymeter/tally/api"
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/outbox"
@@ -62,7 +63,7 @@ func webhookHarness(t *testing.T) (*stripesim.Server, string, *stripeapi.Client,
 			Destination: func() (exporter.Destination, error) {
 				return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: "acct_1", Mode: outbox.ModeTest}, nil
 			},
-			Connected: func(context.Context, outbox.Querier) ([]string, error) { return []string{webhookConnected}, nil },
+			Connected: func(context.Context, pgdb.Querier) ([]string, error) { return []string{webhookConnected}, nil },
 			Logger:    slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		d.Webhook = &api.WebhookDeps{Secret: webhookSecret, Events: events, Fetch: client.Event}

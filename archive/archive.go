@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/quarantine"
 )
 
@@ -285,7 +286,7 @@ WHERE closes > clock_timestamp()
 ORDER BY closes DESC, tenant`
 
 // openTenants is the refusal's reasons for a period not yet closed.
-func openTenants(ctx context.Context, q pgxQuerier, from, to time.Time, grace time.Duration) ([]string, error) {
+func openTenants(ctx context.Context, q pgdb.Querier, from, to time.Time, grace time.Duration) ([]string, error) {
 	rows, err := q.Query(ctx, sqlOpenTenants, pgx.NamedArgs{"from": from, "to": to, "grace": grace})
 	if err != nil {
 		return nil, fmt.Errorf("archive: reading the periods' ends: %w", err)
@@ -318,10 +319,6 @@ func openTenants(ctx context.Context, q pgxQuerier, from, to time.Time, grace ti
 	}
 	return []string{fmt.Sprintf("the period is still open (its end plus the invoice grace is ahead) for %d tenant(s): %s; the last closes at %s",
 		n, strings.Join(named, ", "), last.UTC().Format(time.RFC3339))}, nil
-}
-
-type pgxQuerier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // sqlNotTerminal counts the period's items that are not terminal: every

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/quarantine"
 )
@@ -104,7 +104,7 @@ func Detach(ctx context.Context, pool *pgxpool.Pool, period, by string) (Detache
 // monthsLeft counts the months the events of period occur in (the month
 // it names and the next) that have left the ledger: 0 while the database
 // holds the period whole, 2 once all of it has left.
-func monthsLeft(ctx context.Context, q mappings.Querier, period string) (int, error) {
+func monthsLeft(ctx context.Context, q pgdb.Querier, period string) (int, error) {
 	from, _, err := quarantine.ParsePeriod(period)
 	if err != nil {
 		return 0, err

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/quarantine"
 )
 
@@ -36,7 +37,7 @@ type Proof struct {
 // verified (or already detached), or ErrNotVerified. Call it in the
 // detach's transaction, with the period's lock held, so that the proof
 // and the drop are one decision.
-func Verified(ctx context.Context, q Querier, period string) (Proof, error) {
+func Verified(ctx context.Context, q pgdb.Querier, period string) (Proof, error) {
 	if _, _, err := quarantine.ParsePeriod(period); err != nil {
 		return Proof{}, err
 	}
@@ -80,7 +81,7 @@ func MarkDetached(ctx context.Context, tx pgx.Tx, proof Proof, by string) error 
 // the archives table keeps, once the period is detached (ok true); it
 // reads nothing else (ok false) before. It is what a node's report of the
 // month answers (quarantine.Reports.Archived).
-func DetachedReport(ctx context.Context, q quarantine.TxQuerier, period string) (quarantine.Completeness, bool, error) {
+func DetachedReport(ctx context.Context, q pgdb.Beginner, period string) (quarantine.Completeness, bool, error) {
 	rec, err := detachedArchive(ctx, q, period)
 	if err != nil || rec == nil {
 		return quarantine.Completeness{}, false, err
@@ -97,7 +98,7 @@ func DetachedReport(ctx context.Context, q quarantine.TxQuerier, period string) 
 // totals, read from store when one is given (and checked against the
 // archives table's sha256) or else from the table's copy. Before that it
 // is quarantine.CompletenessOf over the database (archived false).
-func Completeness(ctx context.Context, q quarantine.TxQuerier, store Store, period string) (quarantine.Completeness, bool, error) {
+func Completeness(ctx context.Context, q pgdb.Beginner, store Store, period string) (quarantine.Completeness, bool, error) {
 	if _, _, err := quarantine.ParsePeriod(period); err != nil {
 		return quarantine.Completeness{}, false, err
 	}
@@ -128,7 +129,7 @@ func Completeness(ctx context.Context, q quarantine.TxQuerier, store Store, peri
 }
 
 // detachedArchive is the detached generation of period, or nil.
-func detachedArchive(ctx context.Context, q Querier, period string) (*Record, error) {
+func detachedArchive(ctx context.Context, q pgdb.Querier, period string) (*Record, error) {
 	rec, err := latestArchive(ctx, q, period)
 	if err != nil || rec == nil || rec.State != StateDetached {
 		return nil, err

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // State is an archive generation's place in its lifecycle.
@@ -37,23 +39,17 @@ type Record struct {
 	DetachedAt     *time.Time
 }
 
-// Querier reads and writes: a pool, a connection or a transaction.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 const sqlLatest = `
 SELECT period, generation, state, location, manifest_sha256, manifest::text, written_at, written_by, verified_at, detached_at
 FROM archives WHERE period = $1 AND ($2 = 0 OR generation = $2) ORDER BY generation DESC LIMIT 1`
 
 // latestArchive is the latest generation of period's archive, or nil.
-func latestArchive(ctx context.Context, q Querier, period string) (*Record, error) {
+func latestArchive(ctx context.Context, q pgdb.Querier, period string) (*Record, error) {
 	return archiveOf(ctx, q, period, 0)
 }
 
 // archiveOf is generation gen of period's archive (0: the latest), or nil.
-func archiveOf(ctx context.Context, q Querier, period string, gen int) (*Record, error) {
+func archiveOf(ctx context.Context, q pgdb.Querier, period string, gen int) (*Record, error) {
 	var r Record
 	var manifest string
 	err := q.QueryRow(ctx, sqlLatest, period, gen).Scan(&r.Period, &r.Generation, &r.State, &r.Location, &r.ManifestSHA256,

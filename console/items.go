@@ -295,25 +295,19 @@ func (c *Console) recover(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, noticeURL(page, nil, invalidCode(rec), 0), http.StatusSeeOther)
 		return
 	}
-	_, err := reconcile.Recover(r.Context(), c.pool, c.Outbox, id, rec)
-	var se *reconcile.ExpectedStateError
-	code := "recovered_" + string(rec.To)
-	switch {
-	case errors.Is(err, outbox.ErrNotFound):
-		http.NotFound(w, r)
-		return
-	case err == nil:
-	case errors.As(err, &se):
-		code = "expected_state"
-	case errors.Is(err, reconcile.ErrInvalidRecovery):
-		code = "invalid_recovery"
-	case errors.Is(err, outbox.ErrPastHorizon):
-		code = "past_horizon"
-	default:
-		c.fail(w, r, err)
+	if _, err := reconcile.Recover(r.Context(), c.pool, c.Outbox, id, rec); err != nil {
+		code, notFound, ok := flashOf("recover", err)
+		switch {
+		case !ok:
+			c.fail(w, r, err)
+		case notFound:
+			http.NotFound(w, r)
+		default:
+			http.Redirect(w, r, noticeURL(page, nil, code, 0), http.StatusSeeOther)
+		}
 		return
 	}
-	http.Redirect(w, r, noticeURL(page, nil, code, 0), http.StatusSeeOther)
+	http.Redirect(w, r, noticeURL(page, nil, "recovered_"+string(rec.To), 0), http.StatusSeeOther)
 }
 
 // listQuery is the uncertain list's filter as a query.
@@ -418,22 +412,24 @@ func (c *Console) recoverAll(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	err := reconcile.RecoverAll(r.Context(), c.pool, c.Outbox, items, rec)
-	var se *reconcile.ExpectedStateError
-	var to string
-	switch {
-	case err == nil:
-		to = noticeURL("/console/uncertain", back, "bulk_recovered", int64(len(items)))
-	case errors.As(err, &se):
-		to = noticeURL("/console/uncertain", back, "bulk_moved", se.ID)
-	case errors.Is(err, outbox.ErrNotFound):
-		to = noticeURL("/console/uncertain", back, "expected_state", 0)
-	case errors.Is(err, reconcile.ErrInvalidRecovery):
-		to = noticeURL("/console/uncertain", back, "bulk_too_many", reconcile.MaxRecoverAll)
-	case errors.Is(err, outbox.ErrPastHorizon):
-		to = noticeURL("/console/uncertain", back, "past_horizon", 0)
-	default:
+	if err == nil {
+		http.Redirect(w, r, noticeURL("/console/uncertain", back, "bulk_recovered", int64(len(items))), http.StatusSeeOther)
+		return
+	}
+	code, notFound, ok := flashOf("recover_all", err)
+	if !ok {
 		c.fail(w, r, err)
 		return
 	}
-	http.Redirect(w, r, to, http.StatusSeeOther)
+	var n int64
+	var se *reconcile.ExpectedStateError
+	switch {
+	case notFound:
+		code = "expected_state"
+	case code == "bulk_moved" && errors.As(err, &se):
+		n = se.ID
+	case code == "bulk_too_many":
+		n = reconcile.MaxRecoverAll
+	}
+	http.Redirect(w, r, noticeURL("/console/uncertain", back, code, n), http.StatusSeeOther)
 }

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -246,32 +245,12 @@ func (c *Console) requeue(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := c.Requeuer.RequeueWith(r.Context(), c.pool, id, version, actor(r),
 		quarantine.RequeueOptions{AcceptPeriodClosed: r.PostFormValue("accept_period_closed") == "1"})
-	var (
-		mc *quarantine.MappingChangedError
-		ie *quarantine.StillIneligibleError
-		pc *quarantine.PeriodClosedError
-		se *outbox.StateError
-	)
 	switch {
-	case errors.Is(err, outbox.ErrNotFound):
-		http.NotFound(w, r)
-	case errors.As(err, &pc):
-		back(w, r, "/console/quarantine", "period_closed")
-	case err == nil && res.Action == quarantine.ActionReaddressed:
+	case err != nil:
+		c.refused(w, r, "requeue", "/console/quarantine", err)
+	case res.Action == quarantine.ActionReaddressed:
 		back(w, r, "/console/quarantine", "readdressed")
-	case err == nil:
-		back(w, r, "/console/quarantine", "requeued")
-	case errors.As(err, &mc):
-		back(w, r, "/console/quarantine", "mapping_changed")
-	case errors.As(err, &ie):
-		back(w, r, "/console/quarantine", "still_ineligible")
-	case errors.Is(err, outbox.ErrMayHaveReached):
-		back(w, r, "/console/quarantine", "may_have_reached")
-	case errors.As(err, &se):
-		back(w, r, "/console/quarantine", "not_quarantined")
-	case quarantine.IsConflict(err):
-		back(w, r, "/console/quarantine", "requeue_refused")
 	default:
-		c.fail(w, r, err)
+		back(w, r, "/console/quarantine", "requeued")
 	}
 }

@@ -265,23 +265,13 @@ func (c *Console) resolveDiscrepancy(w http.ResponseWriter, r *http.Request) {
 	}
 	_, err := reconcile.Resolve(r.Context(), c.pool, c.Outbox, id, reconcile.Decision{
 		Reason: reconcile.ResolutionReason(r.PostFormValue("reason")), Note: r.PostFormValue("note"), By: actor(r)})
-	var moved *reconcile.ItemsMovedError
 	code := "resolved"
-	switch {
-	case err == nil:
-	case errors.Is(err, reconcile.ErrInvalidResolution):
-		code = "invalid_resolution"
-	case errors.Is(err, reconcile.ErrResolved):
-		code = "already_resolved"
-	case errors.Is(err, reconcile.ErrSuperseded):
-		code = "superseded"
-	case errors.As(err, &moved):
-		code = "items_moved"
-	case errors.Is(err, reconcile.ErrDiscrepancyNotFound):
-		code = "not_found"
-	default:
-		c.fail(w, r, err)
-		return
+	if err != nil {
+		var ok bool
+		if code, _, ok = flashOf("resolve", err); !ok {
+			c.fail(w, r, err)
+			return
+		}
 	}
 	q.Set("notice", code)
 	http.Redirect(w, r, fmt.Sprintf("%s?%s#discrepancy-%d", to, q.Encode(), id), http.StatusSeeOther)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -79,7 +80,7 @@ SELECT (SELECT status FROM prev) FROM up`
 // meter of it, active and inactive), in one transaction, and returns the
 // meters whose status changed or that were new. A meter missing from the
 // list keeps its last known row.
-func RecordMeters(ctx context.Context, db beginner, account string, mode stripeapi.Mode, meters []stripeapi.Meter) ([]MeterChange, error) {
+func RecordMeters(ctx context.Context, db pgdb.Beginner, account string, mode stripeapi.Mode, meters []stripeapi.Meter) ([]MeterChange, error) {
 	var changes []MeterChange
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		changes = nil
@@ -121,12 +122,6 @@ ORDER BY account, mode, event_name, changed_at DESC, id`
 // sqlActiveMeters lists every active meter.
 const sqlActiveMeters = `SELECT account, mode, event_name, id FROM stripe_meters WHERE status = 'active'`
 
-// beginner opens transactions: a pool, a connection or a transaction
-// (a savepoint).
-type beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // meterKey names an event name of an account in a mode.
 type meterKey struct{ account, mode, eventName string }
 
@@ -160,7 +155,7 @@ func (d *MeterDirectory) Invalidate() {
 
 // snapshot returns a snapshot no older than MeterRefreshEvery, read
 // through q when the last one is older.
-func (d *MeterDirectory) snapshot(ctx context.Context, q outbox.Querier) (*meterSnapshot, error) {
+func (d *MeterDirectory) snapshot(ctx context.Context, q pgdb.Querier) (*meterSnapshot, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.snap != nil && time.Since(d.snap.at) < MeterRefreshEvery {
@@ -197,7 +192,7 @@ func (d *MeterDirectory) snapshot(ctx context.Context, q outbox.Querier) (*meter
 
 // ActiveMeter returns the id of the active meter of eventName in account
 // and mode; false when the directory knows none.
-func (d *MeterDirectory) ActiveMeter(ctx context.Context, q outbox.Querier, account string, mode outbox.Mode, eventName string) (string, bool, error) {
+func (d *MeterDirectory) ActiveMeter(ctx context.Context, q pgdb.Querier, account string, mode outbox.Mode, eventName string) (string, bool, error) {
 	s, err := d.snapshot(ctx, q)
 	if err != nil {
 		return "", false, err
@@ -208,7 +203,7 @@ func (d *MeterDirectory) ActiveMeter(ctx context.Context, q outbox.Querier, acco
 
 // Paused lists the event names whose meters are all deactivated, by
 // account, mode and event name.
-func (d *MeterDirectory) Paused(ctx context.Context, q outbox.Querier) ([]PausedMeter, error) {
+func (d *MeterDirectory) Paused(ctx context.Context, q pgdb.Querier) ([]PausedMeter, error) {
 	s, err := d.snapshot(ctx, q)
 	if err != nil {
 		return nil, err
@@ -218,7 +213,7 @@ func (d *MeterDirectory) Paused(ctx context.Context, q outbox.Querier) ([]Paused
 
 // SkipKeys is what claims in mode leave alone: the skip key of every
 // paused event name of that mode, sorted.
-func (d *MeterDirectory) SkipKeys(ctx context.Context, q outbox.Querier, mode outbox.Mode) ([]string, error) {
+func (d *MeterDirectory) SkipKeys(ctx context.Context, q pgdb.Querier, mode outbox.Mode) ([]string, error) {
 	s, err := d.snapshot(ctx, q)
 	if err != nil {
 		return nil, err
@@ -238,7 +233,7 @@ func (d *MeterDirectory) SkipKeys(ctx context.Context, q outbox.Querier, mode ou
 // records them (RecordMeters). A node refreshes each account it exports to
 // every hour, and at once when Stripe reports a meter's creation or status
 // change.
-func RefreshMeters(ctx context.Context, db beginner, client *stripeapi.Client, account string) ([]MeterChange, error) {
+func RefreshMeters(ctx context.Context, db pgdb.Beginner, client *stripeapi.Client, account string) ([]MeterChange, error) {
 	meters, err := client.Meters(ctx)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -181,7 +182,7 @@ func (r *Resolver) Ready(ctx context.Context) error {
 type Stalls struct {
 	resolver *Resolver
 	outbox   *outbox.Store
-	db       outbox.Querier
+	db       pgdb.Querier
 	// retryingAfter is how long an item fails before retrying counts.
 	retryingAfter time.Duration
 	desc          *prometheus.Desc
@@ -223,7 +224,7 @@ func (s *Stalls) Meters(ctx context.Context) ([]PausedMeter, error) {
 // NewStalls reads r, and the outbox ob through db; retryingAfter (0:
 // DefaultRetryingAfter) is how long an item may keep failing before export
 // counts as stalled for sustained retries.
-func NewStalls(r *Resolver, ob *outbox.Store, db outbox.Querier, retryingAfter time.Duration) *Stalls {
+func NewStalls(r *Resolver, ob *outbox.Store, db pgdb.Querier, retryingAfter time.Duration) *Stalls {
 	if retryingAfter <= 0 {
 		retryingAfter = DefaultRetryingAfter
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Aggregation is how a feature's usage is reduced, matching the Stripe
@@ -182,7 +183,7 @@ func scanFeature(row pgx.Row) (Feature, error) {
 // and is kept in the history and the audit log. by names who changed it.
 // A ValidationError lists bad input (and the stream exporter on a node
 // whose key is restricted); a *MeterError says the meter does not fit.
-func (s *Store) PutFeature(ctx context.Context, db TxBeginner, feature string, in FeatureInput, by string) (f Feature, changed bool, err error) {
+func (s *Store) PutFeature(ctx context.Context, db pgdb.Beginner, feature string, in FeatureInput, by string) (f Feature, changed bool, err error) {
 	if err := in.validate(feature); err != nil {
 		return Feature{}, false, err
 	}
@@ -263,7 +264,7 @@ func featureState(f Feature) string {
 }
 
 // GetFeature reads a feature's current mapping.
-func (s *Store) GetFeature(ctx context.Context, q Querier, feature string) (Feature, error) {
+func (s *Store) GetFeature(ctx context.Context, q pgdb.Querier, feature string) (Feature, error) {
 	f, err := scanFeature(q.QueryRow(ctx, "SELECT "+featureColumns+" FROM feature_mappings WHERE feature = $1", feature))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Feature{}, fmt.Errorf("%w: feature %s", ErrNotFound, feature)
@@ -272,7 +273,7 @@ func (s *Store) GetFeature(ctx context.Context, q Querier, feature string) (Feat
 }
 
 // Features lists every feature's current mapping, by name.
-func (s *Store) Features(ctx context.Context, q Querier) ([]Feature, error) {
+func (s *Store) Features(ctx context.Context, q pgdb.Querier) ([]Feature, error) {
 	rows, err := q.Query(ctx, "SELECT "+featureColumns+" FROM feature_mappings ORDER BY feature")
 	if err != nil {
 		return nil, err
@@ -281,7 +282,7 @@ func (s *Store) Features(ctx context.Context, q Querier) ([]Feature, error) {
 }
 
 // FeatureHistory lists every version of a feature's mapping, oldest first.
-func (s *Store) FeatureHistory(ctx context.Context, q Querier, feature string) ([]Feature, error) {
+func (s *Store) FeatureHistory(ctx context.Context, q pgdb.Querier, feature string) ([]Feature, error) {
 	rows, err := q.Query(ctx, `SELECT feature, event_name, aggregation, window_seconds, exporter,
 		customer_payload_key, value_payload_key, version, changed_at, changed_by
 		FROM feature_mapping_versions WHERE feature = $1 ORDER BY version`, feature)
@@ -295,7 +296,7 @@ func (s *Store) FeatureHistory(ctx context.Context, q Querier, feature string) (
 // names exporter (ExporterDefault: those that name none). A node with a
 // restricted key uses it to refuse to start when a feature names
 // ExporterStripeMeterEventStream.
-func FeaturesWithExporter(ctx context.Context, q Querier, exporter string) ([]string, error) {
+func FeaturesWithExporter(ctx context.Context, q pgdb.Querier, exporter string) ([]string, error) {
 	rows, err := q.Query(ctx, "SELECT feature FROM feature_mappings WHERE exporter = $1 ORDER BY feature", exporter)
 	if err != nil {
 		return nil, fmt.Errorf("mappings: listing the features of exporter %s: %w", exporter, err)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Pair is what staging needs for one tenant and feature: either may be
@@ -29,7 +31,7 @@ func (p Pair) Version() int {
 }
 
 // Lookup reads the current mappings of a tenant and a feature in one query.
-func (s *Store) Lookup(ctx context.Context, q Querier, tenant, feature string) (Pair, error) {
+func (s *Store) Lookup(ctx context.Context, q pgdb.Querier, tenant, feature string) (Pair, error) {
 	key := [2]string{tenant, feature}
 	pairs, err := s.LookupMany(ctx, q, map[[2]string]bool{key: true})
 	if err != nil {
@@ -41,7 +43,7 @@ func (s *Store) Lookup(ctx context.Context, q Querier, tenant, feature string) (
 // LookupMany reads the current mappings of every (tenant, feature) pair in
 // pairs in one query; the staging path of a batch of per-event usage uses
 // it, and Lookup for one pair.
-func (s *Store) LookupMany(ctx context.Context, q Querier, pairs map[[2]string]bool) (map[[2]string]Pair, error) {
+func (s *Store) LookupMany(ctx context.Context, q pgdb.Querier, pairs map[[2]string]bool) (map[[2]string]Pair, error) {
 	out := make(map[[2]string]Pair, len(pairs))
 	var tenants, features []string
 	for p := range pairs {

@@ -1,11 +1,7 @@
 package mappings
 
 import (
-	"context"
-	"errors"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/tallymeter/tally/internal/errcode"
 )
 
 // Store reads and writes mappings.
@@ -27,18 +23,5 @@ type Store struct {
 	RestrictedKey bool
 }
 
-// Querier runs SQL.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// TxBeginner opens transactions: a pool or a connection.
-type TxBeginner interface {
-	Querier
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // ErrNotFound says there is no mapping by that name.
-var ErrNotFound = errors.New("mappings: no such mapping")
+var ErrNotFound = errcode.New(errcode.NotFound, "", "mappings: no such mapping")

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // CustomerNamer reads a tenant mapping's customer with its name.
@@ -58,7 +60,7 @@ ORDER BY n.read_at NULLS FIRST, a.account, a.customer
 LIMIT @batch`
 
 // storeName keeps the name of account's customer.
-func storeName(ctx context.Context, q Querier, account, customer, name string) error {
+func storeName(ctx context.Context, q pgdb.Querier, account, customer, name string) error {
 	_, err := q.Exec(ctx, sqlNameStore, pgx.NamedArgs{"account": account, "customer": customer, "name": name})
 	return err
 }
@@ -66,7 +68,7 @@ func storeName(ctx context.Context, q Querier, account, customer, name string) e
 // TenantCustomers reads the current customer of each of tenants and its
 // name as last read from Stripe; a tenant without a mapping is absent. It
 // never asks Stripe: two index lookups a tenant.
-func TenantCustomers(ctx context.Context, q Querier, tenants []string) (map[string]TenantCustomer, error) {
+func TenantCustomers(ctx context.Context, q pgdb.Querier, tenants []string) (map[string]TenantCustomer, error) {
 	out := map[string]TenantCustomer{}
 	if len(tenants) == 0 {
 		return out, nil
@@ -103,7 +105,7 @@ type NamesRead struct {
 // were read longer than ttl ago, and keeps them. A customer Stripe does not
 // have (or deleted) keeps no name; one that cannot be asked keeps the name
 // it had.
-func RefreshNames(ctx context.Context, q Querier, namer CustomerNamer, ttl time.Duration, batch int) (NamesRead, error) {
+func RefreshNames(ctx context.Context, q pgdb.Querier, namer CustomerNamer, ttl time.Duration, batch int) (NamesRead, error) {
 	rows, err := q.Query(ctx, sqlStaleNames, pgx.NamedArgs{"ttl": ttl, "batch": batch})
 	if err != nil {
 		return NamesRead{}, fmt.Errorf("mappings: listing the names to read: %w", err)
@@ -158,7 +160,7 @@ const DefaultNamesBatch = 1000
 // NamesWorker runs NamesArgs: RefreshNames with its TTL and batch.
 type NamesWorker struct {
 	river.WorkerDefaults[NamesArgs]
-	DB    Querier
+	DB    pgdb.Querier
 	Namer CustomerNamer
 	// TTL defaults to DefaultNamesTTL, Batch to DefaultNamesBatch.
 	TTL    time.Duration

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 )
 
@@ -169,7 +170,7 @@ func sameGrace(a, b *Duration) bool {
 // transaction, which holds no lock while Stripe answers. A Checker that is
 // also a CustomerNamer gives the customer's name in the same request, kept
 // for the console (TenantCustomers).
-func (s *Store) PutTenant(ctx context.Context, db TxBeginner, tenant string, in TenantInput, by string) (t Tenant, changed bool, err error) {
+func (s *Store) PutTenant(ctx context.Context, db pgdb.Beginner, tenant string, in TenantInput, by string) (t Tenant, changed bool, err error) {
 	if err := in.validate(tenant); err != nil {
 		return Tenant{}, false, err
 	}
@@ -256,7 +257,7 @@ func tenantState(t Tenant) string {
 }
 
 // GetTenant reads a tenant's current mapping.
-func (s *Store) GetTenant(ctx context.Context, q Querier, tenant string) (Tenant, error) {
+func (s *Store) GetTenant(ctx context.Context, q pgdb.Querier, tenant string) (Tenant, error) {
 	t, err := scanTenant(q.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1", tenant))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Tenant{}, fmt.Errorf("%w: tenant %s", ErrNotFound, tenant)
@@ -265,7 +266,7 @@ func (s *Store) GetTenant(ctx context.Context, q Querier, tenant string) (Tenant
 }
 
 // Tenants lists every tenant's current mapping, by name.
-func (s *Store) Tenants(ctx context.Context, q Querier) ([]Tenant, error) {
+func (s *Store) Tenants(ctx context.Context, q pgdb.Querier) ([]Tenant, error) {
 	rows, err := q.Query(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings ORDER BY tenant")
 	if err != nil {
 		return nil, err
@@ -274,7 +275,7 @@ func (s *Store) Tenants(ctx context.Context, q Querier) ([]Tenant, error) {
 }
 
 // TenantHistory lists every version of a tenant's mapping, oldest first.
-func (s *Store) TenantHistory(ctx context.Context, q Querier, tenant string) ([]Tenant, error) {
+func (s *Store) TenantHistory(ctx context.Context, q pgdb.Querier, tenant string) ([]Tenant, error) {
 	rows, err := q.Query(ctx, `SELECT tenant, stripe_customer_id, stripe_account, period_anchor, invoice_grace, version, changed_at, changed_by
 		FROM tenant_mapping_versions WHERE tenant = $1 ORDER BY version`, tenant)
 	if err != nil {
@@ -287,7 +288,7 @@ func (s *Store) TenantHistory(ctx context.Context, q Querier, tenant string) ([]
 // mapping has named (tenant_mapping_versions), each once, in byte order:
 // the accounts that items may have been staged for, current mappings or
 // not. The node's own destination (NULL) is not among them.
-func Accounts(ctx context.Context, q Querier) ([]string, error) {
+func Accounts(ctx context.Context, q pgdb.Querier) ([]string, error) {
 	rows, err := q.Query(ctx, `SELECT DISTINCT stripe_account COLLATE "C" FROM tenant_mapping_versions
 		WHERE stripe_account IS NOT NULL ORDER BY 1`)
 	if err != nil {
@@ -303,7 +304,7 @@ func Accounts(ctx context.Context, q Querier) ([]string, error) {
 // CurrentAccounts counts the tenants whose current mapping names each
 // connected account: account -> tenants. Tenants of the node's own
 // destination (no stripe_account) are not counted.
-func CurrentAccounts(ctx context.Context, q Querier) (map[string]int, error) {
+func CurrentAccounts(ctx context.Context, q pgdb.Querier) (map[string]int, error) {
 	rows, err := q.Query(ctx, `SELECT stripe_account, count(*)::integer FROM tenant_mappings
 		WHERE stripe_account IS NOT NULL GROUP BY stripe_account`)
 	if err != nil {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Backlog is the ledger's usage that no staging pass has put into an
@@ -42,7 +42,7 @@ const backlogSQL = `
 // ReadBacklog reads the ledger backlog: cheap enough to read at every
 // scrape (the metrics tally_ledger_unstaged_events and
 // tally_ledger_oldest_unstaged_age_seconds).
-func ReadBacklog(ctx context.Context, q mappings.Querier) (Backlog, error) {
+func ReadBacklog(ctx context.Context, q pgdb.Querier) (Backlog, error) {
 	var (
 		b       Backlog
 		seconds float64

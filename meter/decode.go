@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/tallymeter/tally/internal/errcode"
 )
 
 // Limits of one POST /v1/usage.
@@ -78,7 +80,7 @@ const MaxUnknownFields = 10
 const maxFieldName = 64
 
 // ErrMalformed says the body is not the JSON object a batch is.
-var ErrMalformed = errors.New("meter: the body is not a JSON object of the form {\"events\":[…]}")
+var ErrMalformed = errcode.New(errcode.Invalid, "invalid_json", "meter: the body is not a JSON object of the form {\"events\":[…]}")
 
 var tokenPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$`)
 

@@ -7,10 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tallymeter/tally/internal/audit"
-	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // A month of the ledger (the partition usage_events_yYYYYmMM) holds the
@@ -55,14 +54,6 @@ type DetachResult struct {
 // cover the month, or the partition holds rows the archives did not count.
 var ErrNotArchived = errors.New("meter: the month is not proven archived and verified")
 
-// Owner is what DetachMonth needs: a pool or a connection of the role that
-// owns the ledger (the runtime role may not detach), outside a transaction.
-type Owner interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // MonthPartition is the name of the ledger's partition of the month that
 // starts at month (UTC).
 func MonthPartition(month time.Time) string {
@@ -77,8 +68,10 @@ func MonthPartition(month time.Time) string {
 // is attached again and the error wraps ErrNotArchived (archive and verify
 // again, then detach again: a closed month stays closed). The month must
 // be over, and the next one too. An audit entry by actor records the
-// detach. Interrupted, it can be run again.
-func DetachMonth(ctx context.Context, owner Owner, month time.Time, proof DetachProof, actor string) (DetachResult, error) {
+// detach. Interrupted, it can be run again. owner is a pool or a
+// connection of the role that owns the ledger (the runtime role may not
+// detach).
+func DetachMonth(ctx context.Context, owner pgdb.DB, month time.Time, proof DetachProof, actor string) (DetachResult, error) {
 	month = month.UTC()
 	res := DetachResult{Partition: MonthPartition(month)}
 	if month.Day() != 1 || month.Hour() != 0 || month.Minute() != 0 || month.Second() != 0 || month.Nanosecond() != 0 {
@@ -140,7 +133,7 @@ func DetachMonth(ctx context.Context, owner Owner, month time.Time, proof Detach
 
 // dropDetached counts the rows of month's detached partition and drops it
 // if they are the rows proof counts, or attaches it again.
-func dropDetached(ctx context.Context, owner Owner, month time.Time, proof DetachProof, actor string, res DetachResult) (DetachResult, error) {
+func dropDetached(ctx context.Context, owner pgdb.DB, month time.Time, proof DetachProof, actor string, res DetachResult) (DetachResult, error) {
 	part := pgx.Identifier{res.Partition}.Sanitize()
 	proven := proof.Previous.MonthEvents + proof.Month.MonthEvents
 	tx, err := owner.Begin(ctx)
@@ -182,7 +175,7 @@ func quoteTime(t time.Time) string { return "'" + t.UTC().Format("2006-01-02 15:
 // returns how many it made. A partition missing when an event of its
 // month arrives would fail the ingest: the migration makes three months
 // ahead and a daily job keeps them so.
-func EnsureMonths(ctx context.Context, db mappings.Querier, ahead int) (int, error) {
+func EnsureMonths(ctx context.Context, db pgdb.Querier, ahead int) (int, error) {
 	var made int
 	err := db.QueryRow(ctx, `SELECT usage_events_ensure_months((date_trunc('month', now(), 'UTC') + make_interval(months => $1))::date)`, ahead).Scan(&made)
 	if err != nil {
@@ -193,7 +186,7 @@ func EnsureMonths(ctx context.Context, db mappings.Querier, ahead int) (int, err
 
 // MonthDetached reports whether the ledger's month (its first day, UTC) is
 // closed and its partition gone: what a detach leaves once it is done.
-func MonthDetached(ctx context.Context, db mappings.Querier, month time.Time) (bool, error) {
+func MonthDetached(ctx context.Context, db pgdb.Querier, month time.Time) (bool, error) {
 	var done bool
 	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM usage_closed_months WHERE month = $1::date) AND to_regclass($2) IS NULL`,
 		month.UTC(), MonthPartition(month.UTC())).Scan(&done)

@@ -1,10 +1,14 @@
 package meter
 
-import "context"
+import (
+	"context"
+
+	"github.com/tallymeter/tally/internal/pgdb"
+)
 
 // SerialPass is a pass the way staging ran before batches: one window a
 // transaction, every tenant. Tests compare the batched passes with it.
-func SerialPass(ctx context.Context, s *Stager, db TxBeginner) (PassResult, error) {
+func SerialPass(ctx context.Context, s *Stager, db pgdb.DB) (PassResult, error) {
 	return s.pass(ctx, db, Part{}, false)
 }
 
@@ -14,6 +18,6 @@ func SetBatchBounds(s *Stager, groups int, rows int64) {
 }
 
 // SerialPassPart is SerialPass over one part of the tenants.
-func SerialPassPart(ctx context.Context, s *Stager, db TxBeginner, part Part) (PassResult, error) {
+func SerialPassPart(ctx context.Context, s *Stager, db pgdb.DB, part Part) (PassResult, error) {
 	return s.pass(ctx, db, part, false)
 }

@@ -37,11 +37,11 @@ type Ingester struct {
 	// refused whole with a *QuarantineCapError. 0 means no cap, the zero
 	// Ingester's; serve's default is DefaultMaxQuarantined.
 	MaxQuarantined int
-	// Coalesce is how Post shares transactions between small batches
+	// GroupCommit is how Post shares transactions between small batches
 	// posted at the same time; the zero value shares none.
-	Coalesce Coalescing
+	GroupCommit GroupCommit
 
-	batch batcher // Post's open group: an Ingester is not copied once used
+	committer groupCommitter // Post's open group: an Ingester is not copied once used
 }
 
 // DefaultMaxQuarantined is serve's Ingester.MaxQuarantined.

@@ -73,17 +73,17 @@ func TestFailedCommitFailsEveryBatchOfTheGroup(t *testing.T) {
 func TestPostOfAClientGoneIsStillWrittenWithItsGroup(t *testing.T) {
 	t.Parallel()
 	ctx, pool := context.Background(), testdb.New(t)
-	in := &Ingester{Coalesce: Coalescing{Wait: time.Minute, MaxEvents: 500, MaxBytes: 1 << 20, Commits: 2}}
-	in.batch.recent = recentOf(time.Minute, repeat(20, 4)...)
-	target, _ := in.batch.recent.peerWait(in.Coalesce.Wait)
+	in := &Ingester{GroupCommit: GroupCommit{Wait: time.Minute, MaxEvents: 500, MaxBytes: 1 << 20, Commits: 2}}
+	in.committer.recent = recentOf(time.Minute, repeat(20, 4)...)
+	target, _ := in.committer.recent.peerWait(in.GroupCommit.Wait)
 	gone, leave := context.WithCancel(ctx)
 	errs := make([]error, target)
 	var wg sync.WaitGroup
 	wg.Go(func() { _, errs[0] = in.Post(gone, pool, []Event{event("w0", 1)}) })
 	require.Eventually(t, func() bool { // its leader holds a slot and waits for peers
-		in.batch.mu.Lock()
-		defer in.batch.mu.Unlock()
-		return in.batch.open != nil && in.batch.open.enough != nil
+		in.committer.mu.Lock()
+		defer in.committer.mu.Unlock()
+		return in.committer.open != nil && in.committer.open.enough != nil
 	}, 30*time.Second, time.Millisecond)
 	leave()
 	for i := 1; i < target; i++ {
@@ -107,16 +107,16 @@ func TestGroupOnAClosedPoolFailsEveryBatch(t *testing.T) {
 	require.NoError(t, err)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
-	in := &Ingester{Coalesce: Coalescing{Wait: time.Minute, MaxEvents: 500, MaxBytes: 1 << 20, Commits: 2}}
-	in.batch.recent = recentOf(time.Minute, repeat(20, 3)...)
-	target, _ := in.batch.recent.peerWait(in.Coalesce.Wait)
+	in := &Ingester{GroupCommit: GroupCommit{Wait: time.Minute, MaxEvents: 500, MaxBytes: 1 << 20, Commits: 2}}
+	in.committer.recent = recentOf(time.Minute, repeat(20, 3)...)
+	target, _ := in.committer.recent.peerWait(in.GroupCommit.Wait)
 	errs := make([]error, target)
 	var wg sync.WaitGroup
 	wg.Go(func() { _, errs[0] = in.Post(ctx, pool, []Event{event("c0", 1)}) })
 	require.Eventually(t, func() bool { // its leader holds a slot and waits for peers
-		in.batch.mu.Lock()
-		defer in.batch.mu.Unlock()
-		return in.batch.open != nil && in.batch.open.enough != nil
+		in.committer.mu.Lock()
+		defer in.committer.mu.Unlock()
+		return in.committer.open != nil && in.committer.open.enough != nil
 	}, 30*time.Second, time.Millisecond)
 	pool.Close()
 	for i := 1; i < target; i++ {

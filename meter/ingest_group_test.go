@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
@@ -22,7 +23,7 @@ func pendingOf(t *testing.T, evs ...Event) *pending {
 }
 
 // stored is the value of every stored event of acme, by id.
-func stored(t *testing.T, db TxBeginner) map[string]int64 {
+func stored(t *testing.T, db pgdb.DB) map[string]int64 {
 	t.Helper()
 	rows, err := db.Query(context.Background(), "SELECT event_id, value FROM usage_events WHERE tenant = 'acme'")
 	require.NoError(t, err)
@@ -97,10 +98,10 @@ func TestGroupDeferredBatchIsStoredWhenTheOtherIsRefused(t *testing.T) {
 // Many small batches posted at once through Post are each answered with
 // their own result once stored, whether they shared a transaction or not;
 // a batch over half a group has its own.
-func TestPostCoalescesConcurrentBatches(t *testing.T) {
+func TestPostGroupCommitsConcurrentBatches(t *testing.T) {
 	t.Parallel()
 	ctx, pool := context.Background(), testdb.New(t)
-	in := &Ingester{Coalesce: Coalescing{Wait: 5 * time.Millisecond, MaxEvents: 8, MaxBytes: 1 << 20, Commits: 1}}
+	in := &Ingester{GroupCommit: GroupCommit{Wait: 5 * time.Millisecond, MaxEvents: 8, MaxBytes: 1 << 20, Commits: 1}}
 	const posts = 64
 	results := make([]Result, posts)
 	errs := make([]error, posts)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
-// batcher is an Ingester's open group, its commit slots, and what it
+// groupCommitter is an Ingester's open group, its commit slots, and what it
 // learnt of the groups written so far.
-type batcher struct {
+type groupCommitter struct {
 	once  sync.Once
 	slots chan struct{} // a token for each group being written; made once
 
@@ -19,16 +21,16 @@ type batcher struct {
 
 // group is batches that share one transaction.
 type group struct {
-	reqs          []*pending // written under batcher.mu until the group closes
-	events, bytes int        // totals of reqs, under batcher.mu
+	reqs          []*pending // written under groupCommitter.mu until the group closes
+	events, bytes int        // totals of reqs, under groupCommitter.mu
 	full          chan struct{}
-	closed        bool          // full was closed; under batcher.mu
-	target        int           // batches awaitPeers waits for; under batcher.mu
-	enough        chan struct{} // closed (and set nil) by join at target; under batcher.mu
+	closed        bool          // full was closed; under groupCommitter.mu
+	target        int           // batches awaitPeers waits for; under groupCommitter.mu
+	enough        chan struct{} // closed (and set nil) by join at target; under groupCommitter.mu
 	done          chan struct{} // closed when every pending has its answer
 }
 
-// recent is what the batcher learnt of the groups it wrote, each average
+// recent is what the groupCommitter learnt of the groups it wrote, each average
 // moving by a share of recentWeight a group: how many batches the group of
 // a typical batch holds (the mean of group sizes weighted by their
 // batches, so that the groups of one that slip between large ones do not
@@ -66,15 +68,15 @@ func (r *recent) typical() float64 {
 // join adds p to the open group, opening one when there is none; leader
 // says p opened it and so writes it.
 func (in *Ingester) join(p *pending) (g *group, leader bool) {
-	b := &in.batch
-	b.once.Do(func() { b.slots = make(chan struct{}, max(1, in.Coalesce.Commits)) })
+	b := &in.committer
+	b.once.Do(func() { b.slots = make(chan struct{}, max(1, in.GroupCommit.Commits)) })
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	size := 0
 	for _, ev := range p.events {
 		size += len(ev.ID) + len(ev.Tenant) + len(ev.Feature) + eventOverhead
 	}
-	c := in.Coalesce
+	c := in.GroupCommit
 	if g := b.open; g != nil && (g.events+len(p.events) > c.MaxEvents || (c.MaxBytes > 0 && g.bytes+size > c.MaxBytes)) {
 		b.closeOpen() // p does not fit: its own group follows
 	}
@@ -99,8 +101,8 @@ func (in *Ingester) join(p *pending) (g *group, leader bool) {
 // lead waits for a commit slot, then for peers (awaitPeers), and writes
 // the group. The transaction does not end with the leader's request: a
 // client that goes away must not fail the others.
-func (in *Ingester) lead(ctx context.Context, db TxBeginner, g *group) {
-	b := &in.batch
+func (in *Ingester) lead(ctx context.Context, db pgdb.DB, g *group) {
+	b := &in.committer
 	select {
 	case b.slots <- struct{}{}:
 	case <-g.full:
@@ -136,9 +138,9 @@ func (in *Ingester) lead(ctx context.Context, db TxBeginner, g *group) {
 // awaitPeers waits, once the group has a commit slot, for the peers
 // peerWait names, or for the group to fill.
 func (in *Ingester) awaitPeers(g *group) {
-	b := &in.batch
+	b := &in.committer
 	b.mu.Lock()
-	target, wait := b.recent.peerWait(in.Coalesce.Wait)
+	target, wait := b.recent.peerWait(in.GroupCommit.Wait)
 	if wait <= 0 || g.closed || len(g.reqs) >= target {
 		b.mu.Unlock()
 		return
@@ -163,9 +165,8 @@ func (in *Ingester) awaitPeers(g *group) {
 // Clients that post again as soon as they are answered come back
 // together, just after their group committed. Without the wait, the first
 // of them back takes the slot its group left and is written alone while
-// the others are still on their way: with two slots, one carried such
-// groups of one (a third of the transactions) while the other carried the
-// rest. With it, those clients share the slot again, and the groups stay
+// the others are still on their way, and one slot ends up carrying groups
+// of one. With it, those clients share the slot again, and the groups stay
 // as large as the clients posting together. A lone client never waits
 // (its group holds the one batch typical of it), nor does the first group
 // (nothing written yet), and a batch waits at most limit beyond its wait
@@ -177,7 +178,7 @@ func (r *recent) peerWait(limit time.Duration) (target int, wait time.Duration) 
 }
 
 // closeOpen closes the open group to new batches; b.mu is held.
-func (b *batcher) closeOpen() {
+func (b *groupCommitter) closeOpen() {
 	g := b.open
 	b.open, g.closed = nil, true
 	close(g.full)

@@ -9,10 +9,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
-// recentOf is what a batcher learns from groups of these sizes, each
+// recentOf is what a groupCommitter learns from groups of these sizes, each
 // written in took.
 func recentOf(took time.Duration, sizes ...int) recent {
 	var r recent
@@ -84,7 +85,7 @@ func TestPeerWaitIsBoundedAndSparesALoneClient(t *testing.T) {
 }
 
 // transactions counts the transactions that wrote acme's events.
-func transactions(t *testing.T, db TxBeginner) int {
+func transactions(t *testing.T, db pgdb.DB) int {
 	t.Helper()
 	var n int
 	require.NoError(t, db.QueryRow(context.Background(),
@@ -97,18 +98,18 @@ func transactions(t *testing.T, db TxBeginner) int {
 func TestPostWaitsForPeersThenWritesThemTogether(t *testing.T) {
 	t.Parallel()
 	ctx, pool := context.Background(), testdb.New(t)
-	in := &Ingester{Coalesce: Coalescing{Wait: time.Minute, MaxEvents: 500, MaxBytes: 1 << 20, Commits: 2}}
-	in.batch.recent = recentOf(time.Minute, repeat(20, 8)...)
-	target, _ := in.batch.recent.peerWait(in.Coalesce.Wait)
+	in := &Ingester{GroupCommit: GroupCommit{Wait: time.Minute, MaxEvents: 500, MaxBytes: 1 << 20, Commits: 2}}
+	in.committer.recent = recentOf(time.Minute, repeat(20, 8)...)
+	target, _ := in.committer.recent.peerWait(in.GroupCommit.Wait)
 	require.Greater(t, target, 1)
 
 	errs := make([]error, target)
 	var wg sync.WaitGroup
 	wg.Go(func() { _, errs[0] = in.Post(ctx, pool, []Event{event("w0", 1)}) })
 	require.Eventually(t, func() bool { // its leader holds a slot and waits for peers
-		in.batch.mu.Lock()
-		defer in.batch.mu.Unlock()
-		return in.batch.open != nil && in.batch.open.enough != nil
+		in.committer.mu.Lock()
+		defer in.committer.mu.Unlock()
+		return in.committer.open != nil && in.committer.open.enough != nil
 	}, 30*time.Second, time.Millisecond)
 	for i := 1; i < target; i++ {
 		wg.Go(func() { _, errs[i] = in.Post(ctx, pool, []Event{event(fmt.Sprintf("w%d", i), 1)}) })
@@ -126,8 +127,8 @@ func TestPostWaitsForPeersThenWritesThemTogether(t *testing.T) {
 func TestPostWaitForPeersEndsAtItsBound(t *testing.T) {
 	t.Parallel()
 	ctx, pool := context.Background(), testdb.New(t)
-	in := &Ingester{Coalesce: Coalescing{Wait: 20 * time.Millisecond, MaxEvents: 500, MaxBytes: 1 << 20, Commits: 2}}
-	in.batch.recent = recentOf(time.Hour, repeat(20, 64)...)
+	in := &Ingester{GroupCommit: GroupCommit{Wait: 20 * time.Millisecond, MaxEvents: 500, MaxBytes: 1 << 20, Commits: 2}}
+	in.committer.recent = recentOf(time.Hour, repeat(20, 64)...)
 	answered := make(chan error, 1)
 	go func() {
 		_, err := in.Post(ctx, pool, []Event{event("alone", 1)})

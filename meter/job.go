@@ -10,6 +10,8 @@ import (
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // StageArgs is the River job that runs one staging pass of a part of the
@@ -57,7 +59,7 @@ func stageInsertOpts(period time.Duration) *river.InsertOpts {
 type StageWorker struct {
 	river.WorkerDefaults[StageArgs]
 	Stager *Stager
-	DB     TxBeginner
+	DB     pgdb.DB
 	Logger *slog.Logger
 }
 
@@ -137,7 +139,7 @@ func (MonthsArgs) Kind() string { return "tally_ledger_months" }
 // MonthsWorker runs EnsureMonths for River.
 type MonthsWorker struct {
 	river.WorkerDefaults[MonthsArgs]
-	DB     TxBeginner
+	DB     pgdb.DB
 	Logger *slog.Logger
 }
 

@@ -2,23 +2,23 @@ package meter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/errcode"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
 
 // ErrStalled says export is stalled (no Stripe key): nothing can be
 // addressed to a destination.
-var ErrStalled = errors.New("meter: export is stalled: no destination (STRIPE_API_KEY unset)")
+var ErrStalled = errcode.New(errcode.Conflict, "export_stalled", "meter: export is stalled: no destination (STRIPE_API_KEY unset)")
 
 // ErrAggregationChanged refuses to rebuild a window's item for a feature
 // that is now exported per event: one window cannot become many items.
-var ErrAggregationChanged = errors.New("meter: the feature is now exported per event; a window's item cannot be rebuilt as one item")
+var ErrAggregationChanged = errcode.New(errcode.Conflict, "aggregation_changed", "meter: the feature is now exported per event; a window's item cannot be rebuilt as one item")
 
 // Rebuild builds the item that would carry its usage under the mappings
 // pair (the current ones, as the caller read them in tx) and this node's

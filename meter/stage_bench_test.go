@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
@@ -66,7 +67,7 @@ func (f stageFixture) load(b *testing.B, e *stagetest.Env) {
 type stageWay struct {
 	name  string
 	parts int
-	pass  func(ctx context.Context, s *meter.Stager, db meter.TxBeginner, p meter.Part) (meter.PassResult, error)
+	pass  func(ctx context.Context, s *meter.Stager, db pgdb.DB, p meter.Part) (meter.PassResult, error)
 }
 
 func (w stageWay) run(b *testing.B, e *stagetest.Env) (meter.PassResult, time.Duration, cpuTimes) {
@@ -180,10 +181,10 @@ func BenchmarkStage(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("TALLY_BENCH_STAGE_TENANTS")); err == nil && v > 0 {
 		fx.tenants = v
 	}
-	serial := func(ctx context.Context, s *meter.Stager, db meter.TxBeginner, p meter.Part) (meter.PassResult, error) {
+	serial := func(ctx context.Context, s *meter.Stager, db pgdb.DB, p meter.Part) (meter.PassResult, error) {
 		return meter.SerialPassPart(ctx, s, db, p)
 	}
-	batched := func(ctx context.Context, s *meter.Stager, db meter.TxBeginner, p meter.Part) (meter.PassResult, error) {
+	batched := func(ctx context.Context, s *meter.Stager, db pgdb.DB, p meter.Part) (meter.PassResult, error) {
 		return s.PassPart(ctx, db, p)
 	}
 	ways := []stageWay{{"serial, 1 worker", 1, serial}, {"serial, 2 workers", 2, serial},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -84,7 +85,7 @@ func (g unstagedGroup) key() [2]string { return [2]string{g.tenant, g.feature} }
 
 // listUnstaged lists the tenants and features of part with unstaged rows,
 // from the partial index that holds the unstaged rows only.
-func listUnstaged(ctx context.Context, db TxBeginner, part Part) ([]unstagedGroup, error) {
+func listUnstaged(ctx context.Context, db pgdb.DB, part Part) ([]unstagedGroup, error) {
 	lo, hi := part.Range()
 	rows, err := db.Query(ctx, `SELECT tenant, feature, count(*) FROM usage_events
 		WHERE item_id IS NULL AND hashtext(tenant) BETWEEN $1 AND $2 GROUP BY 1, 2 ORDER BY 1, 2`, lo, hi)
@@ -108,7 +109,7 @@ func listUnstaged(ctx context.Context, db TxBeginner, part Part) ([]unstagedGrou
 // returns the groups left for staging one window (or one batch of events)
 // a transaction: per-event and unmapped features, and the groups of a batch
 // that failed.
-func (s *Stager) stageBatches(ctx context.Context, db TxBeginner, target Target, groups []unstagedGroup) (rest []unstagedGroup, total PassResult) {
+func (s *Stager) stageBatches(ctx context.Context, db pgdb.DB, target Target, groups []unstagedGroup) (rest []unstagedGroup, total PassResult) {
 	keys := make(map[[2]string]bool, len(groups))
 	for _, g := range groups {
 		keys[g.key()] = true
@@ -173,7 +174,7 @@ type batchWindow struct {
 // COMMITTED, so a commit of an earlier holder is seen; it marks a row only
 // while unstaged and fails unless every row was; and a window's ref is
 // part of the item's unique identity.
-func (s *Stager) stageBatch(ctx context.Context, db TxBeginner, target Target, batch []unstagedGroup) (res PassResult, more []unstagedGroup, err error) {
+func (s *Stager) stageBatch(ctx context.Context, db pgdb.DB, target Target, batch []unstagedGroup) (res PassResult, more []unstagedGroup, err error) {
 	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		res, more = PassResult{}, nil
 		groups, pairs, err := lockGroups(ctx, tx, batch)

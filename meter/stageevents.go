@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -32,7 +33,7 @@ FOR UPDATE SKIP LOCKED`
 // stageEvents stages up to a batch of a per-event (or unmapped) feature's
 // rows, one item each, in one transaction; more says another batch may
 // follow.
-func (s *Stager) stageEvents(ctx context.Context, db TxBeginner, target Target, tenant, feature string) (res PassResult, more bool, err error) {
+func (s *Stager) stageEvents(ctx context.Context, db pgdb.DB, target Target, tenant, feature string) (res PassResult, more bool, err error) {
 	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		pair, ok, err := lockGroup(ctx, tx, tenant, feature)
 		if err != nil || !ok {

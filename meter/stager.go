@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -69,15 +70,9 @@ func (r *PassResult) add(o PassResult) {
 	r.Events += o.Events
 }
 
-// TxBeginner opens transactions: a pool or a connection.
-type TxBeginner interface {
-	mappings.Querier
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
 // Pass stages everything that is due, for every tenant: PassPart of the
 // whole hash range.
-func (s *Stager) Pass(ctx context.Context, db TxBeginner) (PassResult, error) {
+func (s *Stager) Pass(ctx context.Context, db pgdb.DB) (PassResult, error) {
 	return s.PassPart(ctx, db, Part{})
 }
 
@@ -90,13 +85,13 @@ func (s *Stager) Pass(ctx context.Context, db TxBeginner) (PassResult, error) {
 // batch that fails is staged again one window a transaction, so that the
 // error of one tenant and feature does not stop the others; errors are
 // joined in the result.
-func (s *Stager) PassPart(ctx context.Context, db TxBeginner, part Part) (PassResult, error) {
+func (s *Stager) PassPart(ctx context.Context, db pgdb.DB, part Part) (PassResult, error) {
 	return s.pass(ctx, db, part, true)
 }
 
 // pass lists part's unstaged usage and stages it, in batches or (batched
 // false) one window a transaction.
-func (s *Stager) pass(ctx context.Context, db TxBeginner, part Part, batched bool) (PassResult, error) {
+func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) (PassResult, error) {
 	target, ok := s.Target(ctx)
 	if !ok {
 		return PassResult{Stalled: true}, nil
@@ -131,7 +126,7 @@ func (s *Stager) pass(ctx context.Context, db TxBeginner, part Part, batched boo
 	return total, errors.Join(errs...)
 }
 
-func (s *Stager) stageGroup(ctx context.Context, db TxBeginner, target Target, tenant, feature string) (PassResult, error) {
+func (s *Stager) stageGroup(ctx context.Context, db pgdb.DB, target Target, tenant, feature string) (PassResult, error) {
 	var st mappings.Store
 	pair, err := st.Lookup(ctx, db, tenant, feature)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -29,7 +30,7 @@ FROM locked`
 
 // stageWindow stages one window's unstaged rows as one item (a supplement
 // when the window has items already), in one transaction.
-func (s *Stager) stageWindow(ctx context.Context, db TxBeginner, target Target, tenant, feature string, w Window, version int) (res PassResult, err error) {
+func (s *Stager) stageWindow(ctx context.Context, db pgdb.DB, target Target, tenant, feature string, w Window, version int) (res PassResult, err error) {
 	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		pair, ok, err := lockGroup(ctx, tx, tenant, feature)
 		if err != nil || !ok {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // UnmappedKind says what an Unmapped names.
@@ -47,7 +47,7 @@ ORDER BY 1, 2`
 // usage received within the last span (by the database's clock), with the
 // number of their events: the features first, then the tenants, each by
 // name.
-func UnmappedUsage(ctx context.Context, q mappings.Querier, within time.Duration) ([]Unmapped, error) {
+func UnmappedUsage(ctx context.Context, q pgdb.Querier, within time.Duration) ([]Unmapped, error) {
 	rows, err := q.Query(ctx, sqlUnmapped, pgx.NamedArgs{"within": within})
 	if err != nil {
 		return nil, fmt.Errorf("meter: reading unmapped usage: %w", err)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // SinceLastStage is how long ago, by the database's clock, a staging pass
@@ -13,7 +13,7 @@ import (
 // River holds no completed one (it deletes finished jobs after a while).
 // A pass skipped because export is stalled (its output says stalled, see
 // StageWorker.Work) staged nothing and is not counted.
-func SinceLastStage(ctx context.Context, q mappings.Querier) (time.Duration, bool, error) {
+func SinceLastStage(ctx context.Context, q pgdb.Querier) (time.Duration, bool, error) {
 	var seconds *float64
 	err := q.QueryRow(ctx, `SELECT extract(epoch FROM clock_timestamp() - max(finalized_at))::float8 FROM river_job
 		WHERE kind = $1 AND state = 'completed'

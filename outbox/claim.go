@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Policy is an ordering policy of the claim (docs/outbox.md, "Ordering
@@ -396,14 +398,14 @@ WITH picked AS (
 // first_attempt_at set if this is its first claim, and its lease_expires_at
 // set from the database clock. An empty result is not an error: nothing was
 // due, or somebody else holds it.
-func (s *Store) Claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]Lease, error) {
+func (s *Store) Claim(ctx context.Context, db pgdb.DB, opts ClaimOptions) ([]Lease, error) {
 	ctx, span := batchSpan(ctx, "claim", TransitionClaim)
 	leases, err := s.claim(ctx, db, opts)
 	endBatch(span, len(leases), err)
 	return leases, err
 }
 
-func (s *Store) claim(ctx context.Context, db TxBeginner, opts ClaimOptions) ([]Lease, error) {
+func (s *Store) claim(ctx context.Context, db pgdb.DB, opts ClaimOptions) ([]Lease, error) {
 	if err := refuseOpenTx(db); err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
@@ -514,7 +516,7 @@ func isKeyConflict(err error) bool {
 // stale write (somebody else has it) and the statement runs again with a new
 // snapshot, at most keyConflicts times, after which the claim gets nothing
 // here and claimPerKeyRounds looks for itself.
-func (s *Store) claimPerKeyOne(ctx context.Context, db TxBeginner, args pgx.NamedArgs, limit int, filtered claimFilter) ([]Lease, error) {
+func (s *Store) claimPerKeyOne(ctx context.Context, db pgdb.DB, args pgx.NamedArgs, limit int, filtered claimFilter) ([]Lease, error) {
 	args["limit"], args["scan"] = limit, limit*s.cfg.ClaimScan
 	sql := filtered.apply(sqlClaimPerKeyOne)
 	for range keyConflicts {
@@ -532,7 +534,7 @@ func (s *Store) claimPerKeyOne(ctx context.Context, db TxBeginner, args pgx.Name
 // claimPerKeyOne of another claimer took a key this one locked, in the
 // window before its snapshot) ends it with nothing: the claim's "somebody
 // else has it", not an error.
-func (s *Store) claimPerKeyRounds(ctx context.Context, db TxBeginner, args pgx.NamedArgs, limit int, held []string, filtered claimFilter) ([]Lease, error) {
+func (s *Store) claimPerKeyRounds(ctx context.Context, db pgdb.DB, args pgx.NamedArgs, limit int, held []string, filtered claimFilter) ([]Lease, error) {
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return nil, err
@@ -562,7 +564,7 @@ func (s *Store) claimPerKeyRounds(ctx context.Context, db TxBeginner, args pgx.N
 // stays a transaction of statements sent one by one: a PerKey claim this
 // fast would make the v1 deliverer claim smaller batches, and move fewer
 // items.
-func claimTrip(ctx context.Context, db TxBeginner, sql string, args pgx.NamedArgs) (leases []Lease, err error) {
+func claimTrip(ctx context.Context, db pgdb.DB, sql string, args pgx.NamedArgs) (leases []Lease, err error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(sql, args)
@@ -609,7 +611,7 @@ var errOpenTx = errors.New("the connection is inside a transaction: Claim and Re
 // a warning from the server, and its COMMIT would commit the caller's
 // transaction, with whatever the caller meant to roll back. A pool hands
 // out idle connections only.
-func refuseOpenTx(db TxBeginner) error {
+func refuseOpenTx(db pgdb.DB) error {
 	c, ok := db.(interface{ PgConn() *pgconn.PgConn })
 	if ok && !c.PgConn().IsClosed() && c.PgConn().TxStatus() != 'I' {
 		return errOpenTx
@@ -620,7 +622,7 @@ func refuseOpenTx(db TxBeginner) error {
 // rollbackLeftOpen ends the transaction a failed claimTrip left open on a
 // connection (*pgx.Conn). A pool's connection is closed on release instead
 // when it is inside a transaction, so a pool needs nothing here.
-func rollbackLeftOpen(db TxBeginner) {
+func rollbackLeftOpen(db pgdb.DB) {
 	c, ok := db.(interface{ PgConn() *pgconn.PgConn })
 	if !ok || c.PgConn().IsClosed() || c.PgConn().TxStatus() == 'I' {
 		return

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -234,7 +235,7 @@ func TestClaimThatFailsLeasesNothingAndLeavesNoTransactionOpen(t *testing.T) {
 			t.Cleanup(func() { _ = conn.Close(context.Background()) })
 			opts := outbox.ClaimOptions{Owner: "w", Limit: 10, Policy: policy}
 
-			for name, db := range map[string]outbox.TxBeginner{"connection": conn, "pool": b.pool} {
+			for name, db := range map[string]pgdb.DB{"connection": conn, "pool": b.pool} {
 				leases, err := b.store.Claim(b.ctx, db, opts)
 				require.ErrorContains(t, err, "injected lease failure", name)
 				require.Empty(t, leases, name)
@@ -406,7 +407,7 @@ func TestAcceptInItsOwnPipelineLeavesTheSessionAsItWas(t *testing.T) {
 		CREATE TRIGGER test_refuse_accept BEFORE UPDATE ON outbox_item_states
 		    FOR EACH ROW WHEN (NEW.state = 'accepted') EXECUTE FUNCTION test_refuse_accept();`)
 	require.NoError(t, err)
-	for name, db := range map[string]outbox.TxBeginner{"connection": conn, "pool": b.pool} {
+	for name, db := range map[string]pgdb.DB{"connection": conn, "pool": b.pool} {
 		_, err := b.store.Record(b.ctx, db, accepts(leases[0]))
 		require.ErrorContains(t, err, "injected accept failure", name)
 		_, err = b.store.Record(b.ctx, db, mixed)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/errcode"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/redact"
 )
 
@@ -16,34 +18,34 @@ import (
 // is no longer leased. The caller's outcome is dropped; it must not retry the
 // write. The resend by the new owner carries the same identifier, so the
 // provider deduplicates it.
-var ErrStaleLease = errors.New("outbox: stale lease: the item was re-claimed or has left leased")
+var ErrStaleLease = errcode.New(errcode.Stale, "stale_lease", "outbox: stale lease: the item was re-claimed or has left leased")
 
 // ErrNotFound says no item has the given id.
-var ErrNotFound = errors.New("outbox: no such item")
+var ErrNotFound = errcode.New(errcode.NotFound, "", "outbox: no such item")
 
 // ErrMappingChanged is the answer to a requeue or a supersede whose mapping
 // version is not the item's: the operator fixed a different mapping from the
 // one the item was built with, and must requeue under the item's version or
 // re-address it (Supersede).
-var ErrMappingChanged = errors.New("outbox: mapping changed")
+var ErrMappingChanged = errcode.New(errcode.Stale, "mapping_changed", "outbox: mapping changed")
 
 // ErrMayHaveReached refuses to re-address an item some attempt of which may
 // have reached the provider: it keeps its identity and identifier for good.
-var ErrMayHaveReached = errors.New("outbox: an attempt may have reached the provider; the item keeps its identifier")
+var ErrMayHaveReached = errcode.New(errcode.Conflict, "may_have_reached", "outbox: an attempt may have reached the provider; the item keeps its identifier")
 
 // ErrPastHorizon refuses a recovery to pending of an item past its horizon
 // when an attempt may have reached the provider: a resend could double-bill.
-var ErrPastHorizon = errors.New("outbox: past the horizon, a resend could double-bill; recover to pending only with evidence that no attempt reached the provider")
+var ErrPastHorizon = errcode.New(errcode.Conflict, "past_horizon", "outbox: past the horizon, a resend could double-bill; recover to pending only with evidence that no attempt reached the provider")
 
 // ErrNotSendable refuses to requeue in place an item staged without a
 // customer, a meter event name or an account: nothing could send it. Fix the
 // mapping and re-address it (Supersede).
-var ErrNotSendable = errors.New("outbox: the item was staged without a customer, meter or account; re-address it under a mapping that supplies them")
+var ErrNotSendable = errcode.New(errcode.Conflict, "not_sendable", "outbox: the item was staged without a customer, meter or account; re-address it under a mapping that supplies them")
 
 // ErrSuccessorExists refuses a Supersede whose successor identity is already
 // an item: re-addressing must create the successor, or usage could be
 // counted twice.
-var ErrSuccessorExists = errors.New("outbox: the successor identity exists already")
+var ErrSuccessorExists = errcode.New(errcode.Conflict, "successor_exists", "outbox: the successor identity exists already")
 
 // StateError is the answer to a transition whose expected state did not
 // hold (confirm, fail_accepted, recover, requeue, supersede, withdraw,
@@ -69,12 +71,18 @@ func (e *StateError) Error() string {
 		e.Transition, e.ID, e.Expected, e.Current, e.CurrentLeaseToken)
 }
 
+// Code is errcode.Stale.
+func (e *StateError) Code() errcode.Code { return errcode.Stale }
+
+// Condition is "expected_state_mismatch".
+func (e *StateError) Condition() string { return "expected_state_mismatch" }
+
 // Is makes errors.Is(err, ErrStateMismatch) true.
 func (e *StateError) Is(target error) bool { return target == ErrStateMismatch }
 
 // mismatch re-reads an item after a conditional write found nothing and says
 // why: ErrNotFound or a *StateError.
-func (s *Store) mismatch(ctx context.Context, q Querier, id int64, transition Transition, expected State) error {
+func (s *Store) mismatch(ctx context.Context, q pgdb.Querier, id int64, transition Transition, expected State) error {
 	var (
 		state State
 		token int64

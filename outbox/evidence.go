@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // sqlConfirm is the confirm: accepted to confirmed on provider evidence.
@@ -20,14 +22,14 @@ RETURNING o.id`
 // items to confirmed. It returns the ids confirmed; for every other id it
 // re-reads the item and reports a *StateError (or ErrNotFound) in the map,
 // and counts it stale.
-func (s *Store) Confirm(ctx context.Context, q Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
+func (s *Store) Confirm(ctx context.Context, q pgdb.Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
 	ctx, span := batchSpan(ctx, "confirm", TransitionConfirm)
 	confirmed, refused, err = s.confirm(ctx, q, ids)
 	endBatch(span, len(ids), err)
 	return confirmed, refused, err
 }
 
-func (s *Store) confirm(ctx context.Context, q Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
+func (s *Store) confirm(ctx context.Context, q pgdb.Querier, ids []int64) (confirmed []int64, refused map[int64]error, err error) {
 	if len(ids) == 0 {
 		return nil, nil, nil
 	}
@@ -49,7 +51,7 @@ func (s *Store) confirm(ctx context.Context, q Querier, ids []int64) (confirmed 
 // refuseMissing says why a batch write moved none of ids that are not done:
 // it re-reads each such item (mismatch) and counts it as a stale write of
 // transition. It returns nil when every id is done.
-func (s *Store) refuseMissing(ctx context.Context, q Querier, ids []int64, done map[int64]bool, transition Transition, expected State) map[int64]error {
+func (s *Store) refuseMissing(ctx context.Context, q pgdb.Querier, ids []int64, done map[int64]bool, transition Transition, expected State) map[int64]error {
 	var missing []int64
 	for _, id := range ids {
 		if !done[id] {
@@ -174,14 +176,14 @@ RETURNING o.id, o.state`
 // or rejected, a quarantine without a known reason, one item twice); then
 // nothing was written. It runs on q, so a caller can make it part of its
 // transaction.
-func (s *Store) FailAccepted(ctx context.Context, q Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
+func (s *Store) FailAccepted(ctx context.Context, q pgdb.Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
 	ctx, span := batchSpan(ctx, "fail_accepted", TransitionFailAccepted)
 	failed, refused, err = s.failAccepted(ctx, q, fs)
 	endBatch(span, len(fs), err)
 	return failed, refused, err
 }
 
-func (s *Store) failAccepted(ctx context.Context, q Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
+func (s *Store) failAccepted(ctx context.Context, q pgdb.Querier, fs []ProviderFailure) (failed []int64, refused map[int64]error, err error) {
 	if len(fs) == 0 {
 		return nil, nil, nil
 	}
@@ -254,7 +256,7 @@ RETURNING o.id`
 // an item in another state, or already noted with an equal or stronger
 // verdict, is left as it is. The input is checked as FailAccepted's. It runs
 // on q, so a caller can make it part of its transaction.
-func (s *Store) NoteFailures(ctx context.Context, q Querier, fs []ProviderFailure) ([]int64, error) {
+func (s *Store) NoteFailures(ctx context.Context, q pgdb.Querier, fs []ProviderFailure) ([]int64, error) {
 	if len(fs) == 0 {
 		return nil, nil
 	}

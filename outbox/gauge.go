@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Gauge is one reading of the outbox: the count of every state and the age
@@ -92,7 +94,7 @@ FROM (SELECT coalesce(max(id), 0) + 1 AS next FROM outbox_item_states) m
 WHERE g.next_below IS NULL AND m.next > g.below AND NOT EXISTS (SELECT FROM promote) AND NOT EXISTS (SELECT FROM arm)`
 
 // advanceGauge runs one step of sqlGaugeAdvance.
-func advanceGauge(ctx context.Context, q Querier) error {
+func advanceGauge(ctx context.Context, q pgdb.Querier) error {
 	if _, err := q.Exec(ctx, sqlGaugeAdvance); err != nil {
 		return fmt.Errorf("outbox: advancing the gauge's watermark: %w", err)
 	}
@@ -104,7 +106,7 @@ var gaugeStates = []State{StatePending, StateLeased, StateAccepted, StateUncerta
 	StateSuperseded, StateWithdrawn}
 
 // ReadGauge reads the gauge and publishes it to the outbox's metrics.
-func (s *Store) ReadGauge(ctx context.Context, q Querier) (Gauge, error) {
+func (s *Store) ReadGauge(ctx context.Context, q pgdb.Querier) (Gauge, error) {
 	below, items := int64(1), int64(0)
 	if err := q.QueryRow(ctx, sqlGaugeSettled).Scan(&below, &items); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return Gauge{}, fmt.Errorf("outbox: gauge: %w", err)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Snapshot is the number of items in one state at one moment, as the
@@ -25,7 +27,7 @@ const sqlSnapshots = `SELECT at, state, items FROM outbox_snapshots
 
 // Snapshots reads the maintenance pass's snapshots of the given states taken
 // within the last span (by the database's clock), oldest first.
-func (s *Store) Snapshots(ctx context.Context, q Querier, within time.Duration, states []State) ([]Snapshot, error) {
+func (s *Store) Snapshots(ctx context.Context, q pgdb.Querier, within time.Duration, states []State) ([]Snapshot, error) {
 	names := make([]string, len(states))
 	for i, st := range states {
 		names[i] = string(st)
@@ -61,7 +63,7 @@ const sqlAcceptedPerHour = `SELECT date_trunc('hour', recorded_at) AS h, count(*
 // AcceptedPerHour counts the attempts whose outcome was accepted, per
 // hour in which they were recorded, within the last span (by the database's
 // clock), oldest hour first. An hour without one is absent.
-func (s *Store) AcceptedPerHour(ctx context.Context, q Querier, within time.Duration) ([]HourCount, error) {
+func (s *Store) AcceptedPerHour(ctx context.Context, q pgdb.Querier, within time.Duration) ([]HourCount, error) {
 	rows, err := q.Query(ctx, sqlAcceptedPerHour, pgx.NamedArgs{"within": within})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: counting accepted attempts: %w", err)

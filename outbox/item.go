@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // itemColumns is every column of outbox_items that Item holds, in scanItem's
@@ -85,7 +87,7 @@ func deref[T any](p *T) T {
 }
 
 // Get reads one item.
-func (s *Store) Get(ctx context.Context, q Querier, id int64) (Item, error) {
+func (s *Store) Get(ctx context.Context, q pgdb.Querier, id int64) (Item, error) {
 	it, err := scanItem(q.QueryRow(ctx, "SELECT "+columns()+" FROM outbox_items WHERE id = $1", id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Item{}, fmt.Errorf("%w: %d", ErrNotFound, id)
@@ -111,7 +113,7 @@ type Attempt struct {
 
 // Attempts reads the recorded attempts of an item, oldest first. A claim
 // still in flight has no record yet.
-func (s *Store) Attempts(ctx context.Context, q Querier, id int64) ([]Attempt, error) {
+func (s *Store) Attempts(ctx context.Context, q pgdb.Querier, id int64) ([]Attempt, error) {
 	rows, err := q.Query(ctx, `
 		SELECT lease_token, lease_owner, leased_at, outcome, state_after, refused, provider_ref,
 		       error_code, error_status, error_message, recorded_at
@@ -149,7 +151,7 @@ type ListFilter struct {
 }
 
 // List reads items in id order, a page at a time.
-func (s *Store) List(ctx context.Context, q Querier, f ListFilter) ([]Item, error) {
+func (s *Store) List(ctx context.Context, q pgdb.Querier, f ListFilter) ([]Item, error) {
 	if f.Limit == 0 {
 		f.Limit = 100
 	}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // The reads in this file find items by one of their keys — the ordering
@@ -66,7 +68,7 @@ ORDER BY b.ordering_key COLLATE "C"`
 // hold items to confirm or to learn about, one at a time, resuming after
 // the last key it finished. The timestamps of each are those of these
 // items.
-func (s *Store) SettledKeys(ctx context.Context, q Querier, f KeyFilter) ([]SettledKey, error) {
+func (s *Store) SettledKeys(ctx context.Context, q pgdb.Querier, f KeyFilter) ([]SettledKey, error) {
 	accounts := f.Accounts
 	if len(accounts) == 0 {
 		accounts = []string{f.Account}
@@ -154,7 +156,7 @@ ORDER BY 4, 1`
 // same shape — the key-and-time index, then the state row by primary key — so
 // when q can pipeline, it runs on its generic plan (queryOnGenericPlan),
 // planned once per connection.
-func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem, error) {
+func (s *Store) KeyItems(ctx context.Context, q pgdb.Querier, r KeyRange) ([]KeyItem, error) {
 	args := pgx.NamedArgs{"key": r.OrderingKey, "mode": string(r.Mode), "settle": r.Settle, "from": r.From, "to": r.To}
 	items, err := queryOnGenericPlan(ctx, q, sqlKeyItems, args, func(row pgx.CollectableRow) (KeyItem, error) {
 		var it KeyItem
@@ -174,7 +176,7 @@ func (s *Store) KeyItems(ctx context.Context, q Querier, r KeyRange) ([]KeyItem,
 // generic plan, and collects its rows: on one round trip it asks for
 // generic plans, runs sql, and puts the session's plan_cache_mode back. A
 // Querier that cannot pipeline runs sql as it is.
-func queryOnGenericPlan[T any](ctx context.Context, q Querier, sql string, args any, scan pgx.RowToFunc[T]) ([]T, error) {
+func queryOnGenericPlan[T any](ctx context.Context, q pgdb.Querier, sql string, args any, scan pgx.RowToFunc[T]) ([]T, error) {
 	p, ok := q.(pipeliner)
 	if !ok {
 		rows, err := q.Query(ctx, sql, args)
@@ -237,7 +239,7 @@ const sqlLockIdentified = `SELECT b.identifier, s.id FROM outbox_item_bodies b J
 // report locks the items it names so before it records evidence against
 // them (whose foreign key share-locks them) and fails them: two share locks
 // each waiting to become an update lock would deadlock.
-func (s *Store) LockIdentified(ctx context.Context, q Querier, identifiers []string) (map[string]int64, error) {
+func (s *Store) LockIdentified(ctx context.Context, q pgdb.Querier, identifiers []string) (map[string]int64, error) {
 	rows, err := q.Query(ctx, sqlLockIdentified, identifiers)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: locking the identified items: %w", err)
@@ -279,7 +281,7 @@ SELECT count(*) FROM n`
 // re-addressed item's successor (ReaddressRef) carries its predecessor's
 // usage and is not counted again. Staging numbers the window's next item
 // with the count.
-func (s *Store) WindowItemCount(ctx context.Context, q Querier, tenant, base string) (int, error) {
+func (s *Store) WindowItemCount(ctx context.Context, q pgdb.Querier, tenant, base string) (int, error) {
 	var n int
 	if err := q.QueryRow(ctx, sqlWindowItemCount, tenant, SubjectUsageWindow, base).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: counting the window's items: %w", err)
@@ -307,7 +309,7 @@ SELECT count(c.k) FROM w LEFT JOIN c ON c.n = w.n GROUP BY w.n ORDER BY w.n`
 // the count of the window whose subject ref is bases[i] in tenants[i]'s
 // items, in the order given. A batched staging pass numbers its windows'
 // items with it.
-func (s *Store) WindowItemCounts(ctx context.Context, q Querier, tenants, bases []string) ([]int, error) {
+func (s *Store) WindowItemCounts(ctx context.Context, q pgdb.Querier, tenants, bases []string) ([]int, error) {
 	if len(tenants) != len(bases) {
 		return nil, fmt.Errorf("outbox: counting window items: %d tenants for %d windows", len(tenants), len(bases))
 	}
@@ -329,7 +331,7 @@ func (s *Store) WindowItemCounts(ctx context.Context, q Querier, tenants, bases 
 // caller that decides from them before asking for a transition (which
 // checks its own predicate again). It runs on q, so that it can be part of
 // the caller's transaction.
-func (s *Store) StatesOf(ctx context.Context, q Querier, ids []int64) (map[int64]State, error) {
+func (s *Store) StatesOf(ctx context.Context, q pgdb.Querier, ids []int64) (map[int64]State, error) {
 	rows, err := q.Query(ctx, `SELECT id, state FROM outbox_item_states WHERE id = ANY($1)`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: reading states: %w", err)

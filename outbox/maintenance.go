@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // sqlSweep is the sweep, run by the maintenance pass, to items no deliverer may
@@ -56,7 +58,7 @@ SELECT id FROM t`
 // Sweep runs the sweep transition over every item past its cap or horizon
 // that no deliverer holds, and returns the ids it made uncertain. Safe to run
 // on every node at once: each row moves at most once.
-func (s *Store) Sweep(ctx context.Context, q Querier) ([]int64, error) {
+func (s *Store) Sweep(ctx context.Context, q pgdb.Querier) ([]int64, error) {
 	rows, err := q.Query(ctx, sqlSweep, pgx.NamedArgs{"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: sweep: %w", err)
@@ -81,7 +83,7 @@ type MaintenanceResult struct {
 
 // Maintain runs one maintenance pass: the sweep, then the gauge (its
 // watermark advanced first).
-func (s *Store) Maintain(ctx context.Context, q Querier) (MaintenanceResult, error) {
+func (s *Store) Maintain(ctx context.Context, q pgdb.Querier) (MaintenanceResult, error) {
 	swept, err := s.Sweep(ctx, q)
 	if err != nil {
 		return MaintenanceResult{}, err
@@ -105,7 +107,7 @@ func (s *Store) Maintain(ctx context.Context, q Querier) (MaintenanceResult, err
 // snapshot is max(at), read from the key's end: a search for any snapshot
 // after a bound that clock_timestamp() sets would read every snapshot ever
 // kept.
-func (s *Store) snapshot(ctx context.Context, q Querier, g Gauge) error {
+func (s *Store) snapshot(ctx context.Context, q pgdb.Querier, g Gauge) error {
 	states := make([]string, 0, len(g.Counts))
 	counts := make([]int64, 0, len(g.Counts))
 	for st, n := range g.Counts {
@@ -124,7 +126,7 @@ func (s *Store) snapshot(ctx context.Context, q Querier, g Gauge) error {
 // RunMaintenance runs Maintain every interval until ctx ends. A failed pass is
 // logged and the next one runs on schedule; it returns ctx's error. Every node
 // may run it: every write it makes is conditional.
-func (s *Store) RunMaintenance(ctx context.Context, q Querier, interval time.Duration, logger *slog.Logger) error {
+func (s *Store) RunMaintenance(ctx context.Context, q pgdb.Querier, interval time.Duration, logger *slog.Logger) error {
 	if interval <= 0 {
 		return fmt.Errorf("outbox: maintenance interval must be positive, got %s", interval)
 	}

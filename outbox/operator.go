@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Recovery is what an operator decided about an uncertain item (the
@@ -56,7 +58,7 @@ WHERE id = @id AND state = 'uncertain' AND lease_token = @token
 // rejected, as the operator decided. Zero rows affected gives a *StateError
 // carrying the item's current state and lease token, ErrNotFound, or
 // ErrPastHorizon; nothing is retried.
-func (s *Store) Recover(ctx context.Context, q Querier, id int64, r Recovery) error {
+func (s *Store) Recover(ctx context.Context, q pgdb.Querier, id int64, r Recovery) error {
 	switch r.To {
 	case StateAccepted, StatePending, StateRejected:
 	default:
@@ -111,7 +113,7 @@ WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_versi
 // the one given, ErrNotSendable when its payload lacks what a send needs, a
 // *StateError when it is not quarantined, ErrNotFound when there is no such
 // item.
-func (s *Store) Requeue(ctx context.Context, q Querier, id int64, mappingVersion int) error {
+func (s *Store) Requeue(ctx context.Context, q pgdb.Querier, id int64, mappingVersion int) error {
 	tag, err := q.Exec(ctx, sqlRequeue, pgx.NamedArgs{"id": id, "version": mappingVersion})
 	if err != nil {
 		return fmt.Errorf("outbox: requeue item %d: %w", id, err)
@@ -124,7 +126,7 @@ func (s *Store) Requeue(ctx context.Context, q Querier, id int64, mappingVersion
 	return s.requeueRefusal(ctx, q, id, TransitionRequeue, mappingVersion)
 }
 
-func (s *Store) requeueRefusal(ctx context.Context, q Querier, id int64, transition Transition, mappingVersion int) error {
+func (s *Store) requeueRefusal(ctx context.Context, q pgdb.Querier, id int64, transition Transition, mappingVersion int) error {
 	var (
 		state             State
 		version           int

@@ -1,14 +1,11 @@
 package outbox
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -205,26 +202,6 @@ type Lease struct {
 	// by the database clock at the claim: the provider may refuse to apply
 	// it by the time it is sent. Decided in the claim's own statement.
 	PastDeadline bool
-}
-
-// Querier runs SQL: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// TxBeginner is a Querier that opens transactions of its own and sends
-// batches of statements in one round trip: a *pgxpool.Pool or a *pgx.Conn.
-// Claim and Record take one because they run their own READ COMMITTED
-// transactions, committed before they return: a claim must be visible
-// before anything is sent, and the per-key claim's correctness rests on
-// READ COMMITTED snapshots. A BestEffort claim sends its transaction, BEGIN
-// to COMMIT, as one batch (claimTrip).
-type TxBeginner interface {
-	Querier
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Config holds the outbox's knobs. The zero value of each field means its

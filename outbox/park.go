@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Parking. A claim that skips keys (ClaimOptions.SkipAccounts,
@@ -73,7 +75,7 @@ const ParkLimit = 10000
 // MeterSkipKey's "account|event name") to d from now, at most ParkLimit
 // of them, and counts those it moved. Their state, attempts and lease do
 // not change; claims that skip the keys no longer read them.
-func (s *Store) Park(ctx context.Context, q Querier, exporter string, keys []string, d time.Duration) (int64, error) {
+func (s *Store) Park(ctx context.Context, q pgdb.Querier, exporter string, keys []string, d time.Duration) (int64, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -86,7 +88,7 @@ func (s *Store) Park(ctx context.Context, q Querier, exporter string, keys []str
 
 // Unpark makes the pending items of exporter's skip keys that Park moved
 // (due within d) due now, and counts them: the keys are skipped no longer.
-func (s *Store) Unpark(ctx context.Context, q Querier, exporter string, keys []string, d time.Duration) (int64, error) {
+func (s *Store) Unpark(ctx context.Context, q pgdb.Querier, exporter string, keys []string, d time.Duration) (int64, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}

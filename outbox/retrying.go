@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // sqlOldestRetrying finds the first attempt of the item retrying longest:
@@ -19,7 +21,7 @@ const sqlOldestRetrying = `SELECT extract(epoch FROM clock_timestamp() - min(fir
 // retrying. Export that keeps failing (Stripe unreachable, answering 5xx,
 // refusing the key) makes it grow without bound; one that recovers makes
 // it small again. Cheap enough to read at every scrape.
-func (s *Store) OldestRetrying(ctx context.Context, q Querier) (time.Duration, bool, error) {
+func (s *Store) OldestRetrying(ctx context.Context, q pgdb.Querier) (time.Duration, bool, error) {
 	var seconds *float64
 	if err := q.QueryRow(ctx, sqlOldestRetrying).Scan(&seconds); err != nil {
 		return 0, false, fmt.Errorf("outbox: reading the oldest retrying item: %w", err)

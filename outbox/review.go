@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // ReviewItem is an uncertain or rejected item as an operator reviews it:
@@ -32,7 +34,7 @@ const sqlForReview = `
 
 // ForReview reads at most limit uncertain and rejected items: the uncertain
 // ones first, each state by id.
-func (s *Store) ForReview(ctx context.Context, q Querier, limit int) ([]ReviewItem, error) {
+func (s *Store) ForReview(ctx context.Context, q pgdb.Querier, limit int) ([]ReviewItem, error) {
 	rows, err := q.Query(ctx, sqlForReview, pgx.NamedArgs{"limit": limit})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: reading the items to review: %w", err)

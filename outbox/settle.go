@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // The transitions out of leased share one predicate (docs/outbox.md, "The
@@ -162,7 +164,7 @@ const sqlLockBatch = `SELECT id FROM outbox_item_states WHERE id = ANY(@ids::big
 // is for failures of the database or of the input (an outcome kind unknown,
 // one item twice, a quarantine without a reason); then nothing of the batch
 // was written.
-func (s *Store) Record(ctx context.Context, db TxBeginner, outcomes []Outcome) ([]Result, error) {
+func (s *Store) Record(ctx context.Context, db pgdb.DB, outcomes []Outcome) ([]Result, error) {
 	ctx, span := batchSpan(ctx, "settle", TransitionAccept, TransitionRetry, TransitionMarkUncertain,
 		TransitionReject, TransitionQuarantine)
 	res, err := s.recordBatch(ctx, db, outcomes)
@@ -172,7 +174,7 @@ func (s *Store) Record(ctx context.Context, db TxBeginner, outcomes []Outcome) (
 
 // recordBatch checks and sorts a batch of outcomes, runs the statement of
 // each transition present, and counts where every outcome landed.
-func (s *Store) recordBatch(ctx context.Context, db TxBeginner, outcomes []Outcome) ([]Result, error) {
+func (s *Store) recordBatch(ctx context.Context, db pgdb.DB, outcomes []Outcome) ([]Result, error) {
 	if err := refuseOpenTx(db); err != nil {
 		return nil, fmt.Errorf("outbox: record: %w", err)
 	}
@@ -247,7 +249,7 @@ func (s *Store) settleSteps(outcomes []Outcome) ([]settleStep, error) {
 // step is one statement on db; several run in one READ COMMITTED
 // transaction of their own that first locks every row of the batch in id
 // order, committed before settle returns.
-func settle(ctx context.Context, db TxBeginner, outcomes []Outcome, steps []settleStep) ([]Result, error) {
+func settle(ctx context.Context, db pgdb.DB, outcomes []Outcome, steps []settleStep) ([]Result, error) {
 	if len(steps) == 1 {
 		return runSettleSteps(ctx, db, true, outcomes, steps)
 	}
@@ -316,7 +318,7 @@ func runSettleSteps(ctx context.Context, q batchQuerier, ownTx bool, outcomes []
 // batchQuerier is a Querier that sends batches: a pool, a connection or a
 // transaction.
 type batchQuerier interface {
-	Querier
+	pgdb.Querier
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
@@ -361,7 +363,7 @@ func genericTrip(ctx context.Context, q batchQuerier, ownTx bool, st settleStep,
 		err = cerr
 	}
 	if err != nil && ownTx {
-		if db, ok := q.(TxBeginner); ok {
+		if db, ok := q.(pgdb.DB); ok {
 			rollbackLeftOpen(db)
 		}
 	}
@@ -490,7 +492,7 @@ func (s *Store) failureArgs(outcomes []Outcome, idx []int) pgx.NamedArgs {
 }
 
 // record runs one outcome and returns its landing state or ErrStaleLease.
-func (s *Store) record(ctx context.Context, db TxBeginner, o Outcome) (State, error) {
+func (s *Store) record(ctx context.Context, db pgdb.DB, o Outcome) (State, error) {
 	res, err := s.Record(ctx, db, []Outcome{o})
 	if err != nil {
 		return "", err
@@ -499,7 +501,7 @@ func (s *Store) record(ctx context.Context, db TxBeginner, o Outcome) (State, er
 }
 
 // Accept is the accept transition for one lease: leased to accepted.
-func (s *Store) Accept(ctx context.Context, db TxBeginner, l Lease, providerRef string) error {
+func (s *Store) Accept(ctx context.Context, db pgdb.DB, l Lease, providerRef string) error {
 	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Accepted, ProviderRef: providerRef})
 	return err
 }
@@ -507,33 +509,33 @@ func (s *Store) Accept(ctx context.Context, db TxBeginner, l Lease, providerRef 
 // Retry is the retry transition for one lease (mark_uncertain past the cap or
 // the horizon); it returns the state the item landed in. Refused says the
 // provider refused this attempt outright (see Outcome.Refused).
-func (s *Store) Retry(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo, refused bool) (State, error) {
+func (s *Store) Retry(ctx context.Context, db pgdb.DB, l Lease, e ErrorInfo, refused bool) (State, error) {
 	return s.record(ctx, db, Outcome{Lease: l, Kind: Retry, Error: e, Refused: refused})
 }
 
 // RetryRateLimited is the retry transition after a rate-limit answer
 // (mark_uncertain past the cap or the horizon).
-func (s *Store) RetryRateLimited(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo) (State, error) {
+func (s *Store) RetryRateLimited(ctx context.Context, db pgdb.DB, l Lease, e ErrorInfo) (State, error) {
 	return s.record(ctx, db, Outcome{Lease: l, Kind: RateLimited, Error: e})
 }
 
 // MarkUncertain is the mark_uncertain transition for one lease: leased to
 // uncertain.
-func (s *Store) MarkUncertain(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo, refused bool) error {
+func (s *Store) MarkUncertain(ctx context.Context, db pgdb.DB, l Lease, e ErrorInfo, refused bool) error {
 	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Uncertain, Error: e, Refused: refused})
 	return err
 }
 
 // Reject is the reject transition for one lease: leased to rejected, which
 // is terminal.
-func (s *Store) Reject(ctx context.Context, db TxBeginner, l Lease, e ErrorInfo) error {
+func (s *Store) Reject(ctx context.Context, db pgdb.DB, l Lease, e ErrorInfo) error {
 	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Rejected, Error: e})
 	return err
 }
 
 // Quarantine is the quarantine transition for one lease: leased to
 // quarantined.
-func (s *Store) Quarantine(ctx context.Context, db TxBeginner, l Lease, reason Reason, e ErrorInfo) error {
+func (s *Store) Quarantine(ctx context.Context, db pgdb.DB, l Lease, reason Reason, e ErrorInfo) error {
 	_, err := s.record(ctx, db, Outcome{Lease: l, Kind: Quarantined, Reason: reason, Error: e})
 	return err
 }

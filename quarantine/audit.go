@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Drift is one key where the completeness counters and the full computation
@@ -69,11 +70,6 @@ const (
 // them all, and the log and --verify name every one.
 const maxRecordedDrift = 1000
 
-// Beginner opens transactions with options: a pool or a connection.
-type Beginner interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
 // ErrPeriodArchived is wrapped by AuditCompleteness and
 // RepairCompleteness for a period whose ledger rows have begun to leave
 // the database: only its archive can audit it now.
@@ -86,7 +82,7 @@ var ErrPeriodArchived = errors.New("quarantine: the period's ledger is archived"
 // computation's (docs/performance.md). timeout bounds its statements (zero
 // keeps the connection's statement_timeout). It records nothing
 // (RecordAudit does).
-func AuditCompleteness(ctx context.Context, db Beginner, period, kind string, timeout time.Duration) (Audit, error) {
+func AuditCompleteness(ctx context.Context, db pgdb.DB, period, kind string, timeout time.Duration) (Audit, error) {
 	from, _, err := ParsePeriod(period)
 	if err != nil {
 		return Audit{}, err
@@ -200,7 +196,7 @@ RETURNING id, finished_at`
 
 // RecordAudit appends a to completeness_audits (at most 1000 of its keys;
 // DriftKeys counts them all) and sets its ID and FinishedAt.
-func RecordAudit(ctx context.Context, q Querier, a *Audit, by string) error {
+func RecordAudit(ctx context.Context, q pgdb.Querier, a *Audit, by string) error {
 	kept := a.Drift
 	if len(kept) > maxRecordedDrift {
 		kept = kept[:maxRecordedDrift]
@@ -224,7 +220,7 @@ FROM completeness_audits WHERE period = $1 ORDER BY id DESC LIMIT 1`
 
 // LatestAudit is the latest recorded audit of the month period; ok is false
 // before the first.
-func LatestAudit(ctx context.Context, q Querier, period string) (Audit, bool, error) {
+func LatestAudit(ctx context.Context, q pgdb.Querier, period string) (Audit, bool, error) {
 	var (
 		a    Audit
 		body []byte
@@ -257,7 +253,7 @@ const sqlLockCounters = `LOCK TABLE completeness_counters, completeness_items IN
 // action in the audit log. Writes that move usage wait for it (the month's
 // full computation: docs/reports.md). It returns the audit of what it
 // repaired.
-func RepairCompleteness(ctx context.Context, db AuditDB, period, by string, timeout time.Duration) (Audit, error) {
+func RepairCompleteness(ctx context.Context, db pgdb.DB, period, by string, timeout time.Duration) (Audit, error) {
 	from, to, err := ParsePeriod(period)
 	if err != nil {
 		return Audit{}, err

@@ -10,6 +10,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/robfig/cron/v3"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // AuditArgs is the River job that audits the completeness counters of the
@@ -30,12 +32,6 @@ const AuditSchedule = "17 3 * * *"
 // DefaultAuditTimeout bounds each statement of an audit.
 const DefaultAuditTimeout = 30 * time.Minute
 
-// AuditDB is what an audit needs: a pool.
-type AuditDB interface {
-	Querier
-	Beginner
-}
-
 // AuditWorker runs AuditArgs: it audits each month, records the result in
 // completeness_audits, logs every key that differs (an error naming tenant,
 // feature, period and bucket) and sets tally_completeness_drift_keys to
@@ -43,7 +39,7 @@ type AuditDB interface {
 // only folds the slots of past months into one row each.
 type AuditWorker struct {
 	river.WorkerDefaults[AuditArgs]
-	DB AuditDB
+	DB pgdb.DB
 	// StatementTimeout bounds each statement of an audit. Defaults to
 	// DefaultAuditTimeout.
 	StatementTimeout time.Duration
@@ -99,7 +95,7 @@ func (w *AuditWorker) statementTimeout() time.Duration {
 
 // RunAudit audits the month period, records the audit, and logs every key
 // that differs as an error (one line a key) and a summary.
-func RunAudit(ctx context.Context, db AuditDB, period, kind, by string, timeout time.Duration, logger *slog.Logger) (Audit, error) {
+func RunAudit(ctx context.Context, db pgdb.DB, period, kind, by string, timeout time.Duration, logger *slog.Logger) (Audit, error) {
 	a, err := AuditCompleteness(ctx, db, period, kind, timeout)
 	if err != nil {
 		return Audit{}, err

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -99,13 +100,13 @@ var ErrBulkLimit = fmt.Errorf("quarantine: the limit must be 1 to %d", MaxBulkLi
 // metrics count on no registry: it answers what the requeues would do now
 // and leaves nothing behind — no state, no audit entry, no successor, no
 // metric.
-func (r *Requeuer) RequeueMatching(ctx context.Context, db meter.TxBeginner, req BulkRequest) (BulkResult, error) {
+func (r *Requeuer) RequeueMatching(ctx context.Context, db pgdb.DB, req BulkRequest) (BulkResult, error) {
 	return r.requeueMatching(ctx, db, req, nil)
 }
 
 // requeueMatching is RequeueMatching with a step between the read of the
 // items and their requeues (tests change a mapping there).
-func (r *Requeuer) requeueMatching(ctx context.Context, db meter.TxBeginner, req BulkRequest, afterRead func(context.Context) error) (BulkResult, error) {
+func (r *Requeuer) requeueMatching(ctx context.Context, db pgdb.DB, req BulkRequest, afterRead func(context.Context) error) (BulkResult, error) {
 	if req.Limit == 0 {
 		req.Limit = DefaultBulkLimit
 	}
@@ -168,10 +169,10 @@ func (res *BulkResult) count(bi BulkItem) {
 
 // rollbacks begins each requeue of a dry run as a transaction of its own,
 // as the requeue would run, whose commit is a rollback.
-type rollbacks struct{ meter.TxBeginner }
+type rollbacks struct{ pgdb.DB }
 
 func (r rollbacks) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
-	tx, err := r.TxBeginner.BeginTx(ctx, opts)
+	tx, err := r.DB.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err
 	}

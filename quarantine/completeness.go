@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -105,13 +106,6 @@ type Completeness struct {
 //go:embed completeness.sql
 var sqlCompleteness string
 
-// TxQuerier is a Querier that opens transactions: a pool, a connection, or
-// a transaction (whose Begin is a savepoint).
-type TxQuerier interface {
-	Querier
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // sqlNoNestedLoops keeps the planner from joining by nested loops for the
 // rest of the (sub)transaction; see sqlCompleteness.
 const sqlNoNestedLoops = `SET LOCAL enable_nestloop = off`
@@ -127,7 +121,7 @@ const sqlFullWorkMem = `SET LOCAL work_mem = '512MB'`
 // all, from the ledger and the outbox: the full computation, whose cost
 // grows with the month's events. It is the auditor of the counters that
 // CompletenessOf reads (Audit), never what a request is answered from.
-func LedgerCompletenessOf(ctx context.Context, q TxQuerier, period, tenant string) (Completeness, error) {
+func LedgerCompletenessOf(ctx context.Context, q pgdb.Beginner, period, tenant string) (Completeness, error) {
 	from, to, err := ParsePeriod(period)
 	if err != nil {
 		return Completeness{}, err
@@ -142,7 +136,7 @@ func LedgerCompletenessOf(ctx context.Context, q TxQuerier, period, tenant strin
 
 // finish counts each line's discrepancies and decides whether each line,
 // and the report, holds.
-func (c Completeness) finish(ctx context.Context, q Querier, from, to time.Time, tenant string, index map[[3]string]int) (Completeness, error) {
+func (c Completeness) finish(ctx context.Context, q pgdb.Querier, from, to time.Time, tenant string, index map[[3]string]int) (Completeness, error) {
 	if err := c.addDiscrepancies(ctx, q, from, to, tenant, index); err != nil {
 		return Completeness{}, err
 	}
@@ -164,7 +158,7 @@ func (c Completeness) finish(ctx context.Context, q Querier, from, to time.Time,
 // nested loops off and is always rolled back: rolling back is what undoes
 // SET LOCAL in a savepoint (releasing it would keep the setting for the
 // rest of the caller's transaction), and the report writes nothing.
-func (c *Completeness) readLines(ctx context.Context, q TxQuerier, from, to time.Time, tenant string) (map[[3]string]int, error) {
+func (c *Completeness) readLines(ctx context.Context, q pgdb.Beginner, from, to time.Time, tenant string) (map[[3]string]int, error) {
 	tx, err := q.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -239,7 +233,7 @@ func (c *Completeness) readLines(ctx context.Context, q TxQuerier, from, to time
 
 // addDiscrepancies counts on each line the open discrepancies that involve
 // its usage, and names the latest succeeded reconcile run.
-func (c *Completeness) addDiscrepancies(ctx context.Context, q Querier, from, to time.Time, tenant string, index map[[3]string]int) error {
+func (c *Completeness) addDiscrepancies(ctx context.Context, q pgdb.Querier, from, to time.Time, tenant string, index map[[3]string]int) error {
 	run, ok, err := reconcile.LatestSucceeded(ctx, q)
 	if err != nil {
 		return err

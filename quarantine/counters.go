@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // sqlCounters reads the month's completeness counters: one row per line and
@@ -41,7 +43,7 @@ ORDER BY tenant, feature, period, account`
 // two): a line's buckets, accounts and inconsistent items as the triggers
 // keep them, and it holds when the ingested counter equals the sum of the
 // buckets and no item is inconsistent.
-func CompletenessOf(ctx context.Context, q TxQuerier, period, tenant string) (Completeness, error) {
+func CompletenessOf(ctx context.Context, q pgdb.Beginner, period, tenant string) (Completeness, error) {
 	from, to, err := ParsePeriod(period)
 	if err != nil {
 		return Completeness{}, err
@@ -57,7 +59,7 @@ func CompletenessOf(ctx context.Context, q TxQuerier, period, tenant string) (Co
 // readCounters runs sqlCounters and adds its rows to c's lines, which it
 // indexes by tenant, feature and period. A line is every counter row of
 // its key; an account is listed while an item with usage has it.
-func (c *Completeness) readCounters(ctx context.Context, q Querier, from, to time.Time, tenant string) (map[[3]string]int, error) {
+func (c *Completeness) readCounters(ctx context.Context, q pgdb.Querier, from, to time.Time, tenant string) (map[[3]string]int, error) {
 	rows, err := q.Query(ctx, sqlCounters, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
 	if err != nil {
 		return nil, err

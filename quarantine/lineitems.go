@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // LineFilter names the items behind one line of the completeness report:
@@ -55,7 +57,7 @@ LIMIT @limit`
 // report: those of f's states carrying the line's usage under its current
 // ordering key. Items staged under an earlier mapping (another customer or
 // meter) are not among them, nor is usage not yet staged.
-func LineItems(ctx context.Context, q Querier, f LineFilter, limit int) ([]LineItem, error) {
+func LineItems(ctx context.Context, q pgdb.Querier, f LineFilter, limit int) ([]LineItem, error) {
 	states := f.States
 	for _, s := range f.States {
 		if s == "pending" {

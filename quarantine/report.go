@@ -13,16 +13,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-)
 
-// Querier runs SQL.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+	"github.com/tallymeter/tally/internal/pgdb"
+)
 
 // Value is an exact sum of usage values. Sums of int64 values can leave
 // int64, so it is a big integer, written in JSON as a plain number. A Value
@@ -140,7 +134,7 @@ GROUP BY 1, 2, 3, 4
 ORDER BY 1, 2, 3, 4`
 
 // Quarantined reads the quarantine report.
-func Quarantined(ctx context.Context, q Querier, f Filter) (Report, error) {
+func Quarantined(ctx context.Context, q pgdb.Querier, f Filter) (Report, error) {
 	args := pgx.NamedArgs{"reason": f.Reason, "tenant": f.Tenant, "feature": f.Feature, "from": nil, "to": nil}
 	if f.Period != "" {
 		from, to, err := ParsePeriod(f.Period)

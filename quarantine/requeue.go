@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/errcode"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
@@ -49,6 +51,12 @@ func (e *MappingChangedError) Error() string {
 	return fmt.Sprintf("quarantine: mapping changed: the current mapping version of this tenant and feature is %d, not %d", e.Current, e.Given)
 }
 
+// Code is errcode.Stale.
+func (e *MappingChangedError) Code() errcode.Code { return errcode.Stale }
+
+// Condition is "mapping_changed".
+func (e *MappingChangedError) Condition() string { return "mapping_changed" }
+
 // Is makes errors.Is(err, outbox.ErrMappingChanged) true.
 func (e *MappingChangedError) Is(target error) bool { return target == outbox.ErrMappingChanged }
 
@@ -62,6 +70,12 @@ func (e *StillIneligibleError) Error() string {
 	return fmt.Sprintf("quarantine: the item would be quarantined again (%s); fix that first", e.Reason)
 }
 
+// Code is errcode.Conflict.
+func (e *StillIneligibleError) Code() errcode.Code { return errcode.Conflict }
+
+// Condition is "still_ineligible".
+func (e *StillIneligibleError) Condition() string { return "still_ineligible" }
+
 // PeriodClosedError says the item's billing period's invoice has closed:
 // Stripe would record the usage and bill it on no invoice. A requeue with
 // RequeueOptions.AcceptPeriodClosed sends it anyway.
@@ -70,6 +84,12 @@ type PeriodClosedError struct{}
 func (e *PeriodClosedError) Error() string {
 	return "quarantine: the item's billing period's invoice has closed (period end plus the invoice grace): Stripe would record it on no invoice; requeue it with accept_period_closed to send it anyway"
 }
+
+// Code is errcode.Conflict.
+func (e *PeriodClosedError) Code() errcode.Code { return errcode.Conflict }
+
+// Condition is "period_closed".
+func (e *PeriodClosedError) Condition() string { return "period_closed" }
 
 // RequeueOptions are what an operator may accept knowingly when requeuing.
 type RequeueOptions struct {
@@ -81,7 +101,7 @@ type RequeueOptions struct {
 }
 
 // Requeue is RequeueWith without options: late usage is refused.
-func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int, by string) (RequeueResult, error) {
+func (r *Requeuer) Requeue(ctx context.Context, db pgdb.DB, id int64, mappingVersion int, by string) (RequeueResult, error) {
 	return r.RequeueWith(ctx, db, id, mappingVersion, by, RequeueOptions{})
 }
 
@@ -101,7 +121,7 @@ func (r *Requeuer) Requeue(ctx context.Context, db meter.TxBeginner, id int64, m
 // transaction, with the audit log's entry naming by, the operator. An item
 // whose billing period's invoice has closed is refused with a
 // *PeriodClosedError unless opts.AcceptPeriodClosed.
-func (r *Requeuer) RequeueWith(ctx context.Context, db meter.TxBeginner, id int64, mappingVersion int, by string, opts RequeueOptions) (RequeueResult, error) {
+func (r *Requeuer) RequeueWith(ctx context.Context, db pgdb.DB, id int64, mappingVersion int, by string, opts RequeueOptions) (RequeueResult, error) {
 	var res RequeueResult
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		it, err := r.Outbox.Get(ctx, tx, id)

@@ -11,14 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// DB is what a report's computation needs: queries and a transaction, which
-// holds the scope's lock while it computes.
-type DB interface {
-	Querier
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
+	"github.com/tallymeter/tally/internal/pgdb"
+)
 
 // Reports answers the completeness report from snapshots (report_snapshots):
 // a request reads the month's latest snapshot while it is younger than
@@ -41,7 +36,7 @@ type Reports struct {
 	Timeout time.Duration
 	// Archived, when set, answers a month whose ledger has left the
 	// database from its archive (ok true), in place of the counters.
-	Archived func(ctx context.Context, q TxQuerier, period string) (c Completeness, ok bool, err error)
+	Archived func(ctx context.Context, q pgdb.Beginner, period string) (c Completeness, ok bool, err error)
 
 	mu      sync.Mutex
 	flights map[flightKey]*flight
@@ -110,7 +105,7 @@ const (
 // it came (which began a moment earlier): an operator's "refresh" never
 // starts a second reading of the counters while one runs. Its Lines are
 // shared with other answers: read them, never modify them.
-func (r *Reports) Completeness(ctx context.Context, db DB, period, tenant string, refresh bool) (Completeness, error) {
+func (r *Reports) Completeness(ctx context.Context, db pgdb.Beginner, period, tenant string, refresh bool) (Completeness, error) {
 	snap, err := r.snapshotOf(ctx, db, period, refresh)
 	if err != nil {
 		return Completeness{}, err
@@ -120,7 +115,7 @@ func (r *Reports) Completeness(ctx context.Context, db DB, period, tenant string
 
 // CompletenessJSON is Completeness as JSON: for every tenant, the
 // snapshot's own bytes, encoded once for every request it answers.
-func (r *Reports) CompletenessJSON(ctx context.Context, db DB, period, tenant string, refresh bool) ([]byte, error) {
+func (r *Reports) CompletenessJSON(ctx context.Context, db pgdb.Beginner, period, tenant string, refresh bool) ([]byte, error) {
 	snap, err := r.snapshotOf(ctx, db, period, refresh)
 	if err != nil {
 		return nil, err
@@ -134,7 +129,7 @@ func (r *Reports) CompletenessJSON(ctx context.Context, db DB, period, tenant st
 // snapshotOf finds the snapshot that answers a request for period: the
 // month's latest while young enough (unless refresh), else the result of
 // the month's computation.
-func (r *Reports) snapshotOf(ctx context.Context, db DB, period string, refresh bool) (*snapshot, error) {
+func (r *Reports) snapshotOf(ctx context.Context, db pgdb.Beginner, period string, refresh bool) (*snapshot, error) {
 	if _, _, err := ParsePeriod(period); err != nil {
 		return nil, err
 	}
@@ -166,7 +161,7 @@ WHERE report = 'completeness' AND scope = @scope AND computed_at > clock_timesta
 
 // fresh is the month's snapshot when it is younger than MaxAge, nil when
 // there is none.
-func (r *Reports) fresh(ctx context.Context, db Querier, period string) (*snapshot, error) {
+func (r *Reports) fresh(ctx context.Context, db pgdb.Querier, period string) (*snapshot, error) {
 	if r.MaxAge <= 0 {
 		return nil, nil
 	}
@@ -226,7 +221,7 @@ func (r *Reports) keep(period string, at time.Time, body []byte) (*snapshot, err
 // join waits for the flight of key, starting it when none runs, until it
 // ends or ctx does. The flight runs on a context of its own, cancelled when
 // its last waiter leaves.
-func (r *Reports) join(ctx context.Context, db DB, key flightKey) (snap *snapshot, source string, err error) {
+func (r *Reports) join(ctx context.Context, db pgdb.Beginner, key flightKey) (snap *snapshot, source string, err error) {
 	r.mu.Lock()
 	f, ok := r.flights[key]
 	if !ok {
@@ -258,7 +253,7 @@ func (r *Reports) join(ctx context.Context, db DB, key flightKey) (snap *snapsho
 }
 
 // fly runs flight f of key and ends it.
-func (r *Reports) fly(ctx context.Context, db DB, key flightKey, f *flight) {
+func (r *Reports) fly(ctx context.Context, db pgdb.Beginner, key flightKey, f *flight) {
 	at, body, source, err := r.compute(ctx, db, key)
 	var snap *snapshot
 	if err == nil {
@@ -307,7 +302,7 @@ RETURNING computed_at, body`
 // compute makes the snapshot of key's month under the scope's lock, or
 // takes the one another node made meanwhile, and returns its computed_at,
 // its body and which it was (answerComputed or answerShared).
-func (r *Reports) compute(ctx context.Context, db DB, key flightKey) (at time.Time, body []byte, source string, err error) {
+func (r *Reports) compute(ctx context.Context, db pgdb.Beginner, key flightKey) (at time.Time, body []byte, source string, err error) {
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlSnapshotLock, pgx.NamedArgs{"scope": key.scope}); err != nil {
 			return err

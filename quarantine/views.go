@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -59,12 +60,12 @@ ORDER BY o.id LIMIT @limit`
 // Items reads at most limit quarantined items the filter matches, by id,
 // each with the mapping version a requeue would name. A malformed period is
 // an error, as it is for Quarantined.
-func Items(ctx context.Context, q Querier, f Filter, limit int) ([]Item, error) {
+func Items(ctx context.Context, q pgdb.Querier, f Filter, limit int) ([]Item, error) {
 	return ItemsAfter(ctx, q, f, 0, limit)
 }
 
 // ItemsAfter is Items from the item after the id after: the next page.
-func ItemsAfter(ctx context.Context, q Querier, f Filter, after int64, limit int) ([]Item, error) {
+func ItemsAfter(ctx context.Context, q pgdb.Querier, f Filter, after int64, limit int) ([]Item, error) {
 	var from, to time.Time
 	if f.Period != "" {
 		var err error

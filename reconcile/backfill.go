@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -46,7 +47,7 @@ type BackfillConfig struct {
 	Destination func() (exporter.Destination, error)
 	// Connected lists the connected accounts tenant mappings have named
 	// (mappings.Accounts): each is listed in its context.
-	Connected func(ctx context.Context, q outbox.Querier) ([]string, error)
+	Connected func(ctx context.Context, q pgdb.Querier) ([]string, error)
 	// Limiter paces every call of the listing: the Reads class of the
 	// destination's budget, reconciliation's.
 	Limiter *exporter.Limiter
@@ -155,7 +156,7 @@ type BackfillResult struct {
 // records what is not recorded yet. An account whose listing fails is
 // recorded as failed and the others are listed; the error is for the
 // database, or for a run that could not start (no destination yet).
-func (b *Backfill) Run(ctx context.Context, db DB) (BackfillResult, error) {
+func (b *Backfill) Run(ctx context.Context, db pgdb.DB) (BackfillResult, error) {
 	var res BackfillResult
 	dest, err := b.cfg.Destination()
 	if err != nil {
@@ -220,7 +221,7 @@ func (b *Backfill) Run(ctx context.Context, db DB) (BackfillResult, error) {
 // call of the node) into the directory, when there is one. A read Stripe
 // fails is logged and the directory keeps what it knew: the next listing
 // reads again. The error is the database's.
-func (b *Backfill) refreshMeters(ctx context.Context, db DB, account, stripeContext string) error {
+func (b *Backfill) refreshMeters(ctx context.Context, db pgdb.DB, account, stripeContext string) error {
 	err := b.readMeters(ctx, db, account, stripeContext)
 	var fail *listingError
 	if errors.As(err, &fail) {
@@ -233,7 +234,7 @@ func (b *Backfill) refreshMeters(ctx context.Context, db DB, account, stripeCont
 
 // readMeters reads account's meters into the directory; a *listingError
 // is Stripe's failure, any other the database's.
-func (b *Backfill) readMeters(ctx context.Context, db DB, account, stripeContext string) error {
+func (b *Backfill) readMeters(ctx context.Context, db pgdb.DB, account, stripeContext string) error {
 	if b.cfg.Meters == nil {
 		return nil
 	}
@@ -271,7 +272,7 @@ var ErrMetersUnread = errors.New("reconcile: Stripe did not answer the read of t
 // name's claims, a new or reactivated meter resumes them, on every node
 // within exporter.MeterRefreshEvery. It reports whether Tally exports to
 // the account; a read Stripe fails is ErrMetersUnread.
-func (b *Backfill) MetersChanged(ctx context.Context, db DB, account string) (bool, error) {
+func (b *Backfill) MetersChanged(ctx context.Context, db pgdb.DB, account string) (bool, error) {
 	// The read answers Stripe's delivery: it must end well before Stripe
 	// gives up on it, retries included (the hourly read is the backstop).
 	ctx, cancel := context.WithTimeout(ctx, meterEventTimeout)
@@ -332,7 +333,7 @@ type listed struct {
 // listAccount lists account's events of mode in stripeContext ("": as
 // every call of the node) back to its cursor, records what is new, reads
 // the unreadable ones again, and moves the cursor.
-func (b *Backfill) listAccount(ctx context.Context, db DB, account, stripeContext string, mode outbox.Mode) (listed, error) {
+func (b *Backfill) listAccount(ctx context.Context, db pgdb.DB, account, stripeContext string, mode outbox.Mode) (listed, error) {
 	var n listed
 	since, err := listingSince(ctx, db, account, mode)
 	if err != nil {
@@ -493,7 +494,7 @@ ORDER BY created
 LIMIT @limit`
 
 // refetch reads account's unreadable events again.
-func (b *Backfill) refetch(ctx context.Context, db DB, account, stripeContext string, mode outbox.Mode, n *listed) error {
+func (b *Backfill) refetch(ctx context.Context, db pgdb.DB, account, stripeContext string, mode outbox.Mode, n *listed) error {
 	rows, err := db.Query(ctx, sqlUnreadable, pgx.NamedArgs{"retention": stripeapi.EventRetention.Seconds(),
 		"livemode": mode == outbox.ModeLive, "account": account, "own": stripeContext == "", "limit": refetchBatch})
 	if err != nil {
@@ -527,7 +528,7 @@ func (b *Backfill) refetch(ctx context.Context, db DB, account, stripeContext st
 // listingSince is where account's listing of mode resumes: an hour before
 // the newest report it saw, never more than Stripe's 30 days back, by the
 // database's clock.
-func listingSince(ctx context.Context, q outbox.Querier, account string, mode outbox.Mode) (time.Time, error) {
+func listingSince(ctx context.Context, q pgdb.Querier, account string, mode outbox.Mode) (time.Time, error) {
 	var since time.Time
 	err := q.QueryRow(ctx, `SELECT greatest(
 		    (SELECT last_created FROM stripe_event_listings WHERE account = $1 AND mode = $2) - make_interval(secs => $3),
@@ -543,7 +544,7 @@ func listingSince(ctx context.Context, q outbox.Querier, account string, mode ou
 // cursor, never back: to newest (zero: it saw no report), or to an hour
 // before the previous successful listing ended, whichever is later — an
 // account without reports is not listed 30 days back every time.
-func recordListing(ctx context.Context, q outbox.Querier, account string, mode outbox.Mode, newest time.Time) error {
+func recordListing(ctx context.Context, q pgdb.Querier, account string, mode outbox.Mode, newest time.Time) error {
 	var last *time.Time
 	if !newest.IsZero() {
 		last = &newest
@@ -563,7 +564,7 @@ func recordListing(ctx context.Context, q outbox.Querier, account string, mode o
 
 // recordListingFailure records how a listing of account failed; its cursor
 // stays.
-func recordListingFailure(ctx context.Context, q outbox.Querier, account string, mode outbox.Mode, info outbox.ErrorInfo) error {
+func recordListingFailure(ctx context.Context, q pgdb.Querier, account string, mode outbox.Mode, info outbox.ErrorInfo) error {
 	_, err := q.Exec(ctx, `INSERT INTO stripe_event_listings (account, mode, failed_at, fail_code, fail_status)
 		VALUES ($1, $2, clock_timestamp(), $3, nullif($4, 0))
 		ON CONFLICT (account, mode) DO UPDATE SET failed_at = clock_timestamp(), fail_code = EXCLUDED.fail_code, fail_status = EXCLUDED.fail_status`,

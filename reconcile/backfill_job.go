@@ -7,6 +7,8 @@ import (
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // BackfillArgs is the River job that lists Stripe's events of every
@@ -35,7 +37,7 @@ type BackfillWorker struct {
 	river.WorkerDefaults[BackfillArgs]
 	// Backfill is nil without a key: the job then does nothing.
 	Backfill *Backfill
-	DB       DB
+	DB       pgdb.DB
 	Logger   *slog.Logger
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
@@ -39,7 +40,7 @@ type backfillRig struct {
 	events *reconcile.Events
 	// connected is what the recorder and the listing take for the
 	// connected accounts tenant mappings name.
-	connected func(context.Context, outbox.Querier) ([]string, error)
+	connected func(context.Context, pgdb.Querier) ([]string, error)
 }
 
 func newBackfillRig(t *testing.T, opts stripesim.Options) *backfillRig {
@@ -72,7 +73,7 @@ func newBackfillRig(t *testing.T, opts stripesim.Options) *backfillRig {
 			}
 			return a
 		}),
-		connected: func(ctx context.Context, q outbox.Querier) ([]string, error) { return mappings.Accounts(ctx, q) },
+		connected: func(ctx context.Context, q pgdb.Querier) ([]string, error) { return mappings.Accounts(ctx, q) },
 	}
 	r.events, err = reconcile.NewEvents(reconcile.EventsConfig{Outbox: env.Outbox, Destination: destination,
 		Connected: r.connected, Logger: slog.New(slog.DiscardHandler)})

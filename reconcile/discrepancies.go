@@ -10,7 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/internal/errcode"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // resolutionMatches is the condition under which resolution r covers
@@ -65,13 +66,13 @@ const discrepancyOrder = `ORDER BY ` + kindOrder + `, d.event_name, d.customer, 
 
 // readDiscrepancies runs sqlDiscrepancies with the WHERE clause where, in
 // discrepancyOrder.
-func readDiscrepancies(ctx context.Context, q outbox.Querier, where string, args pgx.NamedArgs) ([]Discrepancy, error) {
+func readDiscrepancies(ctx context.Context, q pgdb.Querier, where string, args pgx.NamedArgs) ([]Discrepancy, error) {
 	return readDiscrepanciesIn(ctx, q, where, discrepancyOrder, args)
 }
 
 // readDiscrepanciesIn runs sqlDiscrepancies with the WHERE clause where and
 // the ORDER BY (and LIMIT) clause order.
-func readDiscrepanciesIn(ctx context.Context, q outbox.Querier, where, order string, args pgx.NamedArgs) ([]Discrepancy, error) {
+func readDiscrepanciesIn(ctx context.Context, q pgdb.Querier, where, order string, args pgx.NamedArgs) ([]Discrepancy, error) {
 	sql := strings.Replace(strings.Replace(sqlDiscrepancies, "/*where*/", where, 1), "/*order*/", order, 1)
 	rows, err := q.Query(ctx, sql, args)
 	if err != nil {
@@ -111,11 +112,11 @@ func scanDiscrepancy(row pgx.CollectableRow) (Discrepancy, error) {
 }
 
 // ErrDiscrepancyNotFound is a discrepancy id that does not exist.
-var ErrDiscrepancyNotFound = errors.New("reconcile: no such discrepancy")
+var ErrDiscrepancyNotFound = errcode.New(errcode.NotFound, "", "reconcile: no such discrepancy")
 
 // GetDiscrepancy reads one discrepancy with its tenants, features and
 // resolution.
-func GetDiscrepancy(ctx context.Context, q outbox.Querier, id int64) (Discrepancy, error) {
+func GetDiscrepancy(ctx context.Context, q pgdb.Querier, id int64) (Discrepancy, error) {
 	ds, err := readDiscrepancies(ctx, q, `WHERE d.id = @id`, pgx.NamedArgs{"id": id})
 	if err != nil {
 		return Discrepancy{}, err
@@ -162,7 +163,7 @@ func ParseStatus(s string) (DiscrepancyStatus, error) {
 // discrepancies of that run, and run. Either way it reads no history: the
 // open ones are read through the index of the current ones (an hour has one),
 // the resolved ones by their resolutions.
-func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status DiscrepancyStatus) (int64, []Discrepancy, error) {
+func ListDiscrepancies(ctx context.Context, q pgdb.Querier, run int64, status DiscrepancyStatus) (int64, []Discrepancy, error) {
 	var where string
 	if run == 0 {
 		latest, _, err := LatestSucceeded(ctx, q)
@@ -197,13 +198,13 @@ func ListDiscrepancies(ctx context.Context, q outbox.Querier, run int64, status 
 
 // OpenDiscrepancies reads every open discrepancy, across runs,
 // Stripe-has-more first.
-func OpenDiscrepancies(ctx context.Context, q outbox.Querier) ([]Discrepancy, error) {
+func OpenDiscrepancies(ctx context.Context, q pgdb.Querier) ([]Discrepancy, error) {
 	return readDiscrepancies(ctx, q, `WHERE `+isOpen, pgx.NamedArgs{})
 }
 
 // OpenCounts counts the open discrepancies by kind, every kind of Kinds
 // present (0 when none is open).
-func OpenCounts(ctx context.Context, q outbox.Querier) (map[string]int64, error) {
+func OpenCounts(ctx context.Context, q pgdb.Querier) (map[string]int64, error) {
 	rows, err := q.Query(ctx, `SELECT d.kind, count(*) FROM reconcile_discrepancies d WHERE `+isOpen+` GROUP BY 1`)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: counting open discrepancies: %w", err)
@@ -262,7 +263,7 @@ type OpenPage struct {
 // among them and, with a tenant, the other tenants' open ones it passes;
 // never with the history of cleared ones. A kind that is not one of Kinds
 // is ErrUnknownKind.
-func ListOpen(ctx context.Context, q outbox.Querier, oq OpenQuery) (OpenPage, error) {
+func ListOpen(ctx context.Context, q pgdb.Querier, oq OpenQuery) (OpenPage, error) {
 	if oq.Limit <= 0 {
 		oq.Limit = OpenPageLimit
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -85,7 +86,7 @@ type EventsConfig struct {
 	Destination func() (exporter.Destination, error)
 	// Connected lists the connected accounts tenant mappings have named
 	// (mappings.Accounts): the other accounts Tally exports to.
-	Connected func(ctx context.Context, q outbox.Querier) ([]string, error)
+	Connected func(ctx context.Context, q pgdb.Querier) ([]string, error)
 	Logger    *slog.Logger
 	// Registry takes the events' series; optional.
 	Registry prometheus.Registerer
@@ -138,7 +139,7 @@ func NewEvents(cfg EventsConfig) (*Events, error) {
 const outcomeUnavailable = "unavailable"
 
 // recordFunc records one type of event, read in full, once.
-type recordFunc func(ctx context.Context, db DB, store *outbox.Store, ev stripeapi.Event, from origin) (Receipt, error)
+type recordFunc func(ctx context.Context, db pgdb.DB, store *outbox.Store, ev stripeapi.Event, from origin) (Receipt, error)
 
 // recorders are the types of Stripe's events Tally records, and how: the
 // event destination and the listing both go through this table, so a type
@@ -172,7 +173,7 @@ func (e *badEventError) Error() string { return e.err.Error() }
 func (e *badEventError) Unwrap() error { return e.err }
 
 // recordMeterErrorReport records a meter error report (RecordReport).
-func recordMeterErrorReport(ctx context.Context, db DB, store *outbox.Store, ev stripeapi.Event, from origin) (Receipt, error) {
+func recordMeterErrorReport(ctx context.Context, db pgdb.DB, store *outbox.Store, ev stripeapi.Event, from origin) (Receipt, error) {
 	rep, err := stripeapi.ParseMeterErrorReport(ev)
 	if err != nil {
 		return Receipt{}, &badEventError{err}
@@ -199,13 +200,13 @@ func recordMeterErrorReport(ctx context.Context, db DB, store *outbox.Store, ev 
 // one without a usable answer is an *UnavailableError, and nothing is
 // recorded. Any other error is the database's. arrival says where the
 // event came from.
-func (e *Events) Receive(ctx context.Context, db DB, thin stripeapi.Event, fetch Fetcher, arrival Arrival) (Receipt, error) {
+func (e *Events) Receive(ctx context.Context, db pgdb.DB, thin stripeapi.Event, fetch Fetcher, arrival Arrival) (Receipt, error) {
 	r, err := e.receive(ctx, db, thin, fetch, arrival)
 	e.count(arrival, r, err)
 	return r, err
 }
 
-func (e *Events) receive(ctx context.Context, db DB, thin stripeapi.Event, fetch Fetcher, arrival Arrival) (Receipt, error) {
+func (e *Events) receive(ctx context.Context, db pgdb.DB, thin stripeapi.Event, fetch Fetcher, arrival Arrival) (Receipt, error) {
 	if !Records(thin.Type) {
 		return Receipt{Status: ReceiptIgnored}, nil
 	}
@@ -239,7 +240,7 @@ func (e *Events) receive(ctx context.Context, db DB, thin stripeapi.Event, fetch
 // Record records an event read in full (ev.Data set), about account, as a
 // listing returned it: like Receive, without reading it again. An event
 // recorded before is a duplicate.
-func (e *Events) Record(ctx context.Context, db DB, ev stripeapi.Event, account string, arrival Arrival) (Receipt, error) {
+func (e *Events) Record(ctx context.Context, db pgdb.DB, ev stripeapi.Event, account string, arrival Arrival) (Receipt, error) {
 	from := origin{arrival: arrival, account: account}
 	var (
 		r   Receipt
@@ -259,7 +260,7 @@ func (e *Events) Record(ctx context.Context, db DB, ev stripeapi.Event, account 
 }
 
 // record records ev, read in full, through its type's recorder.
-func (e *Events) record(ctx context.Context, db DB, ev stripeapi.Event, from origin) (Receipt, error) {
+func (e *Events) record(ctx context.Context, db pgdb.DB, ev stripeapi.Event, from origin) (Receipt, error) {
 	r, err := recorders()[ev.Type](ctx, db, e.cfg.Outbox, ev, from)
 	var bad *badEventError
 	if errors.As(err, &bad) {
@@ -278,7 +279,7 @@ func (e *Events) record(ctx context.Context, db DB, ev stripeapi.Event, from ori
 // unreadable records thin as unreadable when err, the failure of reading
 // it, is Stripe's refusal (a 4xx other than 409 and 429) or an answer Tally
 // cannot read; any other failure is an *UnavailableError.
-func (e *Events) unreadable(ctx context.Context, db DB, thin stripeapi.Event, from origin, err error) (Receipt, error) {
+func (e *Events) unreadable(ctx context.Context, db pgdb.DB, thin stripeapi.Event, from origin, err error) (Receipt, error) {
 	code, status, _ := stripeapi.Describe(err)
 	var bad *badEventError
 	switch {
@@ -314,7 +315,7 @@ func (e *Events) count(arrival Arrival, r Receipt, err error) {
 // destination — and whether Tally exports to it: the destination, or a
 // connected account a tenant mapping names. A context Tally could not send
 // as Stripe-Context names no account it exports to.
-func (e *Events) accountOf(ctx context.Context, q outbox.Querier, context string) (string, bool, error) {
+func (e *Events) accountOf(ctx context.Context, q pgdb.Querier, context string) (string, bool, error) {
 	if !stripeapi.ValidContext(context) {
 		return "", false, nil
 	}
@@ -343,7 +344,7 @@ const (
 )
 
 // eventStatus is the status of event id, "" when it is not recorded.
-func eventStatus(ctx context.Context, q outbox.Querier, id string) (string, error) {
+func eventStatus(ctx context.Context, q pgdb.Querier, id string) (string, error) {
 	var status string
 	err := q.QueryRow(ctx, `SELECT status FROM stripe_events WHERE id = $1`, id).Scan(&status)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -366,7 +367,7 @@ func createdOf(ev stripeapi.Event) *time.Time {
 
 // recordForeign records an event about an account Tally does not export
 // to, once; nothing else.
-func recordForeign(ctx context.Context, q outbox.Querier, ev stripeapi.Event, from origin) error {
+func recordForeign(ctx context.Context, q pgdb.Querier, ev stripeapi.Event, from origin) error {
 	_, err := q.Exec(ctx, `INSERT INTO stripe_events (id, type, livemode, created, account, context, arrival, status)
 		VALUES ($1, $2, $3, coalesce($4, clock_timestamp()), nullif($5, ''), nullif($6, ''), $7, 'foreign')
 		ON CONFLICT (id) DO NOTHING`,
@@ -380,7 +381,7 @@ func recordForeign(ctx context.Context, q outbox.Querier, ev stripeapi.Event, fr
 // recordUnreadable records an event Stripe refused to let Tally read, or
 // counts one more refusal of one recorded so before; an event recorded
 // readable meanwhile stays so.
-func recordUnreadable(ctx context.Context, q outbox.Querier, ev stripeapi.Event, from origin, refusal outbox.ErrorInfo) error {
+func recordUnreadable(ctx context.Context, q pgdb.Querier, ev stripeapi.Event, from origin, refusal outbox.ErrorInfo) error {
 	_, err := q.Exec(ctx, `INSERT INTO stripe_events (id, type, livemode, created, account, context, arrival, status, fetch_code, fetch_status, fetch_tries)
 		VALUES ($1, $2, $3, coalesce($4, clock_timestamp()), nullif($5, ''), nullif($6, ''), $7, 'unreadable', $8, nullif($9, 0), 1)
 		ON CONFLICT (id) DO UPDATE SET status = 'unreadable', fetch_code = EXCLUDED.fetch_code, fetch_status = EXCLUDED.fetch_status,

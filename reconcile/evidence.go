@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
@@ -66,7 +67,7 @@ type ReportResult struct {
 // the reconciler finds them. The event is recorded as delivered by the
 // event destination, about no account in particular: Events records how
 // each event arrived and which account it is about.
-func RecordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi.MeterErrorReport) (ReportResult, error) {
+func RecordReport(ctx context.Context, db pgdb.DB, store *outbox.Store, rep stripeapi.MeterErrorReport) (ReportResult, error) {
 	return recordReport(ctx, db, store, rep, origin{arrival: ArrivalDestination})
 }
 
@@ -91,7 +92,7 @@ ON CONFLICT (id) DO UPDATE SET
 WHERE stripe_events.status <> 'recorded'
 RETURNING id`
 
-func recordReport(ctx context.Context, db DB, store *outbox.Store, rep stripeapi.MeterErrorReport, from origin) (ReportResult, error) {
+func recordReport(ctx context.Context, db pgdb.DB, store *outbox.Store, rep stripeapi.MeterErrorReport, from origin) (ReportResult, error) {
 	if store == nil {
 		return ReportResult{}, errors.New("reconcile: recording a report needs the outbox")
 	}
@@ -335,7 +336,7 @@ func readNamed(ctx context.Context, tx pgx.Tx, rep stripeapi.MeterErrorReport) (
 }
 
 // EvidenceOf lists the error reports that name any of the items.
-func EvidenceOf(ctx context.Context, q outbox.Querier, items []int64) ([]Evidence, error) {
+func EvidenceOf(ctx context.Context, q pgdb.Querier, items []int64) ([]Evidence, error) {
 	rows, err := q.Query(ctx, `SELECT e.event_id, s.type, s.received_at, e.identifier, e.item_id, e.code, coalesce(e.message, '')
 		FROM meter_error_evidence e JOIN stripe_events s ON s.id = e.event_id
 		WHERE e.item_id = ANY($1) ORDER BY s.received_at, e.event_id, e.identifier`, items)

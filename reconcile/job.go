@@ -9,6 +9,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/robfig/cron/v3"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Args is the River job that works a reconcile run: RunID names a run
@@ -32,7 +34,7 @@ func (Args) InsertOpts() river.InsertOpts { return river.InsertOpts{MaxAttempts:
 type Worker struct {
 	river.WorkerDefaults[Args]
 	Reconciler *Reconciler
-	DB         DB
+	DB         pgdb.DB
 	// Settle is the periodic run's settle delay.
 	Settle time.Duration
 	Logger *slog.Logger

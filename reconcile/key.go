@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -18,7 +19,7 @@ import (
 // and no error: the run goes on to the next key. The key's Stripe calls
 // are those made since start (its account's meters, read with its first
 // key, count with that key).
-func (r *Reconciler) reconcileKey(ctx context.Context, db DB, id int64, dest exporter.Destination, client *stripeapi.Client,
+func (r *Reconciler) reconcileKey(ctx context.Context, db pgdb.DB, id int64, dest exporter.Destination, client *stripeapi.Client,
 	byEvent map[string]stripeapi.Meter, k runKey, scope runScope, start int64) error {
 	kh, err := r.readKeyHours(ctx, db, dest.Mode, k, scope.settle, scope.sinceTS)
 	if err != nil {
@@ -50,7 +51,7 @@ type keyHours struct {
 // accepted, confirmed and uncertain ones, and the pending and leased ones
 // that hold their hour back — over the hours the run reads of the key
 // (runKey.hours): its settled items' and its open periods'.
-func (r *Reconciler) readKeyHours(ctx context.Context, db DB, mode outbox.Mode, k runKey,
+func (r *Reconciler) readKeyHours(ctx context.Context, db pgdb.DB, mode outbox.Mode, k runKey,
 	settle time.Duration, sinceTS int64) (keyHours, error) {
 	kh := keyHours{byHour: map[int64][]held{}, periods: map[keyPeriod]bool{}}
 	kh.from, kh.to = k.hours(sinceTS)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
@@ -16,7 +17,7 @@ import (
 
 // Queue records a run to be worked later (by the River job); it may run
 // inside the caller's transaction.
-func Queue(ctx context.Context, q outbox.Querier, trigger Trigger, by string, opts Options) (int64, error) {
+func Queue(ctx context.Context, q pgdb.Querier, trigger Trigger, by string, opts Options) (int64, error) {
 	if opts.Settle < 0 {
 		return 0, errors.New("reconcile: the settle delay must not be negative")
 	}
@@ -38,7 +39,7 @@ func Queue(ctx context.Context, q outbox.Querier, trigger Trigger, by string, op
 // whose worker stopped saying it is alive (the last two resume from their
 // cursor). A run that has not been
 // heard of for staleAfter is interrupted first, whichever it is.
-func begin(ctx context.Context, db DB, id int64) error {
+func begin(ctx context.Context, db pgdb.DB, id int64) error {
 	if _, err := db.Exec(ctx, `UPDATE reconcile_runs SET status = 'interrupted', finished_at = clock_timestamp(),
 			error_code = 'no_heartbeat', error = 'the run stopped without finishing (its process died); a rerun or a resume takes over'
 		WHERE status = 'running' AND id <> @id AND heartbeat_at < clock_timestamp() - @stale::interval`,
@@ -71,7 +72,7 @@ func begin(ctx context.Context, db DB, id int64) error {
 }
 
 // RunNow records a run and works it at once, in this process.
-func (r *Reconciler) RunNow(ctx context.Context, db DB, trigger Trigger, by string, opts Options) (Run, error) {
+func (r *Reconciler) RunNow(ctx context.Context, db pgdb.DB, trigger Trigger, by string, opts Options) (Run, error) {
 	id, err := Queue(ctx, db, trigger, by, opts)
 	if err != nil {
 		return Run{}, err
@@ -87,7 +88,7 @@ func (r *Reconciler) RunNow(ctx context.Context, db DB, trigger Trigger, by stri
 }
 
 // Work works a queued run (or resumes an interrupted one) to its end.
-func (r *Reconciler) Work(ctx context.Context, db DB, id int64) (Run, error) {
+func (r *Reconciler) Work(ctx context.Context, db pgdb.DB, id int64) (Run, error) {
 	if err := begin(ctx, db, id); err != nil {
 		return Run{ID: id}, err
 	}
@@ -95,7 +96,7 @@ func (r *Reconciler) Work(ctx context.Context, db DB, id int64) (Run, error) {
 }
 
 // work runs a begun run and records how it ended.
-func (r *Reconciler) work(ctx context.Context, db DB, id int64) (Run, error) {
+func (r *Reconciler) work(ctx context.Context, db pgdb.DB, id int64) (Run, error) {
 	stop := heartbeat(ctx, db, id)
 	err := r.pass(ctx, db, id)
 	stop()
@@ -104,7 +105,7 @@ func (r *Reconciler) work(ctx context.Context, db DB, id int64) (Run, error) {
 
 // heartbeat says every heartbeatEvery that run id is alive, until the
 // returned stop is called; stop returns once the heartbeat has stopped.
-func heartbeat(ctx context.Context, db DB, id int64) (stop func()) {
+func heartbeat(ctx context.Context, db pgdb.DB, id int64) (stop func()) {
 	hctx, cancel := context.WithCancel(ctx)
 	beat := make(chan struct{})
 	go func() {
@@ -129,7 +130,7 @@ func heartbeat(ctx context.Context, db DB, id int64) (stop func()) {
 // finish records how run id ended — failed, or interrupted when it was
 // stopped, with the error err; succeeded when err is nil — and reads the
 // run as it ended. end is not cancelled with the run.
-func (r *Reconciler) finish(end context.Context, db DB, id int64, err error) (Run, error) {
+func (r *Reconciler) finish(end context.Context, db pgdb.DB, id int64, err error) (Run, error) {
 	if err != nil {
 		code, status, msg := stripeapi.Describe(err)
 		info := outbox.ErrorInfo{Code: code, Status: status, Message: msg}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -29,7 +30,7 @@ type Listing struct {
 
 // Listings reads every account's listing, by account and mode: one row per
 // account Tally has listed (a few per connected account).
-func Listings(ctx context.Context, q outbox.Querier) ([]Listing, error) {
+func Listings(ctx context.Context, q pgdb.Querier) ([]Listing, error) {
 	rows, err := q.Query(ctx, `SELECT account, mode, last_created, extract(epoch FROM clock_timestamp() - listed_at)::float8,
 		    fail_code, fail_status
 		FROM stripe_event_listings ORDER BY account, mode`)
@@ -73,7 +74,7 @@ func Listings(ctx context.Context, q outbox.Querier) ([]Listing, error) {
 // SinceLastListing is how long ago, by the database's clock, a listing of
 // Stripe's events last succeeded for any account, on any node; false when
 // none has.
-func SinceLastListing(ctx context.Context, q outbox.Querier) (time.Duration, bool, error) {
+func SinceLastListing(ctx context.Context, q pgdb.Querier) (time.Duration, bool, error) {
 	return sinceOf(ctx, q, `SELECT extract(epoch FROM clock_timestamp() - max(listed_at))::float8 FROM stripe_event_listings`)
 }
 
@@ -81,12 +82,12 @@ func SinceLastListing(ctx context.Context, q outbox.Querier) (time.Duration, boo
 // destination last delivered an event Tally records (to any node); false
 // when it never has. Reports are rare when all is well, so a long time
 // alone says little; EventsHealth.Missed says more.
-func SinceLastDelivery(ctx context.Context, q outbox.Querier) (time.Duration, bool, error) {
+func SinceLastDelivery(ctx context.Context, q pgdb.Querier) (time.Duration, bool, error) {
 	return sinceOf(ctx, q, `SELECT extract(epoch FROM clock_timestamp() - max(received_at))::float8 FROM stripe_events
 		WHERE arrival = 'destination'`)
 }
 
-func sinceOf(ctx context.Context, q outbox.Querier, sql string) (time.Duration, bool, error) {
+func sinceOf(ctx context.Context, q pgdb.Querier, sql string) (time.Duration, bool, error) {
 	var s *float64
 	if err := q.QueryRow(ctx, sql).Scan(&s); err != nil {
 		return 0, false, fmt.Errorf("reconcile: reading Stripe's events: %w", err)
@@ -116,7 +117,7 @@ type EventsHealth struct {
 // ReadEventsHealth counts the events of the last 30 days by how they
 // arrived and what came of them: a read of those days' events, for `tally
 // doctor`.
-func ReadEventsHealth(ctx context.Context, q outbox.Querier) (EventsHealth, error) {
+func ReadEventsHealth(ctx context.Context, q pgdb.Querier) (EventsHealth, error) {
 	var h EventsHealth
 	err := q.QueryRow(ctx, `SELECT
 		    count(*) FILTER (WHERE arrival = 'listing'),

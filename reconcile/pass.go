@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 )
 
@@ -21,7 +22,7 @@ type runScope struct {
 }
 
 // pass works through the run's keys after its cursor.
-func (r *Reconciler) pass(ctx context.Context, db DB, id int64) error {
+func (r *Reconciler) pass(ctx context.Context, db pgdb.DB, id int64) error {
 	dest, err := r.cfg.Destination()
 	if err != nil {
 		return err
@@ -106,7 +107,7 @@ func (r *Reconciler) clientFor(account string, dest exporter.Destination) (*stri
 }
 
 // readScope reads run id's settle delay, first hour and cursor.
-func readScope(ctx context.Context, db DB, id int64) (runScope, error) {
+func readScope(ctx context.Context, db pgdb.DB, id int64) (runScope, error) {
 	var (
 		settleSec float64
 		since     *time.Time

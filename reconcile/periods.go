@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -107,7 +108,7 @@ ON CONFLICT DO NOTHING`
 // those with settled items (outbox.SettledKeys) and those with an open
 // billing period (sqlOpenKeys), merged; a key with neither hours to read
 // nor items to confirm is left out.
-func (r *Reconciler) keysOf(ctx context.Context, db DB, accounts []string, mode outbox.Mode, scope runScope) ([]runKey, error) {
+func (r *Reconciler) keysOf(ctx context.Context, db pgdb.DB, accounts []string, mode outbox.Mode, scope runScope) ([]runKey, error) {
 	settled, err := r.cfg.Outbox.SettledKeys(ctx, db, outbox.KeyFilter{Accounts: accounts, Mode: mode,
 		Settle: scope.settle, Since: scope.sinceTS, After: scope.cursor})
 	if err != nil {

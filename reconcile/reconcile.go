@@ -7,10 +7,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/errcode"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -36,16 +37,10 @@ const (
 )
 
 // ErrRunning refuses to start a run while another one works.
-var ErrRunning = errors.New("reconcile: another run is in progress")
+var ErrRunning = errcode.New(errcode.Conflict, "running", "reconcile: another run is in progress")
 
 // ErrNotFound is a run id that does not exist.
-var ErrNotFound = errors.New("reconcile: no such run")
-
-// DB is what the reconciler needs of the database: a pool.
-type DB interface {
-	outbox.TxBeginner
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
+var ErrNotFound = errcode.New(errcode.NotFound, "", "reconcile: no such run")
 
 // Config builds a Reconciler.
 type Config struct {
@@ -59,7 +54,7 @@ type Config struct {
 	// Connected, when set, lists the connected accounts tenant mappings
 	// have named (mappings.Accounts): a run compares their items too, each
 	// against its own account's meters and summaries.
-	Connected func(ctx context.Context, db outbox.Querier) ([]string, error)
+	Connected func(ctx context.Context, db pgdb.Querier) ([]string, error)
 	// InvoiceGrace is how long after a billing period ends its invoice
 	// stays open (TALLY_INVOICE_GRACE); a tenant mapping's invoice_grace
 	// overrides it. A run reads every hour of a period again until then.

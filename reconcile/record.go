@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -16,7 +17,7 @@ import (
 // discrepancies of the hours it looked at cleared, the key's open billing
 // periods noted, and the run's progress past the key, with the Stripe
 // calls made since start.
-func (r *Reconciler) commitKey(ctx context.Context, db DB, id int64, dest exporter.Destination, k runKey, kh keyHours,
+func (r *Reconciler) commitKey(ctx context.Context, db pgdb.DB, id int64, dest exporter.Destination, k runKey, kh keyHours,
 	out keyOutcome, start int64) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/errcode"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -51,11 +53,17 @@ func (e *ExpectedStateError) Error() string {
 	return fmt.Sprintf("item %d is %s, not %s", e.ID, e.Current, e.Expected)
 }
 
+// Code is errcode.Stale.
+func (e *ExpectedStateError) Code() errcode.Code { return errcode.Stale }
+
+// Condition is "expected_state_mismatch".
+func (e *ExpectedStateError) Condition() string { return "expected_state_mismatch" }
+
 // ErrInvalidRecovery is a recovery that cannot be asked for.
-var ErrInvalidRecovery = errors.New("reconcile: invalid recovery")
+var ErrInvalidRecovery = errcode.New(errcode.Invalid, "invalid_recovery", "reconcile: invalid recovery")
 
 // Recover applies r to item id in one transaction with its audit entry.
-func Recover(ctx context.Context, db DB, store *outbox.Store, id int64, r Recovery) (outbox.Item, error) {
+func Recover(ctx context.Context, db pgdb.DB, store *outbox.Store, id int64, r Recovery) (outbox.Item, error) {
 	if err := r.Validate(); err != nil {
 		return outbox.Item{}, err
 	}
@@ -84,7 +92,7 @@ const MaxRecoverAll = 500
 // Recover does for one: all of them or, when any is refused (it moved
 // since its review, or is no longer uncertain), none, the error naming
 // it. r.LeaseToken is ignored.
-func RecoverAll(ctx context.Context, db DB, store *outbox.Store, items []Reviewed, r Recovery) error {
+func RecoverAll(ctx context.Context, db pgdb.DB, store *outbox.Store, items []Reviewed, r Recovery) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
@@ -186,7 +194,7 @@ type PlanAction struct {
 
 // PlanOf builds the plan of run id from its discrepancies, against the
 // items as they are now: an item no longer uncertain gets no action.
-func PlanOf(ctx context.Context, q outbox.Querier, store *outbox.Store, id int64) (Plan, error) {
+func PlanOf(ctx context.Context, q pgdb.Querier, store *outbox.Store, id int64) (Plan, error) {
 	if _, err := Get(ctx, q, id); err != nil {
 		return Plan{}, err
 	}
@@ -234,7 +242,7 @@ type PlanResult struct {
 // ApplyPlan applies every action of p, each in its own transaction, and
 // says what became of each: an item that moved since the plan was written
 // is refused and left as it is.
-func ApplyPlan(ctx context.Context, db DB, store *outbox.Store, p Plan, by string) []PlanResult {
+func ApplyPlan(ctx context.Context, db pgdb.DB, store *outbox.Store, p Plan, by string) []PlanResult {
 	out := make([]PlanResult, 0, len(p.Actions))
 	for _, a := range p.Actions {
 		token := a.LeaseToken

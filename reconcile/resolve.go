@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/errcode"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -90,15 +92,15 @@ type Decision struct {
 
 // ErrInvalidResolution is a resolution that cannot be asked for: an
 // unknown reason or no note.
-var ErrInvalidResolution = errors.New("reconcile: invalid resolution")
+var ErrInvalidResolution = errcode.New(errcode.Invalid, "invalid_resolution", "reconcile: invalid resolution")
 
 // ErrResolved refuses to resolve a discrepancy whose numbers are resolved
 // already.
-var ErrResolved = errors.New("reconcile: the discrepancy is resolved already")
+var ErrResolved = errcode.New(errcode.Conflict, "resolved", "reconcile: the discrepancy is resolved already")
 
 // ErrSuperseded refuses to resolve a discrepancy a later run found with
 // other numbers: resolve the later one.
-var ErrSuperseded = errors.New("reconcile: a later run found other numbers for this hour; resolve its discrepancy")
+var ErrSuperseded = errcode.New(errcode.Stale, "superseded", "reconcile: a later run found other numbers for this hour; resolve its discrepancy")
 
 // ItemsMovedError refuses to resolve a discrepancy some of whose items are
 // neither accepted nor confirmed any more (an error report failed them,
@@ -126,6 +128,12 @@ func (e *ItemsMovedError) Error() string {
 		e.Discrepancy, b.String())
 }
 
+// Code is errcode.Stale.
+func (e *ItemsMovedError) Code() errcode.Code { return errcode.Stale }
+
+// Condition is "items_moved".
+func (e *ItemsMovedError) Condition() string { return "items_moved" }
+
 // ActionResolve is the audit log's action of a resolution; its subject is
 // Subject(id).
 const ActionResolve = "discrepancy.resolve"
@@ -144,7 +152,7 @@ func Subject(id int64) string { return fmt.Sprintf("discrepancy:%d", id) }
 // discrepancy's kind (ResolutionReason.Fits) is ErrInvalidResolution.
 // Resolving closes the discrepancy: it is no longer open, and runs do not
 // record its numbers of its hour again.
-func Resolve(ctx context.Context, db DB, store *outbox.Store, id int64, req Decision) (Discrepancy, error) {
+func Resolve(ctx context.Context, db pgdb.DB, store *outbox.Store, id int64, req Decision) (Discrepancy, error) {
 	if !req.Reason.Valid() {
 		return Discrepancy{}, fmt.Errorf("%w: the reason must be credited_in_stripe, reposted, accept_stripe or accept_tally", ErrInvalidResolution)
 	}

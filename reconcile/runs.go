@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Run is a reconcile run as recorded.
@@ -168,7 +168,7 @@ func scanRun(row pgx.Row) (Run, error) {
 }
 
 // Get reads one run.
-func Get(ctx context.Context, q outbox.Querier, id int64) (Run, error) {
+func Get(ctx context.Context, q pgdb.Querier, id int64) (Run, error) {
 	r, err := scanRun(q.QueryRow(ctx, `SELECT `+runColumns+` FROM reconcile_runs WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Run{}, fmt.Errorf("%w: %d", ErrNotFound, id)
@@ -180,7 +180,7 @@ func Get(ctx context.Context, q outbox.Querier, id int64) (Run, error) {
 }
 
 // List reads the latest runs, newest first.
-func List(ctx context.Context, q outbox.Querier, limit int) ([]Run, error) {
+func List(ctx context.Context, q pgdb.Querier, limit int) ([]Run, error) {
 	rows, err := q.Query(ctx, `SELECT `+runColumns+` FROM reconcile_runs ORDER BY id DESC LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: listing runs: %w", err)
@@ -195,6 +195,6 @@ func List(ctx context.Context, q outbox.Querier, limit int) ([]Run, error) {
 // Discrepancies reads a run's discrepancies, by meter, customer and hour (a
 // refused key at the first hour of its range), each with its tenants,
 // features and resolution.
-func Discrepancies(ctx context.Context, q outbox.Querier, runID int64) ([]Discrepancy, error) {
+func Discrepancies(ctx context.Context, q pgdb.Querier, runID int64) ([]Discrepancy, error) {
 	return readDiscrepancies(ctx, q, `WHERE d.run_id = @run`, pgx.NamedArgs{"run": runID})
 }

@@ -6,12 +6,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/tallymeter/tally/outbox"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // LatestSucceeded returns the id of the latest run that succeeded (the
 // greatest id), and false when no run has.
-func LatestSucceeded(ctx context.Context, q outbox.Querier) (int64, bool, error) {
+func LatestSucceeded(ctx context.Context, q pgdb.Querier) (int64, bool, error) {
 	var id *int64
 	if err := q.QueryRow(ctx, `SELECT max(id) FROM reconcile_runs WHERE status = 'succeeded'`).Scan(&id); err != nil {
 		return 0, false, fmt.Errorf("reconcile: reading the latest successful run: %w", err)
@@ -25,7 +25,7 @@ func LatestSucceeded(ctx context.Context, q outbox.Querier) (int64, bool, error)
 // SinceLastSuccess is how long ago, by the database's clock, the run that
 // succeeded last finished, on any node, and false when no run has
 // succeeded.
-func SinceLastSuccess(ctx context.Context, q outbox.Querier) (time.Duration, bool, error) {
+func SinceLastSuccess(ctx context.Context, q pgdb.Querier) (time.Duration, bool, error) {
 	var seconds *float64
 	err := q.QueryRow(ctx, `SELECT extract(epoch FROM clock_timestamp() - max(finished_at))::float8 FROM reconcile_runs
 		WHERE status = 'succeeded'`).Scan(&seconds)
@@ -42,7 +42,7 @@ func SinceLastSuccess(ctx context.Context, q outbox.Querier) (time.Duration, boo
 // already, read in full (RecordReport records each once): a delivery of it
 // again is a duplicate. An event recorded as foreign or unreadable
 // (Events) is not.
-func EventRecorded(ctx context.Context, q outbox.Querier, id string) (bool, error) {
+func EventRecorded(ctx context.Context, q pgdb.Querier, id string) (bool, error) {
 	var seen bool
 	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM stripe_events WHERE id = $1 AND status = 'recorded')`, id).Scan(&seen); err != nil {
 		return false, fmt.Errorf("reconcile: reading Stripe event %s: %w", id, err)
@@ -101,7 +101,7 @@ GROUP BY 1, 2, 3`
 // starting in [from, to), for one tenant or all (""), in no particular
 // order: the completeness report's column of what finance still has to
 // resolve. A period no open discrepancy involves is absent.
-func DiscrepanciesByPeriod(ctx context.Context, q outbox.Querier, from, to time.Time, tenant string) ([]PeriodDiscrepancies, error) {
+func DiscrepanciesByPeriod(ctx context.Context, q pgdb.Querier, from, to time.Time, tenant string) ([]PeriodDiscrepancies, error) {
 	rows, err := q.Query(ctx, sqlDiscrepanciesByPeriod, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: counting discrepancies by period: %w", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/tallymeter/tally/cmd/tally/app"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/embeddedpg"
+	"github.com/tallymeter/tally/internal/errcode"
 )
 
 // command is one runnable command: its name as typed, its own flags, and
@@ -145,14 +146,22 @@ func execute(ctx context.Context, cmd command, e *env, args []string) int {
 }
 
 // exitStatus reports a command's error: 2 for a mistake in how it was
-// called, a findings error's own status, 1 for a failure.
+// called (a usage error, or a domain refusal coded invalid), a findings
+// error's own status, 1 for another refusal or a failure. A refusal other
+// than invalid input is printed after its condition (not_found: …).
 func exitStatus(cmd command, stderr io.Writer, err error) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
+	code := errcode.Of(err)
+	switch code {
+	case errcode.Internal, errcode.Invalid:
+		fmt.Fprintf(stderr, "tally %s: %v\n", cmd.name, err)
+	default:
+		fmt.Fprintf(stderr, "tally %s: %s: %v\n", cmd.name, errcode.ConditionOf(err), err)
+	}
 	var ue usageError
-	if errors.As(err, &ue) {
+	if errors.As(err, &ue) || code == errcode.Invalid {
 		return 2
 	}
 	var fe findingsError

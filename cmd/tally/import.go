@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/meter"
 )
 
@@ -237,7 +238,7 @@ func (s importStats) rate() float64 {
 // transaction a batch, in file order (run).
 type importer struct {
 	ingester *meter.Ingester
-	db       meter.TxBeginner
+	db       pgdb.DB
 	// decoder validates each batch, as POST /v1/usage's.
 	decoder meter.Decoder
 	// batch is the most events of one batch.

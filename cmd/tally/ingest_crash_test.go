@@ -38,7 +38,7 @@ func TestGroupCommitCrashLosesNothingAnswered(t *testing.T) {
 	n := &node{t: t, addr: freeAddr(t), env: []string{
 		"TALLY_DATABASE_URL=" + url, "TALLY_ADMIN_TOKEN=" + chaosAdmin, "TALLY_LOG_LEVEL=error",
 		"TALLY_INGEST_REQUESTS_PER_SECOND=0", "TALLY_INGEST_EVENTS_PER_SECOND=0",
-		"TALLY_INGEST_COALESCE_WAIT=3ms", "TALLY_INGEST_COALESCE_COMMITS=1",
+		"TALLY_INGEST_GROUP_COMMIT_WAIT=3ms", "TALLY_INGEST_GROUP_COMMIT_COMMITS=1",
 	}}
 	n.env = append(n.env, "TALLY_LISTEN="+n.addr)
 	n.start()

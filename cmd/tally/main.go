@@ -205,6 +205,7 @@ func configure(line *commandLine, getenv func(string) string, stderr io.Writer) 
 		cfg.LogLevel = operatorLogLevel
 	}
 	logger := app.NewLogger(cfg)
+	warnOldNames(logger, cfg.OldNames)
 	if (!cmd.noDB || cmd.settings) && cfg.DatabaseURL == "" && !dataDirSet(line.settings, getenv) && embeddedpg.Unreachable(cfg.DataDir, "") {
 		// Run as root from a checkout the server user cannot reach (under
 		// /root, say) or another user could change: the default data
@@ -218,6 +219,13 @@ func configure(line *commandLine, getenv func(string) string, stderr io.Writer) 
 		cfg.DataDir = moved
 	}
 	return cfg, logger, 0
+}
+
+// warnOldNames logs one warning for each setting given by its old name.
+func warnOldNames(logger *slog.Logger, names []config.OldName) {
+	for _, n := range names {
+		logger.Warn("deprecated setting name: it still works, but use the new one", "old", n.Old, "new", n.New)
+	}
 }
 
 // interspersed lets flags follow positional arguments ("requeue 42

@@ -245,13 +245,7 @@ func (f *recoverFlags) run(ctx context.Context, e *env, args []string) error {
 	it, err := reconcile.Recover(ctx, e.db.Pool, e.parts.Outbox, id, reconcile.Recovery{
 		Expect: outbox.State(f.expect), To: outbox.State(f.to), Reason: f.reason,
 		NotReached: f.notReached, ProviderRef: f.providerRef, By: who()})
-	var se *reconcile.ExpectedStateError
-	switch {
-	case errors.As(err, &se):
-		return fmt.Errorf("expected_state_mismatch: %v", se)
-	case errors.Is(err, reconcile.ErrInvalidRecovery):
-		return usageError{err.Error()}
-	case err != nil:
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "item %d: %s -> %s\n", id, f.expect, it.State)

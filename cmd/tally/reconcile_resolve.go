@@ -118,13 +118,7 @@ func (f *reconcileFlags) resolve(ctx context.Context, e *env, arg string) error 
 	}
 	d, err := reconcile.Resolve(ctx, e.db.Pool, e.parts.Outbox, id,
 		reconcile.Decision{Reason: reconcile.ResolutionReason(f.reason), Note: f.note, By: who()})
-	var moved *reconcile.ItemsMovedError
-	switch {
-	case errors.Is(err, reconcile.ErrInvalidResolution):
-		return usageError{err.Error()}
-	case errors.As(err, &moved):
-		return fmt.Errorf("items_moved: %v", moved)
-	case err != nil:
+	if err != nil {
 		return err
 	}
 	if f.format == "json" {

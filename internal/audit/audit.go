@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/redact"
 )
 
@@ -55,11 +55,6 @@ type Entry struct {
 	Details map[string]any `json:"details,omitempty"`
 }
 
-// Execer is what Record needs: a transaction.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // Item is the subject of an outbox item.
 func Item(id int64) string { return fmt.Sprintf("item:%d", id) }
 
@@ -68,7 +63,7 @@ func Token(name string) string { return "token:" + name }
 
 // Record writes e in the caller's transaction. The reason is sanitised (no
 // secret, no control characters, at most 200 characters).
-func Record(ctx context.Context, q Execer, e Entry) error {
+func Record(ctx context.Context, q pgdb.Querier, e Entry) error {
 	if e.Actor == "" {
 		e.Actor = "unknown"
 	}
@@ -90,13 +85,8 @@ func Record(ctx context.Context, q Execer, e Entry) error {
 	return nil
 }
 
-// Querier reads.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // List reads entries, newest first: of one subject when subject is set.
-func List(ctx context.Context, q Querier, subject string, limit int) ([]Entry, error) {
+func List(ctx context.Context, q pgdb.Querier, subject string, limit int) ([]Entry, error) {
 	rows, err := q.Query(ctx, `SELECT id, at, actor, action, subject, coalesce(from_state, ''), coalesce(to_state, ''),
 			coalesce(reason, ''), details
 		FROM audit_log WHERE ($1 = '' OR subject = $1) ORDER BY id DESC LIMIT $2`, subject, limit)

@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Role is what a token may do. Roles nest.
@@ -90,20 +91,6 @@ const TokenPrefix = "tly_tok_"
 // revoked, or past its expiry.
 var ErrUnknownToken = errors.New("auth: unknown, revoked or expired token")
 
-// Querier runs SQL: a pool, a connection or a transaction.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// DB runs SQL and transactions: a pool (or a transaction, whose Begin is a
-// savepoint).
-type DB interface {
-	Querier
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // NewToken is a token just created: Secret is shown once and never again.
 type NewToken struct {
 	Principal
@@ -134,7 +121,7 @@ type TokenSpec struct {
 
 // Create makes a token with a fresh 256-bit secret and records it in the
 // audit log, in one transaction.
-func Create(ctx context.Context, db DB, spec TokenSpec) (NewToken, error) {
+func Create(ctx context.Context, db pgdb.Beginner, spec TokenSpec) (NewToken, error) {
 	if spec.ExpiresIn < 0 {
 		return NewToken{}, errors.New("auth: a token's lifetime must be positive")
 	}
@@ -156,7 +143,7 @@ func Create(ctx context.Context, db DB, spec TokenSpec) (NewToken, error) {
 // CreateToken makes a token that never expires, without an audit entry:
 // for fixtures (tests, benchmarks). An operator's token is made with
 // Create, which records who made it.
-func CreateToken(ctx context.Context, q Querier, name string, role Role, tenants []string) (NewToken, error) {
+func CreateToken(ctx context.Context, q pgdb.Querier, name string, role Role, tenants []string) (NewToken, error) {
 	return insertToken(ctx, q, TokenSpec{Name: name, Role: role, Tenants: tenants}, "")
 }
 
@@ -178,7 +165,7 @@ func tokenDetails(tok NewToken) map[string]any {
 
 // insertToken stores a token of spec with a fresh secret; origin is
 // where its value comes from ("" for a generated one).
-func insertToken(ctx context.Context, q Querier, spec TokenSpec, origin Origin) (NewToken, error) {
+func insertToken(ctx context.Context, q pgdb.Querier, spec TokenSpec, origin Origin) (NewToken, error) {
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return NewToken{}, fmt.Errorf("auth: generating a token: %w", err)
@@ -187,7 +174,7 @@ func insertToken(ctx context.Context, q Querier, spec TokenSpec, origin Origin) 
 }
 
 // storeToken stores a token of spec with the secret.
-func storeToken(ctx context.Context, q Querier, spec TokenSpec, origin Origin, secret string) (NewToken, error) {
+func storeToken(ctx context.Context, q pgdb.Querier, spec TokenSpec, origin Origin, secret string) (NewToken, error) {
 	if rank[spec.Role] == 0 {
 		return NewToken{}, fmt.Errorf("auth: unknown role %q", spec.Role)
 	}
@@ -235,7 +222,7 @@ const LastUsedResolution = time.Minute
 // It notes the token's use (last_used_at) at most once per
 // LastUsedResolution, in a statement of its own whose failure does not fail
 // the verification: pass a pool, not a transaction.
-func Verify(ctx context.Context, q Querier, presented string) (Principal, error) {
+func Verify(ctx context.Context, q pgdb.Querier, presented string) (Principal, error) {
 	if presented == "" || len(presented) > 512 {
 		return Principal{}, ErrUnknownToken
 	}
@@ -274,7 +261,7 @@ func Verify(ctx context.Context, q Querier, presented string) (Principal, error)
 
 // RevokeAs ends the live token named name and records who did it (by) in
 // the audit log, in one transaction. Its console sessions end with it.
-func RevokeAs(ctx context.Context, db DB, name, by string) error {
+func RevokeAs(ctx context.Context, db pgdb.Beginner, name, by string) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if err := Revoke(ctx, tx, name); err != nil {
 			return err
@@ -286,7 +273,7 @@ func RevokeAs(ctx context.Context, db DB, name, by string) error {
 
 // Revoke ends the live token named name, without an audit entry: for
 // fixtures. An operator revokes with RevokeAs.
-func Revoke(ctx context.Context, q Querier, name string) error {
+func Revoke(ctx context.Context, q pgdb.Querier, name string) error {
 	tag, err := q.Exec(ctx, `UPDATE api_tokens SET revoked_at = clock_timestamp() WHERE name = $1 AND revoked_at IS NULL`, name)
 	if err != nil {
 		return fmt.Errorf("auth: revoking: %w", err)
@@ -320,7 +307,7 @@ type Token struct {
 }
 
 // ListTokens lists every token, the revoked ones too, oldest first.
-func ListTokens(ctx context.Context, q Querier) ([]Token, error) {
+func ListTokens(ctx context.Context, q pgdb.Querier) ([]Token, error) {
 	rows, err := q.Query(ctx, `SELECT name, role, tenants, corrections, coalesce(origin, ''), created_at, revoked_at, expires_at, last_used_at
 		FROM api_tokens ORDER BY created_at, id`)
 	if err != nil {

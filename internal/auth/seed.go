@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Origin is where a token's value comes from.
@@ -45,7 +46,7 @@ type Seeded struct {
 
 // SeedAdminToken seeds TALLY_ADMIN_TOKEN's admin token (see SeedToken),
 // after checking the value's strength.
-func SeedAdminToken(ctx context.Context, db DB, secret string) (Seeded, error) {
+func SeedAdminToken(ctx context.Context, db pgdb.Beginner, secret string) (Seeded, error) {
 	if err := CheckConfiguredSecret("TALLY_ADMIN_TOKEN", secret); err != nil {
 		return Seeded{}, err
 	}
@@ -69,7 +70,7 @@ func SeedAdminToken(ctx context.Context, db DB, secret string) (Seeded, error) {
 // revocation are recorded in the audit log in it. Nodes started with
 // different values therefore agree: the newest value wins, and a node
 // restarted with an older one finds that token revoked and leaves it so.
-func SeedToken(ctx context.Context, db DB, origin Origin, role Role, secret string) (Seeded, error) {
+func SeedToken(ctx context.Context, db pgdb.Beginner, origin Origin, role Role, secret string) (Seeded, error) {
 	if origin != OriginConfig && origin != OriginDev {
 		return Seeded{}, fmt.Errorf("auth: seeding from unknown origin %q", origin)
 	}

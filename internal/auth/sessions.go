@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/audit"
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Session is a signed-in console browser: the token it signed in with and
@@ -72,7 +73,7 @@ func sessionActor(name string) string { return "console:" + name }
 // clock) — a random id and a random CSRF token, each of 256 bits — and
 // records the sign-in from address in the audit log. q should be the
 // caller's transaction, so that the session and its entry commit together.
-func OpenSession(ctx context.Context, q Querier, p Principal, ttl time.Duration, address string) (NewSession, error) {
+func OpenSession(ctx context.Context, q pgdb.Querier, p Principal, ttl time.Duration, address string) (NewSession, error) {
 	id, err := randomSecret()
 	if err != nil {
 		return NewSession{}, fmt.Errorf("auth: generating a session id: %w", err)
@@ -95,7 +96,7 @@ func OpenSession(ctx context.Context, q Querier, p Principal, ttl time.Duration,
 // RecordRefusedSignIn records in the audit log that a sign-in from address
 // was refused (an unknown or revoked token, or one that may not sign in).
 // Nothing of the presented token is recorded.
-func RecordRefusedSignIn(ctx context.Context, q Querier, address string) error {
+func RecordRefusedSignIn(ctx context.Context, q pgdb.Querier, address string) error {
 	return audit.Record(ctx, q, audit.Entry{Actor: "console:anonymous", Action: ActionSignInRefused, Subject: "address:" + address,
 		Reason: "sign-in refused", Details: map[string]any{"address": address}})
 }
@@ -116,7 +117,7 @@ func touchEvery(idle time.Duration) time.Duration {
 // last_seen_at moves to now, written at most once per
 // SessionTouchInterval. The principal has the token's id, name and role,
 // not its tenants (they scope ingest only).
-func LookupSession(ctx context.Context, q Querier, id string, idle time.Duration) (Session, error) {
+func LookupSession(ctx context.Context, q pgdb.Querier, id string, idle time.Duration) (Session, error) {
 	var (
 		s    Session
 		role string
@@ -147,7 +148,7 @@ func LookupSession(ctx context.Context, q Querier, id string, idle time.Duration
 // records the sign-out from address in the audit log; q should be the
 // caller's transaction. Ending an unknown or ended session does nothing
 // and records nothing.
-func EndSession(ctx context.Context, q Querier, id, address string) error {
+func EndSession(ctx context.Context, q pgdb.Querier, id, address string) error {
 	var name string
 	err := q.QueryRow(ctx, `UPDATE console_sessions s SET expires_at = clock_timestamp() FROM api_tokens t
 		WHERE s.id_hash = $1 AND s.expires_at > clock_timestamp() AND t.id = s.token_id RETURNING t.name`, sessionHash(id)).Scan(&name)
@@ -166,7 +167,7 @@ func EndSession(ctx context.Context, q Querier, id, address string) error {
 // token — and returns how many it deleted. Rows another transaction holds
 // are skipped, so concurrent purges neither wait for nor deadlock with
 // each other. Live sessions are never touched.
-func PurgeSessions(ctx context.Context, q Querier, idle time.Duration, limit int) (int64, error) {
+func PurgeSessions(ctx context.Context, q pgdb.Querier, idle time.Duration, limit int) (int64, error) {
 	tag, err := q.Exec(ctx, `DELETE FROM console_sessions WHERE id_hash IN (
 			SELECT s.id_hash FROM console_sessions s JOIN api_tokens t ON t.id = s.token_id
 			WHERE s.expires_at <= clock_timestamp() OR t.revoked_at IS NOT NULL OR t.expires_at <= clock_timestamp()

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // VerifiedTTL is how long a VerifiedCache answers a verified token without
@@ -52,7 +54,7 @@ type verified struct {
 
 // Verify is Verify(ctx, q, presented), answered from the cache when the
 // token was verified less than VerifiedTTL ago.
-func (c *VerifiedCache) Verify(ctx context.Context, q Querier, presented string) (Principal, error) {
+func (c *VerifiedCache) Verify(ctx context.Context, q pgdb.Querier, presented string) (Principal, error) {
 	if presented == "" || len(presented) > 512 {
 		return Principal{}, ErrUnknownToken
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
@@ -55,7 +56,7 @@ func TestVerifiedCacheRefusesARevokedTokenWithinItsTTL(t *testing.T) {
 
 // countingQuerier counts the statements run through it.
 type countingQuerier struct {
-	auth.Querier
+	pgdb.Querier
 	n atomic.Int64
 }
 

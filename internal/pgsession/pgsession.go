@@ -20,6 +20,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
 // Setting is one session setting and the value Tally's statements are
@@ -64,15 +66,10 @@ func ResetStatements(database string) []string {
 	return out
 }
 
-// Querier is what Missing reads through: a pool or a connection.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Missing returns, as name=value, the settings a session on q does not
 // start with: the database lacks the defaults (the migrations set them only
 // when the migrating role owns the database), or the URL overrides them.
-func Missing(ctx context.Context, q Querier) ([]string, error) {
+func Missing(ctx context.Context, q pgdb.Querier) ([]string, error) {
 	var missing []string
 	for _, s := range Settings() {
 		var v string

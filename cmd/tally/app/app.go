@@ -10,6 +10,7 @@ import (
 	"github.com/tallymeter/tally/archive"
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
@@ -119,7 +120,7 @@ func Build(cfg config.Config) (*Parts, error) {
 		// account's budget: its 429s slow its reads, never export.
 		if rec, err = reconcile.New(reconcile.Config{Outbox: ob, Key: cfg.StripeAPIKey, APIBase: cfg.StripeAPIBase,
 			Account: cfg.StripeAccount, Destination: res.Destination, Limiter: b.Reads(), InvoiceGrace: cfg.InvoiceGrace,
-			Connected: func(ctx context.Context, db outbox.Querier) ([]string, error) { return mappings.Accounts(ctx, db) },
+			Connected: func(ctx context.Context, db pgdb.Querier) ([]string, error) { return mappings.Accounts(ctx, db) },
 			Metrics:   stripeMetrics, Registry: reg}); err != nil {
 			return nil, err
 		}
@@ -140,7 +141,7 @@ func Build(cfg config.Config) (*Parts, error) {
 	}
 	return &Parts{
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
-		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, Coalesce: cfg.Coalesce},
+		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, GroupCommit: cfg.GroupCommit},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, AdjustLimiter: adjustLimiter, Reconciler: rec,
 		ReadLimit: readLimit, Reports: reports, Audits: audits, StripeMetrics: stripeMetrics, Meters: meters,

@@ -14,6 +14,7 @@ import (
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
@@ -213,7 +214,7 @@ func newStripeEvents(cfg config.Config, p *Parts, logger *slog.Logger) (*reconci
 	if b == nil {
 		return nil, nil, nil
 	}
-	connected := func(ctx context.Context, q outbox.Querier) ([]string, error) { return mappings.Accounts(ctx, q) }
+	connected := func(ctx context.Context, q pgdb.Querier) ([]string, error) { return mappings.Accounts(ctx, q) }
 	events, err := reconcile.NewEvents(reconcile.EventsConfig{Outbox: p.Outbox, Destination: p.Resolver.Destination,
 		Connected: connected, Logger: logger, Registry: p.Registry})
 	if err != nil {
@@ -296,7 +297,7 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 // a feature mapping names the v2 stream: Stripe's v2 API takes only secret
 // keys (docs/stripe.md), so its items could never be sent. (TALLY_EXPORTER
 // and STRIPE_WEBHOOK_SECRET are refused with one by the configuration.)
-func refuseRestrictedStream(ctx context.Context, cfg config.Config, q mappings.Querier) error {
+func refuseRestrictedStream(ctx context.Context, cfg config.Config, q pgdb.Querier) error {
 	if !config.RestrictedKey(cfg.StripeAPIKey) {
 		return nil
 	}

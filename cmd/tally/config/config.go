@@ -169,10 +169,10 @@ type Config struct {
 	Console ConsoleConfig
 	// Quota bounds what one token may post (TALLY_INGEST_…).
 	Quota QuotaConfig
-	// Coalesce is how concurrent small ingests share transactions
-	// (settings_ingest_batch.go). Defaults to meter's DefaultCoalesce…
-	// constants.
-	Coalesce meter.Coalescing
+	// GroupCommit is how concurrent small ingests share transactions
+	// (settings_ingest_group_commit.go). Defaults to meter's
+	// DefaultGroupCommit… constants.
+	GroupCommit meter.GroupCommit
 	// Stream sizes the v2 stream's deliverer where it differs from v1's
 	// (settings_stream.go). Defaults to exporter's DefaultStream…
 	// constants.
@@ -182,7 +182,14 @@ type Config struct {
 	Pools PoolsConfig
 	// Dev says which settings came from tally dev's DevEnvFile (devenv.go).
 	Dev DevConfig
+	// OldNames lists the settings given by an old name, which still work:
+	// the command logs a warning for each.
+	OldNames []OldName
 }
+
+// OldName is a setting given by its old name (a variable or a --flag),
+// with the name to use instead.
+type OldName struct{ Old, New string }
 
 // Flags registers every setting on fs and returns a function that, after
 // fs.Parse, builds and validates the Config: flag values win over the
@@ -227,6 +234,7 @@ func flags(fs *flag.FlagSet, getenv func(string) string, devEnv bool) func() (Co
 			errs = append(errs, err)
 		}
 		c.Dev = dev
+		chosen := map[string]bool{} // the settings given by their current names
 		for i, s := range all {
 			v, from := s.def, "default"
 			if e := getenv(s.env); e != "" {
@@ -241,6 +249,16 @@ func flags(fs *flag.FlagSet, getenv func(string) string, devEnv bool) func() (Co
 			} else if ok {
 				v, from = fv, s.env+"_FILE"
 			}
+			if r, old := renamedFrom(s.env); old {
+				if from == "default" {
+					continue
+				}
+				c.OldNames = append(c.OldNames, newNameOf(all, r, from))
+				if chosen[r.to] {
+					continue
+				}
+			}
+			chosen[s.env] = from != "default"
 			if err := s.set(&c, v); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", from, err))
 			}
@@ -253,6 +271,26 @@ func flags(fs *flag.FlagSet, getenv func(string) string, devEnv bool) func() (Co
 		}
 		return c, nil
 	}
+}
+
+// renamedFrom is the rename of the setting named env, if env is an old
+// name.
+func renamedFrom(env string) (renamedSetting, bool) {
+	i := slices.IndexFunc(renamedSettings, func(r renamedSetting) bool { return r.env == env })
+	if i < 0 {
+		return renamedSetting{}, false
+	}
+	return renamedSettings[i], true
+}
+
+// newNameOf is the OldName of a setting renamed r, given as from: its old
+// variable or its old --flag.
+func newNameOf(all []setting, r renamedSetting, from string) OldName {
+	if from == r.env {
+		return OldName{Old: r.env, New: r.to}
+	}
+	i := slices.IndexFunc(all, func(s setting) bool { return s.env == r.to })
+	return OldName{Old: from, New: "--" + all[i].flag}
 }
 
 // RestrictedKey reports whether key is a Stripe restricted key (rk_…).

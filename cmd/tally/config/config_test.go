@@ -75,7 +75,7 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 		Console:         config.ConsoleConfig{SessionTTL: console.DefaultSessionTTL, SessionIdle: console.DefaultSessionIdle},
 		Quota:           config.QuotaConfig{Ingest: api.IngestQuota{EventsPerSecond: api.DefaultIngestEventsPerSecond, EventsBurst: api.DefaultIngestEventsBurst, RequestsPerSecond: api.DefaultIngestRequestsPerSecond, MaxEvents: meter.MaxEvents}, MaxQuarantined: meter.DefaultMaxQuarantined},
 		Pools:           config.PoolsConfig{Ingest: config.DefaultPoolIngest, Export: config.DefaultPoolExport, River: config.DefaultPoolRiver, Reads: config.DefaultPoolReads, ReadTimeout: config.DefaultReadTimeout, ReadsPerToken: config.DefaultReadsPerToken, ReportMaxAge: config.DefaultReportMaxAge, ReportTimeout: quarantine.DefaultReportTimeout},
-		Coalesce:        meter.Coalescing{Wait: meter.DefaultCoalesceWait, MaxEvents: meter.DefaultCoalesceEvents, MaxBytes: meter.DefaultCoalesceBytes, Commits: meter.DefaultCoalesceCommits},
+		GroupCommit:     meter.GroupCommit{Wait: meter.DefaultGroupCommitWait, MaxEvents: meter.DefaultGroupCommitEvents, MaxBytes: meter.DefaultGroupCommitBytes, Commits: meter.DefaultGroupCommitCommits},
 		Stream:          config.StreamConfig{Workers: exporter.DefaultStreamWorkers, Batch: exporter.DefaultStreamBatch, RecordBatch: exporter.DefaultStreamRecordBatch, Recorders: exporter.DefaultStreamRecorders},
 	}, c)
 }

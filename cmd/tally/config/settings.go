@@ -24,10 +24,11 @@ type setting struct {
 // settings is the table of every setting, in the order problems with their
 // values are reported.
 func settings() []setting {
-	return slices.Concat(nodeSettings(), outboxSettings(), exportSettings(), deliverySettings(), reconcileSettings(), tlsSettings(), quotaSettings(), poolSettings(),
+	current := slices.Concat(nodeSettings(), outboxSettings(), exportSettings(), deliverySettings(), reconcileSettings(), tlsSettings(), quotaSettings(), poolSettings(),
 		[]setting{{"TALLY_OUTBOX_CLAIM_SCAN", "outbox-claim-scan", "how many due items per wanted item a per-key claim reads to find distinct keys",
 			strconv.Itoa(outbox.DefaultClaimScan), integer(func(c *Config) *int { return &c.Outbox.ClaimScan })}},
-		consoleSettings(), coalesceSettings(), streamSettings(), archiveSettings())
+		consoleSettings(), groupCommitSettings(), streamSettings(), archiveSettings())
+	return append(current, oldNameSettings(current)...)
 }
 
 // nodeSettings are the node's own: its database, address, logs and

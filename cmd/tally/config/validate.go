@@ -59,7 +59,7 @@ func (c *Config) validate() error {
 	}
 	errs = append(errs, c.consoleProblems()...)
 	errs = append(errs, c.quotaProblems()...)
-	errs = append(errs, c.coalesceProblems()...)
+	errs = append(errs, c.groupCommitProblems()...)
 	errs = append(errs, c.streamProblems()...)
 	return errors.Join(errs...)
 }

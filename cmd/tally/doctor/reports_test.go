@@ -11,6 +11,7 @@ import (
 
 	"github.com/tallymeter/tally/cmd/tally/doctor"
 	"github.com/tallymeter/tally/exporter"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/outbox"
@@ -43,7 +44,7 @@ func TestErrorReportsCheck(t *testing.T) {
 		return exporter.Destination{Exporter: exporter.StripeMeterEvents, Account: stripesim.DefaultAccount, Mode: outbox.ModeTest}, nil
 	}
 	accounts := []string{}
-	connected := func(context.Context, outbox.Querier) ([]string, error) { return accounts, nil }
+	connected := func(context.Context, pgdb.Querier) ([]string, error) { return accounts, nil }
 	events, err := reconcile.NewEvents(reconcile.EventsConfig{Outbox: s.env.Outbox, Destination: dest, Connected: connected,
 		Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)

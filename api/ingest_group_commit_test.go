@@ -14,7 +14,7 @@ import (
 )
 
 // Requests posted at the same time share transactions (serve's defaults
-// coalesce them), and each is still answered on its own: a request
+// group them), and each is still answered on its own: a request
 // refused — an id stored before with other content, a correction its token
 // may not post — stores nothing of its own and fails no other.
 func TestConcurrentPostsAreEachAnsweredOnTheirOwn(t *testing.T) {

@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
 )
 
-// Coalescing is how Ingester.Post shares transactions between concurrent
-// small batches (group commit): a batch of at most half of MaxEvents
+// GroupCommit is how Ingester.Post shares one transaction and one commit
+// between concurrent small batches (group commit): a batch of at most half of MaxEvents
 // events joins the open group (the first to join leads it); the group
 // closes when it holds MaxEvents events or MaxBytes bytes, or once one of
 // Commits transactions is free and it holds as many batches as the group
@@ -18,41 +20,41 @@ import (
 // passed; see peerWait), and is then written in one transaction and one
 // commit. While every commit slot is busy a group keeps filling, so under
 // load groups grow by themselves, and a lone client never waits. The zero
-// value (MaxEvents 0) coalesces nothing: every batch is its own
-// transaction.
-type Coalescing struct {
+// value (MaxEvents 0) groups nothing: every batch is its own transaction.
+type GroupCommit struct {
 	// Wait is the most a group with a commit slot waits for as many
-	// batches as recent groups held (TALLY_INGEST_COALESCE_WAIT); it
+	// batches as recent groups held (TALLY_INGEST_GROUP_COMMIT_WAIT); it
 	// never waits longer than a recent write took, and 0 waits for none.
-	// serve's default is DefaultCoalesceWait.
+	// serve's default is DefaultGroupCommitWait.
 	Wait time.Duration
 	// MaxEvents is the most events of one group, and a batch with more
-	// than half as many is not coalesced (TALLY_INGEST_COALESCE_EVENTS);
-	// 0 turns coalescing off. serve's default is DefaultCoalesceEvents.
+	// than half as many is written alone
+	// (TALLY_INGEST_GROUP_COMMIT_EVENTS); 0 turns group commit off.
+	// serve's default is DefaultGroupCommitEvents.
 	MaxEvents int
 	// MaxBytes is the most bytes (ids, tenants and features, and 32 for
-	// the rest of each event) of one group (TALLY_INGEST_COALESCE_BYTES).
-	// serve's default is DefaultCoalesceBytes.
+	// the rest of each event) of one group (TALLY_INGEST_GROUP_COMMIT_BYTES).
+	// serve's default is DefaultGroupCommitBytes.
 	MaxBytes int
 	// Commits is how many groups may be written at once
-	// (TALLY_INGEST_COALESCE_COMMITS), at least 1. serve's default is
-	// DefaultCoalesceCommits.
+	// (TALLY_INGEST_GROUP_COMMIT_COMMITS), at least 1. serve's default is
+	// DefaultGroupCommitCommits.
 	Commits int
 }
 
-// serve's defaults of Coalescing, chosen from BenchmarkSingleEventIngestVsInsert
-// on two cores (docs/performance.md).
+// serve's defaults of GroupCommit, chosen with
+// BenchmarkSingleEventIngestVsInsert.
 const (
-	// DefaultCoalesceWait is 5ms, and a group waits no longer than a
+	// DefaultGroupCommitWait is 5ms, and a group waits no longer than a
 	// recent write took either.
-	DefaultCoalesceWait = 5 * time.Millisecond
-	// DefaultCoalesceEvents is 500 events a group.
-	DefaultCoalesceEvents = 500
-	// DefaultCoalesceBytes is 256 KiB a group.
-	DefaultCoalesceBytes = 256 << 10
-	// DefaultCoalesceCommits is two groups written at once: one fills
+	DefaultGroupCommitWait = 5 * time.Millisecond
+	// DefaultGroupCommitEvents is 500 events a group.
+	DefaultGroupCommitEvents = 500
+	// DefaultGroupCommitBytes is 256 KiB a group.
+	DefaultGroupCommitBytes = 256 << 10
+	// DefaultGroupCommitCommits is two groups written at once: one fills
 	// the WAL while the other waits for its flush.
-	DefaultCoalesceCommits = 2
+	DefaultGroupCommitCommits = 2
 )
 
 // eventOverhead is what an event weighs in a group beyond its strings.
@@ -70,11 +72,11 @@ type pending struct {
 
 // Post ingests one batch (already decoded and authorised) in a transaction
 // of db, and answers only after that transaction committed: with
-// Coalescing set, small batches posted at the same time share one (see
+// GroupCommit set, small batches posted at the same time share one (see
 // ingestGroup); a batch refused (an *InvalidBatchError, a
 // *QuarantineCapError) stores nothing and fails no other batch.
-func (in *Ingester) Post(ctx context.Context, db TxBeginner, events []Event) (Result, error) {
-	c := in.Coalesce
+func (in *Ingester) Post(ctx context.Context, db pgdb.DB, events []Event) (Result, error) {
+	c := in.GroupCommit
 	if c.MaxEvents <= 0 || len(events) > c.MaxEvents/2 || len(events) == 0 {
 		return in.ingestAlone(ctx, db, events)
 	}
@@ -91,7 +93,7 @@ func (in *Ingester) Post(ctx context.Context, db TxBeginner, events []Event) (Re
 }
 
 // ingestAlone ingests a batch in a transaction of its own.
-func (in *Ingester) ingestAlone(ctx context.Context, db TxBeginner, events []Event) (res Result, err error) {
+func (in *Ingester) ingestAlone(ctx context.Context, db pgdb.DB, events []Event) (res Result, err error) {
 	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		res, err = in.Ingest(ctx, tx, events)
 		return err
@@ -130,7 +132,7 @@ func (p *pending) dedupe() error {
 // refused on its own (see ingestGroup), and then, each in a transaction of
 // its own, the batches deferred for repeating an id of another batch of
 // the group.
-func (in *Ingester) writeGroup(ctx context.Context, db TxBeginner, reqs []*pending) {
+func (in *Ingester) writeGroup(ctx context.Context, db pgdb.DB, reqs []*pending) {
 	live := reqs
 	var deferred []*pending
 	for len(live) > 0 {
