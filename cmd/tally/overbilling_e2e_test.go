@@ -109,7 +109,7 @@ func TestOverBillingInAConfirmedHourEndToEnd(t *testing.T) {
 	site := consoleOf(t, env)
 	overview := site.get(t, "/console/")
 	require.Contains(t, overview, "Stripe counts more than Tally in 1 hour: a customer may be billed too much")
-	require.Contains(t, overview, `href="/console/reconcile#open-stripe_has_more" data-testid="open-stripe_has_more"><div class="n bad">1</div>`)
+	require.Contains(t, overview, `href="/console/discrepancies?kind=stripe_has_more" data-testid="open-stripe_has_more"><div class="n bad">1</div>`)
 	require.Contains(t, site.get(t, "/console/reconcile"), `id="discrepancy-`+strconv.FormatInt(d.ID, 10)+`"`)
 
 	// Finance credits the customer in Stripe and resolves it: nothing is
