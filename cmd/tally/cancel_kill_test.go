@@ -41,6 +41,9 @@ import (
 // find no discrepancy; and the completeness identity must hold with the
 // cancelled usage in its own column.
 func TestCancelAdjustmentsSurviveKills(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills a node again and again: a load test")
+	}
 	t.Parallel()
 	for _, again := range []bool{false, true} {
 		t.Run(fmt.Sprintf("CancelAgainSucceeds=%v", again), func(t *testing.T) {

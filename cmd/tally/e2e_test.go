@@ -48,6 +48,9 @@ import (
 // stream's requests, and its sessions are expired every few hundred
 // milliseconds besides.
 func TestExportEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10,000 events under Stripe's faults, with and without kills: a load test")
+	}
 	t.Parallel()
 	for _, exp := range []string{"stripe_meter_events", "stripe_meter_event_stream"} {
 		for _, kills := range []int{0, 6} {
@@ -66,6 +69,9 @@ func TestExportEndToEnd(t *testing.T) {
 // with River and the deliverers polling, the v2 stream with them on a
 // direct URL. `tally migrate` runs through the pooler first.
 func TestExportEndToEndThroughPgBouncer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the runs with kills are load tests")
+	}
 	t.Parallel()
 	for _, c := range []struct {
 		exporter string
@@ -111,7 +117,7 @@ func runExport(t *testing.T, exporter string, kills int, opts ...func(*exportRun
 const (
 	exportEvents  = 10_000
 	exportTenants = 50
-	exportAdmin   = "e2e-admin-token-0123456789abcdef"
+	exportAdmin       = "e2e-admin-token-0123456789abcdef"
 )
 
 // exportRun is one run of TestExportEndToEnd: a node exporting through
