@@ -168,7 +168,8 @@ func New(d Deps) (*Console, error) {
 		d.Reports, _ = quarantine.NewReports(0, nil) // no registry: cannot fail
 	}
 	c := &Console{Deps: d, pool: d.Pool, pages: map[string]*template.Template{}, throttle: newSignInThrottle(defaultSignInLimits())}
-	funcs := template.FuncMap{"kindLabel": func(kind string) string { return kindLabels[kind] }}
+	funcs := template.FuncMap{"kindLabel": func(kind string) string { return kindLabels[kind] },
+		"period": periodText, "window": func(d mappings.Duration) string { return durationWords(time.Duration(d)) }}
 	layout, err := template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
 	if err != nil {
 		return nil, err

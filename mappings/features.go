@@ -98,7 +98,7 @@ func (f *Feature) ExporterOr(def string) string {
 // Duration is a time.Duration written in JSON as Go's duration text ("1h").
 type Duration time.Duration
 
-// String renders the duration as "1h0m0s" (the console's tables print it).
+// String renders the duration as Go does ("1h0m0s").
 func (d Duration) String() string { return time.Duration(d).String() }
 
 // MarshalText renders the duration as "1h0m0s".

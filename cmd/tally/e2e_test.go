@@ -117,7 +117,7 @@ func runExport(t *testing.T, exporter string, kills int, opts ...func(*exportRun
 const (
 	exportEvents  = 10_000
 	exportTenants = 50
-	exportAdmin       = "e2e-admin-token-0123456789abcdef"
+	exportAdmin   = "e2e-admin-token-0123456789abcdef"
 )
 
 // exportRun is one run of TestExportEndToEnd: a node exporting through
