@@ -3,8 +3,9 @@
 // in one function instead of a switch on every error it knows.
 //
 // A Code says what kind of refusal an error is; an error may also name its
-// condition, a stable snake_case token (the API's problem code). An error without a code is a failure: a door answers it as
-// internal and never shows its text.
+// condition, a stable snake_case token (the API's problem code). An error
+// without a code is a failure: a door answers it as internal and never
+// shows its text.
 //
 // It is a leaf: it imports nothing of Tally. It must never decide how a
 // door answers (statuses, pages, exit codes belong to the door).
