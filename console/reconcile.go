@@ -26,8 +26,10 @@ type reconcilePageData struct {
 	Run  *reconcile.Run
 	// Discrepancies are the open ones of every run, or the run's.
 	Discrepancies []discrepancyView
-	// OpenCounts count the open ones by kind (the index page).
+	// OpenCounts count the open ones by kind (the index page), OpenMore
+	// those open beyond the first openOnIndex it lists.
 	OpenCounts []kindCount
+	OpenMore   int64
 	Plan       reconcile.Plan
 	// Steps are the plan's actions in words.
 	Steps  []planStep
@@ -79,6 +81,10 @@ type planOutcome struct {
 	Applied bool
 }
 
+// openOnIndex is how many open discrepancies the index page lists; the
+// open-discrepancies page pages through them all.
+const openOnIndex = 50
+
 func (c *Console) reconcilePage(w http.ResponseWriter, r *http.Request) {
 	data, ok := c.reconcileData(w, r)
 	if ok {
@@ -105,7 +111,7 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 	}
 	s := chi.URLParam(r, "id")
 	if s == "" {
-		open, err := reconcile.OpenDiscrepancies(ctx, c.pool)
+		open, err := reconcile.FirstOpen(ctx, c.pool, openOnIndex)
 		if err != nil {
 			c.fail(w, r, err)
 			return data, false
@@ -114,13 +120,17 @@ func (c *Console) reconcileData(w http.ResponseWriter, r *http.Request) (reconci
 			c.fail(w, r, err)
 			return data, false
 		}
-		n := map[string]int64{}
-		for _, d := range open {
-			n[d.Kind]++
+		n, err := reconcile.OpenCounts(ctx, c.pool)
+		if err != nil {
+			c.fail(w, r, err)
+			return data, false
 		}
+		var total int64
 		for _, k := range reconcile.Kinds {
 			data.OpenCounts = append(data.OpenCounts, kindCount{Kind: k, Label: kindLabels[k], Count: n[k]})
+			total += n[k]
 		}
+		data.OpenMore = total - int64(len(open))
 		return data, true
 	}
 	id, err := strconv.ParseInt(s, 10, 64)

@@ -202,6 +202,12 @@ func OpenDiscrepancies(ctx context.Context, q pgdb.Querier) ([]Discrepancy, erro
 	return readDiscrepancies(ctx, q, `WHERE `+isOpen, pgx.NamedArgs{})
 }
 
+// FirstOpen reads the first limit open discrepancies, across runs, in the
+// order OpenDiscrepancies gives: a page's worth, however many are open.
+func FirstOpen(ctx context.Context, q pgdb.Querier, limit int) ([]Discrepancy, error) {
+	return readDiscrepanciesIn(ctx, q, `WHERE `+isOpen, discrepancyOrder+` LIMIT @limit`, pgx.NamedArgs{"limit": limit})
+}
+
 // OpenCounts counts the open discrepancies by kind, every kind of Kinds
 // present (0 when none is open).
 func OpenCounts(ctx context.Context, q pgdb.Querier) (map[string]int64, error) {

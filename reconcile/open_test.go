@@ -32,7 +32,7 @@ func (r *rig) foreign(t *testing.T, id, event, customer string, value int64, at 
 }
 
 // open reads every open discrepancy, checking that the counts by kind
-// agree, and returns them.
+// and the first ones agree, and returns them.
 func (r *rig) open(t *testing.T) []reconcile.Discrepancy {
 	t.Helper()
 	ds, err := reconcile.OpenDiscrepancies(r.Ctx, r.Pool)
@@ -51,6 +51,11 @@ func (r *rig) open(t *testing.T) []reconcile.Discrepancy {
 	_, listed, err := reconcile.ListDiscrepancies(r.Ctx, r.Pool, 0, reconcile.StatusOpen)
 	require.NoError(t, err)
 	require.Equal(t, ds, listed, "the default list is the open discrepancies of every run")
+	for _, limit := range []int{1, len(ds) + 1} {
+		first, err := reconcile.FirstOpen(r.Ctx, r.Pool, limit)
+		require.NoError(t, err)
+		require.Equal(t, ds[:min(limit, len(ds))], first, "the first %d open ones", limit)
+	}
 	return ds
 }
 
