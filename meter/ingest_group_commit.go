@@ -45,12 +45,13 @@ type GroupCommit struct {
 // serve's defaults of GroupCommit, chosen with
 // BenchmarkSingleEventIngestVsInsert.
 const (
-	// DefaultGroupCommitWait is 5ms, and a group waits no longer than a
-	// recent write took either.
+	// DefaultGroupCommitWait bounds how long a small request waits for
+	// others to share its commit; a group also waits no longer than a
+	// recent write took.
 	DefaultGroupCommitWait = 5 * time.Millisecond
-	// DefaultGroupCommitEvents is 500 events a group.
+	// DefaultGroupCommitEvents is the most events a group holds.
 	DefaultGroupCommitEvents = 500
-	// DefaultGroupCommitBytes is 256 KiB a group.
+	// DefaultGroupCommitBytes is the most bytes of events a group holds.
 	DefaultGroupCommitBytes = 256 << 10
 	// DefaultGroupCommitCommits is two groups written at once: one fills
 	// the WAL while the other waits for its flush.
