@@ -1,6 +1,7 @@
 // Package doctor diagnoses a Tally installation for `tally doctor`: the
 // configuration (and, beside `tally dev`, which settings came from its
-// dev.env), the database and its migrations, Stripe (reachable, the key's
+// dev.env), the database, its migrations and its engine (plain PostgreSQL,
+// or Citus with its nodes and where Tally's tables are), Stripe (reachable, the key's
 // mode and account, a restricted key where the v2 API is needed, the
 // mapped meters and their payload keys, the mapped tenants' customers),
 // the roles (the nodes' lacks the owner's privileges; the migrations ran
@@ -99,6 +100,7 @@ func Run(ctx context.Context, d Deps) []Result {
 	dbOK := d.Pool != nil
 	if dbOK {
 		out = append(out, schema(ctx, d.Pool))
+		out = append(out, engine(ctx, d.Pool))
 		out = append(out, privileges(ctx, d))
 		out = append(out, owner(ctx, d))
 		out = append(out, sessionSettings(ctx, d))
@@ -187,6 +189,57 @@ func schema(ctx context.Context, pool *pgxpool.Pool) Result {
 	}
 	return Result{Check: "migrations", Status: Problem, Detail: "the schema version could not be read: " + describe(err),
 		Fix: "is this Tally's database? run tally migrate on an empty one"}
+}
+
+// engine names the database engine: plain PostgreSQL, or Citus with its
+// nodes and where Tally's tables are. On Citus a table that is not where
+// it must be is a problem: a hot statement on it would fan out to every
+// worker, or be refused.
+func engine(ctx context.Context, pool *pgxpool.Pool) Result {
+	e, err := migrations.ReadEngine(ctx, pool)
+	if err != nil {
+		return Result{Check: "engine", Status: Warning, Detail: "the engine could not be read: " + describe(err)}
+	}
+	if e.Citus == "" {
+		return Result{Check: "engine", Status: OK, Detail: e.String() + ", one server"}
+	}
+	var nodes, inactive []string
+	for _, n := range e.Nodes {
+		addr := fmt.Sprintf("%s:%d", n.Host, n.Port)
+		if n.Coordinator {
+			addr = "coordinator " + addr
+		}
+		nodes = append(nodes, addr)
+		if !n.Active {
+			inactive = append(inactive, addr)
+		}
+	}
+	count := map[migrations.Placement]int{}
+	var misplaced []string
+	for _, t := range e.Tables {
+		count[t.Have]++
+	}
+	for _, t := range e.Misplaced() {
+		have := string(t.Have)
+		if have == "" {
+			have = "missing"
+		}
+		misplaced = append(misplaced, fmt.Sprintf("%s (%s, must be %s)", t.Name, have, t.Want))
+	}
+	detail := fmt.Sprintf("%s: %s; tables: %d distributed, %d reference, %d local",
+		e, strings.Join(nodes, ", "), count[migrations.Distributed], count[migrations.Reference], count[migrations.Local])
+	switch {
+	case len(e.Workers()) == 0:
+		return Result{Check: "engine", Status: Problem, Detail: detail + "; no worker is registered",
+			Fix: "add the workers on the coordinator (SELECT citus_add_node(host, port)), then run tally migrate (docs/operations.md)"}
+	case len(misplaced) > 0:
+		return Result{Check: "engine", Status: Problem, Detail: detail + "; not where they must be: " + list(misplaced),
+			Fix: "run tally migrate against the coordinator: it distributes Tally's tables (docs/scale.md)"}
+	case len(inactive) > 0:
+		return Result{Check: "engine", Status: Problem, Detail: detail + "; inactive: " + strings.Join(inactive, ", "),
+			Fix: "the tenants whose shards are on an inactive node stall: bring it back and run SELECT citus_activate_node(host, port) (docs/operations.md)"}
+	}
+	return Result{Check: "engine", Status: OK, Detail: detail}
 }
 
 // privileges warns when the nodes' role owns the ledger or may delete from

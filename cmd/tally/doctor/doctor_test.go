@@ -77,10 +77,11 @@ func TestHealthy(t *testing.T) {
 	t.Parallel()
 	s := healthy(t)
 	rs := s.run(t, nil)
-	for _, check := range []string{"configuration", "database", "migrations", "clock", "stripe", "stripe v2", "mappings", "meters", "payload keys", "customers"} {
+	for _, check := range []string{"configuration", "database", "migrations", "engine", "clock", "stripe", "stripe v2", "mappings", "meters", "payload keys", "customers"} {
 		require.Equal(t, doctor.OK, rs[check].Status, "%s: %+v", check, rs[check])
 	}
 	require.Contains(t, rs["stripe"].Detail, "account acct_sim, test mode")
+	require.Regexp(t, `^PostgreSQL 15\.\d+, one server$`, rs["engine"].Detail)
 }
 
 // failureCase is one failure the doctor checks: how to bring it about
