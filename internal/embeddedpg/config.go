@@ -50,6 +50,19 @@ type Config struct {
 	// may not be set here.
 	Settings map[string]string
 
+	// Workers is how many Citus worker nodes Start runs beside the server,
+	// which becomes their coordinator (citus.go): worker i, from 1, is a
+	// cluster of its own in DataDir/worker<i>, with the coordinator's
+	// password, on a port of its own. Every node preloads Citus, so BinDir
+	// is required. The default, 0, is a plain PostgreSQL server.
+	Workers int
+
+	// BinDir is the directory holding initdb and postgres. The default, "",
+	// is the one FindBinaries returns. With Workers it must hold a
+	// PostgreSQL with Citus installed (FindCitus finds the one `make citus`
+	// builds).
+	BinDir string
+
 	// watchdog makes the server's parent-death guard the watchdog process
 	// even where the kernel offers a parent-death signal, so that the tests
 	// exercise on Linux the path macOS takes. The default is false.
@@ -107,6 +120,12 @@ func (cfg Config) withDefaults() (Config, error) {
 		if name == "" || strings.ContainsAny(name, "= \t\n") {
 			return cfg, fmt.Errorf("embeddedpg: invalid setting name %q", name)
 		}
+	}
+	if cfg.Workers < 0 {
+		return cfg, fmt.Errorf("embeddedpg: invalid number of workers %d", cfg.Workers)
+	}
+	if cfg.Workers > 0 && cfg.BinDir == "" {
+		return cfg, errors.New("embeddedpg: Config.Workers needs Config.BinDir, a PostgreSQL with Citus (make citus)")
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = defaultTimeout
