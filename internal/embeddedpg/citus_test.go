@@ -143,6 +143,29 @@ func assertWorkers(t *testing.T, conn *pgx.Conn, c *Cluster) {
 	}
 }
 
+// Every node of a Citus cluster goes down with the process that started
+// it, as the one server does.
+func TestCitusDiesWithParent(t *testing.T) {
+	t.Setenv("EMBEDDEDPG_HELPER_CITUS", citusBinDir(t))
+	dir := tempDataDir(t)
+	h := startHelper(t, dir, false)
+	var pids []int
+	for range 3 {
+		pids = append(pids, h.ready(t))
+	}
+	h.kill()
+	for _, pid := range pids {
+		awaitExit(t, pid)
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "worker1"), filepath.Join(dir, "worker2")} {
+		if kernelDeathSignal {
+			assertLogged(t, d, "received immediate shutdown request")
+		} else {
+			assertLogged(t, d, "embeddedpg watchdog: tally exited without stopping postgres", "received fast shutdown request")
+		}
+	}
+}
+
 func TestCitusNeedsCitus(t *testing.T) {
 	ctx := context.Background()
 	if _, err := Start(ctx, Config{DataDir: tempDataDir(t), Workers: 2}); err == nil {

@@ -44,8 +44,8 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Settings holds extra server settings, each passed as -c name=value.
-	// They override the package's defaults (max_connections=200 and, when
-	// Ephemeral, the durability settings). The default is none. port,
+	// They override the package's defaults (max_connections=200, when
+	// Ephemeral the durability settings, and with Workers Citus's). The default is none. port,
 	// listen_addresses and unix_socket_directories are controlled by Start and
 	// may not be set here.
 	Settings map[string]string
