@@ -45,9 +45,9 @@ type Config struct {
 
 	// Settings holds extra server settings, each passed as -c name=value.
 	// They override the package's defaults (max_connections=200, when
-	// Ephemeral the durability settings, and with Workers Citus's). The default is none. port,
-	// listen_addresses and unix_socket_directories are controlled by Start and
-	// may not be set here.
+	// Ephemeral the durability settings, and with Workers Citus's). The
+	// default is none. port, listen_addresses and unix_socket_directories
+	// are controlled by Start and may not be set here.
 	Settings map[string]string
 
 	// Workers is how many Citus worker nodes Start runs beside the server,
