@@ -80,7 +80,26 @@ func TestCitusCluster(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
+	// A login role made on the coordinator logs in to the workers too,
+	// where the coordinator's queries reach them as it.
+	if _, err := conn.Exec(ctx, "CREATE ROLE readers; GRANT SELECT ON spread TO readers"); err != nil {
+		t.Fatal(err)
+	}
 	_ = conn.Close(ctx)
+	login, err := c.EnsureLoginRole(ctx, "tally", "reader", "readers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rconn, err := pgx.Connect(ctx, login)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	err = rconn.QueryRow(ctx, "SELECT count(*) FROM spread").Scan(&n)
+	_ = rconn.Close(ctx)
+	if err != nil || n != 100 {
+		t.Fatalf("the login role reads %d rows of the distributed table (%v), want 100", n, err)
+	}
 	// A second EnsureDatabase changes nothing.
 	if err := c.EnsureDatabase(ctx, "tally"); err != nil {
 		t.Fatal(err)
