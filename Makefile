@@ -1,6 +1,6 @@
 # The project's test command is `make test` (README.md); .ci/run runs it.
 
-.PHONY: test check lint cross unit isolation fuzz times times-reset bench bench-durable bench-month image
+.PHONY: test check citus lint cross unit isolation fuzz times times-reset bench bench-durable bench-month image
 
 SHELL := bash
 .SHELLFLAGS := -o pipefail -c
@@ -19,6 +19,12 @@ test: times-reset lint cross unit isolation fuzz times
 check: times-reset
 	go test -short ./... $(record)
 	@$(MAKE) --no-print-directory times
+
+# Citus built into a private PostgreSQL prefix, cached per machine, for the
+# embedded Citus cluster (TALLY_EMBEDDED_WORKERS) and the tests on a
+# coordinator and workers (docs/running.md). A no-op once built.
+citus:
+	deploy/citus/build.sh
 
 times-reset:
 	@mkdir -p $(dir $(TESTLOG)); : > $(TESTLOG)

@@ -126,7 +126,7 @@ func execute(ctx context.Context, cmd command, e *env, args []string) int {
 	}
 	db, err := app.Open(ctx, e.cfg, e.logger, !cmd.service)
 	if err != nil {
-		if errors.Is(err, embeddedpg.ErrNoBinaries) || errors.Is(err, errors.ErrUnsupported) {
+		if errors.Is(err, embeddedpg.ErrNoBinaries) || errors.Is(err, embeddedpg.ErrNoCitus) || errors.Is(err, errors.ErrUnsupported) {
 			fmt.Fprintf(e.stderr, "tally %s: %v\n", cmd.name, err)
 			return 1
 		}

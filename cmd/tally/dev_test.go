@@ -17,6 +17,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/embeddedpg"
 	"github.com/tallymeter/tally/internal/testkit/syncbuf"
+	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
 // syncBuffer is a bytes.Buffer safe to read while a process writes to it.
@@ -52,6 +53,38 @@ func TestDev(t *testing.T) {
 	require.NotContains(t, d.out.String(), "level=ERROR")
 	_, err := os.Stat(d.envFile)
 	require.ErrorIs(t, err, os.ErrNotExist, "dev removes dev.env when it stops")
+}
+
+// TestDevCitus is TestDev's first steps on a Citus coordinator and two
+// workers (TALLY_EMBEDDED_WORKERS=2): the curl line dev prints reaches the
+// simulator, and the operator commands beside it, which do not repeat the
+// setting, find the coordinator. It needs `make citus`.
+func TestDevCitus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three servers and a node")
+	}
+	if _, err := embeddedpg.FindCitus(); err != nil {
+		if os.Getenv(testdb.EnvRequireCitus) == "1" {
+			t.Fatalf("%s=1: %v", testdb.EnvRequireCitus, err)
+		}
+		t.Skip(err)
+	}
+	t.Parallel()
+	d := startDev(t, "TALLY_EMBEDDED_WORKERS=2")
+	d.checkReady()
+	require.Contains(t, d.out.String(), "Data: embedded Citus, a coordinator and 2 workers, in ")
+	for _, node := range []string{"citus", "citus/worker1", "citus/worker2"} {
+		require.Regexp(t, `msg="postgres started" dir=\S+/`+node+" ", d.out.String())
+	}
+	d.checkOperatorCommandsFindDev()
+	d.runCurlLine(d.out.String())
+	require.Eventually(t, func() bool { return d.landed("logins") }, 30*time.Second, 200*time.Millisecond,
+		"the count event did not reach the simulator:\n%s", d.out)
+
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, d.cmd.Wait(), "%s", d.out)
+	require.NotContains(t, d.out.String(), "level=ERROR")
+	require.Equal(t, 3, strings.Count(d.out.String(), `msg="postgres stopped"`), "%s", d.out)
 }
 
 // checkOperatorCommandsFindDev runs commands in the checkout with no
@@ -122,9 +155,9 @@ type devRun struct {
 }
 
 // startDev starts `tally dev` in a checkout under a 0700 directory, with
-// no TALLY_ or STRIPE_ setting but the address to listen on, and waits
-// for it to say how to stop it.
-func startDev(t *testing.T) *devRun {
+// no TALLY_ or STRIPE_ setting but the address to listen on and env, and
+// waits for it to say how to stop it.
+func startDev(t *testing.T, env ...string) *devRun {
 	t.Helper()
 	home, err := os.MkdirTemp("", "tally-home-")
 	require.NoError(t, err)
@@ -145,6 +178,7 @@ func startDev(t *testing.T) *devRun {
 		}
 	}
 	d.cmd.Env = append(d.cmd.Env, "TALLY_LISTEN="+d.addr)
+	d.cmd.Env = append(d.cmd.Env, env...)
 	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
 	require.NoError(t, d.cmd.Start())
 	t.Cleanup(func() { _ = d.cmd.Process.Kill() })

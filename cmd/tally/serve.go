@@ -294,6 +294,9 @@ func (f *devFlags) printReady(e *env, addr, admin, ingest, envFile string) {
 		fmt.Fprintf(w, "  curl -sS http://%s/v1/outbox/summary -H 'Authorization: Bearer %s'\n", addr, admin)
 	}
 	where := "embedded PostgreSQL in " + e.cfg.DataDir
+	if e.cfg.EmbeddedWorkers > 0 {
+		where = fmt.Sprintf("embedded Citus, a coordinator and %d workers, in %s", e.cfg.EmbeddedWorkers, app.CitusDataDir(e.cfg.DataDir))
+	}
 	if e.cfg.DatabaseURL != "" {
 		where = "TALLY_DATABASE_URL"
 	}

@@ -30,6 +30,11 @@ type Cluster struct {
 	ready    atomic.Bool
 	stopping atomic.Bool
 	stopLog  sync.Once
+
+	// workers are a Citus coordinator's worker nodes (citus.go); none on a
+	// plain server. lastPort is a Citus node's port before this start.
+	workers  []*Cluster
+	lastPort int
 }
 
 // URL returns the connection URL for database as the superuser:
@@ -51,15 +56,25 @@ func (c *Cluster) URL(database string) string {
 func (c *Cluster) Port() int { return c.port }
 
 // Done returns a channel that is closed when the postmaster process exits for
-// any reason, whether through Stop or not. Start may start the data
-// directory's server again once Done is closed or Stop has returned.
+// any reason, whether through Stop or not; a Citus coordinator's, not its
+// workers'. Start may start the data directory's server again once Done is
+// closed or Stop has returned.
 func (c *Cluster) Done() <-chan struct{} { return c.done }
 
 // Stop performs a fast shutdown (SIGINT to the postmaster) and waits for the
 // server to exit. If ctx ends first it sends SIGQUIT (immediate shutdown) and
 // then SIGKILL to the server's process group, and returns an error. Stop is
-// idempotent: calling it again, or after the server died, returns nil.
+// idempotent: calling it again, or after the server died, returns nil. A
+// Citus coordinator stops first, then its workers.
 func (c *Cluster) Stop(ctx context.Context) error {
+	err := c.stop(ctx)
+	for _, w := range c.workers {
+		err = errors.Join(err, w.stop(ctx))
+	}
+	return err
+}
+
+func (c *Cluster) stop(ctx context.Context) error {
 	defer c.lock.release()
 	select {
 	case <-c.done:

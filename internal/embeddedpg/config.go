@@ -44,11 +44,24 @@ type Config struct {
 	Logger *slog.Logger
 
 	// Settings holds extra server settings, each passed as -c name=value.
-	// They override the package's defaults (max_connections=200 and, when
-	// Ephemeral, the durability settings). The default is none. port,
-	// listen_addresses and unix_socket_directories are controlled by Start and
-	// may not be set here.
+	// They override the package's defaults (max_connections=200, when
+	// Ephemeral the durability settings, and with Workers Citus's). The
+	// default is none. port, listen_addresses and unix_socket_directories
+	// are controlled by Start and may not be set here.
 	Settings map[string]string
+
+	// Workers is how many Citus worker nodes Start runs beside the server,
+	// which becomes their coordinator (citus.go): worker i, from 1, is a
+	// cluster of its own in DataDir/worker<i>, with the coordinator's
+	// password, on a port of its own. Every node preloads Citus, so BinDir
+	// is required. The default, 0, is a plain PostgreSQL server.
+	Workers int
+
+	// BinDir is the directory holding initdb and postgres. The default, "",
+	// is the one FindBinaries returns. With Workers it must hold a
+	// PostgreSQL with Citus installed (FindCitus finds the one `make citus`
+	// builds).
+	BinDir string
 
 	// watchdog makes the server's parent-death guard the watchdog process
 	// even where the kernel offers a parent-death signal, so that the tests
@@ -107,6 +120,12 @@ func (cfg Config) withDefaults() (Config, error) {
 		if name == "" || strings.ContainsAny(name, "= \t\n") {
 			return cfg, fmt.Errorf("embeddedpg: invalid setting name %q", name)
 		}
+	}
+	if cfg.Workers < 0 {
+		return cfg, fmt.Errorf("embeddedpg: invalid number of workers %d", cfg.Workers)
+	}
+	if cfg.Workers > 0 && cfg.BinDir == "" {
+		return cfg, errors.New("embeddedpg: Config.Workers needs Config.BinDir, a PostgreSQL with Citus (make citus)")
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = defaultTimeout

@@ -12,7 +12,21 @@ import (
 
 // EnsureDatabase creates the database name in the cluster, owned by the
 // superuser, unless it exists. Two callers racing to create it both succeed.
+// On a Citus coordinator it does so on every node, then creates the
+// extension in it on every node and adds the workers (registerCitus).
 func (c *Cluster) EnsureDatabase(ctx context.Context, name string) error {
+	if err := c.ensureDatabase(ctx, name); err != nil || len(c.workers) == 0 {
+		return err
+	}
+	for _, w := range c.workers {
+		if err := w.ensureDatabase(ctx, name); err != nil {
+			return err
+		}
+	}
+	return c.registerCitus(ctx, name)
+}
+
+func (c *Cluster) ensureDatabase(ctx context.Context, name string) error {
 	conn, err := pgx.Connect(ctx, c.URL("postgres"))
 	if err != nil {
 		return fmt.Errorf("connecting to the embedded postgres: %w", err)

@@ -18,6 +18,14 @@
 // files.go (with files_unix.go and files_windows.go) holds the small file
 // helpers. start.go ties the steps together.
 //
+// With Config.Workers it runs a Citus cluster instead (citus.go): the
+// server becomes a coordinator, and each worker is a cluster of its own in
+// a directory inside the data directory, started, guarded and stopped as
+// the one server is, from a PostgreSQL with Citus built by `make citus`
+// (FindCitus). Every node has the coordinator's password and connects to
+// the others on loopback; the workers are added to every database that has
+// the extension, again at every start.
+//
 // The package never touches a cluster it did not create: it refuses to reuse
 // or delete a non-empty directory that is not a cluster, and it refuses to
 // start when another process runs a server on the same data directory

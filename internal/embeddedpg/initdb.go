@@ -17,7 +17,11 @@ import (
 // existing cluster, a new one for a new cluster.
 func (s *starter) ensureCluster(ctx context.Context) (string, error) {
 	if _, err := os.Stat(filepath.Join(s.pgdata, "PG_VERSION")); err == nil {
-		return s.readPassword()
+		pw, err := s.readPassword()
+		if err == nil && s.node != nil && s.node.password != "" && pw != s.node.password {
+			err = fmt.Errorf("embeddedpg: the Citus worker %s belongs to another coordinator (its password differs); remove it to make a new one", s.cfg.DataDir)
+		}
+		return pw, err
 	}
 	if err := s.removeEmptyPgdata(); err != nil {
 		return "", err
@@ -31,6 +35,9 @@ func (s *starter) ensureCluster(ctx context.Context) (string, error) {
 	pw, err := newPassword()
 	if err != nil {
 		return "", err
+	}
+	if s.node != nil && s.node.password != "" {
+		pw = s.node.password // a worker: the coordinator's, so that every node logs in to every other
 	}
 	if err := writeFileAtomic(s.passwordPath(), []byte(pw+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("embeddedpg: write password file: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +44,9 @@ func (s *starter) launch(ctx context.Context, port int, password string) (*Clust
 	cmd := exec.Command(filepath.Join(s.binDir, "postgres"), s.serverArgs(port)...)
 	cmd.Dir = s.cfg.DataDir
 	cmd.Env = childEnv(s.as)
+	if s.node != nil {
+		cmd.Env = append(cmd.Env, s.node.env...)
+	}
 	cmd.Stdout = s.logFile
 	cmd.Stderr = s.logFile
 	// Immediate shutdown (SIGQUIT) if tally dies without stopping it, where
@@ -88,6 +92,9 @@ func (s *starter) serverArgs(port int) []string {
 		settings["fsync"] = "off"
 		settings["synchronous_commit"] = "off"
 		settings["full_page_writes"] = "off"
+	}
+	if s.node != nil {
+		maps.Copy(settings, citusSettings)
 	}
 	for k, v := range s.cfg.Settings {
 		for dk := range settings {

@@ -18,8 +18,10 @@ import (
 
 // TestHelperProcess is not a real test: TestServerDiesWithParent runs the
 // test binary again with EMBEDDEDPG_HELPER_DIR set, and this starts a cluster
-// there (guarded by the watchdog when EMBEDDEDPG_HELPER_WATCHDOG is set),
-// logging to stderr, prints the postmaster pid and waits to be killed.
+// there (guarded by the watchdog when EMBEDDEDPG_HELPER_WATCHDOG is set; a
+// Citus coordinator and two workers from EMBEDDEDPG_HELPER_CITUS's binaries
+// when that is set), logging to stderr, prints each postmaster's pid and
+// waits to be killed.
 func TestHelperProcess(t *testing.T) {
 	dir := os.Getenv("EMBEDDEDPG_HELPER_DIR")
 	if dir == "" {
@@ -27,12 +29,17 @@ func TestHelperProcess(t *testing.T) {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)) // for the test to follow
 	cfg := Config{DataDir: dir, Ephemeral: true, Logger: logger, watchdog: os.Getenv("EMBEDDEDPG_HELPER_WATCHDOG") != ""}
+	if bin := os.Getenv("EMBEDDEDPG_HELPER_CITUS"); bin != "" {
+		cfg.Workers, cfg.BinDir = 2, bin
+	}
 	c, err := Start(context.Background(), cfg)
 	if err != nil {
 		os.Stdout.WriteString("error: " + err.Error() + "\n")
 		os.Exit(2)
 	}
-	os.Stdout.WriteString("pid " + strconv.Itoa(c.proc.Pid) + "\n")
+	for _, n := range append([]*Cluster{c}, c.workers...) {
+		os.Stdout.WriteString("pid " + strconv.Itoa(n.proc.Pid) + "\n")
+	}
 	select {}
 }
 

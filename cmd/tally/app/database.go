@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -91,7 +92,7 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		url = cfg.DatabaseOwnerURL
 	}
 	if url == "" && attach {
-		attached, ok, err := embeddedpg.Attach(cfg.DataDir, embeddedDatabase)
+		attached, ok, err := attachEmbedded(cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +101,11 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		}
 	}
 	if url == "" {
-		c, err := embeddedpg.Start(ctx, embeddedpg.Config{DataDir: cfg.DataDir, Logger: logger})
+		ecfg, err := embeddedConfig(cfg, logger)
+		if err != nil {
+			return nil, err
+		}
+		c, err := embeddedpg.Start(ctx, ecfg)
 		if err != nil {
 			return nil, err
 		}
@@ -158,6 +163,48 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 	return d, nil
 }
 
+// citusDirName is the directory of the data directory that holds the
+// embedded Citus cluster (cfg.EmbeddedWorkers): beside the plain cluster,
+// never in it, since a database with the extension no longer runs on a
+// server without Citus.
+const citusDirName = "citus"
+
+// CitusDataDir is where the embedded Citus cluster of the data directory
+// dataDir lives.
+func CitusDataDir(dataDir string) string { return filepath.Join(dataDir, citusDirName) }
+
+// embeddedConfig is the embedded cluster of cfg: a plain server in the
+// data directory, or with cfg.EmbeddedWorkers a Citus coordinator and its
+// workers in CitusDataDir, from the PostgreSQL with Citus `make citus`
+// built.
+func embeddedConfig(cfg config.Config, logger *slog.Logger) (embeddedpg.Config, error) {
+	if cfg.EmbeddedWorkers == 0 {
+		return embeddedpg.Config{DataDir: cfg.DataDir, Logger: logger}, nil
+	}
+	bin, err := embeddedpg.FindCitus()
+	if err != nil {
+		return embeddedpg.Config{}, fmt.Errorf("TALLY_EMBEDDED_WORKERS=%d: %w", cfg.EmbeddedWorkers, err)
+	}
+	return embeddedpg.Config{DataDir: CitusDataDir(cfg.DataDir), Workers: cfg.EmbeddedWorkers, BinDir: bin, Logger: logger}, nil
+}
+
+// attachEmbedded is embeddedpg.Attach on the cluster a running serve or
+// dev started in the data directory, plain or Citus, whichever runs:
+// an operator command beside it need not repeat TALLY_EMBEDDED_WORKERS.
+// The kind cfg names is looked for first.
+func attachEmbedded(cfg config.Config) (string, bool, error) {
+	dirs := []string{cfg.DataDir, CitusDataDir(cfg.DataDir)}
+	if cfg.EmbeddedWorkers > 0 {
+		dirs[0], dirs[1] = dirs[1], dirs[0]
+	}
+	for _, dir := range dirs {
+		if u, ok, err := embeddedpg.Attach(dir, embeddedDatabase); err != nil || ok {
+			return u, ok, err
+		}
+	}
+	return "", false, nil
+}
+
 func (d *DB) stopCluster() {
 	if d.cluster != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), clusterStopTimeout)
@@ -175,7 +222,7 @@ var ErrNoEmbedded = errors.New("no TALLY_DATABASE_URL, and no tally serve or dev
 func Connect(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 	url := cfg.DatabaseURL
 	if url == "" {
-		attached, ok, err := embeddedpg.Attach(cfg.DataDir, embeddedDatabase)
+		attached, ok, err := attachEmbedded(cfg)
 		if err != nil {
 			return nil, err
 		}

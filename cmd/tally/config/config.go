@@ -56,6 +56,11 @@ type Config struct {
 	// DataDir holds the embedded cluster's data and logs. Defaults to
 	// DefaultDataDir.
 	DataDir string
+	// EmbeddedWorkers is how many Citus workers the embedded cluster runs
+	// beside its coordinator, in DataDir/citus (docs/running.md); 0, the
+	// default, is a plain PostgreSQL server in DataDir. Not allowed with
+	// DatabaseURL.
+	EmbeddedWorkers int
 	// ArchiveURL is where tally archive writes: a directory or
 	// s3://bucket/prefix. Empty means the directory "archive" in DataDir.
 	ArchiveURL string

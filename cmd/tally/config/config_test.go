@@ -248,3 +248,17 @@ func TestPooledDatabaseSettings(t *testing.T) {
 		}
 	}
 }
+
+func TestEmbeddedWorkers(t *testing.T) {
+	t.Parallel()
+	cfg, err := load(t, nil)
+	require.NoError(t, err)
+	require.Zero(t, cfg.EmbeddedWorkers, "a plain embedded cluster by default")
+	cfg, err = load(t, map[string]string{"TALLY_EMBEDDED_WORKERS": "2"})
+	require.NoError(t, err)
+	require.Equal(t, 2, cfg.EmbeddedWorkers)
+	_, err = load(t, map[string]string{"TALLY_EMBEDDED_WORKERS": "-1"})
+	require.ErrorContains(t, err, "TALLY_EMBEDDED_WORKERS must not be negative")
+	_, err = load(t, map[string]string{"TALLY_EMBEDDED_WORKERS": "2", "TALLY_DATABASE_URL": "postgres://u@db/tally"})
+	require.ErrorContains(t, err, "TALLY_EMBEDDED_WORKERS is for the embedded cluster")
+}

@@ -45,6 +45,8 @@ func nodeSettings() []setting {
 			str(func(c *Config) *string { return &c.DatabaseDirectURL })},
 		{"TALLY_DATA_DIR", "data-dir", "embedded Postgres data and logs", DefaultDataDir,
 			str(func(c *Config) *string { return &c.DataDir })},
+		{"TALLY_EMBEDDED_WORKERS", "embedded-workers", "Citus workers beside the embedded cluster, which becomes their coordinator, in the data directory's citus/ (built by make citus; docs/running.md); 0: plain PostgreSQL", "0",
+			integer(func(c *Config) *int { return &c.EmbeddedWorkers })},
 		{"TALLY_LISTEN", "listen", "HTTP address", DefaultListen,
 			str(func(c *Config) *string { return &c.Listen })},
 		{"TALLY_LOG_FORMAT", "log-format", "log format: text or json (default: json for serve, text for dev and the operator commands)", DefaultLogFormat,

@@ -77,6 +77,12 @@ func (c *Config) nodeProblems() []error {
 	if c.DatabaseDirectURL != "" && !c.DatabasePooled {
 		errs = append(errs, errors.New("TALLY_DATABASE_DIRECT_URL is for a pooled TALLY_DATABASE_URL: set TALLY_DATABASE_POOLED=true, or unset it"))
 	}
+	if c.EmbeddedWorkers < 0 {
+		errs = append(errs, fmt.Errorf("TALLY_EMBEDDED_WORKERS must not be negative, got %d", c.EmbeddedWorkers))
+	}
+	if c.EmbeddedWorkers > 0 && c.DatabaseURL != "" {
+		errs = append(errs, errors.New("TALLY_EMBEDDED_WORKERS is for the embedded cluster: unset it, or TALLY_DATABASE_URL"))
+	}
 	if c.DataDir != "" {
 		abs, err := filepath.Abs(c.DataDir)
 		if err != nil {

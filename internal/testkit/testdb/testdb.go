@@ -3,7 +3,9 @@
 // from the machine's PostgreSQL binaries) or the server at
 // TALLY_TEST_DATABASE_URL when that is set. Each database is a copy of a
 // template migrated once per process, so a test gets a fresh schema in tens
-// of milliseconds and may run with t.Parallel().
+// of milliseconds and may run with t.Parallel(). NewCitus does the same on
+// a throwaway Citus cluster, a coordinator and two workers, built from the
+// PostgreSQL with Citus that `make citus` builds (citus.go).
 //
 // It is for tests only and never mocks the database. It drops only the
 // databases it created.
@@ -210,6 +212,7 @@ func buildTemplate(ctx context.Context) error {
 }
 
 func shutdown() {
+	shutdownCitus()
 	if srv.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
