@@ -57,3 +57,29 @@ func TestReadEngineOnPlainPostgres(t *testing.T) {
 	require.True(t, strings.HasPrefix(e.Server, "15."), e.Server)
 	require.Equal(t, "PostgreSQL "+e.Server, e.String())
 }
+
+// On Citus before Tally's tables are distributed, the engine names the
+// coordinator and both workers and says every table is local: the doctor
+// fails on the ones that must be distributed or copied.
+func TestReadEngineOnCitus(t *testing.T) {
+	t.Parallel()
+	pool := testdb.NewCitus(t)
+	e, err := migrations.ReadEngine(context.Background(), pool)
+	require.NoError(t, err)
+	require.NotEmpty(t, e.Citus)
+	require.Len(t, e.Nodes, 1+testdb.CitusWorkers)
+	require.True(t, e.Nodes[0].Coordinator, "the coordinator comes first")
+	require.Len(t, e.Workers(), testdb.CitusWorkers)
+	for _, n := range e.Nodes {
+		require.True(t, n.Active, "%+v", n)
+	}
+	require.Len(t, e.Tables, len(migrations.Placements))
+	want := 0
+	for _, p := range migrations.Placements {
+		if p != migrations.Local {
+			want++
+		}
+	}
+	require.Len(t, e.Misplaced(), want)
+	require.Contains(t, e.String(), "Citus "+e.Citus+" on PostgreSQL")
+}
