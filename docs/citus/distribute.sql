@@ -8,9 +8,10 @@
 -- one, so the columns and keys are the same everywhere); part C only
 -- where `citus` is installed.
 --
--- Order: A (the bucket function and columns), B (keys, foreign keys,
--- functions, view rewritten with the bucket), C (reference tables first,
--- then the distributed tables, the referenced one first).
+-- Order: A (the bucket function and columns), B (keys, foreign keys, the
+-- view, then completeness.sql's functions, all with the bucket), C
+-- (reference tables first, then the distributed tables, the referenced
+-- one first). Run with psql -f (it includes completeness.sql).
 
 \set ON_ERROR_STOP on
 BEGIN;
@@ -74,6 +75,11 @@ ALTER TABLE outbox_item_states ALTER COLUMN bucket SET NOT NULL;
 ALTER TABLE outbox_attempts ALTER COLUMN bucket SET NOT NULL;
 
 -- ===== B. Keys with the bucket ============================================
+
+-- The NOTIFY triggers fail any write of two shards at its PREPARE
+-- (findings §2.3); migration 47 replaces them by the application's NOTIFY.
+DROP TRIGGER IF EXISTS outbox_item_states_notify_insert ON outbox_item_states;
+DROP TRIGGER IF EXISTS outbox_item_states_notify_pending ON outbox_item_states;
 
 -- Every foreign key into the bodies goes, then comes back as (x, bucket).
 ALTER TABLE outbox_item_states DROP CONSTRAINT outbox_item_states_id_fkey,
@@ -145,3 +151,67 @@ SELECT s.id, b.tenant_key, b.subject_kind, b.subject_ref, s.exporter, b.destinat
 FROM outbox_item_states s LEFT JOIN outbox_item_bodies b ON b.id = s.id AND b.bucket = s.bucket;
 
 COMMIT;
+
+-- The counters' trigger functions, made shard-local (same on plain Postgres).
+\ir completeness.sql
+
+-- ===== C. Citus only ======================================================
+
+BEGIN;
+-- Distributing a table with triggers, and creating one on it later (a new
+-- month's partition gets its TRUNCATE trigger), need this; the database's
+-- default keeps later migrations and usage_events_ensure_months working.
+SET LOCAL citus.enable_unsafe_triggers = on;
+DO $$ BEGIN
+    EXECUTE format('ALTER DATABASE %I SET citus.enable_unsafe_triggers = on', current_database());
+END $$;
+
+-- A trigger on a reference table fires on every placement (each worker's
+-- and the coordinator's copy) and may not write a distributed table from
+-- there (findings §2.4): the anchor's move of the unstaged counters is the
+-- mapping writer's own statement on Citus.
+DROP TRIGGER tenant_mappings_completeness ON tenant_mappings;
+
+-- The mappings: small, read by staging and joined to the ledger.
+SELECT create_reference_table('tenant_mappings');
+SELECT create_reference_table('tenant_mapping_versions');
+SELECT create_reference_table('feature_mappings');
+SELECT create_reference_table('feature_mapping_versions');
+SELECT create_reference_table('stripe_meters');
+SELECT create_reference_table('stripe_customer_names');
+
+-- create_distributed_table copies the rows into the shards, and the
+-- shards' triggers fire on that copy (findings §5): the counters would
+-- count every row twice, and the items' trigger reads tables not yet
+-- distributed. The user triggers are off for the copy, on again after.
+ALTER TABLE outbox_item_bodies DISABLE TRIGGER USER;
+ALTER TABLE outbox_item_states DISABLE TRIGGER USER;
+ALTER TABLE outbox_attempts DISABLE TRIGGER USER;
+ALTER TABLE usage_event_keys DISABLE TRIGGER USER;
+ALTER TABLE usage_events DISABLE TRIGGER USER;
+ALTER TABLE usage_cancellations DISABLE TRIGGER USER;
+
+-- The bodies first (every foreign key points at them), then the rest
+-- co-located: a bucket's rows of every table are on one shard group.
+-- 32 shards: 32 buckets each; a split divides a shard's buckets.
+SELECT create_distributed_table('outbox_item_bodies', 'bucket', shard_count => 32);
+SELECT create_distributed_table('outbox_item_states', 'bucket', colocate_with => 'outbox_item_bodies');
+SELECT create_distributed_table('outbox_attempts', 'bucket', colocate_with => 'outbox_item_bodies');
+SELECT create_distributed_table('usage_event_keys', 'bucket', colocate_with => 'outbox_item_bodies');
+SELECT create_distributed_table('usage_events', 'bucket', colocate_with => 'outbox_item_bodies');
+SELECT create_distributed_table('usage_cancellations', 'bucket', colocate_with => 'outbox_item_bodies');
+SELECT create_distributed_table('completeness_counters', 'bucket', colocate_with => 'outbox_item_bodies');
+SELECT create_distributed_table('completeness_items', 'bucket', colocate_with => 'outbox_item_bodies');
+
+ALTER TABLE outbox_item_bodies ENABLE TRIGGER USER;
+ALTER TABLE outbox_item_states ENABLE TRIGGER USER;
+ALTER TABLE outbox_attempts ENABLE TRIGGER USER;
+ALTER TABLE usage_event_keys ENABLE TRIGGER USER;
+ALTER TABLE usage_events ENABLE TRIGGER USER;
+ALTER TABLE usage_cancellations ENABLE TRIGGER USER;
+COMMIT;
+
+-- Everything else stays a local table on the coordinator: River, tokens,
+-- sessions, audit, reconcile_*, stripe_events*, meter_error_evidence,
+-- archives, usage_closed_months, report_snapshots, completeness_audits,
+-- outbox_snapshots, outbox_gauge_settled.
