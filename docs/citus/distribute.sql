@@ -141,7 +141,7 @@ ALTER TABLE usage_cancellations
 
 -- A unique key on the ledger, the replica identity of every partition: a
 -- shard move copies by logical replication, which needs one on every
--- table of the shard group (findings §3.9); (id, occurred_at, bucket)
+-- table of the shard group (findings §3.5); (id, occurred_at, bucket)
 -- holds what usage_events_id (id) held, so that index goes.
 CREATE UNIQUE INDEX usage_events_row ON usage_events (id, occurred_at, bucket);
 DROP INDEX usage_events_id;
