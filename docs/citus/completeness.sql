@@ -28,8 +28,8 @@
 -- call (completeness_bump, completeness_refresh, tally_live_item), and a
 -- cancellation's (completeness_cancellation_insert). Not yet:
 -- completeness_anchor (goes on Citus: findings §1.7),
--- completeness_fold, completeness_recount, tally_root_item — the same
--- rules apply.
+-- completeness_recount, tally_root_item — the same rules apply. The fold
+-- takes a shard group's buckets.
 
 \set ON_ERROR_STOP on
 BEGIN;
@@ -450,6 +450,61 @@ BEGIN
         CROSS JOIN LATERAL (SELECT -1 AS sign, 'withdrawn' AS cancel UNION ALL SELECT 1, c.outcome) s
         WHERE e.cancelled_at IS NOT NULL), bk));
     RETURN NULL;
+END
+$$;
+
+-- The fold of a shard group's counter slots, called by the maintenance
+-- pass once per shard group with its buckets (on one server, once with
+-- every bucket); the old form, over every shard, is refused on Citus and
+-- no longer matches the counters' key.
+DROP FUNCTION completeness_fold(timestamptz);
+CREATE OR REPLACE FUNCTION completeness_fold(p_to timestamp with time zone, bk smallint[])
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    WITH victims AS (
+        SELECT period, tenant, feature, account, slot, bucket FROM completeness_counters
+        WHERE bucket = ANY (bk) AND period < p_to AND slot <> 0
+        ORDER BY period, tenant, feature, account, slot, bucket
+        FOR UPDATE SKIP LOCKED
+    ),
+    moved AS (
+        DELETE FROM completeness_counters c USING victims v
+        WHERE c.bucket = ANY (bk) AND (c.period, c.tenant, c.feature, c.account, c.slot, c.bucket) = (v.period, v.tenant, v.feature, v.account, v.slot, v.bucket)
+        RETURNING c.*
+    ),
+    summed AS (
+        INSERT INTO completeness_counters AS c
+        SELECT period, tenant, feature, account, 0,
+               sum(ingested_events), sum(ingested_value), sum(confirmed_events), sum(confirmed_value),
+               sum(accepted_events), sum(accepted_value), sum(pending_events), sum(pending_value),
+               sum(unstaged_events), sum(unstaged_value), sum(quarantined_events), sum(quarantined_value),
+               sum(uncertain_events), sum(uncertain_value), sum(rejected_events), sum(rejected_value),
+               sum(cancelled_events), sum(cancelled_value), sum(period_closed_events), sum(period_closed_value),
+               sum(items), sum(inconsistent), bucket
+        FROM moved
+        GROUP BY period, tenant, feature, account, bucket
+        ORDER BY period, tenant, feature, account
+        ON CONFLICT (period, tenant, feature, account, slot, bucket) DO UPDATE SET
+            ingested_events = c.ingested_events + excluded.ingested_events, ingested_value = c.ingested_value + excluded.ingested_value,
+            confirmed_events = c.confirmed_events + excluded.confirmed_events, confirmed_value = c.confirmed_value + excluded.confirmed_value,
+            accepted_events = c.accepted_events + excluded.accepted_events, accepted_value = c.accepted_value + excluded.accepted_value,
+            pending_events = c.pending_events + excluded.pending_events, pending_value = c.pending_value + excluded.pending_value,
+            unstaged_events = c.unstaged_events + excluded.unstaged_events, unstaged_value = c.unstaged_value + excluded.unstaged_value,
+            quarantined_events = c.quarantined_events + excluded.quarantined_events, quarantined_value = c.quarantined_value + excluded.quarantined_value,
+            uncertain_events = c.uncertain_events + excluded.uncertain_events, uncertain_value = c.uncertain_value + excluded.uncertain_value,
+            rejected_events = c.rejected_events + excluded.rejected_events, rejected_value = c.rejected_value + excluded.rejected_value,
+            cancelled_events = c.cancelled_events + excluded.cancelled_events, cancelled_value = c.cancelled_value + excluded.cancelled_value,
+            period_closed_events = c.period_closed_events + excluded.period_closed_events,
+            period_closed_value = c.period_closed_value + excluded.period_closed_value,
+            items = c.items + excluded.items, inconsistent = c.inconsistent + excluded.inconsistent
+        RETURNING 1
+    )
+    SELECT count(*) FROM moved INTO n;
+    RETURN n;
 END
 $$;
 
