@@ -11,7 +11,8 @@
 -- Order: A (the bucket function and columns), B (keys, foreign keys, the
 -- view, then completeness.sql's functions, all with the bucket), C
 -- (reference tables first, then the distributed tables, the referenced
--- one first). Run with psql -f (it includes completeness.sql).
+-- one first), D (the coordinator's copy of the rows removed). Run with
+-- psql -f (it includes completeness.sql).
 
 \set ON_ERROR_STOP on
 BEGIN;
@@ -275,3 +276,33 @@ COMMIT;
 -- sessions, audit, reconcile_*, stripe_events*, meter_error_evidence,
 -- archives, usage_closed_months, report_snapshots, completeness_audits,
 -- outbox_snapshots, outbox_gauge_settled.
+
+-- ===== D. The coordinator's copy ==========================================
+-- create_distributed_table leaves the rows it copied on the coordinator's
+-- disk, invisible. truncate_local_data_after_distributing_table removes
+-- them, and the no-truncate triggers refuse it (findings §5): they are off
+-- for this one transaction, on the distributed tables and their shards,
+-- and on again before it commits. The distributed rows are not touched.
+BEGIN;
+SET LOCAL citus.enable_unsafe_triggers = on;
+DO $$
+DECLARE
+    t record;
+BEGIN
+    -- the no-truncate triggers of the distributed tables and their partitions, off for this transaction
+    FOR t IN SELECT tg.tgrelid::regclass AS rel, tg.tgname FROM pg_trigger tg
+             WHERE NOT tg.tgisinternal AND tg.tgname ~ '_no_truncate$'
+               AND tg.tgrelid IN (SELECT logicalrelid FROM pg_dist_partition WHERE partmethod = 'h') LOOP
+        EXECUTE format('ALTER TABLE %s DISABLE TRIGGER %I', t.rel, t.tgname);
+    END LOOP;
+    FOR t IN SELECT logicalrelid::regclass AS rel FROM pg_dist_partition
+             WHERE partmethod = 'h' AND logicalrelid NOT IN (SELECT inhrelid FROM pg_inherits) LOOP
+        PERFORM truncate_local_data_after_distributing_table(t.rel);
+    END LOOP;
+    FOR t IN SELECT tg.tgrelid::regclass AS rel, tg.tgname FROM pg_trigger tg
+             WHERE NOT tg.tgisinternal AND tg.tgname ~ '_no_truncate$'
+               AND tg.tgrelid IN (SELECT logicalrelid FROM pg_dist_partition WHERE partmethod = 'h') LOOP
+        EXECUTE format('ALTER TABLE %s ENABLE TRIGGER %I', t.rel, t.tgname);
+    END LOOP;
+END $$;
+COMMIT;
