@@ -40,6 +40,7 @@ var Placements = map[string]Placement{
 	"tenant_mappings":          Reference,
 	"tenant_mapping_versions":  Reference,
 	"stripe_meters":            Reference,
+	"stripe_customer_names":    Reference,
 
 	"api_tokens":              Local,
 	"archives":                Local,
@@ -54,7 +55,6 @@ var Placements = map[string]Placement{
 	"reconcile_resolutions":   Local,
 	"reconcile_runs":          Local,
 	"report_snapshots":        Local,
-	"stripe_customer_names":   Local,
 	"stripe_event_listings":   Local,
 	"stripe_events":           Local,
 	"usage_closed_months":     Local,
