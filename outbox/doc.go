@@ -14,7 +14,8 @@
 // statement with the statement's time, statement_timestamp(), which a
 // distributed database decides once on its coordinator), never stores a
 // response body or a secret, and never calls a provider: exporters send, and
-// report outcomes here.
+// report outcomes here. It notifies the deliverers (NotifyChannel) in the
+// transaction that makes items pending, so that they wake after its commit.
 //
 // Each actor has its own methods of Store, and each transition a name
 // (Transition; Transitions lists them with the states they join): callers

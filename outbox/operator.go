@@ -57,7 +57,8 @@ WHERE id = @id AND state = 'uncertain' AND lease_token = @token
 // Recover is the recover transition: uncertain to accepted, pending or
 // rejected, as the operator decided. Zero rows affected gives a *StateError
 // carrying the item's current state and lease token, ErrNotFound, or
-// ErrPastHorizon; nothing is retried.
+// ErrPastHorizon; nothing is retried. A recovery to pending wakes the
+// deliverers (NotifyChannel) when q's transaction commits.
 func (s *Store) Recover(ctx context.Context, q pgdb.Querier, id int64, r Recovery) error {
 	switch r.To {
 	case StateAccepted, StatePending, StateRejected:
@@ -79,6 +80,11 @@ func (s *Store) Recover(ctx context.Context, q pgdb.Querier, id int64, r Recover
 		return fmt.Errorf("outbox: recover item %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 1 {
+		if r.To == StatePending {
+			if err := notify(ctx, q); err != nil {
+				return err
+			}
+		}
 		s.metrics.moved(TransitionRecover, r.To)
 		return nil
 	}
@@ -112,13 +118,17 @@ WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_versi
 // ErrMappingChanged when the item was built from another mapping version than
 // the one given, ErrNotSendable when its payload lacks what a send needs, a
 // *StateError when it is not quarantined, ErrNotFound when there is no such
-// item.
+// item. A requeued item wakes the deliverers (NotifyChannel) when q's
+// transaction commits.
 func (s *Store) Requeue(ctx context.Context, q pgdb.Querier, id int64, mappingVersion int) error {
 	tag, err := q.Exec(ctx, sqlRequeue, pgx.NamedArgs{"id": id, "version": mappingVersion})
 	if err != nil {
 		return fmt.Errorf("outbox: requeue item %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 1 {
+		if err := notify(ctx, q); err != nil {
+			return err
+		}
 		s.metrics.moved(TransitionRequeue, StatePending)
 		return nil
 	}
