@@ -282,7 +282,7 @@ SELECT tenant, closes FROM (
     UNION ALL
     SELECT '', @to::timestamptz + @grace::interval
 ) o
-WHERE closes > clock_timestamp()
+WHERE closes > statement_timestamp()
 ORDER BY closes DESC, tenant`
 
 // openTenants is the refusal's reasons for a period not yet closed.

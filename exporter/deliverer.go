@@ -16,8 +16,9 @@ import (
 	"github.com/tallymeter/tally/outbox"
 )
 
-// NotifyChannel is the channel the outbox notifies when there is new work.
-const NotifyChannel = "tally_outbox"
+// NotifyChannel is the channel the outbox notifies when there is new work
+// (outbox.NotifyChannel).
+const NotifyChannel = outbox.NotifyChannel
 
 // listenReconnectDelay is how long the listener waits before it reconnects
 // after an error; the claim loops poll meanwhile.

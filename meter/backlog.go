@@ -36,7 +36,7 @@ const BacklogCountCap = 100_000
 const backlogSQL = `
 	SELECT (SELECT count(*) FROM (SELECT FROM usage_events WHERE item_id IS NULL AND received_at > '-infinity'
 			ORDER BY received_at LIMIT $1) AS unstaged),
-		coalesce(extract(epoch FROM clock_timestamp() - (SELECT min(received_at) FROM usage_events
+		coalesce(extract(epoch FROM statement_timestamp() - (SELECT min(received_at) FROM usage_events
 			WHERE item_id IS NULL AND received_at > '-infinity')), 0)::float8`
 
 // ReadBacklog reads the ledger backlog: cheap enough to read at every

@@ -200,7 +200,7 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 	case !errors.Is(err, pgx.ErrNoRows):
 		return res, false, fmt.Errorf("meter: reading the cancellation of %s/%s: %w", c.Tenant, c.ID, err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE usage_events SET cancelled_at = clock_timestamp() WHERE id = $1 AND occurred_at = $2`, row.id, row.at); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE usage_events SET cancelled_at = statement_timestamp() WHERE id = $1 AND occurred_at = $2`, row.id, row.at); err != nil {
 		return res, false, fmt.Errorf("meter: marking the event %s/%s cancelled: %w", c.Tenant, c.ID, err)
 	}
 	var carried *int64
@@ -341,7 +341,7 @@ func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerR
 		if margin <= 0 {
 			margin = DefaultCancelMargin
 		}
-		if err := tx.QueryRow(ctx, `SELECT first_attempt_at + @window::interval - @margin::interval > clock_timestamp(),
+		if err := tx.QueryRow(ctx, `SELECT first_attempt_at + @window::interval - @margin::interval > statement_timestamp(),
 			floor(extract(epoch FROM first_attempt_at + @window::interval))::bigint
 			FROM outbox_item_states WHERE id = @id`, pgx.NamedArgs{"window": cancelWindow, "margin": margin, "id": live.ID}).
 			Scan(&inTime, &cancelBy); err != nil {

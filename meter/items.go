@@ -75,7 +75,7 @@ func markRows(ctx context.Context, tx pgx.Tx, rows, items []int64) error {
 		}
 	}
 	tag, err := tx.Exec(ctx, `
-		UPDATE usage_events u SET item_id = m.item, staged_at = clock_timestamp()
+		UPDATE usage_events u SET item_id = m.item, staged_at = statement_timestamp()
 		FROM unnest($1::bigint[], $2::bigint[]) AS m(row_id, item)
 		WHERE u.id = m.row_id AND u.item_id IS NULL`, rows, items)
 	if err != nil {

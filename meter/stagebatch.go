@@ -245,13 +245,13 @@ func lockGroups(ctx context.Context, tx pgx.Tx, batch []unstagedGroup) ([]unstag
 // width) holding unstaged rows that may be in a closed window (older than
 // the grace), with how many and whether the whole bucket has closed.
 const sqlBatchBuckets = `
-SELECT g.n, b.bucket, b.rows, b.bucket + g.width + @grace::interval <= clock_timestamp()
+SELECT g.n, b.bucket, b.rows, b.bucket + g.width + @grace::interval <= statement_timestamp()
 FROM unnest(@tenants::text[], @features::text[], @widths::interval[]) WITH ORDINALITY AS g(tenant, feature, width, n)
 CROSS JOIN LATERAL (
     SELECT date_bin(g.width, u.occurred_at, @origin::timestamptz) AS bucket, count(*) AS rows
     FROM usage_events u
     WHERE u.tenant = g.tenant AND u.feature = g.feature AND u.item_id IS NULL
-      AND u.occurred_at < clock_timestamp() - @grace::interval
+      AND u.occurred_at < statement_timestamp() - @grace::interval
     GROUP BY 1
 ) b
 ORDER BY g.n, b.bucket`
@@ -315,7 +315,7 @@ WITH locked AS (
         SELECT id, value, occurred_at FROM usage_events
         WHERE tenant = w.tenant AND feature = w.feature AND item_id IS NULL
           AND occurred_at >= w.wfrom AND occurred_at < w.wto
-          AND w.wto + @grace::interval <= clock_timestamp()
+          AND w.wto + @grace::interval <= statement_timestamp()
         FOR UPDATE SKIP LOCKED
     ) u
 )
@@ -453,7 +453,7 @@ func markBatchRows(ctx context.Context, tx pgx.Tx, marks []rowMark, from, to tim
 		rows[i], items[i] = m.row, m.item
 	}
 	tag, err := tx.Exec(ctx, `
-		UPDATE usage_events u SET item_id = m.item, staged_at = clock_timestamp()
+		UPDATE usage_events u SET item_id = m.item, staged_at = statement_timestamp()
 		FROM unnest($1::bigint[], $2::bigint[]) AS m(row_id, item)
 		WHERE u.id = m.row_id AND u.item_id IS NULL AND u.occurred_at >= $3 AND u.occurred_at < $4`, rows, items, from, to)
 	if err != nil {

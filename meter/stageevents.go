@@ -25,8 +25,8 @@ const sqlEventRows = `
 SELECT id, event_id, value, occurred_at FROM usage_events
 WHERE tenant = @tenant AND feature = @feature AND item_id IS NULL
   AND (NOT @wait OR date_bin(interval '1 hour', occurred_at, @origin::timestamptz) + interval '1 hour' + @grace::interval
-                    <= clock_timestamp())
-  AND occurred_at <= clock_timestamp() + @future::interval
+                    <= statement_timestamp())
+  AND occurred_at <= statement_timestamp() + @future::interval
 ORDER BY id LIMIT @limit
 FOR UPDATE SKIP LOCKED`
 

@@ -21,7 +21,7 @@ WITH locked AS (
     SELECT id, value, occurred_at FROM usage_events
     WHERE tenant = @tenant AND feature = @feature AND item_id IS NULL
       AND occurred_at >= @from AND occurred_at < @to
-      AND @to::timestamptz + @grace::interval <= clock_timestamp()
+      AND @to::timestamptz + @grace::interval <= statement_timestamp()
     FOR UPDATE SKIP LOCKED
 )
 SELECT coalesce(array_agg(id ORDER BY occurred_at, id), '{}'), coalesce(sum(value), 0)::numeric,

@@ -119,7 +119,7 @@ func timestampsAhead(ctx context.Context, tx pgx.Tx, target Target, evs []staged
 	for i, e := range evs {
 		stamps[i] = e.at
 	}
-	rows, err := tx.Query(ctx, `SELECT ts > clock_timestamp() + @future::interval
+	rows, err := tx.Query(ctx, `SELECT ts > statement_timestamp() + @future::interval
 		FROM unnest(@stamps::timestamptz[]) WITH ORDINALITY AS u(ts, n) ORDER BY n`,
 		pgx.NamedArgs{"future": target.AcceptFuture, "stamps": stamps})
 	if err != nil {
@@ -181,8 +181,8 @@ func checkStamps(ctx context.Context, tx pgx.Tx, target Target, checks []stampCh
 		stamps[i], ends[i], graces[i] = c.at, c.periodEnd, c.grace
 	}
 	rows, err := tx.Query(ctx, `
-		SELECT ts < clock_timestamp() - @past::interval OR ts > clock_timestamp() + @future::interval,
-		       pe + g < clock_timestamp()
+		SELECT ts < statement_timestamp() - @past::interval OR ts > statement_timestamp() + @future::interval,
+		       pe + g < statement_timestamp()
 		FROM unnest(@stamps::timestamptz[], @ends::timestamptz[], @graces::interval[]) WITH ORDINALITY AS u(ts, pe, g, n)
 		ORDER BY n`,
 		pgx.NamedArgs{"past": target.AcceptPast, "future": target.AcceptFuture, "stamps": stamps, "ends": ends, "graces": graces})

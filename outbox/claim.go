@@ -91,28 +91,28 @@ func MeterSkipKey(account, eventName string) string { return account + "|" + eve
 const perKeyLockSpace int32 = 0x54414c59
 
 // The claim's predicate (docs/outbox.md, "The states"): pending and due, or
-// leased with an expired lease. Each half also bounds its column by
-// statement_timestamp(), a stable value an index scan can stop at; the
-// clock_timestamp() comparison is the rule. "next_attempt_at IS NOT NULL"
-// (always true) is the partial index pending_due's predicate too: only the
-// picks that say it may read that index.
+// leased with an expired lease, by the statement's time
+// (statement_timestamp()): a stable value an index scan can stop at, and
+// the one clock a distributed database decides once. "next_attempt_at IS
+// NOT NULL" (always true) is the partial index pending_due's predicate too:
+// only the picks that say it may read that index.
 const (
-	pendingDue   = `o.state = 'pending' AND o.next_attempt_at IS NOT NULL AND o.next_attempt_at <= statement_timestamp() AND o.next_attempt_at <= clock_timestamp()`
-	leaseExpired = `o.state = 'leased' AND o.lease_expires_at < statement_timestamp() AND o.lease_expires_at < clock_timestamp()`
+	pendingDue   = `o.state = 'pending' AND o.next_attempt_at IS NOT NULL AND o.next_attempt_at <= statement_timestamp()`
+	leaseExpired = `o.state = 'leased' AND o.lease_expires_at < statement_timestamp()`
 )
 
 // withinBudget: inside the attempt cap, and inside the horizon unless no
 // attempt may have reached the provider. Items outside the budget are never
 // sent again automatically; the maintenance sweep makes them uncertain.
 const withinBudget = `o.attempts - o.attempts_base < @max
-    AND (o.refused_attempts = o.attempts OR o.first_attempt_at + @horizon::interval > clock_timestamp())
+    AND (o.refused_attempts = o.attempts OR o.first_attempt_at + @horizon::interval > statement_timestamp())
     AND ` + exporterMarker
 
 // earlierInBudget is withinBudget for p, a pending item of the key before
 // the one a PerKey claim considers: only an item the claim could take
 // keeps its key's later items back.
 const earlierInBudget = `p.attempts - p.attempts_base < @max
-    AND (p.refused_attempts = p.attempts OR p.first_attempt_at + @horizon::interval > clock_timestamp())
+    AND (p.refused_attempts = p.attempts OR p.first_attempt_at + @horizon::interval > statement_timestamp())
     AND ` + exporterMarkerP
 
 // exporterMarkerP is exporterMarker for the alias p.
@@ -165,8 +165,8 @@ func (f claimFilter) apply(sql string) string {
 	return sql
 }
 
-const claimable = `((o.state = 'pending' COLLATE "C" AND o.next_attempt_at <= clock_timestamp())
-      OR (o.state = 'leased' COLLATE "C" AND o.lease_expires_at < clock_timestamp()))
+const claimable = `((o.state = 'pending' COLLATE "C" AND o.next_attempt_at <= statement_timestamp())
+      OR (o.state = 'leased' COLLATE "C" AND o.lease_expires_at < statement_timestamp()))
     AND ` + withinBudget
 
 // sqlClaimLease is the write half of the claim, shared by both policies:
@@ -191,12 +191,12 @@ claimed AS (
         state            = 'leased',
         lease_token      = o.lease_token + 1,
         attempts         = o.attempts + 1,
-        first_attempt_at = coalesce(o.first_attempt_at, clock_timestamp()),
+        first_attempt_at = coalesce(o.first_attempt_at, statement_timestamp()),
         lease_owner      = @owner,
         per_key_lease    = @per_key,
-        leased_at        = clock_timestamp(),
-        lease_expires_at = clock_timestamp() + @lease::interval,
-        updated_at       = clock_timestamp()
+        leased_at        = statement_timestamp(),
+        lease_expires_at = statement_timestamp() + @lease::interval,
+        updated_at       = statement_timestamp()
     WHERE o.id = ANY(ARRAY(SELECT id FROM picked)) AND ` + claimable + `
     RETURNING o.*
 ),
@@ -206,8 +206,8 @@ abandoned AS (
     FROM picked p WHERE p.prev_state = 'leased' AND p.id = ANY(ARRAY(SELECT id FROM claimed))
 )
 SELECT ` + "%s" + `,
-       to_timestamp((b.payload ->> 'timestamp')::bigint) NOT BETWEEN clock_timestamp() - @accept_past::interval
-                                                          AND clock_timestamp() + @accept_future::interval
+       to_timestamp((b.payload ->> 'timestamp')::bigint) NOT BETWEEN statement_timestamp() - @accept_past::interval
+                                                          AND statement_timestamp() + @accept_future::interval
            AS timestamp_outside,
        coalesce(to_timestamp((b.payload ->> 'cancel_by')::bigint) < o.lease_expires_at, false) AS past_deadline
 FROM claimed o JOIN outbox_item_bodies b ON b.id = o.id
@@ -237,10 +237,12 @@ WITH picked AS (
 // another item of the key holds an unexpired lease, or a PerKey lease,
 // expired or not (a unique index admits one per key; an
 // expired one is taken over as the key's first item, or, past the budget,
-// settled by the maintenance sweep).
+// settled by the maintenance sweep). The NOT EXISTS that tests it ends in
+// OFFSET 0, which keeps it a probe of the key per candidate rather than an
+// anti join (sqlClaimPerKeyOne).
 func keyHeld(key, id string) string {
 	return `l.state = 'leased' AND l.ordering_key = ` + key + ` AND l.id <> ` + id + `
-                      AND (l.lease_expires_at >= clock_timestamp() OR l.per_key_lease)`
+                      AND (l.lease_expires_at >= statement_timestamp() OR l.per_key_lease)`
 }
 
 // sqlClaimKeys is the first statement of a PerKey claim. It finds the
@@ -272,7 +274,7 @@ firsts AS MATERIALIZED (
 ),
 cand AS MATERIALIZED (
     SELECT f.ordering_key, f.id FROM firsts f
-    WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE ` + keyHeld("f.ordering_key", "f.id") + `)
+    WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE ` + keyHeld("f.ordering_key", "f.id") + ` OFFSET 0)
     ORDER BY f.due_at, f.ordering_key
 ),
 locked AS MATERIALIZED (
@@ -304,7 +306,7 @@ CROSS JOIN LATERAL (
     ORDER BY o.next_attempt_at, o.id LIMIT 1
 ) h
 WHERE k.ordering_key IS NOT NULL AND k.ordering_key <> ALL(@tried::text[])
-  AND NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE ` + keyHeld("k.ordering_key", "h.id") + `)
+  AND NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE ` + keyHeld("k.ordering_key", "h.id") + ` OFFSET 0)
 ORDER BY h.due_at, k.ordering_key
 LIMIT @scan`
 
@@ -336,7 +338,7 @@ WITH picked AS (
     FROM unnest(@ids::bigint[]) WITH ORDINALITY AS k(id, n)
     JOIN outbox_item_states o ON o.id = k.id
     WHERE ((`+leaseExpired+`) OR (`+pendingDue+`)) AND `+withinBudget+`
-      AND NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE `+keyHeld("o.ordering_key", "o.id")+`)
+      AND NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE `+keyHeld("o.ordering_key", "o.id")+` OFFSET 0)
     ORDER BY k.n
     LIMIT @limit
     FOR UPDATE OF o SKIP LOCKED
@@ -361,11 +363,12 @@ WITH picked AS (
 // claimer holds would be probed twice before it was skipped; a key's later
 // items locked and dropped stay locked only until this claim commits. The
 // probes (a key's leases, its earlier pending items) and the unique index's
-// entry are what a PerKey claim pays beyond BestEffort's. The OFFSET 0 keeps
-// the leased-key test a probe of the key's index entries per candidate:
-// without it the planner turns it into an anti join, and a cached generic
-// plan, which expects one leased item, compares every candidate with every
-// leased item.
+// entry are what a PerKey claim pays beyond BestEffort's. Each NOT EXISTS
+// ends in OFFSET 0, which keeps it a probe of the key's index entries per
+// candidate: without it the planner turns it into an anti join, and a
+// cached generic plan, which expects one leased item, compares every
+// candidate with every leased item, or every earlier pending item with
+// every candidate.
 var sqlClaimPerKeyOne = fmt.Sprintf(`
 WITH picked AS (
     SELECT id, state AS prev_state, lease_token AS prev_token, lease_owner AS prev_owner, leased_at AS prev_leased_at
@@ -376,8 +379,8 @@ WITH picked AS (
             WHERE `+leaseExpired+` AND `+withinBudget+`
             ORDER BY o.lease_expires_at, o.id LIMIT @scan FOR UPDATE SKIP LOCKED) o
         WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased' AND l.ordering_key = o.ordering_key
-                          AND l.id <> o.id AND (l.lease_expires_at >= clock_timestamp() OR l.per_key_lease
-                                                OR (l.lease_expires_at, l.id) < (o.lease_expires_at, o.id)))
+                          AND l.id <> o.id AND (l.lease_expires_at >= statement_timestamp() OR l.per_key_lease
+                                                OR (l.lease_expires_at, l.id) < (o.lease_expires_at, o.id)) OFFSET 0)
         UNION ALL
         SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM (
             SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at, o.ordering_key, o.next_attempt_at
@@ -386,7 +389,7 @@ WITH picked AS (
             ORDER BY o.next_attempt_at, o.id LIMIT @scan FOR UPDATE SKIP LOCKED) o
         WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased' AND l.ordering_key = o.ordering_key OFFSET 0)
           AND NOT EXISTS (SELECT 1 FROM outbox_item_states p WHERE p.state = 'pending' AND p.ordering_key = o.ordering_key
-                          AND (p.next_attempt_at, p.id) < (o.next_attempt_at, o.id) AND `+earlierInBudget+`)
+                          AND (p.next_attempt_at, p.id) < (o.next_attempt_at, o.id) AND `+earlierInBudget+` OFFSET 0)
         LIMIT @limit
     ) c
 ),`+sqlClaimLease, splitColumns("b", "o"))

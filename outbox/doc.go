@@ -10,10 +10,12 @@
 // its SQL); a write that affects zero rows is reported to the caller
 // (ErrStaleLease, *StateError, ErrMappingChanged) and counted by the
 // stale-writer metric, never retried. It never deletes a row, never reads the
-// time into Go to decide anything (every duration is compared with
-// clock_timestamp() inside one statement), never stores a response body or a
-// secret, and never calls a provider: exporters send, and report outcomes
-// here.
+// time into Go to decide anything (every duration is compared inside one
+// statement with the statement's time, statement_timestamp(), which a
+// distributed database decides once on its coordinator), never stores a
+// response body or a secret, and never calls a provider: exporters send, and
+// report outcomes here. It notifies the deliverers (NotifyChannel) in the
+// transaction that makes items pending, so that they wake after its commit.
 //
 // Each actor has its own methods of Store, and each transition a name
 // (Transition; Transitions lists them with the states they join): callers

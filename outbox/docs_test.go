@@ -120,6 +120,7 @@ func TestDocsSQL(t *testing.T) {
 		{"The provider's error report on an item in flight — a note for its next accept", sqlNoteFailures},
 		{"Park — no transition: a skipped key's due pending items move out of the claims' way, no attempt spent", sqlPark},
 		{"Unpark — a key skipped no longer: its parked items are due at once", sqlUnpark},
+		{"Wake the deliverers — after a stage that inserted a pending item, a requeue, a recovery to pending; in the same transaction, once per statement", sqlNotify},
 		{"The gauge", sqlGauge},
 		{"The gauge's watermark (a step per maintenance pass)", sqlGaugeAdvance},
 	} {

@@ -125,7 +125,8 @@ WHERE tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3 AND exporter = 
 // Enqueue is stage, stage_quarantined or stage_withdrawn: it inserts item
 // inside the caller's transaction, or, when the identity exists already,
 // returns the existing row. It never commits; the caller commits once, with
-// the cause of the item.
+// the cause of the item. An item inserted pending wakes the deliverers
+// (NotifyChannel) when that transaction commits.
 func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued, error) {
 	if err := item.validate(); err != nil {
 		return Enqueued{}, err
@@ -154,6 +155,11 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 		return Enqueued{}, fmt.Errorf("outbox: enqueueing %s %s: %w", id.SubjectKind, id.SubjectRef, err)
 	}
 	if res.Inserted {
+		if state == StatePending {
+			if err := notify(ctx, tx); err != nil {
+				return Enqueued{}, err
+			}
+		}
 		s.metrics.moved(stageTransitions[state], state)
 		s.metrics.enqueued(id.SubjectKind, item.Quarantine, item.Payload.Late)
 	}
@@ -188,7 +194,8 @@ SELECT body.id, body.identifier, coalesce(state.state, '') FROM body LEFT JOIN s
 // EnqueueBatch is Enqueue for many items in one statement, inside the
 // caller's transaction: what a stager uses for per-event items. Its results
 // are in the order of items. An item whose identity exists already is
-// returned with Inserted false, like Enqueue's.
+// returned with Inserted false, like Enqueue's. One notification, not one
+// per item, wakes the deliverers when some item was inserted pending.
 func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([]Enqueued, error) {
 	if len(items) == 0 {
 		return nil, nil
@@ -238,6 +245,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 		id         int64
 		identifier string
 		state      State
+		pending    bool // an item was inserted pending
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&id, &identifier, &state}, func() error {
 		i, ok := byIdentifier[identifier]
@@ -245,11 +253,17 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 			return errNoStateRow
 		}
 		out[i] = Enqueued{ID: id, Identifier: identifier, State: state, Inserted: true, SamePayload: true}
+		pending = pending || state == StatePending
 		s.metrics.moved(stageTransitions[state], state)
 		s.metrics.enqueued(items[i].Identity.SubjectKind, items[i].Quarantine, items[i].Payload.Late)
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("outbox: enqueueing %d items: %w", n, err)
+	}
+	if pending {
+		if err := notify(ctx, tx); err != nil {
+			return nil, err
+		}
 	}
 	for i := range out {
 		if out[i].Inserted {

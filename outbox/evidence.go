@@ -14,7 +14,7 @@ const sqlConfirm = `
 WITH locked AS MATERIALIZED (
     SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 )
-UPDATE outbox_item_states o SET state = 'confirmed', confirmed_at = clock_timestamp(), updated_at = clock_timestamp()
+UPDATE outbox_item_states o SET state = 'confirmed', confirmed_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
 RETURNING o.id`
 
@@ -160,7 +160,7 @@ UPDATE outbox_item_states o SET
     state = b.target, quarantine_reason = nullif(b.reason, ''),
     refused_attempts = CASE WHEN o.attempts - o.refused_attempts <= 1 THEN o.attempts ELSE o.refused_attempts END,
     last_error_code = b.code, last_error_status = nullif(b.status, 0), last_error = nullif(b.message, ''),
-    updated_at = clock_timestamp()
+    updated_at = statement_timestamp()
 FROM b
 WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
 RETURNING o.id, o.state`

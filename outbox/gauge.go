@@ -48,7 +48,7 @@ SELECT (SELECT count(*) FROM outbox_item_states WHERE state = 'pending' AND crea
        (SELECT count(*) FROM outbox_item_states WHERE superseded_by IS NOT NULL),
        (SELECT count(*) FROM outbox_item_states WHERE state = 'withdrawn'),
        @items::bigint + (SELECT count(*) FROM outbox_item_states WHERE id >= @below::bigint),
-       coalesce(extract(epoch FROM clock_timestamp() - least(
+       coalesce(extract(epoch FROM statement_timestamp() - least(
            (SELECT created_at FROM outbox_item_states WHERE state = 'pending' AND created_at IS NOT NULL ORDER BY created_at LIMIT 1),
            (SELECT min(created_at) FROM outbox_item_states WHERE state = 'leased'))), 0)::float8`
 

@@ -58,7 +58,7 @@ type HourCount struct {
 // sqlAcceptedPerHour counts the accepted outcomes of the attempt log per
 // hour of recording, within a span before the database's clock.
 const sqlAcceptedPerHour = `SELECT date_trunc('hour', recorded_at) AS h, count(*) FROM outbox_attempts
-	WHERE outcome = 'accepted' AND recorded_at > clock_timestamp() - @within::interval GROUP BY 1 ORDER BY 1`
+	WHERE outcome = 'accepted' AND recorded_at > statement_timestamp() - @within::interval GROUP BY 1 ORDER BY 1`
 
 // AcceptedPerHour counts the attempts whose outcome was accepted, per
 // hour in which they were recorded, within the last span (by the database's

@@ -55,7 +55,7 @@ SELECT b.ordering_key, b.payload ->> 'customer', b.payload ->> 'event_name', b.d
        min((b.payload ->> 'timestamp')::bigint), max((b.payload ->> 'timestamp')::bigint)
 FROM outbox_item_states s JOIN outbox_item_bodies b ON b.id = s.id
 WHERE b.destination_account = ANY(@accounts::text[]) AND s.mode = @mode
-  AND ((s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval) OR s.state = 'uncertain')
+  AND ((s.state = 'accepted' AND s.accepted_at < statement_timestamp() - @settle::interval) OR s.state = 'uncertain')
   AND (b.payload ->> 'timestamp')::bigint >= @since
   AND s.ordering_key COLLATE "C" > @cursor
 GROUP BY 1, 2, 3, 4
@@ -129,7 +129,7 @@ type KeyItem struct {
 // refused as too late say, changes nothing at Stripe).
 const sqlKeyItems = `
 SELECT b.id, s.state, (b.payload ->> 'value')::bigint, (b.payload ->> 'timestamp')::bigint,
-       s.state = 'accepted' AND s.accepted_at < clock_timestamp() - @settle::interval,
+       s.state = 'accepted' AND s.accepted_at < statement_timestamp() - @settle::interval,
        b.identifier, coalesce(b.payload ->> 'cancels', ''), b.tenant_key, (b.payload ->> 'period')::timestamptz,
        coalesce(s.meter, '')
 FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id

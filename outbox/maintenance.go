@@ -20,13 +20,16 @@ import (
 // state as locked; rows another transaction holds are skipped until the next
 // pass. Only an attempted item can be past either (the cap is at least
 // one), so pending items are read from the index of attempted ones: the
-// backlog never sent costs a pass nothing.
+// backlog never sent costs a pass nothing. The update finds the rows "due"
+// locked by primary key and compares their state under collation "C",
+// which no partial index's predicate uses, as the claim's lease does: else
+// the planner may read every pending item through the partial indexes.
 const sqlSweep = `
 WITH due AS MATERIALIZED (
     SELECT o.id, o.state AS prev_state FROM outbox_item_states o
     WHERE ((o.state = 'pending' AND o.attempts > 0) OR (` + leaseExpired + `))
       AND (o.attempts - o.attempts_base >= @max
-           OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= clock_timestamp()))
+           OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= statement_timestamp()))
     ORDER BY o.id
     FOR UPDATE SKIP LOCKED
 ),
@@ -39,12 +42,12 @@ t AS (
                                  THEN 'attempt cap reached without an answer'
                                  ELSE 'idempotency horizon passed before the item could be sent again' END,
         lease_expires_at  = NULL,
-        updated_at        = clock_timestamp()
+        updated_at        = statement_timestamp()
     FROM due d
     WHERE o.id = d.id
-      AND (o.state = 'pending' OR (o.state = 'leased' AND o.lease_expires_at < clock_timestamp()))
+      AND (o.state = 'pending' COLLATE "C" OR (o.state = 'leased' COLLATE "C" AND o.lease_expires_at < statement_timestamp()))
       AND (o.attempts - o.attempts_base >= @max
-           OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= clock_timestamp()))
+           OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= statement_timestamp()))
     RETURNING o.id, d.prev_state, o.lease_token, o.lease_owner, o.leased_at, o.last_error_code, o.last_error
 ),
 log AS (

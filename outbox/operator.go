@@ -40,24 +40,25 @@ type Recovery struct {
 const sqlRecover = `
 UPDATE outbox_item_states SET
     state             = @to,
-    accepted_at       = CASE WHEN @to = 'accepted' THEN clock_timestamp() ELSE accepted_at END,
+    accepted_at       = CASE WHEN @to = 'accepted' THEN statement_timestamp() ELSE accepted_at END,
     provider_ref      = CASE WHEN @to = 'accepted' THEN coalesce(nullif(@ref, ''), provider_ref) ELSE provider_ref END,
-    next_attempt_at   = CASE WHEN @to = 'pending' THEN clock_timestamp() ELSE next_attempt_at END,
+    next_attempt_at   = CASE WHEN @to = 'pending' THEN statement_timestamp() ELSE next_attempt_at END,
     refused_attempts  = CASE WHEN @to = 'pending' AND @not_reached THEN attempts ELSE refused_attempts END,
     attempts_base     = CASE WHEN @to = 'pending' THEN attempts ELSE attempts_base END,
     last_error_code   = CASE WHEN @to = 'rejected' THEN 'operator_rejected'
                              WHEN @not_reached THEN 'operator_not_reached' ELSE last_error_code END,
     last_error_status = CASE WHEN @to = 'rejected' OR @not_reached THEN NULL ELSE last_error_status END,
     last_error        = CASE WHEN @to = 'rejected' OR @not_reached THEN nullif(@reason, '') ELSE last_error END,
-    updated_at        = clock_timestamp()
+    updated_at        = statement_timestamp()
 WHERE id = @id AND state = 'uncertain' AND lease_token = @token
   AND (@to <> 'pending' OR @not_reached OR refused_attempts = attempts
-       OR first_attempt_at + @horizon::interval > clock_timestamp())`
+       OR first_attempt_at + @horizon::interval > statement_timestamp())`
 
 // Recover is the recover transition: uncertain to accepted, pending or
 // rejected, as the operator decided. Zero rows affected gives a *StateError
 // carrying the item's current state and lease token, ErrNotFound, or
-// ErrPastHorizon; nothing is retried.
+// ErrPastHorizon; nothing is retried. A recovery to pending wakes the
+// deliverers (NotifyChannel) when q's transaction commits.
 func (s *Store) Recover(ctx context.Context, q pgdb.Querier, id int64, r Recovery) error {
 	switch r.To {
 	case StateAccepted, StatePending, StateRejected:
@@ -79,6 +80,11 @@ func (s *Store) Recover(ctx context.Context, q pgdb.Querier, id int64, r Recover
 		return fmt.Errorf("outbox: recover item %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 1 {
+		if r.To == StatePending {
+			if err := notify(ctx, q); err != nil {
+				return err
+			}
+		}
 		s.metrics.moved(TransitionRecover, r.To)
 		return nil
 	}
@@ -100,8 +106,8 @@ func (s *Store) Recover(ctx context.Context, q pgdb.Querier, id int64, r Recover
 // mapping that supplies it.
 const sqlRequeue = `
 UPDATE outbox_item_states o SET
-    state = 'pending', quarantine_reason = NULL, next_attempt_at = clock_timestamp(),
-    attempts_base = o.attempts, updated_at = clock_timestamp(),
+    state = 'pending', quarantine_reason = NULL, next_attempt_at = statement_timestamp(),
+    attempts_base = o.attempts, updated_at = statement_timestamp(),
     reported_state = NULL, reported_reason = NULL, reported_code = NULL, reported_message = NULL
 FROM outbox_item_bodies b
 WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_version = @version
@@ -112,13 +118,17 @@ WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_versi
 // ErrMappingChanged when the item was built from another mapping version than
 // the one given, ErrNotSendable when its payload lacks what a send needs, a
 // *StateError when it is not quarantined, ErrNotFound when there is no such
-// item.
+// item. A requeued item wakes the deliverers (NotifyChannel) when q's
+// transaction commits.
 func (s *Store) Requeue(ctx context.Context, q pgdb.Querier, id int64, mappingVersion int) error {
 	tag, err := q.Exec(ctx, sqlRequeue, pgx.NamedArgs{"id": id, "version": mappingVersion})
 	if err != nil {
 		return fmt.Errorf("outbox: requeue item %d: %w", id, err)
 	}
 	if tag.RowsAffected() == 1 {
+		if err := notify(ctx, q); err != nil {
+			return err
+		}
 		s.metrics.moved(TransitionRequeue, StatePending)
 		return nil
 	}
@@ -159,7 +169,7 @@ func (s *Store) requeueRefusal(ctx context.Context, q pgdb.Querier, id int64, tr
 // only an item no attempt of which may have reached the provider, in the same
 // transaction as its successor's insert.
 const sqlSupersede = `
-UPDATE outbox_item_states o SET state = 'superseded', superseded_by = @successor, updated_at = clock_timestamp()
+UPDATE outbox_item_states o SET state = 'superseded', superseded_by = @successor, updated_at = statement_timestamp()
 FROM outbox_item_bodies b
 WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_version = @version
   AND o.refused_attempts = o.attempts`

@@ -39,30 +39,30 @@ const skipRange = `p.ordering_key >= split_part(k.key, '|', 1) || '|'
 // sqlPark moves the due pending items of @exporter of the skip keys @keys
 // to @for from now, at most @limit of them, skipping locked rows.
 const sqlPark = `
-UPDATE outbox_item_states o SET next_attempt_at = clock_timestamp() + @for::interval, updated_at = clock_timestamp()
+UPDATE outbox_item_states o SET next_attempt_at = statement_timestamp() + @for::interval, updated_at = statement_timestamp()
 WHERE o.id IN (
     SELECT p.id FROM unnest(@keys::text[]) AS k(key)
     JOIN LATERAL (
         SELECT p.id FROM outbox_item_states p
         WHERE p.state = 'pending' AND ` + skipRange + `
-          AND p.exporter = @exporter AND p.next_attempt_at <= clock_timestamp()
+          AND p.exporter = @exporter AND p.next_attempt_at <= statement_timestamp()
         LIMIT @limit FOR UPDATE SKIP LOCKED
     ) p ON true
     LIMIT @limit)
-  AND o.state = 'pending' AND o.next_attempt_at <= clock_timestamp()`
+  AND o.state = 'pending' AND o.next_attempt_at <= statement_timestamp()`
 
 // sqlUnpark makes the parked pending items of @exporter of the skip keys
 // @keys due now: those due within @for (a park's reach), which were parked
 // or would be due before long anyway.
 const sqlUnpark = `
-UPDATE outbox_item_states o SET next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+UPDATE outbox_item_states o SET next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE o.id IN (
     SELECT p.id FROM unnest(@keys::text[]) AS k(key)
     JOIN LATERAL (
         SELECT p.id FROM outbox_item_states p
         WHERE p.state = 'pending' AND ` + skipRange + `
-          AND p.exporter = @exporter AND p.next_attempt_at > clock_timestamp()
-          AND p.next_attempt_at <= clock_timestamp() + @for::interval
+          AND p.exporter = @exporter AND p.next_attempt_at > statement_timestamp()
+          AND p.next_attempt_at <= statement_timestamp() + @for::interval
         FOR UPDATE SKIP LOCKED
     ) p ON true)
   AND o.state = 'pending'`

@@ -13,7 +13,7 @@ import (
 // its current attempt budget, or leased again after one. Its WHERE is the
 // predicate of the partial index outbox_item_states_retrying, which answers
 // it from its left edge however many items wait.
-const sqlOldestRetrying = `SELECT extract(epoch FROM clock_timestamp() - min(first_attempt_at))::float8 FROM outbox_item_states
+const sqlOldestRetrying = `SELECT extract(epoch FROM statement_timestamp() - min(first_attempt_at))::float8 FROM outbox_item_states
 	WHERE (state = 'pending' AND attempts > attempts_base) OR (state = 'leased' AND attempts > attempts_base + 1)`
 
 // OldestRetrying is how long ago, by the database's clock, the item that

@@ -61,8 +61,8 @@ t AS (
         last_error_status = CASE WHEN o.reported_state IS NULL THEN o.last_error_status END,
         last_error        = CASE WHEN o.reported_state IS NULL THEN o.last_error ELSE o.reported_message END,
         reported_state = NULL, reported_reason = NULL, reported_code = NULL, reported_message = NULL,
-        provider_ref = nullif(b.ref, ''), meter = nullif(b.meter, ''), accepted_at = clock_timestamp(),
-        lease_expires_at = NULL, updated_at = clock_timestamp()
+        provider_ref = nullif(b.ref, ''), meter = nullif(b.meter, ''), accepted_at = statement_timestamp(),
+        lease_expires_at = NULL, updated_at = statement_timestamp()
     FROM b
     WHERE o.id = b.id AND (SELECT count(*) FROM locked) >= 0 AND o.lease_token = b.token AND o.state = 'leased' COLLATE "C"
     RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.provider_ref, o.quarantine_reason
@@ -92,13 +92,13 @@ t AS (
         state = CASE
             WHEN o.attempts - o.attempts_base >= @max THEN 'uncertain'
             WHEN o.refused_attempts + b.refused::int < o.attempts
-                 AND clock_timestamp() + b.delay_us * interval '1 microsecond' > o.first_attempt_at + @horizon::interval
+                 AND statement_timestamp() + b.delay_us * interval '1 microsecond' > o.first_attempt_at + @horizon::interval
                 THEN 'uncertain'
             ELSE 'pending' END,
-        next_attempt_at   = clock_timestamp() + b.delay_us * interval '1 microsecond',
+        next_attempt_at   = statement_timestamp() + b.delay_us * interval '1 microsecond',
         refused_attempts  = o.refused_attempts + b.refused::int,
         last_error_code   = b.code, last_error_status = nullif(b.status, 0), last_error = nullif(b.message, ''),
-        lease_expires_at  = NULL, updated_at = clock_timestamp()
+        lease_expires_at  = NULL, updated_at = statement_timestamp()
     FROM b
     WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND (SELECT count(*) FROM locked) >= 0 AND o.lease_token = b.token AND o.state = 'leased'
     RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, b.refused, b.kind, b.code, b.status, b.message
@@ -128,7 +128,7 @@ t AS (
         state = b.target, quarantine_reason = nullif(b.reason, ''),
         refused_attempts = o.refused_attempts + b.refused::int,
         last_error_code = b.code, last_error_status = nullif(b.status, 0), last_error = nullif(b.message, ''),
-        lease_expires_at = NULL, updated_at = clock_timestamp()
+        lease_expires_at = NULL, updated_at = statement_timestamp()
     FROM b
     WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND (SELECT count(*) FROM locked) >= 0 AND o.lease_token = b.token AND o.state = 'leased'
     RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.quarantine_reason, b.refused, b.code, b.status, b.message

@@ -15,7 +15,7 @@ import (
 // cleared (a CHECK allows one only on quarantined and superseded items); the
 // cancellation that withdrew it says why.
 const sqlWithdraw = `
-UPDATE outbox_item_states SET state = 'withdrawn', quarantine_reason = NULL, updated_at = clock_timestamp()
+UPDATE outbox_item_states SET state = 'withdrawn', quarantine_reason = NULL, updated_at = statement_timestamp()
 WHERE id = @id AND state IN ('pending', 'quarantined') AND refused_attempts = attempts`
 
 // Withdraw is the withdraw transition, inside the caller's transaction: item
@@ -94,7 +94,7 @@ const maxChain = 1000
 // sqlSupersedeCancelled is the supersede_cancelled transition: supersede's
 // predicate, from pending as well as quarantined.
 const sqlSupersedeCancelled = `
-UPDATE outbox_item_states SET state = 'superseded', superseded_by = @successor, updated_at = clock_timestamp()
+UPDATE outbox_item_states SET state = 'superseded', superseded_by = @successor, updated_at = statement_timestamp()
 WHERE id = @id AND state IN ('pending', 'quarantined') AND refused_attempts = attempts`
 
 // SupersedeCancelled is the supersede_cancelled transition, inside the
