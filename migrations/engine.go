@@ -65,7 +65,7 @@ var Placements = map[string]Placement{
 type Engine struct {
 	// Server is PostgreSQL's version, e.g. "15.18".
 	Server string
-	// Citus is the extension's version, empty on plain PostgreSQL.
+	// Citus is Citus's release, e.g. "13.2.2", empty on plain PostgreSQL.
 	Citus string
 	// Nodes are the cluster's nodes, the coordinator first; none on plain
 	// PostgreSQL.
@@ -136,6 +136,15 @@ func ReadEngine(ctx context.Context, db pgdb.Querier) (Engine, error) {
 	e.Server, _, _ = strings.Cut(e.Server, " ")
 	if e.Citus == "" {
 		return e, nil
+	}
+	// The extension's version (13.2-1) is its schema's; citus_version()
+	// names the release.
+	var release string
+	if err := db.QueryRow(ctx, `SELECT citus_version()`).Scan(&release); err != nil {
+		return e, fmt.Errorf("migrate: reading Citus's version: %w", err)
+	}
+	if f := strings.Fields(release); len(f) > 1 && f[0] == "Citus" {
+		e.Citus = f[1]
 	}
 	rows, err := db.Query(ctx, `SELECT nodename, nodeport, groupid = 0, isactive FROM pg_dist_node
 		WHERE noderole = 'primary' ORDER BY groupid, nodename, nodeport`)
