@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/migrations"
@@ -93,4 +94,21 @@ func TestCitusURL(t *testing.T) {
 	if want := testdb.CitusCluster(t).Port(); u.Port() == "" || u.Port() != strconv.Itoa(want) {
 		t.Fatalf("URL port %s, want the coordinator's %d", u.Port(), want)
 	}
+}
+
+// CitusTasks counts a plan's tasks: one for a statement routed by its
+// distribution key, one per shard for one that fans out, and a job per
+// subplan.
+func TestCitusTasks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.NewCitus(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE planned (bucket smallint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bucket, id));
+		SELECT create_distributed_table('planned', 'bucket', shard_count => 4)`)
+	require.NoError(t, err)
+
+	require.Equal(t, []int{1}, testdb.CitusTasks(t, pool, `UPDATE planned SET id = id WHERE bucket = $1 AND id = $2`, 7, 1))
+	require.Equal(t, []int{4}, testdb.CitusTasks(t, pool, `SELECT count(*) FROM planned`))
+	require.Equal(t, []int{1, 4}, testdb.CitusTasks(t, pool,
+		`SELECT * FROM planned WHERE bucket = 7 AND id IN (SELECT max(id) FROM planned)`))
 }
