@@ -145,9 +145,6 @@ type distribution struct {
 	// allowTriggers: citus.enable_unsafe_triggers is not the database's
 	// default yet.
 	allowTriggers bool
-	// colocate is the table the distributed ones are co-located with;
-	// empty when it is among them (it is placed first, and makes the group).
-	colocate string
 }
 
 func (p distribution) placing() bool {
@@ -158,16 +155,16 @@ func (p distribution) placing() bool {
 // schema that cannot be distributed.
 func planDistribution(ctx context.Context, pool *pgxpool.Pool, e Engine) (distribution, error) {
 	var p distribution
-	var active []string
+	active := 0
 	for _, n := range e.Workers() {
 		if n.Active {
-			active = append(active, fmt.Sprintf("%s:%d", n.Host, n.Port))
+			active++
 		}
 	}
-	if len(active) == 0 {
+	if active == 0 {
 		return p, fmt.Errorf("%w: no active worker is registered on the coordinator; add the workers first (SELECT citus_add_node(host, port))", ErrCannotDistribute)
 	}
-	if len(active) < len(e.Workers()) {
+	if active < len(e.Workers()) {
 		return p, fmt.Errorf("%w: a worker is inactive; activate it first (SELECT citus_activate_node(host, port)) or remove it", ErrCannotDistribute)
 	}
 
@@ -223,8 +220,8 @@ func planDistribution(ctx context.Context, pool *pgxpool.Pool, e Engine) (distri
 	if p.distributed, err = foreignKeyOrder(ctx, pool, p.distributed, colocationAnchor); err != nil {
 		return p, err
 	}
-	if len(p.distributed) > 0 && p.distributed[0] != colocationAnchor {
-		p.colocate = colocationAnchor
+	if i := slices.Index(p.distributed, colocationAnchor); i > 0 {
+		return p, fmt.Errorf("migrate: %s, which the distributed tables are co-located with, has a foreign key to another of them", colocationAnchor)
 	}
 	err = pool.QueryRow(ctx, `SELECT
 			EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND tgrelid = to_regclass('tenant_mappings')),
@@ -276,12 +273,6 @@ func foreignKeyOrder(ctx context.Context, pool *pgxpool.Pool, tables []string, f
 				return -1
 			case b == first:
 				return 1
-			}
-			if strings.HasPrefix(a, "completeness") != strings.HasPrefix(b, "completeness") { // EXPERIMENT
-				if strings.HasPrefix(a, "completeness") {
-					return 1
-				}
-				return -1
 			}
 			return strings.Compare(a, b)
 		})
