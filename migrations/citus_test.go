@@ -214,6 +214,23 @@ func TestDistributeRefusesWithoutTheBucket(t *testing.T) {
 	require.Len(t, e.Misplaced(), len(tablesPlaced(migrations.Distributed))+len(tablesPlaced(migrations.Reference)))
 }
 
+// A table placed otherwise by hand is not moved: Distribute names it and
+// changes nothing.
+func TestDistributeRefusesATableMisplacedByHand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.NewCitus(t)
+	_, err := pool.Exec(ctx, "SELECT create_reference_table('stripe_event_listings')")
+	require.NoError(t, err)
+
+	_, err = migrations.Distribute(ctx, pool, nil)
+	require.ErrorIs(t, err, migrations.ErrCannotDistribute)
+	require.ErrorContains(t, err, "stripe_event_listings is reference, must be local")
+	e, err := migrations.ReadEngine(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, e.Misplaced(), len(tablesPlaced(migrations.Distributed))+len(tablesPlaced(migrations.Reference))+1)
+}
+
 // On plain PostgreSQL there is nothing to distribute, and Distribute says so.
 func TestDistributeOnPlainPostgres(t *testing.T) {
 	t.Parallel()
