@@ -59,7 +59,7 @@ FROM (SELECT tenant AS t, sum(value) AS v FROM usage_events GROUP BY tenant) s;
 INSERT INTO outbox_item_states (id, exporter, mode, ordering_key, state, created_at, bucket)
 SELECT id, exporter, mode, ordering_key, 'pending', created_at, bucket FROM outbox_item_bodies;
 UPDATE usage_events e SET item_id = b.id, staged_at = clock_timestamp() FROM outbox_item_bodies b
-WHERE b.tenant_key = e.tenant AND e.event_id::text NOT IN (SELECT 'ev' || g FROM generate_series(1, 100) g);
+WHERE b.tenant_key = e.tenant AND e.event_id NOT IN (SELECT 'ev' || g FROM generate_series(1, 100) g);
 UPDATE outbox_item_states SET state = 'leased', lease_owner = 'seed', leased_at = clock_timestamp(),
     lease_expires_at = clock_timestamp() + interval '1 minute', lease_token = 1, attempts = 1, first_attempt_at = clock_timestamp()
 WHERE id % 3 = 0;
@@ -112,8 +112,11 @@ func TestDistributeInPlace(t *testing.T) {
 	applyBucketDraft(t, pool)
 	_, err := pool.Exec(ctx, citusSeed)
 	require.NoError(t, err)
+	var ingested, unstaged, pending int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sum(ingested_events), sum(unstaged_events), sum(pending_events)
+		FROM completeness_counters`).Scan(&ingested, &unstaged, &pending))
+	require.Equal(t, []int64{2100, 100, 1700}, []int64{ingested, unstaged, pending}, "the seed's counters")
 	before := contents(t, pool)
-	require.Equal(t, "2100 rows", strings.Split(before["usage_events"], ",")[0])
 
 	res, err := migrations.Distribute(ctx, pool, nil)
 	require.NoError(t, err)
@@ -157,16 +160,16 @@ func TestDistributeInPlace(t *testing.T) {
 	// event counts once.
 	_, err = pool.Exec(ctx, "TRUNCATE usage_events")
 	require.ErrorContains(t, err, "rows are never deleted")
-	ingested := func() (n int64) {
+	ingestedOf := func() (n int64) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(ingested_events), 0) FROM completeness_counters
 			WHERE tenant = 'ten1' AND bucket = tally_bucket('ten1')`).Scan(&n))
 		return n
 	}
-	was := ingested()
+	was := ingestedOf()
 	_, err = pool.Exec(ctx, `INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, bucket)
 		VALUES ('ten1', 'after', 'api_calls', 1, statement_timestamp(), true, tally_bucket('ten1'))`)
 	require.NoError(t, err)
-	require.Equal(t, was+1, ingested())
+	require.Equal(t, was+1, ingestedOf())
 
 	again, err := migrations.Distribute(ctx, pool, nil)
 	require.NoError(t, err)
