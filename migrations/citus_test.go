@@ -187,7 +187,6 @@ func TestDistributeRefusesWithoutWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.NewCitus(t)
-	applyBucketDraft(t, pool)
 	_, err := pool.Exec(ctx, "SELECT citus_remove_node(nodename, nodeport) FROM pg_dist_node WHERE groupid > 0")
 	require.NoError(t, err)
 
