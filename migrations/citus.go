@@ -94,8 +94,11 @@ func (r DistributeResult) String() string {
 // copy of the rows. Tables already placed are skipped, so a second call
 // does nothing. On plain PostgreSQL it does nothing and its result says
 // so. It refuses, wrapping ErrCannotDistribute and changing nothing, a
-// cluster without an active worker and a schema without the bucket
-// columns. A nil logger discards its progress lines.
+// cluster without an active worker (or with an inactive one), a schema
+// without the bucket columns and a table placed otherwise by hand. Nodes
+// that were running keep sessions without the triggers' setting it makes
+// the database's default: restart them. A nil logger discards its
+// progress lines.
 func Distribute(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (DistributeResult, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
