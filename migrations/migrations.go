@@ -3,14 +3,19 @@
 // applied in order by goose, and River's own schema, applied
 // by rivermigrate in the same step. Both run under one Postgres advisory lock,
 // a transaction's (so that it holds through a transaction-mode pooler), so
-// that nodes starting together migrate one at a time. It also answers
-// questions about the database itself rather than a table, for tally
-// doctor: DatabaseTime (the server's clock), who owns the tables
-// (TableOwners) and whether the nodes' role is held to the runtime role's
-// privileges (PrivilegesEnforced).
+// that nodes starting together migrate one at a time. On a Citus
+// coordinator, Distribute places the tables where Placements says, with
+// their rows, under the same lock; the goose migrations run the same on
+// plain PostgreSQL and Citus. It also answers questions about the database
+// itself rather than a table, for tally doctor: DatabaseTime (the server's
+// clock), who owns the tables (TableOwners), whether the nodes' role is
+// held to the runtime role's privileges (PrivilegesEnforced) and the
+// engine (ReadEngine).
 //
 // It must never hold data logic: no function here reads or writes an outbox
-// or ledger row, and a down migration is for development only.
+// or ledger row (Distribute moves whole tables into Citus and drops only
+// the coordinator's copy of rows already in the shards), and a down
+// migration is for development only.
 package migrations
 
 import (

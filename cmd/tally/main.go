@@ -28,7 +28,7 @@ Usage:
 Commands:
   serve                  run the service: HTTP API, staging, export, reconciliation, outbox maintenance
   dev                    run the service on embedded defaults for local development
-  migrate                apply the database migrations (Tally's and River's) and exit
+  migrate                apply the database migrations (Tally's and River's) and exit: [--distribute] [--grant-runtime ROLE]
   tokens create          create an API token: --role ingest|finance|operator|admin [--tenant T …] [--name N] [--expires-in D] [--corrections]
   tokens list            list tokens (names, roles, scopes, corrections; never secrets)
   tokens revoke NAME     revoke a token

@@ -231,10 +231,10 @@ func engine(ctx context.Context, pool *pgxpool.Pool) Result {
 	switch {
 	case len(e.Workers()) == 0:
 		return Result{Check: "engine", Status: Problem, Detail: detail + "; no worker is registered",
-			Fix: "add the workers on the coordinator (SELECT citus_add_node(host, port)), then run tally migrate (docs/operations.md)"}
+			Fix: "add the workers on the coordinator (SELECT citus_add_node(host, port)), then run tally migrate --distribute (docs/operations.md)"}
 	case len(misplaced) > 0:
 		return Result{Check: "engine", Status: Problem, Detail: detail + "; not where they must be: " + list(misplaced),
-			Fix: "run tally migrate against the coordinator: it distributes Tally's tables (docs/scale.md)"}
+			Fix: "run tally migrate --distribute against the coordinator: it distributes Tally's tables with their rows, blocking writes while it copies them (docs/scale.md)"}
 	case len(inactive) > 0:
 		return Result{Check: "engine", Status: Problem, Detail: detail + "; inactive: " + strings.Join(inactive, ", "),
 			Fix: "the tenants whose shards are on an inactive node stall: bring it back and run SELECT citus_activate_node(host, port) (docs/operations.md)"}

@@ -316,3 +316,20 @@ func TestOwnerAndSessionSettings(t *testing.T) {
 	require.Contains(t, rs["session settings"].Detail, "jit=off")
 	require.Contains(t, rs["session settings"].Fix, `ALTER DATABASE "`+db+`" SET jit = off`)
 }
+
+// On a Citus coordinator whose tables are not distributed yet, the engine
+// check fails, names the tables and says which command places them.
+func TestEngineOnCitusNotDistributed(t *testing.T) {
+	t.Parallel()
+	pool := testdb.NewCitus(t)
+	var engine doctor.Result
+	for _, r := range doctor.Run(context.Background(), doctor.Deps{Pool: pool}) {
+		if r.Check == "engine" {
+			engine = r
+		}
+	}
+	require.Equal(t, doctor.Problem, engine.Status, "%+v", engine)
+	require.Contains(t, engine.Detail, "outbox_item_bodies (local, must be distributed)")
+	require.Contains(t, engine.Detail, "feature_mappings (local, must be reference)")
+	require.Contains(t, engine.Fix, "run tally migrate --distribute against the coordinator")
+}
