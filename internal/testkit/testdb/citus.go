@@ -54,7 +54,12 @@ var (
 // when EnvRequireCitus is 1.
 func NewCitus(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	u := CitusURL(t)
+	return citusPool(t, CitusURL(t))
+}
+
+// citusPool is a pool on the Citus database at u, closed when t ends.
+func citusPool(t testing.TB, u string) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(u)
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
@@ -72,17 +77,32 @@ func NewCitus(t testing.TB) *pgxpool.Pool {
 // fresh database like NewCitus's.
 func CitusURL(t testing.TB) string {
 	t.Helper()
-	c := CitusCluster(t)
+	CitusCluster(t)
+	return citusCopy(t, citusSrv.template)
+}
+
+// citusCopy creates a fresh database private to t on every node from
+// template, with pgsession's defaults and then settings (statements with
+// one %s for the database's name), dropped when t ends, and returns the
+// coordinator's URL of it.
+func citusCopy(t testing.TB, template string, settings ...string) string {
+	t.Helper()
 	name := fmt.Sprintf("%s_%d", citusSrv.prefix, counter.Add(1))
+	id := pgx.Identifier{name}.Sanitize()
 	ctx := context.Background()
 	for _, admin := range citusSrv.nodes {
-		if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+
-			" TEMPLATE "+pgx.Identifier{citusSrv.template}.Sanitize()+" STRATEGY FILE_COPY"); err != nil {
+		if _, err := admin.Exec(ctx, "CREATE DATABASE "+id+
+			" TEMPLATE "+pgx.Identifier{template}.Sanitize()+" STRATEGY FILE_COPY"); err != nil {
 			t.Fatalf("testdb: creating database %s: %v", name, err)
 		}
 		for _, s := range pgsession.Statements(name) {
 			if _, err := admin.Exec(ctx, s); err != nil {
 				t.Fatalf("testdb: setting database %s's session defaults: %v", name, err)
+			}
+		}
+		for _, s := range settings {
+			if _, err := admin.Exec(ctx, fmt.Sprintf(s, id)); err != nil {
+				t.Fatalf("testdb: setting database %s's defaults: %v", name, err)
 			}
 		}
 	}
@@ -91,7 +111,7 @@ func CitusURL(t testing.TB) string {
 			t.Errorf("testdb: dropping database %s: %v", name, err)
 		}
 	})
-	return c.URL(name)
+	return citusSrv.cluster.URL(name)
 }
 
 // dropCitusDatabase drops name on every node. Citus's maintenance daemons,

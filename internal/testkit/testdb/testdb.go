@@ -72,7 +72,8 @@ func Main(m *testing.M) {
 }
 
 // New returns a pool on a fresh, migrated database private to t. The pool is
-// closed and the database dropped when t ends.
+// closed and the database dropped when t ends. With EnvEngine=citus the
+// database is distributed on the tests' Citus cluster (DistributedURL).
 func New(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	u := URL(t)
@@ -94,13 +95,20 @@ func New(t testing.TB) *pgxpool.Pool {
 func URLOf(t testing.TB, pool *pgxpool.Pool) string {
 	t.Helper()
 	cc := pool.Config().ConnConfig
+	if c := citusSrv.cluster; c != nil && int(cc.Port) == c.Port() {
+		return c.URL(cc.Database)
+	}
 	return withDatabase(srv.base, cc.Database)
 }
 
 // URL returns the URL of a fresh, migrated database private to t, dropped
-// when t ends. Use it for code that opens its own connections.
+// when t ends. Use it for code that opens its own connections. With
+// EnvEngine=citus it is DistributedURL's.
 func URL(t testing.TB) string {
 	t.Helper()
+	if OnCitus() {
+		return DistributedURL(t)
+	}
 	once.Do(start)
 	if srv.err != nil {
 		t.Fatalf("testdb: %v", srv.err)
