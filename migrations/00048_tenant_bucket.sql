@@ -21,8 +21,8 @@
 -- PerKey lease becomes one per (ordering key, bucket). Every foreign key
 -- between these tables becomes (x, bucket). meter_error_evidence loses its
 -- key to the bodies: on Citus a local table may not reference a
--- distributed one; its writer finds the item by its identifier in the
--- transaction that stores the evidence.
+-- distributed one; its one writer (reconcile's error report) names only
+-- an item it found by identifier and locked in the same transaction.
 --
 -- The ledger gets a unique index (id, occurred_at, bucket), the replica
 -- identity of every month (a shard move copies by logical replication),
