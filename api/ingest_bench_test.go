@@ -26,6 +26,7 @@ import (
 	"github.com/tallymeter/tally/cmd/tally/config"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/embeddedpg"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // BenchmarkIngestVsCopyFrom measures ingest through POST /v1/usage — the
@@ -245,7 +246,7 @@ func newWorkload(b *testing.B, batch, n int) *workload {
 			ts := base.Add(time.Duration(i) * 10 * time.Millisecond)
 			ev.Timestamp = ts.Format(time.RFC3339Nano)
 			evs = append(evs, ev)
-			rows = append(rows, []any{ev.Tenant, ev.ID, ev.Feature, ev.Value, ts, true})
+			rows = append(rows, []any{ev.Tenant, ev.ID, ev.Feature, ev.Value, ts, true, tenantbucket.Of(ev.Tenant)})
 		}
 		body, err := json.Marshal(map[string]any{"events": evs})
 		if err != nil {
@@ -347,7 +348,7 @@ func post(client *http.Client, env *benchEnv, body []byte, want int) error {
 func benchCopy(b *testing.B, env *benchEnv, w *workload, clients int) float64 {
 	b.Helper()
 	ctx := context.Background()
-	columns := []string{"tenant", "event_id", "feature", "value", "occurred_at", "timestamp_given"}
+	columns := []string{"tenant", "event_id", "feature", "value", "occurred_at", "timestamp_given", "bucket"}
 	conns := make([]*pgx.Conn, clients)
 	for c := range conns {
 		conn, err := pgx.Connect(ctx, env.url)

@@ -239,8 +239,9 @@ func answered(client *http.Client, req *http.Request, want int) error {
 const pgbenchScript = `\set k :k + 1
 \set t :client_id % 4
 \set f :k % 3
-INSERT INTO usage_events_copy (tenant, event_id, feature, value, occurred_at, timestamp_given)
-VALUES ('tenant-' || :t, :prefix || lpad((:client_id * 100000 + :k)::text, 7, '0'), 'feature-' || :f, 1, :at, true);
+INSERT INTO usage_events_copy (tenant, event_id, feature, value, occurred_at, timestamp_given, bucket)
+VALUES ('tenant-' || :t, :prefix || lpad((:client_id * 100000 + :k)::text, 7, '0'), 'feature-' || :f, 1, :at, true,
+        tally_bucket('tenant-' || :t));
 `
 
 // findPgbench is pgbench beside the cluster's server binaries (the same

@@ -248,8 +248,8 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 	if res.Reason != "" {
 		reasonArg = res.Reason
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO usage_cancellations (tenant, event_id, event_row, outcome, reason, carried_by, item_id, requested_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, c.Tenant, c.ID, row.id, res.Outcome, reasonArg, carried, res.Item, by); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO usage_cancellations (tenant, event_id, event_row, outcome, reason, carried_by, item_id, requested_by, bucket)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, tally_bucket($1))`, c.Tenant, c.ID, row.id, res.Outcome, reasonArg, carried, res.Item, by); err != nil {
 		return res, false, fmt.Errorf("meter: recording the cancellation of %s/%s: %w", c.Tenant, c.ID, err)
 	}
 	return res, true, nil

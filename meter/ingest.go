@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -70,18 +71,18 @@ func (e *QuarantineCapError) Error() string {
 // (sqlExisting).
 const sqlIngest = `
 WITH u AS (
-    SELECT t, e, f, v, ts, coalesce(ts, now()) AS at
-    FROM unnest(@tenants::text[], @ids::text[], @features::text[], @values::bigint[], @timestamps::timestamptz[])
-        AS u(t, e, f, v, ts)
+    SELECT t, b, e, f, v, ts, coalesce(ts, now()) AS at
+    FROM unnest(@tenants::text[], @buckets::smallint[], @ids::text[], @features::text[], @values::bigint[], @timestamps::timestamptz[])
+        AS u(t, b, e, f, v, ts)
 ), k AS (
-    INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant)
-    SELECT nextval('usage_events_id_seq'), at, md5(e)::uuid, t FROM u
+    INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant, bucket)
+    SELECT nextval('usage_events_id_seq'), at, md5(e)::uuid, t, b FROM u
     WHERE NOT EXISTS (SELECT FROM usage_closed_months c WHERE c.month = date_trunc('month', at, 'UTC')::date)
     ON CONFLICT ON CONSTRAINT usage_event_keys_pkey DO NOTHING
-    RETURNING event_row, tenant, event_key
+    RETURNING event_row, tenant, event_key, bucket
 )
-INSERT INTO usage_events (id, tenant, event_id, feature, value, occurred_at, timestamp_given) OVERRIDING SYSTEM VALUE
-SELECT k.event_row, u.t, u.e, u.f, u.v, u.at, u.ts IS NOT NULL
+INSERT INTO usage_events (id, tenant, event_id, feature, value, occurred_at, timestamp_given, bucket) OVERRIDING SYSTEM VALUE
+SELECT k.event_row, u.t, u.e, u.f, u.v, u.at, u.ts IS NOT NULL, k.bucket
 FROM k JOIN u ON u.t = k.tenant AND md5(u.e)::uuid = k.event_key
 RETURNING id, tenant, event_id, occurred_at`
 
@@ -177,15 +178,16 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 func insertEvents(ctx context.Context, tx pgx.Tx, events []Event) (map[eventKey]insertedRow, error) {
 	n := len(events)
 	tenants, ids, features := make([]string, n), make([]string, n), make([]string, n)
-	values, timestamps := make([]int64, n), make([]pgtype.Timestamptz, n)
+	buckets, values, timestamps := make([]int16, n), make([]int64, n), make([]pgtype.Timestamptz, n)
 	for j, ev := range events {
 		tenants[j], ids[j], features[j], values[j] = ev.Tenant, ev.ID, ev.Feature, ev.Value
+		buckets[j] = tenantbucket.Of(ev.Tenant)
 		if ev.Timestamp != nil {
 			timestamps[j] = pgtype.Timestamptz{Time: *ev.Timestamp, Valid: true}
 		}
 	}
 	rows, err := tx.Query(ctx, sqlIngest, pgx.NamedArgs{
-		"tenants": tenants, "ids": ids, "features": features, "values": values, "timestamps": timestamps,
+		"tenants": tenants, "buckets": buckets, "ids": ids, "features": features, "values": values, "timestamps": timestamps,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("meter: writing %d events: %w", n, err)

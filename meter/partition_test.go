@@ -112,10 +112,10 @@ func TestDuplicateAcrossMonthsIsADuplicate(t *testing.T) {
 	old := monthsAgo(2).Add(time.Hour)
 	// Stored last month without a timestamp (as the ingest would have
 	// stamped it then).
-	_, err := b.Pool.Exec(b.Ctx, `WITH k AS (INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant)
-			VALUES (nextval('usage_events_id_seq'), $1, md5('e1')::uuid, 'acme') RETURNING event_row)
-		INSERT INTO usage_events (id, tenant, event_id, feature, value, occurred_at, timestamp_given) OVERRIDING SYSTEM VALUE
-		SELECT event_row, 'acme', 'e1', 'api', 5, $1, false FROM k`, old)
+	_, err := b.Pool.Exec(b.Ctx, `WITH k AS (INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant, bucket)
+			VALUES (nextval('usage_events_id_seq'), $1, md5('e1')::uuid, 'acme', tally_bucket('acme')) RETURNING event_row, bucket)
+		INSERT INTO usage_events (id, tenant, event_id, feature, value, occurred_at, timestamp_given, bucket) OVERRIDING SYSTEM VALUE
+		SELECT event_row, 'acme', 'e1', 'api', 5, $1, false, bucket FROM k`, old)
 	require.NoError(t, err)
 	res := b.MustIngest(t, ev("e1", "acme", "api", 5, nil))
 	require.Equal(t, meter.Result{Duplicates: 1}, res)
@@ -178,8 +178,8 @@ func TestMonthsAheadAreCreatedBeforeTheirEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	far := monthsAgo(-5)
-	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given)
-		VALUES ('acme', 'x', 'api', 1, $1, true)`, far)
+	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, bucket)
+		VALUES ('acme', 'x', 'api', 1, $1, true, tally_bucket('acme'))`, far)
 	require.Error(t, err, "no partition five months ahead yet")
 
 	made, err := meter.EnsureMonths(b.Ctx, b.Pool, 6)
@@ -188,8 +188,8 @@ func TestMonthsAheadAreCreatedBeforeTheirEvents(t *testing.T) {
 	made, err = meter.EnsureMonths(b.Ctx, b.Pool, 6)
 	require.NoError(t, err)
 	require.Zero(t, made)
-	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given)
-		VALUES ('acme', 'x', 'api', 1, $1, true)`, far)
+	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, bucket)
+		VALUES ('acme', 'x', 'api', 1, $1, true, tally_bucket('acme'))`, far)
 	require.NoError(t, err)
 	require.Equal(t, 1, b.countOf(t, "SELECT count(*) FROM "+meter.MonthPartition(far)))
 

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
@@ -49,14 +50,15 @@ func (f stageFixture) load(b *testing.B, e *stagetest.Env) {
 			at := day.Add(time.Duration(h)*time.Hour + time.Duration(k*3600/f.perWindow)*time.Second)
 			for i := range f.tenants {
 				for j := range f.features {
-					rows = append(rows, []any{fmt.Sprintf("tenant-%04d", i), fmt.Sprintf("e-%d-%d-%d", j, h, k),
-						fmt.Sprintf("f%d", j), int64(k + 1), at, true})
+					tenant := fmt.Sprintf("tenant-%04d", i)
+					rows = append(rows, []any{tenant, fmt.Sprintf("e-%d-%d-%d", j, h, k),
+						fmt.Sprintf("f%d", j), int64(k + 1), at, true, tenantbucket.Of(tenant)})
 				}
 			}
 		}
 	}
 	_, err := e.Pool.CopyFrom(e.Ctx, pgx.Identifier{"usage_events"},
-		[]string{"tenant", "event_id", "feature", "value", "occurred_at", "timestamp_given"}, pgx.CopyFromRows(rows))
+		[]string{"tenant", "event_id", "feature", "value", "occurred_at", "timestamp_given", "bucket"}, pgx.CopyFromRows(rows))
 	require.NoError(b, err)
 	_, err = e.Pool.Exec(e.Ctx, "VACUUM ANALYZE usage_events")
 	require.NoError(b, err)

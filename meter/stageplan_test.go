@@ -29,14 +29,14 @@ func TestStagingNeverPlansOnTheBacklogIndex(t *testing.T) {
 		// Staged rows only (their item's checks skipped), then statistics:
 		// both partial indexes of unstaged rows look empty.
 		"SET session_replication_role = replica",
-		`INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, item_id, staged_at)
-			SELECT 't' || (i % 50), 's' || i, 'f' || (i % 4), 1, date_trunc('month', now()), true, 1, now()
+		`INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, item_id, staged_at, bucket)
+			SELECT 't' || (i % 50), 's' || i, 'f' || (i % 4), 1, date_trunc('month', now()), true, 1, now(), tally_bucket('t' || (i % 50))
 			FROM generate_series(1, 400) i`,
 		"RESET session_replication_role",
 		"ANALYZE " + part,
-		`INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, received_at)
+		`INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, received_at, bucket)
 			SELECT 't' || (i % 50), 'e' || i, 'f' || (i % 4), 1, date_trunc('month', now()) + (i % 3000) * interval '1 second',
-				true, date_trunc('month', now()) + (i % 3000) * interval '1 second'
+				true, date_trunc('month', now()) + (i % 3000) * interval '1 second', tally_bucket('t' || (i % 50))
 			FROM generate_series(1, 20000) i`,
 	} {
 		_, err := pool.Exec(ctx, s)

@@ -23,8 +23,9 @@ func TestUnmappedUsageWithinSpan(t *testing.T) {
 		ev("e2", "acme", "gpu", 1, nil), ev("e3", "acme", "gpu", 1, nil),
 		ev("e4", "zeta", "api", 1, nil), ev("e5", "beta", "disk", 1, nil))
 	// An event received long ago (written as the ledger keeps it).
-	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, received_at)
-		VALUES ('old', 'e6', 'ancient', 1, clock_timestamp() - interval '8 days', false, clock_timestamp() - interval '8 days')`)
+	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, received_at, bucket)
+		VALUES ('old', 'e6', 'ancient', 1, clock_timestamp() - interval '8 days', false, clock_timestamp() - interval '8 days',
+		        tally_bucket('old'))`)
 	require.NoError(t, err)
 
 	got, err := meter.UnmappedUsage(b.Ctx, b.Pool, 7*24*time.Hour)

@@ -201,16 +201,16 @@ claimed AS (
     RETURNING o.*
 ),
 abandoned AS (
-    INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused)
-    SELECT p.id, p.prev_token, p.prev_owner, p.prev_leased_at, 'abandoned', 'leased', false
-    FROM picked p WHERE p.prev_state = 'leased' AND p.id = ANY(ARRAY(SELECT id FROM claimed))
+    INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused, bucket)
+    SELECT p.id, p.prev_token, p.prev_owner, p.prev_leased_at, 'abandoned', 'leased', false, c.bucket
+    FROM picked p JOIN claimed c ON c.id = p.id WHERE p.prev_state = 'leased'
 )
 SELECT ` + "%s" + `,
        to_timestamp((b.payload ->> 'timestamp')::bigint) NOT BETWEEN statement_timestamp() - @accept_past::interval
                                                           AND statement_timestamp() + @accept_future::interval
            AS timestamp_outside,
        coalesce(to_timestamp((b.payload ->> 'cancel_by')::bigint) < o.lease_expires_at, false) AS past_deadline
-FROM claimed o JOIN outbox_item_bodies b ON b.id = o.id
+FROM claimed o JOIN outbox_item_bodies b ON b.id = o.id AND b.bucket = o.bucket
 ORDER BY o.id`
 
 // sqlClaimBestEffort is the claim under BestEffort: the oldest expired

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // NewItem is an item to enqueue.
@@ -95,17 +97,17 @@ func (it *NewItem) validate() error {
 const sqlEnqueue = `
 WITH body AS (
     INSERT INTO outbox_item_bodies
-        (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version, payload)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version, payload, bucket)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, tally_bucket($1))
     ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
-    RETURNING id, identifier, exporter, mode, ordering_key, created_at
+    RETURNING id, identifier, exporter, mode, ordering_key, created_at, bucket
 ),
 state AS (
-    INSERT INTO outbox_item_states (id, exporter, mode, ordering_key, created_at, state, quarantine_reason)
-    SELECT id, exporter, mode, ordering_key, created_at, $9, nullif($10, '') FROM body
-    RETURNING id, state
+    INSERT INTO outbox_item_states (id, exporter, mode, ordering_key, created_at, state, quarantine_reason, bucket)
+    SELECT id, exporter, mode, ordering_key, created_at, $9, nullif($10, ''), bucket FROM body
+    RETURNING id, state, bucket
 )
-SELECT body.id, body.identifier, coalesce(state.state, '') FROM body LEFT JOIN state ON state.id = body.id`
+SELECT body.id, body.identifier, coalesce(state.state, '') FROM body LEFT JOIN state ON state.id = body.id AND state.bucket = body.bucket`
 
 // errNoStateRow is an enqueue whose body was inserted without its state
 // row: impossible while the payload's identifier is the identity's (a CHECK
@@ -176,20 +178,20 @@ var stageTransitions = map[State]Transition{
 const sqlEnqueueBatch = `
 WITH body AS (
     INSERT INTO outbox_item_bodies
-        (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version, payload)
+        (tenant_key, subject_kind, subject_ref, exporter, destination_account, mode, mapping_version, payload, bucket)
     SELECT * FROM unnest(@tenants::text[], @kinds::text[], @refs::text[], @exporters::text[], @accounts::text[],
-                         @modes::text[], @versions::integer[], @payloads::jsonb[])
+                         @modes::text[], @versions::integer[], @payloads::jsonb[], @buckets::smallint[])
     ON CONFLICT ON CONSTRAINT outbox_items_identity_key DO NOTHING
-    RETURNING id, identifier, exporter, mode, ordering_key, created_at
+    RETURNING id, identifier, exporter, mode, ordering_key, created_at, bucket
 ),
 state AS (
-    INSERT INTO outbox_item_states (id, exporter, mode, ordering_key, created_at, state, quarantine_reason)
-    SELECT body.id, body.exporter, body.mode, body.ordering_key, body.created_at, u.state, u.reason
+    INSERT INTO outbox_item_states (id, exporter, mode, ordering_key, created_at, state, quarantine_reason, bucket)
+    SELECT body.id, body.exporter, body.mode, body.ordering_key, body.created_at, u.state, u.reason, body.bucket
     FROM body JOIN unnest(@identifiers::text[], @states::text[], @reasons::text[]) AS u(identifier, state, reason)
         ON u.identifier = body.identifier
-    RETURNING id, state
+    RETURNING id, state, bucket
 )
-SELECT body.id, body.identifier, coalesce(state.state, '') FROM body LEFT JOIN state ON state.id = body.id`
+SELECT body.id, body.identifier, coalesce(state.state, '') FROM body LEFT JOIN state ON state.id = body.id AND state.bucket = body.bucket`
 
 // EnqueueBatch is Enqueue for many items in one statement, inside the
 // caller's transaction: what a stager uses for per-event items. Its results
@@ -207,6 +209,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 		identifiers                     = make([]string, n)
 		reasons                         = make([]*string, n)
 		versions                        = make([]int32, n)
+		buckets                         = make([]int16, n)
 		payloads                        = make([]Payload, n)
 		byIdentifier                    = make(map[string]int, n)
 	)
@@ -223,6 +226,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 		identifiers[i] = it.Payload.Identifier
 		tenants[i], kinds[i], refs[i], exporters[i] = id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter
 		accounts[i], modes[i], versions[i], payloads[i] = id.DestinationAccount, string(id.Mode), int32(id.MappingVersion), it.Payload
+		buckets[i] = tenantbucket.Of(id.TenantKey)
 		states[i] = string(StatePending)
 		if it.Withdrawn {
 			states[i] = string(StateWithdrawn)
@@ -235,7 +239,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 	}
 	rows, err := tx.Query(ctx, sqlEnqueueBatch, pgx.NamedArgs{
 		"tenants": tenants, "kinds": kinds, "refs": refs, "exporters": exporters, "accounts": accounts,
-		"modes": modes, "versions": versions, "payloads": payloads, "identifiers": identifiers, "states": states, "reasons": reasons,
+		"modes": modes, "versions": versions, "payloads": payloads, "buckets": buckets, "identifiers": identifiers, "states": states, "reasons": reasons,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: enqueueing %d items: %w", n, err)

@@ -48,12 +48,12 @@ t AS (
       AND (o.state = 'pending' COLLATE "C" OR (o.state = 'leased' COLLATE "C" AND o.lease_expires_at < statement_timestamp()))
       AND (o.attempts - o.attempts_base >= @max
            OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= statement_timestamp()))
-    RETURNING o.id, d.prev_state, o.lease_token, o.lease_owner, o.leased_at, o.last_error_code, o.last_error
+    RETURNING o.id, d.prev_state, o.lease_token, o.lease_owner, o.leased_at, o.last_error_code, o.last_error, o.bucket
 ),
 log AS (
     INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused,
-                                 error_code, error_message)
-    SELECT id, lease_token, lease_owner, leased_at, 'abandoned', 'uncertain', false, last_error_code, last_error
+                                 error_code, error_message, bucket)
+    SELECT id, lease_token, lease_owner, leased_at, 'abandoned', 'uncertain', false, last_error_code, last_error, bucket
     FROM t WHERE prev_state = 'leased'
 )
 SELECT id FROM t`

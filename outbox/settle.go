@@ -65,11 +65,11 @@ t AS (
         lease_expires_at = NULL, updated_at = statement_timestamp()
     FROM b
     WHERE o.id = b.id AND (SELECT count(*) FROM locked) >= 0 AND o.lease_token = b.token AND o.state = 'leased' COLLATE "C"
-    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.provider_ref, o.quarantine_reason
+    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.provider_ref, o.quarantine_reason, o.bucket
 ),
 log AS (
-    INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused, provider_ref)
-    SELECT id, lease_token, lease_owner, leased_at, 'accepted', state, false, provider_ref FROM t
+    INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused, provider_ref, bucket)
+    SELECT id, lease_token, lease_owner, leased_at, 'accepted', state, false, provider_ref, bucket FROM t
 )
 SELECT id, state, coalesce(quarantine_reason, '') FROM t`
 
@@ -101,12 +101,12 @@ t AS (
         lease_expires_at  = NULL, updated_at = statement_timestamp()
     FROM b
     WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND (SELECT count(*) FROM locked) >= 0 AND o.lease_token = b.token AND o.state = 'leased'
-    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, b.refused, b.kind, b.code, b.status, b.message
+    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, b.refused, b.kind, b.code, b.status, b.message, o.bucket
 ),
 log AS (
     INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused,
-                                 error_code, error_status, error_message)
-    SELECT id, lease_token, lease_owner, leased_at, kind, state, refused, code, nullif(status, 0), nullif(message, '')
+                                 error_code, error_status, error_message, bucket)
+    SELECT id, lease_token, lease_owner, leased_at, kind, state, refused, code, nullif(status, 0), nullif(message, ''), bucket
     FROM t
 )
 SELECT id, state, ''::text FROM t`
@@ -131,12 +131,12 @@ t AS (
         lease_expires_at = NULL, updated_at = statement_timestamp()
     FROM b
     WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND (SELECT count(*) FROM locked) >= 0 AND o.lease_token = b.token AND o.state = 'leased'
-    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.quarantine_reason, b.refused, b.code, b.status, b.message
+    RETURNING o.id, o.lease_token, o.lease_owner, o.leased_at, o.state, o.quarantine_reason, b.refused, b.code, b.status, b.message, o.bucket
 ),
 log AS (
     INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused,
-                                 error_code, error_status, error_message)
-    SELECT id, lease_token, lease_owner, leased_at, state, state, refused, code, nullif(status, 0), nullif(message, '')
+                                 error_code, error_status, error_message, bucket)
+    SELECT id, lease_token, lease_owner, leased_at, state, state, refused, code, nullif(status, 0), nullif(message, ''), bucket
     FROM t
 )
 SELECT id, state, coalesce(quarantine_reason, '') FROM t`

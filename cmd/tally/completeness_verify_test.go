@@ -26,8 +26,8 @@ func TestCompletenessVerifyAndRepairCommands(t *testing.T) {
 	defer pool.Close()
 	at := time.Now().UTC().Add(-time.Hour)
 	month := at.Format("2006-01")
-	_, err = pool.Exec(ctx, `INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given)
-		VALUES ('acme', 'a', 'api', 5, $1, true), ('acme', 'b', 'api', 6, $1, true)`, at)
+	_, err = pool.Exec(ctx, `INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, bucket)
+		VALUES ('acme', 'a', 'api', 5, $1, true, tally_bucket('acme')), ('acme', 'b', 'api', 6, $1, true, tally_bucket('acme'))`, at)
 	require.NoError(t, err)
 
 	for _, args := range [][]string{

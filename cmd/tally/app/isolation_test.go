@@ -430,9 +430,9 @@ func fillLedger(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int) {
 	from, _, err := parseMonth(isolationPeriod)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `
-		INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given)
+		INSERT INTO usage_events (tenant, event_id, feature, value, occurred_at, timestamp_given, bucket)
 		SELECT 'tenant-' || (g % 100), 'fill-' || g, (ARRAY['api_calls','seats','logins','storage'])[1 + g % 4], 1 + g % 7,
-		       $1::timestamptz + (g % (28*24*3600)) * interval '1 second', true
+		       $1::timestamptz + (g % (28*24*3600)) * interval '1 second', true, tally_bucket('tenant-' || (g % 100))
 		FROM generate_series(1, $2::bigint) g`, from, n)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `ANALYZE usage_events`)

@@ -15,19 +15,20 @@ import (
 type gen struct {
 	size     Size
 	from     time.Time
-	versions []int // by key
+	versions []int   // by key
+	buckets  []int16 // by tenant, as Tenants
 }
 
 var (
 	bodyColumns = []string{"id", "tenant_key", "subject_kind", "subject_ref", "exporter", "destination_account", "mode",
-		"mapping_version", "payload", "created_at"}
+		"mapping_version", "payload", "created_at", "bucket"}
 	stateColumns = []string{"id", "exporter", "mode", "ordering_key", "state", "attempts", "lease_token",
 		"next_attempt_at", "first_attempt_at", "lease_owner", "leased_at", "accepted_at", "confirmed_at", "created_at",
-		"updated_at"}
+		"updated_at", "bucket"}
 	attemptColumns = []string{"item_id", "lease_token", "lease_owner", "leased_at", "outcome", "state_after", "refused",
-		"recorded_at"}
+		"recorded_at", "bucket"}
 	eventColumns = []string{"tenant", "event_id", "feature", "value", "occurred_at", "timestamp_given", "received_at",
-		"item_id", "staged_at"}
+		"item_id", "staged_at", "bucket"}
 )
 
 // The moments of an item's life, from the start of its hour.
@@ -39,6 +40,9 @@ const (
 )
 
 func (g gen) keys() int64 { return int64(len(Tenants) * len(Features)) }
+
+// bucket is the bucket of item i's tenant.
+func (g gen) bucket(i int64) int16 { return g.buckets[i%g.keys()/int64(len(Features))] }
 
 // span is the ledger rows [lo, hi) of item i: Rows spread over Items as
 // evenly as whole rows allow.
@@ -64,9 +68,10 @@ func (g gen) bodies() pgx.CopyFromSource {
 			return nil, nil
 		}
 		id, p, hour := g.item(i)
+		b := g.bucket(i)
 		i++
 		return []any{i, id.TenantKey, id.SubjectKind, id.SubjectRef, id.Exporter, id.DestinationAccount, string(id.Mode),
-			id.MappingVersion, payloadJSON(p), hour.Add(stagedAfter)}, nil
+			id.MappingVersion, payloadJSON(p), hour.Add(stagedAfter), b}, nil
 	})
 }
 
@@ -80,10 +85,11 @@ func (g gen) states() pgx.CopyFromSource {
 		}
 		tenant, feature, _, hour := g.key(i) // the ordering key needs no identifier: no SHA-256 twice an item
 		staged, accepted := hour.Add(stagedAfter), hour.Add(acceptedAfter)
+		b := g.bucket(i)
 		i++
 		return []any{i, Exporter, string(Mode), Account + "|" + Customer(tenant) + "|" + feature,
 			string(outbox.StateConfirmed), 1, int64(1), staged, staged.Add(time.Second), leaseOwner,
-			staged.Add(time.Second), accepted, hour.Add(confirmedAfter), staged, hour.Add(confirmedAfter)}, nil
+			staged.Add(time.Second), accepted, hour.Add(confirmedAfter), staged, hour.Add(confirmedAfter), b}, nil
 	})
 }
 
@@ -113,9 +119,10 @@ func (g gen) attempts() pgx.CopyFromSource {
 			return nil, nil
 		}
 		_, _, _, hour := g.key(i)
+		b := g.bucket(i)
 		i++
 		return []any{i, int64(1), leaseOwner, hour.Add(stagedAfter + time.Second), "accepted", "accepted", false,
-			hour.Add(acceptedAfter)}, nil
+			hour.Add(acceptedAfter), b}, nil
 	})
 }
 
@@ -133,7 +140,7 @@ func (g gen) events() pgx.CopyFromSource {
 		tenant, feature, _, hour := g.key(item)
 		at := hour.Add(time.Duration(e-lo)*(time.Hour/time.Duration(hi-lo)) + 7*time.Second)
 		row := []any{tenant, "evt_" + strconv.FormatInt(e, 36), feature, value(e), at, true, at.Add(2 * time.Second),
-			item + 1, hour.Add(stagedAfter)}
+			item + 1, hour.Add(stagedAfter), g.bucket(item)}
 		e++
 		return row, nil
 	})

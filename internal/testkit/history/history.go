@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -174,7 +175,10 @@ func load(ctx context.Context, pool *pgxpool.Pool, l Loaded) (Loaded, error) {
 		return l, err
 	}
 	start := time.Now()
-	g := gen{size: size, from: l.From, versions: versions}
+	g := gen{size: size, from: l.From, versions: versions, buckets: make([]int16, len(Tenants))}
+	for i, t := range Tenants {
+		g.buckets[i] = tenantbucket.Of(t)
+	}
 	if err := copyIn(ctx, pool, "outbox_item_bodies", bodyColumns, g.bodies()); err != nil {
 		return l, err
 	}
@@ -204,8 +208,8 @@ func load(ctx context.Context, pool *pgxpool.Pool, l Loaded) (Loaded, error) {
 	defer func() { _, _ = conn.Exec(context.Background(), "RESET work_mem") }()
 	// Each ledger row's key, as the ingest writes it, in the key's order:
 	// the primary key's index is then written from left to right.
-	if _, err := conn.Exec(ctx, `INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant)
-		SELECT id, occurred_at, md5(event_id)::uuid, tenant FROM usage_events ORDER BY tenant, md5(event_id)::uuid`); err != nil {
+	if _, err := conn.Exec(ctx, `INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant, bucket)
+		SELECT id, occurred_at, md5(event_id)::uuid, tenant, bucket FROM usage_events ORDER BY tenant, md5(event_id)::uuid`); err != nil {
 		return l, fmt.Errorf("history: the events' keys: %w", err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox_item_bodies', 'id'), $1)`, size.Items); err != nil {

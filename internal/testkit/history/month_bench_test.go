@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tallymeter/tally/archive"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/internal/testkit/benchstat"
 	"github.com/tallymeter/tally/internal/testkit/history"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
@@ -288,7 +289,7 @@ func (r *rig) backlog(ctx context.Context, b *testing.B, n int64) {
 	defer func() { _, _ = conn.Exec(context.Background(), "RESET session_replication_role") }()
 	var i int64
 	_, err = conn.Conn().CopyFrom(ctx, pgx.Identifier{"outbox_item_bodies"}, []string{"id", "tenant_key", "subject_kind",
-		"subject_ref", "exporter", "destination_account", "mode", "mapping_version", "payload", "created_at"},
+		"subject_ref", "exporter", "destination_account", "mode", "mapping_version", "payload", "created_at", "bucket"},
 		pgx.CopyFromFunc(func() ([]any, error) {
 			if i >= n {
 				return nil, nil
@@ -301,12 +302,12 @@ func (r *rig) backlog(ctx context.Context, b *testing.B, n int64) {
 				Period: r.fresh.Format("2006-01") + "-01T00:00:00Z"})
 			i++
 			return []any{next + i - 1, t, string(outbox.SubjectUsageWindow), id.SubjectRef,
-				history.Exporter, history.Account, string(history.Mode), 1, p, created}, nil
+				history.Exporter, history.Account, string(history.Mode), 1, p, created, tenantbucket.Of(t)}, nil
 		}))
 	must(b, err)
 	i = 0
 	_, err = conn.Conn().CopyFrom(ctx, pgx.Identifier{"outbox_item_states"}, []string{"id", "exporter", "mode",
-		"ordering_key", "state", "attempts", "next_attempt_at", "created_at", "updated_at"},
+		"ordering_key", "state", "attempts", "next_attempt_at", "created_at", "updated_at", "bucket"},
 		pgx.CopyFromFunc(func() ([]any, error) {
 			if i >= n {
 				return nil, nil
@@ -315,7 +316,7 @@ func (r *rig) backlog(ctx context.Context, b *testing.B, n int64) {
 			i++
 			return []any{next + i - 1, history.Exporter, string(history.Mode),
 				history.Account + "|" + history.Customer(t) + "|" + history.Features[0], string(outbox.StatePending), 0,
-				created, created, created}, nil
+				created, created, created, tenantbucket.Of(t)}, nil
 		}))
 	must(b, err)
 	_, err = conn.Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox_item_bodies', 'id'), $1)`, next+n-1)
