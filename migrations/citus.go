@@ -49,11 +49,14 @@ type DistributeResult struct {
 	// TriggersAllowed says it made citus.enable_unsafe_triggers the
 	// database's default.
 	TriggersAllowed bool
+	// CustomPlans are the functions it made plan each call.
+	CustomPlans []string
 }
 
 // Changed reports whether Distribute changed anything.
 func (r DistributeResult) Changed() bool {
-	return len(r.Reference) > 0 || len(r.Distributed) > 0 || len(r.Emptied) > 0 || r.AnchorDropped || r.TriggersAllowed
+	return len(r.Reference) > 0 || len(r.Distributed) > 0 || len(r.Emptied) > 0 || r.AnchorDropped || r.TriggersAllowed ||
+		len(r.CustomPlans) > 0
 }
 
 // String says what Distribute did in one line.
@@ -76,6 +79,9 @@ func (r DistributeResult) String() string {
 	}
 	if r.AnchorDropped {
 		parts = append(parts, "the mappings' anchor trigger dropped")
+	}
+	if len(r.CustomPlans) > 0 {
+		parts = append(parts, fmt.Sprintf("%d functions planned per call", len(r.CustomPlans)))
 	}
 	if len(parts) == 0 {
 		parts = append(parts, "triggers allowed on distributed tables")
@@ -135,7 +141,36 @@ func Distribute(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (D
 	if res.Emptied, err = removeLocalCopies(ctx, pool, logger); err != nil {
 		return res, err
 	}
+	if res.CustomPlans, err = planEachCall(ctx, pool); err != nil {
+		return res, err
+	}
 	return res, nil
+}
+
+// planEachCall makes the functions that keep a generic plan on one server
+// (the completeness counters') plan each call: inside a function Citus
+// refuses a generic plan whose parameters route a statement on a
+// distributed table. It returns the functions it changed; a function a
+// later migration writes again with a generic plan is changed by the next
+// run.
+func planEachCall(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	rows, err := pool.Query(ctx, `SELECT p.oid::regprocedure::text FROM pg_proc p
+		WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+		  AND 'plan_cache_mode=force_generic_plan' = ANY (p.proconfig)
+		ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: reading the functions' plan settings: %w", err)
+	}
+	funcs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("migrate: reading the functions' plan settings: %w", err)
+	}
+	for _, f := range funcs {
+		if _, err := pool.Exec(ctx, "ALTER FUNCTION "+f+" SET plan_cache_mode = force_custom_plan"); err != nil {
+			return nil, fmt.Errorf("migrate: planning %s per call: %w", f, err)
+		}
+	}
+	return funcs, nil
 }
 
 // distribution is what Distribute has left to do on a cluster.

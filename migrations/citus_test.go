@@ -3,11 +3,7 @@ package migrations_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"regexp"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -18,24 +14,6 @@ import (
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/migrations"
 )
-
-// applyBucketDraft gives db the tenant bucket: docs/citus/distribute.sql's
-// parts A and B and docs/citus/completeness.sql, as migration 48 will.
-// It goes, with its one call, once migration 48 is on main.
-func applyBucketDraft(t *testing.T, db *pgxpool.Pool) {
-	t.Helper()
-	psql := regexp.MustCompile(`(?m)^\\.*$`) // psql's own commands: \set, \ir
-	draft, err := os.ReadFile(filepath.Join("..", "docs", "citus", "distribute.sql"))
-	require.NoError(t, err)
-	ab, _, ok := strings.Cut(string(draft), "-- ===== C. Citus only")
-	require.True(t, ok, "distribute.sql has no part C")
-	counters, err := os.ReadFile(filepath.Join("..", "docs", "citus", "completeness.sql"))
-	require.NoError(t, err)
-	for _, sql := range []string{ab, string(counters)} {
-		_, err := db.Exec(context.Background(), psql.ReplaceAllString(sql, ""))
-		require.NoError(t, err)
-	}
-}
 
 // citusSeed is a small history written before the tables are distributed,
 // as docs/citus/seed.sql's with the bucket: 40 tenants (half with a
@@ -109,7 +87,6 @@ func TestDistributeInPlace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.NewCitus(t)
-	applyBucketDraft(t, pool)
 	_, err := pool.Exec(ctx, citusSeed)
 	require.NoError(t, err)
 	var ingested, unstaged, pending int64
@@ -127,7 +104,12 @@ func TestDistributeInPlace(t *testing.T) {
 	require.NotEmpty(t, res.Emptied)
 	require.True(t, res.AnchorDropped)
 	require.True(t, res.TriggersAllowed)
+	require.Contains(t, res.CustomPlans, "completeness_bump(completeness_delta[])")
 	require.Contains(t, res.String(), "8 tables distributed by bucket in 32 shards")
+	var generic int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc
+		WHERE 'plan_cache_mode=force_generic_plan' = ANY (proconfig)`).Scan(&generic))
+	require.Zero(t, generic, "no function keeps a generic plan on Citus")
 
 	e, err := migrations.ReadEngine(ctx, pool)
 	require.NoError(t, err)

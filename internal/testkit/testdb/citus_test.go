@@ -112,3 +112,23 @@ func TestCitusTasks(t *testing.T) {
 	require.Equal(t, []int{1, 4}, testdb.CitusTasks(t, pool,
 		`SELECT * FROM planned WHERE bucket = 7 AND id IN (SELECT max(id) FROM planned)`))
 }
+
+// A database of NewDistributed has Tally's tables where Placements says,
+// copied from a template distributed once; URLOf names its coordinator.
+func TestDistributedDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.NewDistributed(t)
+	e, err := migrations.ReadEngine(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, e.Misplaced())
+	require.Equal(t, []int{1}, testdb.CitusTasks(t, pool,
+		`SELECT id FROM outbox_item_states WHERE bucket = $1 AND id = $2 FOR UPDATE SKIP LOCKED`, int16(7), int64(1)))
+
+	var on string
+	require.NoError(t, pool.QueryRow(ctx, `SHOW citus.enable_unsafe_triggers`).Scan(&on))
+	require.Equal(t, "on", on, "a copy keeps the distributed tables' trigger setting")
+	u, err := url.Parse(testdb.URLOf(t, pool))
+	require.NoError(t, err)
+	require.Equal(t, strconv.Itoa(testdb.CitusCluster(t).Port()), u.Port())
+}
