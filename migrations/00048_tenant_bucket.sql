@@ -29,7 +29,7 @@
 -- and loses the plain id index it covers.
 --
 -- The counters' trigger functions take the firing rows' buckets and carry
--- them on every table they read (docs/citus/completeness.sql); they count
+-- them on every table they read (docs/scale.md, "The counters' triggers"); they count
 -- exactly as before, with the generic plans they had. Citus refuses a
 -- generic plan with parameters inside a function: distributing sets
 -- plan_cache_mode to force_custom_plan on them. completeness_fold takes

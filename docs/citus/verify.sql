@@ -1,4 +1,4 @@
-\echo == after distribute.sql: what is where
+\echo == after tally migrate --distribute: what is where
 SELECT citus_table_type, count(*) FROM citus_tables GROUP BY 1 ORDER BY 1;
 \echo == the rows and the counters, as before distribution
 SELECT (SELECT count(*) FROM usage_events) AS events, (SELECT count(*) FROM usage_event_keys) AS keys, (SELECT count(*) FROM outbox_item_states) AS items, (SELECT count(*) FROM outbox_attempts) AS attempts;
