@@ -169,10 +169,9 @@ func TestDistributeRefusesWithoutWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.NewCitus(t)
-	_, err := pool.Exec(ctx, "SELECT citus_remove_node(nodename, nodeport) FROM pg_dist_node WHERE groupid > 0")
-	require.NoError(t, err)
+	testdb.RemoveWorkers(t, pool)
 
-	_, err = migrations.Distribute(ctx, pool, nil)
+	_, err := migrations.Distribute(ctx, pool, nil)
 	require.ErrorIs(t, err, migrations.ErrCannotDistribute)
 	require.ErrorContains(t, err, "no active worker is registered on the coordinator")
 	e, err := migrations.ReadEngine(ctx, pool)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -254,5 +255,41 @@ func shutdownCitus() {
 	}
 	if citusSrv.dir != "" {
 		_ = os.RemoveAll(citusSrv.dir)
+	}
+}
+
+// RemoveWorkers removes every worker from the coordinator's metadata, one
+// at a time. Citus's maintenance daemon may be syncing a fresh database's
+// node rows at that moment, which fails the removal with "tuple
+// concurrently deleted/updated": it is tried again.
+func RemoveWorkers(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid > 0")
+	if err != nil {
+		t.Fatalf("testdb: reading the workers: %v", err)
+	}
+	type node struct {
+		name string
+		port int32
+	}
+	nodes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (node, error) {
+		var n node
+		return n, r.Scan(&n.name, &n.port)
+	})
+	if err != nil {
+		t.Fatalf("testdb: reading the workers: %v", err)
+	}
+	for _, n := range nodes {
+		for attempt := 1; ; attempt++ {
+			_, err := pool.Exec(ctx, "SELECT citus_remove_node($1, $2)", n.name, n.port)
+			if err == nil {
+				break
+			}
+			if attempt == 20 || !strings.Contains(err.Error(), "tuple concurrently") {
+				t.Fatalf("testdb: removing worker %s:%d: %v", n.name, n.port, err)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
 	}
 }
