@@ -2,7 +2,8 @@
 // that holds a tenant's usage and items carries, by which a distributed
 // database (Citus) places them, a tenant's rows all in one place. It is
 // the Go twin of the database's tally_bucket(tenant), which every such
-// table's CHECK compares with the bucket written.
+// table's CHECK compares with the bucket written; and how the buckets are
+// placed (Shards), which a statement over many tenants is split by.
 package tenantbucket
 
 import (

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/tenantbucket"
@@ -44,4 +45,54 @@ func TestAll(t *testing.T) {
 	for i, b := range all {
 		require.Equal(t, int16(i), b)
 	}
+}
+
+// On PostgreSQL, and on a Citus coordinator with nothing distributed, the
+// buckets are one server's: one group, naming no list.
+func TestReadShardsOnOneServer(t *testing.T) {
+	t.Parallel()
+	for name, pool := range map[string]func(testing.TB) *pgxpool.Pool{"postgres": testdb.New, "citus, undistributed": testdb.NewCitus} {
+		t.Run(name, func(t *testing.T) {
+			if name == "postgres" && testdb.OnCitus() {
+				t.Skip("testdb.New is distributed")
+			}
+			s, err := tenantbucket.ReadShards(context.Background(), pool(t))
+			require.NoError(t, err)
+			require.False(t, s.Distributed())
+			require.Equal(t, 1, s.Groups())
+			require.Nil(t, s.Buckets(0))
+			require.Equal(t, 0, s.GroupOf(555))
+			require.Equal(t, [][]int{{3, 1, 2}}, tenantbucket.Split(s, []int{3, 1, 2}, func(int) int16 { return 0 }))
+		})
+	}
+}
+
+// On a distributed database every bucket is in exactly one group, a
+// group's buckets are one shard's (a statement naming them plans as one
+// task), and Split keeps each group's items in order.
+func TestReadShardsDistributed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.NewDistributed(t)
+	s, err := tenantbucket.ReadShards(ctx, pool)
+	require.NoError(t, err)
+	require.True(t, s.Distributed())
+	require.Equal(t, 32, s.Groups())
+	seen := map[int16]int{}
+	for g := range s.Groups() {
+		for _, b := range s.Buckets(g) {
+			seen[b]++
+			require.Equal(t, g, s.GroupOf(b))
+		}
+	}
+	require.Len(t, seen, tenantbucket.Count)
+	for _, g := range []int{0, 31} {
+		require.Equal(t, []int{1}, testdb.CitusTasks(t, pool,
+			`SELECT count(*) FROM outbox_item_states WHERE bucket = ANY($1::smallint[])`, s.Buckets(g)))
+	}
+	b0, b1 := s.Buckets(0)[0], s.Buckets(1)[0]
+	items := []int16{b1, b0, b1, b0}
+	runs := tenantbucket.Split(s, items, func(b int16) int16 { return b })
+	require.Equal(t, [][]int16{{b1, b1}, {b0, b0}}, runs)
+	require.Contains(t, s.String(), "32 shard groups of")
 }
