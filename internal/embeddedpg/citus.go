@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -76,11 +77,10 @@ func startCitus(ctx context.Context, cfg Config) (*Cluster, error) {
 		_ = c.Stop(sctx)
 		return nil, err
 	}
+	c.workerCfg = node
+	c.workerCfg.Port = 0
 	for i := 1; i <= cfg.Workers; i++ {
-		w := node
-		w.DataDir = filepath.Join(cfg.DataDir, workerDirPrefix+strconv.Itoa(i))
-		w.Port = 0
-		wc, err := start(ctx, w, &citusNode{password: c.password})
+		wc, err := c.startWorker(ctx, filepath.Join(cfg.DataDir, workerDirPrefix+strconv.Itoa(i)))
 		if err != nil {
 			return fail(err)
 		}
@@ -94,7 +94,49 @@ func startCitus(ctx context.Context, cfg Config) (*Cluster, error) {
 
 // Workers returns a Citus coordinator's worker nodes, none for a plain
 // server. Stopping the coordinator stops them.
-func (c *Cluster) Workers() []*Cluster { return c.workers }
+func (c *Cluster) Workers() []*Cluster {
+	c.workersMu.Lock()
+	defer c.workersMu.Unlock()
+	return slices.Clone(c.workers)
+}
+
+// startWorker starts the worker whose data directory is dir.
+func (c *Cluster) startWorker(ctx context.Context, dir string) (*Cluster, error) {
+	cfg := c.workerCfg
+	cfg.DataDir = dir
+	return start(ctx, cfg, &citusNode{password: c.password})
+}
+
+// RestartWorker stops a Citus coordinator's worker i (from 0) with a fast
+// shutdown, waits pause, and starts it again in its data directory: at the
+// port it listened on when that is still free, else at another, which
+// every database with the extension is then told (a worker down meanwhile
+// is what a crashed or rebooted worker machine looks like to Tally).
+func (c *Cluster) RestartWorker(ctx context.Context, i int, pause time.Duration) error {
+	c.workersMu.Lock()
+	defer c.workersMu.Unlock()
+	if i < 0 || i >= len(c.workers) {
+		return fmt.Errorf("embeddedpg: no worker %d of %d", i, len(c.workers))
+	}
+	old := c.workers[i]
+	if err := old.stop(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-time.After(pause):
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	w, err := c.startWorker(ctx, old.dataDir)
+	if err != nil {
+		return err
+	}
+	c.workers[i] = w
+	if w.port == old.port {
+		return nil
+	}
+	return c.reregisterLocked(ctx)
+}
 
 // checkCitus makes sure binDir's PostgreSQL has Citus installed.
 func checkCitus(binDir string) error {
@@ -170,6 +212,13 @@ func lowPort() (int, error) {
 // that has the extension, so that each knows its workers where they listen
 // now.
 func (c *Cluster) reregister(ctx context.Context) error {
+	c.workersMu.Lock()
+	defer c.workersMu.Unlock()
+	return c.reregisterLocked(ctx)
+}
+
+// reregisterLocked is reregister with workersMu held.
+func (c *Cluster) reregisterLocked(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, c.URL("postgres"))
 	if err != nil {
 		return fmt.Errorf("connecting to the embedded postgres: %w", err)

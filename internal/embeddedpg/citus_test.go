@@ -132,6 +132,95 @@ func TestCitusCluster(t *testing.T) {
 	}
 }
 
+// A worker restarted under a running coordinator is unreachable while it
+// is down — a statement that needs it fails, one that does not still
+// runs — and serves its shards again afterwards, at its port, or at
+// another one the metadata is moved to when its port was taken.
+func TestRestartWorker(t *testing.T) {
+	bin := citusBinDir(t)
+	ctx := context.Background()
+	c := startCitusCluster(t, Config{DataDir: tempDataDir(t), Ephemeral: true, Logger: quietLogger(), Workers: 2, BinDir: bin})
+	if err := c.EnsureDatabase(ctx, "tally"); err != nil {
+		t.Fatal(err)
+	}
+	conn := connectTo(t, c, "tally")
+	for _, sql := range []string{
+		"CREATE TABLE spread (k int PRIMARY KEY)",
+		"SELECT create_distributed_table('spread', 'k')",
+		"INSERT INTO spread SELECT generate_series(1, 100)",
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	if err := c.RestartWorker(ctx, 2, 0); err == nil {
+		t.Fatal("RestartWorker(2) of two workers succeeded")
+	}
+
+	// While worker 1 is down (the restart pauses), a count of every shard
+	// fails and a row on worker 2 is still read.
+	port := c.Workers()[0].Port()
+	onWorker2 := queryString(t, conn, `SELECT min(k)::text FROM spread s JOIN pg_dist_shard_placement p
+		ON p.shardid = get_shard_id_for_distribution_column('spread', s.k) WHERE p.nodeport = `+strconv.Itoa(c.Workers()[1].Port()))
+	done := make(chan error, 1)
+	go func() { done <- c.RestartWorker(ctx, 0, 2*time.Second) }()
+	waitClosed(t, port)
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM spread").Scan(&n); err == nil {
+		t.Fatalf("a count of every shard with worker 1 down gave %d", n)
+	}
+	if got := queryString(t, conn, "SELECT k::text FROM spread WHERE k = "+onWorker2); got != onWorker2 {
+		t.Fatalf("a row on worker 2 read %q with worker 1 down", got)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("RestartWorker: %v", err)
+	}
+	if got := c.Workers()[0].Port(); got != port {
+		t.Errorf("worker 1 came back on %d, not its port %d", got, port)
+	}
+	if got := queryString(t, conn, "SELECT count(*)::text FROM spread"); got != "100" {
+		t.Fatalf("after the restart the table has %s rows, want 100", got)
+	}
+
+	// Its port taken while it is down, it comes back elsewhere and the
+	// metadata follows.
+	l, err := net.Listen("tcp4", net.JoinHostPort(listenAddress, strconv.Itoa(c.Workers()[1].Port())))
+	if err == nil {
+		t.Fatal("the port of a running worker was free")
+	}
+	done = make(chan error, 1)
+	port = c.Workers()[1].Port()
+	go func() { done <- c.RestartWorker(ctx, 1, time.Second) }()
+	waitClosed(t, port)
+	if l, err = net.Listen("tcp4", net.JoinHostPort(listenAddress, strconv.Itoa(port))); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("RestartWorker onto a taken port: %v", err)
+	}
+	if got := c.Workers()[1].Port(); got == port {
+		t.Fatalf("worker 2 listens on %d, which was taken", got)
+	}
+	assertWorkers(t, conn, c)
+	if got := queryString(t, conn, "SELECT count(*)::text FROM spread"); got != "100" {
+		t.Fatalf("after the move the table has %s rows, want 100", got)
+	}
+}
+
+// waitClosed waits until nothing listens on port.
+func waitClosed(t *testing.T, port int) {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		c, err := net.Dial("tcp4", net.JoinHostPort(listenAddress, strconv.Itoa(port)))
+		if err != nil {
+			return
+		}
+		_ = c.Close()
+	}
+	t.Fatalf("port %d still listens", port)
+}
+
 // assertWorkers checks that the metadata of conn's database names the
 // coordinator and exactly c's workers, at their ports, active.
 func assertWorkers(t *testing.T, conn *pgx.Conn, c *Cluster) {

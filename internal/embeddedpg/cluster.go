@@ -31,10 +31,14 @@ type Cluster struct {
 	stopping atomic.Bool
 	stopLog  sync.Once
 
-	// workers are a Citus coordinator's worker nodes (citus.go); none on a
-	// plain server. lastPort is a Citus node's port before this start.
-	workers  []*Cluster
-	lastPort int
+	// workers are a Citus coordinator's worker nodes (citus.go), under
+	// workersMu; none on a plain server. lastPort is a Citus node's port
+	// before this start; workerCfg is what a coordinator starts its
+	// workers with.
+	workersMu sync.Mutex
+	workers   []*Cluster
+	lastPort  int
+	workerCfg Config
 }
 
 // URL returns the connection URL for database as the superuser:
@@ -68,7 +72,7 @@ func (c *Cluster) Done() <-chan struct{} { return c.done }
 // Citus coordinator stops first, then its workers.
 func (c *Cluster) Stop(ctx context.Context) error {
 	err := c.stop(ctx)
-	for _, w := range c.workers {
+	for _, w := range c.Workers() {
 		err = errors.Join(err, w.stop(ctx))
 	}
 	return err
