@@ -27,6 +27,7 @@ import (
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/embeddedpg"
 	"github.com/tallymeter/tally/internal/tenantbucket"
+	"github.com/tallymeter/tally/migrations"
 )
 
 // BenchmarkIngestVsCopyFrom measures ingest through POST /v1/usage — the
@@ -105,6 +106,13 @@ type benchEnv struct {
 // builds, configured by settings over the defaults.
 func startDurable(b *testing.B, settings map[string]string) *benchEnv {
 	b.Helper()
+	return startDurableOn(b, settings, 0)
+}
+
+// startDurableOn is startDurable on a Citus coordinator with workers
+// workers (`make citus`), Tally's tables distributed, when workers > 0.
+func startDurableOn(b *testing.B, settings map[string]string, workers int) *benchEnv {
+	b.Helper()
 	ctx := context.Background()
 	quiet := slog.New(slog.DiscardHandler)
 	dir, err := os.MkdirTemp(os.TempDir(), "tally-bench-pg-")
@@ -117,7 +125,14 @@ func startDurable(b *testing.B, settings map[string]string) *benchEnv {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	cluster, err := embeddedpg.Start(ctx, embeddedpg.Config{DataDir: dir, Ephemeral: false, Logger: quiet})
+	pgcfg := embeddedpg.Config{DataDir: dir, Ephemeral: false, Logger: quiet}
+	if workers > 0 {
+		if pgcfg.BinDir, err = embeddedpg.FindCitus(); err != nil {
+			b.Skip(err)
+		}
+		pgcfg.Workers = workers
+	}
+	cluster, err := embeddedpg.Start(ctx, pgcfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -128,13 +143,7 @@ func startDurable(b *testing.B, settings map[string]string) *benchEnv {
 			b.Error(err)
 		}
 	})
-	admin, err := pgx.Connect(ctx, cluster.URL("postgres"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	_, err = admin.Exec(ctx, "CREATE DATABASE tally_bench")
-	_ = admin.Close(ctx)
-	if err != nil {
+	if err := cluster.EnsureDatabase(ctx, "tally_bench"); err != nil {
 		b.Fatal(err)
 	}
 	url := cluster.URL("tally_bench")
@@ -147,6 +156,11 @@ func startDurable(b *testing.B, settings map[string]string) *benchEnv {
 		b.Fatal(err)
 	}
 	b.Cleanup(db.Close)
+	if workers > 0 {
+		if _, err := migrations.Distribute(ctx, db.Pool, quiet); err != nil {
+			b.Fatal(err)
+		}
+	}
 	srv := serveBench(b, db.Pool, cfg)
 	tok, err := auth.CreateToken(ctx, db.Pool, "bench ingest", auth.RoleIngest, nil)
 	if err != nil {

@@ -15,11 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/embeddedpg"
 	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/quarantine"
 )
 
@@ -83,6 +85,11 @@ type chaosRun struct {
 	pgMu    sync.Mutex // held while Postgres is stopped or started
 	pg      *embeddedpg.Cluster
 	url     string
+	// citus runs the database as a Citus coordinator with two workers,
+	// Tally's tables distributed: a worker is restarted and a shard group
+	// moved mid-run instead of Postgres restarted (chaos_citus_test.go).
+	citus bool
+	moved string // the shard move, for the log
 
 	sim     *stripesim.Server
 	simURL  string
@@ -126,8 +133,15 @@ func newChaosRun(t *testing.T) *chaosRun {
 
 // pgConfig is the configuration PostgreSQL starts and restarts with.
 func (r *chaosRun) pgConfig() embeddedpg.Config {
-	return embeddedpg.Config{DataDir: r.dataDir, Port: r.port,
+	cfg := embeddedpg.Config{DataDir: r.dataDir, Port: r.port,
 		Settings: map[string]string{"fsync": "off", "synchronous_commit": "off", "max_connections": "300"}}
+	if r.citus {
+		bin, err := embeddedpg.FindCitus()
+		require.NoError(r.t, err)
+		cfg.BinDir, cfg.Workers = bin, 2
+		cfg.Settings["max_prepared_transactions"] = "300"
+	}
+	return cfg
 }
 
 // startPostgres starts a PostgreSQL of the run's own, on a fixed port, so
@@ -143,6 +157,13 @@ func (r *chaosRun) startPostgres() {
 	require.NoError(r.t, err)
 	r.t.Cleanup(func() { r.pgMu.Lock(); defer r.pgMu.Unlock(); _ = r.pg.Stop(context.Background()) })
 	r.url = r.pg.URL("postgres")
+	if r.citus {
+		require.NoError(r.t, r.pg.EnsureDatabase(r.ctx, "tally"))
+		r.url = r.pg.URL("tally")
+		code, out, errs := tally(r.t, r.url, "migrate", "--distribute")
+		require.Equal(r.t, 0, code, errs)
+		r.t.Logf("chaos: %s", strings.TrimSpace(out))
+	}
 }
 
 // restartPostgres stops PostgreSQL under the nodes and starts it again
@@ -351,7 +372,14 @@ func (r *chaosRun) unleash() {
 		time.Sleep(time.Duration(1000+r.intN(2000)) * time.Millisecond)
 		if len(pgAt) > 0 && time.Now().After(pgAt[0]) {
 			pgAt = pgAt[1:]
-			r.restartPostgres()
+			switch {
+			case !r.citus:
+				r.restartPostgres()
+			case len(pgAt) == 1:
+				r.restartWorker()
+			default:
+				r.moveShard()
+			}
 			continue
 		}
 		r.nodesMu.Lock()
@@ -369,6 +397,10 @@ func (r *chaosRun) stopPoster() {
 	r.t.Helper()
 	close(r.stopped)
 	r.wg.Wait()
+	if r.citus {
+		r.t.Logf("chaos: %d events posted, %d kills, %d worker restarts; %s", r.posted.Load(), r.kills, r.restarts, r.moved)
+		return
+	}
 	r.t.Logf("chaos: %d events posted, %d kills, %d Postgres restarts", r.posted.Load(), r.kills, r.restarts)
 }
 
@@ -574,4 +606,50 @@ func (r *chaosRun) checkReconcile() {
 	var left int
 	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM outbox_items WHERE state = 'accepted'`).Scan(&left))
 	require.Zero(r.t, left)
+}
+
+// restartWorker stops the first worker under the nodes and starts it again
+// after a pause: the tenants of its shards stall meanwhile.
+func (r *chaosRun) restartWorker() {
+	r.t.Helper()
+	r.pgMu.Lock()
+	defer r.pgMu.Unlock()
+	require.NoError(r.t, r.pg.RestartWorker(r.ctx, 0, time.Duration(500+r.intN(1500))*time.Millisecond))
+	r.restarts++
+}
+
+// moveShard moves the shard group that holds tenant c00's bucket to the
+// worker that does not hold it, by logical replication, while usage and
+// delivery go on.
+func (r *chaosRun) moveShard() {
+	r.t.Helper()
+	r.pgMu.Lock()
+	defer r.pgMu.Unlock()
+	conn, err := pgx.Connect(r.ctx, r.url)
+	require.NoError(r.t, err)
+	defer conn.Close(context.WithoutCancel(r.ctx))
+	var shard int64
+	var from int
+	require.NoError(r.t, conn.QueryRow(r.ctx, `SELECT p.shardid, p.nodeport FROM pg_dist_shard_placement p
+		WHERE p.shardid = get_shard_id_for_distribution_column('outbox_item_states', $1::smallint)`,
+		tenantbucket.Of("c00")).Scan(&shard, &from))
+	to := r.pg.Workers()[0].Port()
+	if to == from {
+		to = r.pg.Workers()[1].Port()
+	}
+	start := time.Now()
+	_, err = conn.Exec(r.ctx, `SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3)`, shard, from, to)
+	require.NoError(r.t, err)
+	r.moved = fmt.Sprintf("shard %d of outbox_item_states and its group moved from port %d to %d in %s", shard, from, to, time.Since(start).Round(time.Millisecond))
+}
+
+// checkMoved checks that the shard group moved is where the move put it.
+func (r *chaosRun) checkMoved() {
+	r.t.Helper()
+	require.NotEmpty(r.t, r.moved, "a shard group was moved")
+	var port int
+	require.NoError(r.t, r.pool.QueryRow(r.ctx, `SELECT p.nodeport FROM pg_dist_shard_placement p
+		WHERE p.shardid = get_shard_id_for_distribution_column('outbox_item_states', $1::smallint)`,
+		tenantbucket.Of("c00")).Scan(&port))
+	require.Contains(r.t, r.moved, fmt.Sprintf("to %d ", port))
 }

@@ -63,12 +63,7 @@ func TestDevCitus(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three servers and a node")
 	}
-	if _, err := embeddedpg.FindCitus(); err != nil {
-		if os.Getenv(testdb.EnvRequireCitus) == "1" {
-			t.Fatalf("%s=1: %v", testdb.EnvRequireCitus, err)
-		}
-		t.Skip(err)
-	}
+	requireCitus(t)
 	t.Parallel()
 	d := startDev(t, "TALLY_EMBEDDED_WORKERS=2")
 	d.undistributed = true
@@ -292,4 +287,16 @@ func (d *devRun) checkReconcile(printed string) {
 	require.Equal(d.t, "succeeded", run.Status)
 	require.Equal(d.t, int64(2), run.ItemsConfirmed, "the logins event and the api_calls window")
 	require.Zero(d.t, run.Discrepancies)
+}
+
+// requireCitus skips t without `make citus`'s build, or fails it when
+// testdb.EnvRequireCitus is 1.
+func requireCitus(t *testing.T) {
+	t.Helper()
+	if _, err := embeddedpg.FindCitus(); err != nil {
+		if os.Getenv(testdb.EnvRequireCitus) == "1" {
+			t.Fatalf("%s=1: %v", testdb.EnvRequireCitus, err)
+		}
+		t.Skip(err)
+	}
 }
