@@ -188,4 +188,15 @@ func TestDiscrepancyItemsOnCitus(t *testing.T) {
 	page, err := reconcile.ListOpen(c.ctx, c.pool, reconcile.OpenQuery{Tenant: "nobody"})
 	require.NoError(t, err)
 	require.Empty(t, page.Discrepancies)
+
+	// The completeness report's count of each period's open hours: the
+	// open discrepancies joined with their items, every shard's.
+	from, to := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for _, tenant := range c.tenants {
+		per, err := reconcile.DiscrepanciesByPeriod(c.ctx, c.pool, from, to, tenant)
+		require.NoError(t, err)
+		require.Len(t, per, 1)
+		require.Equal(t, tenant, per[0].Tenant)
+		require.Equal(t, int64(1), per[0].Hours)
+	}
 }
