@@ -223,6 +223,9 @@ func (s *Store) PutFeature(ctx context.Context, db pgdb.Beginner, feature string
 		if err == nil {
 			from = featureState(cur)
 		}
+		// An update takes the new row's updated_at (its column default, the
+		// clock): a distributed database refuses a function that is not
+		// IMMUTABLE in DO UPDATE SET, and the mappings are reference tables.
 		f, err = scanFeature(tx.QueryRow(ctx, `
 			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
 			hist AS (
@@ -236,7 +239,7 @@ func (s *Store) PutFeature(ctx context.Context, db pgdb.Beginner, feature string
 			ON CONFLICT (feature) DO UPDATE SET event_name = EXCLUDED.event_name, aggregation = EXCLUDED.aggregation,
 				window_seconds = EXCLUDED.window_seconds, exporter = EXCLUDED.exporter,
 				customer_payload_key = EXCLUDED.customer_payload_key, value_payload_key = EXCLUDED.value_payload_key,
-				version = EXCLUDED.version, updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
+				version = EXCLUDED.version, updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by
 			RETURNING `+featureColumns,
 			feature, in.EventName, string(in.Aggregation), windowSeconds, by, in.Exporter, keys.Customer, keys.Value))
 		if err != nil {

@@ -34,10 +34,12 @@ type TenantCustomer struct {
 }
 
 // sqlNameStore keeps the name Stripe answered for a customer, NULL for
-// none, stamped by the database's clock.
+// none, stamped by the database's clock: the new row's read_at (its column
+// default), as a distributed database refuses a function that is not
+// IMMUTABLE in DO UPDATE SET, and the names are a reference table.
 const sqlNameStore = `
 INSERT INTO stripe_customer_names (account, customer, name) VALUES (@account, @customer, NULLIF(@name, ''))
-ON CONFLICT (account, customer) DO UPDATE SET name = EXCLUDED.name, read_at = clock_timestamp()`
+ON CONFLICT (account, customer) DO UPDATE SET name = EXCLUDED.name, read_at = EXCLUDED.read_at`
 
 // sqlTenantCustomers reads the current customer of each tenant named and
 // its cached name: two primary-key lookups a tenant.

@@ -207,10 +207,13 @@ func (s *Store) PutTenant(ctx context.Context, db pgdb.Beginner, tenant string, 
 			return err
 		}
 		changed = true
-		from := ""
-		if err == nil {
+		existed, from := err == nil, ""
+		if existed {
 			from = tenantState(cur)
 		}
+		// An update takes the new row's updated_at (its column default, the
+		// clock): a distributed database refuses a function that is not
+		// IMMUTABLE in DO UPDATE SET, and the mappings are reference tables.
 		t, err = scanTenant(tx.QueryRow(ctx, `
 			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
 			hist AS (
@@ -222,10 +225,17 @@ func (s *Store) PutTenant(ctx context.Context, db pgdb.Beginner, tenant string, 
 			ON CONFLICT (tenant) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id,
 				stripe_account = EXCLUDED.stripe_account, period_anchor = EXCLUDED.period_anchor,
 				invoice_grace = EXCLUDED.invoice_grace, version = EXCLUDED.version,
-				updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
+				updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by
 			RETURNING `+tenantColumns,
 			tenant, in.StripeCustomerID, in.PeriodAnchor, by, graceArg(in.InvoiceGrace), accountArg(in.StripeAccount)))
 		if err != nil {
+			return err
+		}
+		var was *time.Time // the anchor the tenant's usage was counted by: none before its first mapping
+		if existed {
+			was = cur.PeriodAnchor
+		}
+		if err := moveAnchor(ctx, tx, tenant, was, t.PeriodAnchor); err != nil {
 			return err
 		}
 		return audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionTenantMapping, Subject: "tenant:" + tenant,

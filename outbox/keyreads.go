@@ -1,13 +1,17 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // The reads in this file find items by one of their keys — the ordering
@@ -49,11 +53,14 @@ type SettledKey struct {
 // sqlSettledKeys lists the ordering keys of a destination with settled
 // accepted or uncertain items from a timestamp on, after a key, in byte
 // order (collation "C", whatever the database's: a caller merges them with
-// keys of its own and compares them as Go does).
+// keys of its own and compares them as Go does). It reads every tenant's
+// items of the destination, so on a distributed database it reads every
+// shard (the partial indexes of accepted and uncertain items), joined on
+// the bucket so that each shard joins its own rows.
 const sqlSettledKeys = `
 SELECT b.ordering_key, b.payload ->> 'customer', b.payload ->> 'event_name', b.destination_account,
        min((b.payload ->> 'timestamp')::bigint), max((b.payload ->> 'timestamp')::bigint)
-FROM outbox_item_states s JOIN outbox_item_bodies b ON b.id = s.id
+FROM outbox_item_states s JOIN outbox_item_bodies b ON b.id = s.id AND b.bucket = s.bucket
 WHERE b.destination_account = ANY(@accounts::text[]) AND s.mode = @mode
   AND ((s.state = 'accepted' AND s.accepted_at < statement_timestamp() - @settle::interval) OR s.state = 'uncertain')
   AND (b.payload ->> 'timestamp')::bigint >= @since
@@ -94,7 +101,11 @@ func (s *Store) SettledKeys(ctx context.Context, q pgdb.Querier, f KeyFilter) ([
 type KeyRange struct {
 	OrderingKey string
 	Mode        Mode
-	From, To    int64
+	// Customer is the key's customer. On a distributed database the read
+	// names the buckets of the tenants ever mapped to it, which hold the
+	// key's items; "" reads every shard.
+	Customer string
+	From, To int64
 	// Settle is how long an accepted item must have been accepted, by the
 	// database's clock, to count as settled (KeyItem.Settled).
 	Settle time.Duration
@@ -126,18 +137,33 @@ type KeyItem struct {
 // items of one key and mode in a range of timestamps, by timestamp and id,
 // and its quarantined cancellations an attempt of which may have reached
 // the provider (whether Stripe applied one is unknown; one never sent,
-// refused as too late say, changes nothing at Stripe).
+// refused as too late say, changes nothing at Stripe). It is one server's
+// text, and a distributed database's for a key whose tenants are unknown
+// (it then reads every shard, each joining its own rows on the bucket).
 const sqlKeyItems = `
 SELECT b.id, s.state, (b.payload ->> 'value')::bigint, (b.payload ->> 'timestamp')::bigint,
        s.state = 'accepted' AND s.accepted_at < statement_timestamp() - @settle::interval,
        b.identifier, coalesce(b.payload ->> 'cancels', ''), b.tenant_key, (b.payload ->> 'period')::timestamptz,
        coalesce(s.meter, '')
-FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id
+FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id AND s.bucket = b.bucket
 WHERE b.ordering_key = @key AND b.mode = @mode
   AND (b.payload ->> 'timestamp')::bigint >= @from AND (b.payload ->> 'timestamp')::bigint < @to
   AND (s.state IN ('accepted', 'confirmed', 'uncertain', 'pending', 'leased')
        OR (s.state = 'quarantined' AND b.subject_kind = 'usage_cancellation' AND s.refused_attempts < s.attempts))
 ORDER BY 4, 1`
+
+// sqlKeyItemsInBuckets is sqlKeyItems with both tables in the buckets of
+// the key's tenants (@buckets): a distributed database's read, one shard's
+// when they are one group's.
+var sqlKeyItemsInBuckets = strings.Replace(sqlKeyItems, "WHERE b.ordering_key = @key AND b.mode = @mode",
+	"WHERE b.ordering_key = @key AND b.mode = @mode\n  AND b.bucket = ANY(@buckets::smallint[]) AND s.bucket = ANY(@buckets::smallint[])", 1)
+
+// sqlCustomerBuckets lists the buckets of the tenants any version of whose
+// mapping names a customer: those whose items may carry it (an item
+// carries the customer of the mapping it was staged with). The versions
+// are a reference table, read where the statement runs.
+const sqlCustomerBuckets = `SELECT coalesce(array_agg(DISTINCT tally_bucket(tenant)), '{}')::smallint[]
+FROM tenant_mapping_versions WHERE stripe_customer_id = $1`
 
 // KeyItems reads the items of r's key and mode with payload timestamps in
 // r's range that are accepted, confirmed or uncertain — what the provider
@@ -149,22 +175,51 @@ ORDER BY 4, 1`
 // reads the key's items in the range alone (the key-and-time index), so
 // its cost is the range's items, never the key's history.
 //
+// On a distributed database it first reads the buckets of the tenants
+// mapped to r's customer, and reads those buckets alone (one shard when
+// the customer is fed by one tenant, the rule in practice). On one server
+// it reads as it always has, with no list.
+//
 // Reconciliation runs it once per key, so its planning counts: on a large
 // table the plan cache keeps planning it afresh at every call (its custom
 // plan, one key's hour, is estimated well below its generic plan, a key's
 // share of the table), which costs more than running it. Both plans have the
 // same shape — the key-and-time index, then the state row by primary key — so
 // when q can pipeline, it runs on its generic plan (queryOnGenericPlan),
-// planned once per connection.
+// planned once per connection. On a distributed database it runs on its
+// custom plan, which is the plan Citus prunes to the buckets' shard.
 func (s *Store) KeyItems(ctx context.Context, q pgdb.Querier, r KeyRange) ([]KeyItem, error) {
+	shards, err := s.Shards(ctx, q)
+	if err != nil {
+		return nil, err
+	}
 	args := pgx.NamedArgs{"key": r.OrderingKey, "mode": string(r.Mode), "settle": r.Settle, "from": r.From, "to": r.To}
-	items, err := queryOnGenericPlan(ctx, q, sqlKeyItems, args, func(row pgx.CollectableRow) (KeyItem, error) {
+	sql := sqlKeyItems
+	if shards.Distributed() && r.Customer != "" {
+		var buckets []int16
+		if err := q.QueryRow(ctx, sqlCustomerBuckets, r.Customer).Scan(&buckets); err != nil {
+			return nil, fmt.Errorf("outbox: reading the buckets of a key's tenants: %w", err)
+		}
+		if len(buckets) > 0 {
+			sql, args["buckets"] = sqlKeyItemsInBuckets, buckets
+		}
+	}
+	scan := func(row pgx.CollectableRow) (KeyItem, error) {
 		var it KeyItem
 		err := row.Scan(&it.ID, &it.State, &it.Value, &it.Timestamp, &it.Settled, &it.Identifier, &it.Cancels, &it.Tenant, &it.Period,
 			&it.Meter)
 		it.Period = it.Period.UTC()
 		return it, err
-	})
+	}
+	var items []KeyItem
+	if shards.Distributed() {
+		var rows pgx.Rows
+		if rows, err = q.Query(ctx, sql, args); err == nil {
+			items, err = pgx.CollectRows(rows, scan)
+		}
+	} else {
+		items, err = queryOnGenericPlan(ctx, q, sql, args, scan)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("outbox: reading the items of a key: %w", err)
 	}
@@ -227,33 +282,84 @@ type pipeliner interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// sqlLockIdentified locks the items with any of the identifiers for an
-// update that keeps their keys, in ascending id order.
-const sqlLockIdentified = `SELECT b.identifier, s.id FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id
-	WHERE b.identifier = ANY($1) ORDER BY s.id FOR NO KEY UPDATE OF s`
+// sqlFindIdentified finds the items with any of the identifiers, with
+// their buckets, locking nothing: on a distributed database an index probe
+// of every shard, as an identifier does not name its tenant.
+const sqlFindIdentified = `SELECT identifier, id, bucket FROM outbox_item_bodies WHERE identifier = ANY($1::text[])`
+
+// sqlLockIdentified locks the items with any of the identifiers in the
+// buckets given (one shard group's), for an update that keeps their keys,
+// in ascending id order.
+const sqlLockIdentified = `SELECT b.identifier, s.id FROM outbox_item_bodies b JOIN outbox_item_states s ON s.id = b.id AND s.bucket = b.bucket
+	WHERE b.bucket = ANY($2::smallint[]) AND s.bucket = ANY($2::smallint[]) AND b.identifier = ANY($1::text[])
+	ORDER BY s.id FOR NO KEY UPDATE OF s`
 
 // LockIdentified locks the items with the given identifiers, FOR NO KEY
 // UPDATE in ascending id order — the order every waiting writer of the
 // outbox uses — until q's transaction ends, and returns the id of each by
 // its identifier; an identifier no item has is absent. A provider's error
 // report locks the items it names so before it records evidence against
-// them (whose foreign key share-locks them) and fails them: two share locks
-// each waiting to become an update lock would deadlock.
+// them and fails them: two share locks each waiting to become an update
+// lock would deadlock.
+//
+// It finds the items and their buckets first, then locks them one shard
+// group at a time (one group on one server), each statement naming its
+// items' buckets, and the groups in the order of their lowest ids, as a
+// batch split by group (tenantbucket.Split) takes them. The lock checks
+// the identifiers again.
 func (s *Store) LockIdentified(ctx context.Context, q pgdb.Querier, identifiers []string) (map[string]int64, error) {
-	rows, err := q.Query(ctx, sqlLockIdentified, identifiers)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: locking the identified items: %w", err)
-	}
 	ids := map[string]int64{}
-	var (
+	if len(identifiers) == 0 {
+		return ids, nil
+	}
+	shards, err := s.Shards(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	type found struct {
 		identifier string
 		id         int64
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&identifier, &id}, func() error {
-		ids[identifier] = id
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("outbox: locking the identified items: %w", err)
+		bucket     int16
+	}
+	rows, err := q.Query(ctx, sqlFindIdentified, identifiers)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: finding the identified items: %w", err)
+	}
+	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (found, error) {
+		var f found
+		err := row.Scan(&f.identifier, &f.id, &f.bucket)
+		return f, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: finding the identified items: %w", err)
+	}
+	slices.SortFunc(items, func(a, b found) int { return cmp.Compare(a.id, b.id) })
+	for _, run := range tenantbucket.Split(shards, items, func(f found) int16 { return f.bucket }) {
+		if len(run) == 0 {
+			continue
+		}
+		var names []string
+		var buckets []int16
+		for _, f := range run {
+			names = append(names, f.identifier)
+			if !slices.Contains(buckets, f.bucket) {
+				buckets = append(buckets, f.bucket)
+			}
+		}
+		rows, err := q.Query(ctx, sqlLockIdentified, names, buckets)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: locking the identified items: %w", err)
+		}
+		var (
+			identifier string
+			id         int64
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&identifier, &id}, func() error {
+			ids[identifier] = id
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("outbox: locking the identified items: %w", err)
+		}
 	}
 	return ids, nil
 }
@@ -265,13 +371,15 @@ func (s *Store) LockIdentified(ctx context.Context, q pgdb.Querier, identifiers 
 // at the first number not yet used. Matching the base and every ref
 // starting with "<base>#" instead, which the identity key cannot serve as a
 // range, would read every window item of the tenant, its whole history,
-// for each window staged.
+// for each window staged. Each probe names the tenant's bucket ($4): one
+// shard's read on a distributed database.
 const sqlWindowItemCount = `
 WITH RECURSIVE n(k) AS (
-    SELECT 0 WHERE EXISTS (SELECT FROM outbox_item_bodies WHERE tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3)
+    SELECT 0 WHERE EXISTS (SELECT FROM outbox_item_bodies
+        WHERE bucket = $4 AND tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3)
     UNION ALL
     SELECT n.k + 1 FROM n WHERE EXISTS (SELECT FROM outbox_item_bodies
-        WHERE tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3 || '#' || (n.k + 1))
+        WHERE bucket = $4 AND tenant_key = $1 AND subject_kind = $2 AND subject_ref = $3 || '#' || (n.k + 1))
 )
 SELECT count(*) FROM n`
 
@@ -283,25 +391,29 @@ SELECT count(*) FROM n`
 // with the count.
 func (s *Store) WindowItemCount(ctx context.Context, q pgdb.Querier, tenant, base string) (int, error) {
 	var n int
-	if err := q.QueryRow(ctx, sqlWindowItemCount, tenant, SubjectUsageWindow, base).Scan(&n); err != nil {
+	if err := q.QueryRow(ctx, sqlWindowItemCount, tenant, SubjectUsageWindow, base, tenantbucket.Of(tenant)).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: counting the window's items: %w", err)
 	}
 	return n, nil
 }
 
 // sqlWindowItemCounts is sqlWindowItemCount for many windows at once
-// (tenants[i], bases[i]), in the order given: the same probes of the
-// identity key, one recursion per window.
+// (tenants[i], bases[i], buckets[i]), in the order given: the same probes
+// of the identity key, one recursion per window. Every probe also names
+// the batch's distinct buckets ($5), which a distributed database prunes
+// by: one shard's read when they are one group's, as a stager's batch is.
 const sqlWindowItemCounts = `
 WITH RECURSIVE w AS (
-    SELECT * FROM unnest($1::text[], $3::text[]) WITH ORDINALITY AS w(tenant, base, n)
+    SELECT * FROM unnest($1::text[], $3::text[], $4::smallint[]) WITH ORDINALITY AS w(tenant, base, bucket, n)
 ),
 c(n, k) AS (
     SELECT w.n, 0 FROM w WHERE EXISTS (SELECT FROM outbox_item_bodies
-        WHERE tenant_key = w.tenant AND subject_kind = $2 AND subject_ref = w.base)
+        WHERE bucket = ANY($5::smallint[]) AND bucket = w.bucket AND tenant_key = w.tenant AND subject_kind = $2
+          AND subject_ref = w.base)
     UNION ALL
     SELECT c.n, c.k + 1 FROM c JOIN w ON w.n = c.n WHERE EXISTS (SELECT FROM outbox_item_bodies
-        WHERE tenant_key = w.tenant AND subject_kind = $2 AND subject_ref = w.base || '#' || (c.k + 1))
+        WHERE bucket = ANY($5::smallint[]) AND bucket = w.bucket AND tenant_key = w.tenant AND subject_kind = $2
+          AND subject_ref = w.base || '#' || (c.k + 1))
 )
 SELECT count(c.k) FROM w LEFT JOIN c ON c.n = w.n GROUP BY w.n ORDER BY w.n`
 
@@ -316,7 +428,8 @@ func (s *Store) WindowItemCounts(ctx context.Context, q pgdb.Querier, tenants, b
 	if len(bases) == 0 {
 		return nil, nil
 	}
-	rows, err := q.Query(ctx, sqlWindowItemCounts, tenants, SubjectUsageWindow, bases)
+	buckets, distinct := windowBuckets(tenants)
+	rows, err := q.Query(ctx, sqlWindowItemCounts, tenants, SubjectUsageWindow, bases, buckets, distinct)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: counting the windows' items: %w", err)
 	}
@@ -325,6 +438,18 @@ func (s *Store) WindowItemCounts(ctx context.Context, q pgdb.Querier, tenants, b
 		return nil, fmt.Errorf("outbox: counting the windows' items: %w", err)
 	}
 	return counts, nil
+}
+
+// windowBuckets is each tenant's bucket, in order, and the distinct ones.
+func windowBuckets(tenants []string) (buckets, distinct []int16) {
+	buckets = make([]int16, len(tenants))
+	for i, t := range tenants {
+		buckets[i] = tenantbucket.Of(t)
+		if !slices.Contains(distinct, buckets[i]) {
+			distinct = append(distinct, buckets[i])
+		}
+	}
+	return buckets, distinct
 }
 
 // StatesOf reads the current state of each item of ids that exists, for a

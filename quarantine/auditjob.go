@@ -74,9 +74,9 @@ func (w *AuditWorker) Work(ctx context.Context, _ *river.Job[AuditArgs]) error {
 		total += a.DriftKeys
 	}
 	w.Metrics.audited(total)
-	var folded int64
-	if err := w.DB.QueryRow(ctx, sqlFold, tenantbucket.All()).Scan(&folded); err != nil {
-		return fmt.Errorf("quarantine: folding the counters of past months: %w", err)
+	folded, err := FoldCounters(ctx, w.DB)
+	if err != nil {
+		return err
 	}
 	w.Logger.InfoContext(ctx, "completeness counters folded", "rows", folded)
 	return nil
@@ -85,8 +85,34 @@ func (w *AuditWorker) Work(ctx context.Context, _ *river.Job[AuditArgs]) error {
 // sqlFold moves the counters of the periods that started before the
 // current month into one slot, sums unchanged (completeness_fold): a past
 // month, rarely written, is then read as one row per line and account. It
-// folds the buckets it is given ($1: every bucket, on one server).
+// folds the buckets it is given ($1): one shard group's, whose rows it
+// locks and rewrites on that group's node.
 const sqlFold = `SELECT completeness_fold(date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', $1::smallint[])`
+
+// FoldCounters folds the counters of past months (sqlFold) and returns how
+// many rows it folded: once with every bucket on one server, once per
+// shard group on a distributed database (a fold over several shards cannot
+// lock their rows). Each group's fold is a statement of its own; the sums
+// are unchanged after each.
+func FoldCounters(ctx context.Context, db pgdb.Querier) (int64, error) {
+	shards, err := tenantbucket.ReadShards(ctx, db)
+	if err != nil {
+		return 0, fmt.Errorf("quarantine: folding the counters of past months: %w", err)
+	}
+	var total int64
+	for g := range shards.Groups() {
+		buckets := shards.Buckets(g)
+		if buckets == nil {
+			buckets = tenantbucket.All()
+		}
+		var n int64
+		if err := db.QueryRow(ctx, sqlFold, buckets).Scan(&n); err != nil {
+			return total, fmt.Errorf("quarantine: folding the counters of past months: %w", err)
+		}
+		total += n
+	}
+	return total, nil
+}
 
 func (w *AuditWorker) statementTimeout() time.Duration {
 	if w.StatementTimeout > 0 {

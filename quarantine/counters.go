@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // sqlCounters reads the month's completeness counters: one row per line and
@@ -17,7 +19,12 @@ import (
 // events: the primary key's range on period.
 //
 // The counters are written by triggers in the transaction of every write
-// that moves usage (docs/reports.md); nothing in Go writes them.
+// that moves usage (docs/reports.md), and by the tenant mapping's writer
+// when a distributed database has no anchor trigger.
+//
+// It reads every tenant's counters: on a distributed database every
+// shard's, grouped there and merged on the coordinator (O(counter rows),
+// never the ledger). sqlTenantCounters reads one tenant's.
 const sqlCounters = `
 SELECT tenant, feature, period, account,
        sum(ingested_events)::bigint, sum(ingested_value)::text,
@@ -32,9 +39,15 @@ SELECT tenant, feature, period, account,
        sum(period_closed_events)::bigint, sum(period_closed_value)::text,
        sum(items)::bigint, sum(inconsistent)::bigint
 FROM completeness_counters
-WHERE period >= @from AND period < @to AND (@tenant = '' OR tenant = @tenant)
+WHERE period >= @from AND period < @to
 GROUP BY tenant, feature, period, account
 ORDER BY tenant, feature, period, account`
+
+// sqlTenantCounters is sqlCounters for one tenant. Its bucket names its
+// shard on a distributed database; on one server it is one more equality
+// on a column of the primary key, whose range on period it reads.
+var sqlTenantCounters = strings.Replace(sqlCounters, "WHERE period >= @from AND period < @to",
+	"WHERE period >= @from AND period < @to AND tenant = @tenant AND bucket = @bucket", 1)
 
 // CompletenessOf reads the completeness report for the billing periods that
 // start in the month period ("YYYY-MM"), for one tenant or all, from the
@@ -60,7 +73,11 @@ func CompletenessOf(ctx context.Context, q pgdb.Beginner, period, tenant string)
 // indexes by tenant, feature and period. A line is every counter row of
 // its key; an account is listed while an item with usage has it.
 func (c *Completeness) readCounters(ctx context.Context, q pgdb.Querier, from, to time.Time, tenant string) (map[[3]string]int, error) {
-	rows, err := q.Query(ctx, sqlCounters, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
+	sql, args := sqlCounters, pgx.NamedArgs{"from": from, "to": to}
+	if tenant != "" {
+		sql, args["tenant"], args["bucket"] = sqlTenantCounters, tenant, tenantbucket.Of(tenant)
+	}
+	rows, err := q.Query(ctx, sql, args)
 	if err != nil {
 		return nil, err
 	}

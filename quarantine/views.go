@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -57,6 +59,10 @@ WHERE o.state = 'quarantined' AND o.id > @after
   AND (@period = '' OR ((o.payload ->> 'period')::timestamptz >= @from AND (o.payload ->> 'period')::timestamptz < @to))
 ORDER BY o.id LIMIT @limit`
 
+// sqlTenantItems is sqlItems for one tenant's items: its bucket names its
+// shard on a distributed database.
+var sqlTenantItems = strings.Replace(sqlItems, "WHERE o.state = 'quarantined'", "WHERE o.bucket = @bucket AND o.state = 'quarantined'", 1)
+
 // Items reads at most limit quarantined items the filter matches, by id,
 // each with the mapping version a requeue would name. A malformed period is
 // an error, as it is for Quarantined.
@@ -73,8 +79,12 @@ func ItemsAfter(ctx context.Context, q pgdb.Querier, f Filter, after int64, limi
 			return nil, err
 		}
 	}
-	rows, err := q.Query(ctx, sqlItems, pgx.NamedArgs{"reason": f.Reason, "tenant": f.Tenant, "feature": f.Feature,
-		"period": f.Period, "from": from, "to": to, "after": after, "limit": limit})
+	sql, args := sqlItems, pgx.NamedArgs{"reason": f.Reason, "tenant": f.Tenant, "feature": f.Feature,
+		"period": f.Period, "from": from, "to": to, "after": after, "limit": limit}
+	if f.Tenant != "" {
+		sql, args["bucket"] = sqlTenantItems, tenantbucket.Of(f.Tenant)
+	}
+	rows, err := q.Query(ctx, sql, args)
 	if err != nil {
 		return nil, fmt.Errorf("quarantine: reading the items: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/errcode"
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // resolutionMatches is the condition under which resolution r covers
@@ -31,25 +32,22 @@ const isOpen = `d.cleared_by_run IS NULL
 const kindOrder = `CASE d.kind WHEN 'stripe_has_more' THEN 0 WHEN 'stripe_has_less' THEN 1 ELSE 2 END`
 
 // sqlDiscrepancies reads discrepancies (the caller adds the WHERE clause on
-// d), each with the tenants and features of its items and the resolution
-// that covers it, if any; Stripe-has-more first, then by meter, customer,
-// hour and run. A discrepancy that names no item (an hour Stripe has and
-// Tally has nothing of) is the tenants' whose mapping names its customer
-// (in its account) and the features mapped to its event name.
+// d), each with the resolution that covers it, if any; Stripe-has-more
+// first, then by meter, customer, hour and run. A discrepancy that names
+// no item (an hour Stripe has and Tally has nothing of) is the tenants'
+// whose mapping names its customer (in its account) and the features
+// mapped to its event name; the tenants and features of one that names
+// items are those of its items, which sqlDiscrepancyItems reads apart (the
+// discrepancies are the coordinator's, the items a distributed database's
+// shards').
 const sqlDiscrepancies = `
 SELECT d.id, d.run_id, d.destination_account, d.mode, d.event_name, d.meter, d.customer, d.reason, d.kind,
        coalesce(d.error_code, ''), coalesce(d.error_status, 0), d.hour, d.formula,
        d.expected::text, d.provider::text, d.difference::text, d.expected_items, d.uncertain_items, d.confirmed_items,
        d.explained_by, d.explanation, d.reported_items,
-       coalesce(w.tenants, m.tenants, '{}'), coalesce(w.features, m.features, '{}'), d.cleared_by_run,
+       coalesce(m.tenants, '{}'), coalesce(m.features, '{}'), d.cleared_by_run,
        r.id, r.discrepancy_id, r.resolution, r.note, r.resolved_by, r.resolved_at, r.settled_items
 FROM reconcile_discrepancies d
-LEFT JOIN LATERAL (
-    SELECT array_agg(DISTINCT o.tenant_key ORDER BY o.tenant_key) AS tenants,
-           array_agg(DISTINCT o.payload ->> 'feature' ORDER BY o.payload ->> 'feature')
-               FILTER (WHERE o.payload ->> 'feature' IS NOT NULL) AS features
-    FROM outbox_items o WHERE o.id = ANY(d.expected_items || d.uncertain_items)
-) w ON true
 LEFT JOIN LATERAL (
     SELECT (SELECT array_agg(t.tenant ORDER BY t.tenant) FROM tenant_mappings t
             WHERE t.stripe_customer_id = d.customer AND (t.stripe_account IS NULL OR t.stripe_account = d.destination_account)) AS tenants,
@@ -59,6 +57,58 @@ LEFT JOIN LATERAL (
 LEFT JOIN reconcile_resolutions r ON ` + resolutionMatches + `
 /*where*/
 /*order*/`
+
+// sqlDiscrepancyItems reads the tenants and features of the items of
+// discrepancies: for each discrepancy (@ns, once per item it names as
+// expected or uncertain, @item_ids), its items' tenants and features,
+// distinct and in order. The items are read by id first; on a distributed
+// database that is an index probe of every shard.
+const sqlDiscrepancyItems = `
+WITH o AS MATERIALIZED (
+    SELECT id, tenant_key, payload ->> 'feature' AS feature FROM outbox_items WHERE id = ANY(@ids::bigint[])
+)
+SELECT d.n, array_agg(DISTINCT o.tenant_key ORDER BY o.tenant_key),
+       coalesce(array_agg(DISTINCT o.feature ORDER BY o.feature) FILTER (WHERE o.feature IS NOT NULL), '{}')
+FROM unnest(@ns::integer[], @item_ids::bigint[]) AS d (n, id) JOIN o ON o.id = d.id
+GROUP BY d.n`
+
+// itemsOfDiscrepancies sets the Tenants and Features of each discrepancy
+// of ds that names items from its items (sqlDiscrepancyItems); none found
+// leaves them empty.
+func itemsOfDiscrepancies(ctx context.Context, q pgdb.Querier, ds []Discrepancy) error {
+	var (
+		ns       []int32
+		itemIDs  []int64
+		distinct []int64
+		seen     = map[int64]bool{}
+	)
+	for i, d := range ds {
+		for _, id := range append(slices.Clone(d.ExpectedItems), d.UncertainItems...) {
+			ns, itemIDs = append(ns, int32(i)), append(itemIDs, id)
+			if !seen[id] {
+				seen[id] = true
+				distinct = append(distinct, id)
+			}
+		}
+	}
+	if len(ns) == 0 {
+		return nil
+	}
+	rows, err := q.Query(ctx, sqlDiscrepancyItems, pgx.NamedArgs{"ids": distinct, "ns": ns, "item_ids": itemIDs})
+	if err != nil {
+		return err
+	}
+	var (
+		n                 int32
+		tenants, features []string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&n, &tenants, &features}, func() error {
+		ds[n].Tenants, ds[n].Features = tenants, features
+		tenants, features = nil, nil // the next row's scan makes its own
+		return nil
+	})
+	return err
+}
 
 // discrepancyOrder is the order lists show discrepancies in: by kind, then
 // by meter, customer, hour and run.
@@ -81,6 +131,9 @@ func readDiscrepanciesIn(ctx context.Context, q pgdb.Querier, where, order strin
 	out, err := pgx.CollectRows(rows, scanDiscrepancy)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: reading discrepancies: %w", err)
+	}
+	if err := itemsOfDiscrepancies(ctx, q, out); err != nil {
+		return nil, fmt.Errorf("reconcile: reading the items of discrepancies: %w", err)
 	}
 	if out == nil {
 		out = []Discrepancy{}
@@ -250,6 +303,35 @@ type OpenQuery struct {
 	Limit int
 }
 
+// sqlOpenItems lists the items the open discrepancies name as expected or
+// uncertain.
+const sqlOpenItems = `SELECT coalesce(array_agg(DISTINCT i), '{}') FROM reconcile_discrepancies d,
+	unnest(d.expected_items || d.uncertain_items) AS i WHERE ` + isOpen
+
+// sqlTenantItems keeps the items of ids that are tenant's: one shard's
+// read by its bucket.
+const sqlTenantItems = `SELECT coalesce(array_agg(id), '{}') FROM outbox_item_bodies
+	WHERE bucket = @bucket AND tenant_key = @tenant AND id = ANY(@ids::bigint[])`
+
+// openItemsOf lists the items of tenant that open discrepancies name: the
+// discrepancies' items first (the coordinator's), then which of them are
+// the tenant's (its shard's).
+func openItemsOf(ctx context.Context, q pgdb.Querier, tenant string) ([]int64, error) {
+	var ids []int64
+	if err := q.QueryRow(ctx, sqlOpenItems).Scan(&ids); err != nil {
+		return nil, fmt.Errorf("reconcile: reading the items of open discrepancies: %w", err)
+	}
+	if len(ids) == 0 {
+		return ids, nil
+	}
+	var mine []int64
+	if err := q.QueryRow(ctx, sqlTenantItems, pgx.NamedArgs{"bucket": tenantbucket.Of(tenant), "tenant": tenant, "ids": ids}).
+		Scan(&mine); err != nil {
+		return nil, fmt.Errorf("reconcile: reading a tenant's items of open discrepancies: %w", err)
+	}
+	return mine, nil
+}
+
 // ErrUnknownKind is a kind of discrepancy that is not one of Kinds.
 var ErrUnknownKind = errors.New("reconcile: no such kind of discrepancy")
 
@@ -267,8 +349,11 @@ type OpenPage struct {
 // from Before, skipping the resolved ones, and stops at a full page. Its
 // cost grows with the page, the resolved discrepancies still current
 // among them and, with a tenant, the other tenants' open ones it passes;
-// never with the history of cleared ones. A kind that is not one of Kinds
-// is ErrUnknownKind.
+// never with the history of cleared ones. With a tenant it first lists
+// the items the open discrepancies name, and which of them are the
+// tenant's (one shard's read on a distributed database, where the items
+// and the discrepancies cannot be joined in one statement). A kind that is
+// not one of Kinds is ErrUnknownKind.
 func ListOpen(ctx context.Context, q pgdb.Querier, oq OpenQuery) (OpenPage, error) {
 	if oq.Limit <= 0 {
 		oq.Limit = OpenPageLimit
@@ -280,8 +365,12 @@ func ListOpen(ctx context.Context, q pgdb.Querier, oq OpenQuery) (OpenPage, erro
 		args["before"] = oq.Before
 	}
 	if oq.Tenant != "" {
-		where += ` AND @tenant = ANY(coalesce(w.tenants, m.tenants, '{}'))`
-		args["tenant"] = oq.Tenant
+		items, err := openItemsOf(ctx, q, oq.Tenant)
+		if err != nil {
+			return OpenPage{}, err
+		}
+		where += ` AND ((d.expected_items || d.uncertain_items) && @tenant_items::bigint[] OR @tenant = ANY(coalesce(m.tenants, '{}')))`
+		args["tenant"], args["tenant_items"] = oq.Tenant, items
 	}
 	if oq.Kind != "" {
 		if !slices.Contains(Kinds, oq.Kind) {

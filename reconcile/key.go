@@ -58,7 +58,7 @@ func (r *Reconciler) readKeyHours(ctx context.Context, db pgdb.DB, mode outbox.M
 	if kh.from >= kh.to {
 		return kh, nil
 	}
-	items, err := r.cfg.Outbox.KeyItems(ctx, db, outbox.KeyRange{OrderingKey: k.OrderingKey, Mode: mode, From: kh.from, To: kh.to,
+	items, err := r.cfg.Outbox.KeyItems(ctx, db, outbox.KeyRange{OrderingKey: k.OrderingKey, Customer: k.Customer, Mode: mode, From: kh.from, To: kh.to,
 		Settle: settle})
 	if err != nil {
 		return keyHours{}, err
