@@ -100,6 +100,23 @@ func markEventRows(ctx context.Context, tx pgx.Tx, bucket int16, rows, items []i
 	return checkMarked(tag.RowsAffected(), len(rows), err)
 }
 
+// sqlMarkClosedRows is sqlMarkEventRows for the rows of one window, which
+// states the window's closure again (see sqlMarkWindowRows). A window's
+// few rows are reached by their ids: a time range here could make the
+// planner scan the window's partition instead.
+const sqlMarkClosedRows = `
+UPDATE usage_events u SET item_id = m.item, staged_at = statement_timestamp()
+FROM unnest($1::bigint[], $2::bigint[]) AS m(row_id, item)
+WHERE u.bucket = $3 AND u.id = m.row_id AND u.item_id IS NULL
+  AND $4::timestamptz + $5::interval <= statement_timestamp()`
+
+// markClosedRows is markEventRows for the rows of a window that closed at
+// to plus grace.
+func markClosedRows(ctx context.Context, tx pgx.Tx, bucket int16, rows, items []int64, to time.Time, grace time.Duration) error {
+	tag, err := tx.Exec(ctx, sqlMarkClosedRows, rows, items, bucket, to, grace)
+	return checkMarked(tag.RowsAffected(), len(rows), err)
+}
+
 // windowSpan is the time span of the windows whose rows a marking sets:
 // [from, to), closed once to plus grace has passed.
 type windowSpan struct {

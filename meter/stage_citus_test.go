@@ -74,9 +74,10 @@ func TestStagingPlansOnCitus(t *testing.T) {
 			"origin": gridOrigin, "grace": time.Minute, "future": 5 * time.Minute, "limit": perEventBatch}}},
 		"window rows": {sqlWindowRows, []any{pgx.NamedArgs{"tenant": tenant, "bucket": b, "feature": "f1", "from": from,
 			"to": to, "grace": time.Minute}}},
-		"absorb late":     {sqlAbsorbLate, []any{tenant, "f1", from, to, []int64{1, 2}, outbox.SubjectUsageWindow, "usage:f1:x", b}},
-		"split rows":      {sqlSplitRows, []any{[]int64{1, 2, 3}, b}},
-		"mark event rows": {sqlMarkEventRows, []any{[]int64{1, 2}, []int64{7, 8}, b}},
+		"absorb late":      {sqlAbsorbLateOnShard, []any{tenant, "f1", from, to, []int64{1, 2}, outbox.SubjectUsageWindow, "usage:f1:x", b}},
+		"split rows":       {sqlSplitRows, []any{[]int64{1, 2, 3}, b}},
+		"mark event rows":  {sqlMarkEventRows, []any{[]int64{1, 2}, []int64{7, 8}, b}},
+		"mark closed rows": {sqlMarkClosedRows, []any{[]int64{1, 2}, []int64{7, 7}, b, to, time.Minute}},
 		"mark window rows": {sqlMarkWindowRows, []any{pgx.NamedArgs{"rows": []int64{1, 2}, "items": []int64{7, 7},
 			"buckets": []int16{b, ob}, "from": from, "to": to, "grace": time.Minute}}},
 	} {

@@ -453,7 +453,7 @@ func (s *Stager) enqueueBatch(ctx context.Context, tx pgx.Tx, target Target, gro
 		if pair.Feature.Aggregation == mappings.Last && counts[i] > 0 {
 			// See stageWindow: older late rows join the item that carries
 			// the window's latest row. A window without items has none.
-			absorbed, err := absorbLate(ctx, tx, g.tenant, g.feature, w.window, bases[i], w.rows.ids)
+			absorbed, err := absorbLate(ctx, tx, s.distributed(), g.tenant, g.feature, w.window, bases[i], w.rows.ids)
 			if err != nil {
 				return PassResult{}, fmt.Errorf("window %s: %w", bases[i], err)
 			}

@@ -166,6 +166,13 @@ func (s *Stager) passShard(ctx context.Context, db pgdb.DB, target Target, part 
 	return total, errors.Join(errs...)
 }
 
+// distributed reports whether the placement read last is a distributed
+// database's.
+func (s *Stager) distributed() bool {
+	sh := s.shards.Load()
+	return sh != nil && sh.Distributed()
+}
+
 // shardsOf is the placement of the buckets, read once and kept.
 func (s *Stager) shardsOf(ctx context.Context, db pgdb.DB) (*tenantbucket.Shards, error) {
 	if sh := s.shards.Load(); sh != nil {

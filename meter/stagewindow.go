@@ -49,7 +49,7 @@ func (s *Stager) stageWindow(ctx context.Context, db pgdb.DB, target Target, ten
 			// staged row change nothing Stripe should see: they join the item
 			// that carries that row. A supplement would re-send an older
 			// value as the window's last.
-			absorbed, err := absorbLate(ctx, tx, tenant, feature, w, w.SubjectRef(feature, 0), rows.ids)
+			absorbed, err := absorbLate(ctx, tx, s.distributed(), tenant, feature, w, w.SubjectRef(feature, 0), rows.ids)
 			if err != nil || absorbed {
 				if err == nil {
 					res.Events = len(rows.ids)
@@ -139,8 +139,7 @@ func (s *Stager) enqueueChunks(ctx context.Context, tx pgx.Tx, pair mappings.Pai
 		if !enq.Inserted {
 			return PassResult{}, fmt.Errorf("window %s: the item exists already (item %d); not marking rows with it", item.SubjectRef, enq.ID)
 		}
-		span := windowSpan{w.From, w.To, s.grace()}
-		if err := markWindowRows(ctx, tx, c.ids, sameItem(enq.ID, len(c.ids)), []int16{tenantbucket.Of(tenant)}, span); err != nil {
+		if err := markClosedRows(ctx, tx, tenantbucket.Of(tenant), c.ids, sameItem(enq.ID, len(c.ids)), w.To, s.grace()); err != nil {
 			return PassResult{}, err
 		}
 		res.Items++
