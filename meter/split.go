@@ -33,14 +33,19 @@ type chunk struct {
 	at    time.Time // the latest occurred_at of its rows
 }
 
-// splitWindow splits a window's rows (ids, in time order) into chunks whose
-// sums stay within ±limit (at most a signed 64-bit integer's range): a new
-// chunk starts when the next value would take the running sum out of range.
+// sqlSplitRows reads a window's rows, of one tenant's bucket, in the order
+// of their ids given.
+const sqlSplitRows = `SELECT u.id, u.value, u.occurred_at FROM usage_events u
+		JOIN unnest($1::bigint[]) WITH ORDINALITY AS w(id, n) ON u.id = w.id WHERE u.bucket = $2 ORDER BY w.n`
+
+// splitWindow splits a window's rows (ids, in time order, of a tenant of
+// bucket) into chunks whose sums stay within ±limit (at most a signed
+// 64-bit integer's range): a new chunk starts when the next value would
+// take the running sum out of range.
 // A value out of range on its own makes a chunk of its own, which the
 // stager quarantines (value_digits); every chunk holds at least one row.
-func splitWindow(ctx context.Context, tx pgx.Tx, ids []int64, limit int64) ([]chunk, error) {
-	rows, err := tx.Query(ctx, `SELECT u.id, u.value, u.occurred_at FROM usage_events u
-		JOIN unnest($1::bigint[]) WITH ORDINALITY AS w(id, n) ON u.id = w.id ORDER BY w.n`, ids)
+func splitWindow(ctx context.Context, tx pgx.Tx, bucket int16, ids []int64, limit int64) ([]chunk, error) {
+	rows, err := tx.Query(ctx, sqlSplitRows, ids, bucket)
 	if err != nil {
 		return nil, fmt.Errorf("reading the window's rows: %w", err)
 	}

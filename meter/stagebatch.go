@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -19,8 +21,9 @@ import (
 // pass of a Part stages only the tenants whose hash (PostgreSQL's
 // hashtext(tenant), a signed 32-bit value stable across nodes) lies in its
 // range. The ranges are cut as Citus cuts a hash-distributed table into
-// shards of equal width, so that a part can become a shard's later. The
-// zero Part is the whole range.
+// shards of equal width. On a distributed database a part owns shard
+// groups instead (owns), so that its statements each name one shard's
+// buckets. The zero Part is the whole range, every group.
 type Part struct {
 	// Index is the part's number, 0 to Count-1.
 	Index int `json:"part,omitempty"`
@@ -41,6 +44,15 @@ func (p Part) Range() (lo, hi int32) {
 		h = math.MaxInt32
 	}
 	return int32(l), int32(h)
+}
+
+// owns reports whether the part stages shard group g of a distributed
+// database: the parts deal the groups out in turn.
+func (p Part) owns(g int) bool {
+	if p.Count <= 1 || p.Index < 0 || p.Index >= p.Count {
+		return true
+	}
+	return g%p.Count == p.Index
 }
 
 // Parts are the n parts that cover the hash range.
@@ -79,16 +91,32 @@ func (s *Stager) batchBounds() (groups int, rows int64) {
 type unstagedGroup struct {
 	tenant, feature string
 	rows            int64
+	bucket          int16 // the tenant's
 }
 
 func (g unstagedGroup) key() [2]string { return [2]string{g.tenant, g.feature} }
 
-// listUnstaged lists the tenants and features of part with unstaged rows,
-// from the partial index that holds the unstaged rows only.
-func listUnstaged(ctx context.Context, db pgdb.DB, part Part) ([]unstagedGroup, error) {
+// sqlUnstaged lists the tenants and features of a range of tenant hashes
+// with unstaged rows, from the partial index that holds the unstaged rows
+// only.
+const sqlUnstaged = `SELECT tenant, feature, count(*) FROM usage_events
+		WHERE item_id IS NULL AND hashtext(tenant) BETWEEN $1 AND $2 GROUP BY 1, 2 ORDER BY 1, 2`
+
+// sqlUnstagedOfShard is sqlUnstaged for the tenants of one shard group's
+// buckets: one shard's statement.
+const sqlUnstagedOfShard = `SELECT tenant, feature, count(*) FROM usage_events
+		WHERE item_id IS NULL AND bucket = ANY($1::smallint[]) GROUP BY 1, 2 ORDER BY 1, 2`
+
+// listUnstaged lists the tenants and features with unstaged rows: of
+// part's hash range, or, with buckets (one shard group's), of those
+// buckets.
+func listUnstaged(ctx context.Context, db pgdb.DB, part Part, buckets []int16) ([]unstagedGroup, error) {
 	lo, hi := part.Range()
-	rows, err := db.Query(ctx, `SELECT tenant, feature, count(*) FROM usage_events
-		WHERE item_id IS NULL AND hashtext(tenant) BETWEEN $1 AND $2 GROUP BY 1, 2 ORDER BY 1, 2`, lo, hi)
+	sql, args := sqlUnstaged, []any{lo, hi}
+	if buckets != nil {
+		sql, args = sqlUnstagedOfShard, []any{buckets}
+	}
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("meter: listing unstaged usage: %w", err)
 	}
@@ -97,6 +125,7 @@ func listUnstaged(ctx context.Context, db pgdb.DB, part Part) ([]unstagedGroup, 
 		g   unstagedGroup
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&g.tenant, &g.feature, &g.rows}, func() error {
+		g.bucket = tenantbucket.Of(g.tenant)
 		out = append(out, g)
 		return nil
 	}); err != nil {
@@ -105,11 +134,26 @@ func listUnstaged(ctx context.Context, db pgdb.DB, part Part) ([]unstagedGroup, 
 	return out, nil
 }
 
+// onShard is a batch statement's variant for one shard group: each
+// replacement (old, new, …) must match exactly once. On one server the
+// statement runs as written; the variant names the group's buckets on
+// every distributed table and joins by the bucket.
+func onShard(sql string, pairs ...string) string {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if n := strings.Count(sql, pairs[i]); n != 1 {
+			panic(fmt.Sprintf("meter: a shard variant's %q matches %d times", pairs[i], n))
+		}
+		sql = strings.Replace(sql, pairs[i], pairs[i+1], 1)
+	}
+	return sql
+}
+
 // stageBatches stages the windows of the windowed groups in batches and
 // returns the groups left for staging one window (or one batch of events)
 // a transaction: per-event and unmapped features, and the groups of a batch
 // that failed.
-func (s *Stager) stageBatches(ctx context.Context, db pgdb.DB, target Target, groups []unstagedGroup) (rest []unstagedGroup, total PassResult) {
+// On a distributed database, groups and buckets are one shard group's.
+func (s *Stager) stageBatches(ctx context.Context, db pgdb.DB, target Target, groups []unstagedGroup, buckets []int16) (rest []unstagedGroup, total PassResult) {
 	keys := make(map[[2]string]bool, len(groups))
 	for _, g := range groups {
 		keys[g.key()] = true
@@ -124,7 +168,7 @@ func (s *Stager) stageBatches(ctx context.Context, db pgdb.DB, target Target, gr
 	maxGroups, maxRows := s.batchBounds()
 	flush := func() {
 		for len(batch) > 0 && ctx.Err() == nil {
-			res, more, err := s.stageBatch(ctx, db, target, batch)
+			res, more, err := s.stageBatch(ctx, db, target, batch, buckets)
 			if err != nil {
 				rest = append(rest, batch...) // staged again one window a transaction, which isolates the error
 				return
@@ -174,21 +218,24 @@ type batchWindow struct {
 // COMMITTED, so a commit of an earlier holder is seen; it marks a row only
 // while unstaged and fails unless every row was; and a window's ref is
 // part of the item's unique identity.
-func (s *Stager) stageBatch(ctx context.Context, db pgdb.DB, target Target, batch []unstagedGroup) (res PassResult, more []unstagedGroup, err error) {
+//
+// buckets, on a distributed database, are the batch's shard group's: the
+// reads, the locks and the writes are then each one shard's statement.
+func (s *Stager) stageBatch(ctx context.Context, db pgdb.DB, target Target, batch []unstagedGroup, buckets []int16) (res PassResult, more []unstagedGroup, err error) {
 	err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		res, more = PassResult{}, nil
 		groups, pairs, err := lockGroups(ctx, tx, batch)
 		if err != nil || len(groups) == 0 {
 			return err
 		}
-		windows, cut, err := s.batchWindows(ctx, tx, groups, pairs)
+		windows, cut, err := s.batchWindows(ctx, tx, groups, pairs, buckets)
 		if err != nil {
 			return err
 		}
 		for _, i := range cut {
 			more = append(more, groups[i])
 		}
-		if windows, err = s.lockBatchRows(ctx, tx, groups, windows); err != nil || len(windows) == 0 {
+		if windows, err = s.lockBatchRows(ctx, tx, groups, windows, buckets); err != nil || len(windows) == 0 {
 			return err
 		}
 		res, err = s.enqueueBatch(ctx, tx, target, groups, pairs, windows)
@@ -256,17 +303,30 @@ CROSS JOIN LATERAL (
 ) b
 ORDER BY g.n, b.bucket`
 
+// sqlBatchBucketsOnShard is sqlBatchBuckets for one shard group's groups
+// (@buckets), each with its tenant's bucket.
+var sqlBatchBucketsOnShard = onShard(sqlBatchBuckets,
+	"@widths::interval[])", "@widths::interval[], @tbuckets::smallint[])",
+	"g(tenant, feature, width, n)", "g(tenant, feature, width, tbucket, n)",
+	"WHERE u.tenant = g.tenant", "WHERE u.bucket = ANY(@buckets::smallint[]) AND u.bucket = g.tbucket AND u.tenant = g.tenant")
+
 // batchWindows lists the windows of the groups' buckets, in time order per
 // group, up to stageBatchRows rows of closed buckets (at least one bucket);
 // cut are the groups whose later windows were left.
-func (s *Stager) batchWindows(ctx context.Context, tx pgx.Tx, groups []unstagedGroup, pairs []mappings.Pair) ([]batchWindow, []int, error) {
+func (s *Stager) batchWindows(ctx context.Context, tx pgx.Tx, groups []unstagedGroup, pairs []mappings.Pair, buckets []int16) ([]batchWindow, []int, error) {
 	tenants, features, widths := make([]string, len(groups)), make([]string, len(groups)), make([]time.Duration, len(groups))
+	tbuckets := make([]int16, len(groups))
 	for i, g := range groups {
 		tenants[i], features[i], widths[i] = g.tenant, g.feature, time.Duration(pairs[i].Feature.Window)
+		tbuckets[i] = g.bucket
 	}
-	rows, err := tx.Query(ctx, sqlBatchBuckets, pgx.NamedArgs{
+	sql, args := sqlBatchBuckets, pgx.NamedArgs{
 		"tenants": tenants, "features": features, "widths": widths, "grace": s.grace(), "origin": gridOrigin,
-	})
+	}
+	if buckets != nil {
+		sql, args["tbuckets"], args["buckets"] = sqlBatchBucketsOnShard, tbuckets, buckets
+	}
+	rows, err := tx.Query(ctx, sql, args)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing the windows: %w", err)
 	}
@@ -323,19 +383,31 @@ SELECT n, array_agg(id ORDER BY occurred_at, id), sum(value)::numeric,
        (array_agg(value ORDER BY occurred_at DESC, id DESC))[1], max(occurred_at)
 FROM locked GROUP BY n ORDER BY n`
 
+// sqlBatchRowsOnShard is sqlBatchRows for the windows of one shard group's
+// groups (@buckets), each with its tenant's bucket.
+var sqlBatchRowsOnShard = onShard(sqlBatchRows,
+	"@tos::timestamptz[])", "@tos::timestamptz[], @tbuckets::smallint[])",
+	"w(tenant, feature, wfrom, wto, n)", "w(tenant, feature, wfrom, wto, tbucket, n)",
+	"WHERE tenant = w.tenant", "WHERE bucket = ANY(@buckets::smallint[]) AND bucket = w.tbucket AND tenant = w.tenant")
+
 // lockBatchRows locks and reduces the unstaged rows of the windows and
 // returns those that have any, closed (their end plus the grace has passed
 // on the database clock).
-func (s *Stager) lockBatchRows(ctx context.Context, tx pgx.Tx, groups []unstagedGroup, windows []batchWindow) ([]batchWindow, error) {
+func (s *Stager) lockBatchRows(ctx context.Context, tx pgx.Tx, groups []unstagedGroup, windows []batchWindow, buckets []int16) ([]batchWindow, error) {
 	n := len(windows)
 	tenants, features, froms, tos := make([]string, n), make([]string, n), make([]time.Time, n), make([]time.Time, n)
+	tbuckets := make([]int16, n)
 	for i, w := range windows {
 		g := groups[w.group]
-		tenants[i], features[i], froms[i], tos[i] = g.tenant, g.feature, w.window.From, w.window.To
+		tenants[i], features[i], froms[i], tos[i], tbuckets[i] = g.tenant, g.feature, w.window.From, w.window.To, g.bucket
 	}
-	rows, err := tx.Query(ctx, sqlBatchRows, pgx.NamedArgs{
+	sql, args := sqlBatchRows, pgx.NamedArgs{
 		"tenants": tenants, "features": features, "froms": froms, "tos": tos, "grace": s.grace(),
-	})
+	}
+	if buckets != nil {
+		sql, args["tbuckets"], args["buckets"] = sqlBatchRowsOnShard, tbuckets, buckets
+	}
+	rows, err := tx.Query(ctx, sql, args)
 	if err != nil {
 		return nil, fmt.Errorf("locking the windows' rows: %w", err)
 	}
@@ -381,7 +453,7 @@ func (s *Stager) enqueueBatch(ctx context.Context, tx pgx.Tx, target Target, gro
 		if pair.Feature.Aggregation == mappings.Last && counts[i] > 0 {
 			// See stageWindow: older late rows join the item that carries
 			// the window's latest row. A window without items has none.
-			absorbed, err := absorbLate(ctx, tx, g.tenant, g.feature, w.window, bases[i], w.rows.ids)
+			absorbed, err := absorbLate(ctx, tx, s.distributed(), g.tenant, g.feature, w.window, bases[i], w.rows.ids)
 			if err != nil {
 				return PassResult{}, fmt.Errorf("window %s: %w", bases[i], err)
 			}
@@ -390,7 +462,7 @@ func (s *Stager) enqueueBatch(ctx context.Context, tx pgx.Tx, target Target, gro
 				continue
 			}
 		}
-		cs, err := windowChunks(ctx, tx, pair.Feature.Aggregation, target, w.rows)
+		cs, err := windowChunks(ctx, tx, pair.Feature.Aggregation, target, g.bucket, w.rows)
 		if err != nil {
 			return PassResult{}, fmt.Errorf("window %s: %w", bases[i], err)
 		}
@@ -430,10 +502,14 @@ func (s *Stager) enqueueBatch(ctx context.Context, tx pgx.Tx, target Target, gro
 		}
 	}
 	from, to := windows[0].window.From, windows[0].window.To
+	var bs []int16
 	for _, w := range windows {
 		from, to = minTime(from, w.window.From), maxTime(to, w.window.To)
+		if b := groups[w.group].bucket; !slices.Contains(bs, b) {
+			bs = append(bs, b)
+		}
 	}
-	if err := markBatchRows(ctx, tx, marks, from, to); err != nil {
+	if err := markBatchRows(ctx, tx, marks, bs, windowSpan{from, to, s.grace()}); err != nil {
 		return PassResult{}, err
 	}
 	return res, nil
@@ -443,26 +519,16 @@ func (s *Stager) enqueueBatch(ctx context.Context, tx pgx.Tx, target Target, gro
 type rowMark struct{ row, item int64 }
 
 // markBatchRows is markRows for a batch: the rows in the order of their ids
-// (the order of the ledger's pages and of its primary key), bounded by the
-// batch's time span [from, to), which a ledger partitioned by time prunes
-// by.
-func markBatchRows(ctx context.Context, tx pgx.Tx, marks []rowMark, from, to time.Time) error {
+// (the order of the ledger's pages and of its primary key), of the
+// batch's tenants' buckets, bounded by the batch's time span, which a
+// ledger partitioned by time prunes by.
+func markBatchRows(ctx context.Context, tx pgx.Tx, marks []rowMark, buckets []int16, span windowSpan) error {
 	slices.SortFunc(marks, func(a, b rowMark) int { return cmp.Compare(a.row, b.row) })
 	rows, items := make([]int64, len(marks)), make([]int64, len(marks))
 	for i, m := range marks {
 		rows[i], items[i] = m.row, m.item
 	}
-	tag, err := tx.Exec(ctx, `
-		UPDATE usage_events u SET item_id = m.item, staged_at = statement_timestamp()
-		FROM unnest($1::bigint[], $2::bigint[]) AS m(row_id, item)
-		WHERE u.id = m.row_id AND u.item_id IS NULL AND u.occurred_at >= $3 AND u.occurred_at < $4`, rows, items, from, to)
-	if err != nil {
-		return fmt.Errorf("marking rows: %w", err)
-	}
-	if int(tag.RowsAffected()) != len(rows) {
-		return fmt.Errorf("marking rows: %d of %d rows were still unstaged", tag.RowsAffected(), len(rows))
-	}
-	return nil
+	return markWindowRows(ctx, tx, rows, items, buckets, span)
 }
 
 func minTime(a, b time.Time) time.Time {

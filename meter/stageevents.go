@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -23,7 +24,7 @@ import (
 // wait until they are not.
 const sqlEventRows = `
 SELECT id, event_id, value, occurred_at FROM usage_events
-WHERE tenant = @tenant AND feature = @feature AND item_id IS NULL
+WHERE bucket = @bucket AND tenant = @tenant AND feature = @feature AND item_id IS NULL
   AND (NOT @wait OR date_bin(interval '1 hour', occurred_at, @origin::timestamptz) + interval '1 hour' + @grace::interval
                     <= statement_timestamp())
   AND occurred_at <= statement_timestamp() + @future::interval
@@ -43,7 +44,7 @@ func (s *Stager) stageEvents(ctx context.Context, db pgdb.DB, target Target, ten
 			return nil // mapped to a windowed aggregation meanwhile
 		}
 		rows, err := tx.Query(ctx, sqlEventRows, pgx.NamedArgs{
-			"tenant": tenant, "feature": feature, "wait": waits(pair, target),
+			"tenant": tenant, "bucket": tenantbucket.Of(tenant), "feature": feature, "wait": waits(pair, target),
 			"origin": gridOrigin, "grace": s.grace(), "future": target.AcceptFuture, "limit": perEventBatch,
 		})
 		if err != nil {
@@ -108,7 +109,7 @@ func (s *Stager) enqueueEvents(ctx context.Context, tx pgx.Tx, target Target, te
 		}
 		rowIDs[i], itemIDs[i] = evs[i].rowID, enq[i].ID
 	}
-	if err := markRows(ctx, tx, rowIDs, itemIDs); err != nil {
+	if err := markEventRows(ctx, tx, tenantbucket.Of(tenant), rowIDs, itemIDs); err != nil {
 		return PassResult{}, err
 	}
 	res.Items, res.Events = len(evs), len(evs)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -33,6 +35,10 @@ type Stager struct {
 	// stageBatchGroups and stageBatchRows (tests).
 	batchGroups int
 	batchRows   int64
+
+	// shards is the buckets' placement, read on a pass's first use and
+	// kept until a pass on a distributed database fails (shardsOf).
+	shards atomic.Pointer[tenantbucket.Shards]
 }
 
 // DefaultGrace is the default window grace.
@@ -90,7 +96,9 @@ func (s *Stager) PassPart(ctx context.Context, db pgdb.DB, part Part) (PassResul
 }
 
 // pass lists part's unstaged usage and stages it, in batches or (batched
-// false) one window a transaction.
+// false) one window a transaction. On a distributed database it stages
+// the shard groups the part owns, one after the other, every statement
+// of a group naming its buckets; on one server, the part's hash range.
 func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) (PassResult, error) {
 	target, ok := s.Target(ctx)
 	if !ok {
@@ -99,7 +107,42 @@ func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) 
 	if err := target.validate(); err != nil {
 		return PassResult{}, err
 	}
-	groups, err := listUnstaged(ctx, db, part)
+	shards, err := s.shardsOf(ctx, db)
+	if err != nil {
+		return PassResult{}, err
+	}
+	var (
+		total PassResult
+		errs  []error
+	)
+	for g := range shards.Groups() {
+		if ctx.Err() != nil {
+			break
+		}
+		if shards.Distributed() && !part.owns(g) {
+			continue
+		}
+		res, err := s.passShard(ctx, db, target, part, shards.Buckets(g), batched)
+		total.add(res)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 && shards.Distributed() {
+		// A statement naming a group may have been refused as spanning
+		// shards (a split): the next pass reads the placement again.
+		s.shards.Store(nil)
+	}
+	if err := ctx.Err(); err != nil && len(errs) == 0 {
+		errs = append(errs, err) // cut short: what was left waits for the next pass
+	}
+	return total, errors.Join(errs...)
+}
+
+// passShard stages the unstaged usage of part's tenants whose buckets are
+// buckets (one shard group's; nil on one server: every bucket).
+func (s *Stager) passShard(ctx context.Context, db pgdb.DB, target Target, part Part, buckets []int16, batched bool) (PassResult, error) {
+	groups, err := listUnstaged(ctx, db, part, buckets)
 	if err != nil {
 		return PassResult{}, err
 	}
@@ -108,7 +151,7 @@ func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) 
 		errs  []error
 	)
 	if batched {
-		groups, total = s.stageBatches(ctx, db, target, groups)
+		groups, total = s.stageBatches(ctx, db, target, groups, buckets)
 	}
 	for _, g := range groups {
 		if ctx.Err() != nil {
@@ -120,11 +163,34 @@ func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) 
 			errs = append(errs, fmt.Errorf("%s/%s: %w", g.tenant, g.feature, err))
 		}
 	}
-	if err := ctx.Err(); err != nil && len(errs) == 0 {
-		errs = append(errs, err) // cut short: what was left waits for the next pass
-	}
 	return total, errors.Join(errs...)
 }
+
+// distributed reports whether the placement read last is a distributed
+// database's.
+func (s *Stager) distributed() bool {
+	sh := s.shards.Load()
+	return sh != nil && sh.Distributed()
+}
+
+// shardsOf is the placement of the buckets, read once and kept.
+func (s *Stager) shardsOf(ctx context.Context, db pgdb.DB) (*tenantbucket.Shards, error) {
+	if sh := s.shards.Load(); sh != nil {
+		return sh, nil
+	}
+	sh, err := tenantbucket.ReadShards(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("meter: %w", err)
+	}
+	s.shards.Store(sh)
+	return sh, nil
+}
+
+// sqlGroupBuckets lists the grid buckets of a tenant's feature that hold
+// unstaged rows.
+const sqlGroupBuckets = `
+SELECT DISTINCT date_bin(@width::interval, occurred_at, @origin::timestamptz)
+FROM usage_events WHERE bucket = @bucket AND tenant = @tenant AND feature = @feature AND item_id IS NULL ORDER BY 1`
 
 func (s *Stager) stageGroup(ctx context.Context, db pgdb.DB, target Target, tenant, feature string) (PassResult, error) {
 	var st mappings.Store
@@ -143,10 +209,8 @@ func (s *Stager) stageGroup(ctx context.Context, db pgdb.DB, target Target, tena
 		}
 	}
 	width := time.Duration(pair.Feature.Window)
-	rows, err := db.Query(ctx, `
-		SELECT DISTINCT date_bin(@width::interval, occurred_at, @origin::timestamptz)
-		FROM usage_events WHERE tenant = @tenant AND feature = @feature AND item_id IS NULL ORDER BY 1`,
-		pgx.NamedArgs{"width": width, "origin": gridOrigin, "tenant": tenant, "feature": feature})
+	rows, err := db.Query(ctx, sqlGroupBuckets,
+		pgx.NamedArgs{"width": width, "origin": gridOrigin, "tenant": tenant, "feature": feature, "bucket": tenantbucket.Of(tenant)})
 	if err != nil {
 		return PassResult{}, err
 	}

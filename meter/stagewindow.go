@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -19,7 +20,7 @@ import (
 const sqlWindowRows = `
 WITH locked AS (
     SELECT id, value, occurred_at FROM usage_events
-    WHERE tenant = @tenant AND feature = @feature AND item_id IS NULL
+    WHERE bucket = @bucket AND tenant = @tenant AND feature = @feature AND item_id IS NULL
       AND occurred_at >= @from AND occurred_at < @to
       AND @to::timestamptz + @grace::interval <= statement_timestamp()
     FOR UPDATE SKIP LOCKED
@@ -48,7 +49,7 @@ func (s *Stager) stageWindow(ctx context.Context, db pgdb.DB, target Target, ten
 			// staged row change nothing Stripe should see: they join the item
 			// that carries that row. A supplement would re-send an older
 			// value as the window's last.
-			absorbed, err := absorbLate(ctx, tx, tenant, feature, w, w.SubjectRef(feature, 0), rows.ids)
+			absorbed, err := absorbLate(ctx, tx, s.distributed(), tenant, feature, w, w.SubjectRef(feature, 0), rows.ids)
 			if err != nil || absorbed {
 				if err == nil {
 					res.Events = len(rows.ids)
@@ -56,7 +57,7 @@ func (s *Stager) stageWindow(ctx context.Context, db pgdb.DB, target Target, ten
 				return err
 			}
 		}
-		chunks, err := windowChunks(ctx, tx, pair.Feature.Aggregation, target, rows)
+		chunks, err := windowChunks(ctx, tx, pair.Feature.Aggregation, target, tenantbucket.Of(tenant), rows)
 		if err != nil {
 			return err
 		}
@@ -84,7 +85,7 @@ type windowRows struct {
 func (s *Stager) lockWindowRows(ctx context.Context, tx pgx.Tx, tenant, feature string, w Window) (windowRows, error) {
 	var r windowRows
 	if err := tx.QueryRow(ctx, sqlWindowRows, pgx.NamedArgs{
-		"tenant": tenant, "feature": feature, "from": w.From, "to": w.To, "grace": s.grace(),
+		"tenant": tenant, "bucket": tenantbucket.Of(tenant), "feature": feature, "from": w.From, "to": w.To, "grace": s.grace(),
 	}).Scan(&r.ids, &r.sum, &r.last, &r.ts); err != nil {
 		return windowRows{}, fmt.Errorf("locking the window's rows: %w", err)
 	}
@@ -96,7 +97,7 @@ func (s *Stager) lockWindowRows(ctx context.Context, tx pgx.Tx, tenant, feature 
 // (Target.MaxValue; a signed 64-bit value at most): then its rows are split,
 // in time order, into as few items (supplements) as keep every partial sum
 // in range. A last window's item carries its latest value.
-func windowChunks(ctx context.Context, tx pgx.Tx, agg mappings.Aggregation, target Target, rows windowRows) ([]chunk, error) {
+func windowChunks(ctx context.Context, tx pgx.Tx, agg mappings.Aggregation, target Target, bucket int16, rows windowRows) ([]chunk, error) {
 	chunks := []chunk{{ids: rows.ids, value: *rows.last, at: *rows.ts}}
 	if agg != mappings.Sum {
 		return chunks, nil
@@ -105,7 +106,7 @@ func windowChunks(ctx context.Context, tx pgx.Tx, agg mappings.Aggregation, targ
 		chunks[0].value = v
 		return chunks, nil
 	}
-	return splitWindow(ctx, tx, rows.ids, target.maxValue())
+	return splitWindow(ctx, tx, bucket, rows.ids, target.maxValue())
 }
 
 // enqueueChunks makes one window item per chunk, numbered after the
@@ -138,7 +139,7 @@ func (s *Stager) enqueueChunks(ctx context.Context, tx pgx.Tx, pair mappings.Pai
 		if !enq.Inserted {
 			return PassResult{}, fmt.Errorf("window %s: the item exists already (item %d); not marking rows with it", item.SubjectRef, enq.ID)
 		}
-		if err := markRows(ctx, tx, c.ids, []int64{enq.ID}); err != nil {
+		if err := markClosedRows(ctx, tx, tenantbucket.Of(tenant), c.ids, sameItem(enq.ID, len(c.ids)), w.To, s.grace()); err != nil {
 			return PassResult{}, err
 		}
 		res.Items++

@@ -49,9 +49,9 @@ var specNumbers = map[Transition]string{
 // transitionSQL names the SQL constants of each transition, as the section
 // "The SQL of each transition" shows them.
 var transitionSQL = map[Transition][]string{
-	TransitionStage:              {"sqlEnqueue", "sqlEnqueueExisting", "sqlEnqueueBatch"},
-	TransitionStageQuarantined:   {"sqlEnqueue", "sqlEnqueueBatch"},
-	TransitionStageWithdrawn:     {"sqlEnqueue"},
+	TransitionStage:              {"sqlEnqueue", "sqlEnqueueExisting", "sqlEnqueueBatch", "sqlEnqueueBodies", "sqlEnqueueStates"},
+	TransitionStageQuarantined:   {"sqlEnqueue", "sqlEnqueueBatch", "sqlEnqueueBodies", "sqlEnqueueStates"},
+	TransitionStageWithdrawn:     {"sqlEnqueue", "sqlEnqueueBodies", "sqlEnqueueStates"},
 	TransitionClaim:              {"sqlClaimBestEffort", "sqlClaimPerKeyOne", "sqlClaimKeys", "sqlClaimKeysLoose", "sqlClaimLockKeys", "sqlClaimPerKey"},
 	TransitionAccept:             {"sqlAccept"},
 	TransitionRetry:              {"sqlRetry"},
@@ -99,6 +99,8 @@ func TestDocsSQL(t *testing.T) {
 		{"stage / stage_quarantined / stage_withdrawn — enqueue (in the caller's transaction)", sqlEnqueue},
 		{"stage, on conflict — the existing row (a second statement, so that it sees a row committed while the insert waited)", sqlEnqueueExisting},
 		{"stage / stage_quarantined for a batch (per-event items)", sqlEnqueueBatch},
+		{"stage on a distributed database, per shard group: the bodies (after `SELECT pg_current_xact_id()` in the same round trip, as on one server)", sqlEnqueueBodies},
+		{"stage on a distributed database, per shard group: the state rows of the bodies inserted", sqlEnqueueStates},
 		{"claim, BestEffort (BEGIN, the statement and COMMIT go in one round trip)", sqlClaimBestEffort},
 		{"claim, PerKey, first try: one statement (BEGIN, the statement and COMMIT go in one round trip)", sqlClaimPerKeyOne},
 		{"claim, PerKey, when the first try comes up short, step 1: candidate keys and an item of each, keys try-locked in order as they are found", sqlClaimKeys},
