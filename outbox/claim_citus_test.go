@@ -189,6 +189,55 @@ func TestClaimCitusConcurrent(t *testing.T) {
 				require.Equal(t, prev.LeaseToken, attempts[0].LeaseToken)
 				require.Equal(t, prev.LeaseOwner, attempts[0].LeaseOwner)
 			}
+			if policy != outbox.PerKey {
+				return
+			}
+
+			// A second PerKey lease of a key in one bucket is refused by
+			// the shard's unique index, with the error a claim takes as
+			// losing the key to another claimer.
+			l, bucket := again[0], tenantbucket.Of(again[0].TenantKey)
+			_, err = b.pool.Exec(b.ctx, `UPDATE outbox_item_states SET state = 'leased', per_key_lease = true,
+					lease_token = lease_token + 1, attempts = attempts + 1, first_attempt_at = statement_timestamp(),
+					lease_owner = 'other', leased_at = statement_timestamp(), lease_expires_at = statement_timestamp() + interval '1 hour'
+				WHERE bucket = $1 AND ordering_key = $2 AND id <> $3 AND state = 'pending'`, bucket, l.OrderingKey, l.ID)
+			require.True(t, outbox.IsKeyConflict(err), "%v", err)
 		})
 	}
+}
+
+// A hot key of one group, older than everything else, crowds out neither
+// its group's other keys (the loose scan finds them, its keys locked on
+// the shard's node) nor another group's.
+func TestClaimCitusPerKeyHotKey(t *testing.T) {
+	t.Parallel()
+	b := distributedBundle(t)
+	shards, err := b.store.Shards(b.ctx, b.pool)
+	require.NoError(t, err)
+	tenants := tenantsInGroups(t, shards, 2)
+	var hot []outbox.NewItem
+	for i := range 200 {
+		it := keyed(i, 0)
+		it.TenantKey = tenants[0]
+		hot = append(hot, it)
+	}
+	b.enqueue(t, hot...)
+	var rest []outbox.NewItem
+	for i, tenant := range tenants {
+		for k := 1; k <= 3; k++ {
+			it := keyed(1000+10*i+k, k)
+			it.TenantKey = tenant
+			rest = append(rest, it)
+		}
+	}
+	b.enqueue(t, rest...)
+
+	got := b.claim(t, outbox.ClaimOptions{Limit: 10})
+	keys := map[string]bool{}
+	for _, l := range got {
+		k := fmt.Sprintf("%s/%s", l.OrderingKey, l.TenantKey)
+		require.False(t, keys[k], "two items of one key and bucket in one claim")
+		keys[k] = true
+	}
+	require.Len(t, keys, 7, "every key of every group gets one item: %v", keys)
 }

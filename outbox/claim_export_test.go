@@ -23,3 +23,6 @@ const SQLClaimLockGroupKeys = sqlClaimLockGroupKeys
 
 // SpansShards is spansShards.
 var SpansShards = spansShards
+
+// IsKeyConflict is isKeyConflict.
+var IsKeyConflict = isKeyConflict
