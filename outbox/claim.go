@@ -107,14 +107,14 @@ const (
 // attempt may have reached the provider. Items outside the budget are never
 // sent again automatically; the maintenance sweep makes them uncertain.
 const withinBudget = `o.attempts - o.attempts_base < @max
-    AND (o.refused_attempts = o.attempts OR o.first_attempt_at > statement_timestamp() - @horizon::interval)
+    AND (o.refused_attempts = o.attempts OR o.first_attempt_at + @horizon::interval > statement_timestamp())
     AND ` + exporterMarker
 
 // earlierInBudget is withinBudget for p, a pending item of the key before
 // the one a PerKey claim considers: only an item the claim could take
 // keeps its key's later items back.
 const earlierInBudget = `p.attempts - p.attempts_base < @max
-    AND (p.refused_attempts = p.attempts OR p.first_attempt_at > statement_timestamp() - @horizon::interval)
+    AND (p.refused_attempts = p.attempts OR p.first_attempt_at + @horizon::interval > statement_timestamp())
     AND ` + exporterMarkerP
 
 // exporterMarkerP is exporterMarker for the alias p.
@@ -180,6 +180,10 @@ func (f claimFilter) apply(sql string) string {
 	}
 	if f.group {
 		sql = groupMarker.ReplaceAllString(sql, "$1.bucket = ANY(@buckets::smallint[])")
+		for _, a := range []string{"o", "p"} {
+			sql = strings.ReplaceAll(sql, a+".first_attempt_at + @horizon::interval > statement_timestamp()",
+				a+".first_attempt_at > statement_timestamp() - @horizon::interval")
+		}
 		sql = strings.Replace(sql, abandonedCTE, "", 1)
 		sql = strings.Replace(sql, prevColumns, `,
        o.bucket, p.prev_state = 'leased', p.prev_token, p.prev_owner, p.prev_leased_at`, 1)
@@ -209,9 +213,13 @@ const claimable = `((o.state = 'pending' COLLATE "C" AND o.next_attempt_at <= st
 // them by id. The previous holder of a taken-over lease is read from
 // "picked" for the few rows that had one. The first claim of an item sets
 // first_attempt_at with least(), which ignores its NULL, not coalesce:
-// Citus refuses a STABLE function inside COALESCE in an UPDATE. The
-// horizon is compared as first_attempt_at > now - horizon for the same
-// reason (no STABLE operator on a column in an UPDATE). The flags of the
+// Citus refuses a STABLE function inside COALESCE in an UPDATE. A claim
+// of one shard group compares the horizon as first_attempt_at > now -
+// horizon (claimFilter.apply), as Citus allows no STABLE operator on a
+// column in an UPDATE; one server keeps first_attempt_at + horizon > now,
+// whose estimate does not read first_attempt_at's statistics (mostly
+// NULL: items never attempted) and so leaves the claims' plans as they
+// are. The flags of the
 // final SELECT are decided on the lease's leased_at, the statement's time
 // the UPDATE wrote: a distributed statement's SELECT reads the clock of
 // the node it runs on, its UPDATE the coordinator's.
