@@ -7,12 +7,14 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // Policy is an ordering policy of the claim (docs/outbox.md, "Ordering
@@ -135,7 +137,21 @@ var exporterName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 type claimFilter struct {
 	exporter string
 	skip     bool
+	// group narrows every reference to a distributed table to the buckets
+	// of one shard group (@buckets), and moves the abandoned attempts out
+	// of the statement: the variant a distributed database runs as one
+	// shard's statement. Without it the statement names no bucket.
+	group bool
 }
+
+// inGroup stands in a claim statement for the bucket list of the table
+// reference alias, which claimFilter.apply writes in only for a claim of
+// one shard group; else it is true, and one server's plans are those of
+// a statement without it.
+func inGroup(alias string) string { return "/*group " + alias + "*/ true" }
+
+// groupMarker finds inGroup's markers.
+var groupMarker = regexp.MustCompile(`/\*group (\w+)\*/ true`)
 
 // apply returns the variant of a claim statement that claims only one
 // exporter's items, or every item (exporter empty), and, with skip, none
@@ -162,6 +178,17 @@ func (f claimFilter) apply(sql string) string {
 	if len(o) > 0 {
 		sql = strings.ReplaceAll(sql, exporterMarker, strings.Join(o, " AND "))
 	}
+	if f.group {
+		sql = groupMarker.ReplaceAllString(sql, "$1.bucket = ANY(@buckets::smallint[])")
+		for _, a := range []string{"o", "p"} {
+			sql = strings.ReplaceAll(sql, a+".first_attempt_at + @horizon::interval > statement_timestamp()",
+				a+".first_attempt_at > statement_timestamp() - @horizon::interval")
+		}
+		sql = strings.Replace(sql, abandonedCTE, "", 1)
+		sql = strings.Replace(sql, prevColumns, `,
+       o.bucket, p.prev_state = 'leased', p.prev_token, p.prev_owner, p.prev_leased_at`, 1)
+		sql = strings.Replace(sql, prevJoin, " JOIN picked p ON p.id = o.id", 1)
+	}
 	return sql
 }
 
@@ -184,34 +211,67 @@ const claimable = `((o.state = 'pending' COLLATE "C" AND o.next_attempt_at <= st
 // "one pending row" in its statistics, the planner would read every pending
 // and leased item through a BitmapOr of their partial indexes and filter
 // them by id. The previous holder of a taken-over lease is read from
-// "picked" for the few rows that had one.
-const sqlClaimLease = `
+// "picked" for the few rows that had one. The first claim of an item sets
+// first_attempt_at with least(), which ignores its NULL, not coalesce:
+// Citus refuses a STABLE function inside COALESCE in an UPDATE. A claim
+// of one shard group compares the horizon as first_attempt_at > now -
+// horizon (claimFilter.apply), as Citus allows no STABLE operator on a
+// column in an UPDATE; one server keeps first_attempt_at + horizon > now,
+// whose estimate does not read first_attempt_at's statistics (mostly
+// NULL: items never attempted) and so leaves the claims' plans as they
+// are. The flags of the
+// final SELECT are decided on the lease's leased_at, the statement's time
+// the UPDATE wrote: a distributed statement's SELECT reads the clock of
+// the node it runs on, its UPDATE the coordinator's.
+var sqlClaimLease = `
 claimed AS (
     UPDATE outbox_item_states o SET
         state            = 'leased',
         lease_token      = o.lease_token + 1,
         attempts         = o.attempts + 1,
-        first_attempt_at = coalesce(o.first_attempt_at, statement_timestamp()),
+        first_attempt_at = least(o.first_attempt_at, statement_timestamp()),
         lease_owner      = @owner,
         per_key_lease    = @per_key,
         leased_at        = statement_timestamp(),
         lease_expires_at = statement_timestamp() + @lease::interval,
         updated_at       = statement_timestamp()
-    WHERE o.id = ANY(ARRAY(SELECT id FROM picked)) AND ` + claimable + `
+    WHERE ` + inGroup("o") + ` AND o.id = ANY(ARRAY(SELECT id FROM picked)) AND ` + claimable + `
     RETURNING o.*
-),
+)` + abandonedCTE + `
+SELECT ` + "%s" + `,
+       to_timestamp((b.payload ->> 'timestamp')::bigint) NOT BETWEEN o.leased_at - @accept_past::interval
+                                                          AND o.leased_at + @accept_future::interval
+           AS timestamp_outside,
+       coalesce(to_timestamp((b.payload ->> 'cancel_by')::bigint) < o.lease_expires_at, false) AS past_deadline` + prevColumns + `
+FROM claimed o JOIN outbox_item_bodies b ON b.id = o.id AND b.bucket = o.bucket AND ` + inGroup("b") + prevJoin + `
+ORDER BY o.id`
+
+// abandonedCTE records the abandoned attempt of each lease the claim took
+// over, inside the claim's statement on one server. A distributed claim
+// leaves it out (an INSERT inside a statement is not one shard's) and
+// returns the previous holders instead (prevColumns), whose attempts
+// sqlClaimAbandoned writes in the claim's transaction.
+const abandonedCTE = `,
 abandoned AS (
     INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused, bucket)
     SELECT p.id, p.prev_token, p.prev_owner, p.prev_leased_at, 'abandoned', 'leased', false, c.bucket
     FROM picked p JOIN claimed c ON c.id = p.id WHERE p.prev_state = 'leased'
+)`
+
+// prevColumns and prevJoin stand in the claim's final SELECT for the
+// previous holder of each lease, which only a distributed claim returns.
+const (
+	prevColumns = "/*prev columns*/"
+	prevJoin    = "/*prev join*/"
 )
-SELECT ` + "%s" + `,
-       to_timestamp((b.payload ->> 'timestamp')::bigint) NOT BETWEEN statement_timestamp() - @accept_past::interval
-                                                          AND statement_timestamp() + @accept_future::interval
-           AS timestamp_outside,
-       coalesce(to_timestamp((b.payload ->> 'cancel_by')::bigint) < o.lease_expires_at, false) AS past_deadline
-FROM claimed o JOIN outbox_item_bodies b ON b.id = o.id AND b.bucket = o.bucket
-ORDER BY o.id`
+
+// sqlClaimAbandoned writes the abandoned attempts of the leases a
+// distributed claim took over, from the previous holders it returned.
+const sqlClaimAbandoned = `
+INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused, bucket)
+SELECT a.id, a.token, a.owner, a.leased_at, 'abandoned', 'leased', false, a.bucket
+FROM unnest(@ids::bigint[], @tokens::bigint[], @owners::text[], @leased_ats::timestamptz[], @abandoned_buckets::smallint[])
+    AS a(id, token, owner, leased_at, bucket)`
 
 // sqlClaimBestEffort is the claim under BestEffort: the oldest expired
 // leases, then the oldest due pending items.
@@ -221,12 +281,12 @@ WITH picked AS (
     FROM (
         SELECT * FROM (
             SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM outbox_item_states o
-            WHERE `+leaseExpired+` AND `+withinBudget+`
+            WHERE `+inGroup("o")+` AND `+leaseExpired+` AND `+withinBudget+`
             ORDER BY o.lease_expires_at, o.id LIMIT @limit FOR UPDATE SKIP LOCKED) expired
         UNION ALL
         SELECT * FROM (
             SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM outbox_item_states o
-            WHERE `+pendingDue+` AND `+withinBudget+`
+            WHERE `+inGroup("o")+` AND `+pendingDue+` AND `+withinBudget+`
             ORDER BY o.next_attempt_at, o.id LIMIT @limit FOR UPDATE SKIP LOCKED) due
         LIMIT @limit
     ) c
@@ -241,7 +301,7 @@ WITH picked AS (
 // OFFSET 0, which keeps it a probe of the key per candidate rather than an
 // anti join (sqlClaimPerKeyOne).
 func keyHeld(key, id string) string {
-	return `l.state = 'leased' AND l.ordering_key = ` + key + ` AND l.id <> ` + id + `
+	return `l.state = 'leased' AND l.ordering_key = ` + key + ` AND l.id <> ` + id + ` AND ` + inGroup("l") + `
                       AND (l.lease_expires_at >= statement_timestamp() OR l.per_key_lease)`
 }
 
@@ -259,12 +319,12 @@ func keyHeld(key, id string) string {
 var sqlClaimKeys = `
 WITH expired AS MATERIALIZED (
     SELECT o.id, o.ordering_key, o.lease_expires_at AS due_at, 0 AS pass FROM outbox_item_states o
-    WHERE ` + leaseExpired + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
+    WHERE ` + inGroup("o") + ` AND ` + leaseExpired + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
     ORDER BY o.lease_expires_at, o.id LIMIT @scan
 ),
 due AS MATERIALIZED (
     SELECT o.id, o.ordering_key, o.next_attempt_at AS due_at, 1 AS pass FROM outbox_item_states o
-    WHERE ` + pendingDue + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
+    WHERE ` + inGroup("o") + ` AND ` + pendingDue + ` AND ` + withinBudget + ` AND o.ordering_key <> ALL(@tried::text[])
     ORDER BY o.next_attempt_at, o.id LIMIT @scan
 ),
 firsts AS MATERIALIZED (
@@ -292,17 +352,17 @@ SELECT ARRAY(SELECT ordering_key FROM cand), ARRAY(SELECT id FROM locked),
 // the batch: no key can crowd out the rest.
 var sqlClaimKeysLoose = `
 WITH RECURSIVE keys(ordering_key) AS (
-    (SELECT o.ordering_key FROM outbox_item_states o WHERE o.state = 'pending' ORDER BY o.ordering_key LIMIT 1)
+    (SELECT o.ordering_key FROM outbox_item_states o WHERE ` + inGroup("o") + ` AND o.state = 'pending' ORDER BY o.ordering_key LIMIT 1)
     UNION ALL
     SELECT (SELECT o.ordering_key FROM outbox_item_states o
-            WHERE o.state = 'pending' AND o.ordering_key > k.ordering_key
+            WHERE ` + inGroup("o") + ` AND o.state = 'pending' AND o.ordering_key > k.ordering_key
             ORDER BY o.ordering_key LIMIT 1)
     FROM keys k WHERE k.ordering_key IS NOT NULL
 )
 SELECT k.ordering_key, h.id FROM keys k
 CROSS JOIN LATERAL (
     SELECT o.id, o.next_attempt_at AS due_at FROM outbox_item_states o
-    WHERE o.ordering_key = k.ordering_key AND ` + pendingDue + ` AND ` + withinBudget + `
+    WHERE ` + inGroup("o") + ` AND o.ordering_key = k.ordering_key AND ` + pendingDue + ` AND ` + withinBudget + `
     ORDER BY o.next_attempt_at, o.id LIMIT 1
 ) h
 WHERE k.ordering_key IS NOT NULL AND k.ordering_key <> ALL(@tried::text[])
@@ -322,6 +382,18 @@ SELECT k FROM unnest(@keys::text[]) AS k
 WHERE pg_try_advisory_xact_lock(@space::int4, hashtext(k))
 LIMIT @lockmax`
 
+// sqlClaimLockGroupKeys is sqlClaimLockKeys for a claim of one shard
+// group: it locks the keys through the loose scan's items (@ids) in the
+// group's shard, so that the locks are taken on the node that holds the
+// shard, where sqlClaimKeys takes its own, not on the coordinator. The keys
+// are locked in the order the shard reads the items.
+const sqlClaimLockGroupKeys = `
+SELECT o.ordering_key FROM outbox_item_states o
+WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = ANY(@ids::bigint[])
+  AND o.ordering_key = ANY(@keys::text[])
+  AND pg_try_advisory_xact_lock(@space::int4, hashtext(o.ordering_key))
+LIMIT @lockmax`
+
 // sqlClaimPerKey is the second statement of a PerKey claim: of the items
 // step 1 chose for the keys this transaction holds, in their order, each
 // one that is still claimable while its key holds no unexpired lease. It
@@ -337,7 +409,7 @@ WITH picked AS (
            o.leased_at AS prev_leased_at
     FROM unnest(@ids::bigint[]) WITH ORDINALITY AS k(id, n)
     JOIN outbox_item_states o ON o.id = k.id
-    WHERE ((`+leaseExpired+`) OR (`+pendingDue+`)) AND `+withinBudget+`
+    WHERE `+inGroup("o")+` AND ((`+leaseExpired+`) OR (`+pendingDue+`)) AND `+withinBudget+`
       AND NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE `+keyHeld("o.ordering_key", "o.id")+` OFFSET 0)
     ORDER BY k.n
     LIMIT @limit
@@ -376,20 +448,22 @@ WITH picked AS (
         SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM (
             SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at, o.ordering_key, o.lease_expires_at
             FROM outbox_item_states o
-            WHERE `+leaseExpired+` AND `+withinBudget+`
+            WHERE `+inGroup("o")+` AND `+leaseExpired+` AND `+withinBudget+`
             ORDER BY o.lease_expires_at, o.id LIMIT @scan FOR UPDATE SKIP LOCKED) o
         WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased' AND l.ordering_key = o.ordering_key
-                          AND l.id <> o.id AND (l.lease_expires_at >= statement_timestamp() OR l.per_key_lease
+                          AND `+inGroup("l")+` AND l.id <> o.id AND (l.lease_expires_at >= statement_timestamp() OR l.per_key_lease
                                                 OR (l.lease_expires_at, l.id) < (o.lease_expires_at, o.id)) OFFSET 0)
         UNION ALL
         SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at FROM (
             SELECT o.id, o.state, o.lease_token, o.lease_owner, o.leased_at, o.ordering_key, o.next_attempt_at
             FROM outbox_item_states o
-            WHERE `+pendingDue+` AND `+withinBudget+`
+            WHERE `+inGroup("o")+` AND `+pendingDue+` AND `+withinBudget+`
             ORDER BY o.next_attempt_at, o.id LIMIT @scan FOR UPDATE SKIP LOCKED) o
-        WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased' AND l.ordering_key = o.ordering_key OFFSET 0)
+        WHERE NOT EXISTS (SELECT 1 FROM outbox_item_states l WHERE l.state = 'leased' AND l.ordering_key = o.ordering_key
+                          AND `+inGroup("l")+` OFFSET 0)
           AND NOT EXISTS (SELECT 1 FROM outbox_item_states p WHERE p.state = 'pending' AND p.ordering_key = o.ordering_key
-                          AND (p.next_attempt_at, p.id) < (o.next_attempt_at, o.id) AND `+earlierInBudget+` OFFSET 0)
+                          AND `+inGroup("p")+` AND (p.next_attempt_at, p.id) < (o.next_attempt_at, o.id)
+                          AND `+earlierInBudget+` OFFSET 0)
         LIMIT @limit
     ) c
 ),`+sqlClaimLease, splitColumns("b", "o"))
@@ -400,7 +474,8 @@ WITH picked AS (
 // Each claimed item's lease_token and attempts are incremented, its
 // first_attempt_at set if this is its first claim, and its lease_expires_at
 // set from the database clock. An empty result is not an error: nothing was
-// due, or somebody else holds it.
+// due, or somebody else holds it. On a distributed database the claim is
+// one such transaction per shard group it reads (claimGroups).
 func (s *Store) Claim(ctx context.Context, db pgdb.DB, opts ClaimOptions) ([]Lease, error) {
 	ctx, span := batchSpan(ctx, "claim", TransitionClaim)
 	leases, err := s.claim(ctx, db, opts)
@@ -448,27 +523,91 @@ func (s *Store) claim(ctx context.Context, db pgdb.DB, opts ClaimOptions) ([]Lea
 		args["skip"] = slices.Concat(opts.SkipAccounts, opts.SkipMeters)
 	}
 
-	switch opts.Policy {
-	case BestEffort:
-		args["per_key"] = false
-		leases, err := claimTrip(ctx, db, filtered.apply(sqlClaimBestEffort), args)
+	if opts.Policy != BestEffort && opts.Policy != PerKey {
+		return nil, fmt.Errorf("outbox: unknown claim policy %v", opts.Policy)
+	}
+	shards, err := s.Shards(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	if !shards.Distributed() {
+		return s.claimGroup(ctx, db, opts.Policy, args, opts.Limit, filtered)
+	}
+	leases, err := s.claimGroups(ctx, db, shards, opts, args, filtered)
+	if spansShards(err) {
+		// The shards were split since the placement was read: the claim
+		// runs again over the groups read now.
+		if shards, err = s.Shards(ctx, db); err != nil {
+			return nil, fmt.Errorf("outbox: claim: %w", err)
+		}
+		leases, err = s.claimGroups(ctx, db, shards, opts, args, filtered)
+	}
+	return leases, err
+}
+
+// claimGroups is a claim on a distributed database: it runs over one shard
+// group at a time, each run a transaction of one shard, until it has Limit
+// items or has tried every group. The group it starts with turns with
+// every claim, so that a group whose items fill every claim does not keep
+// the others' waiting. A run refused as spanning shards makes the Store
+// read the placement again.
+func (s *Store) claimGroups(ctx context.Context, db pgdb.DB, shards *tenantbucket.Shards, opts ClaimOptions, args pgx.NamedArgs, filtered claimFilter) ([]Lease, error) {
+	filtered.group = true
+	groups := shards.Groups()
+	first := int(claimTurn.Add(1) % uint64(groups))
+	var leases []Lease
+	for i := 0; i < groups && len(leases) < opts.Limit; i++ {
+		args["buckets"] = shards.Buckets((first + i) % groups)
+		got, err := s.claimGroup(ctx, db, opts.Policy, args, opts.Limit-len(leases), filtered)
+		leases = append(leases, got...)
+		if err != nil {
+			if spansShards(err) {
+				s.ForgetShards()
+			}
+			if len(leases) > 0 {
+				// What is leased is committed and must reach the
+				// deliverer; the next claim meets the error again if it
+				// persists.
+				return leases, nil
+			}
+			return nil, err
+		}
+	}
+	return leases, nil
+}
+
+// claimTurn turns the group a distributed claim starts with.
+var claimTurn atomic.Uint64
+
+// spansShards reports whether err is Citus refusing a claim statement whose
+// bucket list is no longer one shard's (the shards were split): the
+// placement must be read again. Every group's claim starts with a
+// statement that locks its picks FOR UPDATE, which is how Citus refuses it.
+func spansShards(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "0A000" &&
+		strings.HasPrefix(pgErr.Message, "could not run distributed query with FOR UPDATE/SHARE commands")
+}
+
+// claimGroup claims up to limit items under policy: on one server every
+// item, on a distributed database those of the buckets of args' group.
+func (s *Store) claimGroup(ctx context.Context, db pgdb.DB, policy Policy, args pgx.NamedArgs, limit int, filtered claimFilter) ([]Lease, error) {
+	if policy == BestEffort {
+		args["per_key"], args["limit"] = false, limit
+		leases, err := claimStatement(ctx, db, filtered.apply(sqlClaimBestEffort), args, filtered)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: claim: %w", err)
 		}
 		s.claimed(leases)
 		return leases, nil
-	case PerKey:
-	default:
-		return nil, fmt.Errorf("outbox: unknown claim policy %v", opts.Policy)
 	}
-
 	args["per_key"] = true
-	leases, err := s.claimPerKeyOne(ctx, db, args, opts.Limit, filtered)
+	leases, err := s.claimPerKeyOne(ctx, db, args, limit, filtered)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
 	s.claimed(leases)
-	if len(leases) == opts.Limit {
+	if len(leases) == limit {
 		return leases, nil
 	}
 	// Short: nothing more is due, or the oldest due items belong to keys
@@ -483,7 +622,7 @@ func (s *Store) claim(ctx context.Context, db pgdb.DB, opts ClaimOptions) ([]Lea
 	for i, l := range leases {
 		held[i] = l.OrderingKey
 	}
-	more, err := s.claimPerKeyRounds(ctx, db, args, opts.Limit-len(leases), held, filtered)
+	more, err := s.claimPerKeyRounds(ctx, db, args, limit-len(leases), held, filtered)
 	if err != nil {
 		if len(leases) > 0 {
 			// What is leased is committed and must reach the deliverer;
@@ -511,7 +650,12 @@ const keyConflicts = 3
 // unique index: another claimer leased an item of the key first.
 func isKeyConflict(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_item_states_per_key_lease"
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		return false
+	}
+	// A shard's index is named after the table's, with the shard's id.
+	name, shard, _ := strings.Cut(pgErr.ConstraintName, "outbox_item_states_per_key_lease")
+	return name == "" && (shard == "" || strings.Trim(shard, "_0123456789") == "")
 }
 
 // claimPerKeyOne runs sqlClaimPerKeyOne as a transaction in one round trip
@@ -523,7 +667,7 @@ func (s *Store) claimPerKeyOne(ctx context.Context, db pgdb.DB, args pgx.NamedAr
 	args["limit"], args["scan"] = limit, limit*s.cfg.ClaimScan
 	sql := filtered.apply(sqlClaimPerKeyOne)
 	for range keyConflicts {
-		leases, err := claimTrip(ctx, db, sql, args)
+		leases, err := claimStatement(ctx, db, sql, args, filtered)
 		if !isKeyConflict(err) {
 			return leases, err
 		}
@@ -637,13 +781,77 @@ func rollbackLeftOpen(db pgdb.DB) {
 	_, _ = db.Exec(ctx, "ROLLBACK")
 }
 
-// collectLeases runs a claim statement and collects its leases.
-func collectLeases(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArgs) ([]Lease, error) {
+// claimStatement runs a claim statement as a READ COMMITTED transaction of
+// its own: on one server in one round trip (claimTrip); a shard group's
+// claim in a transaction that writes the abandoned attempts of the leases
+// it took over after the statement (collectLeases).
+func claimStatement(ctx context.Context, db pgdb.DB, sql string, args pgx.NamedArgs, filtered claimFilter) ([]Lease, error) {
+	if !filtered.group {
+		return claimTrip(ctx, db, sql, args)
+	}
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return nil, fmt.Errorf("beginning: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	leases, err := collectLeases(ctx, tx, sql, args, filtered)
+	if err != nil || len(leases) == 0 {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("committing: %w", err)
+	}
+	return leases, nil
+}
+
+// collectLeases runs a claim statement and collects its leases. A shard
+// group's claim returns the previous holders of the leases it took over,
+// and their abandoned attempts are written here, in the claim's
+// transaction.
+func collectLeases(ctx context.Context, tx pgx.Tx, sql string, args pgx.NamedArgs, filtered claimFilter) ([]Lease, error) {
 	rows, err := tx.Query(ctx, sql, args)
 	if err != nil {
 		return nil, err
 	}
-	return scanLeases(rows)
+	if !filtered.group {
+		return scanLeases(rows)
+	}
+	var ab struct {
+		ids, tokens []int64
+		owners      []string
+		leasedAt    []time.Time
+		buckets     []int16
+	}
+	leases, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Lease, error) {
+		var (
+			l         Lease
+			bucket    int16
+			takenOver bool
+			token     *int64
+			owner     *string
+			leasedAt  *time.Time
+		)
+		it, err := scanItem(rowWithExtra{row, []any{&l.TimestampOutside, &l.PastDeadline, &bucket, &takenOver, &token, &owner, &leasedAt}})
+		l.Item = it
+		if err == nil && takenOver {
+			if token == nil || owner == nil || leasedAt == nil {
+				return l, fmt.Errorf("the lease of item %d taken over has no holder", it.ID)
+			}
+			ab.ids, ab.tokens, ab.owners = append(ab.ids, it.ID), append(ab.tokens, *token), append(ab.owners, *owner)
+			ab.leasedAt, ab.buckets = append(ab.leasedAt, *leasedAt), append(ab.buckets, bucket)
+		}
+		return l, err
+	})
+	if err != nil || len(ab.ids) == 0 {
+		return leases, err
+	}
+	_, err = tx.Exec(ctx, sqlClaimAbandoned, pgx.NamedArgs{
+		"ids": ab.ids, "tokens": ab.tokens, "owners": ab.owners, "leased_ats": ab.leasedAt, "abandoned_buckets": ab.buckets,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recording the abandoned attempts: %w", err)
+	}
+	return leases, nil
 }
 
 // scanLeases collects the leases a claim statement returns.
@@ -688,7 +896,7 @@ func (s *Store) claimPerKey(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, 
 			continue
 		}
 		args["ids"] = ids
-		got, err := collectLeases(ctx, tx, filtered.apply(sqlClaimPerKey), args)
+		got, err := collectLeases(ctx, tx, filtered.apply(sqlClaimPerKey), args, filtered)
 		if err != nil {
 			return nil, err
 		}
@@ -741,7 +949,16 @@ func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, args pgx.NamedArgs, wan
 		return cand, ids, nil
 	}
 	lockArgs := pgx.NamedArgs{"keys": extra, "space": args["space"], "lockmax": room}
-	rows, err = tx.Query(ctx, sqlClaimLockKeys, lockArgs)
+	lockSQL := sqlClaimLockKeys
+	if filtered.group {
+		lockSQL = sqlClaimLockGroupKeys
+		lockIDs := make([]int64, len(extra))
+		for i, k := range extra {
+			lockIDs[i] = itemOf[k]
+		}
+		lockArgs["ids"], lockArgs["buckets"] = lockIDs, args["buckets"]
+	}
+	rows, err = tx.Query(ctx, lockSQL, lockArgs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("locking keys: %w", err)
 	}
