@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,10 +22,11 @@ import (
 // Each is one UPDATE over a batch (unnest of parallel arrays) of one shard
 // group: every reference to the states carries the batch's buckets
 // (@buckets) and the join the item's own, so that on Citus the statement is
-// one task on one shard. It returns what the attempt's row needs; that row
-// is written by a second statement of the same transaction (sqlAttempts),
-// as an INSERT inside the UPDATE would send the statement through the
-// coordinator. Items not returned were fenced out. The "locked" CTE takes
+// one task on one shard. It returns what the attempt's row needs; on Citus
+// that row is written by a second statement of the same transaction
+// (sqlAttempts), as an INSERT inside the UPDATE would send the statement
+// through the coordinator; on one server by the statement itself
+// (oneServer). Items not returned were fenced out. The "locked" CTE takes
 // the batch's row locks in ascending id order, the order every waiting
 // writer of this package uses, so that two batches over overlapping items
 // (a stale writer's and the sweep's, say) can wait for each other but never
@@ -88,8 +90,8 @@ RETURNING o.id, o.state, coalesce(o.quarantine_reason, ''), o.lease_owner, o.lea
 	sqlRetry = `
 WITH b AS (
     SELECT * FROM unnest(@ids::bigint[], @item_buckets::smallint[], @tokens::bigint[], @delays::bigint[], @refused::bool[],
-                         @codes::text[], @statuses::int[], @messages::text[])
-        AS b(id, bucket, token, delay_us, refused, code, status, message)
+                         @kinds::text[], @codes::text[], @statuses::int[], @messages::text[])
+        AS b(id, bucket, token, delay_us, refused, kind, code, status, message)
 ),
 locked AS MATERIALIZED (
     SELECT o.id FROM outbox_item_states o WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
@@ -144,6 +146,36 @@ FROM unnest(@ids::bigint[], @tokens::bigint[], @owners::text[], @leased_at::time
             @refused::bool[], @refs::text[], @codes::text[], @statuses::int[], @messages::text[], @item_buckets::smallint[])
     AS a(id, token, owner, leased_at, outcome, state_after, refused, ref, code, status, message, bucket)`
 )
+
+// On one server a transition writes its attempts' rows itself, in a "log"
+// CTE over the rows it updated: one statement, one round trip, as a batch
+// of outcomes always took. oneServer makes that statement from the routed
+// one: its UPDATE becomes the CTE "t", returning what the log needs.
+var (
+	sqlAcceptOneServer = oneServer(sqlAccept,
+		`o.id, o.state, coalesce(o.quarantine_reason, '') AS reason, o.lease_owner, o.leased_at, o.lease_token, o.provider_ref, o.bucket`,
+		`INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused, provider_ref, bucket)
+    SELECT id, lease_token, lease_owner, leased_at, 'accepted', state, false, provider_ref, bucket FROM t`)
+	sqlRetryOneServer = oneServer(sqlRetry,
+		`o.id, o.state, ''::text AS reason, o.lease_owner, o.leased_at, o.lease_token, o.bucket, b.kind, b.refused, b.code, b.status, b.message`,
+		`INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused,
+                                 error_code, error_status, error_message, bucket)
+    SELECT id, lease_token, lease_owner, leased_at, kind, state, refused, code, nullif(status, 0), nullif(message, ''), bucket FROM t`)
+	sqlSettleFailureOneServer = oneServer(sqlSettleFailure,
+		`o.id, o.state, coalesce(o.quarantine_reason, '') AS reason, o.lease_owner, o.leased_at, o.lease_token, o.bucket, b.refused, b.code, b.status, b.message`,
+		`INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused,
+                                 error_code, error_status, error_message, bucket)
+    SELECT id, lease_token, lease_owner, leased_at, state, state, refused, code, nullif(status, 0), nullif(message, ''), bucket FROM t`)
+)
+
+// oneServer is a routed transition, sql, with its attempts' rows written
+// by a "log" CTE: the UPDATE becomes the CTE "t", returning returning,
+// and the statement returns what sql returns.
+func oneServer(sql, returning, log string) string {
+	i, j := strings.Index(sql, "\nUPDATE "), strings.Index(sql, "\nRETURNING ")
+	return sql[:i] + ",\nt AS (" + strings.ReplaceAll(sql[i:j], "\n", "\n    ") + "\n    RETURNING " + returning + "\n),\nlog AS (\n    " +
+		log + "\n)\nSELECT id, state, reason, lease_owner, leased_at FROM t"
+}
 
 // oneShot runs a batch statement (the retry's and the failures'; the accept
 // has acceptTrip) as an unnamed statement, planned for the arrays it is
@@ -253,13 +285,16 @@ type settleStep struct {
 	// oneShot; generic, with its generic plan (on one server: Citus plans
 	// each task on its shard, and refuses a generic plan of the accept).
 	cached, generic bool
+	// logged says the statement writes its attempts' rows itself (one
+	// server: oneServer); else they are sqlAttempts, after it.
+	logged bool
 }
 
 // settleGroup returns the statements that settle the outcomes at run, all
 // of one shard group: accepts, retries (or mark_uncertain past the cap or
 // the horizon) and the failures that end automatic delivery
 // (mark_uncertain, reject, quarantine).
-func (s *Store) settleGroup(outcomes []Outcome, buckets []int16, run []int, generic bool) settleGroup {
+func (s *Store) settleGroup(outcomes []Outcome, buckets []int16, run []int, single bool) settleGroup {
 	g := settleGroup{idx: run, ids: make([]int64, len(run))}
 	var accept, retry, failure []int
 	for j, i := range run {
@@ -282,16 +317,22 @@ func (s *Store) settleGroup(outcomes []Outcome, buckets []int16, run []int, gene
 			item[j] = buckets[i]
 		}
 		args["item_buckets"], args["buckets"] = item, g.buckets
-		g.steps = append(g.steps, settleStep{name: name, sql: sql, args: args, cached: cached, generic: cached && generic})
+		g.steps = append(g.steps, settleStep{name: name, sql: sql, args: args, cached: cached, generic: cached && single, logged: single})
+	}
+	pick := func(routed, one string) string {
+		if single {
+			return one
+		}
+		return routed
 	}
 	if len(accept) > 0 {
-		add("accept", sqlAccept, s.acceptArgs(outcomes, accept), accept, true)
+		add("accept", pick(sqlAccept, sqlAcceptOneServer), s.acceptArgs(outcomes, accept), accept, true)
 	}
 	if len(retry) > 0 {
-		add("retry", sqlRetry, s.retryArgs(outcomes, retry), retry, false)
+		add("retry", pick(sqlRetry, sqlRetryOneServer), s.retryArgs(outcomes, retry), retry, false)
 	}
 	if len(failure) > 0 {
-		add("mark_uncertain/reject/quarantine", sqlSettleFailure, s.failureArgs(outcomes, failure), failure, false)
+		add("mark_uncertain/reject/quarantine", pick(sqlSettleFailure, sqlSettleFailureOneServer), s.failureArgs(outcomes, failure), failure, false)
 	}
 	return g
 }
@@ -308,15 +349,24 @@ func settle(ctx context.Context, db pgdb.DB, outcomes []Outcome, groups []settle
 		results[i] = Result{ID: o.Lease.ID, Err: ErrStaleLease}
 		index[o.Lease.ID] = i
 	}
-	if len(groups) == 1 && len(groups[0].steps) == 1 && groups[0].steps[0].cached {
-		// The accept alone.
-		g := groups[0]
+	if len(groups) == 1 && len(groups[0].steps) == 1 && (groups[0].steps[0].cached || groups[0].steps[0].logged) {
+		// One statement: the accept in a transaction of its own, in one
+		// round trip on one server (two on Citus); on one server a retry
+		// or a failure as a statement alone.
+		g, st := groups[0], groups[0].steps[0]
 		att := newAttemptRows(len(g.idx))
-		err := acceptTrip(ctx, db, g.steps[0], func(rows pgx.Rows) error {
-			return landed(rows, outcomes, index, results, att)
-		}, att)
+		each := func(rows pgx.Rows) error { return landed(rows, outcomes, index, results, att) }
+		var err error
+		if st.cached {
+			err = acceptTrip(ctx, db, st, each, att)
+		} else {
+			var rows pgx.Rows
+			if rows, err = db.Query(ctx, st.sql, oneShot, st.args); err == nil {
+				err = each(rows)
+			}
+		}
 		if err != nil {
-			return nil, fmt.Errorf("outbox: %s: %w", g.steps[0].name, err)
+			return nil, fmt.Errorf("outbox: %s: %w", st.name, err)
 		}
 		return results, nil
 	}
@@ -335,7 +385,11 @@ func settle(ctx context.Context, db pgdb.DB, outcomes []Outcome, groups []settle
 	for _, g := range groups {
 		att := newAttemptRows(len(g.idx))
 		for _, st := range g.steps {
-			each := func(rows pgx.Rows) error { return landed(rows, outcomes, index, results, att) }
+			logTo := att
+			if st.logged {
+				logTo = nil
+			}
+			each := func(rows pgx.Rows) error { return landed(rows, outcomes, index, results, logTo) }
 			var rows pgx.Rows
 			switch {
 			case st.generic:
@@ -364,7 +418,8 @@ func settle(ctx context.Context, db pgdb.DB, outcomes []Outcome, groups []settle
 }
 
 // landed reads a transition's returned rows: each is an outcome that
-// landed, whose Result it sets and whose attempt it adds to att.
+// landed, whose Result it sets and whose attempt it adds to att (unless
+// nil: the statement wrote it).
 func landed(rows pgx.Rows, outcomes []Outcome, index map[int64]int, results []Result, att *attemptRows) error {
 	var (
 		id       int64
@@ -376,7 +431,9 @@ func landed(rows pgx.Rows, outcomes []Outcome, index map[int64]int, results []Re
 	_, err := pgx.ForEachRow(rows, []any{&id, &state, &reason, &owner, &leasedAt}, func() error {
 		i := index[id]
 		results[i] = Result{ID: id, State: state, Reason: reason}
-		att.addOutcome(outcomes[i], state, owner, leasedAt)
+		if att != nil {
+			att.addOutcome(outcomes[i], state, owner, leasedAt)
+		}
 		return nil
 	})
 	return err
@@ -479,20 +536,24 @@ const (
 )
 
 // acceptTrip runs an accept of one shard group in a READ COMMITTED
-// transaction of its own, on one connection of db, in two round trips:
-// BEGIN, the generic plan chosen (st.generic), the statement, whose rows
-// each reads into att; then the plan cache's mode restored, the attempts'
-// rows and COMMIT.
+// transaction of its own: BEGIN, the generic plan chosen (st.generic), the
+// statement, whose rows each reads, the plan cache's mode restored and
+// COMMIT in one round trip when the statement writes its attempts' rows
+// itself (st.logged); else on one connection of db in two, the attempts'
+// rows (att) and COMMIT in the second.
 // A failure leaves the transaction to be rolled back as claimTrip's is
 // (rollbackLeftOpen; a pool's connection in a transaction is closed on
 // release).
 func acceptTrip(ctx context.Context, db pgdb.DB, st settleStep, each func(pgx.Rows) error, att *attemptRows) error {
-	q, release, err := oneConn(ctx, db)
-	if err != nil {
-		return err
+	q, release := pgdb.DB(db), func() {}
+	if !st.logged {
+		var err error
+		if q, release, err = oneConn(ctx, db); err != nil {
+			return err
+		}
 	}
 	defer release()
-	err = func() error {
+	err := func() error {
 		b := &pgx.Batch{}
 		b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 		steps := []string{"beginning"}
@@ -501,32 +562,31 @@ func acceptTrip(ctx context.Context, db pgdb.DB, st settleStep, each func(pgx.Ro
 			steps = append(steps, "choosing the generic plan")
 		}
 		b.Queue(st.sql, st.args)
+		var after []string
+		if st.logged {
+			after = finish(b, st.generic, nil)
+		}
 		br := q.SendBatch(ctx, b)
 		err := readTrip(br, func() error {
 			rows, err := br.Query()
 			if err != nil {
 				return err
 			}
-			return each(rows)
+			if err := each(rows); err != nil {
+				return err
+			}
+			return readTrip(br, nil, after...)
 		}, steps...)
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
-		if err != nil {
+		if err != nil || st.logged {
 			return err
 		}
-		b, steps = &pgx.Batch{}, nil
-		if st.generic {
-			b.Queue(sqlGenericRestore)
-			steps = append(steps, "restoring plan_cache_mode")
-		}
-		if len(att.ids) > 0 {
-			b.Queue(sqlAttempts, att.args())
-			steps = append(steps, "recording the attempts")
-		}
-		b.Queue("COMMIT")
+		b = &pgx.Batch{}
+		after = finish(b, st.generic, att)
 		br = q.SendBatch(ctx, b)
-		err = readTrip(br, nil, append(steps, "committing")...)
+		err = readTrip(br, nil, after...)
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
@@ -536,6 +596,23 @@ func acceptTrip(ctx context.Context, db pgdb.DB, st settleStep, each func(pgx.Ro
 		rollbackLeftOpen(q)
 	}
 	return err
+}
+
+// finish queues the end of acceptTrip's transaction on b — the plan
+// cache's mode restored when generic, att's rows when there are any, and
+// COMMIT — and returns the names of the steps queued.
+func finish(b *pgx.Batch, generic bool, att *attemptRows) []string {
+	var steps []string
+	if generic {
+		b.Queue(sqlGenericRestore)
+		steps = append(steps, "restoring plan_cache_mode")
+	}
+	if att != nil && len(att.ids) > 0 {
+		b.Queue(sqlAttempts, att.args())
+		steps = append(steps, "recording the attempts")
+	}
+	b.Queue("COMMIT")
+	return append(steps, "committing")
 }
 
 // readTrip reads a pipeline's answers in order: one Exec per step named,
@@ -645,18 +722,18 @@ func (s *Store) retryDelay(o Outcome) time.Duration {
 func (s *Store) retryArgs(outcomes []Outcome, idx []int) pgx.NamedArgs {
 	n := len(idx)
 	ids, tokens, delays := make([]int64, n), make([]int64, n), make([]int64, n)
-	refused := make([]bool, n)
+	refused, kinds := make([]bool, n), make([]string, n)
 	codes, statuses, messages := make([]string, n), make([]int32, n), make([]string, n)
 	for j, i := range idx {
 		o := outcomes[i]
 		e := o.Error.Sanitized()
 		ids[j], tokens[j] = o.Lease.ID, o.Lease.LeaseToken
 		delays[j] = s.retryDelay(o).Microseconds()
-		refused[j] = o.Refused || o.Kind == RateLimited
+		refused[j], kinds[j] = o.Refused || o.Kind == RateLimited, o.Kind.String()
 		codes[j], statuses[j], messages[j] = e.Code, int32(e.Status), e.Message
 	}
 	return pgx.NamedArgs{
-		"ids": ids, "tokens": tokens, "delays": delays, "refused": refused,
+		"ids": ids, "tokens": tokens, "delays": delays, "refused": refused, "kinds": kinds,
 		"codes": codes, "statuses": statuses, "messages": messages,
 		"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon,
 	}
