@@ -514,13 +514,6 @@ func (a *attemptRows) write(ctx context.Context, q pgdb.Querier) error {
 	return nil
 }
 
-// batchQuerier is a Querier that sends batches: a pool, a connection or a
-// transaction.
-type batchQuerier interface {
-	pgdb.Querier
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // Around a cached step: its plan is the cache's generic plan from the first
 // run (plan_cache_mode force_generic_plan), never one of the five custom
 // plans the cache tries first. A custom plan of the accept knows the batch's
