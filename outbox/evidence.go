@@ -3,19 +3,107 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
+
+// Items known by id only. The statements of the transitions that take ids
+// (confirm, fail_accepted, the error report's note, recover, requeue) name
+// the items' buckets, @buckets, those of one shard group, so that on Citus
+// each is one task on one shard. On Citus the ids' buckets are read first
+// (sqlBucketsOf, a read of every shard: the id is not the distribution
+// column), at the rate of reconciliation, of the provider's error reports
+// and of operators, never per send. On one server nothing is read: the
+// statements run without the bucket predicate (unrouted), as one group.
+
+// sqlBucketsOf reads the bucket of each item of @ids that exists.
+const sqlBucketsOf = `SELECT id, bucket FROM outbox_item_states WHERE id = ANY(@ids::bigint[])`
+
+// bucketsPredicate is the bucket predicate of the states (alias o) and the
+// bodies (alias b) in the statements that take ids; unrouted drops it.
+const (
+	bucketsPredicateO = `o.bucket = ANY(@buckets::smallint[]) AND `
+	bucketsPredicateB = `b.bucket = ANY(@buckets::smallint[]) AND `
+)
+
+// unrouted is sql without its bucket predicates: the statement of one
+// server, where the placement needs none.
+func unrouted(sql string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(sql, bucketsPredicateO, ""), bucketsPredicateB, "")
+}
+
+// idGroup is ids of one shard group, with their distinct buckets.
+type idGroup struct {
+	ids     []int64
+	buckets []int16
+}
+
+// groupIDs cuts ids by shard group, the groups in the placement's order,
+// and returns the statement text to run with each: sql itself on Citus,
+// unrouted(sql) on one server, where ids make one group. An id no item has
+// is in no group.
+func (s *Store) groupIDs(ctx context.Context, q pgdb.Querier, ids []int64, sql string) ([]idGroup, string, error) {
+	shards, err := s.Shards(ctx, q)
+	if err != nil {
+		return nil, "", err
+	}
+	if !shards.Distributed() {
+		return []idGroup{{ids: ids}}, unrouted(sql), nil
+	}
+	rows, err := q.Query(ctx, sqlBucketsOf, pgx.NamedArgs{"ids": ids})
+	if err != nil {
+		return nil, "", fmt.Errorf("outbox: reading the items' buckets: %w", err)
+	}
+	type idBucket struct {
+		ID     int64
+		Bucket int16
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowToStructByPos[idBucket])
+	if err != nil {
+		return nil, "", fmt.Errorf("outbox: reading the items' buckets: %w", err)
+	}
+	runs := tenantbucket.Split(shards, found, func(f idBucket) int16 { return f.Bucket })
+	slices.SortFunc(runs, func(a, b []idBucket) int {
+		return shards.GroupOf(a[0].Bucket) - shards.GroupOf(b[0].Bucket)
+	})
+	var groups []idGroup
+	for _, run := range runs {
+		if len(run) == 0 {
+			continue
+		}
+		var g idGroup
+		for _, f := range run {
+			g.ids = append(g.ids, f.ID)
+			if !slices.Contains(g.buckets, f.Bucket) {
+				g.buckets = append(g.buckets, f.Bucket)
+			}
+		}
+		groups = append(groups, g)
+	}
+	return groups, sql, nil
+}
+
+// queryCustom runs sql on q and collects its rows with scan.
+func queryCustom[T any](ctx context.Context, q pgdb.Querier, sql string, args any, scan pgx.RowToFunc[T]) ([]T, error) {
+	rows, err := q.Query(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, scan)
+}
 
 // sqlConfirm is the confirm: accepted to confirmed on provider evidence.
 const sqlConfirm = `
 WITH locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+    SELECT o.id FROM outbox_item_states o WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 )
 UPDATE outbox_item_states o SET state = 'confirmed', confirmed_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
+WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
 RETURNING o.id`
 
 // Confirm is the confirm transition for a batch: it moves the given accepted
@@ -33,12 +121,24 @@ func (s *Store) confirm(ctx context.Context, q pgdb.Querier, ids []int64) (confi
 	if len(ids) == 0 {
 		return nil, nil, nil
 	}
-	// On its generic plan, as KeyItems: the reconciler runs it once per key,
-	// and beside a long history the plan cache would keep a custom plan,
-	// planned again at every call.
-	confirmed, err = queryOnGenericPlan(ctx, q, sqlConfirm, pgx.NamedArgs{"ids": ids}, pgx.RowTo[int64])
+	groups, sql, err := s.groupIDs(ctx, q, ids, sqlConfirm)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: confirm: %w", err)
+	}
+	for _, g := range groups {
+		// On one server on its generic plan, as KeyItems: the reconciler
+		// runs it once per key, and beside a long history the plan cache
+		// would keep a custom plan, planned again at every call. Citus
+		// refuses a generic plan of it, and plans each task on its shard.
+		run := queryOnGenericPlan[int64]
+		if g.buckets != nil {
+			run = queryCustom[int64]
+		}
+		done, err := run(ctx, q, sql, pgx.NamedArgs{"ids": g.ids, "buckets": g.buckets}, pgx.RowTo[int64])
+		if err != nil {
+			return nil, nil, fmt.Errorf("outbox: confirm: %w", err)
+		}
+		confirmed = append(confirmed, done...)
 	}
 	done := make(map[int64]bool, len(confirmed))
 	for _, id := range confirmed {
@@ -154,7 +254,7 @@ WITH b AS (
         AS b(id, target, reason, code, status, message)
 ),
 locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+    SELECT o.id FROM outbox_item_states o WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 )
 UPDATE outbox_item_states o SET
     state = b.target, quarantine_reason = nullif(b.reason, ''),
@@ -162,7 +262,8 @@ UPDATE outbox_item_states o SET
     last_error_code = b.code, last_error_status = nullif(b.status, 0), last_error = nullif(b.message, ''),
     updated_at = statement_timestamp()
 FROM b
-WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked) AND o.state = 'accepted'
+WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked)
+  AND o.state = 'accepted'
 RETURNING o.id, o.state`
 
 // FailAccepted is the fail_accepted transition for a batch: the provider
@@ -191,10 +292,7 @@ func (s *Store) failAccepted(ctx context.Context, q pgdb.Querier, fs []ProviderF
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: fail accepted: %w", err)
 	}
-	rows, err := q.Query(ctx, sqlFailAccepted, pgx.NamedArgs{
-		"ids": b.ids, "states": b.states, "reasons": b.reasons,
-		"codes": b.codes, "statuses": b.statuses, "messages": b.messages,
-	})
+	groups, sql, err := s.groupIDs(ctx, q, b.ids, sqlFailAccepted)
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: fail accepted: %w", err)
 	}
@@ -203,12 +301,22 @@ func (s *Store) failAccepted(ctx context.Context, q pgdb.Querier, fs []ProviderF
 		state State
 	)
 	done := make(map[int64]bool, len(fs))
-	if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
-		failed = append(failed, id)
-		done[id] = true
-		return nil
-	}); err != nil {
-		return nil, nil, fmt.Errorf("outbox: fail accepted: %w", err)
+	for _, g := range groups {
+		// The batch whole in the arrays; the group's buckets pick its rows.
+		rows, err := q.Query(ctx, sql, pgx.NamedArgs{
+			"ids": b.ids, "states": b.states, "reasons": b.reasons,
+			"codes": b.codes, "statuses": b.statuses, "messages": b.messages, "buckets": g.buckets,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("outbox: fail accepted: %w", err)
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
+			failed = append(failed, id)
+			done[id] = true
+			return nil
+		}); err != nil {
+			return nil, nil, fmt.Errorf("outbox: fail accepted: %w", err)
+		}
 	}
 	for _, id := range failed {
 		f := b.byID[id]
@@ -234,7 +342,7 @@ WITH b AS (
         AS b(id, target, reason, code, message)
 ),
 locked AS MATERIALIZED (
-    SELECT o.id FROM outbox_item_states o WHERE o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
+    SELECT o.id FROM outbox_item_states o WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = ANY(@ids::bigint[]) ORDER BY o.id FOR UPDATE
 )
 UPDATE outbox_item_states o SET
     reported_state   = b.target,
@@ -242,7 +350,7 @@ UPDATE outbox_item_states o SET
     reported_code    = b.code,
     reported_message = nullif(b.message, '')
 FROM b
-WHERE o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked)
+WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = ANY(@ids::bigint[]) AND o.id = b.id AND o.id IN (SELECT id FROM locked)
   AND o.state IN ('pending', 'leased', 'uncertain')
   AND (o.reported_state IS NULL OR (o.reported_state = 'quarantined' AND b.target = 'rejected'))
 RETURNING o.id`
@@ -264,15 +372,24 @@ func (s *Store) NoteFailures(ctx context.Context, q pgdb.Querier, fs []ProviderF
 	if err != nil {
 		return nil, fmt.Errorf("outbox: noting a failure: %w", err)
 	}
-	rows, err := q.Query(ctx, sqlNoteFailures, pgx.NamedArgs{
-		"ids": b.ids, "states": b.states, "reasons": b.reasons, "codes": b.codes, "messages": b.messages,
-	})
+	groups, sql, err := s.groupIDs(ctx, q, b.ids, sqlNoteFailures)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: noting failures: %w", err)
 	}
-	noted, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("outbox: noting failures: %w", err)
+	var noted []int64
+	for _, g := range groups {
+		rows, err := q.Query(ctx, sql, pgx.NamedArgs{
+			"ids": b.ids, "states": b.states, "reasons": b.reasons, "codes": b.codes, "messages": b.messages,
+			"buckets": g.buckets,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("outbox: noting failures: %w", err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return nil, fmt.Errorf("outbox: noting failures: %w", err)
+		}
+		noted = append(noted, ids...)
 	}
 	return noted, nil
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // sqlSweep is the sweep, run by the maintenance pass, to items no deliverer may
@@ -16,7 +18,8 @@ import (
 // cap (a crash loop that never reached an answer) or past the horizon while
 // some attempt may have reached the provider. The claim already refuses
 // them; this makes them visible as uncertain. A swept expired lease records
-// its attempt as abandoned. "due" locks the rows in id order and reads their
+// its attempt as abandoned, by a second statement (sqlAttempts) from the
+// rows this one returns. "due" locks the rows in id order and reads their
 // state as locked; rows another transaction holds are skipped until the next
 // pass. Only an attempted item can be past either (the cap is at least
 // one), so pending items are read from the index of attempted ones: the
@@ -24,56 +27,118 @@ import (
 // locked by primary key and compares their state under collation "C",
 // which no partial index's predicate uses, as the claim's lease does: else
 // the planner may read every pending item through the partial indexes.
+// The horizon reads first_attempt_at <= now - horizon, the clock apart
+// from the column, as Citus needs in an UPDATE. On Citus it runs once per
+// shard group, each reference to the states with the group's buckets
+// (sweepBuckets marks where); on one server once, without them.
 const sqlSweep = `
 WITH due AS MATERIALIZED (
     SELECT o.id, o.state AS prev_state FROM outbox_item_states o
-    WHERE ((o.state = 'pending' AND o.attempts > 0) OR (` + leaseExpired + `))
+    WHERE ` + sweepBuckets + `((o.state = 'pending' AND o.attempts > 0) OR (o.state = 'leased' AND o.lease_expires_at < statement_timestamp()))
       AND (o.attempts - o.attempts_base >= @max
-           OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= statement_timestamp()))
+           OR (o.refused_attempts < o.attempts AND o.first_attempt_at <= statement_timestamp() - @horizon::interval))
     ORDER BY o.id
     FOR UPDATE SKIP LOCKED
-),
-t AS (
-    UPDATE outbox_item_states o SET
-        state             = 'uncertain',
-        last_error_code   = CASE WHEN o.attempts - o.attempts_base >= @max THEN 'attempt_cap' ELSE 'horizon' END,
-        last_error_status = NULL,
-        last_error        = CASE WHEN o.attempts - o.attempts_base >= @max
-                                 THEN 'attempt cap reached without an answer'
-                                 ELSE 'idempotency horizon passed before the item could be sent again' END,
-        lease_expires_at  = NULL,
-        updated_at        = statement_timestamp()
-    FROM due d
-    WHERE o.id = d.id
-      AND (o.state = 'pending' COLLATE "C" OR (o.state = 'leased' COLLATE "C" AND o.lease_expires_at < statement_timestamp()))
-      AND (o.attempts - o.attempts_base >= @max
-           OR (o.refused_attempts < o.attempts AND o.first_attempt_at + @horizon::interval <= statement_timestamp()))
-    RETURNING o.id, d.prev_state, o.lease_token, o.lease_owner, o.leased_at, o.last_error_code, o.last_error, o.bucket
-),
-log AS (
-    INSERT INTO outbox_attempts (item_id, lease_token, lease_owner, leased_at, outcome, state_after, refused,
-                                 error_code, error_message, bucket)
-    SELECT id, lease_token, lease_owner, leased_at, 'abandoned', 'uncertain', false, last_error_code, last_error, bucket
-    FROM t WHERE prev_state = 'leased'
 )
-SELECT id FROM t`
+UPDATE outbox_item_states o SET
+    state             = 'uncertain',
+    last_error_code   = CASE WHEN o.attempts - o.attempts_base >= @max THEN 'attempt_cap' ELSE 'horizon' END,
+    last_error_status = NULL,
+    last_error        = CASE WHEN o.attempts - o.attempts_base >= @max
+                             THEN 'attempt cap reached without an answer'
+                             ELSE 'idempotency horizon passed before the item could be sent again' END,
+    lease_expires_at  = NULL,
+    updated_at        = statement_timestamp()
+FROM due d
+WHERE ` + sweepBuckets + `o.id = d.id
+  AND (o.state = 'pending' COLLATE "C" OR (o.state = 'leased' COLLATE "C" AND o.lease_expires_at < statement_timestamp()))
+  AND (o.attempts - o.attempts_base >= @max
+       OR (o.refused_attempts < o.attempts AND o.first_attempt_at <= statement_timestamp() - @horizon::interval))
+RETURNING o.id, d.prev_state, o.lease_token, o.lease_owner, o.leased_at, o.last_error_code, o.last_error, o.bucket`
+
+// sweepBuckets is the sweep's bucket predicate: kept on Citus, dropped on
+// one server (sweepSQL).
+const sweepBuckets = `o.bucket = ANY(@buckets::smallint[]) AND `
+
+// sweepSQL is the sweep's statement on shards: sqlSweep on Citus, without
+// its bucket predicate on one server.
+func sweepSQL(shards *tenantbucket.Shards) string {
+	if shards.Distributed() {
+		return sqlSweep
+	}
+	return strings.ReplaceAll(sqlSweep, sweepBuckets, "")
+}
 
 // Sweep runs the sweep transition over every item past its cap or horizon
-// that no deliverer holds, and returns the ids it made uncertain. Safe to run
-// on every node at once: each row moves at most once.
+// that no deliverer holds, and returns the ids it made uncertain: one
+// statement per shard group, each with the attempts of the expired leases
+// it swept in the same transaction (q's, or one of its own when q can
+// begin one). Safe to run on every node at once: each row moves at most
+// once.
 func (s *Store) Sweep(ctx context.Context, q pgdb.Querier) ([]int64, error) {
-	rows, err := q.Query(ctx, sqlSweep, pgx.NamedArgs{"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon})
+	shards, err := s.Shards(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: sweep: %w", err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	sql := sweepSQL(shards)
+	var swept []int64
+	for g := range shards.Groups() {
+		args := pgx.NamedArgs{"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon, "buckets": shards.Buckets(g)}
+		ids, err := inTx(ctx, q, func(q pgdb.Querier) ([]int64, error) { return sweepGroup(ctx, q, sql, args) })
+		if err != nil {
+			return swept, fmt.Errorf("outbox: sweep: %w", err)
+		}
+		for range ids {
+			s.metrics.moved(TransitionSweep, StateUncertain)
+		}
+		swept = append(swept, ids...)
+	}
+	return swept, nil
+}
+
+// sweepGroup runs the sweep's statement with args on q, then the abandoned
+// attempts of the expired leases it swept.
+func sweepGroup(ctx context.Context, q pgdb.Querier, sql string, args pgx.NamedArgs) ([]int64, error) {
+	rows, err := q.Query(ctx, sql, args)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: sweep: %w", err)
+		return nil, err
 	}
-	for range ids {
-		s.metrics.moved(TransitionSweep, StateUncertain)
+	var (
+		ids                 []int64
+		id, token           int64
+		prev                State
+		owner, code, reason *string
+		leasedAt            *time.Time
+		bucket              int16
+	)
+	att := newAttemptRows(0)
+	_, err = pgx.ForEachRow(rows, []any{&id, &prev, &token, &owner, &leasedAt, &code, &reason, &bucket}, func() error {
+		ids = append(ids, id)
+		if prev == StateLeased {
+			att.add(id, token, bucket, owner, leasedAt, "abandoned", StateUncertain, false, "", code, 0, deref(reason))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	return ids, nil
+	return ids, att.write(ctx, q)
+}
+
+// inTx runs fn in a transaction of q's: a new one when q can begin one (a
+// pool, a connection; a transaction's is a savepoint), else on q itself.
+func inTx[T any](ctx context.Context, q pgdb.Querier, fn func(pgdb.Querier) (T, error)) (T, error) {
+	b, ok := q.(pgdb.Beginner)
+	if !ok {
+		return fn(q)
+	}
+	var out T
+	err := pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error {
+		var err error
+		out, err = fn(tx)
+		return err
+	})
+	return out, err
 }
 
 // MaintenanceResult is what one maintenance pass did.

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // Recovery is what an operator decided about an uncertain item (the
@@ -32,27 +33,43 @@ type Recovery struct {
 	Reason string
 }
 
-// sqlRecover is the recover transition: an operator's decision about an
-// uncertain item. To pending it grants a fresh attempt budget (attempts_base
-// := attempts; attempts and first_attempt_at do not move), and it is refused
-// past the horizon unless no attempt may have reached the provider or the
-// operator records that none did (refused_attempts := attempts).
-const sqlRecover = `
-UPDATE outbox_item_states SET
-    state             = @to,
-    accepted_at       = CASE WHEN @to = 'accepted' THEN statement_timestamp() ELSE accepted_at END,
-    provider_ref      = CASE WHEN @to = 'accepted' THEN coalesce(nullif(@ref, ''), provider_ref) ELSE provider_ref END,
-    next_attempt_at   = CASE WHEN @to = 'pending' THEN statement_timestamp() ELSE next_attempt_at END,
-    refused_attempts  = CASE WHEN @to = 'pending' AND @not_reached THEN attempts ELSE refused_attempts END,
-    attempts_base     = CASE WHEN @to = 'pending' THEN attempts ELSE attempts_base END,
-    last_error_code   = CASE WHEN @to = 'rejected' THEN 'operator_rejected'
-                             WHEN @not_reached THEN 'operator_not_reached' ELSE last_error_code END,
-    last_error_status = CASE WHEN @to = 'rejected' OR @not_reached THEN NULL ELSE last_error_status END,
-    last_error        = CASE WHEN @to = 'rejected' OR @not_reached THEN nullif(@reason, '') ELSE last_error END,
+// The recover transition: an operator's decision about an uncertain item,
+// one statement per target (Citus refuses the clock inside a CASE). To
+// pending it grants a fresh attempt budget (attempts_base := attempts;
+// attempts and first_attempt_at do not move), and it is refused past the
+// horizon unless no attempt may have reached the provider or the operator
+// records that none did (refused_attempts := attempts).
+const (
+	sqlRecoverAccepted = `
+UPDATE outbox_item_states o SET
+    state = 'accepted', accepted_at = statement_timestamp(),
+    provider_ref = coalesce(nullif(@ref, ''), o.provider_ref), updated_at = statement_timestamp()
+WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = @id AND o.state = 'uncertain' AND o.lease_token = @token`
+
+	sqlRecoverPending = `
+UPDATE outbox_item_states o SET
+    state             = 'pending',
+    next_attempt_at   = statement_timestamp(),
+    refused_attempts  = CASE WHEN @not_reached THEN o.attempts ELSE o.refused_attempts END,
+    attempts_base     = o.attempts,
+    last_error_code   = CASE WHEN @not_reached THEN 'operator_not_reached' ELSE o.last_error_code END,
+    last_error_status = CASE WHEN @not_reached THEN NULL ELSE o.last_error_status END,
+    last_error        = CASE WHEN @not_reached THEN nullif(@reason, '') ELSE o.last_error END,
     updated_at        = statement_timestamp()
-WHERE id = @id AND state = 'uncertain' AND lease_token = @token
-  AND (@to <> 'pending' OR @not_reached OR refused_attempts = attempts
-       OR first_attempt_at + @horizon::interval > statement_timestamp())`
+WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = @id AND o.state = 'uncertain' AND o.lease_token = @token
+  AND (@not_reached OR o.refused_attempts = o.attempts OR o.first_attempt_at > statement_timestamp() - @horizon::interval)`
+
+	sqlRecoverRejected = `
+UPDATE outbox_item_states o SET
+    state = 'rejected', last_error_code = 'operator_rejected', last_error_status = NULL,
+    last_error = nullif(@reason, ''), updated_at = statement_timestamp()
+WHERE o.bucket = ANY(@buckets::smallint[]) AND o.id = @id AND o.state = 'uncertain' AND o.lease_token = @token`
+)
+
+// sqlRecover is the recover statement of each target.
+var sqlRecover = map[State]string{
+	StateAccepted: sqlRecoverAccepted, StatePending: sqlRecoverPending, StateRejected: sqlRecoverRejected,
+}
 
 // Recover is the recover transition: uncertain to accepted, pending or
 // rejected, as the operator decided. Zero rows affected gives a *StateError
@@ -72,14 +89,15 @@ func (s *Store) Recover(ctx context.Context, q pgdb.Querier, id int64, r Recover
 	if r.NotReached && reason == "" {
 		return errors.New("outbox: recovery: a not-reached finding needs a reason")
 	}
-	tag, err := q.Exec(ctx, sqlRecover, pgx.NamedArgs{
-		"id": id, "token": r.ExpectLeaseToken, "to": string(r.To), "ref": r.ProviderRef, "reason": reason,
-		"not_reached": r.NotReached, "horizon": s.cfg.Horizon,
-	})
+	args := pgx.NamedArgs{"id": id, "token": r.ExpectLeaseToken, "ref": r.ProviderRef, "reason": reason}
+	if r.To == StatePending {
+		args["not_reached"], args["horizon"] = r.NotReached, s.cfg.Horizon
+	}
+	n, err := s.execByID(ctx, q, id, sqlRecover[r.To], args)
 	if err != nil {
 		return fmt.Errorf("outbox: recover item %d: %w", id, err)
 	}
-	if tag.RowsAffected() == 1 {
+	if n == 1 {
 		if r.To == StatePending {
 			if err := notify(ctx, q); err != nil {
 				return err
@@ -110,7 +128,8 @@ UPDATE outbox_item_states o SET
     attempts_base = o.attempts, updated_at = statement_timestamp(),
     reported_state = NULL, reported_reason = NULL, reported_code = NULL, reported_message = NULL
 FROM outbox_item_bodies b
-WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_version = @version
+WHERE o.bucket = ANY(@buckets::smallint[]) AND b.bucket = ANY(@buckets::smallint[]) AND o.id = @id AND b.id = o.id AND b.bucket = o.bucket
+  AND o.state = 'quarantined' AND b.mapping_version = @version
   AND b.destination_account <> '' AND b.mapping_version > 0
   AND coalesce(b.payload ->> 'customer', '') <> '' AND coalesce(b.payload ->> 'event_name', '') <> ''`
 
@@ -121,11 +140,11 @@ WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_versi
 // item. A requeued item wakes the deliverers (NotifyChannel) when q's
 // transaction commits.
 func (s *Store) Requeue(ctx context.Context, q pgdb.Querier, id int64, mappingVersion int) error {
-	tag, err := q.Exec(ctx, sqlRequeue, pgx.NamedArgs{"id": id, "version": mappingVersion})
+	n, err := s.execByID(ctx, q, id, sqlRequeue, pgx.NamedArgs{"id": id, "version": mappingVersion})
 	if err != nil {
 		return fmt.Errorf("outbox: requeue item %d: %w", id, err)
 	}
-	if tag.RowsAffected() == 1 {
+	if n == 1 {
 		if err := notify(ctx, q); err != nil {
 			return err
 		}
@@ -171,8 +190,8 @@ func (s *Store) requeueRefusal(ctx context.Context, q pgdb.Querier, id int64, tr
 const sqlSupersede = `
 UPDATE outbox_item_states o SET state = 'superseded', superseded_by = @successor, updated_at = statement_timestamp()
 FROM outbox_item_bodies b
-WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_version = @version
-  AND o.refused_attempts = o.attempts`
+WHERE o.bucket = ANY(@buckets::smallint[]) AND b.bucket = ANY(@buckets::smallint[]) AND o.id = @id AND b.id = o.id AND b.bucket = o.bucket
+  AND o.state = 'quarantined' AND b.mapping_version = @version AND o.refused_attempts = o.attempts`
 
 // Supersede is the supersede transition, the requeue that re-addresses:
 // inside the caller's transaction it enqueues successor (stage or
@@ -186,11 +205,12 @@ WHERE o.id = @id AND b.id = o.id AND o.state = 'quarantined' AND b.mapping_versi
 // the provider may be re-addressed: otherwise ErrMayHaveReached, and the item
 // keeps its identifier for good. On any error the caller must roll back.
 func (s *Store) Supersede(ctx context.Context, tx pgx.Tx, id int64, mappingVersion int, successor NewItem) (Enqueued, error) {
-	_, enq, err := s.enqueueSuccessor(ctx, tx, TransitionSupersede, id, successor)
+	old, enq, err := s.enqueueSuccessor(ctx, tx, TransitionSupersede, id, successor)
 	if err != nil {
 		return Enqueued{}, err
 	}
-	tag, err := tx.Exec(ctx, sqlSupersede, pgx.NamedArgs{"id": id, "version": mappingVersion, "successor": enq.ID})
+	tag, err := tx.Exec(ctx, sqlSupersede, pgx.NamedArgs{"id": id, "version": mappingVersion, "successor": enq.ID,
+		"buckets": []int16{tenantbucket.Of(old.TenantKey)}})
 	if err != nil {
 		return Enqueued{}, fmt.Errorf("outbox: supersede item %d: %w", id, err)
 	}
@@ -226,4 +246,20 @@ func (s *Store) enqueueSuccessor(ctx context.Context, tx pgx.Tx, transition Tran
 		return Item{}, Enqueued{}, fmt.Errorf("%w: item %d", ErrSuccessorExists, enq.ID)
 	}
 	return old, enq, nil
+}
+
+// execByID runs sql, a statement of one item id taking its bucket as
+// @buckets, and returns the rows it affected: none when there is no such
+// item (groupIDs reads the bucket on Citus).
+func (s *Store) execByID(ctx context.Context, q pgdb.Querier, id int64, sql string, args pgx.NamedArgs) (int64, error) {
+	groups, sql, err := s.groupIDs(ctx, q, []int64{id}, sql)
+	if err != nil || len(groups) == 0 {
+		return 0, err
+	}
+	args["buckets"] = groups[0].buckets
+	tag, err := q.Exec(ctx, sql, args)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
 }

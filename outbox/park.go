@@ -3,11 +3,13 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // Parking. A claim that skips keys (ClaimOptions.SkipAccounts,
@@ -40,11 +42,11 @@ const skipRange = `p.ordering_key >= split_part(k.key, '|', 1) || '|'
 // to @for from now, at most @limit of them, skipping locked rows.
 const sqlPark = `
 UPDATE outbox_item_states o SET next_attempt_at = statement_timestamp() + @for::interval, updated_at = statement_timestamp()
-WHERE o.id IN (
+WHERE ` + parkBucketsO + `o.id IN (
     SELECT p.id FROM unnest(@keys::text[]) AS k(key)
     JOIN LATERAL (
         SELECT p.id FROM outbox_item_states p
-        WHERE p.state = 'pending' AND ` + skipRange + `
+        WHERE ` + parkBucketsP + `p.state = 'pending' AND ` + skipRange + `
           AND p.exporter = @exporter AND p.next_attempt_at <= statement_timestamp()
         LIMIT @limit FOR UPDATE SKIP LOCKED
     ) p ON true
@@ -56,34 +58,70 @@ WHERE o.id IN (
 // or would be due before long anyway.
 const sqlUnpark = `
 UPDATE outbox_item_states o SET next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE o.id IN (
+WHERE ` + parkBucketsO + `o.id IN (
     SELECT p.id FROM unnest(@keys::text[]) AS k(key)
     JOIN LATERAL (
         SELECT p.id FROM outbox_item_states p
-        WHERE p.state = 'pending' AND ` + skipRange + `
+        WHERE ` + parkBucketsP + `p.state = 'pending' AND ` + skipRange + `
           AND p.exporter = @exporter AND p.next_attempt_at > statement_timestamp()
           AND p.next_attempt_at <= statement_timestamp() + @for::interval
         FOR UPDATE SKIP LOCKED
     ) p ON true)
   AND o.state = 'pending'`
 
-// ParkLimit is the most items one Park moves; a larger backlog takes
-// several.
+// The bucket predicates of park and unpark: on Citus each runs once per
+// shard group, every reference to the states with the group's buckets; on
+// one server once, without them (parkSQL).
+const (
+	parkBucketsO = `o.bucket = ANY(@buckets::smallint[]) AND `
+	parkBucketsP = `p.bucket = ANY(@buckets::smallint[]) AND `
+)
+
+// parkSQL is sql (sqlPark or sqlUnpark) as it runs on shards.
+func parkSQL(shards *tenantbucket.Shards, sql string) string {
+	if shards.Distributed() {
+		return sql
+	}
+	return strings.ReplaceAll(strings.ReplaceAll(sql, parkBucketsO, ""), parkBucketsP, "")
+}
+
+// parkGroups runs sql, park's or unpark's, once per shard group with args
+// and the group's buckets, and adds up the rows it moved.
+func (s *Store) parkGroups(ctx context.Context, q pgdb.Querier, sql string, args pgx.NamedArgs) (int64, error) {
+	shards, err := s.Shards(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	sql = parkSQL(shards, sql)
+	var n int64
+	for g := range shards.Groups() {
+		args["buckets"] = shards.Buckets(g)
+		tag, err := q.Exec(ctx, sql, args)
+		if err != nil {
+			return n, err
+		}
+		n += tag.RowsAffected()
+	}
+	return n, nil
+}
+
+// ParkLimit is the most items one Park moves in a shard group (on one
+// server, in all); a larger backlog takes several.
 const ParkLimit = 10000
 
 // Park moves the due pending items of exporter's skip keys (accounts, or
 // MeterSkipKey's "account|event name") to d from now, at most ParkLimit
-// of them, and counts those it moved. Their state, attempts and lease do
+// of them per shard group, and counts those it moved. Their state, attempts and lease do
 // not change; claims that skip the keys no longer read them.
 func (s *Store) Park(ctx context.Context, q pgdb.Querier, exporter string, keys []string, d time.Duration) (int64, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
-	tag, err := q.Exec(ctx, sqlPark, pgx.NamedArgs{"keys": keys, "exporter": exporter, "for": d, "limit": ParkLimit})
+	n, err := s.parkGroups(ctx, q, sqlPark, pgx.NamedArgs{"keys": keys, "exporter": exporter, "for": d, "limit": ParkLimit})
 	if err != nil {
-		return 0, fmt.Errorf("outbox: parking skipped keys: %w", err)
+		return n, fmt.Errorf("outbox: parking skipped keys: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // Unpark makes the pending items of exporter's skip keys that Park moved
@@ -92,9 +130,9 @@ func (s *Store) Unpark(ctx context.Context, q pgdb.Querier, exporter string, key
 	if len(keys) == 0 {
 		return 0, nil
 	}
-	tag, err := q.Exec(ctx, sqlUnpark, pgx.NamedArgs{"keys": keys, "exporter": exporter, "for": d})
+	n, err := s.parkGroups(ctx, q, sqlUnpark, pgx.NamedArgs{"keys": keys, "exporter": exporter, "for": d})
 	if err != nil {
-		return 0, fmt.Errorf("outbox: unparking keys: %w", err)
+		return n, fmt.Errorf("outbox: unparking keys: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
@@ -34,7 +35,7 @@ func TestSweepReadsNoBacklogNeverSent(t *testing.T) {
 			t.Fatal(err)
 		}
 		var plan []map[string]any
-		err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sqlSweep, pgx.QueryExecModeExec,
+		err = tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sweepSQL(tenantbucket.OneServer()), pgx.QueryExecModeExec,
 			pgx.NamedArgs{"max": store.cfg.MaxAttempts, "horizon": time.Hour}).Scan(&plan)
 		_ = tx.Rollback(ctx)
 		if err != nil {
