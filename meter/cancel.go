@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -144,7 +145,7 @@ func (s *Stager) Cancel(ctx context.Context, tx pgx.Tx, by string, cs []Cancella
 			reason := "no event with this id for this tenant"
 			// A key without its row: the event's month left the ledger.
 			var month time.Time
-			err := tx.QueryRow(ctx, `SELECT occurred_at FROM usage_event_keys WHERE tenant = $1 AND event_key = md5($2)::uuid`, c.Tenant, c.ID).Scan(&month)
+			err := tx.QueryRow(ctx, sqlCancelKey, c.Tenant, c.ID, tenantbucket.Of(c.Tenant)).Scan(&month)
 			switch {
 			case err == nil:
 				reason = fmt.Sprintf("%s: the ledger of %s is archived and detached; its events cannot be cancelled", PeriodClosed, month.UTC().Format("2006-01"))
@@ -162,6 +163,41 @@ func (s *Stager) Cancel(ctx context.Context, tx pgx.Tx, by string, cs []Cancella
 	return out, nil
 }
 
+// The statements of a cancellation each name the tenant's bucket: every
+// table they read or write holds it, so each is one shard's.
+const (
+	// sqlCancelKey reads the month of an event's key.
+	sqlCancelKey = `SELECT occurred_at FROM usage_event_keys WHERE bucket = $3 AND tenant = $1 AND event_key = md5($2)::uuid`
+	// sqlCancelLock locks the event's ledger row, found through its key.
+	sqlCancelLock = `SELECT e.id, e.feature, e.value, e.occurred_at, e.item_id FROM usage_event_keys k
+	JOIN usage_events e ON e.id = k.event_row AND e.occurred_at = k.occurred_at AND e.bucket = k.bucket
+	WHERE k.bucket = $3 AND e.bucket = $3 AND k.tenant = $1 AND k.event_key = md5($2)::uuid AND e.event_id = $2 FOR UPDATE OF e`
+	// sqlCancelled reads the event's cancellation, if any.
+	sqlCancelled = `SELECT outcome, item_id, reason FROM usage_cancellations WHERE bucket = $2 AND event_row = $1`
+	// sqlCancelMark marks the ledger row cancelled.
+	sqlCancelMark = `UPDATE usage_events SET cancelled_at = statement_timestamp() WHERE bucket = $3 AND id = $1 AND occurred_at = $2`
+	// sqlCancelRecord records the cancellation.
+	sqlCancelRecord = `INSERT INTO usage_cancellations (tenant, event_id, event_row, outcome, reason, carried_by, item_id, requested_by, bucket)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
+	// sqlCancelLeft counts the rows not cancelled of the item at the root
+	// of item $1's chain of predecessors (the item the ledger rows name):
+	// tally_root_item with the bucket, which a successor shares with its
+	// predecessor.
+	sqlCancelLeft = `WITH RECURSIVE chain (id, depth) AS (
+	    SELECT $1::bigint, 0
+	    UNION ALL
+	    SELECT o.id, c.depth + 1 FROM outbox_item_states o JOIN chain c ON o.superseded_by = c.id
+	    WHERE o.bucket = $2 AND c.depth < 1000
+	)
+	SELECT count(*) FROM usage_events
+	WHERE bucket = $2 AND item_id = (SELECT id FROM chain ORDER BY depth DESC LIMIT 1) AND cancelled_at IS NULL`
+	// sqlCancelDeadline says whether a per-event item's first attempt is
+	// recent enough for an adjustment, and Stripe's deadline.
+	sqlCancelDeadline = `SELECT first_attempt_at + @window::interval - @margin::interval > statement_timestamp(),
+	floor(extract(epoch FROM first_attempt_at + @window::interval))::bigint
+	FROM outbox_item_states WHERE bucket = @bucket AND id = @id`
+)
+
 // ledgerRow is the locked ledger row of a cancelled event.
 type ledgerRow struct {
 	id      int64
@@ -174,13 +210,12 @@ type ledgerRow struct {
 // cancelOne decides one cancellation; found is false for an unknown event.
 func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int, c Cancellation) (CancelResult, bool, error) {
 	res := CancelResult{Tenant: c.Tenant, ID: c.ID}
+	bucket := tenantbucket.Of(c.Tenant)
 	// The row first: a concurrent cancellation of the same event waits
 	// here, and then (a statement of its own, under READ COMMITTED) finds
 	// the first one's record below and answers it.
 	var row ledgerRow
-	err := tx.QueryRow(ctx, `SELECT e.id, e.feature, e.value, e.occurred_at, e.item_id FROM usage_event_keys k
-		JOIN usage_events e ON e.id = k.event_row AND e.occurred_at = k.occurred_at
-		WHERE k.tenant = $1 AND k.event_key = md5($2)::uuid AND e.event_id = $2 FOR UPDATE OF e`, c.Tenant, c.ID).Scan(&row.id, &row.feature, &row.value, &row.at, &row.item)
+	err := tx.QueryRow(ctx, sqlCancelLock, c.Tenant, c.ID, bucket).Scan(&row.id, &row.feature, &row.value, &row.at, &row.item)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return res, false, nil
@@ -188,7 +223,7 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 		return res, false, fmt.Errorf("meter: locking the event %s/%s: %w", c.Tenant, c.ID, err)
 	}
 	var reason *string
-	err = tx.QueryRow(ctx, `SELECT outcome, item_id, reason FROM usage_cancellations WHERE event_row = $1`, row.id).
+	err = tx.QueryRow(ctx, sqlCancelled, row.id, bucket).
 		Scan(&res.Outcome, &res.Item, &reason)
 	if reason != nil {
 		res.Reason = *reason
@@ -200,7 +235,7 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 	case !errors.Is(err, pgx.ErrNoRows):
 		return res, false, fmt.Errorf("meter: reading the cancellation of %s/%s: %w", c.Tenant, c.ID, err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE usage_events SET cancelled_at = statement_timestamp() WHERE id = $1 AND occurred_at = $2`, row.id, row.at); err != nil {
+	if _, err := tx.Exec(ctx, sqlCancelMark, row.id, row.at, bucket); err != nil {
 		return res, false, fmt.Errorf("meter: marking the event %s/%s cancelled: %w", c.Tenant, c.ID, err)
 	}
 	var carried *int64
@@ -211,7 +246,7 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 		}
 		res.Outcome, res.Item = CancelWithdrawn, &item
 	} else {
-		live, err := s.Outbox.LockLive(ctx, tx, *row.item)
+		live, err := s.Outbox.LockLive(ctx, tx, *row.item, bucket)
 		if err != nil {
 			return res, false, err
 		}
@@ -248,8 +283,7 @@ func (s *Stager) cancelOne(ctx context.Context, tx pgx.Tx, by string, index int,
 	if res.Reason != "" {
 		reasonArg = res.Reason
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO usage_cancellations (tenant, event_id, event_row, outcome, reason, carried_by, item_id, requested_by, bucket)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, tally_bucket($1))`, c.Tenant, c.ID, row.id, res.Outcome, reasonArg, carried, res.Item, by); err != nil {
+	if _, err := tx.Exec(ctx, sqlCancelRecord, c.Tenant, c.ID, row.id, res.Outcome, reasonArg, carried, res.Item, by, bucket); err != nil {
 		return res, false, fmt.Errorf("meter: recording the cancellation of %s/%s: %w", c.Tenant, c.ID, err)
 	}
 	return res, true, nil
@@ -295,12 +329,12 @@ func cancelledRef(row ledgerRow) string {
 // successor returned.
 func (s *Stager) leaveWindow(ctx context.Context, tx pgx.Tx, live outbox.Item) (*int64, error) {
 	var left int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE item_id = tally_root_item($1) AND cancelled_at IS NULL`, live.ID).
-		Scan(&left); err != nil {
+	bucket := tenantbucket.Of(live.TenantKey)
+	if err := tx.QueryRow(ctx, sqlCancelLeft, live.ID, bucket).Scan(&left); err != nil {
 		return nil, fmt.Errorf("meter: counting the rows left in item %d: %w", live.ID, err)
 	}
 	if live.SubjectKind == outbox.SubjectUsageEvent || left == 0 {
-		return nil, s.Outbox.Withdraw(ctx, tx, live.ID)
+		return nil, s.Outbox.Withdraw(ctx, tx, live.ID, bucket)
 	}
 	var st mappings.Store
 	pair, err := st.Lookup(ctx, tx, live.TenantKey, live.Payload.Feature)
@@ -341,9 +375,8 @@ func (s *Stager) takeBack(ctx context.Context, tx pgx.Tx, index int, row ledgerR
 		if margin <= 0 {
 			margin = DefaultCancelMargin
 		}
-		if err := tx.QueryRow(ctx, `SELECT first_attempt_at + @window::interval - @margin::interval > statement_timestamp(),
-			floor(extract(epoch FROM first_attempt_at + @window::interval))::bigint
-			FROM outbox_item_states WHERE id = @id`, pgx.NamedArgs{"window": cancelWindow, "margin": margin, "id": live.ID}).
+		if err := tx.QueryRow(ctx, sqlCancelDeadline, pgx.NamedArgs{"window": cancelWindow, "margin": margin, "id": live.ID,
+			"bucket": tenantbucket.Of(live.TenantKey)}).
 			Scan(&inTime, &cancelBy); err != nil {
 			return "", "", 0, fmt.Errorf("meter: the cancellation deadline of item %d: %w", live.ID, err)
 		}

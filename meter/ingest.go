@@ -3,13 +3,16 @@ package meter
 import (
 	"cmp"
 	"context"
+	"crypto/md5"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
@@ -43,6 +46,27 @@ type Ingester struct {
 	GroupCommit GroupCommit
 
 	committer groupCommitter // Post's open group: an Ingester is not copied once used
+
+	// shards is the buckets' placement, read on the first ingest (placement).
+	shards atomic.Pointer[tenantbucket.Shards]
+	// pairs writes with sqlIngestKeys and sqlIngestRows on one server too
+	// (tests).
+	pairs bool
+}
+
+// placement is the buckets' placement, read from the database on first
+// use and kept for the Ingester's life: a batch is written in one pair of
+// statements per shard group of its tenants.
+func (in *Ingester) placement(ctx context.Context, q pgdb.Querier) (*tenantbucket.Shards, error) {
+	if sh := in.shards.Load(); sh != nil {
+		return sh, nil
+	}
+	sh, err := tenantbucket.ReadShards(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("meter: %w", err)
+	}
+	in.shards.Store(sh)
+	return sh, nil
 }
 
 // DefaultMaxQuarantined is serve's Ingester.MaxQuarantined.
@@ -63,12 +87,14 @@ func (e *QuarantineCapError) Error() string {
 	return fmt.Sprintf("meter: the batch would make %d quarantined items, more than %d", e.Items, e.Max)
 }
 
-// sqlIngest writes a batch in one statement: each event's key first
+// sqlIngest writes a batch in one statement, on one server: each event's key first
 // (usage_event_keys, unique per tenant and event id across every month,
 // kept when a month is detached), then the ledger rows of the keys it
 // wrote, under the ids the keys took. An event whose key exists already,
 // or whose month is closed, is not written; the caller reads why
-// (sqlExisting).
+// (sqlExisting). A distributed database writes the pair sqlIngestKeys and
+// sqlIngestRows instead, per shard group: an INSERT in a CTE is not one
+// shard's statement there.
 const sqlIngest = `
 WITH u AS (
     SELECT t, b, e, f, v, ts, coalesce(ts, now()) AS at
@@ -86,14 +112,37 @@ SELECT k.event_row, u.t, u.e, u.f, u.v, u.at, u.ts IS NOT NULL, k.bucket
 FROM k JOIN u ON u.t = k.tenant AND md5(u.e)::uuid = k.event_key
 RETURNING id, tenant, event_id, occurred_at`
 
+// sqlIngestKeys writes the keys of a run of one shard group, as sqlIngest
+// does, and returns those it wrote. On a distributed database the
+// coordinator evaluates its rows (the ids from the coordinator's sequence,
+// the closed months a table of its own) and sends them to their shard.
+const sqlIngestKeys = `
+INSERT INTO usage_event_keys (event_row, occurred_at, event_key, tenant, bucket)
+SELECT nextval('usage_events_id_seq'), u.at, md5(u.e)::uuid, u.t, u.b
+FROM (SELECT t, b, e, coalesce(ts, now()) AS at
+      FROM unnest(@tenants::text[], @buckets::smallint[], @ids::text[], @timestamps::timestamptz[]) AS u(t, b, e, ts)) u
+WHERE NOT EXISTS (SELECT FROM usage_closed_months c WHERE c.month = date_trunc('month', u.at, 'UTC')::date)
+ON CONFLICT ON CONSTRAINT usage_event_keys_pkey DO NOTHING
+RETURNING event_row, tenant, event_key, occurred_at`
+
+// sqlIngestRows writes the ledger rows of the keys sqlIngestKeys returned,
+// under the ids and times the keys took.
+const sqlIngestRows = `
+INSERT INTO usage_events (id, tenant, event_id, feature, value, occurred_at, timestamp_given, bucket) OVERRIDING SYSTEM VALUE
+SELECT * FROM unnest(@rows::bigint[], @tenants::text[], @ids::text[], @features::text[], @values::bigint[],
+    @at::timestamptz[], @given::boolean[], @buckets::smallint[])`
+
 // sqlExisting reads, for events that were not written, their stored
 // content through their keys: a key without a ledger row is an event of a
-// detached month; no key at all, an event of a closed month.
+// detached month; no key at all, an event of a closed month. @group is
+// the events' buckets, of one shard group.
 const sqlExisting = `
 SELECT u.t, u.i, e.event_id, e.feature, e.value, e.occurred_at, e.timestamp_given, k.occurred_at, u.at
-FROM unnest(@tenants::text[], @ids::text[], @timestamps::timestamptz[]) AS u(t, i, at)
-LEFT JOIN usage_event_keys k ON k.tenant = u.t AND k.event_key = md5(u.i)::uuid
-LEFT JOIN usage_events e ON e.id = k.event_row AND e.occurred_at = k.occurred_at`
+FROM unnest(@tenants::text[], @buckets::smallint[], @ids::text[], @timestamps::timestamptz[]) AS u(t, b, i, at)
+LEFT JOIN usage_event_keys k ON k.bucket = u.b AND k.tenant = u.t AND k.event_key = md5(u.i)::uuid
+    AND k.bucket = ANY(@group::smallint[])
+LEFT JOIN usage_events e ON e.bucket = k.bucket AND e.id = k.event_row AND e.occurred_at = k.occurred_at
+    AND e.bucket = ANY(@group::smallint[])`
 
 // PeriodClosed starts the reason of an event refused because the month it
 // occurred in (or, for a re-post, the month of the event stored under its
@@ -153,7 +202,7 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 	for j, i := range sorted {
 		ordered[j] = events[i]
 	}
-	inserted, err := insertEvents(ctx, tx, ordered)
+	inserted, err := in.insertEvents(ctx, tx, ordered)
 	if err != nil {
 		return Result{}, err
 	}
@@ -174,25 +223,93 @@ func (in *Ingester) Ingest(ctx context.Context, tx pgx.Tx, events []Event) (Resu
 // tenant and id are stored already is skipped) and returns the rows it
 // inserted, by tenant and id. Callers order events by (tenant, id), so that
 // two transactions posting overlapping ids wait for each other instead of
-// deadlocking.
-func insertEvents(ctx context.Context, tx pgx.Tx, events []Event) (map[eventKey]insertedRow, error) {
-	n := len(events)
-	tenants, ids, features := make([]string, n), make([]string, n), make([]string, n)
-	buckets, values, timestamps := make([]int16, n), make([]int64, n), make([]pgtype.Timestamptz, n)
-	for j, ev := range events {
-		tenants[j], ids[j], features[j], values[j] = ev.Tenant, ev.ID, ev.Feature, ev.Value
-		buckets[j] = tenantbucket.Of(ev.Tenant)
-		if ev.Timestamp != nil {
-			timestamps[j] = pgtype.Timestamptz{Time: *ev.Timestamp, Valid: true}
+// deadlocking; on a distributed database the events are written one shard
+// group after the other, in the groups' order, for the same reason.
+func (in *Ingester) insertEvents(ctx context.Context, tx pgx.Tx, events []Event) (map[eventKey]insertedRow, error) {
+	shards, err := in.placement(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	batch := newEventArrays(events)
+	inserted := make(map[eventKey]insertedRow, len(events))
+	if !shards.Distributed() && !in.pairs {
+		return inserted, insertOne(ctx, tx, batch, inserted)
+	}
+	for _, run := range groupRuns(shards, batch) {
+		if err := insertPair(ctx, tx, run, inserted); err != nil {
+			return nil, err
 		}
 	}
+	return inserted, nil
+}
+
+// eventArrays is a run of events as the ingest statements' arrays.
+type eventArrays struct {
+	tenants, ids, features []string
+	buckets                []int16
+	values                 []int64
+	timestamps             []pgtype.Timestamptz
+}
+
+func newEventArrays(events []Event) eventArrays {
+	n := len(events)
+	a := eventArrays{tenants: make([]string, n), ids: make([]string, n), features: make([]string, n),
+		buckets: make([]int16, n), values: make([]int64, n), timestamps: make([]pgtype.Timestamptz, n)}
+	for j, ev := range events {
+		a.tenants[j], a.ids[j], a.features[j], a.values[j] = ev.Tenant, ev.ID, ev.Feature, ev.Value
+		a.buckets[j] = tenantbucket.Of(ev.Tenant)
+		if ev.Timestamp != nil {
+			a.timestamps[j] = pgtype.Timestamptz{Time: *ev.Timestamp, Valid: true}
+		}
+	}
+	return a
+}
+
+func (a *eventArrays) add(b eventArrays, j int) {
+	a.tenants, a.ids, a.features = append(a.tenants, b.tenants[j]), append(a.ids, b.ids[j]), append(a.features, b.features[j])
+	a.buckets, a.values, a.timestamps = append(a.buckets, b.buckets[j]), append(a.values, b.values[j]), append(a.timestamps, b.timestamps[j])
+}
+
+// groupRuns cuts a into runs of one shard group each, in the order of the
+// groups, each keeping a's order: a itself on one server.
+func groupRuns(shards *tenantbucket.Shards, a eventArrays) []eventArrays {
+	idx := make([]int, len(a.tenants))
+	for j := range idx {
+		idx[j] = j
+	}
+	runs := tenantbucket.Split(shards, idx, func(j int) int16 { return a.buckets[j] })
+	if len(runs) == 1 {
+		return []eventArrays{a}
+	}
+	slices.SortFunc(runs, func(x, y []int) int {
+		return cmp.Compare(shards.GroupOf(a.buckets[x[0]]), shards.GroupOf(a.buckets[y[0]]))
+	})
+	out := make([]eventArrays, len(runs))
+	for r, run := range runs {
+		for _, j := range run {
+			out[r].add(a, j)
+		}
+	}
+	return out
+}
+
+// distinctBuckets is the buckets of a run, each once.
+func distinctBuckets(buckets []int16) []int16 {
+	out := slices.Clone(buckets)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// insertOne writes a batch with sqlIngest, adding what it wrote to
+// inserted.
+func insertOne(ctx context.Context, tx pgx.Tx, a eventArrays, inserted map[eventKey]insertedRow) error {
+	n := len(a.tenants)
 	rows, err := tx.Query(ctx, sqlIngest, pgx.NamedArgs{
-		"tenants": tenants, "buckets": buckets, "ids": ids, "features": features, "values": values, "timestamps": timestamps,
+		"tenants": a.tenants, "buckets": a.buckets, "ids": a.ids, "features": a.features, "values": a.values, "timestamps": a.timestamps,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("meter: writing %d events: %w", n, err)
+		return fmt.Errorf("meter: writing %d events: %w", n, err)
 	}
-	inserted := make(map[eventKey]insertedRow, n)
 	var (
 		rowID      int64
 		tenant, id string
@@ -202,9 +319,68 @@ func insertEvents(ctx context.Context, tx pgx.Tx, events []Event) (map[eventKey]
 		inserted[eventKey{tenant, id}] = insertedRow{rowID, at.UTC()}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("meter: writing %d events: %w", n, err)
+		return fmt.Errorf("meter: writing %d events: %w", n, err)
 	}
-	return inserted, nil
+	return nil
+}
+
+// insertPair writes a run of one shard group with sqlIngestKeys, then the
+// ledger rows of the keys it wrote with sqlIngestRows, adding them to
+// inserted.
+func insertPair(ctx context.Context, tx pgx.Tx, a eventArrays, inserted map[eventKey]insertedRow) error {
+	n := len(a.tenants)
+	type digest struct {
+		tenant string
+		key    [16]byte
+	}
+	byKey := make(map[digest]int, n)
+	for j := range a.ids {
+		byKey[digest{a.tenants[j], md5.Sum([]byte(a.ids[j]))}] = j
+	}
+	rows, err := tx.Query(ctx, sqlIngestKeys, pgx.NamedArgs{
+		"tenants": a.tenants, "buckets": a.buckets, "ids": a.ids, "timestamps": a.timestamps,
+	})
+	if err != nil {
+		return fmt.Errorf("meter: writing the keys of %d events: %w", n, err)
+	}
+	var (
+		w      eventArrays
+		ids    []int64
+		at     []time.Time
+		given  []bool
+		rowID  int64
+		tenant string
+		key    [16]byte
+		when   time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&rowID, &tenant, &key, &when}, func() error {
+		j, ok := byKey[digest{tenant, key}]
+		if !ok {
+			return fmt.Errorf("a key of tenant %s that the batch does not hold", tenant)
+		}
+		w.add(a, j)
+		ids, at, given = append(ids, rowID), append(at, when), append(given, a.timestamps[j].Valid)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("meter: writing the keys of %d events: %w", n, err)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	tag, err := tx.Exec(ctx, sqlIngestRows, pgx.NamedArgs{
+		"rows": ids, "tenants": w.tenants, "ids": w.ids, "features": w.features, "values": w.values,
+		"at": at, "given": given, "buckets": w.buckets,
+	})
+	if err != nil {
+		return fmt.Errorf("meter: writing %d events: %w", len(ids), err)
+	}
+	if tag.RowsAffected() != int64(len(ids)) {
+		return fmt.Errorf("meter: wrote %d ledger rows for %d keys", tag.RowsAffected(), len(ids))
+	}
+	for j, id := range ids {
+		inserted[eventKey{w.tenants[j], w.ids[j]}] = insertedRow{id, at[j].UTC()}
+	}
+	return nil
 }
 
 // afterInsert does what follows the insert of a batch's new events, in its
@@ -256,31 +432,22 @@ func newEventMappings(ctx context.Context, tx pgx.Tx, events []Event, unique []i
 // compareExisting decides, for events that collided with stored ones,
 // whether each is a duplicate or a changed event (a problem).
 func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Event, unique []int, inserted map[eventKey]insertedRow, res *Result) error {
-	var (
-		tenants, ids []string
-		stamps       []pgtype.Timestamptz
-	)
+	var missed []Event
 	for _, i := range unique {
-		k := eventKey{events[i].Tenant, events[i].ID}
-		if _, ok := inserted[k]; !ok {
-			tenants, ids = append(tenants, k.tenant), append(ids, k.id)
-			var ts pgtype.Timestamptz
-			if t := events[i].Timestamp; t != nil {
-				ts = pgtype.Timestamptz{Time: *t, Valid: true}
-			}
-			stamps = append(stamps, ts)
+		if _, ok := inserted[eventKey{events[i].Tenant, events[i].ID}]; !ok {
+			missed = append(missed, events[i])
 		}
 	}
-	rows, err := tx.Query(ctx, sqlExisting, pgx.NamedArgs{"tenants": tenants, "ids": ids, "timestamps": stamps})
+	shards, err := in.placement(ctx, tx)
 	if err != nil {
-		return fmt.Errorf("meter: reading stored events: %w", err)
+		return err
 	}
 	type existing struct {
 		ev     Event
 		stored bool       // a ledger row holds the event
 		closed *time.Time // the event's month, when it is not stored
 	}
-	found := make(map[eventKey]existing, len(ids))
+	found := make(map[eventKey]existing, len(missed))
 	var (
 		tenant, id      string
 		storedID, feat  *string
@@ -288,7 +455,7 @@ func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Eve
 		at, keyAt, mine *time.Time
 		given           *bool
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&tenant, &id, &storedID, &feat, &value, &at, &given, &keyAt, &mine}, func() error {
+	read := func() error {
 		x := existing{ev: Event{Tenant: tenant, ID: id}}
 		switch {
 		case storedID != nil && *storedID == id:
@@ -308,8 +475,16 @@ func (in *Ingester) compareExisting(ctx context.Context, tx pgx.Tx, events []Eve
 		}
 		found[eventKey{tenant, id}] = x
 		return nil
-	}); err != nil {
-		return fmt.Errorf("meter: reading stored events: %w", err)
+	}
+	for _, run := range groupRuns(shards, newEventArrays(missed)) {
+		rows, err := tx.Query(ctx, sqlExisting, pgx.NamedArgs{"tenants": run.tenants, "buckets": run.buckets, "ids": run.ids,
+			"timestamps": run.timestamps, "group": distinctBuckets(run.buckets)})
+		if err != nil {
+			return fmt.Errorf("meter: reading stored events: %w", err)
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&tenant, &id, &storedID, &feat, &value, &at, &given, &keyAt, &mine}, read); err != nil {
+			return fmt.Errorf("meter: reading stored events: %w", err)
+		}
 	}
 	var problems []Problem
 	for _, i := range unique {

@@ -49,7 +49,7 @@ func (in *Ingester) ingestGroup(ctx context.Context, tx pgx.Tx, reqs []*pending)
 		ea, eb := a.req.events[a.i], b.req.events[b.i]
 		return cmp.Or(cmp.Compare(ea.Tenant, eb.Tenant), cmp.Compare(ea.ID, eb.ID))
 	})
-	inserted, err := insertOwned(ctx, tx, firsts)
+	inserted, err := in.insertOwned(ctx, tx, firsts)
 	if err != nil {
 		return 0, deferred, err
 	}
@@ -141,12 +141,12 @@ func mergeGroup(reqs []*pending) (firsts []owned, live, deferred []*pending) {
 }
 
 // insertOwned inserts the group's events in their order (insertEvents).
-func insertOwned(ctx context.Context, tx pgx.Tx, firsts []owned) (map[eventKey]insertedRow, error) {
+func (in *Ingester) insertOwned(ctx context.Context, tx pgx.Tx, firsts []owned) (map[eventKey]insertedRow, error) {
 	evs := make([]Event, len(firsts))
 	for j, o := range firsts {
 		evs[j] = o.req.events[o.i]
 	}
-	return insertEvents(ctx, tx, evs)
+	return in.insertEvents(ctx, tx, evs)
 }
 
 // refuseChanged gives each batch the problems compareExisting found among

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/outbox"
 )
 
@@ -18,7 +19,7 @@ func (b *testBundle) withdraw(t *testing.T, id int64) error {
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	if err := b.store.Withdraw(b.ctx, tx, id); err != nil {
+	if err := b.store.Withdraw(b.ctx, tx, id, tenantbucket.Of("acme")); err != nil {
 		return err
 	}
 	return tx.Commit(b.ctx)
@@ -143,7 +144,7 @@ func TestLockLiveFollowsAReaddressItWaitedFor(t *testing.T) {
 	defer func() { _ = cancel.Rollback(b.ctx) }()
 	got := make(chan locked, 1)
 	go func() {
-		it, err := b.store.LockLive(b.ctx, cancel, id)
+		it, err := b.store.LockLive(b.ctx, cancel, id, tenantbucket.Of("acme"))
 		got <- locked{it, err}
 	}()
 	require.Eventually(t, func() bool {
