@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tallymeter/tally/internal/errcode"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -19,6 +20,20 @@ var ErrStalled = errcode.New(errcode.Conflict, "export_stalled", "meter: export 
 // ErrAggregationChanged refuses to rebuild a window's item for a feature
 // that is now exported per event: one window cannot become many items.
 var ErrAggregationChanged = errcode.New(errcode.Conflict, "aggregation_changed", "meter: the feature is now exported per event; a window's item cannot be rebuilt as one item")
+
+// sqlRebuildRows reads the values of the rows not cancelled of the item at
+// the root of item $1's chain of predecessors (the item the ledger rows
+// name), in order: tally_root_item with the bucket $2, which a successor
+// shares with its predecessor, so that it is one shard's statement.
+const sqlRebuildRows = `WITH RECURSIVE chain (id, depth) AS (
+    SELECT $1::bigint, 0
+    UNION ALL
+    SELECT o.id, c.depth + 1 FROM outbox_item_states o JOIN chain c ON o.superseded_by = c.id
+    WHERE o.bucket = $2 AND c.depth < 1000
+)
+SELECT value, occurred_at FROM usage_events
+WHERE bucket = $2 AND item_id = (SELECT id FROM chain ORDER BY depth DESC LIMIT 1) AND cancelled_at IS NULL
+ORDER BY occurred_at, id`
 
 // Rebuild builds the item that would carry its usage under the mappings
 // pair (the current ones, as the caller read them in tx) and this node's
@@ -40,8 +55,7 @@ func (s *Stager) Rebuild(ctx context.Context, tx pgx.Tx, it outbox.Item, pair ma
 	feature := it.Payload.Feature
 	// A cancelled event left its window (meter.Cancel): it is in no item
 	// built again.
-	rows, err := tx.Query(ctx, `SELECT value, occurred_at FROM usage_events WHERE item_id = tally_root_item($1)
-		AND cancelled_at IS NULL ORDER BY occurred_at, id`, it.ID)
+	rows, err := tx.Query(ctx, sqlRebuildRows, it.ID, tenantbucket.Of(it.TenantKey))
 	if err != nil {
 		return outbox.NewItem{}, fmt.Errorf("meter: reading the rows of item %d: %w", it.ID, err)
 	}
