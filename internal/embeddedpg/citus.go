@@ -19,12 +19,14 @@ import (
 
 // citusSettings are the server settings of every node of a Citus cluster:
 // Citus preloaded, its connections between the nodes on loopback without
-// TLS, prepared transactions for its two-phase commit, and logical
-// decoding, which shard moves replicate through. Config.Settings
-// overrides them.
+// TLS (a node names itself by the address the password file holds, as a
+// shard move connects to itself), prepared transactions for its two-phase
+// commit, and logical decoding, which shard moves replicate through.
+// Config.Settings overrides them.
 var citusSettings = map[string]string{
 	"shared_preload_libraries":  "citus",
 	"citus.node_conninfo":       "sslmode=disable",
+	"citus.local_hostname":      listenAddress,
 	"max_prepared_transactions": defaultMaxConns,
 	"wal_level":                 "logical",
 }
