@@ -6,7 +6,6 @@ import (
 	"crypto/md5"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,7 +47,7 @@ type Ingester struct {
 	committer groupCommitter // Post's open group: an Ingester is not copied once used
 
 	// shards is the buckets' placement, read on the first ingest (placement).
-	shards atomic.Pointer[tenantbucket.Shards]
+	shards tenantbucket.Placement
 	// pairs writes with sqlIngestKeys and sqlIngestRows on one server too
 	// (tests).
 	pairs bool
@@ -58,14 +57,10 @@ type Ingester struct {
 // use and kept for the Ingester's life: a batch is written in one pair of
 // statements per shard group of its tenants.
 func (in *Ingester) placement(ctx context.Context, q pgdb.Querier) (*tenantbucket.Shards, error) {
-	if sh := in.shards.Load(); sh != nil {
-		return sh, nil
-	}
-	sh, err := tenantbucket.ReadShards(ctx, q)
+	sh, err := in.shards.Get(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("meter: %w", err)
 	}
-	in.shards.Store(sh)
 	return sh, nil
 }
 

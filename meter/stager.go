@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,7 +37,7 @@ type Stager struct {
 
 	// shards is the buckets' placement, read on a pass's first use and
 	// kept until a pass on a distributed database fails (shardsOf).
-	shards atomic.Pointer[tenantbucket.Shards]
+	shards tenantbucket.Placement
 }
 
 // DefaultGrace is the default window grace.
@@ -131,7 +130,7 @@ func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) 
 	if len(errs) > 0 && shards.Distributed() {
 		// A statement naming a group may have been refused as spanning
 		// shards (a split): the next pass reads the placement again.
-		s.shards.Store(nil)
+		s.shards.Forget()
 	}
 	if err := ctx.Err(); err != nil && len(errs) == 0 {
 		errs = append(errs, err) // cut short: what was left waits for the next pass
@@ -169,20 +168,16 @@ func (s *Stager) passShard(ctx context.Context, db pgdb.DB, target Target, part 
 // distributed reports whether the placement read last is a distributed
 // database's.
 func (s *Stager) distributed() bool {
-	sh := s.shards.Load()
+	sh := s.shards.Last()
 	return sh != nil && sh.Distributed()
 }
 
 // shardsOf is the placement of the buckets, read once and kept.
 func (s *Stager) shardsOf(ctx context.Context, db pgdb.DB) (*tenantbucket.Shards, error) {
-	if sh := s.shards.Load(); sh != nil {
-		return sh, nil
-	}
-	sh, err := tenantbucket.ReadShards(ctx, db)
+	sh, err := s.shards.Get(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("meter: %w", err)
 	}
-	s.shards.Store(sh)
 	return sh, nil
 }
 

@@ -320,27 +320,23 @@ type Store struct {
 	// succeeded (Unix nanoseconds; 0: never): a heartbeat for metrics only.
 	lastMaintained atomic.Int64
 	// shards is the buckets' placement, read on first use (Shards).
-	shards atomic.Pointer[tenantbucket.Shards]
+	shards tenantbucket.Placement
 }
 
 // Shards is the placement of the buckets the Store's statements are split
 // by: read from the database on first use and kept, until ForgetShards.
 func (s *Store) Shards(ctx context.Context, q pgdb.Querier) (*tenantbucket.Shards, error) {
-	if sh := s.shards.Load(); sh != nil {
-		return sh, nil
-	}
-	sh, err := tenantbucket.ReadShards(ctx, q)
+	sh, err := s.shards.Get(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
-	s.shards.Store(sh)
 	return sh, nil
 }
 
 // ForgetShards makes the next Shards read the placement again: after a
 // statement naming one group's buckets was refused as spanning shards
 // (the shards were split), or after the tables were distributed.
-func (s *Store) ForgetShards() { s.shards.Store(nil) }
+func (s *Store) ForgetShards() { s.shards.Forget() }
 
 // LastMaintained is when this process's maintenance pass last succeeded;
 // zero before the first.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/tallymeter/tally/internal/pgdb"
 )
@@ -144,3 +145,30 @@ func (s *Shards) String() string {
 	}
 	return fmt.Sprintf("%d shard groups of %d to %d buckets", len(s.groups), slices.Min(sizes), slices.Max(sizes))
 }
+
+// Placement keeps the Shards a process read: read from the database on
+// first use and kept until Forget. It is safe for concurrent use; the zero
+// value is ready.
+type Placement struct{ shards atomic.Pointer[Shards] }
+
+// Get returns the placement, reading it with q the first time.
+func (p *Placement) Get(ctx context.Context, q pgdb.Querier) (*Shards, error) {
+	if sh := p.shards.Load(); sh != nil {
+		return sh, nil
+	}
+	sh, err := ReadShards(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	p.shards.Store(sh)
+	return sh, nil
+}
+
+// Last is the placement read last; nil before the first read or after
+// Forget.
+func (p *Placement) Last() *Shards { return p.shards.Load() }
+
+// Forget makes the next Get read the placement again: after a statement
+// naming one group's buckets was refused as spanning shards (a split), or
+// after the tables were distributed.
+func (p *Placement) Forget() { p.shards.Store(nil) }

@@ -96,3 +96,25 @@ func TestReadShardsDistributed(t *testing.T) {
 	require.Equal(t, [][]int16{{b1, b1}, {b0, b0}}, runs)
 	require.Contains(t, s.String(), "32 shard groups of")
 }
+
+// A Placement reads the placement once, keeps it, and reads it again after
+// Forget.
+func TestPlacementKeepsWhatItRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t)
+	var p tenantbucket.Placement
+	require.Nil(t, p.Last())
+	first, err := p.Get(ctx, pool)
+	require.NoError(t, err)
+	require.Same(t, first, p.Last())
+	again, err := p.Get(ctx, pool)
+	require.NoError(t, err)
+	require.Same(t, first, again, "kept, not read again")
+	p.Forget()
+	require.Nil(t, p.Last())
+	fresh, err := p.Get(ctx, pool)
+	require.NoError(t, err)
+	require.NotSame(t, first, fresh)
+	require.Equal(t, first.Distributed(), fresh.Distributed())
+}
