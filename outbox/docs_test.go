@@ -130,7 +130,12 @@ func TestDocsSQL(t *testing.T) {
 		{"Unpark — a key skipped no longer: its parked items are due at once", sqlUnpark},
 		{"Wake the deliverers — after a stage that inserted a pending item, a requeue, a recovery to pending; in the same transaction, once per statement", sqlNotify},
 		{"The gauge", sqlGauge},
-		{"The gauge's watermark (a step per maintenance pass)", sqlGaugeAdvance},
+		{"The gauge's watermark: where it is (a step per maintenance pass)", sqlGaugeStep},
+		{"The gauge's watermark: the items a promotion counts", sqlGaugeRange},
+		{"The gauge's watermark: promote", sqlGaugePromote},
+		{"The gauge's watermark: arm", sqlGaugeArm},
+		{"The gauge's watermark: the next watermark", sqlGaugeNext},
+		{"The gauge's watermark: pick", sqlGaugePick},
 	} {
 		sql := strings.ReplaceAll(s.sql, splitColumns("b", "o"), colsSplit)
 		b.WriteString("\n#### " + s.title + "\n\n```sql\n" + strings.TrimSpace(sql) + "\n```\n")

@@ -58,8 +58,8 @@ SELECT (SELECT count(*) FROM outbox_item_states WHERE state = 'pending' AND crea
 // snapshot.
 const sqlGaugeSettled = `SELECT below, items FROM outbox_gauge_settled`
 
-// sqlGaugeAdvance moves the gauge's watermark in three steps, at most one
-// each per maintenance pass, every step a conditional UPDATE of the one row
+// The gauge's watermark moves in three steps, at most one each per
+// maintenance pass, every step a conditional UPDATE of the one row
 // (two nodes racing: one wins, the other changes nothing):
 //
 //   - promote: when every transaction that held an id at the arming has
@@ -74,31 +74,63 @@ const sqlGaugeSettled = `SELECT below, items FROM outbox_gauge_settled`
 //
 // A promotion counts the items inserted since the previous one, by the
 // primary key: the gauge reads at most a few passes' items beyond it.
-const sqlGaugeAdvance = `
-WITH promote AS (
-    UPDATE outbox_gauge_settled g SET
-        items      = g.items + (SELECT count(*) FROM outbox_item_states WHERE id >= g.below AND id < g.next_below),
-        below      = g.next_below,
-        next_below = NULL,
-        next_xmax  = NULL
-    WHERE g.next_xmax IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= g.next_xmax
-    RETURNING 1
-),
-arm AS (
-    UPDATE outbox_gauge_settled g SET next_xmax = pg_snapshot_xmax(pg_current_snapshot())
-    WHERE g.next_below IS NOT NULL AND g.next_xmax IS NULL AND NOT EXISTS (SELECT FROM promote)
-    RETURNING 1
+//
+// Each step is its own statement on outbox_gauge_settled alone, a table
+// of the coordinator; the counts of the items it needs are read first, by
+// statements of their own (on a distributed database they read every
+// shard, and Citus joins no coordinator table with them).
+const (
+	sqlGaugeStep = `SELECT below, next_below, next_xmax::text,
+       next_xmax IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= next_xmax
+FROM outbox_gauge_settled`
+	sqlGaugeRange   = `SELECT count(*) FROM outbox_item_states WHERE id >= $1 AND id < $2`
+	sqlGaugePromote = `UPDATE outbox_gauge_settled SET items = items + $3, below = next_below, next_below = NULL, next_xmax = NULL
+WHERE below = $1 AND next_below = $2 AND next_xmax IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= next_xmax`
+	sqlGaugeArm = `UPDATE outbox_gauge_settled SET next_xmax = pg_snapshot_xmax(pg_current_snapshot())
+WHERE next_below IS NOT NULL AND next_xmax IS NULL`
+	sqlGaugeNext = `SELECT coalesce(max(id), 0) + 1 FROM outbox_item_states`
+	sqlGaugePick = `UPDATE outbox_gauge_settled SET next_below = $1 WHERE next_below IS NULL AND $1 > below`
 )
-UPDATE outbox_gauge_settled g SET next_below = m.next
-FROM (SELECT coalesce(max(id), 0) + 1 AS next FROM outbox_item_states) m
-WHERE g.next_below IS NULL AND m.next > g.below AND NOT EXISTS (SELECT FROM promote) AND NOT EXISTS (SELECT FROM arm)`
 
-// advanceGauge runs one step of sqlGaugeAdvance.
+// advanceGauge runs one step of the gauge's watermark.
 func advanceGauge(ctx context.Context, q pgdb.Querier) error {
-	if _, err := q.Exec(ctx, sqlGaugeAdvance); err != nil {
+	if err := gaugeStep(ctx, q); err != nil {
 		return fmt.Errorf("outbox: advancing the gauge's watermark: %w", err)
 	}
 	return nil
+}
+
+func gaugeStep(ctx context.Context, q pgdb.Querier) error {
+	var (
+		below     int64
+		nextBelow *int64
+		nextXmax  *string
+		promote   bool
+	)
+	err := q.QueryRow(ctx, sqlGaugeStep).Scan(&below, &nextBelow, &nextXmax, &promote)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case promote:
+		var n int64
+		if err := q.QueryRow(ctx, sqlGaugeRange, below, *nextBelow).Scan(&n); err != nil {
+			return err
+		}
+		_, err = q.Exec(ctx, sqlGaugePromote, below, *nextBelow, n)
+	case nextBelow != nil && nextXmax == nil:
+		_, err = q.Exec(ctx, sqlGaugeArm)
+	case nextBelow == nil:
+		var next int64
+		if err := q.QueryRow(ctx, sqlGaugeNext).Scan(&next); err != nil {
+			return err
+		}
+		_, err = q.Exec(ctx, sqlGaugePick, next)
+	}
+	return err
 }
 
 // gaugeStates are sqlGauge's counted states, in its columns' order.
