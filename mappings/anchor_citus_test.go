@@ -25,21 +25,7 @@ func unstagedCounted(t *testing.T, pool *pgxpool.Pool, tenant string) map[string
 		SELECT period, feature, sum(unstaged_events)::bigint, sum(unstaged_value)::text, sum(cancelled_events)::bigint, sum(cancelled_value)::text
 		FROM completeness_counters WHERE bucket = $2 AND tenant = $1 GROUP BY 1, 2`, tenant, tenantbucket.Of(tenant))
 	require.NoError(t, err)
-	out := map[string]string{}
-	var (
-		period  time.Time
-		feature string
-		ue, ce  int64
-		uv, cv  string
-	)
-	_, err = pgx.ForEachRow(rows, []any{&period, &feature, &ue, &uv, &ce, &cv}, func() error {
-		if ue != 0 || ce != 0 || uv != "0" || cv != "0" {
-			out[period.UTC().Format(time.RFC3339)+" "+feature] = fmt.Sprintf("%d/%s %d/%s", ue, uv, ce, cv)
-		}
-		return nil
-	})
-	require.NoError(t, err)
-	return out
+	return periodLines(t, rows)
 }
 
 // unstagedInLedger is the same, computed from the ledger with anchor (nil:
@@ -56,6 +42,14 @@ func unstagedInLedger(t *testing.T, pool *pgxpool.Pool, tenant string, anchor *t
 		       count(*) FILTER (WHERE cancelled_at IS NOT NULL), coalesce(sum(value) FILTER (WHERE cancelled_at IS NOT NULL), 0)::text
 		FROM usage_events WHERE bucket = $2 AND tenant = $1 AND item_id IS NULL GROUP BY 1, 2`, tenant, tenantbucket.Of(tenant), a)
 	require.NoError(t, err)
+	return periodLines(t, rows)
+}
+
+// periodLines reads rows of (period, feature, unstaged events, unstaged
+// value, cancelled events, cancelled value) into unstagedCounted's lines,
+// leaving out lines of zeros.
+func periodLines(t *testing.T, rows pgx.Rows) map[string]string {
+	t.Helper()
 	out := map[string]string{}
 	var (
 		period  time.Time
@@ -63,8 +57,10 @@ func unstagedInLedger(t *testing.T, pool *pgxpool.Pool, tenant string, anchor *t
 		ue, ce  int64
 		uv, cv  string
 	)
-	_, err = pgx.ForEachRow(rows, []any{&period, &feature, &ue, &uv, &ce, &cv}, func() error {
-		out[period.UTC().Format(time.RFC3339)+" "+feature] = fmt.Sprintf("%d/%s %d/%s", ue, uv, ce, cv)
+	_, err := pgx.ForEachRow(rows, []any{&period, &feature, &ue, &uv, &ce, &cv}, func() error {
+		if ue != 0 || ce != 0 || uv != "0" || cv != "0" {
+			out[period.UTC().Format(time.RFC3339)+" "+feature] = fmt.Sprintf("%d/%s %d/%s", ue, uv, ce, cv)
+		}
 		return nil
 	})
 	require.NoError(t, err)

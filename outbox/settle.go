@@ -561,11 +561,7 @@ func acceptTrip(ctx context.Context, db pgdb.DB, st settleStep, each func(pgx.Ro
 		}
 		br := q.SendBatch(ctx, b)
 		err := readTrip(br, func() error {
-			rows, err := br.Query()
-			if err != nil {
-				return err
-			}
-			if err := each(rows); err != nil {
+			if err := eachRow(br, each); err != nil {
 				return err
 			}
 			return readTrip(br, nil, after...)
@@ -637,6 +633,15 @@ func oneConn(ctx context.Context, db pgdb.DB) (pgdb.DB, func(), error) {
 	return c, c.Release, nil
 }
 
+// eachRow hands the rows of br's next result to each.
+func eachRow(br pgx.BatchResults, each func(pgx.Rows) error) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	return each(rows)
+}
+
 // genericInTx runs a cached step with its generic plan inside tx, between
 // sqlGenericOnly and sqlGenericRestore, in one round trip.
 func genericInTx(ctx context.Context, tx pgx.Tx, st settleStep, each func(pgx.Rows) error) error {
@@ -646,11 +651,7 @@ func genericInTx(ctx context.Context, tx pgx.Tx, st settleStep, each func(pgx.Ro
 	b.Queue(sqlGenericRestore)
 	br := tx.SendBatch(ctx, b)
 	err := readTrip(br, func() error {
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
-		if err := each(rows); err != nil {
+		if err := eachRow(br, each); err != nil {
 			return err
 		}
 		if _, err := br.Exec(); err != nil {

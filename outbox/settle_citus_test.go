@@ -19,8 +19,8 @@ import (
 // the buckets of one shard group, each statement is one task on one shard.
 // The attempts' INSERT from unnest() is pulled to the coordinator, which
 // evaluates the rows and copies them into their one shard: no distributed
-// job in its plan (findings §3.2, "1 task + pull"). The by-id read of
-// buckets reads every shard.
+// job in its plan (docs/citus/findings.md). The by-id read of buckets
+// reads every shard.
 func TestSettleStatementsAreOneTask(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
