@@ -53,9 +53,11 @@ cross:
 	done
 
 # The Helm chart's test is a module of its own (deploy/helm/go.mod): Helm's
-# and Kubernetes' packages stay out of Tally's.
+# and Kubernetes' packages stay out of Tally's. cmd/tally's load tests take
+# most of go test's default 10 minutes per package on two cores: the
+# timeout is raised so that a slow machine fails on a test, not the clock.
 unit:
-	go test ./... $(record)
+	go test -timeout 25m ./... $(record)
 	cd deploy/helm && go test ./... $(record)
 
 # The isolation test (1M ledger rows, 40 concurrent reports while usage is
