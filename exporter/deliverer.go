@@ -169,7 +169,8 @@ func (d *Deliverer) listen(ctx context.Context, wake chan<- struct{}) {
 		},
 		ReconnectDelay: listenReconnectDelay,
 	}
-	l.Handle(NotifyChannel, pgxlisten.HandlerFunc(func(context.Context, *pgconn.Notification, *pgx.Conn) error {
+	l.Handle(NotifyChannel, pgxlisten.HandlerFunc(func(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+		d.store.Stir(n.Payload)
 		for i := 0; i < cap(wake); i++ {
 			select {
 			case wake <- struct{}{}:

@@ -127,6 +127,13 @@ func (r *delivery) prepay(ctx context.Context, n int) (int, int, bool) {
 	return n, r.limiter.requests(units), true
 }
 
+// minGroupQuiet is the least time a shard group of a distributed database
+// in which a claim found nothing is passed over by this process's claims
+// of the exporter (outbox.ClaimOptions.Quiet), unless a notification names
+// it: a poll faster than that would read every empty group at every poll
+// of every loop. A retry that falls due in a quiet group waits for it.
+const minGroupQuiet = time.Second
+
 // claim leases at most n items of this deliverer's exporter, but none
 // of a stalled account or a paused event name, and gives back the send
 // slots of those it did not find. The end of ctx (a shutdown) does not cut
@@ -139,6 +146,7 @@ func (r *delivery) claim(ctx context.Context, owner string, n int, dest Destinat
 	opts := outbox.ClaimOptions{
 		Owner: owner, Limit: n, Policy: r.cfg.Policy, AcceptPast: past, AcceptFuture: future,
 		Exporter: r.exporter.Name(), SkipAccounts: r.cfg.Accounts.skipped(),
+		Quiet: max(r.cfg.PollInterval, minGroupQuiet),
 	}
 	if m := r.cfg.Meters; m != nil {
 		skip, err := m.SkipKeys(ctx, r.pool, dest.Mode)

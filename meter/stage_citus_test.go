@@ -40,7 +40,8 @@ func tenantsOfGroups(t *testing.T, shards *tenantbucket.Shards, n int) []string 
 }
 
 // Every staging statement that reads, locks or marks the ledger, given one
-// shard group's buckets (and a tenant of it), is one task on one shard.
+// shard group's buckets (and a tenant of it), is one task on one shard;
+// the list of what is unstaged reads the shards of the groups it names.
 func TestStagingPlansOnCitus(t *testing.T) {
 	t.Parallel()
 	pool := testdb.NewDistributed(t)
@@ -83,6 +84,9 @@ func TestStagingPlansOnCitus(t *testing.T) {
 	} {
 		require.Equal(t, []int{1}, testdb.CitusTasks(t, pool, q.sql, q.args...), name)
 	}
+	// A pass lists the unstaged usage of every group it owns in one read
+	// of their shards, one task each.
+	require.Equal(t, []int{shards.Groups()}, testdb.CitusTasks(t, pool, sqlUnstagedOfShard, tenantbucket.All()))
 }
 
 // stagingEnv is a stager, an outbox and mappings on pool, addressed as

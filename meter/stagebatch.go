@@ -102,14 +102,15 @@ func (g unstagedGroup) key() [2]string { return [2]string{g.tenant, g.feature} }
 const sqlUnstaged = `SELECT tenant, feature, count(*) FROM usage_events
 		WHERE item_id IS NULL AND hashtext(tenant) BETWEEN $1 AND $2 GROUP BY 1, 2 ORDER BY 1, 2`
 
-// sqlUnstagedOfShard is sqlUnstaged for the tenants of one shard group's
-// buckets: one shard's statement.
+// sqlUnstagedOfShard is sqlUnstaged for the tenants of the buckets of
+// the shard groups a part owns: one read of their shards, without locks,
+// once per pass, whose rows say which groups to stage.
 const sqlUnstagedOfShard = `SELECT tenant, feature, count(*) FROM usage_events
 		WHERE item_id IS NULL AND bucket = ANY($1::smallint[]) GROUP BY 1, 2 ORDER BY 1, 2`
 
 // listUnstaged lists the tenants and features with unstaged rows: of
-// part's hash range, or, with buckets (one shard group's), of those
-// buckets.
+// part's hash range, or, with buckets (a distributed database's), of
+// those buckets.
 func listUnstaged(ctx context.Context, db pgdb.DB, part Part, buckets []int16) ([]unstagedGroup, error) {
 	lo, hi := part.Range()
 	sql, args := sqlUnstaged, []any{lo, hi}

@@ -95,9 +95,11 @@ func (s *Stager) PassPart(ctx context.Context, db pgdb.DB, part Part) (PassResul
 }
 
 // pass lists part's unstaged usage and stages it, in batches or (batched
-// false) one window a transaction. On a distributed database it stages
-// the shard groups the part owns, one after the other, every statement
-// of a group naming its buckets; on one server, the part's hash range.
+// false) one window a transaction. On a distributed database one read of
+// the shards of the groups the part owns lists their unstaged usage, and
+// the groups that hold some are staged one after the other, every
+// statement of a group naming its buckets; on one server, the part's hash
+// range.
 func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) (PassResult, error) {
 	target, ok := s.Target(ctx)
 	if !ok {
@@ -114,17 +116,45 @@ func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) 
 		total PassResult
 		errs  []error
 	)
-	for g := range shards.Groups() {
-		if ctx.Err() != nil {
-			break
+	if !shards.Distributed() {
+		groups, err := listUnstaged(ctx, db, part, nil)
+		if err != nil {
+			return PassResult{}, err
 		}
-		if shards.Distributed() && !part.owns(g) {
-			continue
-		}
-		res, err := s.passShard(ctx, db, target, part, shards.Buckets(g), batched)
-		total.add(res)
+		total, err = s.passShard(ctx, db, target, groups, nil, batched)
 		if err != nil {
 			errs = append(errs, err)
+		}
+	} else {
+		// One read of the part's shards lists what is unstaged; only the
+		// groups that hold some are staged, each by statements of its own.
+		var owned []int16
+		for g := range shards.Groups() {
+			if part.owns(g) {
+				owned = append(owned, shards.Buckets(g)...)
+			}
+		}
+		listed, err := listUnstaged(ctx, db, part, owned)
+		if err != nil {
+			return PassResult{}, err
+		}
+		byGroup := map[int][]unstagedGroup{}
+		for _, u := range listed {
+			g := shards.GroupOf(u.bucket)
+			byGroup[g] = append(byGroup[g], u)
+		}
+		for g := range shards.Groups() {
+			if ctx.Err() != nil {
+				break
+			}
+			if len(byGroup[g]) == 0 {
+				continue
+			}
+			res, err := s.passShard(ctx, db, target, byGroup[g], shards.Buckets(g), batched)
+			total.add(res)
+			if err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if len(errs) > 0 && shards.Distributed() {
@@ -138,13 +168,10 @@ func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) 
 	return total, errors.Join(errs...)
 }
 
-// passShard stages the unstaged usage of part's tenants whose buckets are
-// buckets (one shard group's; nil on one server: every bucket).
-func (s *Stager) passShard(ctx context.Context, db pgdb.DB, target Target, part Part, buckets []int16, batched bool) (PassResult, error) {
-	groups, err := listUnstaged(ctx, db, part, buckets)
-	if err != nil {
-		return PassResult{}, err
-	}
+// passShard stages the unstaged usage listed in groups, of tenants whose
+// buckets are buckets (one shard group's; nil on one server: every
+// bucket).
+func (s *Stager) passShard(ctx context.Context, db pgdb.DB, target Target, groups []unstagedGroup, buckets []int16, batched bool) (PassResult, error) {
 	var (
 		total PassResult
 		errs  []error

@@ -80,6 +80,12 @@ type ClaimOptions struct {
 	// deactivated, whose items wait pending, without an attempt, until a
 	// meter of the name is active again.
 	SkipMeters []string
+	// Quiet is, on a distributed database, how long the Store's claims of
+	// the same exporter pass over a shard group in which a claim found
+	// nothing due, unless a notification names its buckets (Store.Stir).
+	// Zero looks in every group at every claim. One server has one group,
+	// which is never passed over.
+	Quiet time.Duration
 }
 
 // MeterSkipKey names the items of one event name of one destination
@@ -549,17 +555,30 @@ func (s *Store) claim(ctx context.Context, db pgdb.DB, opts ClaimOptions) ([]Lea
 // group at a time, each run a transaction of one shard, until it has Limit
 // items or has tried every group. The group it starts with turns with
 // every claim, so that a group whose items fill every claim does not keep
-// the others' waiting. A run refused as spanning shards makes the Store
+// the others' waiting; a group found empty is passed over for opts.Quiet
+// (quietGroups). A run refused as spanning shards makes the Store
 // read the placement again.
 func (s *Store) claimGroups(ctx context.Context, db pgdb.DB, shards *tenantbucket.Shards, opts ClaimOptions, args pgx.NamedArgs, filtered claimFilter) ([]Lease, error) {
 	filtered.group = true
 	groups := shards.Groups()
 	first := int(claimTurn.Add(1) % uint64(groups))
+	if opts.Quiet > 0 {
+		if err := s.probeQuiet(ctx, db, shards, opts, args, filtered); err != nil {
+			return nil, err
+		}
+	}
 	var leases []Lease
 	for i := 0; i < groups && len(leases) < opts.Limit; i++ {
-		args["buckets"] = shards.Buckets((first + i) % groups)
+		g := (first + i) % groups
+		if opts.Quiet > 0 && s.quiet.quiet(shards, opts.Exporter, g) {
+			continue
+		}
+		args["buckets"] = shards.Buckets(g)
 		got, err := s.claimGroup(ctx, db, opts.Policy, args, opts.Limit-len(leases), filtered)
 		leases = append(leases, got...)
+		if err == nil && len(got) == 0 {
+			s.quiet.hush(shards, opts.Exporter, g, opts.Quiet)
+		}
 		if err != nil {
 			if spansShards(err) {
 				s.ForgetShards()
@@ -574,6 +593,50 @@ func (s *Store) claimGroups(ctx context.Context, db pgdb.DB, shards *tenantbucke
 		}
 	}
 	return leases, nil
+}
+
+// sqlClaimProbe finds which of the buckets of shard groups whose quiet
+// has lapsed hold an item a claim would take: one read of their shards,
+// without locks, in place of a claim transaction per group. It is the
+// claim path's one statement over many shards; it runs at most once per
+// ClaimOptions.Quiet per exporter and process, and reads the due items of
+// groups that had none a moment ago.
+var sqlClaimProbe = `
+SELECT DISTINCT o.bucket FROM outbox_item_states o
+WHERE ` + inGroup("o") + ` AND ((` + pendingDue + `) OR (` + leaseExpired + `)) AND ` + withinBudget
+
+// probeQuiet asks sqlClaimProbe about the groups whose quiet has lapsed:
+// those with an item due are claimed from again, the others stay quiet
+// for another opts.Quiet (as they do if the probe fails).
+func (s *Store) probeQuiet(ctx context.Context, db pgdb.DB, shards *tenantbucket.Shards, opts ClaimOptions, args pgx.NamedArgs, filtered claimFilter) error {
+	lapsed := s.quiet.lapsed(shards, opts.Exporter, opts.Quiet)
+	if len(lapsed) == 0 {
+		return nil
+	}
+	var buckets []int16
+	for _, g := range lapsed {
+		buckets = append(buckets, shards.Buckets(g)...)
+	}
+	probe := pgx.NamedArgs{"buckets": buckets, "max": args["max"], "horizon": args["horizon"]}
+	if filtered.skip {
+		probe["skip"] = args["skip"]
+	}
+	due, err := tenantbucket.ReadAcross(ctx, db, filtered.apply(sqlClaimProbe), probe)
+	if err != nil {
+		return fmt.Errorf("outbox: claim: probing quiet groups: %w", err)
+	}
+	loud := make(map[int]bool, len(due))
+	for _, b := range due {
+		loud[shards.GroupOf(b)] = true
+	}
+	for _, g := range lapsed {
+		if loud[g] {
+			s.quiet.wake(shards, opts.Exporter, g)
+		} else {
+			s.quiet.hush(shards, opts.Exporter, g, opts.Quiet)
+		}
+	}
+	return nil
 }
 
 // claimTurn turns the group a distributed claim starts with.

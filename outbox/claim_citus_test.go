@@ -241,3 +241,61 @@ func TestClaimCitusPerKeyHotKey(t *testing.T) {
 	}
 	require.Len(t, keys, 7, "every key of every group gets one item: %v", keys)
 }
+
+// A claim with Quiet passes over the shard groups a claim of the same
+// exporter found empty, until a notification naming a group's buckets
+// stirs it (the item staged there meanwhile waits) or its quiet lapses:
+// then one read of the lapsed groups' shards (the probe) finds which
+// hold due items, and only those are claimed from. The notification a
+// distributed stage sends names the item's bucket.
+func TestClaimCitusPassesOverQuietGroups(t *testing.T) {
+	t.Parallel()
+	b := distributedBundle(t)
+	shards, err := b.store.Shards(b.ctx, b.pool)
+	require.NoError(t, err)
+	tenants := tenantsInGroups(t, shards, 3)
+	quiet := outbox.ClaimOptions{Limit: 10, Quiet: time.Hour, Exporter: "stripe_meter_events"}
+	require.Empty(t, b.claim(t, quiet), "nothing staged")
+
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(b.ctx, "LISTEN "+outbox.NotifyChannel)
+	require.NoError(t, err)
+	it := keyed(1, 0)
+	it.TenantKey = tenants[0]
+	b.enqueue(t, it)
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	n, err := conn.Conn().WaitForNotification(ctx)
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprint(tenantbucket.Of(tenants[0])), n.Payload)
+
+	require.Empty(t, b.claim(t, quiet), "its group was found empty a moment ago")
+	b.store.Stir(fmt.Sprint(tenantbucket.Of(tenants[1])))
+	require.Empty(t, b.claim(t, quiet), "another group was stirred")
+	b.store.Stir(n.Payload)
+	got := b.claim(t, quiet)
+	require.Len(t, got, 1, "the stirred group is read again")
+	require.Equal(t, tenants[0], got[0].TenantKey)
+
+	// Every group goes quiet for a moment; an item staged meanwhile,
+	// unheard, is found by the probe once the quiet lapses.
+	short := quiet
+	short.Quiet = 2 * time.Second
+	b.store.Stir("")
+	require.Empty(t, b.claim(t, short))
+	it = keyed(2, 0)
+	it.TenantKey = tenants[2]
+	b.enqueue(t, it)
+	require.Empty(t, b.claim(t, short), "every group is quiet")
+	time.Sleep(short.Quiet)
+	got = b.claim(t, short)
+	require.Len(t, got, 1, "the probe found the lapsed group's item")
+	require.Equal(t, tenants[2], got[0].TenantKey)
+
+	// The probe reads the shards of the groups it names, and only those.
+	two := slices.Concat(shards.Buckets(0), shards.Buckets(1))
+	require.Equal(t, []int{2}, testdb.CitusTasks(t, b.pool, outbox.ClaimProbe("stripe_meter_events"),
+		pgx.NamedArgs{"buckets": two, "max": 10, "horizon": 24 * time.Hour}))
+}

@@ -26,3 +26,8 @@ var SpansShards = spansShards
 
 // IsKeyConflict is isKeyConflict.
 var IsKeyConflict = isKeyConflict
+
+// ClaimProbe is the probe of quiet groups for one exporter's claims.
+func ClaimProbe(exporter string) string {
+	return claimFilter{exporter: exporter, group: true}.apply(sqlClaimProbe)
+}

@@ -215,7 +215,7 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, item NewItem) (Enqueued,
 	}
 	if res.Inserted {
 		if state == StatePending {
-			if err := notify(ctx, tx); err != nil {
+			if err := notify(ctx, tx, shards, []int16{bucket}); err != nil {
 				return Enqueued{}, err
 			}
 		}
@@ -294,16 +294,18 @@ func (s *Store) EnqueueBatch(ctx context.Context, tx pgx.Tx, items []NewItem) ([
 	if err != nil {
 		return nil, fmt.Errorf("outbox: enqueueing %d items: %w", n, err)
 	}
-	pending := false // an item was inserted pending
+	var pending []int16 // the buckets of the items inserted pending
 	for i := range out {
 		if out[i].Inserted {
-			pending = pending || out[i].State == StatePending
+			if out[i].State == StatePending {
+				pending = append(pending, tenantbucket.Of(items[i].Identity.TenantKey))
+			}
 			s.metrics.moved(stageTransitions[out[i].State], out[i].State)
 			s.metrics.enqueued(items[i].Identity.SubjectKind, items[i].Quarantine, items[i].Payload.Late)
 		}
 	}
-	if pending {
-		if err := notify(ctx, tx); err != nil {
+	if len(pending) > 0 {
+		if err := notify(ctx, tx, shards, pending); err != nil {
 			return nil, err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,9 +35,7 @@ import (
 const sqlSweep = `
 WITH due AS MATERIALIZED (
     SELECT o.id, o.state AS prev_state FROM outbox_item_states o
-    WHERE ` + sweepBuckets + `((o.state = 'pending' AND o.attempts > 0) OR (o.state = 'leased' AND o.lease_expires_at < statement_timestamp()))
-      AND (o.attempts - o.attempts_base >= @max
-           OR (o.refused_attempts < o.attempts AND o.first_attempt_at <= statement_timestamp() - @horizon::interval))
+    WHERE ` + sweepBuckets + sweepDue + `
     ORDER BY o.id
     FOR UPDATE SKIP LOCKED
 )
@@ -56,6 +55,18 @@ WHERE ` + sweepBuckets + `o.id = d.id
        OR (o.refused_attempts < o.attempts AND o.first_attempt_at <= statement_timestamp() - @horizon::interval))
 RETURNING o.id, d.prev_state, o.lease_token, o.lease_owner, o.leased_at, o.last_error_code, o.last_error, o.bucket`
 
+// sweepDue is what makes an item the sweep's: no deliverer may send it
+// again.
+const sweepDue = `((o.state = 'pending' AND o.attempts > 0) OR (o.state = 'leased' AND o.lease_expires_at < statement_timestamp()))
+      AND (o.attempts - o.attempts_base >= @max
+           OR (o.refused_attempts < o.attempts AND o.first_attempt_at <= statement_timestamp() - @horizon::interval))`
+
+// sqlSweepProbe is, on Citus, which buckets hold an item to sweep: one
+// read of every shard, without locks, so that a pass sweeps only the
+// groups that have one and an outbox with nothing to sweep costs a pass
+// one statement, not one transaction per group.
+const sqlSweepProbe = `SELECT DISTINCT o.bucket FROM outbox_item_states o WHERE ` + sweepDue
+
 // sweepBuckets is the sweep's bucket predicate: kept on Citus, dropped on
 // one server (sweepSQL).
 const sweepBuckets = `o.bucket = ANY(@buckets::smallint[]) AND `
@@ -71,7 +82,8 @@ func sweepSQL(shards *tenantbucket.Shards) string {
 
 // Sweep runs the sweep transition over every item past its cap or horizon
 // that no deliverer holds, and returns the ids it made uncertain: one
-// statement per shard group, each with the attempts of the expired leases
+// statement per shard group that holds such an item (one read of every
+// shard finds them first), each with the attempts of the expired leases
 // it swept in the same transaction (q's, or one of its own when q can
 // begin one). Safe to run on every node at once: each row moves at most
 // once.
@@ -81,8 +93,14 @@ func (s *Store) Sweep(ctx context.Context, q pgdb.Querier) ([]int64, error) {
 		return nil, fmt.Errorf("outbox: sweep: %w", err)
 	}
 	sql := sweepSQL(shards)
+	groups := []int{0}
+	if shards.Distributed() {
+		if groups, err = sweepGroups(ctx, q, shards, s.cfg); err != nil {
+			return nil, fmt.Errorf("outbox: sweep: %w", err)
+		}
+	}
 	var swept []int64
-	for g := range shards.Groups() {
+	for _, g := range groups {
 		args := pgx.NamedArgs{"max": s.cfg.MaxAttempts, "horizon": s.cfg.Horizon, "buckets": shards.Buckets(g)}
 		ids, err := inTx(ctx, q, func(q pgdb.Querier) ([]int64, error) { return sweepGroup(ctx, q, sql, args) })
 		if err != nil {
@@ -94,6 +112,31 @@ func (s *Store) Sweep(ctx context.Context, q pgdb.Querier) ([]int64, error) {
 		swept = append(swept, ids...)
 	}
 	return swept, nil
+}
+
+// sweepGroups is the shard groups that hold an item to sweep
+// (sqlSweepProbe), in order.
+func sweepGroups(ctx context.Context, q pgdb.Querier, shards *tenantbucket.Shards, cfg Config) ([]int, error) {
+	args := pgx.NamedArgs{"max": cfg.MaxAttempts, "horizon": cfg.Horizon}
+	var buckets []int16
+	var err error
+	if b, ok := q.(pgdb.Beginner); ok {
+		buckets, err = tenantbucket.ReadAcross(ctx, b, sqlSweepProbe, args)
+	} else {
+		var rows pgx.Rows
+		if rows, err = q.Query(ctx, sqlSweepProbe, args); err == nil {
+			buckets, err = pgx.CollectRows(rows, pgx.RowTo[int16])
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	var groups []int
+	for _, b := range buckets {
+		groups = append(groups, shards.GroupOf(b))
+	}
+	slices.Sort(groups)
+	return slices.Compact(groups), nil
 }
 
 // sweepGroup runs the sweep's statement with args on q, then the abandoned

@@ -99,7 +99,7 @@ func (s *Store) Recover(ctx context.Context, q pgdb.Querier, id int64, r Recover
 	}
 	if n == 1 {
 		if r.To == StatePending {
-			if err := notify(ctx, q); err != nil {
+			if err := notify(ctx, q, nil, nil); err != nil {
 				return err
 			}
 		}
@@ -145,7 +145,7 @@ func (s *Store) Requeue(ctx context.Context, q pgdb.Querier, id int64, mappingVe
 		return fmt.Errorf("outbox: requeue item %d: %w", id, err)
 	}
 	if n == 1 {
-		if err := notify(ctx, q); err != nil {
+		if err := notify(ctx, q, nil, nil); err != nil {
 			return err
 		}
 		s.metrics.moved(TransitionRequeue, StatePending)

@@ -321,6 +321,8 @@ type Store struct {
 	lastMaintained atomic.Int64
 	// shards is the buckets' placement, read on first use (Shards).
 	shards tenantbucket.Placement
+	// quiet is the shard groups claims found empty (quietGroups).
+	quiet quietGroups
 }
 
 // Shards is the placement of the buckets the Store's statements are split

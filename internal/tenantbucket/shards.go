@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tallymeter/tally/internal/pgdb"
 )
 
@@ -172,3 +174,25 @@ func (p *Placement) Last() *Shards { return p.shards.Load() }
 // naming one group's buckets was refused as spanning shards (a split), or
 // after the tables were distributed.
 func (p *Placement) Forget() { p.shards.Store(nil) }
+
+// ReadAcross runs sql, a read of many shards that returns buckets, and
+// returns them. It runs in a transaction of its own that lets Citus use
+// one connection per worker for it, the one the session keeps: by
+// default a read of many shards opens more whenever its tasks are slow,
+// and a loaded cluster then spends its time starting backends. On one
+// server the setting is unknown and unread.
+func ReadAcross(ctx context.Context, db pgdb.Beginner, sql string, args ...any) ([]int16, error) {
+	var out []int16
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL citus.max_adaptive_executor_pool_size = 1"); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, pgx.RowTo[int16])
+		return err
+	})
+	return out, err
+}
