@@ -134,10 +134,7 @@ func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) 
 				owned = append(owned, shards.Buckets(g)...)
 			}
 		}
-		listed, err := listUnstaged(ctx, db, part, owned)
-		if err != nil {
-			return PassResult{}, err
-		}
+		listed, listErr := listUnstaged(ctx, db, part, owned)
 		byGroup := map[int][]unstagedGroup{}
 		for _, u := range listed {
 			g := shards.GroupOf(u.bucket)
@@ -147,10 +144,20 @@ func (s *Stager) pass(ctx context.Context, db pgdb.DB, part Part, batched bool) 
 			if ctx.Err() != nil {
 				break
 			}
-			if len(byGroup[g]) == 0 {
+			groups := byGroup[g]
+			if listErr != nil && part.owns(g) {
+				// A worker is down: each group is listed on its own,
+				// and those of the workers that answer are staged.
+				var err error
+				if groups, err = listUnstaged(ctx, db, part, shards.Buckets(g)); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+			}
+			if len(groups) == 0 {
 				continue
 			}
-			res, err := s.passShard(ctx, db, target, byGroup[g], shards.Buckets(g), batched)
+			res, err := s.passShard(ctx, db, target, groups, shards.Buckets(g), batched)
 			total.add(res)
 			if err != nil {
 				errs = append(errs, err)

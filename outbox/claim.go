@@ -563,9 +563,7 @@ func (s *Store) claimGroups(ctx context.Context, db pgdb.DB, shards *tenantbucke
 	groups := shards.Groups()
 	first := int(claimTurn.Add(1) % uint64(groups))
 	if opts.Quiet > 0 {
-		if err := s.probeQuiet(ctx, db, shards, opts, args, filtered); err != nil {
-			return nil, err
-		}
+		s.probeQuiet(ctx, db, shards, opts, args, filtered)
 	}
 	var leases []Lease
 	for i := 0; i < groups && len(leases) < opts.Limit; i++ {
@@ -607,11 +605,13 @@ WHERE ` + inGroup("o") + ` AND ((` + pendingDue + `) OR (` + leaseExpired + `)) 
 
 // probeQuiet asks sqlClaimProbe about the groups whose quiet has lapsed:
 // those with an item due are claimed from again, the others stay quiet
-// for another opts.Quiet (as they do if the probe fails).
-func (s *Store) probeQuiet(ctx context.Context, db pgdb.DB, shards *tenantbucket.Shards, opts ClaimOptions, args pgx.NamedArgs, filtered claimFilter) error {
+// for another opts.Quiet. If the probe fails (a worker is down), every
+// lapsed group is claimed from, each by its own statements, so that the
+// groups of the workers that answer are not kept waiting.
+func (s *Store) probeQuiet(ctx context.Context, db pgdb.DB, shards *tenantbucket.Shards, opts ClaimOptions, args pgx.NamedArgs, filtered claimFilter) {
 	lapsed := s.quiet.lapsed(shards, opts.Exporter, opts.Quiet)
 	if len(lapsed) == 0 {
-		return nil
+		return
 	}
 	var buckets []int16
 	for _, g := range lapsed {
@@ -622,21 +622,17 @@ func (s *Store) probeQuiet(ctx context.Context, db pgdb.DB, shards *tenantbucket
 		probe["skip"] = args["skip"]
 	}
 	due, err := tenantbucket.ReadAcross(ctx, db, filtered.apply(sqlClaimProbe), probe)
-	if err != nil {
-		return fmt.Errorf("outbox: claim: probing quiet groups: %w", err)
-	}
 	loud := make(map[int]bool, len(due))
 	for _, b := range due {
 		loud[shards.GroupOf(b)] = true
 	}
 	for _, g := range lapsed {
-		if loud[g] {
+		if loud[g] || err != nil {
 			s.quiet.wake(shards, opts.Exporter, g)
 		} else {
 			s.quiet.hush(shards, opts.Exporter, g, opts.Quiet)
 		}
 	}
-	return nil
 }
 
 // claimTurn turns the group a distributed claim starts with.

@@ -96,7 +96,13 @@ func (s *Store) Sweep(ctx context.Context, q pgdb.Querier) ([]int64, error) {
 	groups := []int{0}
 	if shards.Distributed() {
 		if groups, err = sweepGroups(ctx, q, shards, s.cfg); err != nil {
-			return nil, fmt.Errorf("outbox: sweep: %w", err)
+			// A worker is down, or q's transaction failed: every group
+			// is swept by its own statement, and the groups of the
+			// workers that answer are swept.
+			groups = make([]int, shards.Groups())
+			for g := range groups {
+				groups[g] = g
+			}
 		}
 	}
 	var swept []int64
