@@ -146,7 +146,9 @@ func TestBulkCancellationKeepsToItsClass(t *testing.T) {
 		runs++
 		require.NoError(t, env.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items
 			WHERE subject_kind = 'usage_cancellation' AND state IN ('pending', 'leased')`).Scan(&open))
-		require.Less(t, time.Since(t1), 4*time.Minute, "the adjustments never drained")
+		// A bound on never draining, not a speed check: on CI's two
+		// loaded cores the 100 s have taken four minutes.
+		require.Less(t, time.Since(t1), 8*time.Minute, "the adjustments never drained")
 	}
 	during := float64(sent()-n1) / time.Since(t1).Seconds()
 	took := time.Since(t1)
