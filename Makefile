@@ -8,7 +8,7 @@ SHELL := bash
 # Each test step's output is kept in TESTLOG as well; `times` prints the
 # packages' times from it, slowest first.
 TESTLOG := $(CURDIR)/artifacts/test.log
-record = 2>&1 | tee -a $(TESTLOG)
+record = 2>&1 | { mkdir -p $(dir $(TESTLOG)) && tee -a $(TESTLOG); }
 
 test: times-reset lint cross unit isolation fuzz times
 
