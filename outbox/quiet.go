@@ -13,8 +13,9 @@ import (
 // quietGroups is what a Store's claims on a distributed database remember
 // of the shard groups they found nothing in: a claim of an exporter passes
 // over a group another claim of it found empty less than ClaimOptions.Quiet
-// ago, so that an idle outbox costs one transaction per group per Quiet,
-// not one per group per claim of every loop. A notification naming a
+// ago, and asks about the groups whose quiet lapsed in one read
+// (sqlClaimProbe): an idle outbox costs that read per Quiet, not a
+// transaction per group per claim of every loop. A notification naming a
 // group's buckets (Stir) ends its quiet at once. It is a process's
 // scheduling hint only, on the process's own clock: nothing in the
 // database depends on it, and an item it passes over is claimed by a
