@@ -79,9 +79,9 @@ func TestLockTimeoutsForAnHourLeaveNothingUncertain(t *testing.T) {
 	c := r.waitDrained(t)
 	require.GreaterOrEqual(t, time.Since(start), hour, "the contention lasted the hour")
 
-	// A call cut by the request timeout (300 ms: a loaded machine can
-	// take that long) may have reached Stripe, and past the horizon its
-	// item is rightly uncertain. No item is uncertain without one.
+	// A call cut by the request timeout, which a loaded machine can
+	// reach, may have reached Stripe, and past the horizon its item is
+	// rightly uncertain. No item is uncertain without one.
 	cut := map[string]int{}
 	rows, err := r.Pool.Query(r.Ctx, `SELECT o.tenant_key FROM outbox_items o WHERE o.state = 'uncertain'
 		AND EXISTS (SELECT 1 FROM outbox_attempts a WHERE a.item_id = o.id AND NOT a.refused AND a.error_code = 'timeout')`)
