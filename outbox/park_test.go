@@ -30,16 +30,12 @@ func enqueueNamed(t *testing.T, pool *pgxpool.Pool, store *Store, account, event
 }
 
 // claimRowsRead explains a claim of 100 of stripe_meter_events that skips
-// skip, under each claim statement, and returns the state rows each read.
-func claimRowsRead(t *testing.T, ctx context.Context, pool *pgxpool.Pool, skip []string) map[string]float64 {
+// skip, under each claim statement.
+func claimRowsRead(t *testing.T, ctx context.Context, pool *pgxpool.Pool, skip []string) map[string]explained {
 	t.Helper()
 	args := claimPlanArgs()
 	args["skip"] = skip
-	out := map[string]float64{}
-	for name, e := range explainClaims(t, ctx, pool, claimFilter{exporter: "stripe_meter_events", skip: true}, args) {
-		out[name] = e.read
-	}
-	return out
+	return explainClaims(t, ctx, pool, claimFilter{exporter: "stripe_meter_events", skip: true}, args)
 }
 
 // A paused event name's backlog, due before every other item, is read by
@@ -66,9 +62,9 @@ func TestParkSparesClaimsTheSkippedBacklog(t *testing.T) {
 	enqueueNamed(t, pool, store, "acct_123", "other", "stripe_meter_events", backlog+50, 100)
 	skip := []string{MeterSkipKey("acct_123", "calls")}
 
-	for name, read := range claimRowsRead(t, ctx, pool, skip) {
-		if read < backlog {
-			t.Errorf("%s: %v rows read before the park: the test's backlog is not in the claims' way", name, read)
+	for name, e := range claimRowsRead(t, ctx, pool, skip) {
+		if e.read < backlog {
+			t.Errorf("%s: %v rows read before the park: the test's backlog is not in the claims' way", name, e.read)
 		}
 	}
 	n, err := store.Park(ctx, pool, "stripe_meter_events", skip, time.Minute)
@@ -78,9 +74,9 @@ func TestParkSparesClaimsTheSkippedBacklog(t *testing.T) {
 	if n != backlog {
 		t.Fatalf("parked %d, want the %d due items of the paused name and exporter", n, backlog)
 	}
-	for name, read := range claimRowsRead(t, ctx, pool, skip) {
-		if read > 600 {
-			t.Errorf("%s: %v state rows read to lease 100 beside a parked backlog of %d", name, read, backlog)
+	for name, e := range claimRowsRead(t, ctx, pool, skip) {
+		if e.read > 600 {
+			t.Errorf("%s: %v state rows read to lease 100 beside a parked backlog of %d: %s", name, e.read, backlog, e.plan)
 		}
 	}
 	var attempted, otherParked int
