@@ -14,8 +14,9 @@ import (
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 )
 
-// One tenant's completeness report and quarantined items are one task on a
-// distributed database; every tenant's report reads every shard, by design.
+// One tenant's completeness report and quarantined items, and one bucket's
+// quarantine report, are one task on a distributed database; every
+// tenant's report reads every shard, by design.
 func TestCountersCitusPlans(t *testing.T) {
 	t.Parallel()
 	pool := testdb.NewDistributed(t)
@@ -32,6 +33,8 @@ func TestCountersCitusPlans(t *testing.T) {
 			"bucket": tenantbucket.Of("acme")}, []int{1}},
 		{"one tenant's quarantined items", sqlTenantItems, pgx.NamedArgs{"reason": "", "tenant": "acme", "feature": "",
 			"period": "", "from": from, "to": to, "after": int64(0), "limit": 100, "bucket": tenantbucket.Of("acme")}, []int{1}},
+		{"one bucket's quarantine report", sqlReport, pgx.NamedArgs{"reason": "", "tenant": "", "feature": "",
+			"from": nil, "to": nil, "bucket": tenantbucket.Of("acme")}, []int{1}},
 		{"every tenant's counters", sqlCounters, pgx.NamedArgs{"from": from, "to": to}, []int{shards.Groups()}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

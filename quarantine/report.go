@@ -1,12 +1,14 @@
 package quarantine
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"fmt"
 	"io"
 	"math/big"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/tenantbucket"
 )
 
 // Value is an exact sum of usage values. Sums of int64 values can leave
@@ -120,21 +123,67 @@ type Report struct {
 	Totals []ReasonTotal `json:"totals"`
 }
 
+// sqlReport groups the quarantined items and counts the usage events each
+// carries: the ledger rows name the item at the root of its chain of
+// predecessors, which a successor shares its bucket with. On a distributed
+// database it runs once per bucket that holds quarantined items, every
+// table read through that bucket (reportSQL): Citus runs a recursive CTE
+// only on one shard, and a list of buckets does not tell it which.
 const sqlReport = `
 SELECT o.quarantine_reason, o.tenant_key, o.payload ->> 'feature', o.payload ->> 'period',
        count(*), coalesce(sum(ev.n), 0), coalesce(sum((o.payload ->> 'value')::numeric), 0)::text
 FROM outbox_items o
-CROSS JOIN LATERAL (SELECT count(*) AS n FROM usage_events e WHERE e.item_id = tally_root_item(o.id)) ev
-WHERE o.state = 'quarantined'
+CROSS JOIN LATERAL (
+    WITH RECURSIVE chain (id, depth) AS (
+        SELECT o.id, 0
+        UNION ALL
+        SELECT s.id, c.depth + 1 FROM outbox_item_states s JOIN chain c ON s.superseded_by = c.id
+        WHERE ` + reportBucketS + `c.depth < 1000
+    )
+    SELECT count(*) AS n FROM usage_events e
+    WHERE ` + reportBucketE + `e.item_id = (SELECT id FROM chain ORDER BY depth DESC LIMIT 1)) ev
+WHERE ` + reportBucketO + `o.state = 'quarantined'
   AND (@reason = '' OR o.quarantine_reason = @reason)
   AND (@tenant = '' OR o.tenant_key = @tenant)
   AND (@feature = '' OR o.payload ->> 'feature' = @feature)
   AND (@from::timestamptz IS NULL OR ((o.payload ->> 'period')::timestamptz >= @from AND (o.payload ->> 'period')::timestamptz < @to))
-GROUP BY 1, 2, 3, 4
-ORDER BY 1, 2, 3, 4`
+GROUP BY 1, 2, 3, 4`
 
-// Quarantined reads the quarantine report.
-func Quarantined(ctx context.Context, q pgdb.Querier, f Filter) (Report, error) {
+// The bucket predicates of sqlReport: one bucket on a distributed
+// database, none on one server.
+const (
+	reportBucketO = `o.bucket = @bucket::smallint AND `
+	reportBucketS = `s.bucket = @bucket::smallint AND `
+	reportBucketE = `e.bucket = @bucket::smallint AND `
+)
+
+// sqlQuarantinedBuckets lists the buckets that hold quarantined items,
+// through the index of quarantined items of every shard.
+const sqlQuarantinedBuckets = `SELECT DISTINCT bucket FROM outbox_item_states WHERE state = 'quarantined'`
+
+// reportBuckets is the buckets sqlReport runs for, and its text: on one
+// server one run without buckets; on a distributed database the tenant's
+// bucket, or every bucket that holds quarantined items.
+func reportBuckets(ctx context.Context, db pgdb.Beginner, tenant string) ([]int16, string, error) {
+	shards, err := tenantbucket.ReadShards(ctx, db)
+	if err != nil {
+		return nil, "", err
+	}
+	if !shards.Distributed() {
+		return []int16{0}, strings.NewReplacer(reportBucketO, "", reportBucketS, "", reportBucketE, "").Replace(sqlReport), nil
+	}
+	if tenant != "" {
+		return []int16{tenantbucket.Of(tenant)}, sqlReport, nil
+	}
+	buckets, err := tenantbucket.ReadAcross(ctx, db, sqlQuarantinedBuckets)
+	return buckets, sqlReport, err
+}
+
+// Quarantined reads the quarantine report, its groups ordered by reason,
+// tenant, feature and period. On a distributed database it is one
+// statement per bucket that holds quarantined items (the tenant's alone,
+// for one tenant).
+func Quarantined(ctx context.Context, db pgdb.Beginner, f Filter) (Report, error) {
 	args := pgx.NamedArgs{"reason": f.Reason, "tenant": f.Tenant, "feature": f.Feature, "from": nil, "to": nil}
 	if f.Period != "" {
 		from, to, err := ParsePeriod(f.Period)
@@ -143,17 +192,31 @@ func Quarantined(ctx context.Context, q pgdb.Querier, f Filter) (Report, error) 
 		}
 		args["from"], args["to"] = from, to
 	}
-	rows, err := q.Query(ctx, sqlReport, args)
+	buckets, sql, err := reportBuckets(ctx, db, f.Tenant)
 	if err != nil {
 		return Report{}, fmt.Errorf("quarantine: reading the report: %w", err)
 	}
-	var (
-		r     = Report{Groups: []Group{}, Totals: []ReasonTotal{}}
-		g     Group
-		index = map[string]int{}
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&g.Reason, &g.Tenant, &g.Feature, &g.Period, &g.Items, &g.Events, &g.Value}, func() error {
-		r.Groups = append(r.Groups, g)
+	r := Report{Groups: []Group{}, Totals: []ReasonTotal{}}
+	for _, bucket := range buckets {
+		args["bucket"] = bucket
+		rows, err := db.Query(ctx, sql, args)
+		if err != nil {
+			return Report{}, fmt.Errorf("quarantine: reading the report: %w", err)
+		}
+		var g Group
+		if _, err := pgx.ForEachRow(rows, []any{&g.Reason, &g.Tenant, &g.Feature, &g.Period, &g.Items, &g.Events, &g.Value}, func() error {
+			r.Groups = append(r.Groups, g)
+			return nil
+		}); err != nil {
+			return Report{}, fmt.Errorf("quarantine: reading the report: %w", err)
+		}
+	}
+	slices.SortFunc(r.Groups, func(a, b Group) int {
+		return cmp.Or(strings.Compare(a.Reason, b.Reason), strings.Compare(a.Tenant, b.Tenant),
+			strings.Compare(a.Feature, b.Feature), strings.Compare(a.Period, b.Period))
+	})
+	index := map[string]int{}
+	for _, g := range r.Groups {
 		i, ok := index[g.Reason]
 		if !ok {
 			i = len(r.Totals)
@@ -163,9 +226,6 @@ func Quarantined(ctx context.Context, q pgdb.Querier, f Filter) (Report, error) 
 		r.Totals[i].Items += g.Items
 		r.Totals[i].Events += g.Events
 		r.Totals[i].Value = r.Totals[i].Value.Plus(g.Value)
-		return nil
-	}); err != nil {
-		return Report{}, fmt.Errorf("quarantine: reading the report: %w", err)
 	}
 	return r, nil
 }

@@ -198,4 +198,7 @@ func TestDiscrepancyItemsOnCitus(t *testing.T) {
 		require.Equal(t, tenant, per[0].Tenant)
 		require.Equal(t, int64(1), per[0].Hours)
 	}
+	all, err := reconcile.DiscrepanciesByPeriod(c.ctx, c.pool, from, to, "")
+	require.NoError(t, err)
+	require.Len(t, all, len(c.tenants), "every tenant's period, read across the shards")
 }

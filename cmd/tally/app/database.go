@@ -144,9 +144,22 @@ func Open(ctx context.Context, cfg config.Config, logger *slog.Logger, attach bo
 		d.Close()
 		return nil, err
 	}
-	if res.TallyApplied > 0 {
-		// The sessions opened before a migration set the database's
-		// session defaults (pgsession) lack them.
+	placed := false
+	if d.cluster != nil && cfg.EmbeddedWorkers > 0 {
+		// The embedded Citus cluster is Tally's own: its tables are placed
+		// as they must be, which does nothing once they are.
+		dist, err := migrations.Distribute(ctx, pool, logger)
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		if placed = dist.Changed(); placed {
+			logger.Info("tables placed", "placement", dist.String())
+		}
+	}
+	if res.TallyApplied > 0 || placed {
+		// The sessions opened before a migration or the placement set the
+		// database's session defaults (pgsession) lack them.
 		pool.Reset()
 	}
 	switch {

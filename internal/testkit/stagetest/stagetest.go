@@ -39,9 +39,16 @@ type Env struct {
 // values of at most 15 digits, as Stripe does.
 func New(t testing.TB, cfg outbox.Config) *Env {
 	t.Helper()
+	return NewOn(t, cfg, testdb.New(t))
+}
+
+// NewOn is New on pool's database, migrated (testdb.NewDistributed's, for
+// one).
+func NewOn(t testing.TB, cfg outbox.Config, pool *pgxpool.Pool) *Env {
+	t.Helper()
 	ob, err := outbox.New(cfg, nil)
 	require.NoError(t, err)
-	e := &Env{Ctx: context.Background(), Pool: testdb.New(t), Outbox: ob, Maps: &mappings.Store{},
+	e := &Env{Ctx: context.Background(), Pool: pool, Outbox: ob, Maps: &mappings.Store{},
 		Target: meter.Target{Exporter: "stripe_meter_events", Account: "acct_1", Mode: outbox.ModeTest,
 			AcceptPast: 35 * 24 * time.Hour, AcceptFuture: 5 * time.Minute, MaxValue: stripeapi.MaxValue,
 			// Tests date usage hours back, which in the first hours of a
