@@ -21,7 +21,7 @@ func TestChaosOnCitus(t *testing.T) {
 		// Three servers and three nodes on the machine's cores: beside
 		// the other packages' tests it would slow their timing-sensitive
 		// runs, and they its shard move. make test runs it on its own.
-		t.Skip("loads the machine: set TALLY_CITUS_CHAOS_TEST=1 (make chaos-citus runs it alone)")
+		t.Skip("loads the machine: set TALLY_CITUS_CHAOS_TEST=1 (make citus-load runs it alone)")
 	}
 	requireCitus(t)
 	r := newChaosRun(t)

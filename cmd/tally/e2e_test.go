@@ -289,7 +289,7 @@ func (r *exportRun) startKiller() {
 		defer close(r.killed)
 		rng := rand.New(rand.NewPCG(uint64(r.kills), 3))
 		for staged := false; !staged; time.Sleep(20 * time.Millisecond) {
-			_ = r.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT FROM outbox_items)`).Scan(&staged)
+			_ = r.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT 1 FROM outbox_items)`).Scan(&staged)
 		}
 		for i := 0; i < r.kills; i++ {
 			time.Sleep(time.Duration(200+rng.IntN(1000)) * time.Millisecond)
@@ -307,7 +307,7 @@ func (r *exportRun) startKiller() {
 func (r *exportRun) awaitLease() {
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
 		var leased bool
-		_ = r.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT FROM outbox_items WHERE state = 'leased')`).Scan(&leased)
+		_ = r.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT 1 FROM outbox_items WHERE state = 'leased')`).Scan(&leased)
 		if leased {
 			return
 		}
