@@ -299,3 +299,20 @@ func TestClaimCitusPassesOverQuietGroups(t *testing.T) {
 	require.Equal(t, []int{2}, testdb.CitusTasks(t, b.pool, outbox.ClaimProbe("stripe_meter_events"),
 		pgx.NamedArgs{"buckets": two, "max": 10, "horizon": 24 * time.Hour}))
 }
+
+// A claim that finds only a leased key's next item finds nothing and
+// leaves the group quiet; settling the lease ends that quiet, so that the
+// key's next item is claimed at once, not after the quiet.
+func TestClaimCitusSettledLeaseStirsItsGroup(t *testing.T) {
+	t.Parallel()
+	b := distributedBundle(t)
+	perKey := outbox.ClaimOptions{Limit: 10, Quiet: time.Hour, Exporter: "stripe_meter_events", Policy: outbox.PerKey}
+	b.enqueue(t, keyed(1, 0), keyed(2, 0))
+	first := b.claim(t, perKey)
+	require.Len(t, first, 1, "one item of the key")
+	require.Empty(t, b.claim(t, perKey), "the key's next item waits for its lease")
+	require.NoError(t, b.store.Accept(b.ctx, b.pool, first[0], "ref_1"))
+	next := b.claim(t, perKey)
+	require.Len(t, next, 1, "the key's next item, claimed at once")
+	require.NotEqual(t, first[0].ID, next[0].ID)
+}

@@ -240,6 +240,11 @@ func (s *Store) recordBatch(ctx context.Context, db pgdb.DB, outcomes []Outcome)
 		return nil, err
 	}
 	s.countSettled(outcomes, results)
+	if shards.Distributed() {
+		// A settled lease frees its key: the key's next item is claimable
+		// now, in a group a claim may have found empty while it was leased.
+		s.quiet.stir(buckets)
+	}
 	return results, nil
 }
 

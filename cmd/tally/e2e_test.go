@@ -421,7 +421,7 @@ func (r *exportRun) overlapAttempts() string {
 		for _, c := range o.Calls {
 			rows, err := r.pool.Query(r.ctx, `SELECT a.lease_token, a.lease_owner, a.leased_at, a.outcome, a.state_after, a.refused,
 			        coalesce(a.error_code, ''), coalesce(a.error_status, 0), coalesce(a.error_message, ''), a.recorded_at
-			    FROM outbox_attempts a JOIN outbox_item_bodies i ON i.id = a.item_id
+			    FROM outbox_attempts a JOIN outbox_item_bodies i ON i.id = a.item_id AND i.bucket = a.bucket
 			    WHERE i.identifier = $1 ORDER BY a.lease_token`, c.Identifier)
 			if err != nil {
 				return err.Error()
