@@ -26,21 +26,7 @@ func TestChaosOnCitus(t *testing.T) {
 	requireCitus(t)
 	r := newChaosRun(t)
 	r.citus = true
-	r.startPostgres()
-	r.startSimulator()
-	r.startNodes()
-	r.mapFeaturesAndTenants()
-	r.startPoster()
-	r.unleash()
-	r.stopPoster()
-
-	r.openPool()
-	r.waitDrained()
-	ledger := r.checkLedger()
-	r.checkFaultsAndRoutes(ledger)
-	r.checkConservation()
-	r.checkLeases()
-	r.checkReconcile()
+	r.run()
 	r.checkMoved()
 }
 

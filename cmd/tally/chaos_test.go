@@ -45,7 +45,11 @@ func TestChaos(t *testing.T) {
 		t.Skip("chaos is not short")
 	}
 	t.Parallel()
-	r := newChaosRun(t)
+	newChaosRun(t).run()
+}
+
+// run is the chaos and its end checks.
+func (r *chaosRun) run() {
 	r.startPostgres()
 	r.startSimulator()
 	r.startNodes()
