@@ -647,8 +647,8 @@ func (r *chaosRun) restartWorker() {
 }
 
 // moveShard moves the shard group that holds tenant c00's bucket to the
-// worker that does not hold it, by logical replication, while usage and
-// delivery go on.
+// worker that does not hold it while usage and delivery go on: by logical
+// replication, or with writes blocked when that keeps losing to deadlocks.
 func (r *chaosRun) moveShard() {
 	r.t.Helper()
 	r.pgMu.Lock()
@@ -667,15 +667,23 @@ func (r *chaosRun) moveShard() {
 	}
 	// The move's last step locks the group's shards; under load Citus may
 	// pick it as a distributed deadlock's victim, and an operator runs it
-	// again.
-	start, tries := time.Now(), 1
-	for ; ; tries++ {
-		_, err = conn.Exec(r.ctx, `SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3)`, shard, from, to)
+	// again. After three online moves so refused, the operator moves it
+	// with writes blocked (block_writes): writes wait for its copy instead
+	// of racing its last step.
+	start, tries, mode := time.Now(), 0, "auto"
+	for {
+		tries++
+		if tries > 3 {
+			mode = "block_writes"
+		}
+		_, err = conn.Exec(r.ctx, `SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3, $4::citus.shard_transfer_mode)`,
+			shard, from, to, mode)
 		var pe *pgconn.PgError
-		if err == nil || tries == 5 || !errors.As(err, &pe) || pe.Code != "40P01" {
+		if err == nil || tries == 10 || !errors.As(err, &pe) || pe.Code != "40P01" {
 			break
 		}
+		time.Sleep(time.Duration(100+r.intN(400)) * time.Millisecond)
 	}
 	require.NoError(r.t, err)
-	r.moved = fmt.Sprintf("shard %d of outbox_item_states and its group moved from port %d to %d in %s (%d tries)", shard, from, to, time.Since(start).Round(time.Millisecond), tries)
+	r.moved = fmt.Sprintf("shard %d of outbox_item_states and its group moved from port %d to %d in %s (%d tries, %s)", shard, from, to, time.Since(start).Round(time.Millisecond), tries, mode)
 }
