@@ -185,14 +185,20 @@ func (r *exportRun) startSimulator() {
 func (r *exportRun) startNode() {
 	r.t.Helper()
 	url := testdb.URL(r.t)
+	// On Citus (TALLY_TEST_ENGINE=citus) the passes are slower, as the
+	// chaos run's are there: three servers share the machine's cores.
+	stage, maintenance, lease, poll := "200ms", "1s", "4s", "100ms"
+	if testdb.OnCitus() {
+		stage, maintenance, lease, poll = "1s", "5s", "6s", "250ms"
+	}
 	n := &node{t: r.t, addr: freeAddr(r.t)}
 	n.env = []string{
 		"TALLY_DATABASE_URL=" + url, "TALLY_LISTEN=" + n.addr, "TALLY_ADMIN_TOKEN=" + exportAdmin,
 		"STRIPE_API_KEY=" + stripesim.DefaultKey, "STRIPE_API_BASE=" + r.simURL,
-		"TALLY_STAGE_INTERVAL=200ms", "TALLY_WINDOW_GRACE=1s", "TALLY_MAINTENANCE_INTERVAL=1s",
+		"TALLY_STAGE_INTERVAL=" + stage, "TALLY_WINDOW_GRACE=1s", "TALLY_MAINTENANCE_INTERVAL=" + maintenance,
 		"TALLY_OUTBOX_BACKOFF_BASE=50ms", "TALLY_OUTBOX_BACKOFF_CAP=500ms", "TALLY_OUTBOX_RATE_LIMIT_DELAY=100ms",
-		"TALLY_OUTBOX_MAX_ATTEMPTS=60", "TALLY_OUTBOX_LEASE=4s", "TALLY_STRIPE_TIMEOUT=1s",
-		"TALLY_RATE_TEST=1000", "TALLY_POLL_INTERVAL=100ms", "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=warn",
+		"TALLY_OUTBOX_MAX_ATTEMPTS=60", "TALLY_OUTBOX_LEASE=" + lease, "TALLY_STRIPE_TIMEOUT=1s",
+		"TALLY_RATE_TEST=1000", "TALLY_POLL_INTERVAL=" + poll, "TALLY_SHUTDOWN_TIMEOUT=5s", "TALLY_LOG_LEVEL=warn",
 		"TALLY_EXPORTER=" + r.exporter, "STRIPE_METER_EVENTS_BASE=" + r.simURL,
 		"TALLY_STREAM_RATE_TEST=100000", "TALLY_STREAM_INFLIGHT=500", "TALLY_BASIC_RATE_TEST=3000",
 	}
@@ -323,7 +329,8 @@ func (r *exportRun) drained() bool {
 }
 
 // waitDrained waits two minutes at most for the killer to finish, then
-// three for the outbox to drain.
+// three for the outbox to drain (six on Citus, whose three servers share
+// the machine's cores).
 func (r *exportRun) waitDrained() {
 	r.t.Helper()
 	select {
@@ -331,7 +338,11 @@ func (r *exportRun) waitDrained() {
 	case <-time.After(2 * time.Minute):
 		r.t.Fatal("the killer never finished")
 	}
-	for deadline := time.Now().Add(3 * time.Minute); !r.drained(); time.Sleep(200 * time.Millisecond) {
+	drain := 3 * time.Minute
+	if testdb.OnCitus() {
+		drain = 6 * time.Minute
+	}
+	for deadline := time.Now().Add(drain); !r.drained(); time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			r.t.Fatalf("the outbox never drained: %s\n--- tally serve output ---\n%s", outboxSummary(r.ctx, r.pool), tail(r.n.out.String(), 4000))
 		}
