@@ -127,7 +127,7 @@ type Report struct {
 // carries: the ledger rows name the item at the root of its chain of
 // predecessors, which a successor shares its bucket with. On a distributed
 // database it runs once per bucket that holds quarantined items, every
-// table read through that bucket (reportSQL): Citus runs a recursive CTE
+// table read through that bucket (reportBuckets): Citus runs a recursive CTE
 // only on one shard, and a list of buckets does not tell it which.
 const sqlReport = `
 SELECT o.quarantine_reason, o.tenant_key, o.payload ->> 'feature', o.payload ->> 'period',

@@ -70,12 +70,7 @@ func runCancelKills(t *testing.T, again bool) {
 	}
 
 	url := testdb.URL(t)
-	// On Citus (TALLY_TEST_ENGINE=citus) the passes are slower, as the
-	// chaos run's are there: three servers share the machine's cores.
-	stage, maintenance, lease, poll := "100ms", "1s", "4s", "50ms"
-	if testdb.OnCitus() {
-		stage, maintenance, lease, poll = "1s", "5s", "6s", "250ms"
-	}
+	stage, maintenance, lease, poll := loadPasses(testdb.OnCitus(), "100ms", "1s", "4s", "50ms")
 	n := &node{t: t, addr: freeAddr(t)}
 	n.env = []string{
 		"TALLY_DATABASE_URL=" + url, "TALLY_LISTEN=" + n.addr, "TALLY_ADMIN_TOKEN=" + exportAdmin,

@@ -209,16 +209,10 @@ func (r *chaosRun) startSimulator() {
 }
 
 // startNodes starts three nodes on the one PostgreSQL, with leases short
-// enough to expire under load. On Citus the three nodes share two cores
-// with three servers: the lease and the passes are longer there, or a
-// claim cut at its send window's end costs its connection, and every new
-// connection costs the coordinator its metadata and worker connections.
+// enough to expire under load (longer on Citus: loadPasses).
 func (r *chaosRun) startNodes() {
 	r.t.Helper()
-	lease, stage, maintenance, poll := "2s", "300ms", "1s", "100ms"
-	if r.citus {
-		lease, stage, maintenance, poll = "6s", "1s", "5s", "250ms"
-	}
+	stage, maintenance, lease, poll := loadPasses(r.citus, "300ms", "1s", "2s", "100ms")
 	r.nodes = make([]*node, 3)
 	for i := range r.nodes {
 		n := &node{t: r.t, addr: freeAddr(r.t)}

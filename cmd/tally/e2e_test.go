@@ -185,12 +185,7 @@ func (r *exportRun) startSimulator() {
 func (r *exportRun) startNode() {
 	r.t.Helper()
 	url := testdb.URL(r.t)
-	// On Citus (TALLY_TEST_ENGINE=citus) the passes are slower, as the
-	// chaos run's are there: three servers share the machine's cores.
-	stage, maintenance, lease, poll := "200ms", "1s", "4s", "100ms"
-	if testdb.OnCitus() {
-		stage, maintenance, lease, poll = "1s", "5s", "6s", "250ms"
-	}
+	stage, maintenance, lease, poll := loadPasses(testdb.OnCitus(), "200ms", "1s", "4s", "100ms")
 	n := &node{t: r.t, addr: freeAddr(r.t)}
 	n.env = []string{
 		"TALLY_DATABASE_URL=" + url, "TALLY_LISTEN=" + n.addr, "TALLY_ADMIN_TOKEN=" + exportAdmin,

@@ -274,3 +274,15 @@ func pooledDatabase(t *testing.T, url string, direct bool) []string {
 	}
 	return env
 }
+
+// loadPasses is a load test's stage interval, maintenance interval, lease
+// and poll interval: its own on one server; on Citus the slower ones every
+// load test uses there, since three servers share the machine's cores, a
+// claim cut at its send window's end costs its connection, and every new
+// connection costs the coordinator its metadata and worker connections.
+func loadPasses(citus bool, stage, maintenance, lease, poll string) (string, string, string, string) {
+	if citus {
+		return "1s", "5s", "6s", "250ms"
+	}
+	return stage, maintenance, lease, poll
+}
