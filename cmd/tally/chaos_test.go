@@ -659,12 +659,14 @@ func (r *chaosRun) moveShard() {
 	if to == from {
 		to = r.pg.Workers()[1].Port()
 	}
-	// The move's last step locks the group's shards; under load Citus may
-	// pick it as a distributed deadlock's victim, and an operator runs it
-	// again. After three online moves so refused, the operator moves it
-	// with writes blocked (block_writes): writes wait for its copy instead
-	// of racing its last step.
+	// Locking the group's shards, a move may be chosen as a distributed
+	// deadlock's victim, and an operator runs it again. After three online
+	// moves so refused, the operator moves it with writes blocked
+	// (block_writes): writes wait for its copy instead of racing its last
+	// step. The pauses between tries grow, so the tries meet the nodes'
+	// transactions at different points.
 	start, tries, mode := time.Now(), 0, "auto"
+	pause := time.Second
 	for {
 		tries++
 		if tries > 3 {
@@ -673,11 +675,13 @@ func (r *chaosRun) moveShard() {
 		_, err = conn.Exec(r.ctx, `SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3, $4::citus.shard_transfer_mode)`,
 			shard, from, to, mode)
 		var pe *pgconn.PgError
-		if err == nil || tries == 10 || !errors.As(err, &pe) || pe.Code != "40P01" {
+		if err == nil || !errors.As(err, &pe) || pe.Code != "40P01" || time.Since(start) > 8*time.Minute {
 			break
 		}
-		time.Sleep(time.Duration(100+r.intN(400)) * time.Millisecond)
+		r.t.Logf("chaos: move try %d (%s) lost to a deadlock after %s", tries, mode, time.Since(start).Round(time.Millisecond))
+		time.Sleep(pause/2 + time.Duration(r.intN(int(pause/time.Millisecond)))*time.Millisecond)
+		pause = min(2*pause, 15*time.Second)
 	}
-	require.NoError(r.t, err)
+	require.NoError(r.t, err, "moving shard %d after %d tries in %s", shard, tries, time.Since(start).Round(time.Millisecond))
 	r.moved = fmt.Sprintf("shard %d of outbox_item_states and its group moved from port %d to %d in %s (%d tries, %s)", shard, from, to, time.Since(start).Round(time.Millisecond), tries, mode)
 }
