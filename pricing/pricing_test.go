@@ -66,6 +66,13 @@ func flatRate() []*stripe.PriceTier {
 	}
 }
 
+func withoutFlats(ts []*stripe.PriceTier) []*stripe.PriceTier {
+	for _, t := range ts {
+		t.FlatAmount = 0
+	}
+	return ts
+}
+
 func with(p *stripe.Price, edit func(*stripe.Price)) *stripe.Price {
 	edit(p)
 	return p
@@ -331,6 +338,9 @@ func TestEvaluateGraduated(t *testing.T) {
 		// 5 × 700 + 5 × 650 + 15 × 600
 		{"in the inf tier, 25", tieredPrice(g, fonts()...), 25, want{quantity: 25, billed: 25, exact: "15750", amount: 15750}, 3},
 		{"zero, no flat amounts", tieredPrice(g, fonts()...), 0, want{exact: "0"}, 1},
+		// Recurring pricing models (an older copy): with the flat-rate section's unit
+		// amounts alone, "the total cost for an amount of 6 is 29 USD": 5 × 500 + 1 × 400.
+		{"unit amounts of the flat-rate tiers, 6", tieredPrice(g, withoutFlats(flatRate())...), 6, want{quantity: 6, billed: 6, exact: "2900", amount: 2900}, 2},
 		// Flat-rate section: quantity 12 graduated is
 		// (5 × 5 + 10) + (5 × 4 + 20) + (2 × 3 + 30) = 111 USD.
 		{"flat amounts, Stripe's example", tieredPrice(g, flatRate()...), 12, want{quantity: 12, billed: 12, exact: "11100", amount: 11100}, 3},
