@@ -107,6 +107,9 @@ type account struct {
 	// revoked: the platform's access to this connected account was
 	// revoked (RevokeAccess); its state is kept for RestoreAccess.
 	revoked bool
+
+	products map[modeID]*product
+	prices   []*price // creation order
 }
 
 // modeID is an id scoped to one mode of an account.
@@ -194,6 +197,10 @@ func (s *Server) routes() http.Handler {
 	r.Post("/v1/customers/{id}", s.updateCustomer)
 	r.Delete("/v1/customers/{id}", s.deleteCustomer)
 
+	r.Post("/v1/prices", s.createPrice)
+	r.Get("/v1/prices", s.listPrices)
+	r.Get("/v1/prices/{id}", s.getPrice)
+
 	r.Post(meterEventsPath, s.createMeterEvent)
 	r.Post(adjustmentsPath, s.createAdjustment)
 
@@ -263,7 +270,7 @@ func (s *Server) accountLocked(id string) *account {
 	a := s.accounts[id]
 	if a == nil {
 		a = &account{id: id, created: s.now(), customers: map[modeID]*customer{}, idents: map[modeID]*identSt{},
-			delivered: map[string]bool{}, abandoned: map[string]bool{}}
+			delivered: map[string]bool{}, abandoned: map[string]bool{}, products: map[modeID]*product{}}
 		s.accounts[id] = a
 	}
 	return a
