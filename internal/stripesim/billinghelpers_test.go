@@ -121,3 +121,6 @@ func without(form url.Values, remove []string, kv ...string) url.Values {
 
 // unix is t in seconds, for comparing with stripe-go's timestamps.
 func unix(t time.Time) int64 { return t.Unix() }
+
+// zeroTime is a time not sent.
+var zeroTime time.Time

@@ -410,8 +410,8 @@ func parseTiers(entries []indexedEntry, param string) ([]tier, *apiError) {
 			}
 		}
 		if t.unit == nil && t.flat == nil {
-			// Stripe's answer to a tier without an amount, as reported
-			// from the API (lukasaron/terraform-provider-stripe#45).
+			// Stripe's answer to a tier without an amount, as its users
+			// report it.
 			return nil, errValidation("", name("unit_amount"), "An entry in the tiers array is missing an amount.")
 		}
 		if i > 0 {

@@ -19,8 +19,8 @@ import (
 // one of the account and mode; transform_quantity "Cannot be combined with
 // tiers" and the interval is at most three years (stripe-go
 // PriceCreateParams); a tier without an amount answers Stripe's "An entry
-// in the tiers array is missing an amount." (reported in
-// lukasaron/terraform-provider-stripe#45). Nothing is created.
+// in the tiers array is missing an amount." (as Stripe's users report it).
+// Nothing is created.
 func TestPriceCreateRefused(t *testing.T) {
 	t.Parallel()
 	sim, ts, _ := newBillingSim(t, day(2026, 3, 1, 0, 0))
