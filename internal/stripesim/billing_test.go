@@ -3,6 +3,7 @@ package stripesim_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"testing"
 	"time"
@@ -581,4 +582,32 @@ func TestInvoiceGraceOption(t *testing.T) {
 	assert.Equal(t, "cus_acme", invs[0].Customer)
 	assert.Equal(t, price, invs[0].Lines[0].Price)
 	assert.Equal(t, meter.ID, invs[0].Lines[0].Meter)
+}
+
+// On a MovedClock, whose times have fractions of a second, periods still
+// start and end on whole seconds, as Stripe's timestamps do, so that usage
+// timestamped on a period's last second is billed in it.
+func TestBillingOnAMovedClock(t *testing.T) {
+	t.Parallel()
+	clk := &stripesim.MovedClock{}
+	sim := stripesim.New(stripesim.Options{Keys: map[string]string{testKey: acct}, Now: clk.Now})
+	ts := httptest.NewServer(sim.Handler())
+	t.Cleanup(ts.Close)
+	meter := sim.CreateMeter(acct, stripesim.MeterSpec{EventName: "api_calls"})
+	price := sim.CreatePrice(acct, stripesim.PriceSpec{Meter: meter.ID, UnitAmountDecimal: "1", Interval: "day"})
+	sim.CreateCustomer(acct, "cus_acme")
+	sc := client(ts, testKey)
+	sub := subscribe(t, sc, "cus_acme", zeroTime, zeroTime, price)
+	it := sub.Items.Data[0]
+	assert.Equal(t, sub.Created, it.CurrentPeriodStart)
+	assert.Equal(t, it.CurrentPeriodStart+86400, it.CurrentPeriodEnd)
+
+	usage(t, sc, "", "api_calls", "cus_acme", 2, time.Unix(it.CurrentPeriodStart, 0))
+	clk.Add(24*time.Hour - time.Minute)
+	usage(t, sc, "", "api_calls", "cus_acme", 3, time.Unix(it.CurrentPeriodEnd-1, 0))
+	clk.Add(2 * time.Hour)
+	invs := invoicesOf(t, sc, sub.ID)
+	require.Len(t, invs, 1)
+	assert.EqualValues(t, 5, invs[0].Lines.Data[0].Quantity, "the period's first and last seconds")
+	assert.Equal(t, stripe.InvoiceStatusOpen, invs[0].Status)
 }

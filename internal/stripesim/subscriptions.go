@@ -371,6 +371,7 @@ func parseSubscription(f url.Values, livemode bool, now time.Time) (subscription
 // subscription: the customer, each price, the billing cycle anchor no
 // later than the next natural billing date. s.mu must be held.
 func (s *Server) addSubscriptionLocked(a *account, in subscriptionInput, now time.Time, cause *http.Request) (*subscription, *apiError) {
+	now = now.Truncate(time.Second) // Stripe's times are whole seconds; so are its periods
 	if cu := a.customers[modeID{in.livemode, in.customer}]; cu == nil || cu.deleted {
 		return nil, errNoSuch(http.StatusBadRequest, customerObjectName, "customer", in.customer)
 	}
@@ -650,6 +651,7 @@ func (s *Server) nextItemsLocked(a *account, sub *subscription, items []itemInpu
 	if sub.status == SubscriptionCanceled {
 		return nil, errCanceledUpdate()
 	}
+	now = now.Truncate(time.Second) // an item's period starts on a whole second
 	next := make([]*subItem, 0, len(sub.items))
 	for _, it := range sub.items {
 		cp := *it
@@ -753,11 +755,14 @@ func (s *Server) cancelSubscription(w http.ResponseWriter, r *http.Request) {
 		if sub == nil || sub.status == SubscriptionCanceled {
 			return subscriptionJSON{}, errNoSuch(http.StatusNotFound, subscriptionObjectName, "id", id)
 		}
+		// The period ends on a whole second; the final invoice sees the
+		// usage received until now.
 		now := s.now()
+		end := now.Truncate(time.Second)
 		if invoiceNow {
-			s.openInvoiceLocked(a, sub, billingReasonUpdate, now, now, r)
+			s.openInvoiceLocked(a, sub, billingReasonUpdate, end, now, r)
 		}
-		sub.status, sub.canceledAt, sub.endedAt, sub.cancelReason = SubscriptionCanceled, now, now, "cancellation_requested"
+		sub.status, sub.canceledAt, sub.endedAt, sub.cancelReason = SubscriptionCanceled, end, end, "cancellation_requested"
 		sub.cancelComment, sub.cancelFeedback = f.Get("cancellation_details[comment]"), f.Get("cancellation_details[feedback]")
 		s.stopCollectionLocked(a, sub, now, r)
 		s.emitLocked(a, EventSubscriptionDeleted, sub.livemode, now, sub.json(priceView{}), nil, r)
