@@ -9,11 +9,15 @@ import (
 	"github.com/go-chi/chi/v5"
 )
 
+// Statuses of an invoice: the simulator's invoices are drafts until they
+// finalize, then open (it takes no payments).
 const (
-	invoiceObjectName = "invoice"
-
 	InvoiceDraft = "draft"
 	InvoiceOpen  = "open"
+)
+
+const (
+	invoiceObjectName = "invoice"
 
 	// billingReasonCycle: "A subscription advanced into a new period";
 	// billingReasonUpdate: "A subscription was updated" (stripe-go

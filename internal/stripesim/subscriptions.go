@@ -13,12 +13,16 @@ import (
 	"github.com/go-chi/chi/v5"
 )
 
+// Statuses of a subscription: the simulator's subscriptions are active
+// until canceled (no trials, no payments to fail).
+const (
+	SubscriptionActive   = "active"
+	SubscriptionCanceled = "canceled"
+)
+
 const (
 	subscriptionObjectName = "subscription"
 	itemObjectName         = "subscription item"
-
-	SubscriptionActive   = "active"
-	SubscriptionCanceled = "canceled"
 
 	// maxItems is how many items a subscription may have: "A list of up
 	// to 20 subscription items" (stripe-go SubscriptionCreateParams.Items).
