@@ -611,3 +611,41 @@ func TestBillingOnAMovedClock(t *testing.T) {
 	assert.EqualValues(t, 5, invs[0].Lines.Data[0].Quantity, "the period's first and last seconds")
 	assert.Equal(t, stripe.InvoiceStatusOpen, invs[0].Status)
 }
+
+// GET /v1/invoices lists "with the most recently created invoices appearing
+// first" (stripe-go InvoiceListParams), filtered by customer, subscription,
+// status and created, a page at a time; an unknown status is refused.
+func TestInvoiceListFilters(t *testing.T) {
+	t.Parallel()
+	sim, ts, clk := newBillingSim(t, day(2026, 3, 1, 0, 0))
+	meter := sim.CreateMeter(acct, stripesim.MeterSpec{EventName: "api_calls"})
+	price := sim.CreatePrice(acct, stripesim.PriceSpec{Meter: meter.ID, UnitAmountDecimal: "1"})
+	sim.CreateCustomer(acct, "cus_a")
+	sim.CreateCustomer(acct, "cus_b")
+	sc, ctx := client(ts, testKey), context.Background()
+	subA := subscribe(t, sc, "cus_a", zeroTime, zeroTime, price)
+	subscribe(t, sc, "cus_b", day(2026, 3, 15, 0, 0), zeroTime, price)
+	clk.Set(day(2026, 4, 1, 0, 30)) // cus_b: March 15 (open), April 15 not yet; cus_a: April 1 (draft)
+
+	list := func(p *stripe.InvoiceListParams) []string {
+		var ids []string
+		for inv, err := range sc.V1Invoices.List(ctx, p) {
+			require.NoError(t, err)
+			ids = append(ids, inv.Customer.ID+"/"+string(inv.Status))
+		}
+		return ids
+	}
+	assert.Equal(t, []string{"cus_a/draft", "cus_b/open"}, list(&stripe.InvoiceListParams{ListParams: stripe.ListParams{Limit: stripe.Int64(1)}}))
+	assert.Equal(t, []string{"cus_b/open"}, list(&stripe.InvoiceListParams{Customer: stripe.String("cus_b")}))
+	assert.Equal(t, []string{"cus_a/draft"}, list(&stripe.InvoiceListParams{Subscription: stripe.String(subA.ID)}))
+	assert.Equal(t, []string{"cus_b/open"}, list(&stripe.InvoiceListParams{Status: stripe.String("open")}))
+	assert.Equal(t, []string{"cus_a/draft"}, list(&stripe.InvoiceListParams{CreatedRange: &stripe.RangeQueryParams{
+		GreaterThan: unix(day(2026, 3, 15, 0, 0))}}))
+	assert.Empty(t, list(&stripe.InvoiceListParams{Status: stripe.String("paid")}))
+
+	r := do(t, ts, http.MethodGet, "/v1/invoices", testKey, url.Values{"status": {"late"}}, nil)
+	assert.Equal(t, http.StatusBadRequest, r.status)
+	assert.Equal(t, "status", r.errField("param"))
+	r = do(t, ts, http.MethodGet, "/v1/invoices/in_nope/lines", testKey, nil, nil)
+	assert.Equal(t, http.StatusNotFound, r.status)
+}
