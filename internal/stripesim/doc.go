@@ -59,12 +59,21 @@
 //
 // Layout, for extension: one [Server] holding all state behind one mutex
 // (server.go), one chi router built in [New] whose middleware chain is, in
-// order, request ids, recording and auth (middleware.go), the gate — rate
-// limits, the rate-limit, read and lose-reply faults — (limits.go),
-// idempotent replay (idempotency.go), and the execute layer — latency,
-// hangs and the failures of an executing endpoint — (limits.go); Stripe's
-// error envelope in errors.go, list pagination in list.go, and one file per
-// resource (account.go, meters.go, customers.go, meterevents.go,
-// summaries.go, adjustments.go, events.go for v2 events, stream.go for the
-// v2 session and stream, reports.go for error reports).
+// order, request ids, recording, the billing due by now and auth
+// (middleware.go), the gate — rate limits, the rate-limit, read and
+// lose-reply faults — (limits.go), idempotent replay (idempotency.go), and
+// the execute layer — latency, hangs and the failures of an executing
+// endpoint — (limits.go); Stripe's error envelope in errors.go, list
+// pagination in list.go, and one file per resource (account.go, meters.go,
+// customers.go, meterevents.go, summaries.go, adjustments.go, events.go for
+// v2 events, stream.go for the v2 session and stream, reports.go for error
+// reports, prices.go, subscriptions.go, invoices.go). Billing
+// (docs/simulator.md) adds amounts.go (the simulator's own price evaluator),
+// periods.go (billing dates from the anchor), billing.go (the billing cycle
+// — renewals and finalizations applied lazily in time order at every
+// request, by [Server.AdvanceBilling] and by the readbacks [Server.Invoices]
+// and [Server.BillingEvents] — and the usage an invoice line bills),
+// billingevents.go (v1 snapshot events of subscriptions and invoices, GET
+// /v1/events, [Server.DeliverBillingEvents]) and forms.go (the indexed and
+// nested form parameters the billing endpoints take).
 package stripesim

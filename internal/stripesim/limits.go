@@ -82,7 +82,8 @@ type Faults struct {
 	// into reports like its validation failures.
 	AsyncDrop float64
 	// ReadFault answers a GET (meters, event summaries, the account,
-	// customers, v2 events) with 500 half the time and 429 the other half,
+	// customers, prices, subscriptions, invoices, v1 and v2 events) with
+	// 500 half the time and 429 the other half,
 	// without reading anything: the reconciler's reads meet transient
 	// failures too.
 	ReadFault float64

@@ -31,7 +31,8 @@ type MeterEvent struct {
 	Meter   Meter
 }
 
-// snapshotEventJSON is a v1 event (object "event") with its data.object.
+// snapshotEventJSON is a v1 event (object "event") with its data.object
+// and, for an update, data.previous_attributes.
 type snapshotEventJSON struct {
 	ID         string  `json:"id"`
 	Object     string  `json:"object"`
@@ -39,41 +40,36 @@ type snapshotEventJSON struct {
 	APIVersion string  `json:"api_version"`
 	Created    int64   `json:"created"`
 	Data       struct {
-		Object meterJSON `json:"object"`
+		Object             json.RawMessage `json:"object"`
+		PreviousAttributes json.RawMessage `json:"previous_attributes,omitempty"`
 	} `json:"data"`
-	Livemode        bool   `json:"livemode"`
-	PendingWebhooks int    `json:"pending_webhooks"`
-	Type            string `json:"type"`
+	Livemode        bool             `json:"livemode"`
+	PendingWebhooks int              `json:"pending_webhooks"`
+	Request         eventRequestJSON `json:"request"`
+	Type            string           `json:"type"`
 }
 
 // apiVersion is the version the simulator renders snapshot events in:
 // stripe-go v82's.
 const apiVersion = "2025-08-27.basil"
 
-func snapshotOf(e MeterEvent) snapshotEventJSON {
-	out := snapshotEventJSON{ID: e.ID, Object: "event", APIVersion: apiVersion, Created: e.Created.Unix(),
-		Livemode: e.Livemode, PendingWebhooks: 1, Type: e.Type}
-	if e.Account != "" {
-		acct := e.Account
-		out.Account = &acct
-	}
-	m := e.Meter
-	out.Data.Object = m.json()
-	return out
+// billingEvent is e in the form of every v1 event.
+func (e MeterEvent) billingEvent() BillingEvent {
+	return BillingEvent{ID: e.ID, Type: e.Type, Created: e.Created, Livemode: e.Livemode, Account: e.Account,
+		Object: snapshot(e.Meter.json())}
 }
+
+func snapshotOf(e MeterEvent) snapshotEventJSON { return e.billingEvent().json() }
 
 // meterEventLocked records an event of type typ about m, in account a, at
 // the simulator's now. s.mu must be held.
 func (s *Server) meterEventLocked(a *account, typ string, m *Meter) {
-	prefix := "evt_test_"
-	if m.Livemode {
-		prefix = "evt_"
-	}
-	e := MeterEvent{ID: randomID(prefix, 24), Type: typ, Created: s.now(), Livemode: m.Livemode, Meter: *m}
+	e := MeterEvent{ID: newEventID(m.Livemode), Type: typ, Created: s.now(), Livemode: m.Livemode, Meter: *m}
 	if !s.ownAccountLocked(a.id) {
 		e.Account = a.id
 	}
 	a.meterEvents = append(a.meterEvents, e)
+	a.v1Events = append(a.v1Events, v1Event{BillingEvent: e.billingEvent(), meter: true})
 }
 
 // ownAccountLocked reports whether id is the own account of one of the

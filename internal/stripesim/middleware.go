@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -122,11 +123,26 @@ func (s *Server) begin(next http.Handler) http.Handler {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		err = r.ParseForm()
+		if err == nil && r.Method == http.MethodDelete && len(body) > 0 {
+			// net/http parses the body of POST, PUT and PATCH only;
+			// stripe-go sends a DELETE's parameters (invoice_now) in it.
+			var vs url.Values
+			if vs, err = url.ParseQuery(string(body)); err == nil {
+				for k, v := range vs {
+					r.Form[k] = append(r.Form[k], v...)
+				}
+			}
+		}
 		rec.Form = cloneValues(r.Form)
 		if err != nil {
 			writeError(sw, errValidation("", "", "Invalid request: the body could not be parsed as form values."))
 			return
 		}
+		// What Stripe would have done by now happens before the request
+		// is served: renewals, automatic finalizations.
+		s.mu.Lock()
+		s.advanceBillingLocked(s.now())
+		s.mu.Unlock()
 		st := &reqState{rec: rec, body: body}
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), stateKey, st)))
 	})

@@ -64,6 +64,11 @@ type Options struct {
 	// clock; past it an undelivered report is abandoned, as Stripe stops
 	// retrying. Default DefaultDeliveryRetries.
 	DeliveryRetries time.Duration
+	// InvoiceGrace is the finalization grace period of the drafts the
+	// billing cycle makes: a draft with auto_advance finalizes this long
+	// after it was created. Default DefaultInvoiceGrace (1 hour, Stripe's
+	// default; Stripe lets an account set up to 72 hours).
+	InvoiceGrace time.Duration
 }
 
 // Server is the simulator. It is safe for concurrent use.
@@ -85,6 +90,7 @@ type Server struct {
 	listing  ListSupport         // Options.EventsList
 	thinList bool                // Options.ListWithoutData
 	retries  time.Duration       // Options.DeliveryRetries
+	grace    time.Duration       // Options.InvoiceGrace
 	lim      limiter             // limits, faults and in-flight calls
 	closed   chan struct{}       // closed by Close: releases hung requests
 	close1   sync.Once
@@ -107,6 +113,17 @@ type account struct {
 	// revoked: the platform's access to this connected account was
 	// revoked (RevokeAccess); its state is kept for RestoreAccess.
 	revoked bool
+
+	products map[modeID]*product
+	prices   []*price        // creation order
+	subs     []*subscription // creation order
+	invoices []*invoice      // creation order
+	// invoiceNumbers counts the finalized invoices of each customer, for
+	// their numbers.
+	invoiceNumbers map[modeID]int
+	// v1Events are every v1 snapshot event — meter, subscription and
+	// invoice events — in the order they were recorded.
+	v1Events []v1Event
 }
 
 // modeID is an id scoped to one mode of an account.
@@ -158,6 +175,10 @@ func New(opts Options) *Server {
 	if s.retries <= 0 {
 		s.retries = DefaultDeliveryRetries
 	}
+	s.grace = opts.InvoiceGrace
+	if s.grace <= 0 {
+		s.grace = DefaultInvoiceGrace
+	}
 	if s.invalid == 0 {
 		s.invalid = http.StatusForbidden
 	}
@@ -193,6 +214,26 @@ func (s *Server) routes() http.Handler {
 	r.Get("/v1/customers/{id}", s.getCustomer)
 	r.Post("/v1/customers/{id}", s.updateCustomer)
 	r.Delete("/v1/customers/{id}", s.deleteCustomer)
+
+	r.Post("/v1/prices", s.createPrice)
+	r.Get("/v1/prices", s.listPrices)
+	r.Get("/v1/prices/{id}", s.getPrice)
+
+	r.Post("/v1/subscriptions", s.createSubscription)
+	r.Get("/v1/subscriptions", s.listSubscriptions)
+	r.Get("/v1/subscriptions/{id}", s.getSubscription)
+	r.Post("/v1/subscriptions/{id}", s.updateSubscription)
+	r.Delete("/v1/subscriptions/{id}", s.cancelSubscription)
+	r.Delete("/v1/subscription_items/{id}", s.deleteSubscriptionItem)
+
+	r.Get("/v1/invoices", s.listInvoices)
+	r.Get("/v1/invoices/{id}", s.getInvoice)
+	r.Post("/v1/invoices/{id}", s.updateInvoice)
+	r.Get("/v1/invoices/{id}/lines", s.listInvoiceLines)
+	r.Post("/v1/invoices/{id}/finalize", s.finalizeInvoice)
+
+	r.Get(v1EventsPath, s.listV1Events)
+	r.Get(v1EventsPath+"/{id}", s.getV1Event)
 
 	r.Post(meterEventsPath, s.createMeterEvent)
 	r.Post(adjustmentsPath, s.createAdjustment)
@@ -263,7 +304,8 @@ func (s *Server) accountLocked(id string) *account {
 	a := s.accounts[id]
 	if a == nil {
 		a = &account{id: id, created: s.now(), customers: map[modeID]*customer{}, idents: map[modeID]*identSt{},
-			delivered: map[string]bool{}, abandoned: map[string]bool{}}
+			delivered: map[string]bool{}, abandoned: map[string]bool{}, products: map[modeID]*product{},
+			invoiceNumbers: map[modeID]int{}}
 		s.accounts[id] = a
 	}
 	return a
