@@ -369,6 +369,11 @@ func (r *chaosRun) deliver(batch []e2eEvent) bool {
 	}
 }
 
+// minKills is how many nodes the chaos kills at least: a slow restart or
+// shard move may take the whole run's time, and the kills then go on after
+// it.
+const minKills = 10
+
 // unleash is the chaos: a node killed and restarted every 1-3 s; Postgres
 // restarted at a third and at two thirds of the run.
 func (r *chaosRun) unleash() {
@@ -393,7 +398,7 @@ func (r *chaosRun) unleash() {
 			database()
 		}
 	}()
-	for time.Now().Before(deadline) {
+	for time.Now().Before(deadline) || r.kills < minKills {
 		time.Sleep(time.Duration(1000+r.intN(2000)) * time.Millisecond)
 		if len(pgAt) > 0 && time.Now().After(pgAt[0]) {
 			database()
