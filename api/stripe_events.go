@@ -14,6 +14,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -27,6 +28,11 @@ type WebhookDeps struct {
 	// Fetch reads the full event of a thin one from Stripe, in its
 	// context (stripeapi.Client.Event).
 	Fetch reconcile.Fetcher
+	// Subscriptions reads at once the subscriptions of the customer a
+	// customer.subscription.* event is about, in every account a tenant
+	// maps it in, and says in how many (mappings.Store.SyncCustomer); nil:
+	// such events are ignored, and the hourly job reads them.
+	Subscriptions func(ctx context.Context, db pgdb.Beginner, customer string) (int, error)
 	// Meters reads at once the meters of the account a billing.meter.*
 	// event is about ("": the key's own) and reports whether Tally
 	// exports to it (reconcile.Backfill.MetersChanged); nil: such events
@@ -65,6 +71,9 @@ type ThinEvent struct {
 	// Tally can read.
 	Created  time.Time
 	Livemode bool
+	// Customer is the customer of a v1 snapshot event's object
+	// (data.object.customer), when it names one.
+	Customer string
 	// Context is "the authentication context needed to fetch the event"
 	// (Stripe's event types reference): the account the event is about,
 	// empty (null) for the key's own account.
@@ -81,6 +90,11 @@ type thinJSON struct {
 	Livemode bool            `json:"livemode"`
 	Context  *string         `json:"context"`
 	Account  *string         `json:"account"`
+	Data     *struct {
+		Object struct {
+			Customer json.RawMessage `json:"customer"`
+		} `json:"object"`
+	} `json:"data"`
 }
 
 // snapshotObject is the object of a v1 event.
@@ -123,6 +137,15 @@ func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) 
 	}
 	if raw.Account != nil {
 		thin.Account = *raw.Account
+	}
+	if raw.Data != nil {
+		// An id; an expanded customer is an object, whose id is enough.
+		var c struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(raw.Data.Object.Customer, &thin.Customer) != nil && json.Unmarshal(raw.Data.Object.Customer, &c) == nil {
+			thin.Customer = c.ID
+		}
 	}
 	var text string
 	var unix int64
@@ -235,6 +258,10 @@ func (h *handlers) stripeEvents(w http.ResponseWriter, r *http.Request) {
 // Stripe to deliver the event again (the hourly listing reads the meters
 // anyway).
 func (h *handlers) snapshotEvent(w http.ResponseWriter, r *http.Request, ev ThinEvent) {
+	if stripeapi.SubscriptionEvent(ev.Type) {
+		h.subscriptionEvent(w, r, ev)
+		return
+	}
 	if !stripeapi.MeterStatusEvent(ev.Type) || h.Webhook.Meters == nil {
 		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptIgnored})
 		return
@@ -256,6 +283,39 @@ func (h *handlers) snapshotEvent(w http.ResponseWriter, r *http.Request, ev Thin
 	h.log.InfoContext(r.Context(), "a Stripe meter changed: the account's meters were read again", "event", ev.ID, "type", ev.Type)
 	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: statusMetersRead})
 }
+
+// subscriptionEvent receives a customer.subscription.* event: Tally reads
+// the customer's subscriptions again at once (the snapshot may be older
+// than the subscription), and the tenants mapped to it bill by their
+// periods. Stripe failing that read is a 502, for Stripe to deliver the
+// event again (the hourly job reads them anyway).
+func (h *handlers) subscriptionEvent(w http.ResponseWriter, r *http.Request, ev ThinEvent) {
+	if h.Webhook.Subscriptions == nil || !stripeapi.ValidCustomerID(ev.Customer) {
+		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptIgnored})
+		return
+	}
+	n, err := h.Webhook.Subscriptions(r.Context(), h.Pool, ev.Customer)
+	var unavailable *mappings.ErrProviderUnavailable
+	var account *mappings.AccountError
+	switch {
+	case errors.As(err, &unavailable) || errors.As(err, &account):
+		h.log.WarnContext(r.Context(), "reading the subscriptions a Stripe event is about failed; Stripe delivers it again",
+			"event", ev.ID, "type", ev.Type)
+		WriteError(w, http.StatusBadGateway, "event_unavailable", "the subscriptions could not be read from Stripe; deliver the event again later")
+		return
+	case err != nil:
+		h.internal(w, r, err)
+		return
+	case n == 0:
+		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptForeign})
+		return
+	}
+	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: statusSubscriptionsRead})
+}
+
+// statusSubscriptionsRead answers a customer.subscription.* event after
+// which the customer's subscriptions were read.
+const statusSubscriptionsRead = "subscriptions_read"
 
 // statusMetersRead answers a billing.meter.* event after which the
 // account's meters were read.

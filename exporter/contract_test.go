@@ -96,6 +96,29 @@ func TestContractMeters(t *testing.T) {
 	}
 }
 
+// A customer's subscriptions: GET /v1/subscriptions with the customer and
+// status=all, for the key's account and for a connected account.
+func TestContractSubscriptions(t *testing.T) {
+	t.Parallel()
+	m := stripemock.Start(t)
+	for _, account := range []string{"", "acct_1Connected"} {
+		t.Run("account="+account, func(t *testing.T) {
+			c, err := stripeapi.New(stripeapi.Config{Key: mockKey, APIBase: m.URL, Account: account})
+			require.NoError(t, err)
+			_, err = c.SubscriptionItems(context.Background(), "cus_1")
+			require.NoError(t, err)
+
+			r := lastRequest(t, m, http.MethodGet, "/v1/subscriptions")
+			require.Equal(t, http.StatusOK, r.Status, r.Body)
+			requireCommonHeaders(t, r)
+			require.Equal(t, "cus_1", r.Query.Get("customer"))
+			require.Equal(t, "all", r.Query.Get("status"))
+			require.Equal(t, "100", r.Query.Get("limit"))
+			require.Equal(t, account, r.Header.Get("Stripe-Account"))
+		})
+	}
+}
+
 // The export itself: POST /v1/billing/meter_events with the item's
 // identifier as the event's identifier and an Idempotency-Key of the
 // attempt's own, for the key's account and for a connected account, for a

@@ -21,6 +21,9 @@ type Store struct {
 	// refused: none of its items could be sent. The wiring sets it from
 	// STRIPE_API_KEY (config.RestrictedKey).
 	RestrictedKey bool
+	// Subscriptions, when set, reads a tenant's customer's subscriptions
+	// when its mapping is saved: the tenant bills by their periods.
+	Subscriptions SubscriptionLister
 }
 
 // ErrNotFound says there is no mapping by that name.

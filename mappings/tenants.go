@@ -191,11 +191,37 @@ func (s *Store) PutTenant(ctx context.Context, db pgdb.Beginner, tenant string, 
 			return Tenant{}, false, err
 		}
 	}
+	var items []stripeapi.SubscriptionItem // the customer's, when Stripe answered
+	read := false
+	if s.Subscriptions != nil {
+		// A failed read leaves the periods as last read: the hourly job
+		// reads the customer again.
+		if got, err := s.Subscriptions.SubscriptionItems(ctx, in.StripeAccount, in.StripeCustomerID); err == nil {
+			items, read = got, true
+		}
+	}
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if name != nil {
 			if err := storeName(ctx, tx, in.StripeAccount, in.StripeCustomerID, *name); err != nil {
 				return err
 			}
+		}
+		if read {
+			if _, err := s.keepSubscriptions(ctx, tx, in.StripeAccount, in.StripeCustomerID, items); err != nil {
+				return err
+			}
+		}
+		p, _, err := StoredPeriods(ctx, tx, in.StripeAccount, in.StripeCustomerID)
+		if err != nil {
+			return err
+		}
+		if p.Anchor != nil {
+			if in.PeriodAnchor != nil && !in.PeriodAnchor.Equal(*p.Anchor) {
+				return &ValidationError{Fields: []FieldError{{"period_anchor", fmt.Sprintf(
+					"customer %s bills by subscription %s, whose billing cycle anchor %s sets the periods; leave period_anchor out",
+					in.StripeCustomerID, p.Subscription, p.Anchor.Format(time.RFC3339))}}}
+			}
+			in.PeriodAnchor = p.Anchor
 		}
 		cur, err := scanTenant(tx.QueryRow(ctx, "SELECT "+tenantColumns+" FROM tenant_mappings WHERE tenant = $1 FOR UPDATE", tenant))
 		switch {
@@ -207,44 +233,56 @@ func (s *Store) PutTenant(ctx context.Context, db pgdb.Beginner, tenant string, 
 			return err
 		}
 		changed = true
-		existed, from := err == nil, ""
-		if existed {
-			from = tenantState(cur)
+		var was *Tenant
+		if err == nil {
+			was = &cur
 		}
-		// An update takes the new row's updated_at (its column default, the
-		// clock): a distributed database refuses a function that is not
-		// IMMUTABLE in DO UPDATE SET, and the mappings are reference tables.
-		t, err = scanTenant(tx.QueryRow(ctx, `
-			WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
-			hist AS (
-				INSERT INTO tenant_mapping_versions (version, tenant, stripe_customer_id, stripe_account, period_anchor, invoice_grace, changed_by)
-				SELECT version, $1, $2, $6::text, $3, $5::interval, $4 FROM v
-			)
-			INSERT INTO tenant_mappings (tenant, stripe_customer_id, stripe_account, period_anchor, invoice_grace, version, updated_by)
-			SELECT $1, $2, $6::text, $3, $5::interval, version, $4 FROM v
-			ON CONFLICT (tenant) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id,
-				stripe_account = EXCLUDED.stripe_account, period_anchor = EXCLUDED.period_anchor,
-				invoice_grace = EXCLUDED.invoice_grace, version = EXCLUDED.version,
-				updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by
-			RETURNING `+tenantColumns,
-			tenant, in.StripeCustomerID, in.PeriodAnchor, by, graceArg(in.InvoiceGrace), accountArg(in.StripeAccount)))
-		if err != nil {
-			return err
-		}
-		var was *time.Time // the anchor the tenant's usage was counted by: none before its first mapping
-		if existed {
-			was = cur.PeriodAnchor
-		}
-		if err := moveAnchor(ctx, tx, tenant, was, t.PeriodAnchor); err != nil {
-			return err
-		}
-		return audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionTenantMapping, Subject: "tenant:" + tenant,
-			From: from, To: tenantState(t), Reason: s.auditReason()})
+		t, err = s.writeTenant(ctx, tx, tenant, in, by, was, s.auditReason())
+		return err
 	})
 	if err != nil {
 		return Tenant{}, false, fmt.Errorf("mappings: setting tenant %s: %w", tenant, err)
 	}
 	return t, changed, nil
+}
+
+// writeTenant writes tenant's new mapping version in tx, cur being its
+// current mapping (nil: none), moves its unstaged usage to the new
+// anchor's periods and audits the change with reason.
+func (s *Store) writeTenant(ctx context.Context, tx pgx.Tx, tenant string, in TenantInput, by string, cur *Tenant, reason string) (Tenant, error) {
+	from := ""
+	if cur != nil {
+		from = tenantState(*cur)
+	}
+	// An update takes the new row's updated_at (its column default, the
+	// clock): a distributed database refuses a function that is not
+	// IMMUTABLE in DO UPDATE SET, and the mappings are reference tables.
+	t, err := scanTenant(tx.QueryRow(ctx, `
+		WITH v AS (SELECT nextval('mapping_version_seq')::integer AS version),
+		hist AS (
+			INSERT INTO tenant_mapping_versions (version, tenant, stripe_customer_id, stripe_account, period_anchor, invoice_grace, changed_by)
+			SELECT version, $1, $2, $6::text, $3, $5::interval, $4 FROM v
+		)
+		INSERT INTO tenant_mappings (tenant, stripe_customer_id, stripe_account, period_anchor, invoice_grace, version, updated_by)
+		SELECT $1, $2, $6::text, $3, $5::interval, version, $4 FROM v
+		ON CONFLICT (tenant) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id,
+			stripe_account = EXCLUDED.stripe_account, period_anchor = EXCLUDED.period_anchor,
+			invoice_grace = EXCLUDED.invoice_grace, version = EXCLUDED.version,
+			updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by
+		RETURNING `+tenantColumns,
+		tenant, in.StripeCustomerID, in.PeriodAnchor, by, graceArg(in.InvoiceGrace), accountArg(in.StripeAccount)))
+	if err != nil {
+		return Tenant{}, err
+	}
+	var was *time.Time // the anchor the tenant's usage was counted by: none before its first mapping
+	if cur != nil {
+		was = cur.PeriodAnchor
+	}
+	if err := moveAnchor(ctx, tx, tenant, was, t.PeriodAnchor); err != nil {
+		return Tenant{}, err
+	}
+	return t, audit.Record(ctx, tx, audit.Entry{Actor: by, Action: audit.ActionTenantMapping, Subject: "tenant:" + tenant,
+		From: from, To: tenantState(t), Reason: reason})
 }
 
 // tenantState is a tenant mapping as the audit log shows it; the account

@@ -121,7 +121,7 @@ func TestDistributeInPlace(t *testing.T) {
 		}
 	}
 	require.Equal(t, doctor.OK, engine.Status, "%+v", engine)
-	require.Contains(t, engine.Detail, "8 distributed, 6 reference")
+	require.Contains(t, engine.Detail, "8 distributed, 8 reference")
 
 	var shards, groups int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT

@@ -45,6 +45,35 @@ func MeterStatusEvent(typ string) bool {
 	return false
 }
 
+// The v1 events Stripe sends about a customer's subscription (stripe-go's
+// EventTypeCustomerSubscription*), with the subscription in data.object.
+const (
+	EventSubscriptionCreated = "customer.subscription.created"
+	EventSubscriptionUpdated = "customer.subscription.updated"
+	EventSubscriptionDeleted = "customer.subscription.deleted"
+)
+
+// SubscriptionEvent reports whether typ is a v1 event about a customer's
+// subscription that can change its billing periods.
+func SubscriptionEvent(typ string) bool {
+	switch typ {
+	case EventSubscriptionCreated, EventSubscriptionUpdated, EventSubscriptionDeleted:
+		return true
+	}
+	return false
+}
+
+// ValidCustomerID reports whether id has the shape of a Stripe customer id
+// (cus_ then letters and digits).
+func ValidCustomerID(id string) bool {
+	if !strings.HasPrefix(id, "cus_") || len(id) == len("cus_") || len(id) > 254 {
+		return false
+	}
+	return !strings.ContainsFunc(id[len("cus_"):], func(r rune) bool {
+		return (r < '0' || r > '9') && (r < 'a' || r > 'z') && (r < 'A' || r > 'Z')
+	})
+}
+
 // EventRetention is how long Stripe keeps an event readable and listable:
 // "List events, going back up to 30 days" (stripe-go's
 // V2CoreEventListParams; docs/stripe.md).

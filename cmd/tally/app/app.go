@@ -92,6 +92,7 @@ func Build(cfg config.Config) (*Parts, error) {
 	maps := &mappings.Store{RestrictedKey: config.RestrictedKey(cfg.StripeAPIKey)}
 	if c := res.Client(); c != nil {
 		maps.Checker = mappings.StripeMeters{Client: c}
+		maps.Subscriptions = mappings.StripeMeters{Client: c}
 	}
 	// The stager, in the ingest path too, reads the destination Resolve or
 	// Run found; it never waits for Stripe.

@@ -271,6 +271,10 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 		river.AddWorker(workers, &mappings.NamesWorker{DB: pools.Export, Namer: namer, Logger: logger})
 		periodic = append(periodic, mappings.PeriodicNames())
 	}
+	if p.Mappings.Subscriptions != nil {
+		river.AddWorker(workers, &mappings.SubscriptionsWorker{DB: pools.Export, Store: p.Mappings, Lister: p.Mappings.Subscriptions, Logger: logger})
+		periodic = append(periodic, mappings.PeriodicSubscriptions())
+	}
 	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
 			// The staging passes, one per part, all at once.

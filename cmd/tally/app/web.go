@@ -19,6 +19,7 @@ import (
 	"github.com/tallymeter/tally/console"
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/httpsec"
+	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/migrations"
 	"github.com/tallymeter/tally/reconcile"
 )
@@ -262,6 +263,13 @@ func webhookDeps(cfg config.Config, p *Parts, events *reconcile.Events, backfill
 	if backfill != nil {
 		// A billing.meter.* event reads its account's meters at once.
 		d.Meters = backfill.MetersChanged
+	}
+	if lister := p.Mappings.Subscriptions; lister != nil {
+		// A customer.subscription.* event reads the customer's
+		// subscriptions at once.
+		d.Subscriptions = func(ctx context.Context, db pgdb.Beginner, customer string) (int, error) {
+			return p.Mappings.SyncCustomer(ctx, db, lister, customer)
+		}
 	}
 	return d
 }
