@@ -33,6 +33,11 @@ type WebhookDeps struct {
 	// maps it in, and says in how many (mappings.Store.SyncCustomer); nil:
 	// such events are ignored, and the hourly job reads them.
 	Subscriptions func(ctx context.Context, db pgdb.Beginner, customer string) (int, error)
+	// Invoices reads at once the invoice an invoice.* event is about, of
+	// its customer, in every account a tenant maps the customer in, and
+	// says in how many it was recorded (invoices.Receive); nil: such
+	// events are ignored.
+	Invoices func(ctx context.Context, db pgdb.Beginner, customer, invoice string) (int, error)
 	// Meters reads at once the meters of the account a billing.meter.*
 	// event is about ("": the key's own) and reports whether Tally
 	// exports to it (reconcile.Backfill.MetersChanged); nil: such events
@@ -74,6 +79,8 @@ type ThinEvent struct {
 	// Customer is the customer of a v1 snapshot event's object
 	// (data.object.customer), when it names one.
 	Customer string
+	// ObjectID is the id of a v1 snapshot event's object (data.object.id).
+	ObjectID string
 	// Context is "the authentication context needed to fetch the event"
 	// (Stripe's event types reference): the account the event is about,
 	// empty (null) for the key's own account.
@@ -92,6 +99,7 @@ type thinJSON struct {
 	Account  *string         `json:"account"`
 	Data     *struct {
 		Object struct {
+			ID       string          `json:"id"`
 			Customer json.RawMessage `json:"customer"`
 		} `json:"object"`
 	} `json:"data"`
@@ -139,6 +147,7 @@ func ParseStripeEvent(body []byte, signature, secret string) (ThinEvent, error) 
 		thin.Account = *raw.Account
 	}
 	if raw.Data != nil {
+		thin.ObjectID = raw.Data.Object.ID
 		// An id; an expanded customer is an object, whose id is enough.
 		var c struct {
 			ID string `json:"id"`
@@ -262,6 +271,10 @@ func (h *handlers) snapshotEvent(w http.ResponseWriter, r *http.Request, ev Thin
 		h.subscriptionEvent(w, r, ev)
 		return
 	}
+	if stripeapi.InvoiceEvent(ev.Type) {
+		h.invoiceEvent(w, r, ev)
+		return
+	}
 	if !stripeapi.MeterStatusEvent(ev.Type) || h.Webhook.Meters == nil {
 		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptIgnored})
 		return
@@ -312,6 +325,36 @@ func (h *handlers) subscriptionEvent(w http.ResponseWriter, r *http.Request, ev 
 	}
 	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: statusSubscriptionsRead})
 }
+
+// invoiceEvent receives an invoice.* event: Tally reads the invoice again
+// at once, with its lines, and keeps it. Stripe failing that read is a
+// 502, for Stripe to deliver the event again.
+func (h *handlers) invoiceEvent(w http.ResponseWriter, r *http.Request, ev ThinEvent) {
+	if h.Webhook.Invoices == nil || !stripeapi.ValidCustomerID(ev.Customer) || !stripeapi.ValidInvoiceID(ev.ObjectID) {
+		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptIgnored})
+		return
+	}
+	n, err := h.Webhook.Invoices(r.Context(), h.Pool, ev.Customer, ev.ObjectID)
+	var se *stripeapi.Error
+	switch {
+	case errors.As(err, &se):
+		h.log.WarnContext(r.Context(), "reading the invoice a Stripe event is about failed; Stripe delivers it again",
+			"event", ev.ID, "type", ev.Type, "code", se.Code, "status", se.HTTPStatus)
+		WriteError(w, http.StatusBadGateway, "event_unavailable", "the invoice could not be read from Stripe; deliver the event again later")
+		return
+	case err != nil:
+		h.internal(w, r, err)
+		return
+	case n == 0:
+		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptForeign})
+		return
+	}
+	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: statusInvoiceRead})
+}
+
+// statusInvoiceRead answers an invoice.* event after which the invoice was
+// read and kept.
+const statusInvoiceRead = "invoice_read"
 
 // statusSubscriptionsRead answers a customer.subscription.* event after
 // which the customer's subscriptions were read.

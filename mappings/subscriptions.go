@@ -436,7 +436,9 @@ func (w *SubscriptionsWorker) Work(ctx context.Context, _ *river.Job[Subscriptio
 }
 
 // Timeout lets a run wait for Stripe for up to ten minutes.
-func (w *SubscriptionsWorker) Timeout(*river.Job[SubscriptionsArgs]) time.Duration { return 10 * time.Minute }
+func (w *SubscriptionsWorker) Timeout(*river.Job[SubscriptionsArgs]) time.Duration {
+	return 10 * time.Minute
+}
 
 // PeriodicSubscriptions is the subscriptions job every hour and when
 // River's leader starts, unique in the cluster, on the names' queue.

@@ -47,6 +47,8 @@ var Placements = map[string]Placement{
 	"api_tokens":              Local,
 	"archives":                Local,
 	"audit_log":               Local,
+	"stripe_invoices":         Local,
+	"stripe_invoice_lines":    Local,
 	"completeness_audits":     Local,
 	"console_sessions":        Local,
 	"meter_error_evidence":    Local,

@@ -269,3 +269,10 @@ func AccessRefused(err error) bool {
 	_, status, _ := Describe(err)
 	return InvalidAccount(err) || status == http.StatusUnauthorized || status == http.StatusForbidden
 }
+
+// NotFound reports whether err is Stripe's answer that the object does not
+// exist in the account asked (404 resource_missing).
+func NotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.HTTPStatus == http.StatusNotFound && e.Code == string(stripe.ErrorCodeResourceMissing)
+}

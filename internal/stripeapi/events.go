@@ -63,13 +63,39 @@ func SubscriptionEvent(typ string) bool {
 	return false
 }
 
+// The v1 events Stripe sends about an invoice (stripe-go's
+// EventTypeInvoice*), with the invoice in data.object.
+const (
+	EventInvoiceCreated   = "invoice.created"
+	EventInvoiceFinalized = "invoice.finalized"
+	EventInvoiceUpdated   = "invoice.updated"
+)
+
+// InvoiceEvent reports whether typ is a v1 event about an invoice that
+// Tally reads the invoice again for.
+func InvoiceEvent(typ string) bool {
+	switch typ {
+	case EventInvoiceCreated, EventInvoiceFinalized, EventInvoiceUpdated:
+		return true
+	}
+	return false
+}
+
+// ValidInvoiceID reports whether id has the shape of a Stripe invoice id
+// (in_ then letters and digits).
+func ValidInvoiceID(id string) bool { return validID(id, "in_") }
+
 // ValidCustomerID reports whether id has the shape of a Stripe customer id
 // (cus_ then letters and digits).
-func ValidCustomerID(id string) bool {
-	if !strings.HasPrefix(id, "cus_") || len(id) == len("cus_") || len(id) > 254 {
+func ValidCustomerID(id string) bool { return validID(id, "cus_") }
+
+// validID reports whether id is prefix then 1 to 250 letters and digits.
+func validID(id, prefix string) bool {
+	rest, ok := strings.CutPrefix(id, prefix)
+	if !ok || rest == "" || len(rest) > 250 {
 		return false
 	}
-	return !strings.ContainsFunc(id[len("cus_"):], func(r rune) bool {
+	return !strings.ContainsFunc(rest, func(r rune) bool {
 		return (r < '0' || r > '9') && (r < 'a' || r > 'z') && (r < 'A' || r > 'Z')
 	})
 }

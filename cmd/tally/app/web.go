@@ -20,6 +20,7 @@ import (
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/httpsec"
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/migrations"
 	"github.com/tallymeter/tally/reconcile"
 )
@@ -263,6 +264,13 @@ func webhookDeps(cfg config.Config, p *Parts, events *reconcile.Events, backfill
 	if backfill != nil {
 		// A billing.meter.* event reads its account's meters at once.
 		d.Meters = backfill.MetersChanged
+	}
+	if c := p.Resolver.Client(); c != nil {
+		// An invoice.* event reads the invoice at once.
+		d.Invoices = func(ctx context.Context, db pgdb.Beginner, customer, invoice string) (int, error) {
+			r, err := invoices.Receive(ctx, db, invoices.Stripe{Client: c}, customer, invoice)
+			return r.Recorded, err
+		}
 	}
 	if lister := p.Mappings.Subscriptions; lister != nil {
 		// A customer.subscription.* event reads the customer's

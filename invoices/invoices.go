@@ -1,0 +1,138 @@
+package invoices
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/stripeapi"
+)
+
+// Reader reads one invoice, with its lines, from an account ("" for the
+// node's destination).
+type Reader interface {
+	Invoice(ctx context.Context, account, id string) (stripeapi.Invoice, error)
+}
+
+// Stripe is the Reader of a Stripe client: the node's destination, or a
+// connected account through Stripe-Account.
+type Stripe struct {
+	Client *stripeapi.Client
+}
+
+// Invoice implements Reader.
+func (s Stripe) Invoice(ctx context.Context, account, id string) (stripeapi.Invoice, error) {
+	c, err := s.Client.For(account)
+	if err != nil {
+		return stripeapi.Invoice{}, err
+	}
+	return c.Invoice(ctx, id)
+}
+
+// sqlInvoiceStore keeps an invoice as Stripe last gave it; read_at takes
+// the new row's default (the database's clock).
+const sqlInvoiceStore = `
+INSERT INTO stripe_invoices AS i (account, invoice, customer, subscription, status, billing_reason, auto_advance,
+    finalizes_at, created, finalized_at, currency)
+VALUES (@account, @invoice, @customer, NULLIF(@subscription, ''), @status, @reason, @auto_advance,
+    @finalizes_at, @created, @finalized_at, @currency)
+ON CONFLICT (account, invoice) DO UPDATE SET customer = EXCLUDED.customer, subscription = EXCLUDED.subscription,
+    status = EXCLUDED.status, billing_reason = EXCLUDED.billing_reason, auto_advance = EXCLUDED.auto_advance,
+    finalizes_at = EXCLUDED.finalizes_at, created = EXCLUDED.created, finalized_at = EXCLUDED.finalized_at,
+    currency = EXCLUDED.currency, read_at = EXCLUDED.read_at`
+
+// sqlLineStore keeps one line.
+const sqlLineStore = `
+INSERT INTO stripe_invoice_lines (account, invoice, line, subscription_item, proration, price,
+    period_start, period_end, quantity, amount, currency)
+VALUES (@account, @invoice, @line, NULLIF(@item, ''), @proration, NULLIF(@price, ''),
+    @start, @end, @quantity, @amount, @currency)
+ON CONFLICT (account, invoice, line) DO UPDATE SET subscription_item = EXCLUDED.subscription_item,
+    proration = EXCLUDED.proration, price = EXCLUDED.price, period_start = EXCLUDED.period_start,
+    period_end = EXCLUDED.period_end, quantity = EXCLUDED.quantity, amount = EXCLUDED.amount,
+    currency = EXCLUDED.currency, gone_at = NULL`
+
+// sqlLinesGone marks the invoice's lines this read no longer lists.
+const sqlLinesGone = `
+UPDATE stripe_invoice_lines SET gone_at = clock_timestamp()
+WHERE account = @account AND invoice = @invoice AND gone_at IS NULL AND NOT line = ANY(@listed::text[])`
+
+// optionalTime is t for the database: NULL for zero.
+func optionalTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// Record keeps inv, read from account, and its lines, in one transaction.
+func Record(ctx context.Context, db pgdb.Beginner, account string, inv stripeapi.Invoice) error {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlInvoiceStore, pgx.NamedArgs{"account": account, "invoice": inv.ID, "customer": inv.Customer,
+			"subscription": inv.Subscription, "status": inv.Status, "reason": inv.BillingReason, "auto_advance": inv.AutoAdvance,
+			"finalizes_at": optionalTime(inv.AutomaticallyFinalizesAt), "created": inv.Created,
+			"finalized_at": optionalTime(inv.FinalizedAt), "currency": inv.Currency}); err != nil {
+			return err
+		}
+		listed := make([]string, 0, len(inv.Lines))
+		for _, l := range inv.Lines {
+			if _, err := tx.Exec(ctx, sqlLineStore, pgx.NamedArgs{"account": account, "invoice": inv.ID, "line": l.ID,
+				"item": l.SubscriptionItem, "proration": l.Proration, "price": l.Price, "start": l.PeriodStart, "end": l.PeriodEnd,
+				"quantity": l.Quantity, "amount": l.Amount, "currency": l.Currency}); err != nil {
+				return err
+			}
+			listed = append(listed, l.ID)
+		}
+		_, err := tx.Exec(ctx, sqlLinesGone, pgx.NamedArgs{"account": account, "invoice": inv.ID, "listed": listed})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("invoices: keeping invoice %s: %w", inv.ID, err)
+	}
+	return nil
+}
+
+// Received says what reading an invoice an event named did.
+type Received struct {
+	// Accounts is how many accounts a tenant maps the invoice's customer
+	// in: 0 when none (the invoice is not read).
+	Accounts int
+	// Recorded is how many of them had the invoice.
+	Recorded int
+}
+
+// Receive reads the invoice id of customer from every account a current
+// tenant mapping names the customer in, and records it where Stripe has
+// it (customer and invoice ids are Stripe's, unique across accounts). An
+// error from Stripe other than not-found is returned, for the event to be
+// delivered again.
+func Receive(ctx context.Context, db pgdb.Beginner, r Reader, customer, id string) (Received, error) {
+	rows, err := db.Query(ctx, `SELECT DISTINCT coalesce(stripe_account, '') FROM tenant_mappings WHERE stripe_customer_id = $1 ORDER BY 1`, customer)
+	if err != nil {
+		return Received{}, fmt.Errorf("invoices: finding the tenants of %s: %w", customer, err)
+	}
+	accounts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return Received{}, fmt.Errorf("invoices: finding the tenants of %s: %w", customer, err)
+	}
+	res := Received{Accounts: len(accounts)}
+	for _, account := range accounts {
+		inv, err := r.Invoice(ctx, account, id)
+		switch {
+		case stripeapi.NotFound(err):
+			continue
+		case err != nil:
+			return res, fmt.Errorf("invoices: reading invoice %s: %w", id, err)
+		case inv.Customer != customer:
+			continue
+		}
+		if err := Record(ctx, db, account, inv); err != nil {
+			return res, err
+		}
+		res.Recorded++
+	}
+	return res, nil
+}
