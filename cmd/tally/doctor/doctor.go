@@ -401,13 +401,14 @@ func v2Access(ctx context.Context, d Deps) *Result {
 // coverage checks that recent usage's features and tenants are mapped, and
 // (when Stripe answered) that every mapped feature has an active meter
 // with its formula and sends the payload keys that meter reads, and that
-// every mapped tenant's customer exists.
+// every mapped tenant's customer exists, and what the tenants' billing
+// periods come from.
 func coverage(ctx context.Context, d Deps, stripeOK bool) []Result {
 	r, read := mapped(ctx, d)
 	if !read || !stripeOK {
 		return []Result{r}
 	}
-	return append(append([]Result{r}, meters(ctx, d)...), customers(ctx, d))
+	return append(append([]Result{r}, meters(ctx, d)...), customers(ctx, d), periods(ctx, d))
 }
 
 // mapped checks that every feature and tenant with usage in the last

@@ -77,7 +77,7 @@ func TestHealthy(t *testing.T) {
 	t.Parallel()
 	s := healthy(t)
 	rs := s.run(t, nil)
-	for _, check := range []string{"configuration", "database", "migrations", "engine", "clock", "stripe", "stripe v2", "mappings", "meters", "payload keys", "customers"} {
+	for _, check := range []string{"configuration", "database", "migrations", "engine", "clock", "stripe", "stripe v2", "mappings", "meters", "payload keys", "customers", "billing periods"} {
 		require.Equal(t, doctor.OK, rs[check].Status, "%s: %+v", check, rs[check])
 	}
 	require.Contains(t, rs["stripe"].Detail, "account acct_sim, test mode")
@@ -136,6 +136,9 @@ func TestEachStripeFailure(t *testing.T) {
 			s.env.Tenant(t, "t2", nil)
 		}, mutate: func(d *doctor.Deps) { d.MaxCustomers = 1 },
 			check: "customers", status: doctor.Warning, says: "the customers of 1 mapped tenants exist in the account (the first 1 distinct, by tenant); 1 tenants not checked"},
+		{name: "a tenant whose subscription bills quarterly keeps its anchor", prepare: func(t *testing.T, s *setup) {
+			subscribeQuarterly(t, s)
+		}, check: "billing periods", status: doctor.Warning, says: "t1 (Tally bills by monthly periods only: sub_"},
 	})
 }
 
@@ -332,4 +335,22 @@ func TestEngineOnCitusNotDistributed(t *testing.T) {
 	require.Contains(t, engine.Detail, "outbox_item_bodies (local, must be distributed)")
 	require.Contains(t, engine.Detail, "feature_mappings (local, must be reference)")
 	require.Contains(t, engine.Fix, "run tally migrate --distribute against the coordinator")
+}
+
+// subscribeQuarterly gives cus_t1 a subscription billed every 3 months on
+// the mapped meter, and reads it as the mapping's check would.
+func subscribeQuarterly(t *testing.T, s *setup) {
+	t.Helper()
+	ctx := context.Background()
+	m := s.sim.Meters(stripesim.DefaultAccount)[0]
+	_, err := s.env.Pool.Exec(ctx, `INSERT INTO stripe_meters (account, mode, id, event_name, status, formula)
+		VALUES ('acct_sim', 'test', $1, $2, 'active', 'sum')`, m.ID, m.EventName)
+	require.NoError(t, err)
+	price := s.sim.CreatePrice(stripesim.DefaultAccount, stripesim.PriceSpec{UnitAmountDecimal: "1", Meter: m.ID, IntervalCount: 3})
+	s.sim.CreateSubscription(stripesim.DefaultAccount, stripesim.SubscriptionSpec{Customer: "cus_t1", Prices: []string{price},
+		BillingCycleAnchor: time.Now().Add(48 * time.Hour)})
+	c, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: s.base})
+	require.NoError(t, err)
+	_, err = (&mappings.Store{}).SyncSubscriptions(ctx, s.env.Pool, mappings.StripeMeters{Client: c}, "", "cus_t1")
+	require.NoError(t, err)
 }
