@@ -300,47 +300,48 @@ func (h *handlers) snapshotEvent(w http.ResponseWriter, r *http.Request, ev Thin
 // subscriptionEvent receives a customer.subscription.* event: Tally reads
 // the customer's subscriptions again at once (the snapshot may be older
 // than the subscription), and the tenants mapped to it bill by their
-// periods. Stripe failing that read is a 502, for Stripe to deliver the
-// event again (the hourly job reads them anyway).
+// periods (the hourly job reads them anyway).
 func (h *handlers) subscriptionEvent(w http.ResponseWriter, r *http.Request, ev ThinEvent) {
 	if h.Webhook.Subscriptions == nil || !stripeapi.ValidCustomerID(ev.Customer) {
 		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptIgnored})
 		return
 	}
-	n, err := h.Webhook.Subscriptions(r.Context(), h.Pool, ev.Customer)
-	var unavailable *mappings.ErrProviderUnavailable
-	var account *mappings.AccountError
-	switch {
-	case errors.As(err, &unavailable) || errors.As(err, &account):
-		h.log.WarnContext(r.Context(), "reading the subscriptions a Stripe event is about failed; Stripe delivers it again",
-			"event", ev.ID, "type", ev.Type)
-		WriteError(w, http.StatusBadGateway, "event_unavailable", "the subscriptions could not be read from Stripe; deliver the event again later")
-		return
-	case err != nil:
-		h.internal(w, r, err)
-		return
-	case n == 0:
-		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptForeign})
-		return
-	}
-	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: statusSubscriptionsRead})
+	h.readAtOnce(w, r, ev, "subscriptions", statusSubscriptionsRead, func() (int, error) {
+		return h.Webhook.Subscriptions(r.Context(), h.Pool, ev.Customer)
+	}, func(err error) bool {
+		var unavailable *mappings.ErrProviderUnavailable
+		var account *mappings.AccountError
+		return errors.As(err, &unavailable) || errors.As(err, &account)
+	})
 }
 
 // invoiceEvent receives an invoice.* event: Tally reads the invoice again
-// at once, with its lines, and keeps it. Stripe failing that read is a
-// 502, for Stripe to deliver the event again.
+// at once, with its lines, and keeps it.
 func (h *handlers) invoiceEvent(w http.ResponseWriter, r *http.Request, ev ThinEvent) {
 	if h.Webhook.Invoices == nil || !stripeapi.ValidCustomerID(ev.Customer) || !stripeapi.ValidInvoiceID(ev.ObjectID) {
 		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptIgnored})
 		return
 	}
-	n, err := h.Webhook.Invoices(r.Context(), h.Pool, ev.Customer, ev.ObjectID)
-	var se *stripeapi.Error
+	h.readAtOnce(w, r, ev, "invoice", statusInvoiceRead, func() (int, error) {
+		return h.Webhook.Invoices(r.Context(), h.Pool, ev.Customer, ev.ObjectID)
+	}, func(err error) bool {
+		var se *stripeapi.Error
+		return errors.As(err, &se)
+	})
+}
+
+// readAtOnce answers an event by reading what it is about (read, which
+// says in how many accounts): status when it was read, foreign when no
+// tenant maps its customer, and a 502 when Stripe failed the read
+// (unavailable), for Stripe to deliver the event again.
+func (h *handlers) readAtOnce(w http.ResponseWriter, r *http.Request, ev ThinEvent, what, status string,
+	read func() (int, error), unavailable func(error) bool) {
+	n, err := read()
 	switch {
-	case errors.As(err, &se):
-		h.log.WarnContext(r.Context(), "reading the invoice a Stripe event is about failed; Stripe delivers it again",
-			"event", ev.ID, "type", ev.Type, "code", se.Code, "status", se.HTTPStatus)
-		WriteError(w, http.StatusBadGateway, "event_unavailable", "the invoice could not be read from Stripe; deliver the event again later")
+	case err != nil && unavailable(err):
+		h.log.WarnContext(r.Context(), "reading the "+what+" a Stripe event is about failed; Stripe delivers it again",
+			"event", ev.ID, "type", ev.Type)
+		WriteError(w, http.StatusBadGateway, "event_unavailable", "the "+what+" could not be read from Stripe; deliver the event again later")
 		return
 	case err != nil:
 		h.internal(w, r, err)
@@ -349,7 +350,7 @@ func (h *handlers) invoiceEvent(w http.ResponseWriter, r *http.Request, ev ThinE
 		writeJSON(w, http.StatusOK, stripeEventAnswer{Status: reconcile.ReceiptForeign})
 		return
 	}
-	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: statusInvoiceRead})
+	writeJSON(w, http.StatusOK, stripeEventAnswer{Status: status})
 }
 
 // statusInvoiceRead answers an invoice.* event after which the invoice was

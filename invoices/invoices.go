@@ -9,6 +9,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/mappings"
 )
 
 // Reader reads one invoice, with its lines, from an account ("" for the
@@ -110,13 +111,9 @@ type Received struct {
 // error from Stripe other than not-found is returned, for the event to be
 // delivered again.
 func Receive(ctx context.Context, db pgdb.Beginner, r Reader, customer, id string) (Received, error) {
-	rows, err := db.Query(ctx, `SELECT DISTINCT coalesce(stripe_account, '') FROM tenant_mappings WHERE stripe_customer_id = $1 ORDER BY 1`, customer)
+	accounts, err := mappings.CustomerAccounts(ctx, db, customer)
 	if err != nil {
-		return Received{}, fmt.Errorf("invoices: finding the tenants of %s: %w", customer, err)
-	}
-	accounts, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return Received{}, fmt.Errorf("invoices: finding the tenants of %s: %w", customer, err)
+		return Received{}, err
 	}
 	res := Received{Accounts: len(accounts)}
 	for _, account := range accounts {

@@ -268,13 +268,9 @@ func (s *Store) anchorCustomer(ctx context.Context, tx pgx.Tx, account, customer
 // Stripe's, unique across accounts. It returns how many accounts it read
 // (0: no tenant maps the customer).
 func (s *Store) SyncCustomer(ctx context.Context, db pgdb.Beginner, lister SubscriptionLister, customer string) (int, error) {
-	rows, err := db.Query(ctx, `SELECT DISTINCT coalesce(stripe_account, '') FROM tenant_mappings WHERE stripe_customer_id = $1 ORDER BY 1`, customer)
+	accounts, err := CustomerAccounts(ctx, db, customer)
 	if err != nil {
-		return 0, fmt.Errorf("mappings: finding the tenants of %s: %w", customer, err)
-	}
-	accounts, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, fmt.Errorf("mappings: finding the tenants of %s: %w", customer, err)
+		return 0, err
 	}
 	for _, account := range accounts {
 		if _, err := s.SyncSubscriptions(ctx, db, lister, account, customer); err != nil {
@@ -282,6 +278,20 @@ func (s *Store) SyncCustomer(ctx context.Context, db pgdb.Beginner, lister Subsc
 		}
 	}
 	return len(accounts), nil
+}
+
+// CustomerAccounts lists the accounts ("" for the node's destination)
+// that current tenant mappings name the customer in, each once.
+func CustomerAccounts(ctx context.Context, q pgdb.Querier, customer string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT coalesce(stripe_account, '') FROM tenant_mappings WHERE stripe_customer_id = $1 ORDER BY 1`, customer)
+	if err != nil {
+		return nil, fmt.Errorf("mappings: finding the tenants of %s: %w", customer, err)
+	}
+	accounts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("mappings: finding the tenants of %s: %w", customer, err)
+	}
+	return accounts, nil
 }
 
 // StoredPeriods reads what the last read of the customer's subscriptions
