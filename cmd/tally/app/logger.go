@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/tallymeter/tally/cmd/tally/config"
 )
@@ -35,3 +36,35 @@ func (q quieter) WithAttrs(as []slog.Attr) slog.Handler {
 	return quieter{q.Handler.WithAttrs(as), q.min}
 }
 func (q quieter) WithGroup(n string) slog.Handler { return quieter{q.Handler.WithGroup(n), q.min} }
+
+// Handle passes r on, River's error about a context already canceled as a
+// warning: at shutdown River may be inserting a periodic job when its
+// context ends, and fails to notify the queues, which poll anyway.
+func (q quieter) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelError && canceledErr(r) {
+		w := slog.NewRecord(r.Time, slog.LevelWarn, r.Message, r.PC)
+		r.Attrs(func(a slog.Attr) bool {
+			w.AddAttrs(a)
+			return true
+		})
+		if !q.Enabled(ctx, w.Level) {
+			return nil
+		}
+		r = w
+	}
+	return q.Handler.Handle(ctx, r)
+}
+
+// canceledErr reports whether r's err attribute says its context was
+// canceled.
+func canceledErr(r slog.Record) bool {
+	found := false
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "err" && strings.Contains(a.Value.String(), context.Canceled.Error()) {
+			found = true
+			return false
+		}
+		return true
+	})
+	return found
+}
