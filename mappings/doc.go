@@ -14,7 +14,10 @@
 // Without a key they are saved unchecked, with UncheckedWarning.
 // The names of the tenants' customers are kept as Stripe last gave them
 // (TenantCustomers): read with the check when a tenant mapping is saved,
-// and again every day by NamesWorker, so that no page asks Stripe.
+// and again every day by NamesWorker, so that no page asks Stripe. So are
+// their metered subscription items (SyncSubscriptions): a customer whose
+// monthly subscription bills a mapped meter gives its tenants that
+// subscription's billing cycle anchor.
 // Every change takes the next number of one sequence shared by both kinds
 // and keeps the previous versions, so that an item built from them carries
 // the greater of its feature's and tenant's versions, and any change that

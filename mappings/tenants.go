@@ -169,7 +169,10 @@ func sameGrace(a, b *Duration) bool {
 // why not), whether or not the mapping changes; Stripe is asked before the
 // transaction, which holds no lock while Stripe answers. A Checker that is
 // also a CustomerNamer gives the customer's name in the same request, kept
-// for the console (TenantCustomers).
+// for the console (TenantCustomers). With Subscriptions, the customer's
+// subscriptions are read too and kept: a customer whose subscription gives
+// a billing cycle anchor gives it to the tenant, and another anchor in the
+// input is refused (a ValidationError on period_anchor).
 func (s *Store) PutTenant(ctx context.Context, db pgdb.Beginner, tenant string, in TenantInput, by string) (t Tenant, changed bool, err error) {
 	if err := in.validate(tenant); err != nil {
 		return Tenant{}, false, err
