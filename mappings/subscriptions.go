@@ -333,10 +333,16 @@ WHERE r.read_at IS NULL OR r.read_at < clock_timestamp() - @ttl::interval
 ORDER BY r.read_at NULLS FIRST, a.account, a.customer
 LIMIT @batch`
 
-// sqlReadCustomers lists every customer already read: their anchors are
-// derived again from the stored items, without Stripe, since a feature
-// mapping or the meter directory may have changed which items count.
-const sqlReadCustomers = `SELECT account, customer FROM stripe_subscription_reads ORDER BY account, customer`
+// sqlReadCustomers lists the customers read whose live items gave no
+// anchor: their anchors are derived again from the stored items, without
+// Stripe, since a feature mapping or the meter directory (read hourly) may
+// since have made their items count. It grows with those customers only.
+const sqlReadCustomers = `
+SELECT r.account, r.customer FROM stripe_subscription_reads r
+WHERE r.anchor IS NULL
+  AND EXISTS (SELECT 1 FROM stripe_subscription_items i
+              WHERE i.account = r.account AND i.customer = r.customer AND i.gone_at IS NULL AND i.ended_at IS NULL)
+ORDER BY r.account, r.customer`
 
 // SubscriptionsRead says what one RefreshSubscriptions did.
 type SubscriptionsRead struct {
@@ -349,8 +355,8 @@ type SubscriptionsRead struct {
 
 // RefreshSubscriptions reads again from Stripe the subscriptions of at
 // most batch customers of current tenant mappings that were never read or
-// were read longer than ttl ago, then derives every read customer's
-// periods again from what is stored.
+// were read longer than ttl ago, then derives again from what is stored
+// the periods of the customers whose live items gave none.
 func (s *Store) RefreshSubscriptions(ctx context.Context, db pgdb.Beginner, lister SubscriptionLister, ttl time.Duration, batch int) (SubscriptionsRead, error) {
 	type key struct{ account, customer string }
 	list := func(sql string, args pgx.NamedArgs) ([]key, error) {

@@ -277,3 +277,31 @@ func TestPeriodsUnreadSaveTheMapping(t *testing.T) {
 	require.Zero(t, res.Read, "read less than an hour ago")
 	require.Empty(t, res.Anchored)
 }
+
+// A subscription read before Tally knew its meter gives no anchor; once the
+// meter directory has the meter, the hourly job derives the anchor from
+// what it stored, without asking Stripe again.
+func TestAnchorDerivedOnceTheMeterIsKnown(t *testing.T) {
+	t.Parallel()
+	ctx, b := context.Background(), newBillingSim(t)
+	late := b.sim.CreateMeter(stripesim.DefaultAccount, stripesim.MeterSpec{EventName: "late_calls"})
+	_, _, err := b.store.PutFeature(ctx, b.pool, "late", mappings.FeatureInput{EventName: "late_calls", Aggregation: mappings.Sum}, "alice")
+	require.NoError(t, err)
+	cus := b.sim.CreateCustomer(stripesim.DefaultAccount, "")
+	anchor := anchorIn(6)
+	b.subscribe(t, cus, late, "month", 1, anchor)
+	tn, _, err := b.store.PutTenant(ctx, b.pool, "acme", mappings.TenantInput{StripeCustomerID: cus}, "alice")
+	require.NoError(t, err)
+	require.Nil(t, tn.PeriodAnchor, "the meter is not in the directory yet")
+
+	_, err = b.pool.Exec(ctx, `INSERT INTO stripe_meters (account, mode, id, event_name, status, formula)
+		VALUES ('acct_sim', 'test', $1, 'late_calls', 'active', 'sum')`, late.ID)
+	require.NoError(t, err)
+	res, err := b.store.RefreshSubscriptions(ctx, b.pool, b.store.Subscriptions, time.Hour, 100)
+	require.NoError(t, err)
+	require.Zero(t, res.Read, "read less than an hour ago: Stripe is not asked")
+	require.Equal(t, []string{"acme"}, res.Anchored)
+	tn, err = b.store.GetTenant(ctx, b.pool, "acme")
+	require.NoError(t, err)
+	require.True(t, anchor.Equal(*tn.PeriodAnchor))
+}
