@@ -103,7 +103,7 @@ func (in *TenantInput) validate(tenant string) error {
 	if !ValidName(tenant) {
 		fe = append(fe, FieldError{"tenant", "1 to 64 characters: letters, digits and _.:- (starting with a letter or digit)"})
 	}
-	if !customerPattern.MatchString(in.StripeCustomerID) {
+	if !stripeapi.ValidCustomerID(in.StripeCustomerID) {
 		fe = append(fe, FieldError{"stripe_customer_id", "a Stripe customer id (cus_…)"})
 	}
 	if !ValidStripeAccount(in.StripeAccount) {
@@ -209,13 +209,14 @@ func (s *Store) PutTenant(ctx context.Context, db pgdb.Beginner, tenant string, 
 				return err
 			}
 		}
+		var p BillingPeriods
 		if read {
-			if _, err := s.keepSubscriptions(ctx, tx, in.StripeAccount, in.StripeCustomerID, items); err != nil {
+			kept, err := s.keepSubscriptions(ctx, tx, in.StripeAccount, in.StripeCustomerID, items)
+			if err != nil {
 				return err
 			}
-		}
-		p, _, err := StoredPeriods(ctx, tx, in.StripeAccount, in.StripeCustomerID)
-		if err != nil {
+			p = kept.Periods
+		} else if p, _, err = StoredPeriods(ctx, tx, in.StripeAccount, in.StripeCustomerID); err != nil {
 			return err
 		}
 		if p.Anchor != nil {

@@ -32,7 +32,4 @@ var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$`)
 // ValidName reports whether s is a valid feature or tenant name.
 func ValidName(s string) bool { return namePattern.MatchString(s) }
 
-var (
-	eventNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,100}$`)
-	customerPattern  = regexp.MustCompile(`^cus_[A-Za-z0-9]{1,250}$`)
-)
+var eventNamePattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,100}$`)
