@@ -107,10 +107,8 @@ func BenchmarkNodeMemory(b *testing.B) {
 	}
 	defer pool.Close()
 	for deadline := time.Now().Add(10 * time.Minute); ; time.Sleep(500 * time.Millisecond) {
-		var open, unstaged int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')`).Scan(&open)
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged)
-		if open == 0 && unstaged == 0 {
+		unstaged, open, err := openWork(context.Background(), pool)
+		if err == nil && open == 0 && unstaged == 0 {
 			break
 		}
 		if time.Now().After(deadline) {

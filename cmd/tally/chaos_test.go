@@ -437,9 +437,7 @@ func (r *chaosRun) openPool() {
 // drained reports whether every event is staged and no item is open; a
 // read that fails says not yet.
 func (r *chaosRun) drained() bool {
-	var open, unstaged int
-	err := r.pool.QueryRow(r.ctx, `SELECT (SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')),
-		(SELECT count(*) FROM usage_events WHERE item_id IS NULL)`).Scan(&open, &unstaged)
+	unstaged, open, err := openWork(r.ctx, r.pool)
 	if err != nil {
 		r.t.Logf("chaos: reading the outbox: %v", err)
 		return false

@@ -317,10 +317,8 @@ func (r *exportRun) awaitLease() {
 
 // drained reports whether every event is staged and no item is open.
 func (r *exportRun) drained() bool {
-	var open, unstaged int
-	_ = r.pool.QueryRow(r.ctx, `SELECT count(*) FILTER (WHERE state IN ('pending', 'leased')) FROM outbox_items`).Scan(&open)
-	_ = r.pool.QueryRow(r.ctx, `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged)
-	return open == 0 && unstaged == 0
+	unstaged, open, err := openWork(r.ctx, r.pool)
+	return err == nil && open == 0 && unstaged == 0
 }
 
 // waitDrained waits two minutes at most for the killer to finish, then

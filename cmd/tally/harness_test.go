@@ -161,6 +161,18 @@ func outboxSummary(ctx context.Context, pool *pgxpool.Pool) string {
 	return b.String()
 }
 
+// openWork counts the events not yet staged, then the items still open.
+// Staging creates an item in the transaction that stages its events, so
+// in that order no staged event's item can be missed; one statement
+// would not promise it on Citus, where each count reads its own shards.
+func openWork(ctx context.Context, pool *pgxpool.Pool) (unstaged, open int, err error) {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE item_id IS NULL`).Scan(&unstaged); err != nil {
+		return 0, 0, err
+	}
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM outbox_items WHERE state IN ('pending', 'leased')`).Scan(&open)
+	return unstaged, open, err
+}
+
 func tail(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]
