@@ -59,6 +59,9 @@ func (h *handlers) authenticated(r chi.Router) {
 		r.With(h.readSlot).Get("/reconcile/discrepancies", h.listDiscrepancies)
 		r.Get("/reconcile/discrepancies/{id}", h.getDiscrepancy)
 		r.Post("/reconcile/discrepancies/{id}/resolve", h.resolveDiscrepancy) // finance decides
+		r.With(h.readSlot).Get("/invoices/checks", h.listInvoiceChecks)
+		r.Get("/invoices/checks/{id}", h.getInvoiceCheck)
+		r.Post("/invoices/checks/{id}/resolve", h.resolveInvoiceCheck) // finance decides
 		r.Get("/audit", h.listAudit)
 	})
 	r.Group(func(r chi.Router) {

@@ -381,6 +381,9 @@ type completenessLine struct {
 	InconsistentItems int64    `json:"inconsistent_items"`
 	Discrepancies     int64    `json:"discrepancies"`
 	StripeHasMore     int64    `json:"discrepancies_stripe_has_more"`
+	Invoiced          *int64   `json:"invoiced"`
+	Invoice           string   `json:"invoice"`
+	InvoiceKinds      []string `json:"invoice_discrepancies"`
 	Holds             bool     `json:"holds"`
 }
 

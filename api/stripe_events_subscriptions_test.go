@@ -129,7 +129,7 @@ func TestInvoiceEventsReadTheInvoice(t *testing.T) {
 		require.NoError(t, err)
 		d.Webhook = &api.WebhookDeps{Secret: snapshotSecret, Events: events, Fetch: client.Event,
 			Invoices: func(ctx context.Context, db pgdb.Beginner, customer, invoice string) (int, error) {
-				r, err := invoices.Receive(ctx, db, invoices.Stripe{Client: client}, customer, invoice)
+				r, err := invoices.Receive(ctx, db, invoices.Stripe{Client: client}, d.Mappings, customer, invoice)
 				return r.Recorded, err
 			}}
 	})

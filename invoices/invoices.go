@@ -2,7 +2,9 @@ package invoices
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,10 +14,11 @@ import (
 	"github.com/tallymeter/tally/mappings"
 )
 
-// Reader reads one invoice, with its lines, from an account ("" for the
-// node's destination).
+// Reader reads one invoice, with its lines, and one price, as Stripe
+// sent it, from an account ("" for the node's destination).
 type Reader interface {
 	Invoice(ctx context.Context, account, id string) (stripeapi.Invoice, error)
+	Price(ctx context.Context, account, id string) (json.RawMessage, error)
 }
 
 // Stripe is the Reader of a Stripe client: the node's destination, or a
@@ -31,6 +34,16 @@ func (s Stripe) Invoice(ctx context.Context, account, id string) (stripeapi.Invo
 		return stripeapi.Invoice{}, err
 	}
 	return c.Invoice(ctx, id)
+}
+
+// Price implements Reader.
+func (s Stripe) Price(ctx context.Context, account, id string) (json.RawMessage, error) {
+	c, err := s.Client.For(account)
+	if err != nil {
+		return nil, err
+	}
+	_, body, err := c.Price(ctx, id)
+	return body, err
 }
 
 // sqlInvoiceStore keeps an invoice as Stripe last gave it; read_at takes
@@ -103,14 +116,17 @@ type Received struct {
 	Accounts int
 	// Recorded is how many of them had the invoice.
 	Recorded int
+	// Checks are the comparisons of a finalized invoice with the ledger.
+	Checks []Check
 }
 
 // Receive reads the invoice id of customer from every account a current
 // tenant mapping names the customer in, and records it where Stripe has
-// it (customer and invoice ids are Stripe's, unique across accounts). An
-// error from Stripe other than not-found is returned, for the event to be
-// delivered again.
-func Receive(ctx context.Context, db pgdb.Beginner, r Reader, customer, id string) (Received, error) {
+// it (customer and invoice ids are Stripe's, unique across accounts), with
+// the prices its lines name that Tally has not kept yet; a finalized
+// invoice is then compared with the ledger (Compare). An error from Stripe
+// other than not-found is returned, for the event to be delivered again.
+func Receive(ctx context.Context, db pgdb.Beginner, r Reader, maps *mappings.Store, customer, id string) (Received, error) {
 	accounts, err := mappings.CustomerAccounts(ctx, db, customer)
 	if err != nil {
 		return Received{}, err
@@ -130,6 +146,48 @@ func Receive(ctx context.Context, db pgdb.Beginner, r Reader, customer, id strin
 			return res, err
 		}
 		res.Recorded++
+		if err := keepPrices(ctx, db, r, account, inv.Lines); err != nil {
+			return res, err
+		}
+		checks, err := Compare(ctx, db, maps, account, inv.ID)
+		if err != nil {
+			return res, err
+		}
+		res.Checks = append(res.Checks, checks...)
 	}
 	return res, nil
+}
+
+// keepPrices reads from Stripe the prices of lines that Tally has not
+// kept, and keeps them. A price's amounts do not change once it is made,
+// so a kept price is never read again.
+func keepPrices(ctx context.Context, db pgdb.Querier, r Reader, account string, lines []stripeapi.InvoiceLine) error {
+	var ids []string
+	for _, l := range lines {
+		if l.Price != "" && !slices.Contains(ids, l.Price) {
+			ids = append(ids, l.Price)
+		}
+	}
+	rows, err := db.Query(ctx, `SELECT price FROM stripe_prices WHERE account = $1 AND price = ANY($2)`, account, ids)
+	if err != nil {
+		return fmt.Errorf("invoices: reading kept prices: %w", err)
+	}
+	kept, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("invoices: reading kept prices: %w", err)
+	}
+	for _, id := range ids {
+		if slices.Contains(kept, id) {
+			continue
+		}
+		body, err := r.Price(ctx, account, id)
+		if err != nil {
+			return fmt.Errorf("invoices: reading price %s: %w", id, err)
+		}
+		if _, err := db.Exec(ctx, `INSERT INTO stripe_prices (account, price, body) VALUES ($1, $2, $3)
+			ON CONFLICT (account, price) DO NOTHING`, account, id, []byte(body)); err != nil {
+			return fmt.Errorf("invoices: keeping price %s: %w", id, err)
+		}
+	}
+	return nil
 }

@@ -92,7 +92,7 @@ func TestInvoicesKeptAsStripeBillsThem(t *testing.T) {
 	reader := invoices.Stripe{Client: c}
 	receive := func(customer, id string) invoices.Received {
 		t.Helper()
-		r, err := invoices.Receive(ctx, pool, reader, customer, id)
+		r, err := invoices.Receive(ctx, pool, reader, &mappings.Store{}, customer, id)
 		require.NoError(t, err)
 		return r
 	}
@@ -167,7 +167,7 @@ func TestInvoicesKeptAsStripeBillsThem(t *testing.T) {
 	require.Equal(t, 2, kept)
 
 	sim.Configure(stripesim.DefaultAccount, stripesim.Limits{Faults: stripesim.Faults{ReadFault: 1}})
-	_, err = invoices.Receive(ctx, pool, reader, cus, second.ID)
+	_, err = invoices.Receive(ctx, pool, reader, &mappings.Store{}, cus, second.ID)
 	var se *stripeapi.Error
 	require.ErrorAs(t, err, &se, "a read Stripe fails is retried")
 }

@@ -48,6 +48,8 @@ var Placements = map[string]Placement{
 	"archives":                Local,
 	"audit_log":               Local,
 	"stripe_invoices":         Local,
+	"stripe_prices":           Local,
+	"invoice_checks":          Local,
 	"stripe_invoice_lines":    Local,
 	"completeness_audits":     Local,
 	"console_sessions":        Local,

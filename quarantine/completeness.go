@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/reconcile"
@@ -73,6 +74,18 @@ type Line struct {
 	// DiscrepanciesStripeHasMore counts those where Stripe has more than
 	// Tally: the customer may be billed too much.
 	DiscrepanciesStripeHasMore int64 `json:"discrepancies_stripe_has_more"`
+	// Invoiced is the quantity the period's finalized invoice billed for
+	// the line's meter (invoices.Check); nil before it is compared, or when
+	// no line of it bills the meter. When the invoice line bills the usage
+	// of more than one tenant or feature of the customer, each of their
+	// lines shows the whole quantity.
+	Invoiced *Value `json:"invoiced"`
+	// Invoice is the invoice Invoiced is from.
+	Invoice string `json:"invoice,omitempty"`
+	// InvoiceDiscrepancies are the kinds of difference the invoice check
+	// found and finance has not resolved: invoiced_more, invoiced_less,
+	// used_not_invoiced.
+	InvoiceDiscrepancies []string `json:"invoice_discrepancies"`
 	// Holds is the conservation identity: ingested = confirmed + accepted +
 	// pending + quarantined + uncertain + rejected + cancelled, in events
 	// and in value, and every item consistent with its events.
@@ -138,6 +151,9 @@ func LedgerCompletenessOf(ctx context.Context, q pgdb.Beginner, period, tenant s
 // and the report, holds.
 func (c Completeness) finish(ctx context.Context, q pgdb.Querier, from, to time.Time, tenant string, index map[[3]string]int) (Completeness, error) {
 	if err := c.addDiscrepancies(ctx, q, from, to, tenant, index); err != nil {
+		return Completeness{}, err
+	}
+	if err := c.addInvoiced(ctx, q, from, to, tenant, index); err != nil {
 		return Completeness{}, err
 	}
 	for i := range c.Lines {
@@ -254,6 +270,62 @@ func (c *Completeness) addDiscrepancies(ctx context.Context, q pgdb.Querier, fro
 	return nil
 }
 
+// sqlInvoiced reads the invoice checks of the periods starting in [@from,
+// @to), one row per tenant and feature each covers, the latest compared
+// first: an index range of the month's checks (customers × meters).
+const sqlInvoiced = `
+SELECT t.tenant, f.feature, c.period_start, c.invoice, c.invoiced::text,
+       CASE WHEN c.status = 'differs' AND c.resolved_at IS NULL THEN c.kinds ELSE '{}' END
+FROM invoice_checks c, unnest(c.tenants) AS t (tenant), unnest(c.features) AS f (feature)
+WHERE c.period_start >= @from AND c.period_start < @to AND (@tenant = '' OR t.tenant = @tenant)
+ORDER BY c.compared_at DESC`
+
+// addInvoiced sets each line's invoiced quantity and open invoice
+// discrepancies from the invoice checks; a checked line the counters do
+// not have (invoiced, with no usage) is added.
+func (c *Completeness) addInvoiced(ctx context.Context, q pgdb.Querier, from, to time.Time, tenant string, index map[[3]string]int) error {
+	rows, err := q.Query(ctx, sqlInvoiced, pgx.NamedArgs{"from": from, "to": to, "tenant": tenant})
+	if err != nil {
+		return err
+	}
+	var (
+		tenantName, feature, invoice string
+		per                          time.Time
+		invoiced                     *string
+		kinds                        []string
+	)
+	seen := map[[3]string]bool{}
+	_, err = pgx.ForEachRow(rows, []any{&tenantName, &feature, &per, &invoice, &invoiced, &kinds}, func() error {
+		key := [3]string{tenantName, feature, per.UTC().Format(time.RFC3339)}
+		if seen[key] {
+			return nil
+		}
+		seen[key] = true
+		i, ok := index[key]
+		if !ok {
+			i = len(c.Lines)
+			index[key] = i
+			c.Lines = append(c.Lines, Line{Tenant: tenantName, Feature: feature, Period: key[2], Accounts: []string{}})
+		}
+		l := &c.Lines[i]
+		l.Invoice, l.InvoiceDiscrepancies = invoice, kinds
+		if invoiced != nil {
+			var v Value
+			if err := v.ScanText(pgtype.Text{String: *invoiced, Valid: true}); err != nil {
+				return err
+			}
+			l.Invoiced = &v
+		}
+		return nil
+	})
+	for i := range c.Lines {
+		if c.Lines[i].InvoiceDiscrepancies == nil {
+			c.Lines[i].InvoiceDiscrepancies = []string{}
+		}
+	}
+	return err
+}
+
 func add(a, b Bucket) Bucket {
 	return Bucket{Events: a.Events + b.Events, Value: a.Value.Plus(b.Value)}
 }
@@ -265,7 +337,7 @@ var completenessColumns = []string{"tenant", "feature", "period", "destination_a
 	"pending_events", "pending_value", "quarantined_events", "quarantined_value", "uncertain_events", "uncertain_value",
 	"rejected_events", "rejected_value", "cancelled_events", "cancelled_value", "unstaged_events", "unstaged_value",
 	"period_closed_events", "period_closed_value", "inconsistent_items", "discrepancies", "discrepancies_stripe_has_more",
-	"holds", "as_of"}
+	"invoiced", "invoice", "invoice_discrepancies", "holds", "as_of"}
 
 // CSV writes the report's lines as CSV, one row a tenant, feature and
 // period with its destination accounts (space-separated), every bucket as events and value, and the snapshot's as_of on
@@ -279,8 +351,13 @@ func (c Completeness) CSV(w io.Writer) error {
 		for _, b := range []Bucket{l.Ingested, l.Confirmed, l.Accepted, l.Pending, l.Quarantined, l.Uncertain, l.Rejected, l.Cancelled, l.Unstaged, l.PeriodClosed} {
 			row = append(row, strconv.FormatInt(b.Events, 10), b.Value.String())
 		}
+		invoiced := ""
+		if l.Invoiced != nil {
+			invoiced = l.Invoiced.String()
+		}
 		row = append(row, strconv.FormatInt(l.InconsistentItems, 10), strconv.FormatInt(l.Discrepancies, 10),
-			strconv.FormatInt(l.DiscrepanciesStripeHasMore, 10), strconv.FormatBool(l.Holds), SafeCell(c.AsOf))
+			strconv.FormatInt(l.DiscrepanciesStripeHasMore, 10), invoiced, SafeCell(l.Invoice),
+			SafeCell(strings.Join(l.InvoiceDiscrepancies, " ")), strconv.FormatBool(l.Holds), SafeCell(c.AsOf))
 		_ = cw.Write(row)
 	}
 	cw.Flush()
@@ -290,12 +367,19 @@ func (c Completeness) CSV(w io.Writer) error {
 // Table writes the report for a terminal.
 func (c Completeness) Table(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tCANCELLED\tPERIOD CLOSED\tDISCREPANCIES\tSTRIPE HAS MORE\tHOLDS\t")
+	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tCANCELLED\tPERIOD CLOSED\tDISCREPANCIES\tSTRIPE HAS MORE\tINVOICED\tHOLDS\t")
 	for _, l := range c.Lines {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%v\t\n", l.Tenant, l.Feature, l.Period,
+		invoiced := "-"
+		if l.Invoiced != nil {
+			invoiced = l.Invoiced.String()
+		}
+		if len(l.InvoiceDiscrepancies) > 0 {
+			invoiced += " (" + strings.Join(l.InvoiceDiscrepancies, ", ") + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%v\t\n", l.Tenant, l.Feature, l.Period,
 			l.Ingested.Value, l.Confirmed.Value, l.Accepted.Value, l.Pending.Value, l.Quarantined.Value,
 			l.Uncertain.Value, l.Rejected.Value, l.Cancelled.Value, l.PeriodClosed.Value, l.Discrepancies,
-			l.DiscrepanciesStripeHasMore, l.Holds)
+			l.DiscrepanciesStripeHasMore, invoiced, l.Holds)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -36,6 +36,12 @@ func (v Value) int() *big.Int {
 	return v.i
 }
 
+// ValueOfBig is n as a Value (a copy).
+func ValueOfBig(n *big.Int) Value { return Value{new(big.Int).Set(n)} }
+
+// Big is v as a new big.Int.
+func (v Value) Big() *big.Int { return new(big.Int).Set(v.int()) }
+
 // String is the value in decimal.
 func (v Value) String() string { return v.int().String() }
 

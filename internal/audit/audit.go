@@ -40,6 +40,9 @@ const (
 	// ActionCompletenessRepair is a month's completeness counters
 	// rewritten from the ledger (tally report completeness --repair).
 	ActionCompletenessRepair = "completeness.repair"
+	// ActionInvoiceResolve is finance's resolution of an invoice check
+	// that differs.
+	ActionInvoiceResolve = "invoice.resolve"
 )
 
 // Entry is one audited action.

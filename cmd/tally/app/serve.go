@@ -15,6 +15,7 @@ import (
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
@@ -275,6 +276,8 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 		river.AddWorker(workers, &mappings.SubscriptionsWorker{DB: pools.Export, Store: p.Mappings, Lister: p.Mappings.Subscriptions, Logger: logger})
 		periodic = append(periodic, mappings.PeriodicSubscriptions())
 	}
+	river.AddWorker(workers, &invoices.RecompareWorker{DB: pools.Export, Maps: p.Mappings, Logger: logger})
+	periodic = append(periodic, invoices.PeriodicRecompare())
 	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
 			// The staging passes, one per part, all at once.
@@ -283,6 +286,7 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 			reconcile.BackfillQueue: {MaxWorkers: 1}, // nor the listing of Stripe's events, nor staging it
 			quarantine.AuditQueue:   {MaxWorkers: 1}, // an audit reads whole months
 			mappings.NamesQueue:     {MaxWorkers: 1}, // the customers' names wait for Stripe
+			invoices.Queue:          {MaxWorkers: 1}, // comparing invoices reads counters, never urgent
 		},
 		Workers:      workers,
 		PeriodicJobs: periodic,
