@@ -74,6 +74,7 @@ var v1Routes = []v1Route{
 	{http.MethodPost, "/v1/reconcile/discrepancies/{id}/resolve", fixed("/v1/reconcile/discrepancies/424242/resolve"),
 		func(string) any { return map[string]any{"reason": "accept_tally", "note": "n"} }, auth.RoleFinance, http.StatusNotFound},
 	{http.MethodGet, "/v1/invoices/checks", fixed("/v1/invoices/checks"), nil, auth.RoleFinance, http.StatusOK},
+	{http.MethodGet, "/v1/invoices/gates", fixed("/v1/invoices/gates"), nil, auth.RoleFinance, http.StatusOK},
 	{http.MethodGet, "/v1/invoices/checks/{id}", fixed("/v1/invoices/checks/424242"), nil, auth.RoleFinance, http.StatusNotFound},
 	{http.MethodPost, "/v1/invoices/checks/{id}/resolve", fixed("/v1/invoices/checks/424242/resolve"),
 		func(string) any { return map[string]any{"reason": "accept_tally", "note": "n"} }, auth.RoleFinance, http.StatusNotFound},

@@ -62,6 +62,7 @@ func (h *handlers) authenticated(r chi.Router) {
 		r.With(h.readSlot).Get("/invoices/checks", h.listInvoiceChecks)
 		r.Get("/invoices/checks/{id}", h.getInvoiceCheck)
 		r.Post("/invoices/checks/{id}/resolve", h.resolveInvoiceCheck) // finance decides
+		r.Get("/invoices/gates", h.listInvoiceGates)
 		r.Get("/audit", h.listAudit)
 	})
 	r.Group(func(r chi.Router) {

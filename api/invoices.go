@@ -93,3 +93,30 @@ func (h *handlers) resolveInvoiceCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, c)
 }
+
+// listInvoiceGates answers the invoice gates: the open ones (a draft not
+// yet proven complete, or held), or with status=all every one of the last
+// 100 days.
+func (h *handlers) listInvoiceGates(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "status" {
+			WriteError(w, http.StatusBadRequest, "unknown_filter", "unknown query parameter "+strconv.Quote(k)+": status is known")
+			return
+		}
+	}
+	status := q.Get("status")
+	if status == "" {
+		status = "open"
+	}
+	if status != "open" && status != "all" {
+		WriteError(w, http.StatusUnprocessableEntity, "invalid_status", "status must be open or all")
+		return
+	}
+	gates, err := invoices.Gates(r.Context(), h.Pool, status == "all")
+	if err != nil {
+		h.refuse(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": status, "gates": gates})
+}

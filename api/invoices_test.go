@@ -119,4 +119,27 @@ func TestInvoiceChecksListedAndResolved(t *testing.T) {
 	r = h.request(http.MethodGet, "/v1/invoices/checks?status=resolved", fin, nil)
 	r.decode(t, &list)
 	require.Len(t, list.Checks, 1)
+
+	// The gates: a held draft is open until its period is complete.
+	_, err = h.pool.Exec(h.ctx, `INSERT INTO invoice_gates (account, invoice, customer, tenants, period_start, period_end, state,
+		incomplete, missing, held_at, hold_until) VALUES ('', 'in_1', 'cus_acme', '{acme}', $1, $2, 'held', true,
+		'acme/logins: 1 events quarantined', clock_timestamp(), clock_timestamp() + interval '1 day')`, start, start.AddDate(0, 1, 0))
+	require.NoError(t, err)
+	var gates struct {
+		Status string `json:"status"`
+		Gates  []struct {
+			Invoice    string `json:"invoice"`
+			State      string `json:"state"`
+			Incomplete bool   `json:"incomplete"`
+			Missing    string `json:"missing"`
+		} `json:"gates"`
+	}
+	r = h.request(http.MethodGet, "/v1/invoices/gates", fin, nil)
+	require.Equal(t, http.StatusOK, r.status, r)
+	r.decode(t, &gates)
+	require.Len(t, gates.Gates, 1)
+	require.Equal(t, "held", gates.Gates[0].State)
+	require.Equal(t, "acme/logins: 1 events quarantined", gates.Gates[0].Missing)
+	require.Equal(t, http.StatusUnprocessableEntity, h.request(http.MethodGet, "/v1/invoices/gates?status=held", fin, nil).status)
+	require.Equal(t, http.StatusBadRequest, h.request(http.MethodGet, "/v1/invoices/gates?tenant=acme", fin, nil).status)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v82"
 
+	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
 	"github.com/tallymeter/tally/internal/testkit/stagetest"
@@ -24,15 +25,16 @@ import (
 // behind, so that a billing period ends two hours ago: usage of the whole
 // period is within what both take, and its invoice finalizes in the past.
 type billing struct {
-	t      *testing.T
-	ctx    context.Context
-	env    *stagetest.Env
-	sim    *stripesim.Server
-	clock  *stripesim.MovedClock
-	sc     *stripe.Client
-	reader invoices.Stripe
-	anchor time.Time // the end of the period compared
-	cus    string
+	t        *testing.T
+	ctx      context.Context
+	env      *stagetest.Env
+	sim      *stripesim.Server
+	clock    *stripesim.MovedClock
+	sc       *stripe.Client
+	reader   invoices.Stripe
+	resolver *exporter.Resolver
+	anchor   time.Time // the end of the period compared
+	cus      string
 }
 
 func newBilling(t *testing.T) *billing {
@@ -45,6 +47,11 @@ func newBilling(t *testing.T) *billing {
 	c, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
 	require.NoError(t, err)
 	b.sc, b.reader = c.Stripe(), invoices.Stripe{Client: c}
+	b.resolver, err = exporter.NewResolver(exporter.Settings{Key: stripesim.DefaultKey, APIBase: srv.URL, MeterEventsBase: srv.URL})
+	require.NoError(t, err)
+	d, err := b.resolver.Resolve(b.ctx)
+	require.NoError(t, err)
+	b.env.Target.Account, b.env.Target.Mode = d.Account, d.Mode
 	b.anchor = time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Second)
 	b.cus = b.sim.CreateCustomer(stripesim.DefaultAccount, "")
 	return b

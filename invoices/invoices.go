@@ -127,6 +127,21 @@ type Received struct {
 // invoice is then compared with the ledger (Compare). An error from Stripe
 // other than not-found is returned, for the event to be delivered again.
 func Receive(ctx context.Context, db pgdb.Beginner, r Reader, maps *mappings.Store, customer, id string) (Received, error) {
+	return Receiver{Reader: r, Maps: maps}.Receive(ctx, db, customer, id)
+}
+
+// Receiver receives the invoices invoice.* events name.
+type Receiver struct {
+	Reader Reader
+	Maps   *mappings.Store
+	// Gate, when set, opens the gate of a draft subscription invoice and
+	// checks it again at each later read.
+	Gate *Gate
+}
+
+// Receive is the package's Receive, with the gate.
+func (rc Receiver) Receive(ctx context.Context, db pgdb.Beginner, customer, id string) (Received, error) {
+	r, maps := rc.Reader, rc.Maps
 	accounts, err := mappings.CustomerAccounts(ctx, db, customer)
 	if err != nil {
 		return Received{}, err
@@ -148,6 +163,14 @@ func Receive(ctx context.Context, db pgdb.Beginner, r Reader, maps *mappings.Sto
 		res.Recorded++
 		if err := keepPrices(ctx, db, r, account, inv.Lines); err != nil {
 			return res, err
+		}
+		if rc.Gate != nil {
+			if err := rc.Gate.Open(ctx, account, inv); err != nil {
+				return res, err
+			}
+			if err := rc.Gate.Check(ctx, account, inv.ID); err != nil {
+				return res, err
+			}
 		}
 		checks, err := Compare(ctx, db, maps, account, inv.ID)
 		if err != nil {

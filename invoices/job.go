@@ -112,3 +112,36 @@ func PeriodicRecompare() *river.PeriodicJob {
 		}}
 	}, &river.PeriodicJobOpts{ID: "tally_invoice_recompare", RunOnStart: true})
 }
+
+// GateArgs is the River job that checks the open invoice gates.
+type GateArgs struct{}
+
+// Kind names the job.
+func (GateArgs) Kind() string { return "tally_invoice_gates" }
+
+// DefaultGateBatch is how many open gates one run checks.
+const DefaultGateBatch = 200
+
+// GateWorker runs GateArgs: Gate.CheckOpen.
+type GateWorker struct {
+	river.WorkerDefaults[GateArgs]
+	Gate *Gate
+}
+
+// Work checks the open gates.
+func (w *GateWorker) Work(ctx context.Context, _ *river.Job[GateArgs]) error {
+	_, err := w.Gate.CheckOpen(ctx, DefaultGateBatch)
+	return err
+}
+
+// PeriodicGates is the gates' job every minute and when River's leader
+// starts, unique in the cluster: a hold is released within a minute of
+// its period becoming complete, or of its bound.
+func PeriodicGates() *river.PeriodicJob {
+	return river.NewPeriodicJob(river.PeriodicInterval(time.Minute), func() (river.JobArgs, *river.InsertOpts) {
+		return GateArgs{}, &river.InsertOpts{MaxAttempts: 1, Queue: Queue, UniqueOpts: river.UniqueOpts{
+			ByState: []rivertype.JobState{rivertype.JobStateAvailable, rivertype.JobStatePending,
+				rivertype.JobStateRunning, rivertype.JobStateScheduled, rivertype.JobStateRetryable},
+		}}
+	}, &river.PeriodicJobOpts{ID: "tally_invoice_gates", RunOnStart: true})
+}

@@ -281,3 +281,46 @@ func lockGroup(ctx context.Context, tx pgx.Tx, tenant, feature string) (pair map
 	pair, err = st.Lookup(ctx, tx, tenant, feature)
 	return pair, err == nil, err
 }
+
+// sqlTenantUnstaged lists the features of a tenant that hold unstaged
+// rows: a range of the unstaged rows' partial index, in the tenant's shard.
+const sqlTenantUnstaged = `
+SELECT DISTINCT feature FROM usage_events WHERE bucket = @bucket AND tenant = @tenant AND item_id IS NULL ORDER BY 1`
+
+// CloseTenant stages every unstaged row of a tenant whose window has
+// ended, without waiting for the window grace: its billing period's
+// invoice is being made, and what the period holds must reach Stripe now.
+// A row that comes later, in the grace, is a supplement of its window.
+func (s *Stager) CloseTenant(ctx context.Context, db pgdb.DB, tenant string) (PassResult, error) {
+	target, ok := s.Target(ctx)
+	if !ok {
+		return PassResult{Stalled: true}, nil
+	}
+	if err := target.validate(); err != nil {
+		return PassResult{}, err
+	}
+	rows, err := db.Query(ctx, sqlTenantUnstaged, pgx.NamedArgs{"tenant": tenant, "bucket": tenantbucket.Of(tenant)})
+	if err != nil {
+		return PassResult{}, fmt.Errorf("meter: listing %s's unstaged usage: %w", tenant, err)
+	}
+	features, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return PassResult{}, fmt.Errorf("meter: listing %s's unstaged usage: %w", tenant, err)
+	}
+	now := &Stager{Outbox: s.Outbox, Grace: time.Nanosecond, Target: s.Target, CancelMargin: s.CancelMargin}
+	if _, err := now.shardsOf(ctx, db); err != nil {
+		return PassResult{}, err
+	}
+	var (
+		total PassResult
+		errs  []error
+	)
+	for _, f := range features {
+		res, err := now.stageGroup(ctx, db, target, tenant, f)
+		total.add(res)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s/%s: %w", tenant, f, err))
+		}
+	}
+	return total, errors.Join(errs...)
+}

@@ -50,6 +50,7 @@ var Placements = map[string]Placement{
 	"stripe_invoices":         Local,
 	"stripe_prices":           Local,
 	"invoice_checks":          Local,
+	"invoice_gates":           Local,
 	"stripe_invoice_lines":    Local,
 	"completeness_audits":     Local,
 	"console_sessions":        Local,

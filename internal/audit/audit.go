@@ -43,6 +43,10 @@ const (
 	// ActionInvoiceResolve is finance's resolution of an invoice check
 	// that differs.
 	ActionInvoiceResolve = "invoice.resolve"
+	// ActionInvoiceHold and ActionInvoiceRelease are a draft invoice held
+	// by the invoice gate (auto_advance false) and given back to Stripe.
+	ActionInvoiceHold    = "invoice.hold"
+	ActionInvoiceRelease = "invoice.release"
 )
 
 // Entry is one audited action.

@@ -133,3 +133,34 @@ func (c *Client) Invoices(ctx context.Context, customer string, since time.Time)
 	}
 	return out, nil
 }
+
+// SetAutoAdvance sets a draft's auto_advance: false holds it past its
+// automatic finalization, true puts it back on Stripe's schedule. key is
+// the request's idempotency key.
+func (c *Client) SetAutoAdvance(ctx context.Context, id string, auto bool, key string) (Invoice, error) {
+	p := &stripe.InvoiceUpdateParams{AutoAdvance: stripe.Bool(auto)}
+	p.SetIdempotencyKey(key)
+	if c.account != "" {
+		p.SetStripeAccount(c.account)
+	}
+	in, err := c.sc.V1Invoices.Update(ctx, id, p)
+	if err != nil {
+		return Invoice{}, WrapError(err)
+	}
+	return c.withLines(ctx, in)
+}
+
+// Finalize finalizes a draft now, with auto_advance true (Stripe then
+// collects it as it would have). key is the request's idempotency key.
+func (c *Client) Finalize(ctx context.Context, id string, key string) (Invoice, error) {
+	p := &stripe.InvoiceFinalizeInvoiceParams{AutoAdvance: stripe.Bool(true)}
+	p.SetIdempotencyKey(key)
+	if c.account != "" {
+		p.SetStripeAccount(c.account)
+	}
+	in, err := c.sc.V1Invoices.FinalizeInvoice(ctx, id, p)
+	if err != nil {
+		return Invoice{}, WrapError(err)
+	}
+	return c.withLines(ctx, in)
+}

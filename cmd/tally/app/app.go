@@ -12,6 +12,7 @@ import (
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
@@ -57,6 +58,11 @@ type Parts struct {
 	// the listing refreshes: claims skip paused event names, accepts
 	// record their meter. Nil without a key.
 	Meters *exporter.MeterDirectory
+	// GateMetrics are the invoice gate's; the gauge reads the database
+	// once serve has its pools.
+	GateMetrics *invoices.GateMetrics
+	// Gate is the invoice gate; serve makes it, nil without a key.
+	Gate *invoices.Gate
 }
 
 // readsHeadroom is how many connections of the reads pool the expensive
@@ -140,11 +146,16 @@ func Build(cfg config.Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
+	gateMetrics, err := invoices.NewGateMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	return &Parts{
 		Registry: reg, Outbox: ob, Mappings: maps, Stager: stager,
 		Ingester: &meter.Ingester{Stager: stager, MaxQuarantined: cfg.Quota.MaxQuarantined, GroupCommit: cfg.GroupCommit},
 		Requeuer: &quarantine.Requeuer{Outbox: ob, Stager: stager},
 		Resolver: res, API: apiMetrics, Limiter: limiter, StreamLimiter: streamLimiter, AdjustLimiter: adjustLimiter, Reconciler: rec,
 		ReadLimit: readLimit, Reports: reports, Audits: audits, StripeMetrics: stripeMetrics, Meters: meters,
+		GateMetrics: gateMetrics,
 	}, nil
 }

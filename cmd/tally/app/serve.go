@@ -57,6 +57,7 @@ func Serve(ctx context.Context, cfg config.Config, db *DB, p *Parts, logger *slo
 	if err != nil {
 		return err
 	}
+	p.Gate = newGate(cfg, pools, p, logger)
 	rc, err := newRiver(cfg, pools, p, backfill, logger)
 	if err != nil {
 		return err
@@ -278,6 +279,10 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 	}
 	river.AddWorker(workers, &invoices.RecompareWorker{DB: pools.Export, Maps: p.Mappings, Logger: logger})
 	periodic = append(periodic, invoices.PeriodicRecompare())
+	if p.Gate != nil {
+		river.AddWorker(workers, &invoices.GateWorker{Gate: p.Gate})
+		periodic = append(periodic, invoices.PeriodicGates())
+	}
 	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
 			// The staging passes, one per part, all at once.
@@ -319,4 +324,16 @@ func refuseRestrictedStream(ctx context.Context, cfg config.Config, q pgdb.Queri
 			strings.Join(names, ", "), mappings.ExporterStripeMeterEventStream, mappings.ExporterStripeMeterEvents)
 	}
 	return nil
+}
+
+// newGate is the invoice gate on the export pool, holding drafts when
+// TALLY_INVOICE_HOLD is on; nil without a key (no invoice is read).
+func newGate(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logger) *invoices.Gate {
+	p.GateMetrics.Use(pools.Export)
+	c := p.Resolver.Client()
+	if c == nil {
+		return nil
+	}
+	return &invoices.Gate{DB: pools.Export, Maps: p.Mappings, Stager: p.Stager, Holder: invoices.Stripe{Client: c},
+		Hold: cfg.InvoiceHold, HoldMax: cfg.InvoiceHoldMax, Metrics: p.GateMetrics, Logger: logger}
 }

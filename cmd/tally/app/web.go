@@ -268,7 +268,7 @@ func webhookDeps(cfg config.Config, p *Parts, events *reconcile.Events, backfill
 	if c := p.Resolver.Client(); c != nil {
 		// An invoice.* event reads the invoice at once.
 		d.Invoices = func(ctx context.Context, db pgdb.Beginner, customer, invoice string) (int, error) {
-			r, err := invoices.Receive(ctx, db, invoices.Stripe{Client: c}, p.Mappings, customer, invoice)
+			r, err := invoices.Receiver{Reader: invoices.Stripe{Client: c}, Maps: p.Mappings, Gate: p.Gate}.Receive(ctx, db, customer, invoice)
 			return r.Recorded, err
 		}
 	}

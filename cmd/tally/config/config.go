@@ -121,6 +121,12 @@ type Config struct {
 	// invoice closed: "quarantine" or "send". Defaults to
 	// meter.DefaultLateUsage.
 	LateUsage string
+	// InvoiceHold is whether the invoice gate holds a draft whose period is
+	// incomplete (TALLY_INVOICE_HOLD).
+	InvoiceHold bool
+	// InvoiceHoldMax bounds a hold (TALLY_INVOICE_HOLD_MAX); at most
+	// invoices.MaxHoldMax.
+	InvoiceHoldMax time.Duration
 
 	// StripeTimeout bounds one call to Stripe. Defaults to
 	// exporter.DefaultRequestTimeout.

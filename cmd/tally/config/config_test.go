@@ -15,6 +15,7 @@ import (
 	"github.com/tallymeter/tally/console"
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
@@ -62,7 +63,7 @@ func TestDefaultsAreTheOwnersConstants(t *testing.T) {
 			ClaimScan: outbox.DefaultClaimScan},
 		StripeAPIBase: stripeapi.DefaultAPIBase, StripeMeterEventsBase: stripeapi.DefaultMeterEventsBase,
 		Exporter: exporter.StripeMeterEvents, StageInterval: meter.DefaultStageInterval, WindowGrace: meter.DefaultGrace,
-		InvoiceGrace: meter.DefaultInvoiceGrace, LateUsage: string(meter.DefaultLateUsage),
+		InvoiceGrace: meter.DefaultInvoiceGrace, LateUsage: string(meter.DefaultLateUsage), InvoiceHoldMax: invoices.DefaultHoldMax,
 		StripeTimeout: exporter.DefaultRequestTimeout,
 		RateLive:      exporter.DefaultLiveRate, RateTest: exporter.DefaultTestRate,
 		StreamRateLive: exporter.DefaultStreamLiveRate, StreamRateTest: exporter.DefaultStreamTestRate,
@@ -211,6 +212,9 @@ func TestLateUsageSettings(t *testing.T) {
 		{map[string]string{"TALLY_INVOICE_GRACE": "-1m"}, "TALLY_INVOICE_GRACE must be 0s to 72h"},
 		{map[string]string{"TALLY_INVOICE_GRACE": "1.5s"}, "in whole seconds"},
 		{map[string]string{"TALLY_LATE_USAGE": "drop"}, `TALLY_LATE_USAGE must be quarantine or send, got "drop"`},
+		{map[string]string{"TALLY_INVOICE_HOLD": "true", "TALLY_INVOICE_HOLD_MAX": "71h"}, ""},
+		{map[string]string{"TALLY_INVOICE_HOLD_MAX": "72h"}, "TALLY_INVOICE_HOLD_MAX must be more than 0 and at most 71h"},
+		{map[string]string{"TALLY_INVOICE_HOLD_MAX": "0s"}, "TALLY_INVOICE_HOLD_MAX must be more than 0"},
 	} {
 		c, err := load(t, tc.env)
 		if tc.wantErr != "" {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/reconcile"
@@ -110,6 +111,10 @@ func exportSettings() []setting {
 			dur(func(c *Config) *time.Duration { return &c.InvoiceGrace })},
 		{"TALLY_LATE_USAGE", "late-usage", "what staging does with late usage: quarantine (as period_closed, for finance to requeue knowingly) or send (Stripe records it on no finalized invoice)", string(meter.DefaultLateUsage),
 			str(func(c *Config) *string { return &c.LateUsage })},
+		{"TALLY_INVOICE_HOLD", "invoice-hold", "hold a subscription's draft invoice (auto_advance false) while usage of its period is quarantined, uncertain or still on its way, until the period is complete or TALLY_INVOICE_HOLD_MAX", "false",
+			boolean(func(c *Config) *bool { return &c.InvoiceHold })},
+		{"TALLY_INVOICE_HOLD_MAX", "invoice-hold-max", "the longest a draft invoice is held, then released incomplete and alerted (at most 71h: Stripe finalizes a draft after 72h whatever happens)", short(invoices.DefaultHoldMax),
+			dur(func(c *Config) *time.Duration { return &c.InvoiceHoldMax })},
 	}
 }
 

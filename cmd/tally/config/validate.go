@@ -13,6 +13,7 @@ import (
 	"github.com/tallymeter/tally/exporter"
 	"github.com/tallymeter/tally/internal/auth"
 	"github.com/tallymeter/tally/internal/stripeapi"
+	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/meter"
 	"github.com/tallymeter/tally/outbox"
 )
@@ -156,6 +157,9 @@ func (c *Config) exportProblems() []error {
 	if c.InvoiceGrace < 0 || c.InvoiceGrace > meter.MaxInvoiceGrace || c.InvoiceGrace%time.Second != 0 {
 		errs = append(errs, fmt.Errorf("TALLY_INVOICE_GRACE must be 0s to %s (Stripe's longest invoice finalization grace period), in whole seconds, got %s",
 			short(meter.MaxInvoiceGrace), c.InvoiceGrace))
+	}
+	if c.InvoiceHoldMax <= 0 || c.InvoiceHoldMax > invoices.MaxHoldMax {
+		errs = append(errs, fmt.Errorf("TALLY_INVOICE_HOLD_MAX must be more than 0 and at most %s, got %s", short(invoices.MaxHoldMax), c.InvoiceHoldMax))
 	}
 	if p := meter.LatePolicy(c.LateUsage); p != meter.LateQuarantine && p != meter.LateSend {
 		errs = append(errs, fmt.Errorf("TALLY_LATE_USAGE must be quarantine or send, got %q", c.LateUsage))
