@@ -75,7 +75,7 @@ type Filter struct {
 
 const sqlCheckColumns = `id, account, invoice, customer, event_name, formula, period_start, period_end, tenants, features,
     lines, prices, invoiced::text, expected::text, unbilled::text, status, kinds, reason, compared_at,
-    resolution, resolution_note, resolved_by, resolved_at`
+    resolution, resolution_note, resolved_by, resolved_at, currency, invoiced_amount, expected_amount, amount_note`
 
 // sqlChecks lists checks, newest period first. Periods bound it to the
 // month's rows (an index range); without one it reads every check, which
@@ -100,7 +100,7 @@ func scanCheck(row pgx.CollectableRow) (Check, error) {
 	)
 	if err := row.Scan(&c.ID, &c.Account, &c.Invoice, &c.Customer, &c.EventName, &c.Formula, &c.PeriodStart, &c.PeriodEnd,
 		&c.Tenants, &c.Features, &c.Lines, &c.Prices, &invoiced, &expected, &unbilled, &status, &c.Kinds, &c.Reason,
-		&c.ComparedAt, &resolution, &note, &by, &resolvedAt); err != nil {
+		&c.ComparedAt, &resolution, &note, &by, &resolvedAt, &c.Currency, &c.InvoicedAmount, &c.ExpectedAmount, &c.AmountNote); err != nil {
 		return Check{}, err
 	}
 	c.Status = Status(status)

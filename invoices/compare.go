@@ -15,6 +15,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/pgdb"
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/pricing"
 	"github.com/tallymeter/tally/quarantine"
 )
 
@@ -72,7 +73,15 @@ type Check struct {
 	Unbilled quarantine.Value `json:"unbilled"`
 	Status   Status           `json:"status"`
 	Kinds    []string         `json:"kinds"`
-	Reason   string           `json:"reason,omitempty"`
+	// Currency is the lines' currency; InvoicedAmount the sum of their
+	// amounts (minor units, before discounts and tax); ExpectedAmount what
+	// the price bills for Expected (package pricing), nil when it cannot
+	// be computed, AmountNote saying why or what to know of it.
+	Currency       string `json:"currency"`
+	InvoicedAmount *int64 `json:"invoiced_amount"`
+	ExpectedAmount *int64 `json:"expected_amount"`
+	AmountNote     string `json:"amount_note,omitempty"`
+	Reason         string `json:"reason,omitempty"`
 	// ComparedAt is when the numbers were last taken.
 	ComparedAt time.Time   `json:"compared_at"`
 	Resolution *Resolution `json:"resolution"`
@@ -92,7 +101,7 @@ SELECT customer, status, finalized_at IS NOT NULL FROM stripe_invoices WHERE acc
 
 // sqlLinesOf reads the invoice's current lines that name a price.
 const sqlLinesOf = `
-SELECT line, price, period_start, period_end, quantity FROM stripe_invoice_lines
+SELECT line, price, period_start, period_end, quantity, amount, currency FROM stripe_invoice_lines
 WHERE account = @account AND invoice = @invoice AND gone_at IS NULL AND price IS NOT NULL
 ORDER BY line`
 
@@ -107,14 +116,17 @@ ORDER BY tenant`
 // it was given for stay; new numbers reopen the check.
 var sqlCheckStore = strings.ReplaceAll(`
 INSERT INTO invoice_checks AS c (account, invoice, customer, event_name, formula, period_start, period_end,
-    tenants, features, lines, prices, invoiced, expected, unbilled, status, kinds, reason)
+    tenants, features, lines, prices, invoiced, expected, unbilled, status, kinds, reason,
+    currency, invoiced_amount, expected_amount, amount_note)
 VALUES (@account, @invoice, @customer, @event_name, @formula, @start, @end,
-    @tenants, @features, @lines, @prices, @invoiced::numeric, @expected::numeric, @unbilled::numeric, @status, @kinds, @reason)
+    @tenants, @features, @lines, @prices, @invoiced::numeric, @expected::numeric, @unbilled::numeric, @status, @kinds, @reason,
+    @currency, @invoiced_amount, @expected_amount, @amount_note)
 ON CONFLICT (account, invoice, event_name) DO UPDATE SET customer = EXCLUDED.customer, formula = EXCLUDED.formula,
     period_start = EXCLUDED.period_start, period_end = EXCLUDED.period_end, tenants = EXCLUDED.tenants,
     features = EXCLUDED.features, lines = EXCLUDED.lines, prices = EXCLUDED.prices, invoiced = EXCLUDED.invoiced,
     expected = EXCLUDED.expected, unbilled = EXCLUDED.unbilled, status = EXCLUDED.status, kinds = EXCLUDED.kinds,
-    reason = EXCLUDED.reason, compared_at = EXCLUDED.compared_at,
+    reason = EXCLUDED.reason, compared_at = EXCLUDED.compared_at, currency = EXCLUDED.currency,
+    invoiced_amount = EXCLUDED.invoiced_amount, expected_amount = EXCLUDED.expected_amount, amount_note = EXCLUDED.amount_note,
     resolution = CASE WHEN {same} THEN c.resolution END, resolution_note = CASE WHEN {same} THEN c.resolution_note END,
     resolved_by = CASE WHEN {same} THEN c.resolved_by END, resolved_at = CASE WHEN {same} THEN c.resolved_at END
 RETURNING id, compared_at, resolution, resolution_note, resolved_by, resolved_at`, "{same}", `(c.invoiced, c.expected, c.unbilled, c.kinds)
@@ -125,8 +137,11 @@ type meterLine struct {
 	formula       string
 	lines, prices []string
 	quantity      int64
+	amount        int64
+	currency      string
 	start, end    time.Time
 	transforms    []*stripe.PriceTransformQuantity
+	priceObjs     []*stripe.Price
 	mixedPeriods  bool
 }
 
@@ -196,10 +211,11 @@ func compare(ctx context.Context, db pgdb.Beginner, maps *mappings.Store, accoun
 			if c.Lines == nil {
 				c.Lines, c.Prices = []string{}, []string{}
 			} else {
-				q := quarantine.ValueOf(ml.quantity)
-				c.Invoiced = &q
+				q, amount := quarantine.ValueOf(ml.quantity), ml.amount
+				c.Invoiced, c.InvoicedAmount, c.Currency = &q, &amount, ml.currency
 			}
 			judge(&c, ml, features, usage, mismatch)
+			price(&c, ml)
 			if err := store(ctx, tx, &c); err != nil {
 				return err
 			}
@@ -220,13 +236,14 @@ func meterLines(ctx context.Context, q pgdb.Querier, account, invoice string) (m
 		return nil, time.Time{}, time.Time{}, err
 	}
 	type line struct {
-		id, price  string
-		start, end time.Time
-		quantity   int64
+		id, price        string
+		start, end       time.Time
+		quantity, amount int64
+		currency         string
 	}
 	var lines []line
 	var l line
-	if _, err := pgx.ForEachRow(rows, []any{&l.id, &l.price, &l.start, &l.end, &l.quantity}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&l.id, &l.price, &l.start, &l.end, &l.quantity, &l.amount, &l.currency}, func() error {
 		lines = append(lines, l)
 		return nil
 	}); err != nil {
@@ -256,7 +273,7 @@ func meterLines(ctx context.Context, q pgdb.Querier, account, invoice string) (m
 		}
 		ml := out[m.eventName]
 		if ml == nil {
-			ml = &meterLine{formula: m.formula, start: l.start.UTC(), end: l.end.UTC(), lines: []string{}, prices: []string{}}
+			ml = &meterLine{formula: m.formula, start: l.start.UTC(), end: l.end.UTC(), lines: []string{}, prices: []string{}, currency: l.currency}
 			out[m.eventName] = ml
 		}
 		if !ml.start.Equal(l.start) || !ml.end.Equal(l.end) {
@@ -266,8 +283,10 @@ func meterLines(ctx context.Context, q pgdb.Querier, account, invoice string) (m
 		if !slices.Contains(ml.prices, l.price) {
 			ml.prices = append(ml.prices, l.price)
 			ml.transforms = append(ml.transforms, p.TransformQuantity)
+			ml.priceObjs = append(ml.priceObjs, p)
 		}
 		ml.quantity += l.quantity
+		ml.amount += l.amount
 	}
 	return out, start, end, nil
 }
@@ -472,7 +491,8 @@ func store(ctx context.Context, tx pgx.Tx, c *Check) error {
 	err := tx.QueryRow(ctx, sqlCheckStore, pgx.NamedArgs{"account": c.Account, "invoice": c.Invoice, "customer": c.Customer,
 		"event_name": c.EventName, "formula": c.Formula, "start": c.PeriodStart, "end": c.PeriodEnd, "tenants": c.Tenants,
 		"features": c.Features, "lines": c.Lines, "prices": c.Prices, "invoiced": text(c.Invoiced), "expected": text(c.Expected),
-		"unbilled": c.Unbilled.String(), "status": string(c.Status), "kinds": c.Kinds, "reason": c.Reason}).Scan(&c.ID, &c.ComparedAt, &reason, &note, &by, &at)
+		"unbilled": c.Unbilled.String(), "status": string(c.Status), "kinds": c.Kinds, "reason": c.Reason,
+		"currency": c.Currency, "invoiced_amount": c.InvoicedAmount, "expected_amount": c.ExpectedAmount, "amount_note": c.AmountNote}).Scan(&c.ID, &c.ComparedAt, &reason, &note, &by, &at)
 	c.Resolution = resolutionOf(reason, note, by, at)
 	return err
 }
@@ -484,4 +504,38 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// price sets what the check's one price bills for its expected usage.
+func price(c *Check, ml *meterLine) {
+	switch {
+	case c.Expected == nil:
+		return
+	case len(ml.priceObjs) != 1:
+		if len(ml.priceObjs) > 1 {
+			c.AmountNote = "the meter is billed by more than one price"
+		}
+		return
+	case !c.Expected.Big().IsInt64():
+		c.AmountNote = "the expected usage does not fit in 64 bits"
+		return
+	}
+	q, err := pricing.Evaluate(ml.priceObjs[0], c.Currency, c.Expected.Big().Int64())
+	if err != nil {
+		c.AmountNote = truncate(err.Error(), 300)
+		return
+	}
+	c.ExpectedAmount = &q.Amount
+	var notes []string
+	for _, cv := range q.Caveats {
+		notes = append(notes, string(cv.Code))
+	}
+	c.AmountNote = truncate(strings.Join(notes, ", "), 300)
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n-3] + "..."
+	}
+	return s
 }

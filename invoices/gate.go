@@ -117,8 +117,8 @@ func (g *Gate) settle() time.Duration {
 // sqlGateOpen records a gate once; a second invoice.created changes
 // nothing.
 const sqlGateOpen = `
-INSERT INTO invoice_gates (account, invoice, customer, tenants, period_start, period_end)
-VALUES (@account, @invoice, @customer, @tenants, @start, @end)
+INSERT INTO invoice_gates (account, invoice, customer, tenants, period_start, period_end, finalizes_at)
+VALUES (@account, @invoice, @customer, @tenants, @start, @end, @finalizes_at)
 ON CONFLICT (account, invoice) DO NOTHING`
 
 // Open starts the gate of a draft subscription invoice: the customer's
@@ -144,7 +144,7 @@ func (g *Gate) Open(ctx context.Context, account string, inv stripeapi.Invoice) 
 		}
 	}
 	if _, err := g.DB.Exec(ctx, sqlGateOpen, pgx.NamedArgs{"account": account, "invoice": inv.ID, "customer": inv.Customer,
-		"tenants": tenants, "start": start, "end": end}); err != nil {
+		"tenants": tenants, "start": start, "end": end, "finalizes_at": optionalTime(inv.AutomaticallyFinalizesAt)}); err != nil {
 		return fmt.Errorf("invoices: opening the gate of %s: %w", inv.ID, err)
 	}
 	return nil
@@ -179,17 +179,16 @@ type gateRow struct {
 	tenants    []string
 	start      time.Time
 	status     string // the invoice's, as last read
-	finalizes  *time.Time
-	settled    bool // pending since longer than the settle time
-	expired    bool // held past its bound
-	finalizeBy bool // Stripe's automatic finalization time has passed
+	settled    bool   // pending since longer than the settle time
+	expired    bool   // held past its bound
+	finalizeBy bool   // Stripe's automatic finalization time (as the gate opened) has passed, or is unknown
 }
 
 const sqlGateRead = `
-SELECT g.state, g.customer, g.tenants, g.period_start, i.status, i.finalizes_at,
+SELECT g.state, g.customer, g.tenants, g.period_start, i.status,
        coalesce(g.incomplete_since + @settle::interval <= clock_timestamp(), false),
        coalesce(g.hold_until <= clock_timestamp(), false),
-       coalesce(i.finalizes_at <= clock_timestamp(), true)
+       coalesce(g.finalizes_at <= clock_timestamp(), true)
 FROM invoice_gates g JOIN stripe_invoices i USING (account, invoice)
 WHERE g.account = @account AND g.invoice = @invoice`
 
@@ -257,7 +256,7 @@ func (g *Gate) check(ctx context.Context, account, invoice string) error {
 	args := pgx.NamedArgs{"account": account, "invoice": invoice, "settle": g.settle()}
 	var r gateRow
 	var state string
-	if err := g.DB.QueryRow(ctx, sqlGateRead, args).Scan(&state, &r.customer, &r.tenants, &r.start, &r.status, &r.finalizes,
+	if err := g.DB.QueryRow(ctx, sqlGateRead, args).Scan(&state, &r.customer, &r.tenants, &r.start, &r.status,
 		&r.settled, &r.expired, &r.finalizeBy); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -390,6 +389,15 @@ func (g *Gate) release(ctx context.Context, account, invoice string, r gateRow, 
 // sqlOpenGates lists the gates still open, least recently checked first.
 const sqlOpenGates = `
 SELECT account, invoice FROM invoice_gates WHERE state IN ('waiting', 'held') ORDER BY checked_at LIMIT @batch`
+
+// OpenGates counts the open gates (the partial index).
+func (g *Gate) OpenGates(ctx context.Context) (int, error) {
+	var n int
+	if err := g.DB.QueryRow(ctx, `SELECT count(*) FROM invoice_gates WHERE state IN ('waiting', 'held')`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("invoices: counting open gates: %w", err)
+	}
+	return n, nil
+}
 
 // CheckOpen checks up to batch open gates, least recently checked first.
 func (g *Gate) CheckOpen(ctx context.Context, batch int) (int, error) {

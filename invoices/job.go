@@ -128,10 +128,23 @@ type GateWorker struct {
 	Gate *Gate
 }
 
-// Work checks the open gates.
+// gateBudget is how long one run keeps checking batches: under the job's
+// minute, so that a billing day's many drafts are all checked each run.
+const gateBudget = 50 * time.Second
+
+// Work checks the open gates, least recently checked first, batch after
+// batch for up to gateBudget.
 func (w *GateWorker) Work(ctx context.Context, _ *river.Job[GateArgs]) error {
-	_, err := w.Gate.CheckOpen(ctx, DefaultGateBatch)
-	return err
+	open, err := w.Gate.OpenGates(ctx)
+	if err != nil {
+		return err
+	}
+	for end := time.Now().Add(gateBudget); open > 0 && time.Now().Before(end); open -= DefaultGateBatch {
+		if _, err := w.Gate.CheckOpen(ctx, DefaultGateBatch); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // PeriodicGates is the gates' job every minute and when River's leader

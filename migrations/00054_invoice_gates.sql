@@ -6,7 +6,8 @@
 -- state: waiting (not proven complete, not held), held, complete (proven;
 -- released if it was held), released (the hold ran out), lapsed (the
 -- invoice finalized first). missing says, in words, what the period
--- lacks. Rows are never deleted; one per invoice, so it grows with
+-- lacks; finalizes_at is when Stripe was to finalize the draft when the
+-- gate opened. Rows are never deleted; one per invoice, so it grows with
 -- customers × months. On the coordinator of a distributed database.
 
 -- +goose Up
@@ -17,6 +18,7 @@ CREATE TABLE invoice_gates (
     tenants          text[]      NOT NULL,
     period_start     timestamptz NOT NULL,
     period_end       timestamptz NOT NULL,
+    finalizes_at     timestamptz,
     state            text        NOT NULL DEFAULT 'waiting',
     missing          text        NOT NULL DEFAULT '',
     opened_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
