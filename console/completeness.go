@@ -62,7 +62,11 @@ type completenessRow struct {
 	Cancelled, Late    count
 	Discrepancies      count
 	StripeHasMore      int64
-	Holds              bool
+	// Invoiced is the finalized invoice's quantity ("–" before it is
+	// compared); InvoiceKinds the open differences, in words.
+	Invoiced     string
+	InvoiceKinds string
+	Holds        bool
 }
 
 // totalRow sums the lines of one feature (one unit).
@@ -218,6 +222,15 @@ func rowOf(l quarantine.Line, period string, cu mappings.TenantCustomer, f mappi
 		}
 		row.States = append(row.States, n)
 	}
+	row.Invoiced = "–"
+	if l.Invoiced != nil {
+		row.Invoiced = grouped(l.Invoiced.String())
+	}
+	var kinds []string
+	for _, k := range l.InvoiceDiscrepancies {
+		kinds = append(kinds, kindLabels[k])
+	}
+	row.InvoiceKinds = strings.Join(kinds, "; ")
 	row.Cancelled = count{Text: grouped(l.Cancelled.Value.String()), Zero: l.Cancelled.Events == 0}
 	row.Late = count{Text: grouped(l.PeriodClosed.Value.String()), Zero: l.PeriodClosed.Events == 0}
 	row.Discrepancies = count{Text: grouped(strconv.FormatInt(l.Discrepancies, 10)), Zero: l.Discrepancies == 0}

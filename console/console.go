@@ -169,12 +169,13 @@ func New(d Deps) (*Console, error) {
 	}
 	c := &Console{Deps: d, pool: d.Pool, pages: map[string]*template.Template{}, throttle: newSignInThrottle(defaultSignInLimits())}
 	funcs := template.FuncMap{"kindLabel": func(kind string) string { return kindLabels[kind] },
-		"period": periodText, "window": func(d mappings.Duration) string { return durationWords(time.Duration(d)) }}
+		"period": periodText, "window": func(d mappings.Duration) string { return durationWords(time.Duration(d)) },
+		"gateWords": gateWords}
 	layout, err := template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
 	if err != nil {
 		return nil, err
 	}
-	for _, page := range []string{"overview", "quarantine", "item", "uncertain", "mappings", "reconcile", "completeness", "discrepancies"} {
+	for _, page := range []string{"overview", "quarantine", "item", "uncertain", "mappings", "reconcile", "completeness", "discrepancies", "invoices"} {
 		t, err := template.Must(layout.Clone()).ParseFS(templateFS, "templates/"+page+".html")
 		if err != nil {
 			return nil, err
@@ -228,7 +229,9 @@ func (c *Console) Handler() http.Handler {
 			r.Get("/reconcile/{id}", c.reconcilePage)
 			r.Get("/completeness", c.completeness)
 			r.Get("/completeness.csv", c.completenessCSV)
+			r.Get("/invoices", c.invoicesPage)
 		})
+		r.With(requireRole(auth.RoleFinance)).Post("/invoices/checks/{id}/resolve", c.resolveInvoiceCheck)
 		r.Post("/logout", c.logout)
 		r.Group(func(r chi.Router) {
 			r.Use(requireRole(auth.RoleOperator))
@@ -421,7 +424,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title str
 	for _, n := range []navItem{{"/console/", "Overview", false}, {"/console/quarantine", "Quarantine", false},
 		{"/console/uncertain", "Uncertain & rejected", false}, {"/console/mappings", "Mappings", false},
 		{"/console/reconcile", "Reconciliation", false}, {"/console/completeness", "Completeness", false},
-		{"/console/discrepancies", "Open discrepancies", false}} {
+		{"/console/discrepancies", "Open discrepancies", false}, {"/console/invoices", "Invoices", false}} {
 		n.Active = n.Href == r.URL.Path || (n.Href != "/console/" && strings.HasPrefix(r.URL.Path, n.Href))
 		p.Nav = append(p.Nav, n)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tallymeter/tally/internal/auth"
+	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/outbox"
 	"github.com/tallymeter/tally/quarantine"
@@ -184,6 +185,9 @@ var kindLabels = map[string]string{
 	reconcile.KindStripeHasMore:    "Stripe has more: a customer may be billed too much",
 	reconcile.KindStripeHasLess:    "Stripe has less: usage not billed",
 	reconcile.KindSummariesRefused: "summaries refused: nothing compared",
+	invoices.KindInvoicedMore:      "invoiced more than used",
+	invoices.KindInvoicedLess:      "invoiced less than used",
+	invoices.KindUsedNotInvoiced:   "used but on no invoice",
 }
 
 // backlogSeries is the snapshots as one series of points per state.
