@@ -75,7 +75,7 @@ func (b *billing) meterFor(name string, agg mappings.Aggregation, unit string) s
 // the anchor, and maps tenant acme to it by that anchor.
 func (b *billing) subscribe(prices ...string) {
 	b.sim.CreateSubscription(stripesim.DefaultAccount, stripesim.SubscriptionSpec{Customer: b.cus, Prices: prices,
-		BillingCycleAnchor: b.anchor, BackdateStartDate: b.anchor.AddDate(0, -1, 0)})
+		BillingCycleAnchor: b.anchor, BackdateStartDate: stagetest.AddMonths(b.anchor, -1)})
 	_, _, err := b.env.Maps.PutTenant(b.ctx, b.env.Pool, "acme", mappings.TenantInput{StripeCustomerID: b.cus, PeriodAnchor: &b.anchor}, "alice")
 	require.NoError(b.t, err)
 }
@@ -167,7 +167,7 @@ func TestCompareSetsTheInvoiceBesideTheLedger(t *testing.T) {
 	require.Equal(t, []string{"acme"}, c.Tenants)
 	require.Equal(t, []string{"api_calls"}, c.Features)
 	require.True(t, b.anchor.Equal(c.PeriodEnd))
-	require.True(t, b.anchor.AddDate(0, -1, 0).Equal(c.PeriodStart))
+	require.True(t, stagetest.AddMonths(b.anchor, -1).Equal(c.PeriodStart))
 	c = checks["logins"]
 	require.Equal(t, invoices.Differs, c.Status)
 	require.Equal(t, []string{invoices.KindInvoicedMore}, c.Kinds)
@@ -200,7 +200,7 @@ func TestCompareSetsTheInvoiceBesideTheLedger(t *testing.T) {
 	require.Equal(t, quarantine.ValueOf(2), c.Unbilled)
 
 	// The completeness report shows what was invoiced.
-	rep, err := quarantine.CompletenessOf(b.ctx, b.env.Pool, b.anchor.AddDate(0, -1, 0).Format("2006-01"), "acme")
+	rep, err := quarantine.CompletenessOf(b.ctx, b.env.Pool, stagetest.AddMonths(b.anchor, -1).Format("2006-01"), "acme")
 	require.NoError(t, err)
 	invoiced := map[string]*quarantine.Value{}
 	for _, l := range rep.Lines {
@@ -258,7 +258,7 @@ func TestCompareSaysWhatItCannotCompare(t *testing.T) {
 	calls := b.meterFor("api_calls", mappings.Sum, "2")
 	seats := b.meterFor("seats", mappings.Last, "100")
 	b.sim.CreateSubscription(stripesim.DefaultAccount, stripesim.SubscriptionSpec{Customer: b.cus, Prices: []string{calls, seats},
-		BillingCycleAnchor: b.anchor, BackdateStartDate: b.anchor.AddDate(0, -1, 0)})
+		BillingCycleAnchor: b.anchor, BackdateStartDate: stagetest.AddMonths(b.anchor, -1)})
 	first := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	_, _, err := b.env.Maps.PutTenant(b.ctx, b.env.Pool, "acme", mappings.TenantInput{StripeCustomerID: b.cus, PeriodAnchor: &first}, "alice")
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tallymeter/tally/internal/stripeapi"
 	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/mappings"
@@ -145,7 +146,7 @@ func TestInvoicesKeptAsStripeBillsThem(t *testing.T) {
 
 	// The second cycle: a month from the anchor.
 	use(cus, 10, anchor.Add(24*time.Hour))
-	clock.Add(anchor.AddDate(0, 1, 0).Sub(clock.Now()) + time.Minute)
+	clock.Add(stagetest.AddMonths(anchor, 1).Sub(clock.Now()) + time.Minute)
 	second := invoiceOf(cus, 2)
 	receive(cus, second.ID)
 	clock.Add(time.Hour)
@@ -155,7 +156,7 @@ func TestInvoicesKeptAsStripeBillsThem(t *testing.T) {
 	require.Equal(t, want(second, "open"), got)
 	require.Equal(t, int64(10), got[0].Quantity, "the late 4 are on no invoice")
 	require.True(t, anchor.Equal(got[0].Start))
-	require.True(t, anchor.AddDate(0, 1, 0).Equal(got[0].End))
+	require.True(t, stagetest.AddMonths(anchor, 1).Equal(got[0].End))
 	receive(cus, first.ID)
 	require.Equal(t, int64(15), linesOf(t, pool, first.ID)[0].Quantity, "a finalized invoice stays as it was")
 

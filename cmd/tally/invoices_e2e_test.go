@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/internal/testkit/testdb"
 	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/mappings"
@@ -156,7 +157,7 @@ func TestInvoicesEndToEnd(t *testing.T) {
 		cus := r.sim.CreateCustomer(stripesim.DefaultAccount, "cus_"+tn)
 		r.sim.CreateSubscription(stripesim.DefaultAccount, stripesim.SubscriptionSpec{Customer: cus,
 			Prices:             []string{prices["api_calls"], prices["logins"], prices["exports"]},
-			BillingCycleAnchor: r.anchor[tn], BackdateStartDate: r.anchor[tn].AddDate(0, -1, 0)})
+			BillingCycleAnchor: r.anchor[tn], BackdateStartDate: stagetest.AddMonths(r.anchor[tn], -1)})
 	}
 
 	url := testdb.URL(t)
@@ -216,7 +217,7 @@ func TestInvoicesEndToEnd(t *testing.T) {
 	r.settled()
 	r.moveTo(r.anchor["tb"].Add(time.Hour + time.Minute))
 	r.deliver()
-	cycle1 := a.AddDate(0, -1, 0).Format("2006-01")
+	cycle1 := stagetest.AddMonths(a, -1).Format("2006-01")
 	require.Eventually(t, func() bool { return len(r.checks(cycle1, "all")) == 6 }, time.Minute, 200*time.Millisecond)
 	for _, c := range r.checks(cycle1, "all") {
 		require.Equal(t, invoices.Matches, c.Status, "%+v", c)
@@ -253,7 +254,7 @@ func TestInvoicesEndToEnd(t *testing.T) {
 	}
 	r.use("tb", "exports", 6, now.Add(-time.Second))
 	// Not waited for: the draft's gate stages the running windows at once.
-	r.moveTo(r.anchor["tb"].AddDate(0, 1, 0).Add(time.Minute))
+	r.moveTo(stagetest.AddMonths(r.anchor["tb"], 1).Add(time.Minute))
 	r.deliver()
 	require.Eventually(t, func() bool {
 		g := r.gates()
@@ -289,7 +290,7 @@ func TestInvoicesEndToEnd(t *testing.T) {
 		"the gate job releases the draft within a minute")
 	// Released before Stripe's time for it: auto_advance again, and Stripe
 	// finalizes both drafts at the end of the grace.
-	r.moveTo(r.anchor["tb"].AddDate(0, 1, 0).Add(time.Hour + time.Minute))
+	r.moveTo(stagetest.AddMonths(r.anchor["tb"], 1).Add(time.Hour + time.Minute))
 	r.deliver()
 	cycle2 := a.Format("2006-01")
 	require.Eventually(t, func() bool { return len(r.checks(cycle2, "all")) == 6 }, time.Minute, 200*time.Millisecond)

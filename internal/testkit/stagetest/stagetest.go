@@ -149,3 +149,14 @@ func Ago(d time.Duration) *time.Time {
 func Ev(id, tenant, feature string, value int64, ts *time.Time) meter.Event {
 	return meter.Event{ID: id, Tenant: tenant, Feature: feature, Value: value, Timestamp: ts}
 }
+
+// AddMonths is t moved by n months as Stripe's billing cycles and
+// tally_period_start move an anchor: the anchor's day, clamped to the
+// month's last (January 31 plus a month is February 28), its time of day
+// kept. Go's AddDate would overflow into the next month instead.
+func AddMonths(t time.Time, n int) time.Time {
+	t = t.UTC()
+	first := time.Date(t.Year(), t.Month()+time.Month(n), 1, t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
+	last := first.AddDate(0, 1, -1).Day()
+	return first.AddDate(0, 0, min(t.Day(), last)-1)
+}
