@@ -3,12 +3,10 @@ package api
 import (
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/go-chi/chi/v5"
 
 	"github.com/tallymeter/tally/invoices"
-	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/quarantine"
 )
 
@@ -68,22 +66,9 @@ func (h *handlers) resolveInvoiceCheck(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var in struct {
-		Reason string `json:"reason"`
-		Note   string `json:"note"`
-	}
-	if !decodeJSON(w, r, &in) {
-		return
-	}
-	var problems []mappings.FieldError
-	if !invoices.ResolutionReason(in.Reason).Valid() {
-		problems = append(problems, mappings.FieldError{Field: "reason", Reason: "must be credited_in_stripe, invoiced_separately, accept_stripe or accept_tally"})
-	}
-	if strings.TrimSpace(in.Note) == "" {
-		problems = append(problems, mappings.FieldError{Field: "note", Reason: "required"})
-	}
-	if len(problems) > 0 {
-		writeProblems(w, "invalid_resolution", "a reason from the fixed set and a note are required", problems)
+	in, ok := decodeResolution(w, r, func(reason string) bool { return invoices.ResolutionReason(reason).Valid() },
+		"credited_in_stripe, invoiced_separately, accept_stripe or accept_tally")
+	if !ok {
 		return
 	}
 	c, err := invoices.Resolve(r.Context(), h.Pool, id, invoices.Decision{Reason: invoices.ResolutionReason(in.Reason), Note: in.Note, By: by(r)})

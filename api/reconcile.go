@@ -260,22 +260,9 @@ func (h *handlers) resolveDiscrepancy(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var in struct {
-		Reason string `json:"reason"`
-		Note   string `json:"note"`
-	}
-	if !decodeJSON(w, r, &in) {
-		return
-	}
-	var problems []mappings.FieldError
-	if !reconcile.ResolutionReason(in.Reason).Valid() {
-		problems = append(problems, mappings.FieldError{Field: "reason", Reason: "must be credited_in_stripe, reposted, accept_stripe or accept_tally"})
-	}
-	if strings.TrimSpace(in.Note) == "" {
-		problems = append(problems, mappings.FieldError{Field: "note", Reason: "required"})
-	}
-	if len(problems) > 0 {
-		writeProblems(w, "invalid_resolution", "a reason from the fixed set and a note are required", problems)
+	in, ok := decodeResolution(w, r, func(reason string) bool { return reconcile.ResolutionReason(reason).Valid() },
+		"credited_in_stripe, reposted, accept_stripe or accept_tally")
+	if !ok {
 		return
 	}
 	d, err := reconcile.Resolve(r.Context(), h.Pool, h.Outbox, id,
@@ -292,4 +279,32 @@ func (h *handlers) resolveDiscrepancy(w http.ResponseWriter, r *http.Request) {
 	default:
 		h.refuse(w, r, err)
 	}
+}
+
+// resolution is finance's decision as a resolve request carries it.
+type resolution struct {
+	Reason string `json:"reason"`
+	Note   string `json:"note"`
+}
+
+// decodeResolution reads a resolve request: a reason valid says is one of
+// the fixed set (reasons, in words), and a note. Anything else is answered
+// 422 invalid_resolution, naming each field.
+func decodeResolution(w http.ResponseWriter, r *http.Request, valid func(string) bool, reasons string) (resolution, bool) {
+	var in resolution
+	if !decodeJSON(w, r, &in) {
+		return in, false
+	}
+	var problems []mappings.FieldError
+	if !valid(in.Reason) {
+		problems = append(problems, mappings.FieldError{Field: "reason", Reason: "must be " + reasons})
+	}
+	if strings.TrimSpace(in.Note) == "" {
+		problems = append(problems, mappings.FieldError{Field: "note", Reason: "required"})
+	}
+	if len(problems) > 0 {
+		writeProblems(w, "invalid_resolution", "a reason from the fixed set and a note are required", problems)
+		return in, false
+	}
+	return in, true
 }

@@ -104,13 +104,17 @@ func (w *RecompareWorker) Work(ctx context.Context, _ *river.Job[RecompareArgs])
 
 // PeriodicRecompare is the recompare job every hour and when River's
 // leader starts, unique in the cluster.
-func PeriodicRecompare() *river.PeriodicJob {
-	return river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
-		return RecompareArgs{}, &river.InsertOpts{MaxAttempts: 1, Queue: Queue, UniqueOpts: river.UniqueOpts{
+func PeriodicRecompare() *river.PeriodicJob { return periodic(time.Hour, RecompareArgs{}) }
+
+// periodic is a job of args every interval and when River's leader
+// starts, on the invoices' queue, one at a time in the cluster.
+func periodic(every time.Duration, args river.JobArgs) *river.PeriodicJob {
+	return river.NewPeriodicJob(river.PeriodicInterval(every), func() (river.JobArgs, *river.InsertOpts) {
+		return args, &river.InsertOpts{MaxAttempts: 1, Queue: Queue, UniqueOpts: river.UniqueOpts{
 			ByState: []rivertype.JobState{rivertype.JobStateAvailable, rivertype.JobStatePending,
 				rivertype.JobStateRunning, rivertype.JobStateScheduled, rivertype.JobStateRetryable},
 		}}
-	}, &river.PeriodicJobOpts{ID: "tally_invoice_recompare", RunOnStart: true})
+	}, &river.PeriodicJobOpts{ID: args.Kind(), RunOnStart: true})
 }
 
 // GateArgs is the River job that checks the open invoice gates.
@@ -150,11 +154,4 @@ func (w *GateWorker) Work(ctx context.Context, _ *river.Job[GateArgs]) error {
 // PeriodicGates is the gates' job every minute and when River's leader
 // starts, unique in the cluster: a hold is released within a minute of
 // its period becoming complete, or of its bound.
-func PeriodicGates() *river.PeriodicJob {
-	return river.NewPeriodicJob(river.PeriodicInterval(time.Minute), func() (river.JobArgs, *river.InsertOpts) {
-		return GateArgs{}, &river.InsertOpts{MaxAttempts: 1, Queue: Queue, UniqueOpts: river.UniqueOpts{
-			ByState: []rivertype.JobState{rivertype.JobStateAvailable, rivertype.JobStatePending,
-				rivertype.JobStateRunning, rivertype.JobStateScheduled, rivertype.JobStateRetryable},
-		}}
-	}, &river.PeriodicJobOpts{ID: "tally_invoice_gates", RunOnStart: true})
-}
+func PeriodicGates() *river.PeriodicJob { return periodic(time.Minute, GateArgs{}) }
