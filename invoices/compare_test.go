@@ -32,6 +32,7 @@ type billing struct {
 	clock    *stripesim.MovedClock
 	sc       *stripe.Client
 	reader   invoices.Stripe
+	client   *stripeapi.Client
 	resolver *exporter.Resolver
 	anchor   time.Time // the end of the period compared
 	cus      string
@@ -46,7 +47,7 @@ func newBilling(t *testing.T) *billing {
 	t.Cleanup(srv.Close)
 	c, err := stripeapi.New(stripeapi.Config{Key: stripesim.DefaultKey, APIBase: srv.URL})
 	require.NoError(t, err)
-	b.sc, b.reader = c.Stripe(), invoices.Stripe{Client: c}
+	b.sc, b.reader, b.client = c.Stripe(), invoices.Stripe{Client: c}, c
 	b.resolver, err = exporter.NewResolver(exporter.Settings{Key: stripesim.DefaultKey, APIBase: srv.URL, MeterEventsBase: srv.URL})
 	require.NoError(t, err)
 	d, err := b.resolver.Resolve(b.ctx)
@@ -102,6 +103,16 @@ func (b *billing) stripeGets(name string, value int64, d time.Duration) {
 // invoice as its events would.
 func (b *billing) invoice(d time.Duration) (stripesim.Invoice, invoices.Received) {
 	b.t.Helper()
+	inv := b.simInvoice(d)
+	r, err := invoices.Receive(b.ctx, b.env.Pool, b.reader, b.env.Maps, b.cus, inv.ID)
+	require.NoError(b.t, err)
+	return inv, r
+}
+
+// simInvoice moves Stripe's clock by d and gives the customer's only
+// invoice, unread.
+func (b *billing) simInvoice(d time.Duration) stripesim.Invoice {
+	b.t.Helper()
 	b.clock.Add(d)
 	var mine []stripesim.Invoice
 	for _, inv := range b.sim.Invoices(stripesim.DefaultAccount) {
@@ -110,9 +121,7 @@ func (b *billing) invoice(d time.Duration) (stripesim.Invoice, invoices.Received
 		}
 	}
 	require.Len(b.t, mine, 1)
-	r, err := invoices.Receive(b.ctx, b.env.Pool, b.reader, b.env.Maps, b.cus, mine[0].ID)
-	require.NoError(b.t, err)
-	return mine[0], r
+	return mine[0]
 }
 
 func byName(checks []invoices.Check) map[string]invoices.Check {

@@ -51,6 +51,7 @@ var Placements = map[string]Placement{
 	"stripe_prices":           Local,
 	"invoice_checks":          Local,
 	"invoice_gates":           Local,
+	"billing_event_listings":  Local,
 	"stripe_invoice_lines":    Local,
 	"completeness_audits":     Local,
 	"console_sessions":        Local,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -392,4 +393,45 @@ func (c *Client) MeterErrorEvent(ctx context.Context, id string) (MeterErrorRepo
 		return MeterErrorReport{}, err
 	}
 	return ParseMeterErrorReport(ev)
+}
+
+// BillingEvent is a v1 event about a subscription or an invoice, as a
+// listing gives it: what it is about, and when it happened.
+type BillingEvent struct {
+	ID, Type string
+	Created  time.Time
+	// Customer and Object are data.object's customer and id.
+	Customer, Object string
+}
+
+// billingEventTypes are the types BillingEvents lists.
+var billingEventTypes = []string{EventSubscriptionCreated, EventSubscriptionUpdated, EventSubscriptionDeleted,
+	EventInvoiceCreated, EventInvoiceFinalized, EventInvoiceUpdated}
+
+// BillingEvents lists the client's account's subscription and invoice
+// events created at or after since, oldest first ("List events, going
+// back up to 30 days"; the list itself is newest first).
+func (c *Client) BillingEvents(ctx context.Context, since time.Time) ([]BillingEvent, error) {
+	p := &stripe.EventListParams{CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: since.Unix()}}
+	for _, t := range billingEventTypes {
+		p.Types = append(p.Types, stripe.String(t))
+	}
+	p.Limit = stripe.Int64(100)
+	if c.account != "" {
+		p.SetStripeAccount(c.account)
+	}
+	var out []BillingEvent
+	for ev, err := range c.sc.V1Events.List(ctx, p) {
+		if err != nil {
+			return nil, WrapError(err)
+		}
+		be := BillingEvent{ID: ev.ID, Type: string(ev.Type), Created: unixTime(ev.Created)}
+		if ev.Data != nil {
+			be.Object, _ = ev.Data.Object["id"].(string)
+			be.Customer, _ = ev.Data.Object["customer"].(string)
+		}
+		out = append(out, be)
+	}
+	slices.Reverse(out)
+	return out, nil
 }

@@ -283,6 +283,17 @@ func newRiver(cfg config.Config, pools *Pools, p *Parts, backfill *reconcile.Bac
 		river.AddWorker(workers, &invoices.GateWorker{Gate: p.Gate})
 		periodic = append(periodic, invoices.PeriodicGates())
 	}
+	if c := p.Resolver.Client(); c != nil {
+		l := &invoices.Listing{DB: pools.Export, Lister: invoices.Stripe{Client: c}, Logger: logger,
+			Receiver: invoices.Receiver{Reader: invoices.Stripe{Client: c}, Maps: p.Mappings, Gate: p.Gate}}
+		if lister := p.Mappings.Subscriptions; lister != nil {
+			l.Subscriptions = func(ctx context.Context, db pgdb.Beginner, customer string) (int, error) {
+				return p.Mappings.SyncCustomer(ctx, db, lister, customer)
+			}
+		}
+		river.AddWorker(workers, &invoices.ListingWorker{Listing: l})
+		periodic = append(periodic, invoices.PeriodicListing())
+	}
 	rc, err := river.NewClient(riverpgxv5.New(pools.River), &river.Config{
 		Queues: map[string]river.QueueConfig{
 			// The staging passes, one per part, all at once.
