@@ -301,11 +301,12 @@ func (g *Gate) check(ctx context.Context, account, invoice string) error {
 	if !incomplete {
 		return nil
 	}
-	if _, err := g.DB.Exec(ctx, `UPDATE invoice_gates SET incomplete = true WHERE account = @account AND invoice = @invoice
-		AND state IN ('waiting', 'held') AND NOT incomplete`, args); err != nil {
+	tag, err := g.DB.Exec(ctx, `UPDATE invoice_gates SET incomplete = true WHERE account = @account AND invoice = @invoice
+		AND state IN ('waiting', 'held') AND NOT incomplete`, args)
+	if err != nil {
 		return err
 	}
-	if r.state == GateWaiting {
+	if tag.RowsAffected() > 0 {
 		g.Logger.WarnContext(ctx, "invoices: an invoice is being made while its period is incomplete",
 			"customer", r.customer, "invoice", invoice, "missing", m.String(), "hold", g.Hold)
 	}
