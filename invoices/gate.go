@@ -42,11 +42,11 @@ const (
 
 // Defaults of the gate.
 const (
-	// DefaultHoldMax bounds a hold: Stripe finalizes a draft held by a
-	// failing invoice.created delivery after 72 hours at most.
+	// DefaultHoldMax bounds a hold by default: a day for finance and
+	// operators to fix what the period lacks.
 	DefaultHoldMax = 24 * time.Hour
 	// MaxHoldMax is the longest hold TALLY_INVOICE_HOLD_MAX may set, below
-	// Stripe's 72 hours.
+	// the 72 hours Stripe documents as its longest delay of a finalization.
 	MaxHoldMax = 71 * time.Hour
 	// DefaultSettle is how long usage of the period may stay pending
 	// (staged, being sent) before the period counts as incomplete.

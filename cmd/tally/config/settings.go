@@ -113,7 +113,7 @@ func exportSettings() []setting {
 			str(func(c *Config) *string { return &c.LateUsage })},
 		{"TALLY_INVOICE_HOLD", "invoice-hold", "hold a subscription's draft invoice (auto_advance false) while usage of its period is quarantined, uncertain or still on its way, until the period is complete or TALLY_INVOICE_HOLD_MAX", "false",
 			boolean(func(c *Config) *bool { return &c.InvoiceHold })},
-		{"TALLY_INVOICE_HOLD_MAX", "invoice-hold-max", "the longest a draft invoice is held, then released incomplete and alerted (at most 71h: Stripe finalizes a draft after 72h whatever happens)", short(invoices.DefaultHoldMax),
+		{"TALLY_INVOICE_HOLD_MAX", "invoice-hold-max", "the longest a draft invoice is held, then released incomplete and alerted (at most 71h, below the 72h Stripe documents as its longest delay of a finalization)", short(invoices.DefaultHoldMax),
 			dur(func(c *Config) *time.Duration { return &c.InvoiceHoldMax })},
 	}
 }
