@@ -402,15 +402,7 @@ func (g *Gate) OpenGates(ctx context.Context) (int, error) {
 
 // CheckOpen checks up to batch open gates, least recently checked first.
 func (g *Gate) CheckOpen(ctx context.Context, batch int) (int, error) {
-	rows, err := g.DB.Query(ctx, sqlOpenGates, pgx.NamedArgs{"batch": batch})
-	if err != nil {
-		return 0, fmt.Errorf("invoices: listing open gates: %w", err)
-	}
-	type key struct{ account, invoice string }
-	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (key, error) {
-		var k key
-		return k, r.Scan(&k.account, &k.invoice)
-	})
+	keys, err := invoiceKeys(ctx, g.DB, sqlOpenGates, pgx.NamedArgs{"batch": batch})
 	if err != nil {
 		return 0, fmt.Errorf("invoices: listing open gates: %w", err)
 	}

@@ -39,15 +39,7 @@ ORDER BY finalized_at LIMIT @batch`
 // is quarantined period_closed), and it belongs on the check as used but
 // on no invoice.
 func Recompare(ctx context.Context, db pgdb.Beginner, maps *mappings.Store, within, ttl time.Duration, batch int) (Recompared, error) {
-	rows, err := db.Query(ctx, sqlStale, pgx.NamedArgs{"within": within, "ttl": ttl, "batch": batch})
-	if err != nil {
-		return Recompared{}, fmt.Errorf("invoices: picking invoices to compare again: %w", err)
-	}
-	type key struct{ account, invoice string }
-	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (key, error) {
-		var k key
-		return k, r.Scan(&k.account, &k.invoice)
-	})
+	keys, err := invoiceKeys(ctx, db, sqlStale, pgx.NamedArgs{"within": within, "ttl": ttl, "batch": batch})
 	if err != nil {
 		return Recompared{}, fmt.Errorf("invoices: picking invoices to compare again: %w", err)
 	}
@@ -65,6 +57,21 @@ func Recompare(ctx context.Context, db pgdb.Beginner, maps *mappings.Store, with
 		}
 	}
 	return res, nil
+}
+
+// invoiceKey names an invoice in an account.
+type invoiceKey struct{ account, invoice string }
+
+// invoiceKeys runs sql, which selects account and invoice.
+func invoiceKeys(ctx context.Context, q pgdb.Querier, sql string, args pgx.NamedArgs) ([]invoiceKey, error) {
+	rows, err := q.Query(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (invoiceKey, error) {
+		var k invoiceKey
+		return k, r.Scan(&k.account, &k.invoice)
+	})
 }
 
 // RecompareArgs is the River job that runs Recompare.
