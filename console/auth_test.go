@@ -44,6 +44,8 @@ var consoleRoutes = []struct {
 	{"POST", "/reconcile/runs", "/console/reconcile/runs", url.Values{"settle": {"1h"}}, 401, 403, 303},
 	{"POST", "/reconcile/discrepancies/{id}/resolve", "/console/reconcile/discrepancies/424242/resolve", url.Values{"reason": {"reposted"}, "note": {"re-posted"}}, 401, 303, 303},
 	{"GET", "/discrepancies", "/console/discrepancies?tenant=acme", nil, 303, 200, 200},
+	{"GET", "/invoices", "/console/invoices", nil, 303, 200, 200},
+	{"POST", "/invoices/checks/{id}/resolve", "/console/invoices/checks/424242/resolve", url.Values{"reason": {"accept_tally"}, "note": {"n"}}, 401, 303, 303},
 	{"GET", "/uncertain/review", "/console/uncertain/review?to=accepted&item=424242", nil, 303, 403, 200},
 	{"POST", "/uncertain/recover", "/console/uncertain/recover", url.Values{"to": {"accepted"}, "item": {"424242:1"}}, 401, 403, 303},
 	{"GET", "/reconcile/{id}/plan", "/console/reconcile/424242/plan", nil, 303, 403, 404},
