@@ -127,15 +127,15 @@ func (r *invoiceRun) invoiced(period string) map[string]string {
 
 // TestInvoicesEndToEnd runs `tally serve` against the simulator over two
 // billing cycles of two customers whose periods are anchored on the time
-// the test runs (mid-month, unless it runs on a 1st), Stripe's clock
-// moved as the cycles need. Cycle one: the periods come from the subscriptions; usage posted after
-// the period ended in Stripe but within its grace is on the invoice;
-// every line equals the ledger, the report's invoiced column shows it, no
-// discrepancy. Usage posted after the invoice finalized is quarantined
-// period_closed and counted as used but on no invoice. Cycle two, with
-// TALLY_INVOICE_HOLD on: a period with a quarantined item holds its draft,
-// tally_invoices_incomplete says so, fixing the mapping and requeueing the
-// item releases it, and the invoice then matches the ledger.
+// the test runs (mid-month, unless it runs on a 1st), Stripe's clock moved
+// as the cycles need. Cycle one: the periods come from the subscriptions;
+// usage posted after the period ended in Stripe but within its grace is on
+// the invoice; every line equals the ledger, the report's invoiced column
+// shows it, no discrepancy. Usage posted after the invoice finalized is
+// quarantined period_closed and counted as used but on no invoice. Cycle
+// two, with TALLY_INVOICE_HOLD on: a period with a quarantined item holds
+// its draft, tally_invoices_incomplete says so, fixing the mapping and
+// requeueing the item releases it, and the invoice then matches the ledger.
 func TestInvoicesEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
