@@ -87,7 +87,6 @@ type Closer interface {
 // finalizes it, and holds the draft when configured to.
 type Gate struct {
 	DB     pgdb.DB
-	Maps   *mappings.Store
 	Stager Closer
 	Holder Holder
 	// Hold is TALLY_INVOICE_HOLD: hold a draft whose period is incomplete.

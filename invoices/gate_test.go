@@ -90,7 +90,7 @@ func TestGateHoldsADraftUntilItsPeriodIsComplete(t *testing.T) {
 			metrics, err := invoices.NewGateMetrics(reg)
 			require.NoError(t, err)
 			metrics.Use(b.env.Pool)
-			gate := &invoices.Gate{DB: b.env.Pool, Maps: b.env.Maps, Stager: b.env.Stager, Holder: b.reader, Hold: true,
+			gate := &invoices.Gate{DB: b.env.Pool, Stager: b.env.Stager, Holder: b.reader, Hold: true,
 				HoldMax: time.Hour, Metrics: metrics, Logger: slog.New(slog.DiscardHandler)}
 			if bounded {
 				gate.HoldMax = time.Second

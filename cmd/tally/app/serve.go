@@ -345,6 +345,6 @@ func newGate(cfg config.Config, pools *Pools, p *Parts, logger *slog.Logger) *in
 	if c == nil {
 		return nil
 	}
-	return &invoices.Gate{DB: pools.Export, Maps: p.Mappings, Stager: p.Stager, Holder: invoices.Stripe{Client: c},
+	return &invoices.Gate{DB: pools.Export, Stager: p.Stager, Holder: invoices.Stripe{Client: c},
 		Hold: cfg.InvoiceHold, HoldMax: cfg.InvoiceHoldMax, Metrics: p.GateMetrics, Logger: logger}
 }
