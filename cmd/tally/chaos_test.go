@@ -633,6 +633,38 @@ func (r *chaosRun) checkReconcile() {
 	require.Zero(r.t, left)
 }
 
+// moveOldest moves a shard group with its writes blocked, in a transaction
+// older than every transaction that writes to it: one that takes its
+// distributed identity first, with a read of the shard, and waits (up to
+// wait) until the transactions that began before it have ended. In a
+// deadlock with a Tally transaction, Citus then cancels Tally's, which
+// Tally retries, rather than the move.
+func moveOldest(ctx context.Context, conn *pgx.Conn, bucket int16, shard int64, from, to int, wait time.Duration) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var since time.Time
+		if err := tx.QueryRow(ctx, `SELECT clock_timestamp() FROM (SELECT count(*) FROM outbox_item_states WHERE bucket = $1) s`,
+			bucket).Scan(&since); err != nil {
+			return err
+		}
+		for end := time.Now().Add(wait); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			if _, err := tx.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+				return err
+			}
+			var older int
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+				  AND state <> 'idle' AND xact_start < $1`, since).Scan(&older); err != nil {
+				return err
+			}
+			if older == 0 {
+				break
+			}
+		}
+		_, err := tx.Exec(ctx, `SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3, 'block_writes')`, shard, from, to)
+		return err
+	})
+}
+
 // restartWorker stops the first worker under the nodes and starts it again
 // after a pause: the tenants of its shards stall meanwhile.
 func (r *chaosRun) restartWorker() {
@@ -644,8 +676,8 @@ func (r *chaosRun) restartWorker() {
 }
 
 // moveShard moves the shard group that holds tenant c00's bucket to the
-// worker that does not hold it while usage and delivery go on: by logical
-// replication, or with writes blocked when that keeps losing to deadlocks.
+// worker that does not hold it while usage and delivery go on, as
+// docs/operations.md tells an operator to.
 func (r *chaosRun) moveShard() {
 	r.t.Helper()
 	r.pgMu.Lock()
@@ -662,26 +694,22 @@ func (r *chaosRun) moveShard() {
 	if to == from {
 		to = r.pg.Workers()[1].Port()
 	}
-	// Locking the group's shards, a move may be chosen as a distributed
-	// deadlock's victim, and an operator runs it again. After three online
-	// moves so refused, the operator moves it with writes blocked
-	// (block_writes): writes wait for its copy instead of racing its last
-	// step. The pauses between tries grow, so the tries meet the nodes'
-	// transactions at different points.
-	start, tries, mode := time.Now(), 0, "auto"
+	// The move locks the group's shards in shard order, and a Tally
+	// transaction that wrote a later table of the group before an earlier
+	// one waits for it while it waits for the transaction: Citus cancels
+	// the youngest of the two. So the operator's move is made the oldest
+	// (moveOldest); should it lose all the same, it is run again after a
+	// pause that grows.
+	start, tries, mode := time.Now(), 0, "block_writes, oldest"
 	pause := time.Second
 	for {
 		tries++
-		if tries > 3 {
-			mode = "block_writes"
-		}
-		_, err = conn.Exec(r.ctx, `SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3, $4::citus.shard_transfer_mode)`,
-			shard, from, to, mode)
+		err = moveOldest(r.ctx, conn, tenantbucket.Of("c00"), shard, from, to, time.Minute)
 		var pe *pgconn.PgError
 		if err == nil || !errors.As(err, &pe) || pe.Code != "40P01" || time.Since(start) > 8*time.Minute {
 			break
 		}
-		r.t.Logf("chaos: move try %d (%s) lost to a deadlock after %s", tries, mode, time.Since(start).Round(time.Millisecond))
+		r.t.Logf("chaos: move try %d lost to a deadlock after %s", tries, time.Since(start).Round(time.Millisecond))
 		time.Sleep(pause/2 + time.Duration(r.intN(int(pause/time.Millisecond)))*time.Millisecond)
 		pause = min(2*pause, 15*time.Second)
 	}
