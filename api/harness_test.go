@@ -384,7 +384,22 @@ type completenessLine struct {
 	Invoiced          *int64   `json:"invoiced"`
 	Invoice           string   `json:"invoice"`
 	InvoiceKinds      []string `json:"invoice_discrepancies"`
+	Customer          string   `json:"customer"`
+	Price             string   `json:"price"`
+	Currency          string   `json:"currency"`
+	Amount            *int64   `json:"amount"`
+	AmountAtRisk      *int64   `json:"amount_at_risk"`
+	AmountNote        string   `json:"amount_note"`
 	Holds             bool     `json:"holds"`
+}
+
+// amount is one currency's total of the report's priced lines.
+type amount struct {
+	Customer string `json:"customer"`
+	Currency string `json:"currency"`
+	Amount   int64  `json:"amount"`
+	AtRisk   int64  `json:"at_risk"`
+	Lines    int    `json:"lines"`
 }
 
 // completenessReport is GET /v1/reports/completeness.
@@ -394,6 +409,9 @@ type completenessReport struct {
 	ReconcileRun *int64             `json:"reconcile_run"`
 	Holds        bool               `json:"holds"`
 	AsOf         string             `json:"as_of"`
+	Amounts      []amount           `json:"amounts"`
+	Customers    []amount           `json:"customers"`
+	Unpriced     int                `json:"unpriced_lines"`
 }
 
 // completeness reads the report for query (a period, then any other

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/pricing"
 	"github.com/tallymeter/tally/quarantine"
 )
 
@@ -66,7 +67,19 @@ type completenessRow struct {
 	// compared); InvoiceKinds the open differences, in words.
 	Invoiced     string
 	InvoiceKinds string
-	Holds        bool
+	// Amount is what the usage should bill and AtRisk the part Stripe has
+	// not accepted, formatted ("–" when the line has no price); Note is
+	// AmountNote.
+	Amount, AtRisk, Note string
+	Risky                bool
+	Holds                bool
+}
+
+// moneyRow is one currency's total, or one customer's, on the page.
+type moneyRow struct {
+	Customer, Amount, AtRisk string
+	Risky                    bool
+	Lines                    int
 }
 
 // totalRow sums the lines of one feature (one unit).
@@ -156,8 +169,39 @@ func (c *Console) completeness(w http.ResponseWriter, r *http.Request) {
 		Items          *lineItemsView
 		Audit          *quarantine.Audit
 		Chart          template.HTML
+		Money          []moneyRow
+		Customers      []moneyRow
 	}{period, tenant, refreshHref, csvHref, rep, completenessStates, rows, totalsOf(rep.Lines, units), items, last,
-		completenessChart(rep, labels)})
+		completenessChart(rep, labels), moneyRows(rep.Amounts, nil), moneyRows(rep.Customers, names)})
+}
+
+// moneyRows are the report's totals per currency, or per customer and
+// currency, as the page shows them: a customer by its name when Stripe
+// gave one.
+func moneyRows[A quarantine.Amount | quarantine.CustomerAmount](amounts []A, names map[string]mappings.TenantCustomer) []moneyRow {
+	named := map[string]string{}
+	for _, n := range names {
+		if n.Name != "" {
+			named[n.Customer] = n.Name
+		}
+	}
+	out := make([]moneyRow, 0, len(amounts))
+	for _, x := range amounts {
+		var a quarantine.Amount
+		row := moneyRow{}
+		switch v := any(x).(type) {
+		case quarantine.Amount:
+			a = v
+		case quarantine.CustomerAmount:
+			a, row.Customer = v.Amount, v.Customer
+			if n, ok := named[v.Customer]; ok {
+				row.Customer = n + " (" + v.Customer + ")"
+			}
+		}
+		row.Amount, row.AtRisk, row.Risky, row.Lines = pricing.Format(a.Amount, a.Currency), pricing.Format(a.AtRisk, a.Currency), a.AtRisk != 0, a.Lines
+		out = append(out, row)
+	}
+	return out
 }
 
 // lineNames reads the current customer (with its name as last read from
@@ -231,6 +275,13 @@ func rowOf(l quarantine.Line, period string, cu mappings.TenantCustomer, f mappi
 		kinds = append(kinds, kindLabels[k])
 	}
 	row.InvoiceKinds = strings.Join(kinds, "; ")
+	row.Amount, row.Note = "–", l.AmountNote
+	if l.Amount != nil {
+		row.Amount = pricing.Format(*l.Amount, l.Currency)
+		if l.AmountAtRisk != nil && *l.AmountAtRisk != 0 {
+			row.AtRisk, row.Risky = pricing.Format(*l.AmountAtRisk, l.Currency), true
+		}
+	}
 	row.Cancelled = count{Text: grouped(l.Cancelled.Value.String()), Zero: l.Cancelled.Events == 0}
 	row.Late = count{Text: grouped(l.PeriodClosed.Value.String()), Zero: l.PeriodClosed.Events == 0}
 	row.Discrepancies = count{Text: grouped(strconv.FormatInt(l.Discrepancies, 10)), Zero: l.Discrepancies == 0}

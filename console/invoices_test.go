@@ -14,9 +14,9 @@ import (
 
 // The invoices page shows a held draft with what its period lacks, the
 // checks that differ with a form to resolve each, and the completeness
-// report the invoiced quantity; finance resolves a check from the page,
-// and a reason that does not fit, or a second resolution, is refused in
-// words.
+// report the invoiced quantity and the amount at the invoice's price;
+// finance resolves a check from the page, and a reason that does not fit,
+// or a second resolution, is refused in words.
 func TestInvoicesPageShowsHoldsAndChecks(t *testing.T) {
 	t.Parallel()
 	s := newSite(t)
@@ -35,6 +35,10 @@ func TestInvoicesPageShowsHoldsAndChecks(t *testing.T) {
 		tenants, features, lines, prices, invoiced, expected, status, kinds, currency, invoiced_amount, expected_amount)
 		VALUES ('', 'in_final', 'cus_beta', 'api', 'sum', $1, $2, '{beta}', '{api}', '{il_1}', '{price_1}', 3, 4, 'differs',
 		'{invoiced_less}', 'usd', 300, 400) RETURNING id`, start, start.AddDate(0, 1, 0)).Scan(&check))
+	_, err = pool.Exec(ctx, `INSERT INTO stripe_prices (account, price, body) VALUES ('', 'price_1', '{"id": "price_1",
+		"object": "price", "currency": "usd", "type": "recurring", "billing_scheme": "per_unit", "unit_amount": 100,
+		"unit_amount_decimal": "100", "recurring": {"usage_type": "metered", "interval": "month", "interval_count": 1}}')`)
+	require.NoError(t, err)
 
 	fin, csrf := consoleClient(t, s, s.token(t, "fiona", auth.RoleFinance), s.url+"/console/invoices")
 	get := func(c *http.Client, path string) string {
@@ -72,4 +76,6 @@ func TestInvoicesPageShowsHoldsAndChecks(t *testing.T) {
 
 	report := get(fin, "/console/completeness?period=2026-11")
 	require.Contains(t, report, `data-testid="invoiced">3</td>`)
+	require.Contains(t, report, `data-testid="amount">0.00 USD</td>`, "priced at the invoice's price: no usage, nothing to bill")
+	require.Contains(t, report, `<tr data-testid="money-customer"><td>cus_beta</td><td class="num">0.00 USD</td>`)
 }

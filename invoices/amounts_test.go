@@ -8,8 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tallymeter/tally/internal/stripesim"
+	"github.com/tallymeter/tally/internal/testkit/stagetest"
 	"github.com/tallymeter/tally/invoices"
 	"github.com/tallymeter/tally/mappings"
+	"github.com/tallymeter/tally/quarantine"
 )
 
 // What the ledger's usage should bill, by package pricing from the price
@@ -50,10 +52,19 @@ func TestCheckAmountsMatchTheSimulatorsInvoices(t *testing.T) {
 		prices = append(prices, b.sim.CreatePrice(stripesim.DefaultAccount, spec))
 	}
 	b.subscribe(prices...)
+	_, err := b.env.Maps.SyncCustomer(b.ctx, b.env.Pool, mappings.StripeMeters{Client: b.client}, b.cus)
+	require.NoError(t, err)
 	for i, c := range cases {
 		b.ledger(fmt.Sprintf("e%d", i), c.name, c.usage, 24*time.Hour)
 		b.stripeGets(c.name, c.usage, 24*time.Hour)
 	}
+	read, err := invoices.KeepItemPrices(b.ctx, b.env.Pool, b.reader, 100)
+	require.NoError(t, err)
+	require.Equal(t, len(cases), read, "the subscription items' prices")
+	read, err = invoices.KeepItemPrices(b.ctx, b.env.Pool, b.reader, 100)
+	require.NoError(t, err)
+	require.Zero(t, read, "a kept price is not read again")
+	b.reportAmounts(cases, prices, "the subscription items' prices")
 	b.invoice(b.anchor.Sub(b.clock.Now()) + time.Minute)
 	final, r := b.invoice(time.Hour)
 	require.Equal(t, "open", final.Status)
@@ -80,4 +91,42 @@ func TestCheckAmountsMatchTheSimulatorsInvoices(t *testing.T) {
 		want += c.amount
 	}
 	require.Equal(t, want, total, "the invoice's lines")
+	rep := b.reportAmounts(cases, prices, "the invoice's prices")
+	require.Equal(t, []quarantine.Amount{{Currency: "usd", Amount: total, AtRisk: rep.Amounts[0].AtRisk, Lines: len(cases)}}, rep.Amounts)
+	require.Equal(t, []quarantine.CustomerAmount{{Customer: b.cus, Amount: rep.Amounts[0]}}, rep.Customers)
+}
+
+// reportAmounts checks that the completeness report prices every line as
+// the simulator's invoice bills it; all of it is at risk, the usage being
+// staged but not sent, except a flat fee Stripe bills with no usage.
+func (b *billing) reportAmounts(cases []struct {
+	name   string
+	price  stripesim.PriceSpec
+	usage  int64
+	amount int64
+}, prices []string, from string) quarantine.Completeness {
+	b.t.Helper()
+	reports, err := quarantine.NewReports(0, nil)
+	require.NoError(b.t, err)
+	rep, err := reports.Completeness(b.ctx, b.env.Pool, stagetest.AddMonths(b.anchor, -1).Format("2006-01"), "acme", true)
+	require.NoError(b.t, err)
+	lines := map[string]quarantine.Line{}
+	for _, l := range rep.Lines {
+		lines[l.Feature] = l
+	}
+	for i, c := range cases {
+		l := lines[c.name]
+		require.NotNil(b.t, l.Amount, "%s from %s: %s", c.name, from, l.AmountNote)
+		require.Equal(b.t, c.amount, *l.Amount, "%s from %s", c.name, from)
+		require.Equal(b.t, prices[i], l.Price, c.name)
+		require.Equal(b.t, "usd", l.Currency, c.name)
+		require.Equal(b.t, b.cus, l.Customer, c.name)
+		risk := c.amount
+		if c.name == "base_fee" {
+			risk = c.amount - 2000
+		}
+		require.Equal(b.t, risk, *l.AmountAtRisk, "%s from %s", c.name, from)
+	}
+	require.Zero(b.t, rep.UnpricedLines)
+	return rep
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -213,4 +214,89 @@ func keepPrices(ctx context.Context, db pgdb.Querier, r Reader, account string, 
 		}
 	}
 	return nil
+}
+
+// sqlItemPriceIDs lists the prices of the subscription items Tally keeps
+// that are live or ended in the last 40 days, with the currency each is
+// billed in: a reference table's rows, one per customer and item.
+const sqlItemPriceIDs = `
+SELECT DISTINCT account, price, currency FROM stripe_subscription_items
+WHERE gone_at IS NULL AND (ended_at IS NULL OR ended_at > clock_timestamp() - interval '40 days')
+ORDER BY account, price, currency`
+
+// sqlKeptOf reads which of the prices are kept, in which currency, and
+// whether the copy is more than a day old.
+const sqlKeptOf = `
+SELECT account, price, coalesce(body ->> 'currency', ''), read_at < clock_timestamp() - interval '1 day' FROM stripe_prices
+WHERE (account, price) IN (SELECT * FROM unnest(@accounts::text[], @prices::text[]))`
+
+// sqlPriceKeep keeps a price as Stripe gave it, replacing an older copy.
+const sqlPriceKeep = `
+INSERT INTO stripe_prices (account, price, body) VALUES (@account, @price, @body)
+ON CONFLICT (account, price) DO UPDATE SET body = EXCLUDED.body, read_at = EXCLUDED.read_at`
+
+// KeepItemPrices reads from Stripe, up to batch a run, the prices of the
+// subscription items Tally keeps that it has not kept yet, so that the
+// completeness report can price the usage of a period before its invoice;
+// and again, when their copy is a day old, those billed in a currency
+// other than the price's own: a price's currency_options can be changed,
+// its own amounts cannot. It returns how many it read.
+func KeepItemPrices(ctx context.Context, db pgdb.Querier, r Reader, batch int) (int, error) {
+	rows, err := db.Query(ctx, sqlItemPriceIDs)
+	if err != nil {
+		return 0, fmt.Errorf("invoices: listing the items' prices: %w", err)
+	}
+	type billed struct{ account, price, currency string }
+	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (billed, error) {
+		var b billed
+		return b, row.Scan(&b.account, &b.price, &b.currency)
+	})
+	if err != nil || len(items) == 0 {
+		return 0, err
+	}
+	var accounts, ids []string
+	for _, b := range items {
+		accounts, ids = append(accounts, b.account), append(ids, b.price)
+	}
+	rows, err = db.Query(ctx, sqlKeptOf, pgx.NamedArgs{"accounts": accounts, "prices": ids})
+	if err != nil {
+		return 0, fmt.Errorf("invoices: reading kept prices: %w", err)
+	}
+	type copyOf struct {
+		currency string
+		old      bool
+	}
+	kept := map[[2]string]copyOf{}
+	var (
+		account, id string
+		c           copyOf
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&account, &id, &c.currency, &c.old}, func() error {
+		kept[[2]string{account, id}] = c
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("invoices: reading kept prices: %w", err)
+	}
+	read := 0
+	done := map[[2]string]bool{}
+	for _, b := range items {
+		key := [2]string{b.account, b.price}
+		k, ok := kept[key]
+		if done[key] || (ok && !(k.old && !strings.EqualFold(k.currency, b.currency))) {
+			continue
+		}
+		if read == batch {
+			break
+		}
+		done[key] = true
+		body, err := r.Price(ctx, b.account, b.price)
+		if err != nil {
+			return read, fmt.Errorf("invoices: reading price %s: %w", b.price, err)
+		}
+		if _, err := db.Exec(ctx, sqlPriceKeep, pgx.NamedArgs{"account": b.account, "price": b.price, "body": []byte(body)}); err != nil {
+			return read, fmt.Errorf("invoices: keeping price %s: %w", b.price, err)
+		}
+		read++
+	}
+	return read, nil
 }

@@ -60,7 +60,13 @@ type Listing struct {
 // Listed says what one Run did.
 type Listed struct {
 	Accounts, Events, Read int
+	// Prices is how many prices of subscription items it read.
+	Prices int
 }
+
+// DefaultPriceBatch is how many prices of subscription items one listing
+// reads at most (KeepItemPrices).
+const DefaultPriceBatch = 200
 
 // sqlListingStart reads where an account's listing starts, and takes the
 // database's clock as where this one will have reached.
@@ -85,7 +91,8 @@ const sqlSubscriptionsReadSince = `SELECT EXISTS (SELECT 1 FROM stripe_subscript
 // Run lists every account tenant mappings name, and the node's
 // destination, each from where its last listing began (less the overlap),
 // and acts on each event Tally has not acted on since. An account whose
-// listing fails keeps its place and is listed again next time.
+// listing fails keeps its place and is listed again next time. Then it
+// keeps the prices of the subscription items (KeepItemPrices).
 func (l *Listing) Run(ctx context.Context) (Listed, error) {
 	accounts, err := mappings.Accounts(ctx, l.DB)
 	if err != nil {
@@ -103,6 +110,11 @@ func (l *Listing) Run(ctx context.Context) (Listed, error) {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("invoices: listing the events of account %q: %w", account, err))
 		}
+	}
+	if l.Receiver.Reader != nil {
+		n, err := KeepItemPrices(ctx, l.DB, l.Receiver.Reader, DefaultPriceBatch)
+		res.Prices = n
+		errs = append(errs, err)
 	}
 	return res, errors.Join(errs...)
 }

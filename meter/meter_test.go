@@ -53,7 +53,7 @@ type itemRow struct {
 func (b *bundle) items(t *testing.T) []itemRow {
 	t.Helper()
 	rows, err := b.Pool.Query(b.Ctx, `SELECT o.id, o.subject_ref, o.subject_kind, o.state, coalesce(o.quarantine_reason, ''),
-		(o.payload->>'value')::bigint, (SELECT count(*) FROM usage_events e WHERE e.item_id = o.id), o.mapping_version, o.payload
+		(o.payload->>'value')::bigint, (SELECT count(*) FROM usage_events e WHERE e.bucket = o.bucket AND e.item_id = o.id), o.mapping_version, o.payload
 		FROM outbox_items o ORDER BY o.id`)
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (itemRow, error) {

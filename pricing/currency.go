@@ -49,9 +49,13 @@ func MinorUnits(currency string) int {
 // upper-case code after it, for reports: "12.34 USD", "1200 JPY",
 // "1.234 KWD", "-0.05 EUR". It uses no thousands separators.
 func Format(amount int64, currency string) string {
-	code := strings.ToUpper(currency)
+	return Major(amount, currency) + " " + strings.ToUpper(currency)
+}
+
+// Major writes amount, in currency's minor units, in major units without
+// the currency: "12.34" for 1234 usd, "1200" for 1200 jpy.
+func Major(amount int64, currency string) string {
 	sign := ""
-	// The magnitude as uint64 holds even math.MinInt64.
 	mag := uint64(amount)
 	if amount < 0 {
 		sign = "-"
@@ -60,13 +64,13 @@ func Format(amount int64, currency string) string {
 	digits := strconv.FormatUint(mag, 10)
 	places := MinorUnits(currency)
 	if places == 0 {
-		return sign + digits + " " + code
+		return sign + digits
 	}
 	if len(digits) <= places {
 		digits = strings.Repeat("0", places-len(digits)+1) + digits
 	}
 	cut := len(digits) - places
-	return sign + digits[:cut] + "." + digits[cut:] + " " + code
+	return sign + digits[:cut] + "." + digits[cut:]
 }
 
 // normalCurrency is currency in Stripe's lower case, or an error when it is

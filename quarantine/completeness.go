@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/pricing"
 	"github.com/tallymeter/tally/reconcile"
 )
 
@@ -86,6 +87,23 @@ type Line struct {
 	// found and finance has not resolved: invoiced_more, invoiced_less,
 	// used_not_invoiced.
 	InvoiceDiscrepancies []string `json:"invoice_discrepancies"`
+	// Customer, Price and Currency name what bills the line: the price of
+	// its period's finalized invoice, else of its customer's subscription
+	// item for the feature's meter; empty when AmountNote says why none.
+	Customer string `json:"customer,omitempty"`
+	Price    string `json:"price,omitempty"`
+	Currency string `json:"currency,omitempty"`
+	// Amount is what the line's usage (ingested less cancelled) should
+	// bill at Price, in Currency's minor units, before tax, discounts and
+	// credits; AmountAtRisk is the part of it whose usage Stripe has not
+	// accepted (pending, quarantined, uncertain, rejected). Lines billed
+	// by one invoice line share its amount by usage. Both nil when the
+	// line cannot be priced (AmountNote). Reports sets them.
+	Amount       *int64 `json:"amount"`
+	AmountAtRisk *int64 `json:"amount_at_risk"`
+	// AmountNote says why the line has no amount, or what a reader of it
+	// should know (a rounding Stripe leaves open, a shared invoice line).
+	AmountNote string `json:"amount_note,omitempty"`
 	// Holds is the conservation identity: ingested = confirmed + accepted +
 	// pending + quarantined + uncertain + rejected + cancelled, in events
 	// and in value, and every item consistent with its events.
@@ -110,6 +128,12 @@ type Completeness struct {
 	// Archived is true when the month's ledger has left the database: the
 	// report is its verified archive's manifest (Reports.Archived).
 	Archived bool `json:"archived,omitempty"`
+	// Amounts are the priced lines' amounts per currency, Customers per
+	// customer and currency; UnpricedLines counts the lines with no
+	// amount. Reports sets them.
+	Amounts       []Amount         `json:"amounts,omitempty"`
+	Customers     []CustomerAmount `json:"customers,omitempty"`
+	UnpricedLines int              `json:"unpriced_lines,omitempty"`
 }
 
 // sqlCompleteness attributes every ledger event of the periods starting in
@@ -326,6 +350,15 @@ func (c *Completeness) addInvoiced(ctx context.Context, q pgdb.Querier, from, to
 	return err
 }
 
+// major is an amount in its currency's major units for the CSV, empty
+// when there is none.
+func major(amount *int64, currency string) string {
+	if amount == nil {
+		return ""
+	}
+	return pricing.Major(*amount, currency)
+}
+
 func add(a, b Bucket) Bucket {
 	return Bucket{Events: a.Events + b.Events, Value: a.Value.Plus(b.Value)}
 }
@@ -337,12 +370,14 @@ var completenessColumns = []string{"tenant", "feature", "period", "destination_a
 	"pending_events", "pending_value", "quarantined_events", "quarantined_value", "uncertain_events", "uncertain_value",
 	"rejected_events", "rejected_value", "cancelled_events", "cancelled_value", "unstaged_events", "unstaged_value",
 	"period_closed_events", "period_closed_value", "inconsistent_items", "discrepancies", "discrepancies_stripe_has_more",
-	"invoiced", "invoice", "invoice_discrepancies", "holds", "as_of"}
+	"invoiced", "invoice", "invoice_discrepancies", "customer", "price", "currency", "amount", "amount_at_risk",
+	"amount_note", "holds", "as_of"}
 
 // CSV writes the report's lines as CSV, one row a tenant, feature and
-// period with its destination accounts (space-separated), every bucket as events and value, and the snapshot's as_of on
-// every row (a spreadsheet keeps it beside the numbers); every text cell is
-// safe against spreadsheet formula injection.
+// period with its destination accounts (space-separated), every bucket as
+// events and value, the amounts in the currency's major units, and the
+// snapshot's as_of on every row (a spreadsheet keeps it beside the
+// numbers); every text cell is safe against spreadsheet formula injection.
 func (c Completeness) CSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
 	_ = cw.Write(completenessColumns)
@@ -357,7 +392,9 @@ func (c Completeness) CSV(w io.Writer) error {
 		}
 		row = append(row, strconv.FormatInt(l.InconsistentItems, 10), strconv.FormatInt(l.Discrepancies, 10),
 			strconv.FormatInt(l.DiscrepanciesStripeHasMore, 10), invoiced, SafeCell(l.Invoice),
-			SafeCell(strings.Join(l.InvoiceDiscrepancies, " ")), strconv.FormatBool(l.Holds), SafeCell(c.AsOf))
+			SafeCell(strings.Join(l.InvoiceDiscrepancies, " ")), SafeCell(l.Customer), SafeCell(l.Price), SafeCell(l.Currency),
+			major(l.Amount, l.Currency), major(l.AmountAtRisk, l.Currency), SafeCell(l.AmountNote),
+			strconv.FormatBool(l.Holds), SafeCell(c.AsOf))
 		_ = cw.Write(row)
 	}
 	cw.Flush()
@@ -367,7 +404,7 @@ func (c Completeness) CSV(w io.Writer) error {
 // Table writes the report for a terminal.
 func (c Completeness) Table(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tCANCELLED\tPERIOD CLOSED\tDISCREPANCIES\tSTRIPE HAS MORE\tINVOICED\tHOLDS\t")
+	fmt.Fprintln(tw, "TENANT\tFEATURE\tPERIOD\tINGESTED\tCONFIRMED\tACCEPTED\tPENDING\tQUARANTINED\tUNCERTAIN\tREJECTED\tCANCELLED\tPERIOD CLOSED\tDISCREPANCIES\tSTRIPE HAS MORE\tINVOICED\tAMOUNT\tAT RISK\tHOLDS\t")
 	for _, l := range c.Lines {
 		invoiced := "-"
 		if l.Invoiced != nil {
@@ -376,13 +413,23 @@ func (c Completeness) Table(w io.Writer) error {
 		if len(l.InvoiceDiscrepancies) > 0 {
 			invoiced += " (" + strings.Join(l.InvoiceDiscrepancies, ", ") + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%v\t\n", l.Tenant, l.Feature, l.Period,
+		amount, risk := "-", "-"
+		if l.Amount != nil {
+			amount, risk = pricing.Format(*l.Amount, l.Currency), pricing.Format(*l.AmountAtRisk, l.Currency)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%v\t\n", l.Tenant, l.Feature, l.Period,
 			l.Ingested.Value, l.Confirmed.Value, l.Accepted.Value, l.Pending.Value, l.Quarantined.Value,
 			l.Uncertain.Value, l.Rejected.Value, l.Cancelled.Value, l.PeriodClosed.Value, l.Discrepancies,
-			l.DiscrepanciesStripeHasMore, invoiced, l.Holds)
+			l.DiscrepanciesStripeHasMore, invoiced, amount, risk, l.Holds)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, a := range c.Amounts {
+		fmt.Fprintf(w, "total %s, at risk %s (%d lines)\n", pricing.Format(a.Amount, a.Currency), pricing.Format(a.AtRisk, a.Currency), a.Lines)
+	}
+	if c.UnpricedLines > 0 {
+		fmt.Fprintf(w, "%d lines without an amount (see amount_note in the JSON or CSV)\n", c.UnpricedLines)
 	}
 	if c.AsOf != "" {
 		_, err := fmt.Fprintf(w, "as of %s\n", c.AsOf)

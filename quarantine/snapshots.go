@@ -344,8 +344,8 @@ func (r *Reports) compute(ctx context.Context, db pgdb.Beginner, key flightKey) 
 	return at, body, source, nil
 }
 
-// completenessOf is period's report: from its archive once its ledger has
-// left (r.Archived), else from the counters.
+// completenessOf is period's report, priced: from its archive once its
+// ledger has left (r.Archived), else from the counters.
 func (r *Reports) completenessOf(ctx context.Context, tx pgx.Tx, period string) (Completeness, error) {
 	if r.Archived != nil {
 		c, ok, err := r.Archived(ctx, tx, period)
@@ -354,10 +354,14 @@ func (r *Reports) completenessOf(ctx context.Context, tx pgx.Tx, period string) 
 		}
 		if ok {
 			c.Period, c.Archived, c.AsOf = period, true, ""
-			return c, nil
+			return c, c.addMoney(ctx, tx)
 		}
 	}
-	return CompletenessOf(ctx, tx, period, "")
+	c, err := CompletenessOf(ctx, tx, period, "")
+	if err != nil {
+		return Completeness{}, err
+	}
+	return c, c.addMoney(ctx, tx)
 }
 
 // stored writes c as the snapshot of scope and returns its computed_at and
@@ -385,6 +389,7 @@ func (c Completeness) ofTenant(tenant string) Completeness {
 			out.Holds = out.Holds && l.Holds
 		}
 	}
+	out.sumAmounts()
 	return out
 }
 

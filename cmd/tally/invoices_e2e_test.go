@@ -125,6 +125,48 @@ func (r *invoiceRun) invoiced(period string) map[string]string {
 	return out
 }
 
+// billed checks that the completeness report prices each customer's usage
+// of a month as Stripe's invoices of it bill it: per customer, the sum of
+// the report's amounts equals the sum of the metered lines of the periods
+// that start in the month.
+func (r *invoiceRun) billed(period string) {
+	r.t.Helper()
+	code, body := post(r.t, http.MethodGet, r.base+"/v1/reports/completeness?period="+period+"&refresh=true", exportAdmin, nil)
+	require.Equal(r.t, http.StatusOK, code, body)
+	var rep struct {
+		Lines []struct {
+			Tenant, Feature, Customer, Currency string
+			Amount                              *int64
+			Note                                string `json:"amount_note"`
+		}
+		Customers []struct {
+			Customer, Currency string
+			Amount             int64
+		}
+		Unpriced int `json:"unpriced_lines"`
+	}
+	require.NoError(r.t, json.Unmarshal([]byte(body), &rep))
+	for _, l := range rep.Lines {
+		require.NotNil(r.t, l.Amount, "%s/%s: %s", l.Tenant, l.Feature, l.Note)
+		require.Equal(r.t, "usd", l.Currency)
+	}
+	require.Zero(r.t, rep.Unpriced)
+	report := map[string]int64{}
+	for _, c := range rep.Customers {
+		report[c.Customer] += c.Amount
+	}
+	stripe := map[string]int64{}
+	for _, inv := range r.sim.Invoices(stripesim.DefaultAccount) {
+		for _, l := range inv.Lines {
+			if l.Meter != "" && l.PeriodStart.UTC().Format("2006-01") == period {
+				stripe[inv.Customer] += l.Amount
+			}
+		}
+	}
+	require.Len(r.t, stripe, 2)
+	require.Equal(r.t, stripe, report, "what the report says the usage should bill is what Stripe's invoices bill")
+}
+
 // TestInvoicesEndToEnd runs `tally serve` against the simulator over two
 // billing cycles of two customers whose periods are anchored on the time
 // the test runs (mid-month, unless it runs on a 1st), Stripe's clock moved
@@ -305,6 +347,7 @@ func TestInvoicesEndToEnd(t *testing.T) {
 		require.NotNil(t, c.ExpectedAmount, "%+v", c)
 		require.Equal(t, *c.InvoicedAmount, *c.ExpectedAmount, "what the ledger's usage should bill is what Stripe billed: %+v", c)
 	}
+	r.billed(cycle2)
 	var audited int
 	require.NoError(t, r.pool.QueryRow(ctx, `SELECT count(*) FROM audit_log WHERE action IN ('invoice.hold', 'invoice.release')`).Scan(&audited))
 	require.Equal(t, 2, audited)
