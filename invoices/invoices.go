@@ -3,6 +3,7 @@ package invoices
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -240,7 +241,8 @@ ON CONFLICT (account, price) DO UPDATE SET body = EXCLUDED.body, read_at = EXCLU
 // completeness report can price the usage of a period before its invoice;
 // and again, when their copy is a day old, those billed in a currency
 // other than the price's own: a price's currency_options can be changed,
-// its own amounts cannot. It returns how many it read.
+// its own amounts cannot. A price Stripe does not give is skipped, and
+// tried again next run; it returns how many it read.
 func KeepItemPrices(ctx context.Context, db pgdb.Querier, r Reader, batch int) (int, error) {
 	rows, err := db.Query(ctx, sqlItemPriceIDs)
 	if err != nil {
@@ -277,26 +279,29 @@ func KeepItemPrices(ctx context.Context, db pgdb.Querier, r Reader, batch int) (
 	}); err != nil {
 		return 0, fmt.Errorf("invoices: reading kept prices: %w", err)
 	}
-	read := 0
+	read, tried := 0, 0
 	done := map[[2]string]bool{}
+	var errs []error
 	for _, b := range items {
 		key := [2]string{b.account, b.price}
 		k, ok := kept[key]
 		if done[key] || (ok && !(k.old && !strings.EqualFold(k.currency, b.currency))) {
 			continue
 		}
-		if read == batch {
+		if tried == batch {
 			break
 		}
 		done[key] = true
+		tried++
 		body, err := r.Price(ctx, b.account, b.price)
 		if err != nil {
-			return read, fmt.Errorf("invoices: reading price %s: %w", b.price, err)
+			errs = append(errs, fmt.Errorf("invoices: reading price %s: %w", b.price, err))
+			continue
 		}
 		if _, err := db.Exec(ctx, sqlPriceKeep, pgx.NamedArgs{"account": b.account, "price": b.price, "body": []byte(body)}); err != nil {
 			return read, fmt.Errorf("invoices: keeping price %s: %w", b.price, err)
 		}
 		read++
 	}
-	return read, nil
+	return read, errors.Join(errs...)
 }
