@@ -1,6 +1,7 @@
 package quarantine
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -90,11 +91,14 @@ func (c *Completeness) addMoney(ctx context.Context, q pgdb.Querier) error {
 		return err
 	}
 	var tenants, features []string
+	seenTenant, seenFeature := map[string]bool{}, map[string]bool{}
 	for _, l := range c.Lines {
-		if !slices.Contains(tenants, l.Tenant) {
+		if !seenTenant[l.Tenant] {
+			seenTenant[l.Tenant] = true
 			tenants = append(tenants, l.Tenant)
 		}
-		if !slices.Contains(features, l.Feature) {
+		if !seenFeature[l.Feature] {
+			seenFeature[l.Feature] = true
 			features = append(features, l.Feature)
 		}
 	}
@@ -179,16 +183,18 @@ func itemPrices(ctx context.Context, q pgdb.Querier, lines []Line, prices []line
 		return err
 	}
 	type item struct {
-		p        priceOf
-		start    time.Time
-		ended    *time.Time
-		features [2]string
+		p     priceOf
+		start time.Time
+		ended *time.Time
 	}
-	var items []item
-	var it item
-	if _, err := pgx.ForEachRow(rows, []any{&it.features[0], &it.features[1], &it.p.account, &it.p.customer,
+	items := map[[2]string][]item{}
+	var (
+		it   item
+		line [2]string
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&line[0], &line[1], &it.p.account, &it.p.customer,
 		&it.p.price, &it.p.currency, &it.start, &it.ended}, func() error {
-		items = append(items, it)
+		items[line] = append(items[line], it)
 		return nil
 	}); err != nil {
 		return err
@@ -198,8 +204,8 @@ func itemPrices(ctx context.Context, q pgdb.Querier, lines []Line, prices []line
 		if err != nil {
 			return err
 		}
-		for _, it := range items {
-			if it.features != [2]string{l.Tenant, l.Feature} || it.start.After(per) || (it.ended != nil && !it.ended.After(per)) {
+		for _, it := range items[[2]string{l.Tenant, l.Feature}] {
+			if it.start.After(per) || (it.ended != nil && !it.ended.After(per)) {
 				continue
 			}
 			prices[i].candidate = append(prices[i].candidate, it.p)
@@ -271,9 +277,13 @@ func checkPrices(ctx context.Context, q pgdb.Querier, lines []Line, prices []lin
 // keptPrices reads the kept prices the lines name, decoded.
 func keptPrices(ctx context.Context, q pgdb.Querier, prices []linePrice) (map[[2]string]*stripe.Price, error) {
 	var accounts, ids []string
+	named := map[[2]string]bool{}
 	for _, lp := range prices {
 		for _, p := range lp.candidate {
-			accounts, ids = append(accounts, p.account), append(ids, p.price)
+			if k := [2]string{p.account, p.price}; !named[k] {
+				named[k] = true
+				accounts, ids = append(accounts, p.account), append(ids, p.price)
+			}
 		}
 	}
 	out := map[[2]string]*stripe.Price{}
@@ -402,6 +412,7 @@ func share(amount int64, weights []*big.Int) []int64 {
 // and per customer and currency.
 func (c *Completeness) sumAmounts() {
 	c.Amounts, c.Customers, c.UnpricedLines = []Amount{}, []CustomerAmount{}, 0
+	currencies, customers := map[string]*Amount{}, map[[2]string]*CustomerAmount{}
 	for _, l := range c.Lines {
 		if l.Amount == nil {
 			c.UnpricedLines++
@@ -411,26 +422,29 @@ func (c *Completeness) sumAmounts() {
 		if l.AmountAtRisk != nil {
 			risk = *l.AmountAtRisk
 		}
-		i := slices.IndexFunc(c.Amounts, func(a Amount) bool { return a.Currency == l.Currency })
-		if i < 0 {
-			i = len(c.Amounts)
-			c.Amounts = append(c.Amounts, Amount{Currency: l.Currency})
+		a := currencies[l.Currency]
+		if a == nil {
+			a = &Amount{Currency: l.Currency}
+			currencies[l.Currency] = a
 		}
-		c.Amounts[i].Amount += *l.Amount
-		c.Amounts[i].AtRisk += risk
-		c.Amounts[i].Lines++
-		j := slices.IndexFunc(c.Customers, func(a CustomerAmount) bool { return a.Customer == l.Customer && a.Currency == l.Currency })
-		if j < 0 {
-			j = len(c.Customers)
-			c.Customers = append(c.Customers, CustomerAmount{Customer: l.Customer, Amount: Amount{Currency: l.Currency}})
+		a.Amount, a.AtRisk, a.Lines = a.Amount+*l.Amount, a.AtRisk+risk, a.Lines+1
+		k := [2]string{l.Customer, l.Currency}
+		ca := customers[k]
+		if ca == nil {
+			ca = &CustomerAmount{Customer: l.Customer, Amount: Amount{Currency: l.Currency}}
+			customers[k] = ca
 		}
-		c.Customers[j].Amount.Amount += *l.Amount
-		c.Customers[j].AtRisk += risk
-		c.Customers[j].Lines++
+		ca.Amount.Amount, ca.AtRisk, ca.Lines = ca.Amount.Amount+*l.Amount, ca.AtRisk+risk, ca.Lines+1
+	}
+	for _, a := range currencies {
+		c.Amounts = append(c.Amounts, *a)
+	}
+	for _, ca := range customers {
+		c.Customers = append(c.Customers, *ca)
 	}
 	slices.SortFunc(c.Amounts, func(a, b Amount) int { return strings.Compare(a.Currency, b.Currency) })
 	slices.SortFunc(c.Customers, func(a, b CustomerAmount) int {
-		return strings.Compare(a.Customer+" "+a.Currency, b.Customer+" "+b.Currency)
+		return cmp.Or(strings.Compare(a.Customer, b.Customer), strings.Compare(a.Currency, b.Currency))
 	})
 }
 
