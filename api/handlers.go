@@ -80,12 +80,28 @@ func (h *handlers) authenticated(r chi.Router) {
 // (or a cancel request) ended the query.
 const sqlstateQueryCanceled = "57014"
 
+// sqlstateDeadlock and sqlstateSerialization are the errors with which
+// the database cancels a transaction to let a concurrent one go on (on
+// Citus, a distributed deadlock's victim too): nothing of it was saved.
+const (
+	sqlstateDeadlock      = "40P01"
+	sqlstateSerialization = "40001"
+)
+
 // internal answers 500 and logs the error with the request id; the body says
 // nothing of it. A query cut by the pool's statement timeout (the client
 // still waiting) answers 503 statement_timeout instead: the request is too
-// big for now, the server is fine.
+// big for now, the server is fine. A transaction the database cancelled
+// for a concurrent one answers 503 retry: sent again, it goes through.
 func (h *handlers) internal(w http.ResponseWriter, r *http.Request, err error) {
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == sqlstateDeadlock || pgErr.Code == sqlstateSerialization) && r.Context().Err() == nil {
+		h.log.WarnContext(r.Context(), "request's transaction cancelled for a concurrent one", "method", r.Method,
+			"route", chi.RouteContext(r.Context()).RoutePattern(), "request_id", middleware.GetReqID(r.Context()), "sqlstate", pgErr.Code)
+		WriteError(w, http.StatusServiceUnavailable, "retry",
+			"the database cancelled this request for a concurrent one; nothing was saved: send it again")
+		return
+	}
 	if errors.As(err, &pgErr) && pgErr.Code == sqlstateQueryCanceled && r.Context().Err() == nil {
 		// The pool's statement_timeout cut the query: the report is too
 		// big for one request now, not a failure of the server.

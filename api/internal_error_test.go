@@ -16,8 +16,9 @@ import (
 )
 
 // A query the pool's statement_timeout cut answers 503 statement_timeout
-// while its client still waits; any other failure (and a cancel because the
-// client left) stays a 500 that says nothing of the error.
+// while its client still waits, and a transaction the database cancelled
+// for a concurrent one 503 retry; any other failure (and a cancel because
+// the client left) stays a 500 that says nothing of the error.
 func TestInternalErrorsTellATimeoutFromAFailure(t *testing.T) {
 	t.Parallel()
 	h := &handlers{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -32,6 +33,9 @@ func TestInternalErrorsTellATimeoutFromAFailure(t *testing.T) {
 		code   string
 	}{
 		{"timeout", context.Background(), cut, http.StatusServiceUnavailable, `"statement_timeout"`},
+		{"deadlock victim", context.Background(), fmt.Errorf("meter: ingest: %w", &pgconn.PgError{Code: "40P01", Message: "canceling the transaction since it was involved in a distributed deadlock"}),
+			http.StatusServiceUnavailable, `"retry"`},
+		{"serialization failure", context.Background(), &pgconn.PgError{Code: "40001", Message: "canceling statement"}, http.StatusServiceUnavailable, `"retry"`},
 		{"client left", gone, cut, http.StatusInternalServerError, `"internal"`},
 		{"other", context.Background(), errors.New("relation secret_table does not exist"), http.StatusInternalServerError, `"internal"`},
 	} {
