@@ -158,6 +158,7 @@ func (c *Console) completeness(w http.ResponseWriter, r *http.Request) {
 	for i, row := range rows {
 		labels[i] = row.Customer + " · " + row.Feature + " · " + row.Period
 	}
+	money, customers := moneyRows(rep, names)
 	c.render(w, r, "completeness", "Completeness", struct {
 		Period, Tenant string
 		RefreshHref    string
@@ -172,36 +173,34 @@ func (c *Console) completeness(w http.ResponseWriter, r *http.Request) {
 		Money          []moneyRow
 		Customers      []moneyRow
 	}{period, tenant, refreshHref, csvHref, rep, completenessStates, rows, totalsOf(rep.Lines, units), items, last,
-		completenessChart(rep, labels), moneyRows(rep.Amounts, nil), moneyRows(rep.Customers, names)})
+		completenessChart(rep, labels), money, customers})
 }
 
-// moneyRows are the report's totals per currency, or per customer and
-// currency, as the page shows them: a customer by its name when Stripe
-// gave one.
-func moneyRows[A quarantine.Amount | quarantine.CustomerAmount](amounts []A, names map[string]mappings.TenantCustomer) []moneyRow {
+// moneyRows are the report's totals as the page shows them: one per
+// currency, then one per customer and currency, a customer by its name
+// when Stripe gave one.
+func moneyRows(rep quarantine.Completeness, names map[string]mappings.TenantCustomer) (totals, customers []moneyRow) {
+	row := func(who string, a quarantine.Amount) moneyRow {
+		return moneyRow{Customer: who, Amount: pricing.Format(a.Amount, a.Currency), AtRisk: pricing.Format(a.AtRisk, a.Currency),
+			Risky: a.AtRisk != 0, Lines: a.Lines}
+	}
 	named := map[string]string{}
 	for _, n := range names {
 		if n.Name != "" {
-			named[n.Customer] = n.Name
+			named[n.Customer] = n.Name + " (" + n.Customer + ")"
 		}
 	}
-	out := make([]moneyRow, 0, len(amounts))
-	for _, x := range amounts {
-		var a quarantine.Amount
-		row := moneyRow{}
-		switch v := any(x).(type) {
-		case quarantine.Amount:
-			a = v
-		case quarantine.CustomerAmount:
-			a, row.Customer = v.Amount, v.Customer
-			if n, ok := named[v.Customer]; ok {
-				row.Customer = n + " (" + v.Customer + ")"
-			}
-		}
-		row.Amount, row.AtRisk, row.Risky, row.Lines = pricing.Format(a.Amount, a.Currency), pricing.Format(a.AtRisk, a.Currency), a.AtRisk != 0, a.Lines
-		out = append(out, row)
+	for _, a := range rep.Amounts {
+		totals = append(totals, row("", a))
 	}
-	return out
+	for _, c := range rep.Customers {
+		who := c.Customer
+		if n, ok := named[who]; ok {
+			who = n
+		}
+		customers = append(customers, row(who, c.Amount))
+	}
+	return totals, customers
 }
 
 // lineNames reads the current customer (with its name as last read from

@@ -2,7 +2,6 @@ package invoices
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
@@ -14,6 +13,7 @@ import (
 	"github.com/stripe/stripe-go/v82"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/mappings"
 	"github.com/tallymeter/tally/pricing"
 	"github.com/tallymeter/tally/quarantine"
@@ -291,32 +291,21 @@ func meterLines(ctx context.Context, q pgdb.Querier, account, invoice string) (m
 	return out, start, end, nil
 }
 
-// storedPrices reads the kept prices of the given lines, decoded.
+// storedPrices reads the kept prices of the given lines, decoded, by id.
 func storedPrices[L any](ctx context.Context, q pgdb.Querier, account string, lines []L, price func(L) string) (map[string]*stripe.Price, error) {
-	ids := []string{}
-	for _, l := range lines {
-		if p := price(l); !slices.Contains(ids, p) {
-			ids = append(ids, p)
-		}
+	keys := make([][2]string, len(lines))
+	for i, l := range lines {
+		keys[i] = [2]string{account, price(l)}
 	}
-	rows, err := q.Query(ctx, `SELECT price, body FROM stripe_prices WHERE account = $1 AND price = ANY($2)`, account, ids)
+	kept, err := quarantine.KeptPrices(ctx, q, keys)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]*stripe.Price{}
-	var (
-		id   string
-		body []byte
-	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &body}, func() error {
-		p := &stripe.Price{}
-		if err := json.Unmarshal(body, p); err != nil {
-			return fmt.Errorf("decoding price %s: %w", id, err)
-		}
-		out[id] = p
-		return nil
-	})
-	return out, err
+	out := make(map[string]*stripe.Price, len(kept))
+	for k, p := range kept {
+		out[k[1]] = p
+	}
+	return out, nil
 }
 
 type meterName struct{ eventName, formula string }
@@ -522,20 +511,9 @@ func price(c *Check, ml *meterLine) {
 	}
 	q, err := pricing.Evaluate(ml.priceObjs[0], c.Currency, c.Expected.Big().Int64())
 	if err != nil {
-		c.AmountNote = truncate(err.Error(), 300)
+		c.AmountNote = redact.Message(err.Error())
 		return
 	}
 	c.ExpectedAmount = &q.Amount
-	var notes []string
-	for _, cv := range q.Caveats {
-		notes = append(notes, string(cv.Code))
-	}
-	c.AmountNote = truncate(strings.Join(notes, ", "), 300)
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n-3] + "..."
-	}
-	return s
+	c.AmountNote = redact.Message(q.Note())
 }

@@ -60,8 +60,6 @@ type Listing struct {
 // Listed says what one Run did.
 type Listed struct {
 	Accounts, Events, Read int
-	// Prices is how many prices of subscription items it read.
-	Prices int
 }
 
 // DefaultPriceBatch is how many prices of subscription items one listing
@@ -112,8 +110,7 @@ func (l *Listing) Run(ctx context.Context) (Listed, error) {
 		}
 	}
 	if l.Receiver.Reader != nil {
-		n, err := KeepItemPrices(ctx, l.DB, l.Receiver.Reader, DefaultPriceBatch)
-		res.Prices = n
+		_, err := KeepItemPrices(ctx, l.DB, l.Receiver.Reader, DefaultPriceBatch)
 		errs = append(errs, err)
 	}
 	return res, errors.Join(errs...)

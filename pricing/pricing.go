@@ -49,6 +49,16 @@ func (q Quote) Has(c CaveatCode) bool {
 	return false
 }
 
+// Note is q's caveat codes, comma-separated: what a reader of Amount
+// should know, in a line; empty when there is none.
+func (q Quote) Note() string {
+	codes := make([]string, len(q.Caveats))
+	for i, cv := range q.Caveats {
+		codes[i] = string(cv.Code)
+	}
+	return strings.Join(codes, ", ")
+}
+
 // TierCharge is one tier's share of a tiered price's amount.
 type TierCharge struct {
 	// Tier is the tier's index in the price's tiers, from 0.

@@ -14,6 +14,7 @@ import (
 	"github.com/stripe/stripe-go/v82"
 
 	"github.com/tallymeter/tally/internal/pgdb"
+	"github.com/tallymeter/tally/internal/redact"
 	"github.com/tallymeter/tally/pricing"
 )
 
@@ -276,14 +277,24 @@ func checkPrices(ctx context.Context, q pgdb.Querier, lines []Line, prices []lin
 
 // keptPrices reads the kept prices the lines name, decoded.
 func keptPrices(ctx context.Context, q pgdb.Querier, prices []linePrice) (map[[2]string]*stripe.Price, error) {
-	var accounts, ids []string
-	named := map[[2]string]bool{}
+	var keys [][2]string
 	for _, lp := range prices {
 		for _, p := range lp.candidate {
-			if k := [2]string{p.account, p.price}; !named[k] {
-				named[k] = true
-				accounts, ids = append(accounts, p.account), append(ids, p.price)
-			}
+			keys = append(keys, [2]string{p.account, p.price})
+		}
+	}
+	return KeptPrices(ctx, q, keys)
+}
+
+// KeptPrices reads the prices Tally keeps from Stripe (stripe_prices), by
+// account and id, decoded; a price not kept is not in the map.
+func KeptPrices(ctx context.Context, q pgdb.Querier, keys [][2]string) (map[[2]string]*stripe.Price, error) {
+	var accounts, ids []string
+	named := map[[2]string]bool{}
+	for _, k := range keys {
+		if !named[k] {
+			named[k] = true
+			accounts, ids = append(accounts, k[0]), append(ids, k[1])
 		}
 	}
 	out := map[[2]string]*stripe.Price{}
@@ -355,23 +366,19 @@ func priceGroup(lines []Line, idx []int, p *stripe.Price, currency, formula stri
 	}
 	all, err := pricing.Evaluate(p, currency, total.Int64())
 	if err != nil {
-		note(truncate(err.Error(), 200))
+		note(redact.Message(err.Error()))
 		return
 	}
 	safe, err := pricing.Evaluate(p, currency, new(big.Int).Sub(total, risky).Int64())
 	if err != nil {
-		note(truncate(err.Error(), 200))
+		note(redact.Message(err.Error()))
 		return
-	}
-	var caveats []string
-	for _, cv := range all.Caveats {
-		caveats = append(caveats, string(cv.Code))
 	}
 	amounts := share(all.Amount, usages)
 	atRisk := share(max(all.Amount-safe.Amount, 0), risks)
 	for k, i := range idx {
 		lines[i].Amount, lines[i].AmountAtRisk = &amounts[k], &atRisk[k]
-		lines[i].AmountNote = strings.Join(caveats, ", ")
+		lines[i].AmountNote = all.Note()
 		if len(idx) > 1 {
 			lines[i].AmountNote = strings.TrimPrefix(lines[i].AmountNote+", shared with the other lines of the customer's invoice line by usage", ", ")
 		}
@@ -446,11 +453,4 @@ func (c *Completeness) sumAmounts() {
 	slices.SortFunc(c.Customers, func(a, b CustomerAmount) int {
 		return cmp.Or(strings.Compare(a.Customer, b.Customer), strings.Compare(a.Currency, b.Currency))
 	})
-}
-
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n-3] + "..."
-	}
-	return s
 }
