@@ -49,6 +49,9 @@ type DistributeResult struct {
 	// TriggersAllowed says it made citus.enable_unsafe_triggers the
 	// database's default.
 	TriggersAllowed bool
+	// PoolCapped says it made one connection per worker the database's
+	// default for a statement (citus.max_adaptive_executor_pool_size).
+	PoolCapped bool
 	// CustomPlans are the functions it made plan each call.
 	CustomPlans []string
 }
@@ -56,7 +59,7 @@ type DistributeResult struct {
 // Changed reports whether Distribute changed anything.
 func (r DistributeResult) Changed() bool {
 	return len(r.Reference) > 0 || len(r.Distributed) > 0 || len(r.Emptied) > 0 || r.AnchorDropped || r.TriggersAllowed ||
-		len(r.CustomPlans) > 0
+		r.PoolCapped || len(r.CustomPlans) > 0
 }
 
 // String says what Distribute did in one line.
@@ -83,6 +86,9 @@ func (r DistributeResult) String() string {
 	if len(r.CustomPlans) > 0 {
 		parts = append(parts, fmt.Sprintf("%d functions planned per call", len(r.CustomPlans)))
 	}
+	if r.PoolCapped {
+		parts = append(parts, "one connection per worker for a statement by default")
+	}
 	if len(parts) == 0 {
 		parts = append(parts, "triggers allowed on distributed tables")
 	}
@@ -102,8 +108,8 @@ func (r DistributeResult) String() string {
 // so. It refuses, wrapping ErrCannotDistribute and changing nothing, a
 // cluster without an active worker (or with an inactive one), a schema
 // without the bucket columns and a table placed otherwise by hand. Nodes
-// that were running keep sessions without the triggers' setting it makes
-// the database's default: restart them. A nil logger discards its
+// that were running keep sessions without the settings it makes the
+// database's defaults: restart them. A nil logger discards its
 // progress lines.
 func Distribute(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (DistributeResult, error) {
 	if logger == nil {
@@ -136,7 +142,7 @@ func Distribute(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (D
 			return res, err
 		}
 		res.Reference, res.Distributed = p.reference, p.distributed
-		res.AnchorDropped, res.TriggersAllowed = p.anchor, p.allowTriggers
+		res.AnchorDropped, res.TriggersAllowed, res.PoolCapped = p.anchor, p.allowTriggers, p.capPool
 	}
 	if res.Emptied, err = removeLocalCopies(ctx, pool, logger); err != nil {
 		return res, err
@@ -183,10 +189,13 @@ type distribution struct {
 	// allowTriggers: citus.enable_unsafe_triggers is not the database's
 	// default yet.
 	allowTriggers bool
+	// capPool: the database has no default for
+	// citus.max_adaptive_executor_pool_size yet.
+	capPool bool
 }
 
 func (p distribution) placing() bool {
-	return len(p.reference) > 0 || len(p.distributed) > 0 || p.anchor || p.allowTriggers
+	return len(p.reference) > 0 || len(p.distributed) > 0 || p.anchor || p.allowTriggers || p.capPool
 }
 
 // planDistribution reads what is left to do, and refuses a cluster or a
@@ -265,7 +274,10 @@ func planDistribution(ctx context.Context, pool *pgxpool.Pool, e Engine) (distri
 			EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND tgrelid = to_regclass('tenant_mappings')),
 			NOT EXISTS (SELECT 1 FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase
 				WHERE d.datname = current_database() AND s.setrole = 0
-				  AND 'citus.enable_unsafe_triggers=on' = ANY (s.setconfig))`, anchorTrigger).Scan(&p.anchor, &p.allowTriggers)
+				  AND 'citus.enable_unsafe_triggers=on' = ANY (s.setconfig)),
+			NOT EXISTS (SELECT 1 FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase, unnest(s.setconfig) c
+				WHERE d.datname = current_database() AND s.setrole = 0
+				  AND c LIKE 'citus.max\_adaptive\_executor\_pool\_size=%')`, anchorTrigger).Scan(&p.anchor, &p.allowTriggers, &p.capPool)
 	if err != nil {
 		return p, fmt.Errorf("migrate: reading the triggers' settings: %w", err)
 	}
@@ -341,13 +353,24 @@ func (p distribution) place(ctx context.Context, pool *pgxpool.Pool, logger *slo
 		if _, err := tx.Exec(ctx, "SET LOCAL citus.enable_unsafe_triggers = on"); err != nil {
 			return fmt.Errorf("migrate: allowing triggers on distributed tables: %w", err)
 		}
+		var db string
+		if err := tx.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+			return fmt.Errorf("migrate: reading the database's name: %w", err)
+		}
 		if p.allowTriggers {
-			var db string
-			if err := tx.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
-				return fmt.Errorf("migrate: reading the database's name: %w", err)
-			}
 			if _, err := tx.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET citus.enable_unsafe_triggers = on"); err != nil {
 				return fmt.Errorf("migrate: allowing triggers on distributed tables by default: %w", err)
+			}
+		}
+		// A statement over many shards of a worker opens more connections
+		// to it whenever its tasks are slow, and closes them at the end of
+		// the transaction: under load the workers then spend their time
+		// starting backends. Tally's statements touch few rows per shard,
+		// so one connection per worker, the one a session keeps, serves
+		// them; an operator's own value is left alone.
+		if p.capPool {
+			if _, err := tx.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET citus.max_adaptive_executor_pool_size = 1"); err != nil {
+				return fmt.Errorf("migrate: one connection per worker by default: %w", err)
 			}
 		}
 		if p.anchor {

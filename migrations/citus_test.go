@@ -104,6 +104,7 @@ func TestDistributeInPlace(t *testing.T) {
 	require.NotEmpty(t, res.Emptied)
 	require.True(t, res.AnchorDropped)
 	require.True(t, res.TriggersAllowed)
+	require.True(t, res.PoolCapped)
 	require.Contains(t, res.CustomPlans, "completeness_bump(completeness_delta[])")
 	require.Contains(t, res.String(), "8 tables distributed by bucket in 32 shards")
 	var generic int
@@ -157,6 +158,26 @@ func TestDistributeInPlace(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, again.Changed(), "%+v", again)
 	require.Contains(t, again.String(), "every table is already where it must be")
+
+	// A new session uses one connection per worker for a statement, and
+	// an operator's own value is left alone.
+	poolSize := func() string {
+		conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		var v string
+		require.NoError(t, conn.QueryRow(ctx, "SHOW citus.max_adaptive_executor_pool_size").Scan(&v))
+		return v
+	}
+	require.Equal(t, "1", poolSize())
+	var db string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_database()").Scan(&db))
+	_, err = pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET citus.max_adaptive_executor_pool_size = 4")
+	require.NoError(t, err)
+	again, err = migrations.Distribute(ctx, pool, nil)
+	require.NoError(t, err)
+	require.False(t, again.Changed(), "%+v", again)
+	require.Equal(t, "4", poolSize())
 }
 
 func sorted(s []string) []string {

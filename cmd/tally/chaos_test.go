@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -446,19 +447,65 @@ func (r *chaosRun) drained() bool {
 }
 
 // waitDrained waits for the outbox to drain, three minutes and a second
-// per 300 events posted at most, and fails with the outbox, River's jobs,
-// its leader and the nodes' logs if it does not.
+// per 300 events posted at most, and fails with the nodes' logs, then how
+// the open work went down meanwhile, the outbox, River's jobs and its
+// leader: the end of the message is what a truncated log keeps.
 func (r *chaosRun) waitDrained() {
 	r.t.Helper()
-	for end := time.Now().Add(3*time.Minute + time.Duration(r.posted.Load()/300)*time.Second); !r.drained(); time.Sleep(200 * time.Millisecond) {
+	start := time.Now()
+	var progress []string
+	next := start
+	for end := start.Add(3*time.Minute + time.Duration(r.posted.Load()/300)*time.Second); !r.drained(); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(next) {
+			unstaged, open, err := openWork(r.ctx, r.pool)
+			progress = append(progress, fmt.Sprintf("%s: %d unstaged, %d open %v", time.Since(start).Round(time.Second), unstaged, open, err))
+			next = next.Add(15 * time.Second)
+		}
 		if time.Now().After(end) {
 			var logs string
 			for i, n := range r.nodes {
-				logs += fmt.Sprintf("--- node %d ---\n%s\n", i, tail(n.out.String(), 3000))
+				logs += fmt.Sprintf("--- node %d ---\n%s\n", i, squeezeLog(n.out.String(), 12))
 			}
-			r.t.Fatalf("the outbox never drained: %s\njobs:\n%sleader: %s\n%s", outboxSummary(r.ctx, r.pool), r.riverJobs(), r.riverLeader(), logs)
+			r.t.Fatalf("the outbox never drained\n%s--- drain ---\n%s\n--- outbox ---\n%s\njobs:\n%sleader: %s",
+				logs, strings.Join(progress, "\n"), outboxSummary(r.ctx, r.pool), r.riverJobs(), r.riverLeader())
 		}
 	}
+	r.t.Logf("chaos: the outbox drained in %s after the chaos", time.Since(start).Round(100*time.Millisecond))
+}
+
+// squeezeLog is the last n kinds of line of a node's log, a JSON line's
+// kind being its message and the start of its error, each with how often
+// it came and when last (a JSON line's time).
+func squeezeLog(out string, n int) string {
+	type kind struct {
+		count int
+		last  string
+	}
+	kinds := map[string]*kind{}
+	var order []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var l struct{ Time, Msg, Error string }
+		key := line
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg != "" {
+			key = l.Msg + ": " + l.Error[:min(len(l.Error), 100)]
+		}
+		k, ok := kinds[key]
+		if !ok {
+			k = &kind{}
+			kinds[key] = k
+		}
+		k.count++
+		if l.Time != "" {
+			k.last = " (last " + l.Time + ")"
+		}
+		order = slices.DeleteFunc(order, func(s string) bool { return s == key })
+		order = append(order, key)
+	}
+	var b strings.Builder
+	for _, key := range order[max(0, len(order)-n):] {
+		fmt.Fprintf(&b, "%d× %s%s\n", kinds[key].count, key, kinds[key].last)
+	}
+	return b.String()
 }
 
 // riverJobs describes River's jobs by kind and state, for a failure message.

@@ -48,8 +48,10 @@ func DistributedURL(t testing.TB) string {
 		t.Fatalf("testdb: the distributed Citus template: %v", distErr)
 	}
 	// A copy does not inherit its template's defaults: the distributed
-	// tables' triggers need this one (Distribute set it on the template).
-	return citusCopy(t, distTemplate, "ALTER DATABASE %s SET citus.enable_unsafe_triggers = on")
+	// tables' triggers need the first, and Distribute set both on the
+	// template.
+	return citusCopy(t, distTemplate, "ALTER DATABASE %s SET citus.enable_unsafe_triggers = on",
+		"ALTER DATABASE %s SET citus.max_adaptive_executor_pool_size = 1")
 }
 
 // buildDistributedTemplate copies the migrated template on every node,
