@@ -85,3 +85,27 @@ func ownerless(dataDir string) bool {
 	defer f.Close() // and with it the lock probeLock took
 	return probeLock(f)
 }
+
+// Abandoned reports whether dataDir, a directory Start ran a cluster in,
+// is no longer any process's: its lock is free, the server its
+// postmaster.pid names, if any, has exited, and its lock file is over a
+// minute old (a process that has just made it may not hold it yet); and so
+// for each worker's directory in it. A directory it cannot tell about (no
+// lock file, or one this user may not open) is not abandoned, so that a
+// caller removes only what a dead process left.
+func Abandoned(dataDir string) bool {
+	workers, err := filepath.Glob(filepath.Join(dataDir, workerDirPrefix+"*"))
+	if err != nil {
+		return false
+	}
+	for _, d := range append([]string{dataDir}, workers...) {
+		st, err := os.Stat(filepath.Join(d, lockName))
+		if err != nil || time.Since(st.ModTime()) < time.Minute || !ownerless(d) {
+			return false
+		}
+		if pid, _, err := readPostmasterPID(filepath.Join(d, pgdataName, "postmaster.pid")); err == nil && !processGone(pid) {
+			return false
+		}
+	}
+	return true
+}

@@ -5,5 +5,9 @@ package testdb
 import "os"
 
 // scratchRoot is where the throwaway cluster lives: the temporary
-// directory. (On Linux, /dev/shm when it has room; see scratch_linux.go.)
-func scratchRoot() string { return os.TempDir() }
+// directory, once the clusters dead processes left there are removed. (On
+// Linux, /dev/shm when it has room; see scratch_linux.go.)
+func scratchRoot() string {
+	sweep(os.TempDir())
+	return os.TempDir()
+}
