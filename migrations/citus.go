@@ -279,7 +279,7 @@ func planDistribution(ctx context.Context, pool *pgxpool.Pool, e Engine) (distri
 				WHERE d.datname = current_database() AND s.setrole = 0
 				  AND c LIKE 'citus.max\_adaptive\_executor\_pool\_size=%')`, anchorTrigger).Scan(&p.anchor, &p.allowTriggers, &p.capPool)
 	if err != nil {
-		return p, fmt.Errorf("migrate: reading the triggers' settings: %w", err)
+		return p, fmt.Errorf("migrate: reading the database's settings: %w", err)
 	}
 	return p, nil
 }
