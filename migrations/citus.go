@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tallymeter/tally/internal/pgsession"
 )
 
 // DistributedShards is how many shards Distribute gives the distributed
@@ -26,6 +28,19 @@ const colocationAnchor = "outbox_item_bodies"
 // moves. A reference table's trigger fires on every node's copy and may
 // not write a distributed table from there, so it goes on Citus.
 const anchorTrigger = "tenant_mappings_completeness"
+
+// DistributedDefaults are the settings Distribute makes the database's
+// defaults on Citus. The distributed tables' triggers need the first, and
+// so does a later migration or month's partition that adds one. The
+// second keeps a statement to one connection per worker, the one a
+// session keeps: by default a statement over many shards of a worker opens
+// more whenever its tasks are slow and closes them at the end of its
+// transaction, and a loaded cluster then spends its time starting backends
+// (docs/scale.md). An operator's own value of the second is left alone.
+var DistributedDefaults = []pgsession.Setting{
+	{Name: "citus.enable_unsafe_triggers", Value: "on"},
+	{Name: "citus.max_adaptive_executor_pool_size", Value: "1"},
+}
 
 // ErrCannotDistribute is wrapped by Distribute's refusals: the database is
 // not ready to be distributed, and the error says what it lacks. Nothing
@@ -142,7 +157,11 @@ func Distribute(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (D
 			return res, err
 		}
 		res.Reference, res.Distributed = p.reference, p.distributed
-		res.AnchorDropped, res.TriggersAllowed, res.PoolCapped = p.anchor, p.allowTriggers, p.capPool
+		res.AnchorDropped = p.anchor
+		for _, d := range p.defaults {
+			res.TriggersAllowed = res.TriggersAllowed || d == DistributedDefaults[0]
+			res.PoolCapped = res.PoolCapped || d == DistributedDefaults[1]
+		}
 	}
 	if res.Emptied, err = removeLocalCopies(ctx, pool, logger); err != nil {
 		return res, err
@@ -186,16 +205,12 @@ type distribution struct {
 	reference, distributed []string
 	// anchor: the anchor trigger is still there.
 	anchor bool
-	// allowTriggers: citus.enable_unsafe_triggers is not the database's
-	// default yet.
-	allowTriggers bool
-	// capPool: the database has no default for
-	// citus.max_adaptive_executor_pool_size yet.
-	capPool bool
+	// defaults are the DistributedDefaults the database lacks.
+	defaults []pgsession.Setting
 }
 
 func (p distribution) placing() bool {
-	return len(p.reference) > 0 || len(p.distributed) > 0 || p.anchor || p.allowTriggers || p.capPool
+	return len(p.reference) > 0 || len(p.distributed) > 0 || p.anchor || len(p.defaults) > 0
 }
 
 // planDistribution reads what is left to do, and refuses a cluster or a
@@ -270,16 +285,20 @@ func planDistribution(ctx context.Context, pool *pgxpool.Pool, e Engine) (distri
 	if i := slices.Index(p.distributed, colocationAnchor); i > 0 {
 		return p, fmt.Errorf("migrate: %s, which the distributed tables are co-located with, has a foreign key to another of them", colocationAnchor)
 	}
+	var config []string
 	err = pool.QueryRow(ctx, `SELECT
 			EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND tgrelid = to_regclass('tenant_mappings')),
-			NOT EXISTS (SELECT 1 FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase
-				WHERE d.datname = current_database() AND s.setrole = 0
-				  AND 'citus.enable_unsafe_triggers=on' = ANY (s.setconfig)),
-			NOT EXISTS (SELECT 1 FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase, unnest(s.setconfig) c
-				WHERE d.datname = current_database() AND s.setrole = 0
-				  AND c LIKE 'citus.max\_adaptive\_executor\_pool\_size=%')`, anchorTrigger).Scan(&p.anchor, &p.allowTriggers, &p.capPool)
+			coalesce((SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase
+				WHERE d.datname = current_database() AND s.setrole = 0), '{}')`, anchorTrigger).Scan(&p.anchor, &config)
 	if err != nil {
 		return p, fmt.Errorf("migrate: reading the database's settings: %w", err)
+	}
+	triggers, pool1 := DistributedDefaults[0], DistributedDefaults[1]
+	if !slices.Contains(config, triggers.Name+"="+triggers.Value) {
+		p.defaults = append(p.defaults, triggers)
+	}
+	if !slices.ContainsFunc(config, func(c string) bool { return strings.HasPrefix(c, pool1.Name+"=") }) {
+		p.defaults = append(p.defaults, pool1)
 	}
 	return p, nil
 }
@@ -357,20 +376,9 @@ func (p distribution) place(ctx context.Context, pool *pgxpool.Pool, logger *slo
 		if err := tx.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
 			return fmt.Errorf("migrate: reading the database's name: %w", err)
 		}
-		if p.allowTriggers {
-			if _, err := tx.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET citus.enable_unsafe_triggers = on"); err != nil {
-				return fmt.Errorf("migrate: allowing triggers on distributed tables by default: %w", err)
-			}
-		}
-		// A statement over many shards of a worker opens more connections
-		// to it whenever its tasks are slow, and closes them at the end of
-		// the transaction: under load the workers then spend their time
-		// starting backends. Tally's statements touch few rows per shard,
-		// so one connection per worker, the one a session keeps, serves
-		// them; an operator's own value is left alone.
-		if p.capPool {
-			if _, err := tx.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET citus.max_adaptive_executor_pool_size = 1"); err != nil {
-				return fmt.Errorf("migrate: one connection per worker by default: %w", err)
+		for _, d := range p.defaults {
+			if _, err := tx.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET "+d.Name+" = "+d.Value); err != nil {
+				return fmt.Errorf("migrate: making %s=%s the database's default: %w", d.Name, d.Value, err)
 			}
 		}
 		if p.anchor {

@@ -47,11 +47,12 @@ func DistributedURL(t testing.TB) string {
 	if distErr != nil {
 		t.Fatalf("testdb: the distributed Citus template: %v", distErr)
 	}
-	// A copy does not inherit its template's defaults: the distributed
-	// tables' triggers need the first, and Distribute set both on the
-	// template.
-	return citusCopy(t, distTemplate, "ALTER DATABASE %s SET citus.enable_unsafe_triggers = on",
-		"ALTER DATABASE %s SET citus.max_adaptive_executor_pool_size = 1")
+	// A copy does not inherit the defaults Distribute set on its template.
+	var settings []string
+	for _, d := range migrations.DistributedDefaults {
+		settings = append(settings, "ALTER DATABASE %s SET "+d.Name+" = "+d.Value)
+	}
+	return citusCopy(t, distTemplate, settings...)
 }
 
 // buildDistributedTemplate copies the migrated template on every node,
